@@ -1,0 +1,172 @@
+//! Who may do what: the scopes of the specifications and the console roles.
+//!
+//! A client credential carries scopes; a console user holds roles, each of
+//! which stands for a set of scopes. Every API operation requires one scope.
+//! Crossing tenants requires [`Scope::Platform`], which only credentials of
+//! the platform tenant can hold.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::FieldError;
+
+macro_rules! scopes {
+    ($($(#[$doc:meta])* $variant:ident = $text:literal),* $(,)?) => {
+        /// One permission an access token can carry.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        pub enum Scope {
+            $($(#[$doc])* #[serde(rename = $text)] $variant,)*
+        }
+
+        impl Scope {
+            /// Every scope the appliance knows.
+            pub const ALL: &'static [Scope] = &[$(Scope::$variant),*];
+
+            /// The scope's name on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Scope::$variant => $text,)*
+                }
+            }
+        }
+    };
+}
+
+scopes! {
+    /// Read pools, quotas and leases.
+    CapacityRead = "factory.capacity.read",
+    /// Change pools (PlatformAdmin) and tighten quotas (WorkspaceAdmin).
+    CapacityAdmin = "factory.capacity.admin",
+    /// Acquire, renew and release capacity leases.
+    CapacityLease = "factory.capacity.lease",
+    /// Read runs, attempt timelines and checkpoints.
+    RunsRead = "factory.runs.read",
+    /// Submit and cancel runs.
+    RunsWrite = "factory.runs.write",
+    /// Answer decisions: approve, reject, give input.
+    RunsDecide = "factory.runs.decide",
+    /// Interrupt attempts and settle uncertain calls.
+    RunsOperate = "factory.runs.operate",
+    /// Act as an external execution adapter: claim attempts, report calls.
+    RunsExecute = "factory.runs.execute",
+    /// Read loaded releases.
+    AssetsRead = "factory.assets.read",
+    /// Import, deprecate and revoke releases.
+    AssetsAdmin = "factory.assets.admin",
+    /// Read the event stream.
+    EventsRead = "agentbay.events.read",
+    /// Manage client credentials and users of the tenant.
+    Admin = "agentbay.admin",
+    /// Act across tenants: the PlatformAdmin's scope.
+    Platform = "agentbay.platform",
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Scope {
+    type Err = FieldError;
+
+    fn from_str(s: &str) -> Result<Self, FieldError> {
+        Scope::ALL
+            .iter()
+            .copied()
+            .find(|scope| scope.as_str() == s)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Scope::ALL.iter().map(|s| s.as_str()).collect();
+                FieldError::new(
+                    "scopes",
+                    format!("unknown scope {s:?}; known scopes: {}", known.join(", ")),
+                )
+            })
+    }
+}
+
+/// Parses a list of scope names, rejecting unknown and empty lists.
+pub fn parse_scopes<S: AsRef<str>>(names: &[S]) -> Result<BTreeSet<Scope>, FieldError> {
+    if names.is_empty() {
+        return Err(FieldError::new("scopes", "at least one scope is required"));
+    }
+    names.iter().map(|n| n.as_ref().parse()).collect()
+}
+
+/// A console role within a tenant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Role {
+    /// Submits runs and reads their progress.
+    Requester,
+    /// Decides approvals and answers questions.
+    Reviewer,
+    /// Interrupts attempts and settles uncertain calls.
+    Operator,
+    /// Tightens quotas and manages the tenant's users and credentials.
+    WorkspaceAdmin,
+    /// Manages pools, tenants and everything across tenants.
+    PlatformAdmin,
+    /// Reads everything of the tenant, changes nothing.
+    Observer,
+}
+
+impl Role {
+    /// The scopes the role stands for.
+    pub fn scopes(self) -> BTreeSet<Scope> {
+        use Scope::*;
+        let read = [CapacityRead, RunsRead, AssetsRead, EventsRead];
+        let mut set: BTreeSet<Scope> = read.into_iter().collect();
+        match self {
+            Role::Observer => {}
+            Role::Requester => {
+                set.insert(RunsWrite);
+            }
+            Role::Reviewer => {
+                set.insert(RunsDecide);
+            }
+            Role::Operator => {
+                set.extend([RunsWrite, RunsOperate]);
+            }
+            Role::WorkspaceAdmin => {
+                set.extend([RunsWrite, RunsOperate, RunsDecide, CapacityAdmin, AssetsAdmin, Admin]);
+            }
+            Role::PlatformAdmin => set.extend(Scope::ALL.iter().copied()),
+        }
+        set
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_parse_and_reject_unknown_names() {
+        let set = parse_scopes(&["factory.capacity.read", "agentbay.admin"]).unwrap();
+        assert!(set.contains(&Scope::CapacityRead));
+        assert!(set.contains(&Scope::Admin));
+        let err = parse_scopes(&["factory.capacity.reed"]).unwrap_err();
+        assert_eq!(err.field, "scopes");
+        assert!(err.reason.contains("factory.capacity.reed"));
+        assert!(err.reason.contains("factory.capacity.read"));
+        assert!(parse_scopes::<&str>(&[]).is_err());
+    }
+
+    #[test]
+    fn only_platform_admin_crosses_tenants() {
+        for role in [
+            Role::Requester,
+            Role::Reviewer,
+            Role::Operator,
+            Role::WorkspaceAdmin,
+            Role::Observer,
+        ] {
+            assert!(!role.scopes().contains(&Scope::Platform), "{role:?}");
+        }
+        assert!(Role::PlatformAdmin.scopes().contains(&Scope::Platform));
+        assert!(!Role::Observer.scopes().contains(&Scope::RunsWrite));
+    }
+}

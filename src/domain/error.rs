@@ -1,0 +1,70 @@
+//! The errors domain rules raise.
+//!
+//! Each names what was wrong in words an operator can act on. The API layer
+//! maps them to a stable code, an HTTP status and a Connect code in one
+//! table (`api::error`).
+
+use std::fmt;
+
+/// One input field that was rejected, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct FieldError {
+    /// The field as the caller spelled it (camelCase, dotted for nesting).
+    pub field: String,
+    /// Why it was rejected.
+    pub reason: String,
+}
+
+impl FieldError {
+    /// A rejected field.
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A rule of the domain that a command broke.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DomainError {
+    /// The input is malformed or out of range.
+    #[error(transparent)]
+    Invalid(#[from] FieldError),
+    /// The thing named does not exist (in the caller's tenant).
+    #[error("{kind} {id} not found")]
+    NotFound {
+        /// What kind of thing: "client", "lease", ...
+        kind: &'static str,
+        /// Its id.
+        id: String,
+    },
+    /// The thing exists already.
+    #[error("{kind} {id} already exists")]
+    AlreadyExists {
+        /// What kind of thing.
+        kind: &'static str,
+        /// Its id.
+        id: String,
+    },
+    /// The aggregate is in a state where the command does not apply.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// A limit (quota, pool bound, budget) stops the command.
+    #[error("{0}")]
+    Exhausted(String),
+    /// A stale fencing token or a conflicting concurrent change.
+    #[error("{0}")]
+    Aborted(String),
+}
+
+impl DomainError {
+    /// A `NotFound` for `kind` and `id`.
+    pub fn not_found(kind: &'static str, id: impl fmt::Display) -> Self {
+        DomainError::NotFound {
+            kind,
+            id: id.to_string(),
+        }
+    }
+}

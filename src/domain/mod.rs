@@ -1,0 +1,14 @@
+//! The rules of agentbay, pure: no IO, no async, no clock reads.
+//!
+//! Each aggregate lives in a file of its own with its types and its
+//! transitions: `state + command (+ now) -> new state + events`, or a typed
+//! error. Everything else in the crate moves bytes around these decisions.
+
+pub mod access;
+pub mod credential;
+pub mod error;
+pub mod events;
+pub mod ids;
+
+pub use error::{DomainError, FieldError};
+pub use ids::{ProjectId, TenantId};

@@ -1,0 +1,276 @@
+//! The data directory: the store, the TLS material and the run files, behind
+//! one exclusive lock.
+//!
+//! ```text
+//! agentbay-data/
+//!   AGENTBAY-DATA     marker: this directory belongs to agentbay
+//!   lock              held by the process that owns the directory (pid inside)
+//!   store/            sled
+//!   tls/              generated CA and server certificate (0600 keys)
+//!   run/              appliance.json (where the running appliance listens)
+//!                     and admin.token (the local administration token)
+//! ```
+//!
+//! Administrative commands find a running appliance through `run/` and talk
+//! to it; when none runs they take the lock and open the store themselves.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+
+pub(super) const MARKER: &str = "AGENTBAY-DATA";
+pub(super) const MARKER_TEXT: &str = "agentbay data directory\nformat = 1\n";
+const RUNTIME_INFO: &str = "run/appliance.json";
+const ADMIN_TOKEN: &str = "run/admin.token";
+
+/// Where a running appliance can be reached, as it wrote it at start.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Base URL, e.g. `https://127.0.0.1:8443`.
+    pub url: String,
+    /// SHA-256 of the served certificate, `sha256:<hex>`.
+    pub certificate_fingerprint: String,
+    /// agentbay version.
+    pub version: String,
+    /// Start time.
+    pub started_at: DateTime<Utc>,
+}
+
+/// An open, locked data directory.
+#[derive(Debug)]
+pub struct DataDir {
+    root: PathBuf,
+    // Held for the life of the value; the OS releases it if the process dies.
+    _lock: File,
+}
+
+impl DataDir {
+    /// Creates the directory if needed, checks that it is agentbay's, and
+    /// takes its exclusive lock.
+    pub fn open(root: &Path) -> Result<DataDir, StoreError> {
+        ensure_agentbay_dir(root)?;
+        let lock_path = root.join("lock");
+        let mut lock = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(StoreError::io(format!("opening {}", lock_path.display())))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::InUse {
+                    path: root.to_path_buf(),
+                    holder: describe_holder(root),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(StoreError::Io {
+                    context: format!("locking {}", lock_path.display()),
+                    source: e,
+                });
+            }
+        }
+        lock.set_len(0)
+            .and_then(|()| lock.write_all(format!("{}\n", std::process::id()).as_bytes()))
+            .map_err(StoreError::io("writing the lock file"))?;
+        fs::create_dir_all(root.join("run")).map_err(StoreError::io("creating run/"))?;
+        Ok(DataDir {
+            root: root.to_path_buf(),
+            _lock: lock,
+        })
+    }
+
+    /// The directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where sled keeps its files.
+    pub fn store_path(&self) -> PathBuf {
+        self.root.join("store")
+    }
+
+    /// Where generated TLS material lives.
+    pub fn tls_dir(&self) -> PathBuf {
+        self.root.join("tls")
+    }
+
+    /// Records where the appliance listens, for administrative commands.
+    pub fn write_runtime_info(&self, info: &RuntimeInfo) -> Result<(), StoreError> {
+        let json = serde_json::to_vec_pretty(info).expect("runtime info serialises");
+        write_private(&self.root.join(RUNTIME_INFO), &json)
+    }
+
+    /// Writes the local administration token (readable by the owner only).
+    pub fn write_admin_token(&self, token: &str) -> Result<(), StoreError> {
+        write_private(&self.root.join(ADMIN_TOKEN), token.as_bytes())
+    }
+
+    /// Removes the run files at shutdown.
+    pub fn clear_runtime_files(&self) {
+        let _ = fs::remove_file(self.root.join(RUNTIME_INFO));
+        let _ = fs::remove_file(self.root.join(ADMIN_TOKEN));
+    }
+
+    /// Whether the store has never been created here.
+    pub fn is_fresh(&self) -> bool {
+        !self.store_path().join("conf").exists()
+    }
+}
+
+/// The running appliance of a data directory, if one holds its lock.
+pub fn running_appliance(root: &Path) -> Option<(RuntimeInfo, String)> {
+    let info: RuntimeInfo = serde_json::from_slice(&fs::read(root.join(RUNTIME_INFO)).ok()?).ok()?;
+    let token = fs::read_to_string(root.join(ADMIN_TOKEN)).ok()?;
+    // A stale file from a killed process: the lock tells the truth.
+    if !is_locked(root) {
+        return None;
+    }
+    Some((info, token.trim().to_string()))
+}
+
+/// Whether some process holds the data directory's lock.
+pub fn is_locked(root: &Path) -> bool {
+    let Ok(file) = File::options().read(true).write(true).open(root.join("lock")) else {
+        return false;
+    };
+    match file.try_lock() {
+        Ok(()) => {
+            let _ = file.unlock();
+            false
+        }
+        Err(_) => true,
+    }
+}
+
+fn describe_holder(root: &Path) -> String {
+    if let Some((info, _)) = running_appliance(root) {
+        return format!("the agentbay appliance (pid {}) serving {}", info.pid, info.url);
+    }
+    let mut pid = String::new();
+    let _ = File::open(root.join("lock")).and_then(|mut f| f.read_to_string(&mut pid));
+    match pid.trim() {
+        "" => "another agentbay process".to_string(),
+        pid => format!("another agentbay process (pid {pid})"),
+    }
+}
+
+fn ensure_agentbay_dir(root: &Path) -> Result<(), StoreError> {
+    if !root.exists() {
+        create_private_dir(root)?;
+    }
+    if !root.is_dir() {
+        return Err(StoreError::NotAStore {
+            path: root.to_path_buf(),
+            reason: "it is not a directory".into(),
+        });
+    }
+    let marker = root.join(MARKER);
+    if marker.exists() {
+        return Ok(());
+    }
+    let entries: Vec<String> = fs::read_dir(root)
+        .map_err(StoreError::io(format!("reading {}", root.display())))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    if !entries.is_empty() {
+        let mut shown: Vec<String> = entries.iter().take(5).cloned().collect();
+        if entries.len() > 5 {
+            shown.push(format!("and {} more", entries.len() - 5));
+        }
+        return Err(StoreError::NotAStore {
+            path: root.to_path_buf(),
+            reason: format!(
+                "it is not empty and has no {MARKER} marker (found {}); point --data-dir at an empty or new directory",
+                shown.join(", ")
+            ),
+        });
+    }
+    write_private(&marker, MARKER_TEXT.as_bytes())
+}
+
+/// Creates a directory only its owner can enter.
+pub fn create_private_dir(path: &Path) -> Result<(), StoreError> {
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder
+        .create(path)
+        .map_err(StoreError::io(format!("creating {}", path.display())))
+}
+
+/// Writes a file readable by its owner only, atomically: a crash leaves the
+/// old content or the new, never a torn file.
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    if let Some(parent) = path.parent() {
+        create_private_dir(parent)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut options = File::options();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let context = format!("writing {}", path.display());
+    let mut file = options.open(&tmp).map_err(StoreError::io(context.clone()))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(StoreError::io(context.clone()))?;
+    fs::rename(&tmp, path).map_err(StoreError::io(context))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_opener_is_refused_with_the_holder_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("data");
+        let first = DataDir::open(&root).unwrap();
+        let err = DataDir::open(&root).unwrap_err();
+        assert!(matches!(err, StoreError::InUse { .. }), "{err}");
+        assert!(err.to_string().contains("already in use"), "{err}");
+        assert!(err.to_string().contains(&std::process::id().to_string()), "{err}");
+        drop(first);
+        DataDir::open(&root).unwrap();
+    }
+
+    #[test]
+    fn a_foreign_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        let err = DataDir::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("notes.txt"), "{err}");
+        assert!(err.to_string().contains("not an agentbay data directory"), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn private_files_are_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        write_private(&path, b"x").unwrap();
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+}

@@ -1,0 +1,574 @@
+//! The store: a small typed facade over sled.
+//!
+//! # Layout
+//!
+//! - One sled tree per table of the specifications ([`Table`]), plus `meta`
+//!   (format marker, schema version, signing keys), `outbox` (events by
+//!   sequence) and `index` (secondary keys).
+//! - Record keys are `<tenant>/<id>`: the tenant comes first, and every read
+//!   and write takes a [`TenantScope`], so code that has not established
+//!   whose data it touches cannot be written. Index keys are
+//!   `<tenant>/<index>/<value>/<id>`. The outbox is the one log kept in
+//!   global order (key: sequence), filtered by tenant when read.
+//! - Values are `[u16 version][msgpack with named fields]`: fields can be
+//!   added with `#[serde(default)]` and no migration; a changed shape bumps
+//!   [`Record::VERSION`] and implements [`Record::upgrade`].
+//!
+//! # Writes and durability
+//!
+//! Every write is a [`Tx`] closure handed to [`Store::transact`]. One writer
+//! thread runs the closures, each as a sled transaction over every tree, so
+//! an aggregate, its indexes and its outbox events commit atomically and in
+//! one global order (sled serialises transactions anyway; a single writer
+//! makes that explicit and lets it number events without a lock). The
+//! writer passes each committed write to one flusher thread, which flushes
+//! sled and `fdatasync`s its data file once per batch and only then answers
+//! every writer of the batch: concurrent writers share the cost of the sync
+//! (group commit), and a reply always means "on disk". sled's own
+//! `flush_async` is never used (it deadlocks with many concurrent callers in
+//! 0.34).
+
+mod backup;
+mod commit;
+pub mod datadir;
+mod outbox;
+mod schema;
+mod tx;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::broadcast;
+
+use crate::domain::TenantId;
+
+pub use backup::{BackupSummary, restore_into};
+pub use datadir::DataDir;
+pub use outbox::{EventFilter, StoredEvent};
+pub use schema::SCHEMA_VERSION;
+pub use tx::Tx;
+
+use commit::Committer;
+
+/// The trees of the store. Tables of the specifications get a variant as
+/// their aggregate is implemented.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    /// Format marker, schema version and appliance secrets.
+    Meta,
+    /// Events by sequence number.
+    Outbox,
+    /// Secondary keys of every table.
+    Index,
+    /// Client credentials.
+    Clients,
+}
+
+impl Table {
+    /// Every table, in tree order.
+    pub const ALL: &'static [Table] = &[Table::Meta, Table::Outbox, Table::Index, Table::Clients];
+
+    /// The sled tree name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Meta => "meta",
+            Table::Outbox => "outbox",
+            Table::Index => "index",
+            Table::Clients => "clients",
+        }
+    }
+
+    fn position(self) -> usize {
+        Table::ALL
+            .iter()
+            .position(|t| *t == self)
+            .expect("every table is listed in ALL")
+    }
+}
+
+/// A stored aggregate or entity.
+pub trait Record: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The tree it lives in.
+    const TABLE: Table;
+    /// The version of its stored shape. Bump it when a field changes meaning
+    /// or type, and teach [`Record::upgrade`] the old shape.
+    const VERSION: u16;
+    /// Its tenant: the first part of its key.
+    fn tenant(&self) -> &TenantId;
+    /// Its id within the tenant: the rest of its key.
+    fn id(&self) -> String;
+    /// Reads a value written with an older `VERSION`.
+    fn upgrade(version: u16, bytes: &[u8]) -> Result<Self, String> {
+        let _ = bytes;
+        Err(format!("no upgrade from version {version}"))
+    }
+}
+
+/// Proof that the caller has established which tenant's data it touches.
+///
+/// Built by `auth` from an authenticated principal (for its own tenant, or
+/// for any tenant when the principal is a PlatformAdmin) and by internal
+/// workers that act for the tenant of the record they process.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TenantScope(TenantId);
+
+impl TenantScope {
+    /// A scope for `tenant`. Callers are `auth` (after checking the
+    /// principal may act for it) and workers acting on a record's own tenant.
+    pub fn new(tenant: TenantId) -> TenantScope {
+        TenantScope(tenant)
+    }
+
+    /// The tenant.
+    pub fn tenant(&self) -> &TenantId {
+        &self.0
+    }
+}
+
+/// Proof that the caller may read across tenants: a PlatformAdmin principal
+/// or an internal worker.
+#[derive(Clone, Debug)]
+pub struct PlatformScope(());
+
+impl PlatformScope {
+    /// Only `auth` (for PlatformAdmins) and the appliance's own workers
+    /// construct this.
+    pub(crate) fn internal() -> PlatformScope {
+        PlatformScope(())
+    }
+}
+
+/// Everything that can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// sled failed.
+    #[error("store engine error: {0}")]
+    Engine(#[from] sled::Error),
+    /// A file operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A stored value could not be read.
+    #[error("record {key:?} in {table} cannot be read: {reason}")]
+    Corrupt {
+        /// Tree name.
+        table: &'static str,
+        /// Key as text.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// A stored value was written by a newer agentbay.
+    #[error(
+        "record {key:?} in {table} has version {version}, newer than this binary understands ({supported}); upgrade agentbay"
+    )]
+    NewerRecord {
+        /// Tree name.
+        table: &'static str,
+        /// Key as text.
+        key: String,
+        /// Stored version.
+        version: u16,
+        /// Highest version this binary reads.
+        supported: u16,
+    },
+    /// A value is over the size the store accepts in a record.
+    #[error("{table} record of {size} bytes exceeds the {max}-byte limit; large content belongs in the artifact store")]
+    TooLarge {
+        /// Tree name.
+        table: &'static str,
+        /// Encoded size.
+        size: usize,
+        /// Limit.
+        max: usize,
+    },
+    /// A write was attempted under another tenant's scope.
+    #[error("record of tenant {record} written under the scope of tenant {scope}")]
+    TenantMismatch {
+        /// The record's tenant.
+        record: TenantId,
+        /// The scope's tenant.
+        scope: TenantId,
+    },
+    /// The directory is not an agentbay store.
+    #[error("{path} is not an agentbay data directory: {reason}")]
+    NotAStore {
+        /// The path given.
+        path: PathBuf,
+        /// What was found instead.
+        reason: String,
+    },
+    /// The store was written by a newer agentbay.
+    #[error(
+        "the store in {path} has schema version {found}, but this agentbay understands up to {supported}; run a newer agentbay or restore a backup made by this version"
+    )]
+    NewerSchema {
+        /// Store path.
+        path: PathBuf,
+        /// Version found.
+        found: u32,
+        /// Highest version this binary runs.
+        supported: u32,
+    },
+    /// Another process holds the data directory.
+    #[error("the data directory {path} is already in use by {holder}")]
+    InUse {
+        /// The data directory.
+        path: PathBuf,
+        /// Who holds it, as far as known.
+        holder: String,
+    },
+    /// The store was closed or its writer stopped.
+    #[error("the store is closed")]
+    Closed,
+    /// Durability could not be confirmed; the write may not be on disk.
+    #[error("flushing the store to disk failed: {0}")]
+    FlushFailed(String),
+    /// A backup file is unusable.
+    #[error("backup: {0}")]
+    Backup(String),
+}
+
+impl StoreError {
+    pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
+        let context = context.into();
+        move |source| StoreError::Io { context, source }
+    }
+}
+
+/// Largest encoded record. sled writes bigger values to separate blob files
+/// that its flush does not sync, so the store refuses them outright; prompts,
+/// responses and other payloads go to the artifact store.
+pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+
+/// Tuning of the store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// sled page cache, in bytes.
+    pub cache_bytes: u64,
+    /// `fdatasync` the data file after each flush (on by default). Off only
+    /// for the benchmark's comparison rows.
+    pub sync_data: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            cache_bytes: 256 * 1024 * 1024,
+            sync_data: true,
+        }
+    }
+}
+
+/// The store. Cheap to clone; all clones share one writer.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: sled::Db,
+    trees: Arc<[sled::Tree]>,
+    committer: Committer,
+    events: broadcast::Sender<Arc<StoredEvent>>,
+    path: PathBuf,
+    schema_version: u32,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.inner.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the sled store at `path`, checks its format and
+    /// schema version, migrates it forward and starts the writer and flusher
+    /// threads. The caller must hold the data directory lock.
+    pub fn open(path: &Path, options: &StoreOptions) -> Result<Store, StoreError> {
+        let fresh = !path.join("conf").exists();
+        if !fresh && !path.join("db").exists() {
+            return Err(StoreError::NotAStore {
+                path: path.to_path_buf(),
+                reason: "it has a sled configuration but no data file".into(),
+            });
+        }
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(options.cache_bytes)
+            // The flusher thread decides when to flush; sled's own periodic
+            // flusher would only add syncs nobody waits for.
+            .flush_every_ms(None)
+            .open()?;
+        let trees: Arc<[sled::Tree]> = Table::ALL
+            .iter()
+            .map(|t| db.open_tree(t.name()))
+            .collect::<Result<Vec<_>, _>>()?
+            .into();
+        let meta = &trees[Table::Meta.position()];
+        let schema_version = schema::prepare(&db, meta, path, fresh, schema::MIGRATIONS)?;
+        let (events, _) = broadcast::channel(4096);
+        let next_seq = outbox::next_sequence(&trees[Table::Outbox.position()], meta)?;
+        let committer = Committer::start(
+            db.clone(),
+            trees.clone(),
+            path.join("db"),
+            options.sync_data,
+            next_seq,
+            events.clone(),
+        )?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                db,
+                trees,
+                committer,
+                events,
+                path: path.to_path_buf(),
+                schema_version,
+            }),
+        })
+    }
+
+    /// The schema version the store runs at.
+    pub fn schema_version(&self) -> u32 {
+        self.inner.schema_version
+    }
+
+    /// The directory of the sled files.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    fn tree(&self, table: Table) -> &sled::Tree {
+        &self.inner.trees[table.position()]
+    }
+
+    /// Runs `f` as one atomic transaction and returns once its effects are
+    /// durably on disk. `f` may run more than once and must not have side
+    /// effects outside the [`Tx`].
+    pub async fn transact<R, E, F>(&self, f: F) -> Result<R, E>
+    where
+        F: Fn(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let rx = self.inner.committer.submit(f)?;
+        rx.await.map_err(|_| E::from(StoreError::Closed))?
+    }
+
+    /// [`Store::transact`] for callers outside the async runtime (offline
+    /// administrative commands, benchmarks' baselines).
+    pub fn transact_blocking<R, E, F>(&self, f: F) -> Result<R, E>
+    where
+        F: Fn(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let rx = self.inner.committer.submit(f)?;
+        rx.blocking_recv().map_err(|_| E::from(StoreError::Closed))?
+    }
+
+    /// Reads one record of the scope's tenant.
+    pub fn get<R: Record>(&self, scope: &TenantScope, id: &str) -> Result<Option<R>, StoreError> {
+        let key = record_key(scope.tenant(), id);
+        self.tree(R::TABLE)
+            .get(&key)?
+            .map(|bytes| decode::<R>(&key, &bytes))
+            .transpose()
+    }
+
+    /// Every record of the table in the scope's tenant, in key order.
+    pub fn list<R: Record>(&self, scope: &TenantScope) -> Result<Vec<R>, StoreError> {
+        self.list_page(scope, None, usize::MAX)
+    }
+
+    /// Up to `limit` records of the scope's tenant with ids after `after`.
+    pub fn list_page<R: Record>(
+        &self,
+        scope: &TenantScope,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<R>, StoreError> {
+        let prefix = tenant_prefix(scope.tenant());
+        let start = match after {
+            // The first key strictly after `<tenant>/<after>`.
+            Some(after) => {
+                let mut k = record_key(scope.tenant(), after);
+                k.push(0);
+                k
+            }
+            None => prefix.clone(),
+        };
+        let mut end = prefix.clone();
+        *end.last_mut().expect("prefix ends with '/'") += 1;
+        self.tree(R::TABLE)
+            .range(start..end)
+            .take(limit)
+            .map(|item| {
+                let (k, v) = item?;
+                decode::<R>(&k, &v)
+            })
+            .collect()
+    }
+
+    /// Every record of the table, of every tenant, for PlatformAdmins and
+    /// the appliance's workers.
+    pub fn scan_all<R: Record>(&self, _platform: &PlatformScope) -> Result<Vec<R>, StoreError> {
+        self.tree(R::TABLE)
+            .iter()
+            .map(|item| {
+                let (k, v) = item?;
+                decode::<R>(&k, &v)
+            })
+            .collect()
+    }
+
+    /// Ids under `<tenant>/<index>/<value>/`.
+    pub fn index_ids(
+        &self,
+        scope: &TenantScope,
+        index: &str,
+        value: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let prefix = index_prefix(scope.tenant(), index, value);
+        self.tree(Table::Index)
+            .scan_prefix(&prefix)
+            .map(|item| {
+                let (k, _) = item?;
+                Ok(String::from_utf8_lossy(&k[prefix.len()..]).into_owned())
+            })
+            .collect()
+    }
+
+    /// Events after `after` that the filter admits, at most `limit`.
+    pub fn events_after(
+        &self,
+        filter: &EventFilter,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredEvent>>, StoreError> {
+        outbox::read_after(self.tree(Table::Outbox), filter, after, limit)
+    }
+
+    /// Live events as they become durable.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
+        self.inner.events.subscribe()
+    }
+
+    /// Whether the writer and flusher threads are alive and the last flush
+    /// succeeded.
+    pub fn healthy(&self) -> Result<(), String> {
+        self.inner.committer.health()
+    }
+
+    /// Counters of the group commit, for metrics and benchmarks.
+    pub fn commit_stats(&self) -> commit::CommitStats {
+        self.inner.committer.stats()
+    }
+
+    /// Bytes the store occupies on disk.
+    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.inner.db.size_on_disk()?)
+    }
+
+    /// Number of records in each table.
+    pub fn table_sizes(&self) -> BTreeMap<&'static str, usize> {
+        Table::ALL
+            .iter()
+            .map(|t| (t.name(), self.tree(*t).len()))
+            .collect()
+    }
+
+    /// Stops the writer after the writes already submitted, flushes and
+    /// syncs. Later writes fail with [`StoreError::Closed`].
+    pub fn close(&self) -> Result<(), StoreError> {
+        self.inner.committer.stop()
+    }
+}
+
+pub(crate) fn tenant_prefix(tenant: &TenantId) -> Vec<u8> {
+    let mut key = Vec::with_capacity(tenant.as_str().len() + 1);
+    key.extend_from_slice(tenant.as_str().as_bytes());
+    key.push(b'/');
+    key
+}
+
+pub(crate) fn record_key(tenant: &TenantId, id: &str) -> Vec<u8> {
+    let mut key = tenant_prefix(tenant);
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+pub(crate) fn index_prefix(tenant: &TenantId, index: &str, value: &str) -> Vec<u8> {
+    let mut key = tenant_prefix(tenant);
+    key.extend_from_slice(index.as_bytes());
+    key.push(b'/');
+    key.extend_from_slice(value.as_bytes());
+    key.push(b'/');
+    key
+}
+
+/// Encodes a record as `[u16 version][msgpack named]`.
+pub(crate) fn encode<R: Record>(record: &R) -> Result<Vec<u8>, StoreError> {
+    let mut out = R::VERSION.to_be_bytes().to_vec();
+    rmp_serde::encode::write_named(&mut out, record).map_err(|e| StoreError::Corrupt {
+        table: R::TABLE.name(),
+        key: record.id(),
+        reason: format!("cannot encode: {e}"),
+    })?;
+    if out.len() > MAX_RECORD_BYTES {
+        return Err(StoreError::TooLarge {
+            table: R::TABLE.name(),
+            size: out.len(),
+            max: MAX_RECORD_BYTES,
+        });
+    }
+    Ok(out)
+}
+
+/// Decodes a stored record, upgrading older versions.
+pub(crate) fn decode<R: Record>(key: &[u8], bytes: &[u8]) -> Result<R, StoreError> {
+    let key_text = || String::from_utf8_lossy(key).into_owned();
+    if bytes.len() < 2 {
+        return Err(StoreError::Corrupt {
+            table: R::TABLE.name(),
+            key: key_text(),
+            reason: "value shorter than its version header".into(),
+        });
+    }
+    let version = u16::from_be_bytes([bytes[0], bytes[1]]);
+    let body = &bytes[2..];
+    if version == R::VERSION {
+        rmp_serde::from_slice(body).map_err(|e| StoreError::Corrupt {
+            table: R::TABLE.name(),
+            key: key_text(),
+            reason: e.to_string(),
+        })
+    } else if version > R::VERSION {
+        Err(StoreError::NewerRecord {
+            table: R::TABLE.name(),
+            key: key_text(),
+            version,
+            supported: R::VERSION,
+        })
+    } else {
+        R::upgrade(version, body).map_err(|reason| StoreError::Corrupt {
+            table: R::TABLE.name(),
+            key: key_text(),
+            reason,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,133 @@
+//! The outbox: every event, numbered in commit order.
+//!
+//! Keys are the big-endian sequence number, so a range scan from any
+//! sequence resumes a stream exactly. Sequence numbers are never reused:
+//! when old events are pruned, the highest pruned number is kept in `meta`.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+use crate::domain::TenantId;
+
+const EVENT_VERSION: u16 = 1;
+/// Meta key holding the highest sequence ever pruned.
+pub(super) const PRUNED_THROUGH: &str = "outbox.pruned_through";
+
+/// An event as committed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredEvent {
+    /// Position in the outbox, from 1.
+    pub sequence: u64,
+    /// The specification's topic.
+    pub topic: String,
+    /// Whose data changed.
+    pub tenant_id: TenantId,
+    /// When it changed.
+    pub occurred_at: DateTime<Utc>,
+    /// The specification's payload.
+    pub payload: serde_json::Value,
+}
+
+impl StoredEvent {
+    pub(super) fn encode(&self) -> Result<Vec<u8>, StoreError> {
+        let mut out = EVENT_VERSION.to_be_bytes().to_vec();
+        // JSON inside msgpack keeps arbitrary payloads lossless.
+        let body = (
+            self.sequence,
+            &self.topic,
+            &self.tenant_id,
+            self.occurred_at,
+            serde_json::to_string(&self.payload).expect("JSON values serialise"),
+        );
+        rmp_serde::encode::write(&mut out, &body).map_err(|e| StoreError::Corrupt {
+            table: "outbox",
+            key: self.sequence.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(out)
+    }
+
+    fn decode(key: &[u8], bytes: &[u8]) -> Result<StoredEvent, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            table: "outbox",
+            key: format!("{key:?}"),
+            reason,
+        };
+        if bytes.len() < 2 || u16::from_be_bytes([bytes[0], bytes[1]]) != EVENT_VERSION {
+            return Err(corrupt("unknown event encoding".into()));
+        }
+        let (sequence, topic, tenant_id, occurred_at, payload): (
+            u64,
+            String,
+            TenantId,
+            DateTime<Utc>,
+            String,
+        ) = rmp_serde::from_slice(&bytes[2..]).map_err(|e| corrupt(e.to_string()))?;
+        Ok(StoredEvent {
+            sequence,
+            topic,
+            tenant_id,
+            occurred_at,
+            payload: serde_json::from_str(&payload).map_err(|e| corrupt(e.to_string()))?,
+        })
+    }
+}
+
+/// Which events a reader may and wants to see.
+#[derive(Clone, Debug, Default)]
+pub struct EventFilter {
+    /// Only this tenant's events; `None` for every tenant (PlatformAdmin).
+    pub tenant: Option<TenantId>,
+    /// Topic prefixes; empty for every topic.
+    pub topics: Vec<String>,
+}
+
+impl EventFilter {
+    /// Whether the event passes.
+    pub fn admits(&self, event: &StoredEvent) -> bool {
+        self.tenant.as_ref().is_none_or(|t| *t == event.tenant_id)
+            && (self.topics.is_empty() || self.topics.iter().any(|p| event.topic.starts_with(p)))
+    }
+}
+
+pub(super) fn read_after(
+    tree: &sled::Tree,
+    filter: &EventFilter,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<Arc<StoredEvent>>, StoreError> {
+    let start = after.saturating_add(1).to_be_bytes();
+    let mut out = Vec::new();
+    for item in tree.range(start..) {
+        let (k, v) = item?;
+        let event = StoredEvent::decode(&k, &v)?;
+        if filter.admits(&event) {
+            out.push(Arc::new(event));
+            if out.len() >= limit {
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The sequence the next event gets: one past the highest ever written.
+pub(super) fn next_sequence(outbox: &sled::Tree, meta: &sled::Tree) -> Result<u64, StoreError> {
+    let last = match outbox.last()? {
+        Some((k, _)) => u64::from_be_bytes(k.as_ref().try_into().map_err(|_| StoreError::Corrupt {
+            table: "outbox",
+            key: format!("{k:?}"),
+            reason: "key is not a sequence number".into(),
+        })?),
+        None => 0,
+    };
+    let pruned = meta
+        .get(PRUNED_THROUGH)?
+        .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
+        .unwrap_or(0);
+    Ok(last.max(pruned) + 1)
+}

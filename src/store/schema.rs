@@ -1,0 +1,175 @@
+//! Format marker, schema version and forward migrations.
+//!
+//! A store knows what it is (`meta/format`) and which schema it is at
+//! (`meta/schema_version`). Opening an older store runs the migrations from
+//! its version up, each in its own transaction that also bumps the version,
+//! so a crash mid-way resumes at the right step. A newer store, or a
+//! directory that is not an agentbay store, is refused: the appliance never
+//! guesses.
+
+use std::path::Path;
+
+
+
+use super::StoreError;
+
+/// The schema version this binary writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+pub(super) const FORMAT_KEY: &str = "format";
+pub(super) const FORMAT_VALUE: &[u8] = b"agentbay-store";
+pub(super) const VERSION_KEY: &str = "schema_version";
+
+/// One step from `from` to `from + 1`.
+pub(super) struct Migration {
+    /// The version it upgrades from.
+    pub from: u32,
+    /// What it changes, for the log.
+    pub description: &'static str,
+    /// The change, applied to the whole database.
+    pub apply: fn(&sled::Db) -> Result<(), StoreError>,
+}
+
+/// The migrations of this binary, in order. Version 1 is the first schema.
+pub(super) const MIGRATIONS: &[Migration] = &[];
+
+/// Checks the marker and version, initialises a fresh store and migrates an
+/// older one. Returns the version the store is at afterwards.
+pub(super) fn prepare(
+    db: &sled::Db,
+    meta: &sled::Tree,
+    path: &Path,
+    fresh: bool,
+    migrations: &[Migration],
+) -> Result<u32, StoreError> {
+    let target = migrations.last().map_or(SCHEMA_VERSION, |m| m.from + 1).max(SCHEMA_VERSION);
+    let format = meta.get(FORMAT_KEY)?;
+    let version = match (format, fresh) {
+        (None, true) => {
+            meta.transaction(|m| {
+                m.insert(FORMAT_KEY, FORMAT_VALUE)?;
+                m.insert(VERSION_KEY, &target.to_be_bytes())?;
+                Ok::<_, sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| match e {
+                sled::transaction::TransactionError::Storage(e) => StoreError::Engine(e),
+                sled::transaction::TransactionError::Abort(()) => StoreError::Closed,
+            })?;
+            db.flush()?;
+            return Ok(target);
+        }
+        (None, false) => {
+            return Err(StoreError::NotAStore {
+                path: path.to_path_buf(),
+                reason: "it holds a sled database without the agentbay format marker".into(),
+            });
+        }
+        (Some(f), _) if f.as_ref() != FORMAT_VALUE => {
+            return Err(StoreError::NotAStore {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "its format marker is {:?}",
+                    String::from_utf8_lossy(f.as_ref())
+                ),
+            });
+        }
+        (Some(_), _) => read_version(meta, path)?,
+    };
+    if version > target {
+        return Err(StoreError::NewerSchema {
+            path: path.to_path_buf(),
+            found: version,
+            supported: target,
+        });
+    }
+    let mut current = version;
+    while current < target {
+        let step = migrations
+            .iter()
+            .find(|m| m.from == current)
+            .ok_or_else(|| StoreError::NotAStore {
+                path: path.to_path_buf(),
+                reason: format!("no migration from schema version {current}"),
+            })?;
+        tracing::info!(from = current, to = current + 1, what = step.description, "migrating store");
+        (step.apply)(db)?;
+        current += 1;
+        meta.insert(VERSION_KEY, &current.to_be_bytes())?;
+        db.flush()?;
+    }
+    Ok(current)
+}
+
+fn read_version(meta: &sled::Tree, path: &Path) -> Result<u32, StoreError> {
+    let raw = meta.get(VERSION_KEY)?.ok_or_else(|| StoreError::NotAStore {
+        path: path.to_path_buf(),
+        reason: "it has no schema version".into(),
+    })?;
+    let bytes: [u8; 4] = raw.as_ref().try_into().map_err(|_| StoreError::NotAStore {
+        path: path.to_path_buf(),
+        reason: "its schema version is unreadable".into(),
+    })?;
+    Ok(u32::from_be_bytes(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dir: &Path) -> (sled::Db, sled::Tree) {
+        let db = sled::Config::new().path(dir).open().unwrap();
+        let meta = db.open_tree("meta").unwrap();
+        (db, meta)
+    }
+
+    #[test]
+    fn fresh_store_gets_marker_and_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, meta) = open(dir.path());
+        assert_eq!(prepare(&db, &meta, dir.path(), true, &[]).unwrap(), SCHEMA_VERSION);
+        assert_eq!(read_version(&meta, dir.path()).unwrap(), SCHEMA_VERSION);
+        // Reopening finds the same version.
+        assert_eq!(prepare(&db, &meta, dir.path(), false, &[]).unwrap(), SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn migrations_run_forward_in_order() {
+        fn add_greeting(db: &sled::Db) -> Result<(), StoreError> {
+            db.open_tree("meta")?.insert("greeting", "hello")?;
+            Ok(())
+        }
+        fn shout_greeting(db: &sled::Db) -> Result<(), StoreError> {
+            let meta = db.open_tree("meta")?;
+            let g = meta.get("greeting")?.expect("set by the previous step");
+            meta.insert("greeting", String::from_utf8_lossy(&g).to_uppercase().as_bytes())?;
+            Ok(())
+        }
+        let steps = [
+            Migration { from: 1, description: "add greeting", apply: add_greeting },
+            Migration { from: 2, description: "shout it", apply: shout_greeting },
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let (db, meta) = open(dir.path());
+        assert_eq!(prepare(&db, &meta, dir.path(), true, &[]).unwrap(), 1);
+        assert_eq!(prepare(&db, &meta, dir.path(), false, &steps).unwrap(), 3);
+        assert_eq!(meta.get("greeting").unwrap().unwrap().as_ref(), b"HELLO");
+        assert_eq!(read_version(&meta, dir.path()).unwrap(), 3);
+    }
+
+    #[test]
+    fn newer_and_foreign_stores_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, meta) = open(dir.path());
+        prepare(&db, &meta, dir.path(), true, &[]).unwrap();
+        meta.insert(VERSION_KEY, &99u32.to_be_bytes()).unwrap();
+        let err = prepare(&db, &meta, dir.path(), false, &[]).unwrap_err();
+        assert!(matches!(err, StoreError::NewerSchema { found: 99, .. }), "{err}");
+        assert!(err.to_string().contains("newer agentbay"), "{err}");
+
+        let other = tempfile::tempdir().unwrap();
+        let (db, meta) = open(other.path());
+        db.insert("something", "else").unwrap();
+        let err = prepare(&db, &meta, other.path(), false, &[]).unwrap_err();
+        assert!(matches!(err, StoreError::NotAStore { .. }), "{err}");
+    }
+}
