@@ -35,7 +35,8 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
     let descriptor_path = out_dir.join("agentbay_descriptor.bin");
     std::fs::write(&descriptor_path, set.encode_to_vec()).expect("write descriptor set");
-    std::fs::write(out_dir.join("rpc_methods.rs"), rpc_method_table(&set)).expect("write rpc table");
+    std::fs::write(out_dir.join("rpc_methods.rs"), rpc_method_table(&set))
+        .expect("write rpc table");
 
     connectrpc_build::Config::new()
         .descriptor_set(&descriptor_path)

@@ -1,1 +1,294 @@
-fn main(){}
+//! Durable writes per second through the store facade, beside raw sled in
+//! the same run.
+//!
+//! Every row writes 200-byte records and counts a record only once it is
+//! flushed (and, where the row says so, fdatasync'ed). Run with
+//! `cargo bench --bench store`; `AGENTBAY_BENCH_SECONDS` sets the time per
+//! row (default 3).
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use agentbay::domain::TenantId;
+use agentbay::store::{Record, Store, StoreError, StoreOptions, Table, TenantScope};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+struct Row {
+    tenant: TenantId,
+    id: String,
+    body: String,
+}
+
+impl Record for Row {
+    const TABLE: Table = Table::Clients;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+    fn id(&self) -> String {
+        self.id.clone()
+    }
+}
+
+fn seconds() -> Duration {
+    let s = std::env::var("AGENTBAY_BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3.0);
+    Duration::from_secs_f64(s)
+}
+
+fn dir_size(path: &Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| {
+                    let m = e.metadata().unwrap();
+                    if m.is_dir() {
+                        dir_size(&e.path())
+                    } else {
+                        m.len()
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+struct Outcome {
+    label: String,
+    writes: u64,
+    elapsed: Duration,
+    disk: u64,
+}
+
+impl Outcome {
+    fn rate(&self) -> f64 {
+        self.writes as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Raw sled, one writer: insert, flush, (sync), next.
+fn raw_single(sync: bool) -> Outcome {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sled::Config::new()
+        .path(dir.path())
+        .flush_every_ms(None)
+        .open()
+        .unwrap();
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("db"))
+        .unwrap();
+    let value = vec![7u8; 200];
+    let deadline = Instant::now() + seconds();
+    let start = Instant::now();
+    let mut n = 0u64;
+    while Instant::now() < deadline {
+        db.insert(n.to_be_bytes(), value.as_slice()).unwrap();
+        db.flush().unwrap();
+        if sync {
+            file.sync_data().unwrap();
+        }
+        n += 1;
+    }
+    Outcome {
+        label: format!(
+            "raw sled, 1 writer, flush each{}",
+            if sync { " + fdatasync" } else { "" }
+        ),
+        writes: n,
+        elapsed: start.elapsed(),
+        disk: dir_size(dir.path()),
+    }
+}
+
+/// Raw sled driven by one group-commit thread: `writers` threads insert and
+/// wait for the flusher, which flushes once per batch.
+fn raw_group(writers: usize, sync: bool) -> Outcome {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sled::Config::new()
+        .path(dir.path())
+        .flush_every_ms(None)
+        .open()
+        .unwrap();
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("db"))
+        .unwrap();
+    let (tx, rx) = mpsc::channel::<mpsc::SyncSender<()>>();
+    let flusher = {
+        let db = db.clone();
+        std::thread::spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut batch = vec![first];
+                while let Ok(more) = rx.try_recv() {
+                    batch.push(more);
+                }
+                db.flush().unwrap();
+                if sync {
+                    file.sync_data().unwrap();
+                }
+                for w in batch {
+                    let _ = w.send(());
+                }
+            }
+        })
+    };
+    let deadline = Instant::now() + seconds();
+    let start = Instant::now();
+    let handles: Vec<_> = (0..writers)
+        .map(|w| {
+            let db = db.clone();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let value = vec![7u8; 200];
+                let mut n = 0u64;
+                let (done_tx, done_rx) = mpsc::sync_channel(1);
+                while Instant::now() < deadline {
+                    let key = ((w as u64) << 40 | n).to_be_bytes();
+                    db.insert(key, value.as_slice()).unwrap();
+                    tx.send(done_tx.clone()).unwrap();
+                    done_rx.recv().unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let writes: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let elapsed = start.elapsed();
+    drop(tx);
+    flusher.join().unwrap();
+    Outcome {
+        label: format!(
+            "raw sled, {writers} writers, one group-commit thread{}",
+            if sync { " + fdatasync" } else { "" }
+        ),
+        writes,
+        elapsed,
+        disk: dir_size(dir.path()),
+    }
+}
+
+/// The store facade: `writers` tasks each committing one record per
+/// transaction and waiting for it to be durable.
+fn facade(writers: usize, sync: bool) -> Outcome {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        sync_data: sync,
+        ..StoreOptions::default()
+    };
+    let store = Store::open(&dir.path().join("store"), &options).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + seconds();
+    let start = Instant::now();
+    let body = Arc::new("x".repeat(200));
+    let writes: u64 = runtime.block_on(async {
+        let tasks: Vec<_> = (0..writers)
+            .map(|w| {
+                let store = store.clone();
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let scope = TenantScope::new(TenantId::parse("bench").unwrap());
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        let row = Row {
+                            tenant: scope.tenant().clone(),
+                            id: format!("{w:03}-{n:012}"),
+                            body: body.as_str().to_string(),
+                        };
+                        let s = scope.clone();
+                        store
+                            .transact(move |tx| tx.put(&s, &row))
+                            .await
+                            .map_err(|e: StoreError| e)
+                            .unwrap();
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        total
+    });
+    let elapsed = start.elapsed();
+    let stats = store.commit_stats();
+    store.close().unwrap();
+    let label = format!(
+        "store facade, {writers} writers{} ({:.1} commits per flush)",
+        if sync {
+            " + fdatasync"
+        } else {
+            ", no fdatasync"
+        },
+        stats.commits as f64 / stats.flushes.max(1) as f64
+    );
+    Outcome {
+        label,
+        writes,
+        elapsed,
+        disk: dir_size(dir.path()),
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument selects rows.
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let rows: Vec<(&str, Box<dyn Fn() -> Outcome>)> = vec![
+        ("raw-1", Box::new(|| raw_single(false))),
+        ("raw-1-sync", Box::new(|| raw_single(true))),
+        ("raw-32", Box::new(|| raw_group(32, false))),
+        ("raw-32-sync", Box::new(|| raw_group(32, true))),
+        ("facade-1", Box::new(|| facade(1, true))),
+        ("facade-32-nosync", Box::new(|| facade(32, false))),
+        ("facade-32", Box::new(|| facade(32, true))),
+    ];
+    println!(
+        "durable 200-byte writes per second ({:?} per row)",
+        seconds()
+    );
+    println!("{:<70} {:>12} {:>12}", "row", "writes/s", "disk MiB");
+    let mut results = Vec::new();
+    for (name, run) in rows {
+        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
+        let outcome = run();
+        println!(
+            "{:<70} {:>12.0} {:>12.1}",
+            outcome.label,
+            outcome.rate(),
+            outcome.disk as f64 / (1024.0 * 1024.0)
+        );
+        results.push((name, outcome));
+    }
+    let rate = |n: &str| results.iter().find(|(k, _)| *k == n).map(|(_, o)| o.rate());
+    if let (Some(facade), Some(raw)) = (rate("facade-32"), rate("raw-32-sync")) {
+        println!(
+            "facade / raw sled group commit, 32 writers, both with fdatasync: {:.2}x",
+            facade / raw
+        );
+    }
+    if let (Some(facade), Some(raw)) = (rate("facade-32-nosync"), rate("raw-32")) {
+        println!(
+            "facade / raw sled group commit, 32 writers, neither with fdatasync: {:.2}x",
+            facade / raw
+        );
+    }
+}

@@ -131,7 +131,14 @@ impl Role {
                 set.extend([RunsWrite, RunsOperate]);
             }
             Role::WorkspaceAdmin => {
-                set.extend([RunsWrite, RunsOperate, RunsDecide, CapacityAdmin, AssetsAdmin, Admin]);
+                set.extend([
+                    RunsWrite,
+                    RunsOperate,
+                    RunsDecide,
+                    CapacityAdmin,
+                    AssetsAdmin,
+                    Admin,
+                ]);
             }
             Role::PlatformAdmin => set.extend(Scope::ALL.iter().copied()),
         }

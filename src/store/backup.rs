@@ -156,7 +156,11 @@ fn write_backup<W: Write>(
 }
 
 /// Reads `n` bytes, hashing them.
-fn read_exact_hashed<R: Read>(r: &mut R, hash: &mut Sha256, n: usize) -> Result<Vec<u8>, StoreError> {
+fn read_exact_hashed<R: Read>(
+    r: &mut R,
+    hash: &mut Sha256,
+    n: usize,
+) -> Result<Vec<u8>, StoreError> {
     let mut buf = vec![0; n];
     r.read_exact(&mut buf)
         .map_err(|e| StoreError::Backup(format!("the file ends early or is damaged ({e})")))?;
@@ -194,19 +198,27 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
             )));
         }
     }
-    let file = fs::File::open(backup).map_err(StoreError::io(format!("opening {}", backup.display())))?;
+    let file =
+        fs::File::open(backup).map_err(StoreError::io(format!("opening {}", backup.display())))?;
     let mut r = BufReader::new(flate2::read::GzDecoder::new(BufReader::new(file)));
     let mut hash = Sha256::new();
-    let magic = read_exact_hashed(&mut r, &mut hash, MAGIC.len())
-        .map_err(|_| StoreError::Backup(format!("{} is not an agentbay backup", backup.display())))?;
+    let magic = read_exact_hashed(&mut r, &mut hash, MAGIC.len()).map_err(|_| {
+        StoreError::Backup(format!("{} is not an agentbay backup", backup.display()))
+    })?;
     if magic != MAGIC {
-        return Err(StoreError::Backup(format!("{} is not an agentbay backup", backup.display())));
+        return Err(StoreError::Backup(format!(
+            "{} is not an agentbay backup",
+            backup.display()
+        )));
     }
     let len = read_u32(&mut r, &mut hash)?;
     let header: Header = serde_json::from_slice(&read_exact_hashed(&mut r, &mut hash, len)?)
         .map_err(|e| StoreError::Backup(format!("unreadable header: {e}")))?;
     if header.format != 1 {
-        return Err(StoreError::Backup(format!("unknown backup format {}", header.format)));
+        return Err(StoreError::Backup(format!(
+            "unknown backup format {}",
+            header.format
+        )));
     }
     if header.schema_version > SCHEMA_VERSION {
         return Err(StoreError::Backup(format!(
@@ -218,7 +230,8 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
     // Build everything in a staging directory beside the target.
     let staging = data_root.with_extension("restoring");
     if staging.exists() {
-        fs::remove_dir_all(&staging).map_err(StoreError::io("removing an old staging directory"))?;
+        fs::remove_dir_all(&staging)
+            .map_err(StoreError::io("removing an old staging directory"))?;
     }
     create_private_dir(&staging)?;
     let result = (|| -> Result<BackupSummary, StoreError> {
@@ -251,7 +264,9 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
                     let n = read_u32(&mut r, &mut hash)?;
                     let bytes = read_exact_hashed(&mut r, &mut hash, n)?;
                     if safe_relative(&path).is_none() {
-                        return Err(StoreError::Backup(format!("unsafe file path {path:?} in the backup")));
+                        return Err(StoreError::Backup(format!(
+                            "unsafe file path {path:?} in the backup"
+                        )));
                     }
                     files.push((path, bytes));
                     summary.files += 1;
@@ -259,8 +274,9 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
                 TAG_END => {
                     let expected = hash.clone().finalize();
                     let mut actual = [0u8; 32];
-                    r.read_exact(&mut actual)
-                        .map_err(|_| StoreError::Backup("the file ends before its checksum".into()))?;
+                    r.read_exact(&mut actual).map_err(|_| {
+                        StoreError::Backup("the file ends before its checksum".into())
+                    })?;
                     if actual[..] != expected[..] {
                         return Err(StoreError::Backup(
                             "checksum mismatch: the backup is damaged".into(),
@@ -269,13 +285,19 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
                     break;
                 }
                 other => {
-                    return Err(StoreError::Backup(format!("unknown entry tag {other}: the backup is damaged")));
+                    return Err(StoreError::Backup(format!(
+                        "unknown entry tag {other}: the backup is damaged"
+                    )));
                 }
             }
         }
         let meta = db.open_tree("meta")?;
-        if meta.get(FORMAT_KEY)?.as_deref() != Some(FORMAT_VALUE) || meta.get(VERSION_KEY)?.is_none() {
-            return Err(StoreError::Backup("the backup holds no agentbay store".into()));
+        if meta.get(FORMAT_KEY)?.as_deref() != Some(FORMAT_VALUE)
+            || meta.get(VERSION_KEY)?.is_none()
+        {
+            return Err(StoreError::Backup(
+                "the backup holds no agentbay store".into(),
+            ));
         }
         db.flush()?;
         drop(db);
@@ -288,10 +310,13 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
     match result {
         Ok(summary) => {
             if data_root.exists() {
-                fs::remove_dir(data_root).map_err(StoreError::io(format!("replacing {}", data_root.display())))?;
+                fs::remove_dir(data_root)
+                    .map_err(StoreError::io(format!("replacing {}", data_root.display())))?;
             }
-            fs::rename(&staging, data_root)
-                .map_err(StoreError::io(format!("moving the restored store to {}", data_root.display())))?;
+            fs::rename(&staging, data_root).map_err(StoreError::io(format!(
+                "moving the restored store to {}",
+                data_root.display()
+            )))?;
             Ok(summary)
         }
         Err(e) => {

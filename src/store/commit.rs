@@ -1,11 +1,18 @@
 //! Group commit: one writer thread, one flusher thread.
 //!
-//! The writer runs transactions one after another (sled serialises them
-//! anyway) and hands each committed one to the flusher. The flusher takes
-//! everything that has queued up, flushes sled and syncs its data file once,
-//! and then answers the whole batch and publishes its events. While the
-//! flusher syncs, the writer keeps committing the next batch, so the cost
-//! of a sync is shared by every writer that arrived during the previous one.
+//! The writer takes every transaction that has queued up, runs each closure
+//! against an in-memory overlay of the group's writes (so later closures
+//! read what earlier ones wrote), and applies the whole group to sled as one
+//! multi-tree transaction. The flusher then flushes sled and syncs its data
+//! file once for all groups that arrived meanwhile, and only after that
+//! answers their writers and publishes their events.
+//!
+//! Why not one sled transaction per write: on sled 0.34 a transaction that
+//! overlaps a flush waits for it (measured: ~60 µs per transaction against
+//! ~9 µs alone), so per-write transactions cap the store far below raw sled.
+//! One transaction per group pays that once for dozens of writes. And since
+//! only this thread writes, closures run exactly once, in one global order,
+//! and events are numbered by a plain counter.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -18,29 +25,36 @@ use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use tokio::sync::{broadcast, oneshot};
 
-use super::outbox::StoredEvent;
-use super::tx::Tx;
 use super::StoreError;
+use super::outbox::StoredEvent;
+use super::tx::{Tx, Writes};
 
-/// A write waiting for the flusher: how to answer it and what it published.
-pub(super) struct Pending {
-    complete: Box<dyn FnOnce(Result<(), StoreError>) + Send>,
-    events: Vec<Arc<StoredEvent>>,
-}
+/// Most transactions applied as one group; bounds the size of one sled
+/// transaction and the latency a group adds to its first member.
+const MAX_GROUP: usize = 512;
 
-/// What the writer thread gives each job.
+/// A committed write waiting for the flusher: how to answer it.
+type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// What the writer thread lends each job.
 pub(super) struct WriterCtx {
-    pub(super) db: sled::Db,
-    pub(super) trees: Arc<[sled::Tree]>,
-    /// Sequence number of the next event. Only the writer thread numbers
-    /// events, so a plain counter is exact.
-    pub(super) next_seq: u64,
+    db: sled::Db,
+    trees: Arc<[sled::Tree]>,
+    /// Writes of the current group, not yet applied to sled.
+    group: Writes,
+    /// Events of the current group.
+    events: Vec<Arc<StoredEvent>>,
+    /// Sequence number of the next event.
+    next_seq: u64,
 }
 
-type Job = Box<dyn FnOnce(&mut WriterCtx) -> Option<Pending> + Send>;
-
-enum Message {
-    Job(Job),
+enum Job {
+    /// A transaction: runs against the group overlay, returns how to answer
+    /// once durable, or `None` when it already answered (it aborted).
+    Tx(Box<dyn FnOnce(&mut WriterCtx) -> Option<Completion> + Send>),
+    /// Runs alone, after the current group is applied.
+    Exclusive(Box<dyn FnOnce(&[sled::Tree], &sled::Db) + Send>),
+    /// Finish the queue, flush, stop.
     Stop(mpsc::SyncSender<Result<(), StoreError>>),
 }
 
@@ -49,6 +63,8 @@ enum Message {
 pub struct CommitStats {
     /// Transactions committed.
     pub commits: u64,
+    /// Groups applied to sled.
+    pub groups: u64,
     /// Flush-and-sync rounds.
     pub flushes: u64,
 }
@@ -57,11 +73,24 @@ struct Shared {
     healthy: AtomicBool,
     last_error: Mutex<Option<String>>,
     commits: AtomicU64,
+    groups: AtomicU64,
     flushes: AtomicU64,
 }
 
+impl Shared {
+    fn fail(&self, e: &StoreError) {
+        tracing::error!(error = %e, "the store cannot confirm writes; the appliance is no longer ready");
+        self.last_error.lock().get_or_insert_with(|| e.to_string());
+        self.healthy.store(false, Ordering::Release);
+    }
+
+    fn failure(&self) -> StoreError {
+        StoreError::FlushFailed(self.last_error.lock().clone().unwrap_or_default())
+    }
+}
+
 pub(super) struct Committer {
-    sender: Mutex<Option<mpsc::Sender<Message>>>,
+    sender: Mutex<Option<mpsc::Sender<Job>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     shared: Arc<Shared>,
 }
@@ -86,19 +115,23 @@ impl Committer {
             healthy: AtomicBool::new(true),
             last_error: Mutex::new(None),
             commits: AtomicU64::new(0),
+            groups: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
         });
-        let (job_tx, job_rx) = mpsc::channel::<Message>();
-        let (flush_tx, flush_rx) = mpsc::channel::<FlushMessage>();
-
+        let (job_tx, job_rx) = mpsc::channel::<Job>();
+        let (flush_tx, flush_rx) = mpsc::channel::<Flush>();
+        let ctx = WriterCtx {
+            db: db.clone(),
+            trees,
+            group: Writes::default(),
+            events: Vec::new(),
+            next_seq,
+        };
         let writer = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("store-writer".into())
-                .spawn({
-                    let db = db.clone();
-                    move || writer_loop(job_rx, flush_tx, db, trees, next_seq, shared)
-                })
+                .spawn(move || writer_loop(job_rx, flush_tx, ctx, shared))
                 .map_err(StoreError::io("starting the store writer thread"))?
         };
         let flusher = {
@@ -115,40 +148,49 @@ impl Committer {
         })
     }
 
+    fn send(&self, job: Job) -> Result<(), StoreError> {
+        self.sender
+            .lock()
+            .as_ref()
+            .ok_or(StoreError::Closed)?
+            .send(job)
+            .map_err(|_| StoreError::Closed)
+    }
+
     /// Queues a transaction; the receiver answers once it is durable.
     pub(super) fn submit<R, E, F>(
         &self,
         f: F,
     ) -> Result<oneshot::Receiver<Result<R, E>>, StoreError>
     where
-        F: Fn(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
+        F: FnOnce(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
         R: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel::<Result<R, E>>();
-        let job: Job = Box::new(move |ctx: &mut WriterCtx| match run_transaction(ctx, &f) {
-            Ok((value, events)) => Some(Pending {
-                complete: Box::new(move |flushed| {
-                    let _ = reply.send(flushed.map(|()| value).map_err(E::from));
-                }),
-                events,
-            }),
-            Err(e) => {
-                // Nothing was written: answer at once, no flush needed.
-                let _ = reply.send(Err(e));
-                None
+        self.send(Job::Tx(Box::new(move |ctx: &mut WriterCtx| {
+            let mut tx = Tx::new(&ctx.trees, &ctx.group, ctx.next_seq);
+            match f(&mut tx) {
+                Ok(value) => {
+                    let (writes, events) = tx.finish();
+                    ctx.next_seq += events.len() as u64;
+                    ctx.group.merge(writes);
+                    ctx.events.extend(events);
+                    Some(Box::new(move |durable: Result<(), StoreError>| {
+                        let _ = reply.send(durable.map(|()| value).map_err(E::from));
+                    }) as Completion)
+                }
+                Err(e) => {
+                    // Its writes are dropped with the Tx: answer at once.
+                    let _ = reply.send(Err(e));
+                    None
+                }
             }
-        });
-        self.sender
-            .lock()
-            .as_ref()
-            .ok_or(StoreError::Closed)?
-            .send(Message::Job(job))
-            .map_err(|_| StoreError::Closed)?;
+        })))?;
         Ok(rx)
     }
 
-    /// Runs `f` on the writer thread between two transactions: no write
+    /// Runs `f` on the writer thread between two groups: no write
     /// interleaves with it. For consistent snapshots.
     pub(super) fn run_exclusive<R, F>(&self, f: F) -> oneshot::Receiver<R>
     where
@@ -156,15 +198,11 @@ impl Committer {
         R: Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
-        let job: Job = Box::new(move |ctx: &mut WriterCtx| {
-            let _ = reply.send(f(&ctx.trees, &ctx.db));
-            None
-        });
-        if let Some(sender) = self.sender.lock().as_ref() {
-            // A closed writer drops the job, and with it `reply`: the
-            // receiver then reports the store closed.
-            let _ = sender.send(Message::Job(job));
-        }
+        // If the writer is gone the job is dropped with `reply`, and the
+        // receiver reports the store closed.
+        let _ = self.send(Job::Exclusive(Box::new(move |trees, db| {
+            let _ = reply.send(f(trees, db));
+        })));
         rx
     }
 
@@ -172,18 +210,14 @@ impl Committer {
         if self.shared.healthy.load(Ordering::Acquire) {
             Ok(())
         } else {
-            Err(self
-                .shared
-                .last_error
-                .lock()
-                .clone()
-                .unwrap_or_else(|| "the store writer stopped".into()))
+            Err(self.shared.failure().to_string())
         }
     }
 
     pub(super) fn stats(&self) -> CommitStats {
         CommitStats {
             commits: self.shared.commits.load(Ordering::Relaxed),
+            groups: self.shared.groups.load(Ordering::Relaxed),
             flushes: self.shared.flushes.load(Ordering::Relaxed),
         }
     }
@@ -196,7 +230,7 @@ impl Committer {
         // A std channel: stop() also runs from Drop, possibly on an async
         // worker thread, where a tokio blocking receive would panic.
         let (done_tx, done_rx) = mpsc::sync_channel(1);
-        if sender.send(Message::Stop(done_tx)).is_err() {
+        if sender.send(Job::Stop(done_tx)).is_err() {
             return Err(StoreError::Closed);
         }
         drop(sender);
@@ -215,68 +249,113 @@ impl Drop for Committer {
     }
 }
 
-/// Runs one closure as a sled transaction over every tree.
-fn run_transaction<R, E, F>(
-    ctx: &mut WriterCtx,
-    f: &F,
-) -> Result<(R, Vec<Arc<StoredEvent>>), E>
-where
-    F: Fn(&mut Tx<'_>) -> Result<R, E>,
-    E: From<StoreError>,
-{
-    let base_seq = ctx.next_seq;
-    let result = ctx.trees.as_ref().transaction(|trees| {
-        let mut tx = Tx::new(trees, base_seq);
-        match f(&mut tx) {
-            Ok(value) => Ok((value, tx.into_events())),
-            Err(e) => Err(ConflictableTransactionError::Abort(e)),
-        }
-    });
-    match result {
-        Ok((value, events)) => {
-            ctx.next_seq = base_seq + events.len() as u64;
-            Ok((value, events))
-        }
-        Err(TransactionError::Abort(e)) => Err(e),
-        Err(TransactionError::Storage(e)) => Err(E::from(StoreError::Engine(e))),
-    }
-}
-
-enum FlushMessage {
-    Write(Pending),
+/// A group handed to the flusher.
+enum Flush {
+    Group {
+        completions: Vec<Completion>,
+        events: Vec<Arc<StoredEvent>>,
+        applied: Result<(), StoreError>,
+    },
     Stop(mpsc::SyncSender<Result<(), StoreError>>),
 }
 
+/// Applies the group's overlay to sled as one atomic transaction.
+fn apply_group(ctx: &mut WriterCtx) -> Result<(), StoreError> {
+    let writes = std::mem::take(&mut ctx.group);
+    if writes.is_empty() {
+        return Ok(());
+    }
+    ctx.trees
+        .as_ref()
+        .transaction(|trees| {
+            for ((table, key), value) in writes.iter() {
+                match value {
+                    Some(v) => trees[*table].insert(key.as_slice(), v.as_slice())?,
+                    None => trees[*table].remove(key.as_slice())?,
+                };
+            }
+            Ok::<_, ConflictableTransactionError<()>>(())
+        })
+        .map_err(|e| match e {
+            TransactionError::Storage(e) => StoreError::Engine(e),
+            TransactionError::Abort(()) => StoreError::Closed,
+        })
+}
+
 fn writer_loop(
-    jobs: mpsc::Receiver<Message>,
-    flusher: mpsc::Sender<FlushMessage>,
-    db: sled::Db,
-    trees: Arc<[sled::Tree]>,
-    next_seq: u64,
+    jobs: mpsc::Receiver<Job>,
+    flusher: mpsc::Sender<Flush>,
+    mut ctx: WriterCtx,
     shared: Arc<Shared>,
 ) {
-    let mut ctx = WriterCtx { db, trees, next_seq };
-    while let Ok(message) = jobs.recv() {
-        match message {
-            Message::Job(job) => {
-                if let Some(pending) = job(&mut ctx) {
-                    shared.commits.fetch_add(1, Ordering::Relaxed);
-                    if flusher.send(FlushMessage::Write(pending)).is_err() {
-                        break;
+    let mut completions: Vec<Completion> = Vec::new();
+    // Applies the open group and hands it to the flusher.
+    let close_group = |ctx: &mut WriterCtx, completions: &mut Vec<Completion>| -> bool {
+        if completions.is_empty() {
+            return true;
+        }
+        let group_start = ctx.next_seq - ctx.events.len() as u64;
+        let applied = if shared.healthy.load(Ordering::Acquire) {
+            apply_group(ctx)
+        } else {
+            Err(shared.failure())
+        };
+        if let Err(e) = &applied {
+            if shared.healthy.load(Ordering::Acquire) {
+                shared.fail(e);
+            }
+            // Nothing of the group exists: its sequence numbers are free.
+            ctx.next_seq = group_start;
+            ctx.group = Writes::default();
+        }
+        shared
+            .commits
+            .fetch_add(completions.len() as u64, Ordering::Relaxed);
+        shared.groups.fetch_add(1, Ordering::Relaxed);
+        flusher
+            .send(Flush::Group {
+                completions: std::mem::take(completions),
+                events: std::mem::take(&mut ctx.events),
+                applied,
+            })
+            .is_ok()
+    };
+    while let Ok(first) = jobs.recv() {
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(job) = next.take() {
+            taken += 1;
+            match job {
+                Job::Tx(run) => {
+                    if let Some(done) = run(&mut ctx) {
+                        completions.push(done);
                     }
                 }
+                Job::Exclusive(run) => {
+                    if !close_group(&mut ctx, &mut completions) {
+                        return;
+                    }
+                    run(&ctx.trees, &ctx.db);
+                }
+                Job::Stop(done) => {
+                    close_group(&mut ctx, &mut completions);
+                    let _ = flusher.send(Flush::Stop(done));
+                    return;
+                }
             }
-            Message::Stop(done) => {
-                let _ = flusher.send(FlushMessage::Stop(done));
-                return;
+            if taken < MAX_GROUP {
+                next = jobs.try_recv().ok();
             }
+        }
+        if !close_group(&mut ctx, &mut completions) {
+            return;
         }
     }
     shared.healthy.store(false, Ordering::Release);
 }
 
 fn flusher_loop(
-    queue: mpsc::Receiver<FlushMessage>,
+    queue: mpsc::Receiver<Flush>,
     db: sled::Db,
     file: File,
     sync_data: bool,
@@ -291,53 +370,62 @@ fn flusher_loop(
         }
         Ok(())
     };
-    let mut batch: Vec<Pending> = Vec::new();
+    let mut groups = Vec::new();
     loop {
         let mut stop = None;
         match queue.recv() {
-            Ok(FlushMessage::Write(p)) => batch.push(p),
-            Ok(FlushMessage::Stop(done)) => stop = Some(done),
+            Ok(Flush::Group {
+                completions,
+                events,
+                applied,
+            }) => groups.push((completions, events, applied)),
+            Ok(Flush::Stop(done)) => stop = Some(done),
             Err(_) => return,
         }
-        // Take everything that queued up while the previous sync ran.
+        // Take every group that arrived while the previous sync ran.
         while stop.is_none() {
             match queue.try_recv() {
-                Ok(FlushMessage::Write(p)) => batch.push(p),
-                Ok(FlushMessage::Stop(done)) => stop = Some(done),
+                Ok(Flush::Group {
+                    completions,
+                    events,
+                    applied,
+                }) => groups.push((completions, events, applied)),
+                Ok(Flush::Stop(done)) => stop = Some(done),
                 Err(_) => break,
             }
         }
         // After a failed sync the state of unsynced writes is unknown, so
         // nothing is acknowledged again until the appliance restarts.
-        let result = if shared.healthy.load(Ordering::Acquire) {
+        let flushed = if shared.healthy.load(Ordering::Acquire) {
             flush()
         } else {
-            Err(StoreError::FlushFailed(
-                shared.last_error.lock().clone().unwrap_or_default(),
-            ))
+            Err(shared.failure())
         };
         shared.flushes.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = &result {
-            tracing::error!(error = %e, "store flush failed; the appliance is no longer ready");
-            shared.last_error.lock().get_or_insert_with(|| e.to_string());
-            shared.healthy.store(false, Ordering::Release);
+        if let Err(e) = &flushed {
+            shared.fail(e);
         }
-        for pending in batch.drain(..) {
-            let outcome = match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(StoreError::FlushFailed(e.to_string())),
+        for (completions, group_events, applied) in groups.drain(..) {
+            let durable = match (&applied, &flushed) {
+                (Ok(()), Ok(())) => Ok(()),
+                (Err(e), _) | (_, Err(e)) => Err(StoreError::FlushFailed(e.to_string())),
             };
-            let published = outcome.is_ok();
-            (pending.complete)(outcome);
-            if published {
-                for event in pending.events {
+            let publish = durable.is_ok();
+            for complete in completions {
+                complete(match &durable {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(StoreError::FlushFailed(e.to_string())),
+                });
+            }
+            if publish {
+                for event in group_events {
                     // No subscriber is not an error.
                     let _ = events.send(event);
                 }
             }
         }
         if let Some(done) = stop {
-            let _ = done.send(result);
+            let _ = done.send(flushed);
             return;
         }
     }

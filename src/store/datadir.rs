@@ -130,7 +130,8 @@ impl DataDir {
 
 /// The running appliance of a data directory, if one holds its lock.
 pub fn running_appliance(root: &Path) -> Option<(RuntimeInfo, String)> {
-    let info: RuntimeInfo = serde_json::from_slice(&fs::read(root.join(RUNTIME_INFO)).ok()?).ok()?;
+    let info: RuntimeInfo =
+        serde_json::from_slice(&fs::read(root.join(RUNTIME_INFO)).ok()?).ok()?;
     let token = fs::read_to_string(root.join(ADMIN_TOKEN)).ok()?;
     // A stale file from a killed process: the lock tells the truth.
     if !is_locked(root) {
@@ -141,7 +142,11 @@ pub fn running_appliance(root: &Path) -> Option<(RuntimeInfo, String)> {
 
 /// Whether some process holds the data directory's lock.
 pub fn is_locked(root: &Path) -> bool {
-    let Ok(file) = File::options().read(true).write(true).open(root.join("lock")) else {
+    let Ok(file) = File::options()
+        .read(true)
+        .write(true)
+        .open(root.join("lock"))
+    else {
         return false;
     };
     match file.try_lock() {
@@ -155,7 +160,10 @@ pub fn is_locked(root: &Path) -> bool {
 
 fn describe_holder(root: &Path) -> String {
     if let Some((info, _)) = running_appliance(root) {
-        return format!("the agentbay appliance (pid {}) serving {}", info.pid, info.url);
+        return format!(
+            "the agentbay appliance (pid {}) serving {}",
+            info.pid, info.url
+        );
     }
     let mut pid = String::new();
     let _ = File::open(root.join("lock")).and_then(|mut f| f.read_to_string(&mut pid));
@@ -229,7 +237,9 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         options.mode(0o600);
     }
     let context = format!("writing {}", path.display());
-    let mut file = options.open(&tmp).map_err(StoreError::io(context.clone()))?;
+    let mut file = options
+        .open(&tmp)
+        .map_err(StoreError::io(context.clone()))?;
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(StoreError::io(context.clone()))?;
@@ -249,7 +259,10 @@ mod tests {
         let err = DataDir::open(&root).unwrap_err();
         assert!(matches!(err, StoreError::InUse { .. }), "{err}");
         assert!(err.to_string().contains("already in use"), "{err}");
-        assert!(err.to_string().contains(&std::process::id().to_string()), "{err}");
+        assert!(
+            err.to_string().contains(&std::process::id().to_string()),
+            "{err}"
+        );
         drop(first);
         DataDir::open(&root).unwrap();
     }
@@ -260,7 +273,10 @@ mod tests {
         fs::write(dir.path().join("notes.txt"), "mine").unwrap();
         let err = DataDir::open(dir.path()).unwrap_err();
         assert!(err.to_string().contains("notes.txt"), "{err}");
-        assert!(err.to_string().contains("not an agentbay data directory"), "{err}");
+        assert!(
+            err.to_string().contains("not an agentbay data directory"),
+            "{err}"
+        );
     }
 
     #[cfg(unix)]

@@ -17,16 +17,15 @@
 //! # Writes and durability
 //!
 //! Every write is a [`Tx`] closure handed to [`Store::transact`]. One writer
-//! thread runs the closures, each as a sled transaction over every tree, so
-//! an aggregate, its indexes and its outbox events commit atomically and in
-//! one global order (sled serialises transactions anyway; a single writer
-//! makes that explicit and lets it number events without a lock). The
-//! writer passes each committed write to one flusher thread, which flushes
-//! sled and `fdatasync`s its data file once per batch and only then answers
-//! every writer of the batch: concurrent writers share the cost of the sync
-//! (group commit), and a reply always means "on disk". sled's own
-//! `flush_async` is never used (it deadlocks with many concurrent callers in
-//! 0.34).
+//! thread runs the closures in one global order and applies each group of
+//! them that queued up together to sled as one multi-tree transaction, so an
+//! aggregate, its indexes and its outbox events commit atomically. One
+//! flusher thread then flushes sled and `fdatasync`s its data file once per
+//! batch of groups, and only then answers the writers: concurrent writers
+//! share the cost of the sync (group commit), and a reply always means "on
+//! disk". sled's own `flush_async` is never used (it deadlocks with many
+//! concurrent callers in 0.34). See `commit.rs` for the measurements behind
+//! this shape.
 
 mod backup;
 mod commit;
@@ -181,7 +180,9 @@ pub enum StoreError {
         supported: u16,
     },
     /// A value is over the size the store accepts in a record.
-    #[error("{table} record of {size} bytes exceeds the {max}-byte limit; large content belongs in the artifact store")]
+    #[error(
+        "{table} record of {size} bytes exceeds the {max}-byte limit; large content belongs in the artifact store"
+    )]
     TooLarge {
         /// Tree name.
         table: &'static str,
@@ -354,11 +355,11 @@ impl Store {
     }
 
     /// Runs `f` as one atomic transaction and returns once its effects are
-    /// durably on disk. `f` may run more than once and must not have side
-    /// effects outside the [`Tx`].
+    /// durably on disk. `f` runs exactly once, on the store's writer thread:
+    /// it must be quick and must not block.
     pub async fn transact<R, E, F>(&self, f: F) -> Result<R, E>
     where
-        F: Fn(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
+        F: FnOnce(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
         R: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
@@ -370,12 +371,13 @@ impl Store {
     /// administrative commands, benchmarks' baselines).
     pub fn transact_blocking<R, E, F>(&self, f: F) -> Result<R, E>
     where
-        F: Fn(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
+        F: FnOnce(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
         R: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
         let rx = self.inner.committer.submit(f)?;
-        rx.blocking_recv().map_err(|_| E::from(StoreError::Closed))?
+        rx.blocking_recv()
+            .map_err(|_| E::from(StoreError::Closed))?
     }
 
     /// Reads one record of the scope's tenant.

@@ -118,11 +118,13 @@ pub(super) fn read_after(
 /// The sequence the next event gets: one past the highest ever written.
 pub(super) fn next_sequence(outbox: &sled::Tree, meta: &sled::Tree) -> Result<u64, StoreError> {
     let last = match outbox.last()? {
-        Some((k, _)) => u64::from_be_bytes(k.as_ref().try_into().map_err(|_| StoreError::Corrupt {
-            table: "outbox",
-            key: format!("{k:?}"),
-            reason: "key is not a sequence number".into(),
-        })?),
+        Some((k, _)) => {
+            u64::from_be_bytes(k.as_ref().try_into().map_err(|_| StoreError::Corrupt {
+                table: "outbox",
+                key: format!("{k:?}"),
+                reason: "key is not a sequence number".into(),
+            })?)
+        }
         None => 0,
     };
     let pruned = meta

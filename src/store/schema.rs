@@ -9,8 +9,6 @@
 
 use std::path::Path;
 
-
-
 use super::StoreError;
 
 /// The schema version this binary writes.
@@ -42,7 +40,10 @@ pub(super) fn prepare(
     fresh: bool,
     migrations: &[Migration],
 ) -> Result<u32, StoreError> {
-    let target = migrations.last().map_or(SCHEMA_VERSION, |m| m.from + 1).max(SCHEMA_VERSION);
+    let target = migrations
+        .last()
+        .map_or(SCHEMA_VERSION, |m| m.from + 1)
+        .max(SCHEMA_VERSION);
     let format = meta.get(FORMAT_KEY)?;
     let version = match (format, fresh) {
         (None, true) => {
@@ -91,7 +92,12 @@ pub(super) fn prepare(
                 path: path.to_path_buf(),
                 reason: format!("no migration from schema version {current}"),
             })?;
-        tracing::info!(from = current, to = current + 1, what = step.description, "migrating store");
+        tracing::info!(
+            from = current,
+            to = current + 1,
+            what = step.description,
+            "migrating store"
+        );
         (step.apply)(db)?;
         current += 1;
         meta.insert(VERSION_KEY, &current.to_be_bytes())?;
@@ -101,10 +107,12 @@ pub(super) fn prepare(
 }
 
 fn read_version(meta: &sled::Tree, path: &Path) -> Result<u32, StoreError> {
-    let raw = meta.get(VERSION_KEY)?.ok_or_else(|| StoreError::NotAStore {
-        path: path.to_path_buf(),
-        reason: "it has no schema version".into(),
-    })?;
+    let raw = meta
+        .get(VERSION_KEY)?
+        .ok_or_else(|| StoreError::NotAStore {
+            path: path.to_path_buf(),
+            reason: "it has no schema version".into(),
+        })?;
     let bytes: [u8; 4] = raw.as_ref().try_into().map_err(|_| StoreError::NotAStore {
         path: path.to_path_buf(),
         reason: "its schema version is unreadable".into(),
@@ -126,10 +134,16 @@ mod tests {
     fn fresh_store_gets_marker_and_version() {
         let dir = tempfile::tempdir().unwrap();
         let (db, meta) = open(dir.path());
-        assert_eq!(prepare(&db, &meta, dir.path(), true, &[]).unwrap(), SCHEMA_VERSION);
+        assert_eq!(
+            prepare(&db, &meta, dir.path(), true, &[]).unwrap(),
+            SCHEMA_VERSION
+        );
         assert_eq!(read_version(&meta, dir.path()).unwrap(), SCHEMA_VERSION);
         // Reopening finds the same version.
-        assert_eq!(prepare(&db, &meta, dir.path(), false, &[]).unwrap(), SCHEMA_VERSION);
+        assert_eq!(
+            prepare(&db, &meta, dir.path(), false, &[]).unwrap(),
+            SCHEMA_VERSION
+        );
     }
 
     #[test]
@@ -141,12 +155,23 @@ mod tests {
         fn shout_greeting(db: &sled::Db) -> Result<(), StoreError> {
             let meta = db.open_tree("meta")?;
             let g = meta.get("greeting")?.expect("set by the previous step");
-            meta.insert("greeting", String::from_utf8_lossy(&g).to_uppercase().as_bytes())?;
+            meta.insert(
+                "greeting",
+                String::from_utf8_lossy(&g).to_uppercase().as_bytes(),
+            )?;
             Ok(())
         }
         let steps = [
-            Migration { from: 1, description: "add greeting", apply: add_greeting },
-            Migration { from: 2, description: "shout it", apply: shout_greeting },
+            Migration {
+                from: 1,
+                description: "add greeting",
+                apply: add_greeting,
+            },
+            Migration {
+                from: 2,
+                description: "shout it",
+                apply: shout_greeting,
+            },
         ];
         let dir = tempfile::tempdir().unwrap();
         let (db, meta) = open(dir.path());
@@ -163,7 +188,10 @@ mod tests {
         prepare(&db, &meta, dir.path(), true, &[]).unwrap();
         meta.insert(VERSION_KEY, &99u32.to_be_bytes()).unwrap();
         let err = prepare(&db, &meta, dir.path(), false, &[]).unwrap_err();
-        assert!(matches!(err, StoreError::NewerSchema { found: 99, .. }), "{err}");
+        assert!(
+            matches!(err, StoreError::NewerSchema { found: 99, .. }),
+            "{err}"
+        );
         assert!(err.to_string().contains("newer agentbay"), "{err}");
 
         let other = tempfile::tempdir().unwrap();

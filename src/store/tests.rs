@@ -80,7 +80,7 @@ async fn records_are_read_back_only_under_their_tenant() {
     let globex = tenant("globex");
     let (a, g) = (note(&acme, "n1", "acme's"), note(&globex, "n1", "globex's"));
     store
-        .transact(move |tx| {
+        .transact(move |tx: &mut Tx| {
             tx.put(&acme, &a)?;
             tx.put(&globex, &g)?;
             Ok::<_, StoreError>(())
@@ -92,7 +92,12 @@ async fn records_are_read_back_only_under_their_tenant() {
     assert_eq!(got.text, "acme's");
     let listed: Vec<Note> = store.list(&acme).unwrap();
     assert_eq!(listed.len(), 1);
-    assert!(store.get::<Note>(&tenant("initech"), "n1").unwrap().is_none());
+    assert!(
+        store
+            .get::<Note>(&tenant("initech"), "n1")
+            .unwrap()
+            .is_none()
+    );
     // A tenant whose name is a prefix of another sees nothing of it.
     assert!(store.list::<Note>(&tenant("acm")).unwrap().is_empty());
 }
@@ -104,7 +109,7 @@ async fn a_write_under_another_tenants_scope_is_refused() {
     let acme = tenant("acme");
     let sneaky = note(&tenant("globex"), "x", "mine now");
     let err = store
-        .transact(move |tx| tx.put(&acme, &sneaky))
+        .transact(move |tx: &mut Tx| tx.put(&acme, &sneaky))
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::TenantMismatch { .. }), "{err}");
@@ -119,7 +124,7 @@ async fn an_aborted_transaction_writes_nothing_and_numbers_no_event() {
     let n = note(&acme, "n1", "never");
     let scope = acme.clone();
     let result: Result<(), StoreError> = store
-        .transact(move |tx| {
+        .transact(move |tx: &mut Tx| {
             tx.put(&scope, &n)?;
             tx.emit(event(&scope, "test.v1.noted"))?;
             Err(StoreError::Backup("changed my mind".into()))
@@ -129,10 +134,13 @@ async fn an_aborted_transaction_writes_nothing_and_numbers_no_event() {
     assert!(store.get::<Note>(&acme, "n1").unwrap().is_none());
     let scope = acme.clone();
     let seq = store
-        .transact(move |tx| tx.emit(event(&scope, "test.v1.noted")))
+        .transact(move |tx: &mut Tx| tx.emit(event(&scope, "test.v1.noted")))
         .await
         .unwrap();
-    assert_eq!(seq, 1, "the aborted event must not consume a sequence number");
+    assert_eq!(
+        seq, 1,
+        "the aborted event must not consume a sequence number"
+    );
 }
 
 #[tokio::test]
@@ -148,7 +156,7 @@ async fn events_are_numbered_in_commit_order_across_concurrent_writers() {
                 let scope = tenant(if w % 2 == 0 { "acme" } else { "globex" });
                 let n = note(&scope, &format!("w{w}-{i}"), "x");
                 store
-                    .transact(move |tx| {
+                    .transact(move |tx: &mut Tx| {
                         tx.put(&scope, &n)?;
                         tx.emit(event(&scope, "test.v1.noted"))
                     })
@@ -160,7 +168,9 @@ async fn events_are_numbered_in_commit_order_across_concurrent_writers() {
     for t in tasks {
         t.await.unwrap();
     }
-    let all = store.events_after(&EventFilter::default(), 0, usize::MAX).unwrap();
+    let all = store
+        .events_after(&EventFilter::default(), 0, usize::MAX)
+        .unwrap();
     let seqs: Vec<u64> = all.iter().map(|e| e.sequence).collect();
     assert_eq!(seqs, (1..=400).collect::<Vec<_>>());
     // Live subscribers saw the same order.
@@ -178,7 +188,9 @@ async fn events_are_numbered_in_commit_order_across_concurrent_writers() {
     assert_eq!(acme_events.len(), 200);
     assert!(acme_events.iter().all(|e| e.tenant_id.as_str() == "acme"));
     // Resume from the middle.
-    let after = store.events_after(&EventFilter::default(), 390, 100).unwrap();
+    let after = store
+        .events_after(&EventFilter::default(), 390, 100)
+        .unwrap();
     assert_eq!(after.first().unwrap().sequence, 391);
     assert_eq!(after.len(), 10);
 }
@@ -191,7 +203,7 @@ async fn acknowledged_writes_and_sequences_survive_reopening() {
         let scope = tenant("acme");
         let n = note(&scope, "kept", "durable");
         store
-            .transact(move |tx| {
+            .transact(move |tx: &mut Tx| {
                 tx.put(&scope, &n)?;
                 tx.index_put(&scope, "by-text", "durable", "kept")?;
                 tx.emit(event(&scope, "test.v1.noted"))
@@ -202,10 +214,16 @@ async fn acknowledged_writes_and_sequences_survive_reopening() {
     }
     let store = open(dir.path());
     let scope = tenant("acme");
-    assert_eq!(store.get::<Note>(&scope, "kept").unwrap().unwrap().text, "durable");
-    assert_eq!(store.index_ids(&scope, "by-text", "durable").unwrap(), vec!["kept"]);
+    assert_eq!(
+        store.get::<Note>(&scope, "kept").unwrap().unwrap().text,
+        "durable"
+    );
+    assert_eq!(
+        store.index_ids(&scope, "by-text", "durable").unwrap(),
+        vec!["kept"]
+    );
     let seq = store
-        .transact(move |tx| tx.emit(event(&scope, "test.v1.noted")))
+        .transact(move |tx: &mut Tx| tx.emit(event(&scope, "test.v1.noted")))
         .await
         .unwrap();
     assert_eq!(seq, 2);
@@ -223,15 +241,32 @@ async fn older_record_versions_are_upgraded_and_newer_refused() {
         body: &'a str,
     }
     let mut old = 1u16.to_be_bytes().to_vec();
-    rmp_serde::encode::write_named(&mut old, &V1 { tenant: "acme", id: "old", body: "from v1" }).unwrap();
+    rmp_serde::encode::write_named(
+        &mut old,
+        &V1 {
+            tenant: "acme",
+            id: "old",
+            body: "from v1",
+        },
+    )
+    .unwrap();
     store.tree(Table::Clients).insert("acme/old", old).unwrap();
     let mut newer = 9u16.to_be_bytes().to_vec();
     newer.extend_from_slice(b"whatever");
-    store.tree(Table::Clients).insert("acme/new", newer).unwrap();
+    store
+        .tree(Table::Clients)
+        .insert("acme/new", newer)
+        .unwrap();
 
-    assert_eq!(store.get::<Note>(&scope, "old").unwrap().unwrap().text, "from v1");
+    assert_eq!(
+        store.get::<Note>(&scope, "old").unwrap().unwrap().text,
+        "from v1"
+    );
     let err = store.get::<Note>(&scope, "new").unwrap_err();
-    assert!(matches!(err, StoreError::NewerRecord { version: 9, .. }), "{err}");
+    assert!(
+        matches!(err, StoreError::NewerRecord { version: 9, .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -240,7 +275,10 @@ async fn oversized_records_are_refused_with_the_limit_named() {
     let store = open(dir.path());
     let scope = tenant("acme");
     let big = note(&scope, "big", &"x".repeat(MAX_RECORD_BYTES));
-    let err = store.transact(move |tx| tx.put(&scope, &big)).await.unwrap_err();
+    let err = store
+        .transact(move |tx: &mut Tx| tx.put(&scope, &big))
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
     assert!(err.to_string().contains("65536"), "{err}");
 }
@@ -252,7 +290,7 @@ async fn pages_continue_after_the_last_id() {
     let scope = tenant("acme");
     let s = scope.clone();
     store
-        .transact(move |tx| {
+        .transact(move |tx: &mut Tx| {
             for i in 0..10 {
                 tx.put(&s, &note(&s, &format!("n{i:02}"), "x"))?;
             }
@@ -262,7 +300,11 @@ async fn pages_continue_after_the_last_id() {
         .unwrap();
     let first: Vec<Note> = store.list_page(&scope, None, 4).unwrap();
     let second: Vec<Note> = store.list_page(&scope, Some(&first[3].id), 4).unwrap();
-    let ids: BTreeSet<String> = first.iter().chain(second.iter()).map(|n| n.id.clone()).collect();
+    let ids: BTreeSet<String> = first
+        .iter()
+        .chain(second.iter())
+        .map(|n| n.id.clone())
+        .collect();
     assert_eq!(ids.len(), 8);
     assert_eq!(second[0].id, "n04");
 }
@@ -274,7 +316,7 @@ async fn backup_restores_every_record_and_file() {
     let scope = tenant("acme");
     let s = scope.clone();
     store
-        .transact(move |tx| {
+        .transact(move |tx: &mut Tx| {
             for i in 0..100 {
                 tx.put(&s, &note(&s, &format!("n{i}"), "backed up"))?;
             }
@@ -297,7 +339,13 @@ async fn backup_restores_every_record_and_file() {
     assert_eq!(std::fs::read(target.join("tls/ca.pem")).unwrap(), b"PEM");
     let store2 = Store::open(&target.join("store"), &StoreOptions::default()).unwrap();
     assert_eq!(store2.list::<Note>(&scope).unwrap().len(), 100);
-    assert_eq!(store2.events_after(&EventFilter::default(), 0, 10).unwrap().len(), 1);
+    assert_eq!(
+        store2
+            .events_after(&EventFilter::default(), 0, 10)
+            .unwrap()
+            .len(),
+        1
+    );
 
     // A non-empty target is refused; a damaged file leaves nothing behind.
     let err = restore_into(&path, &target).unwrap_err();

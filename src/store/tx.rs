@@ -1,32 +1,62 @@
-//! The one way to write: a transaction over every tree.
+//! The one way to write: a transaction closure run by the store's writer.
+//!
+//! A [`Tx`] reads through three layers, newest first: its own writes, the
+//! writes of the group it belongs to (earlier transactions not yet applied
+//! to sled), and sled itself. Its writes stay in memory until the closure
+//! returns `Ok`; an `Err` drops them, so an aborted transaction leaves no
+//! trace.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
-
-use sled::transaction::{TransactionalTree, UnabortableTransactionError};
 
 use super::outbox::StoredEvent;
 use super::{
-    Record, StoreError, Table, TenantScope, decode, encode, index_prefix, record_key,
+    Record, StoreError, Table, TenantScope, decode, encode, index_prefix, record_key, tenant_prefix,
 };
 use crate::domain::events::NewEvent;
 
-/// A transaction in progress. Reads see the transaction's own writes.
-pub struct Tx<'a> {
-    trees: &'a [TransactionalTree],
-    next_seq: u64,
-    events: Vec<Arc<StoredEvent>>,
-}
+/// Pending writes by (tree position, key); `None` deletes.
+#[derive(Default)]
+pub(super) struct Writes(BTreeMap<(usize, Vec<u8>), Option<Vec<u8>>>);
 
-fn engine(e: UnabortableTransactionError) -> StoreError {
-    match e {
-        UnabortableTransactionError::Storage(e) => StoreError::Engine(e),
-        // sled 0.34 transactions hold a global lock, and the store has one
-        // writer: a conflict cannot happen. Reported rather than retried so
-        // that a change in sled cannot turn into a silent loop.
-        UnabortableTransactionError::Conflict => {
-            StoreError::Engine(sled::Error::ReportableBug("transaction conflict".into()))
+impl Writes {
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&(usize, Vec<u8>), &Option<Vec<u8>>)> {
+        self.0.iter()
+    }
+
+    pub(super) fn merge(&mut self, newer: Writes) {
+        self.0.extend(newer.0);
+    }
+
+    fn get(&self, table: usize, key: &[u8]) -> Option<&Option<Vec<u8>>> {
+        // Owned key for the lookup: the map is keyed by (usize, Vec<u8>).
+        self.0.get(&(table, key.to_vec()))
+    }
+
+    fn overlay_prefix(&self, table: usize, prefix: &[u8], into: &mut BTreeMap<Vec<u8>, Vec<u8>>) {
+        for ((t, key), value) in self.0.range((table, prefix.to_vec())..) {
+            if *t != table || !key.starts_with(prefix) {
+                break;
+            }
+            match value {
+                Some(v) => into.insert(key.clone(), v.clone()),
+                None => into.remove(key),
+            };
         }
     }
+}
+
+/// A transaction in progress. Reads see the transaction's own writes.
+pub struct Tx<'a> {
+    trees: &'a [sled::Tree],
+    group: &'a Writes,
+    writes: Writes,
+    next_seq: u64,
+    events: Vec<Arc<StoredEvent>>,
 }
 
 fn check_scope<R: Record>(scope: &TenantScope, record: &R) -> Result<(), StoreError> {
@@ -51,53 +81,82 @@ fn check_index_part(part: &str) -> Result<(), StoreError> {
 }
 
 impl<'a> Tx<'a> {
-    pub(super) fn new(trees: &'a [TransactionalTree], next_seq: u64) -> Tx<'a> {
+    pub(super) fn new(trees: &'a [sled::Tree], group: &'a Writes, next_seq: u64) -> Tx<'a> {
         Tx {
             trees,
+            group,
+            writes: Writes::default(),
             next_seq,
             events: Vec::new(),
         }
     }
 
-    pub(super) fn into_events(self) -> Vec<Arc<StoredEvent>> {
-        self.events
+    pub(super) fn finish(self) -> (Writes, Vec<Arc<StoredEvent>>) {
+        (self.writes, self.events)
     }
 
-    fn tree(&self, table: Table) -> &TransactionalTree {
-        &self.trees[table.position()]
+    fn read(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let t = table.position();
+        if let Some(v) = self.writes.get(t, key).or_else(|| self.group.get(t, key)) {
+            return Ok(v.clone());
+        }
+        Ok(self.trees[t].get(key)?.map(|v| v.to_vec()))
+    }
+
+    fn write(&mut self, table: Table, key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.writes.0.insert((table.position(), key), value);
+    }
+
+    fn scan_prefix(
+        &self,
+        table: Table,
+        prefix: &[u8],
+    ) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
+        let t = table.position();
+        let mut merged = BTreeMap::new();
+        for item in self.trees[t].scan_prefix(prefix) {
+            let (k, v) = item?;
+            merged.insert(k.to_vec(), v.to_vec());
+        }
+        self.group.overlay_prefix(t, prefix, &mut merged);
+        self.writes.overlay_prefix(t, prefix, &mut merged);
+        Ok(merged)
     }
 
     /// Reads a record of the scope's tenant.
     pub fn get<R: Record>(&self, scope: &TenantScope, id: &str) -> Result<Option<R>, StoreError> {
         let key = record_key(scope.tenant(), id);
-        self.tree(R::TABLE)
-            .get(&key)
-            .map_err(engine)?
+        self.read(R::TABLE, &key)?
             .map(|bytes| decode::<R>(&key, &bytes))
             .transpose()
     }
 
+    /// Every record of the table in the scope's tenant.
+    pub fn list<R: Record>(&self, scope: &TenantScope) -> Result<Vec<R>, StoreError> {
+        self.scan_prefix(R::TABLE, &tenant_prefix(scope.tenant()))?
+            .iter()
+            .map(|(k, v)| decode::<R>(k, v))
+            .collect()
+    }
+
     /// Writes a record, which must belong to the scope's tenant.
-    pub fn put<R: Record>(&self, scope: &TenantScope, record: &R) -> Result<(), StoreError> {
+    pub fn put<R: Record>(&mut self, scope: &TenantScope, record: &R) -> Result<(), StoreError> {
         check_scope(scope, record)?;
         let key = record_key(scope.tenant(), &record.id());
-        self.tree(R::TABLE)
-            .insert(key, encode(record)?)
-            .map_err(engine)?;
+        let value = encode(record)?;
+        self.write(R::TABLE, key, Some(value));
         Ok(())
     }
 
     /// Deletes a record of the scope's tenant.
-    pub fn delete<R: Record>(&self, scope: &TenantScope, id: &str) -> Result<(), StoreError> {
-        self.tree(R::TABLE)
-            .remove(record_key(scope.tenant(), id))
-            .map_err(engine)?;
+    pub fn delete<R: Record>(&mut self, scope: &TenantScope, id: &str) -> Result<(), StoreError> {
+        self.write(R::TABLE, record_key(scope.tenant(), id), None);
         Ok(())
     }
 
     /// Adds `id` under `<tenant>/<index>/<value>/`.
     pub fn index_put(
-        &self,
+        &mut self,
         scope: &TenantScope,
         index: &str,
         value: &str,
@@ -107,15 +166,13 @@ impl<'a> Tx<'a> {
         check_index_part(value)?;
         let mut key = index_prefix(scope.tenant(), index, value);
         key.extend_from_slice(id.as_bytes());
-        self.tree(Table::Index)
-            .insert(key, &[] as &[u8])
-            .map_err(engine)?;
+        self.write(Table::Index, key, Some(Vec::new()));
         Ok(())
     }
 
     /// Removes `id` from `<tenant>/<index>/<value>/`.
     pub fn index_delete(
-        &self,
+        &mut self,
         scope: &TenantScope,
         index: &str,
         value: &str,
@@ -123,8 +180,23 @@ impl<'a> Tx<'a> {
     ) -> Result<(), StoreError> {
         let mut key = index_prefix(scope.tenant(), index, value);
         key.extend_from_slice(id.as_bytes());
-        self.tree(Table::Index).remove(key).map_err(engine)?;
+        self.write(Table::Index, key, None);
         Ok(())
+    }
+
+    /// Ids under `<tenant>/<index>/<value>/`, including this transaction's.
+    pub fn index_ids(
+        &self,
+        scope: &TenantScope,
+        index: &str,
+        value: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let prefix = index_prefix(scope.tenant(), index, value);
+        Ok(self
+            .scan_prefix(Table::Index, &prefix)?
+            .keys()
+            .map(|k| String::from_utf8_lossy(&k[prefix.len()..]).into_owned())
+            .collect())
     }
 
     /// Appends an event to the outbox; it commits with the transaction and
@@ -137,9 +209,12 @@ impl<'a> Tx<'a> {
             occurred_at: event.occurred_at,
             payload: event.payload,
         };
-        self.tree(Table::Outbox)
-            .insert(&stored.sequence.to_be_bytes(), stored.encode()?)
-            .map_err(engine)?;
+        let value = stored.encode()?;
+        self.write(
+            Table::Outbox,
+            stored.sequence.to_be_bytes().to_vec(),
+            Some(value),
+        );
         self.next_seq += 1;
         let sequence = stored.sequence;
         self.events.push(Arc::new(stored));
@@ -147,27 +222,28 @@ impl<'a> Tx<'a> {
     }
 
     /// Appends every event of a transition.
-    pub fn emit_all(&mut self, events: impl IntoIterator<Item = NewEvent>) -> Result<(), StoreError> {
+    pub fn emit_all(
+        &mut self,
+        events: impl IntoIterator<Item = NewEvent>,
+    ) -> Result<(), StoreError> {
         for event in events {
             self.emit(event)?;
         }
         Ok(())
     }
 
+    /// Deletes one outbox entry (retention).
+    pub(crate) fn outbox_delete(&mut self, sequence: u64) {
+        self.write(Table::Outbox, sequence.to_be_bytes().to_vec(), None);
+    }
+
     /// Reads an appliance-level value of the meta tree.
     pub(crate) fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self
-            .tree(Table::Meta)
-            .get(key.as_bytes())
-            .map_err(engine)?
-            .map(|v| v.to_vec()))
+        self.read(Table::Meta, key.as_bytes())
     }
 
     /// Writes an appliance-level value of the meta tree.
-    pub(crate) fn meta_put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.tree(Table::Meta)
-            .insert(key.as_bytes(), value)
-            .map_err(engine)?;
-        Ok(())
+    pub(crate) fn meta_put(&mut self, key: &str, value: &[u8]) {
+        self.write(Table::Meta, key.as_bytes().to_vec(), Some(value.to_vec()));
     }
 }
