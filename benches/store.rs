@@ -250,7 +250,8 @@ fn facade(writers: usize, sync: bool) -> Outcome {
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument selects rows.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let rows: Vec<(&str, Box<dyn Fn() -> Outcome>)> = vec![
+    type Row = (&'static str, Box<dyn Fn() -> Outcome>);
+    let rows: Vec<Row> = vec![
         ("raw-1", Box::new(|| raw_single(false))),
         ("raw-1-sync", Box::new(|| raw_single(true))),
         ("raw-32", Box::new(|| raw_group(32, false))),

@@ -1,6 +1,56 @@
+//! agentbay: an on-prem runtime for AI agents in one binary.
+//!
+//! # Layout
+//!
+//! ```text
+//! main.rs        CLI: serve, init, backup, restore, client, version
+//! app.rs         wiring: data dir + store + TLS + workers + router, ordered shutdown
+//! config.rs      one Config from TOML file < AGENTBAY_* environment < CLI flags
+//! control.rs     administration from the CLI: through the running appliance, or offline
+//! clock.rs       injectable time (system or manual)
+//! tls.rs         rustls with ring: configured or generated certificates, pinning
+//! telemetry.rs   logs (text or JSON) and Prometheus metrics
+//! worker.rs      the Worker trait, its runner on the clock, the registry
+//! domain/        the rules, pure: types and transitions, no IO, no async
+//! store/         sled behind a typed facade: tenant-first keys, group commit, outbox, backup
+//! auth/          client credentials, bearer tokens, principals and scope extractors
+//! api/           REST routes, Connect RPC services, SSE events, errors, OpenAPI
+//! console/       server-rendered pages (askama)
+//! ```
+//!
+//! # How a request flows
+//!
+//! 1. `api::router` receives it over HTTPS; REST routes go to handlers, RPC
+//!    paths (`/agentbay.x.v1.Service/Method`) to the Connect service.
+//! 2. Authentication happens before the handler: the `Authorized<need::X>`
+//!    extractor (REST) or the `AuthInterceptor` (RPC) turns the bearer token
+//!    into a [`auth::Principal`] holding the required scope, or answers 401 /
+//!    403 naming what is missing.
+//! 3. The handler parses its input (`api::json::ApiJson`, field errors named)
+//!    and asks the principal for the [`store::TenantScope`] of the tenant it
+//!    touches; another tenant's data is refused there.
+//! 4. A service function (or the actor owning the aggregate) reads the
+//!    current state and calls a `domain` transition, which returns the new
+//!    state and its events, or a typed error.
+//! 5. One [`store::Store::transact`] closure writes the aggregate, its
+//!    indexes and its events; the store's writer applies it with the other
+//!    writes that queued up, the flusher syncs them to disk, and only then
+//!    does the call return.
+//! 6. The handler answers; errors become problem+json or Connect errors from
+//!    one table (`api::error`). Committed events reach `/events` subscribers.
+
+pub mod api;
+pub mod app;
+pub mod auth;
 pub mod clock;
+pub mod config;
+pub mod console;
+pub mod control;
 pub mod domain;
 pub mod store;
+pub mod telemetry;
+pub mod tls;
+pub mod worker;
 
 /// Code generated from the `.proto` files under `static/proto/`.
 pub mod proto {

@@ -1,1 +1,234 @@
-fn main() {}
+//! The `agentbay` command: parse, configure, log, hand over.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use agentbay::clock::SystemClock;
+use agentbay::config::{CliOverrides, Config, LogConfig};
+use agentbay::{app, control, telemetry};
+use clap::{Args, Parser, Subcommand};
+
+/// agentbay: an on-prem runtime for AI agents.
+///
+/// Every setting can come from a TOML file (--config), from AGENTBAY_*
+/// environment variables, or from flags; flags win over the environment,
+/// which wins over the file. With none at all, `agentbay serve` runs on
+/// https://127.0.0.1:8443 with its data in ./agentbay-data.
+#[derive(Parser)]
+#[command(name = "agentbay", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// TOML configuration file.
+    #[arg(long, env = "AGENTBAY_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Data directory (store, certificate, run files). Environment:
+    /// AGENTBAY_DATA_DIR. Default: ./agentbay-data.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the appliance: HTTPS API, RPC, event stream and console.
+    Serve {
+        #[command(flatten)]
+        common: Common,
+        /// Address to listen on. Environment: AGENTBAY_LISTEN. Default:
+        /// 127.0.0.1:8443.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
+    },
+    /// Create the data directory, the certificate and the bootstrap
+    /// PlatformAdmin credential (printed once), without serving.
+    Init {
+        #[command(flatten)]
+        common: Common,
+        /// Print the credential as JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a consistent backup of the store and the certificate to FILE,
+    /// through the running appliance or, when none runs, directly.
+    Backup {
+        #[command(flatten)]
+        common: Common,
+        /// Backup file to create.
+        file: PathBuf,
+    },
+    /// Fill an empty data directory from a backup FILE.
+    Restore {
+        #[command(flatten)]
+        common: Common,
+        /// Backup file to read.
+        file: PathBuf,
+    },
+    /// Manage client credentials (works whether or not the appliance runs).
+    Client {
+        #[command(subcommand)]
+        command: ClientCommand,
+    },
+    /// Print the version and the store schema version.
+    Version,
+}
+
+#[derive(Subcommand)]
+enum ClientCommand {
+    /// Create a credential; its secret is printed once.
+    Create {
+        #[command(flatten)]
+        common: Common,
+        /// Tenant the client acts for.
+        #[arg(long)]
+        tenant: String,
+        /// Scope to grant (repeat for several), e.g. factory.capacity.lease.
+        #[arg(long = "scope", required = true, value_name = "SCOPE")]
+        scopes: Vec<String>,
+        /// What the client is for.
+        #[arg(long, default_value = "")]
+        description: String,
+        /// Print {"client_id": ..., "client_secret": ...} for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List credentials (never their secrets).
+    List {
+        #[command(flatten)]
+        common: Common,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a credential; its tokens stop working at once.
+    Revoke {
+        #[command(flatten)]
+        common: Common,
+        /// The client id.
+        client_id: String,
+    },
+}
+
+fn load(common: &Common, listen: Option<SocketAddr>) -> anyhow::Result<Config> {
+    let cli = CliOverrides {
+        data_dir: common.data_dir.clone(),
+        listen,
+    };
+    Ok(Config::load(
+        common.config.as_deref(),
+        std::env::vars(),
+        &cli,
+    )?)
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+async fn execute(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve { common, listen } => {
+            let config = load(&common, listen)?;
+            telemetry::init_logging(&config.log);
+            app::run(config, SystemClock::shared(), shutdown_signal()).await
+        }
+        Command::Init { common, json } => {
+            let config = load(&common, None)?;
+            quiet_logging(&config);
+            control::init(&config, json).await
+        }
+        Command::Backup { common, file } => {
+            let config = load(&common, None)?;
+            quiet_logging(&config);
+            control::backup(&config, &file).await
+        }
+        Command::Restore { common, file } => {
+            let config = load(&common, None)?;
+            quiet_logging(&config);
+            control::restore(&config, &file)
+        }
+        Command::Client { command } => match command {
+            ClientCommand::Create {
+                common,
+                tenant,
+                scopes,
+                description,
+                json,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::client_create(&config, &tenant, &scopes, &description, json).await
+            }
+            ClientCommand::List { common, json } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::client_list(&config, json).await
+            }
+            ClientCommand::Revoke { common, client_id } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::client_revoke(&config, &client_id).await
+            }
+        },
+        Command::Version => {
+            println!(
+                "agentbay {} (store schema {})",
+                env!("CARGO_PKG_VERSION"),
+                agentbay::store::SCHEMA_VERSION
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Administrative commands print their results; the log only says what
+/// went wrong.
+fn quiet_logging(config: &Config) {
+    telemetry::init_logging(&LogConfig {
+        level: "warn".into(),
+        format: config.log.format,
+    });
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(execute(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -58,6 +58,8 @@ scopes! {
     AssetsAdmin = "factory.assets.admin",
     /// Read the event stream.
     EventsRead = "agentbay.events.read",
+    /// Scrape `/metrics`.
+    MetricsRead = "agentbay.metrics.read",
     /// Manage client credentials and users of the tenant.
     Admin = "agentbay.admin",
     /// Act across tenants: the PlatformAdmin's scope.

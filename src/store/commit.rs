@@ -48,12 +48,17 @@ pub(super) struct WriterCtx {
     next_seq: u64,
 }
 
+/// A transaction: runs against the group overlay, returns how to answer
+/// once durable, or `None` when it already answered (it aborted).
+type TxJob = Box<dyn FnOnce(&mut WriterCtx) -> Option<Completion> + Send>;
+/// Work that must see no write in progress.
+type ExclusiveJob = Box<dyn FnOnce(&[sled::Tree], &sled::Db) + Send>;
+
 enum Job {
-    /// A transaction: runs against the group overlay, returns how to answer
-    /// once durable, or `None` when it already answered (it aborted).
-    Tx(Box<dyn FnOnce(&mut WriterCtx) -> Option<Completion> + Send>),
+    /// A transaction.
+    Tx(TxJob),
     /// Runs alone, after the current group is applied.
-    Exclusive(Box<dyn FnOnce(&[sled::Tree], &sled::Db) + Send>),
+    Exclusive(ExclusiveJob),
     /// Finish the queue, flush, stop.
     Stop(mpsc::SyncSender<Result<(), StoreError>>),
 }

@@ -83,7 +83,7 @@ impl DataDir {
         lock.set_len(0)
             .and_then(|()| lock.write_all(format!("{}\n", std::process::id()).as_bytes()))
             .map_err(StoreError::io("writing the lock file"))?;
-        fs::create_dir_all(root.join("run")).map_err(StoreError::io("creating run/"))?;
+        create_private_dir(&root.join("run"))?;
         Ok(DataDir {
             root: root.to_path_buf(),
             _lock: lock,

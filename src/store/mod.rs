@@ -462,6 +462,30 @@ impl Store {
         outbox::read_after(self.tree(Table::Outbox), filter, after, limit)
     }
 
+    /// Deletes up to `limit` of the oldest events that occurred before
+    /// `cutoff`; returns how many. Sequence numbers stay unique: the highest
+    /// deleted one is remembered.
+    pub async fn prune_events(
+        &self,
+        cutoff: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> Result<usize, StoreError> {
+        let expired = outbox::expired(self.tree(Table::Outbox), cutoff, limit)?;
+        let Some(&last) = expired.last() else {
+            return Ok(0);
+        };
+        let count = expired.len();
+        self.transact(move |tx: &mut Tx| {
+            for sequence in expired {
+                tx.outbox_delete(sequence);
+            }
+            tx.meta_put(outbox::PRUNED_THROUGH, &last.to_be_bytes());
+            Ok::<_, StoreError>(())
+        })
+        .await?;
+        Ok(count)
+    }
+
     /// Live events as they become durable.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
         self.inner.events.subscribe()

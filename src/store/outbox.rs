@@ -115,6 +115,25 @@ pub(super) fn read_after(
     Ok(out)
 }
 
+/// Sequence numbers of the oldest events that occurred before `cutoff`, at
+/// most `limit`, stopping at the first younger one.
+pub(super) fn expired(
+    tree: &sled::Tree,
+    cutoff: DateTime<Utc>,
+    limit: usize,
+) -> Result<Vec<u64>, StoreError> {
+    let mut out = Vec::new();
+    for item in tree.iter() {
+        let (k, v) = item?;
+        let event = StoredEvent::decode(&k, &v)?;
+        if event.occurred_at >= cutoff || out.len() >= limit {
+            break;
+        }
+        out.push(event.sequence);
+    }
+    Ok(out)
+}
+
 /// The sequence the next event gets: one past the highest ever written.
 pub(super) fn next_sequence(outbox: &sled::Tree, meta: &sled::Tree) -> Result<u64, StoreError> {
     let last = match outbox.last()? {

@@ -358,3 +358,38 @@ async fn backup_restores_every_record_and_file() {
     assert!(!target2.exists());
     assert!(!target2.with_extension("restoring").exists());
 }
+
+#[tokio::test]
+async fn pruned_events_never_give_their_numbers_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let scope = tenant("acme");
+    {
+        let store = open(dir.path());
+        for _ in 0..5 {
+            let s = scope.clone();
+            store
+                .transact(move |tx: &mut Tx| tx.emit(event(&s, "test.v1.noted")))
+                .await
+                .unwrap();
+        }
+        let pruned = store
+            .prune_events(Utc::now() + chrono::Duration::seconds(1), 100)
+            .await
+            .unwrap();
+        assert_eq!(pruned, 5);
+        assert!(
+            store
+                .events_after(&EventFilter::default(), 0, 10)
+                .unwrap()
+                .is_empty()
+        );
+        store.close().unwrap();
+    }
+    let store = open(dir.path());
+    let s = scope.clone();
+    let seq = store
+        .transact(move |tx: &mut Tx| tx.emit(event(&s, "test.v1.noted")))
+        .await
+        .unwrap();
+    assert_eq!(seq, 6);
+}

@@ -1,0 +1,166 @@
+//! `GET /events`: the outbox as a resumable server-sent event stream.
+//!
+//! Each SSE event carries the outbox sequence as its `id`, the topic as its
+//! `event` and the stored event as JSON `data`. A client that reconnects with
+//! `Last-Event-ID` (or `?after=`) gets everything after that sequence, then
+//! live events as they become durable. `?topic=` (repeatable) keeps only
+//! topics starting with one of the given prefixes. A caller sees its own
+//! tenant's events; a PlatformAdmin sees every tenant's, or one with
+//! `?tenant=`. The same stream backs the `Admin/WatchEvents` RPC.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use serde::Deserialize;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use utoipa::IntoParams;
+
+use super::error::ApiError;
+use crate::app::AppState;
+use crate::auth::Principal;
+use crate::auth::extract::{Authorized, need};
+use crate::domain::TenantId;
+use crate::store::{EventFilter, Store, StoredEvent};
+
+/// Query of `GET /events`.
+#[derive(Deserialize, IntoParams, Default)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Deliver events after this sequence (overridden by `Last-Event-ID`).
+    pub after: Option<u64>,
+    /// Topic prefixes (repeatable).
+    #[serde(default)]
+    pub topic: Vec<String>,
+    /// PlatformAdmins only: one tenant's events.
+    pub tenant: Option<String>,
+}
+
+/// Builds the filter a principal may use.
+pub fn filter_for(
+    principal: &Principal,
+    tenant: Option<&str>,
+    topics: Vec<String>,
+) -> Result<EventFilter, ApiError> {
+    let tenant = match tenant {
+        Some(t) => {
+            let t = TenantId::parse_field("tenant", t)?;
+            principal.scope_for(&t)?;
+            Some(t)
+        }
+        None if principal.is_platform_admin() => None,
+        None => Some(principal.tenant.clone()),
+    };
+    Ok(EventFilter { tenant, topics })
+}
+
+/// Events after `after` that pass `filter`, then live ones, until the client
+/// goes away or the appliance shuts down.
+pub fn event_stream(
+    store: Store,
+    filter: EventFilter,
+    after: u64,
+    mut shutdown: watch::Receiver<bool>,
+) -> impl Stream<Item = Arc<StoredEvent>> + Send + 'static {
+    let (tx, rx) = mpsc::channel::<Arc<StoredEvent>>(256);
+    tokio::spawn(async move {
+        // Subscribe before reading the backlog so that nothing committed in
+        // between is missed; duplicates are skipped by sequence.
+        let mut live = store.subscribe();
+        let mut last = after;
+        loop {
+            // Catch up from the store.
+            loop {
+                let batch = match store.events_after(&filter, last, 500) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "event stream stopped: cannot read the outbox");
+                        return;
+                    }
+                };
+                let done = batch.len() < 500;
+                for event in batch {
+                    last = event.sequence;
+                    if tx.send(event).await.is_err() {
+                        return;
+                    }
+                }
+                if done {
+                    break;
+                }
+            }
+            // Then follow live events until this reader falls behind.
+            loop {
+                let received = tokio::select! {
+                    r = live.recv() => r,
+                    _ = shutdown.changed() => return,
+                    _ = tx.closed() => return,
+                };
+                match received {
+                    Ok(event) => {
+                        if event.sequence <= last || !filter.admits(&event) {
+                            continue;
+                        }
+                        last = event.sequence;
+                        if tx.send(event).await.is_err() {
+                            return;
+                        }
+                    }
+                    // Fell behind the broadcast buffer: re-read from the store.
+                    Err(RecvError::Lagged(_)) => break,
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Streams events as server-sent events.
+#[utoipa::path(
+    get,
+    path = "/events",
+    tag = "events",
+    params(EventsQuery, ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this sequence")),
+    responses(
+        (status = 200, description = "text/event-stream of outbox events", content_type = "text/event-stream"),
+        (status = 401, description = "No valid token", content_type = "application/problem+json"),
+        (status = 403, description = "Missing agentbay.events.read, or another tenant", content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn sse(
+    State(state): State<AppState>,
+    auth: Authorized<need::EventsRead>,
+    headers: HeaderMap,
+    Query(query): Query<EventsQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let filter = filter_for(&auth.principal, query.tenant.as_deref(), query.topic)?;
+    let last_event_id = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.trim().parse::<u64>().map_err(|_| {
+                ApiError::invalid(
+                    "Last-Event-ID",
+                    format!("{v:?} is not an event sequence number"),
+                )
+            })
+        })
+        .transpose()?;
+    let after = last_event_id.or(query.after).unwrap_or(0);
+    let stream = event_stream(state.store.clone(), filter, after, state.shutdown.clone());
+    let events = futures::StreamExt::map(stream, |event| {
+        Ok(Event::default()
+            .id(event.sequence.to_string())
+            .event(event.topic.clone())
+            .data(serde_json::to_string(&*event).expect("events serialise")))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}

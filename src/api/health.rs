@@ -1,0 +1,92 @@
+//! Probes and metrics.
+//!
+//! `/healthz` answers while the process serves (liveness). `/readyz` answers
+//! 200 only when the store accepts durable writes, every worker is alive
+//! and no shutdown is under way, and says which of those failed otherwise.
+//! Both are unauthenticated and reveal nothing but that state. `/metrics`
+//! needs a token with `agentbay.metrics.read`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::app::AppState;
+use crate::auth::extract::{Authorized, need};
+use crate::telemetry::names;
+use crate::worker::WorkerStatus;
+
+/// Liveness.
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "The process serves")))]
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// Readiness report.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Readiness {
+    /// Whether every check passed.
+    pub ready: bool,
+    /// `ok`, or why the store cannot confirm writes.
+    pub store: String,
+    /// Whether a shutdown is draining requests.
+    pub shutting_down: bool,
+    /// Every background worker.
+    #[schema(value_type = Vec<Object>)]
+    pub workers: Vec<WorkerStatus>,
+}
+
+/// Readiness: store, workers, shutdown.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses((status = 200, body = Readiness), (status = 503, body = Readiness))
+)]
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    let store = state.store.healthy();
+    let shutting_down = *state.shutdown.borrow();
+    let dead = state.workers.dead();
+    let ready = store.is_ok() && !shutting_down && dead.is_empty();
+    let body = Readiness {
+        ready,
+        store: store.err().unwrap_or_else(|| "ok".into()),
+        shutting_down,
+        workers: state.workers.statuses(),
+    };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+/// Prometheus metrics.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain")),
+    security(("bearer" = []))
+)]
+pub async fn metrics(
+    State(state): State<AppState>,
+    _auth: Authorized<need::MetricsRead>,
+) -> Response {
+    let stats = state.store.commit_stats();
+    metrics::counter!(names::STORE_COMMITS).absolute(stats.commits);
+    metrics::counter!(names::STORE_FLUSHES).absolute(stats.flushes);
+    if let Ok(bytes) = state.store.size_on_disk() {
+        metrics::gauge!(names::STORE_DISK_BYTES).set(bytes as f64);
+    }
+    let mut response = state.metrics.render().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}

@@ -1,0 +1,156 @@
+//! JSON request bodies, rejected in the API's own error shape.
+//!
+//! [`ApiJson`] replaces axum's `Json` extractor so that a wrong content
+//! type (415), a body over the limit (413), malformed JSON (400
+//! `malformed-json`, with line and column) and a well-formed body with a
+//! wrong field (400 `invalid-argument`, naming the field's path) all answer
+//! problem+json.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::header::CONTENT_TYPE;
+use serde::de::DeserializeOwned;
+
+use super::error::{ApiError, ErrorCode};
+
+/// A JSON body of type `T`.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let essence = content_type.split(';').next().unwrap_or("").trim();
+        if !(essence == "application/json" || essence.ends_with("+json")) {
+            return Err(ApiError::new(
+                ErrorCode::UnsupportedMediaType,
+                if content_type.is_empty() {
+                    "the request has no Content-Type; send application/json".to_string()
+                } else {
+                    format!(
+                        "Content-Type {content_type:?} is not accepted here; send application/json"
+                    )
+                },
+            ));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(body_error)?;
+        parse(&bytes).map(ApiJson)
+    }
+}
+
+/// Maps a failure to read the body (usually: over the limit).
+pub fn body_error(rejection: axum::extract::rejection::BytesRejection) -> ApiError {
+    if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            "the request body is larger than this appliance accepts (http.max_body_bytes)",
+        )
+    } else {
+        ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("the request body could not be read: {rejection}"),
+        )
+    }
+}
+
+/// Parses JSON, telling syntax errors from field errors.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        use serde_json::error::Category;
+        match inner.classify() {
+            Category::Syntax | Category::Eof | Category::Io => ApiError::new(
+                ErrorCode::MalformedJson,
+                format!(
+                    "the request body is not valid JSON: {} at line {} column {}",
+                    strip_position(&inner.to_string()),
+                    inner.line(),
+                    inner.column()
+                ),
+            ),
+            Category::Data => {
+                let reason = strip_position(&inner.to_string());
+                if path == "." {
+                    ApiError::new(
+                        ErrorCode::InvalidArgument,
+                        format!("the request body is wrong: {reason}"),
+                    )
+                } else {
+                    ApiError::invalid(path, reason)
+                }
+            }
+        }
+    })?;
+    de.end().map_err(|e| {
+        ApiError::new(
+            ErrorCode::MalformedJson,
+            format!(
+                "the request body is not valid JSON: {} at line {} column {}",
+                strip_position(&e.to_string()),
+                e.line(),
+                e.column()
+            ),
+        )
+    })?;
+    Ok(value)
+}
+
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_string(),
+        None => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Deserialize, Debug)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Body {
+        #[allow(dead_code)]
+        tenant_id: String,
+        #[allow(dead_code)]
+        limits: Limits,
+    }
+
+    #[derive(Deserialize, Debug)]
+    #[serde(rename_all = "camelCase")]
+    struct Limits {
+        #[allow(dead_code)]
+        max_minutes: u32,
+    }
+
+    #[test]
+    fn syntax_errors_and_field_errors_are_told_apart() {
+        let e = parse::<Body>(b"{\"tenantId\": ").unwrap_err();
+        assert_eq!(e.code, ErrorCode::MalformedJson);
+        assert!(e.detail.contains("line 1"), "{}", e.detail);
+
+        let e =
+            parse::<Body>(br#"{"tenantId": "a", "limits": {"maxMinutes": "ten"}}"#).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        assert_eq!(e.field.as_deref(), Some("limits.maxMinutes"));
+
+        let e = parse::<Body>(br#"{"tenantId": "a", "limits": {"maxMinutes": 1}, "extra": 1}"#)
+            .unwrap_err();
+        assert!(e.detail.contains("extra"), "{}", e.detail);
+
+        let e = parse::<Body>(br#"{"tenantId": "a", "limits": {"maxMinutes": 1}} trailing"#)
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::MalformedJson);
+    }
+}

@@ -1,0 +1,141 @@
+//! HTTP: the REST routes of the specifications, the RPC services, the event
+//! stream, probes and the console, on one HTTPS listener.
+//!
+//! [`router`] builds everything from an [`AppState`] and is served by
+//! `app.rs`; tests can drive it in-process too. Paths that look like RPC
+//! (`/agentbay.<package>.<Service>/<Method>`) go to the Connect service;
+//! anything else unmatched gets a problem+json 404.
+
+pub mod assets;
+pub mod error;
+pub mod events;
+pub mod health;
+pub mod json;
+pub mod oauth;
+pub mod openapi;
+pub mod rpc;
+
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderName, HeaderValue, Method, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tower::ServiceExt;
+use tower_http::set_header::SetResponseHeaderLayer;
+
+use self::error::{ApiError, ErrorCode};
+use crate::app::AppState;
+use crate::telemetry::names;
+
+/// Content-Security-Policy of every response: nothing from outside the
+/// appliance, no inline script, no framing.
+pub const CSP: &str = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; \
+connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+/// The whole HTTP surface.
+pub fn router(state: AppState) -> Router {
+    let connect = rpc::service(&state);
+    let api = Router::new()
+        .route("/oauth/token", post(oauth::token))
+        .route("/events", get(events::sse))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .route("/openapi.json", get(openapi::openapi_json))
+        .route("/proto/", get(assets::proto_index))
+        .route("/proto/{*path}", get(assets::proto))
+        .route("/static/{*path}", get(assets::static_file))
+        .merge(crate::console::router())
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(move |req: Request| {
+            let connect = connect.clone();
+            async move {
+                if is_rpc_path(req.uri().path()) {
+                    match connect.oneshot(req).await {
+                        Ok(response) => response.into_response(),
+                        Err(never) => match never {},
+                    }
+                } else {
+                    ApiError::new(
+                        ErrorCode::NotFound,
+                        format!("no route for {} {}", req.method(), req.uri().path()),
+                    )
+                    .into_response()
+                }
+            }
+        });
+    api.layer(DefaultBodyLimit::max(state.config.http.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .layer(header_layer(
+            header::STRICT_TRANSPORT_SECURITY,
+            "max-age=31536000",
+        ))
+        .layer(header_layer(header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .layer(header_layer(header::X_FRAME_OPTIONS, "DENY"))
+        .layer(header_layer(header::REFERRER_POLICY, "no-referrer"))
+        .layer(header_layer(header::CONTENT_SECURITY_POLICY, CSP))
+        .with_state(state)
+}
+
+fn header_layer(name: HeaderName, value: &'static str) -> SetResponseHeaderLayer<HeaderValue> {
+    SetResponseHeaderLayer::if_not_present(name, HeaderValue::from_static(value))
+}
+
+/// `/package.Service/Method` with a dotted package.
+fn is_rpc_path(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    match rest.split_once('/') {
+        Some((service, method)) => {
+            service.contains('.') && !method.is_empty() && !method.contains('/')
+        }
+        None => false,
+    }
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
+/// Counts and times every request by route, and logs failures.
+async fn observe(State(_state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = match request.extensions().get::<MatchedPath>() {
+        Some(p) => p.as_str().to_string(),
+        None if is_rpc_path(request.uri().path()) => request.uri().path().to_string(),
+        None => "unmatched".to_string(),
+    };
+    let method = request.method().clone();
+    let response = next.run(request).await;
+    let status = response.status();
+    let elapsed = started.elapsed().as_secs_f64();
+    metrics::counter!(names::HTTP_REQUESTS, "route" => route.clone(), "status" => status.as_u16().to_string())
+        .increment(1);
+    metrics::histogram!(names::HTTP_LATENCY, "route" => route.clone()).record(elapsed);
+    if status.is_server_error() {
+        tracing::warn!(%method, %route, status = status.as_u16(), elapsed, "request failed");
+    } else {
+        tracing::debug!(%method, %route, status = status.as_u16(), elapsed, "request");
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpc_paths_are_recognised() {
+        assert!(is_rpc_path("/agentbay.admin.v1.Admin/GetVersion"));
+        assert!(!is_rpc_path("/events"));
+        assert!(!is_rpc_path("/runtime/attempts/123"));
+        assert!(!is_rpc_path("/agentbay.admin.v1.Admin/"));
+    }
+}

@@ -1,0 +1,136 @@
+//! `GET /openapi.json`: every REST route, generated from the handlers'
+//! annotations, and every RPC method, generated from the `.proto`
+//! descriptors, in one OpenAPI 3.1 document.
+
+use std::sync::OnceLock;
+
+use axum::Json;
+use serde_json::{Value, json};
+use utoipa::OpenApi;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+
+use super::rpc::{Access, RPC_METHODS, access_of};
+use super::{events, health, oauth};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "agentbay",
+        description = "On-prem runtime for AI agents. REST routes answer JSON and problem+json (RFC 9457); RPC methods speak Connect (JSON and binary protobuf), gRPC and gRPC-Web on the same port. Authenticate with a bearer token from POST /oauth/token.",
+        license(name = "Apache-2.0")
+    ),
+    paths(oauth::token, events::sse, health::healthz, health::readyz, health::metrics),
+    components(schemas(oauth::TokenRequest, oauth::TokenResponse, health::Readiness)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "auth", description = "Client credentials and tokens"),
+        (name = "events", description = "The outbox as a resumable stream"),
+        (name = "operations", description = "Probes and metrics"),
+    )
+)]
+struct RestApi;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// The document, built once.
+pub fn document() -> &'static Value {
+    static DOC: OnceLock<Value> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = serde_json::to_value(RestApi::openapi()).expect("the OpenAPI document serialises");
+        doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
+        let paths = doc["paths"].as_object_mut().expect("paths is an object");
+        for m in RPC_METHODS {
+            let access = match access_of(&m.path()) {
+                Some(Access::Scope(scope)) => format!("Requires the scope `{scope}`."),
+                _ => "Requires any valid token.".to_string(),
+            };
+            let shape = match (m.client_streaming, m.server_streaming) {
+                (false, false) => "unary",
+                (false, true) => "server-streaming",
+                (true, false) => "client-streaming",
+                (true, true) => "bidi-streaming",
+            };
+            let (service_short, _) = m.service.rsplit_once('.').map(|(_, s)| (s, ())).unwrap_or((m.service, ()));
+            let content = if m.server_streaming || m.client_streaming {
+                json!({
+                    "application/connect+json": {},
+                    "application/connect+proto": {},
+                    "application/grpc": {},
+                    "application/grpc-web": {},
+                })
+            } else {
+                json!({
+                    "application/json": {},
+                    "application/proto": {},
+                    "application/grpc": {},
+                    "application/grpc-web": {},
+                })
+            };
+            paths.insert(
+                format!("/{}", m.path()),
+                json!({
+                    "post": {
+                        "tags": [format!("rpc: {service_short}")],
+                        "operationId": m.path().replace(['/', '.'], "_"),
+                        "summary": m.doc,
+                        "description": format!(
+                            "{} RPC `{}`. Request `{}`, response `{}` (see /proto/). {}",
+                            shape, m.path(), m.input, m.output, access
+                        ),
+                        "requestBody": { "required": true, "content": content },
+                        "responses": {
+                            "200": { "description": format!("`{}`", m.output) },
+                            "default": { "description": "A Connect error: {\"code\": ..., \"message\": ...}" }
+                        },
+                        "security": [{ "bearer": [] }],
+                        "x-rpc": {
+                            "service": m.service,
+                            "method": m.method,
+                            "input": m.input,
+                            "output": m.output,
+                            "serverStreaming": m.server_streaming,
+                            "clientStreaming": m.client_streaming,
+                        }
+                    }
+                }),
+            );
+        }
+        doc
+    })
+}
+
+/// Serves the document.
+pub async fn openapi_json() -> Json<Value> {
+    Json(document().clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_document_lists_rest_routes_and_rpc_methods() {
+        let doc = document();
+        let paths = doc["paths"].as_object().unwrap();
+        assert!(paths.contains_key("/oauth/token"));
+        assert!(paths.contains_key("/events"));
+        for m in RPC_METHODS {
+            let p = &paths[&format!("/{}", m.path())];
+            assert_eq!(p["post"]["x-rpc"]["method"], m.method);
+        }
+        assert_eq!(
+            doc["paths"]["/agentbay.admin.v1.Admin/WatchEvents"]["post"]["x-rpc"]["serverStreaming"],
+            true
+        );
+    }
+}

@@ -1,0 +1,262 @@
+//! `agentbay.admin.v1.Admin`: version, client credentials, backup and the
+//! event stream.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use connectrpc::{
+    ConnectError, RequestContext, Response, ServiceRequest, ServiceResult, ServiceStream,
+};
+use futures::StreamExt;
+use tokio::io::AsyncReadExt;
+
+use super::principal;
+use crate::api::error::{ApiError, ErrorCode, rpc};
+use crate::api::events::{event_stream, filter_for};
+use crate::app::AppState;
+use crate::auth::clients;
+use crate::domain::TenantId;
+use crate::domain::access::parse_scopes;
+use crate::domain::credential::ClientCredential;
+use crate::proto::agentbay::admin::v1 as pb;
+
+/// The Admin service.
+pub struct AdminService {
+    state: AppState,
+}
+
+impl AdminService {
+    /// Serves the Admin RPCs from the appliance's state.
+    pub fn new(state: AppState) -> Self {
+        AdminService { state }
+    }
+}
+
+/// The wire form of a credential (never its secret).
+pub fn client_message(c: &ClientCredential) -> pb::Client {
+    pb::Client {
+        client_id: c.client_id.clone(),
+        tenant_id: c.tenant_id.to_string(),
+        scopes: c.scopes.iter().map(|s| s.to_string()).collect(),
+        description: c.description.clone(),
+        created_at: c.created_at.to_rfc3339(),
+        revoked_at: c.revoked_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// Chunks of a backup file.
+const BACKUP_CHUNK: usize = 256 * 1024;
+
+/// Deletes the temporary backup file when the stream ends or is dropped.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+// Concrete return types instead of the trait's `impl Encodable`: clearer,
+// and what the generated trait expects us to refine.
+#[allow(refining_impl_trait)]
+impl pb::Admin for AdminService {
+    async fn get_version(
+        &self,
+        ctx: RequestContext,
+        _request: ServiceRequest<'_, pb::GetVersionRequest>,
+    ) -> ServiceResult<pb::GetVersionResponse> {
+        let caller = principal(&ctx)?;
+        Response::ok(pb::GetVersionResponse {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            schema_version: self.state.store.schema_version(),
+            certificate_fingerprint: self.state.tls.fingerprint.clone(),
+            caller_tenant_id: caller.tenant.to_string(),
+            caller_scopes: caller.scopes.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+    }
+
+    async fn create_client(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::CreateClientRequest>,
+    ) -> ServiceResult<pb::CreateClientResponse> {
+        let caller = principal(&ctx)?;
+        let tenant = TenantId::parse_field("tenantId", request.tenant_id).map_err(rpc)?;
+        let scope = caller.scope_for(&tenant).map_err(rpc)?;
+        let names: Vec<&str> = request.scopes.iter().copied().collect();
+        let scopes = parse_scopes(&names).map_err(rpc)?;
+        // Nobody hands out more than they hold.
+        let beyond: BTreeSet<_> = scopes.difference(&caller.scopes).collect();
+        if !beyond.is_empty() {
+            return Err(rpc(ApiError::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "cannot grant scopes the caller does not hold: {}",
+                    beyond
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )));
+        }
+        let description = request.description.to_string();
+        let (credential, secret) = clients::create(
+            &self.state.store,
+            scope,
+            scopes,
+            &description,
+            self.state.clock.now(),
+        )
+        .await
+        .map_err(rpc)?;
+        tracing::info!(client = %credential.client_id, tenant = %credential.tenant_id, by = %caller.subject, "created a client credential");
+        Response::ok(pb::CreateClientResponse {
+            client: buffa::MessageField::some(client_message(&credential)),
+            client_secret: secret,
+            ..Default::default()
+        })
+    }
+
+    async fn list_clients(
+        &self,
+        ctx: RequestContext,
+        _request: ServiceRequest<'_, pb::ListClientsRequest>,
+    ) -> ServiceResult<pb::ListClientsResponse> {
+        let caller = principal(&ctx)?;
+        let store = self.state.store.clone();
+        let credentials = tokio::task::spawn_blocking(move || {
+            if caller.is_platform_admin() {
+                clients::list_all(&store, &caller.platform_scope().expect("platform admin"))
+            } else {
+                clients::list(&store, &caller.tenant_scope())
+            }
+        })
+        .await
+        .map_err(|e| rpc(ApiError::internal(e)))?
+        .map_err(rpc)?;
+        Response::ok(pb::ListClientsResponse {
+            clients: credentials.iter().map(client_message).collect(),
+            ..Default::default()
+        })
+    }
+
+    async fn revoke_client(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::RevokeClientRequest>,
+    ) -> ServiceResult<pb::RevokeClientResponse> {
+        let caller = principal(&ctx)?;
+        let client_id = request.client_id.to_string();
+        let tenant = ClientCredential::tenant_of(&client_id).ok_or_else(|| {
+            rpc(ApiError::invalid(
+                "clientId",
+                format!("{client_id:?} is not a client id"),
+            ))
+        })?;
+        let scope = caller.scope_for(&tenant).map_err(rpc)?;
+        let revoked = clients::revoke(
+            &self.state.store,
+            Some(&self.state.auth),
+            scope,
+            &client_id,
+            self.state.clock.now(),
+        )
+        .await
+        .map_err(rpc)?;
+        tracing::info!(client = %revoked.client_id, by = %caller.subject, "revoked a client credential");
+        Response::ok(pb::RevokeClientResponse {
+            client: buffa::MessageField::some(client_message(&revoked)),
+            ..Default::default()
+        })
+    }
+
+    async fn backup(
+        &self,
+        ctx: RequestContext,
+        _request: ServiceRequest<'_, pb::BackupRequest>,
+    ) -> ServiceResult<ServiceStream<pb::BackupChunk>> {
+        let caller = principal(&ctx)?;
+        caller.platform_scope().map_err(rpc)?;
+        // Snapshot to a private file beside the store first: the store's
+        // writer pauses only for the local copy, never for the network.
+        let run_dir = self.state.config.data_dir.join("run");
+        let path = run_dir.join(format!(
+            "backup-{}.partial",
+            crate::domain::ids::new_id().simple()
+        ));
+        let file = std::fs::File::options()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| {
+                rpc(ApiError::internal(format!(
+                    "creating {}: {e}",
+                    path.display()
+                )))
+            })?;
+        let guard = TempFile(path.clone());
+        let files = crate::tls::backup_files(&self.state.config.data_dir.join("tls"));
+        let summary = self.state.store.backup(file, files).await.map_err(rpc)?;
+        tracing::info!(records = summary.records, by = %caller.subject, "backup taken");
+        let file = tokio::fs::File::open(&path).await.map_err(|e| {
+            rpc(ApiError::internal(format!(
+                "reading {}: {e}",
+                path.display()
+            )))
+        })?;
+        let chunks = futures::stream::unfold((file, guard), |(mut file, guard)| async move {
+            let mut buf = vec![0u8; BACKUP_CHUNK];
+            match file.read(&mut buf).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Some((
+                        Ok(pb::BackupChunk {
+                            data: buf,
+                            ..Default::default()
+                        }),
+                        (file, guard),
+                    ))
+                }
+                Err(e) => Some((
+                    Err(ConnectError::internal(format!("reading the backup: {e}"))),
+                    (file, guard),
+                )),
+            }
+        });
+        Ok(Response::new(
+            Box::pin(chunks) as ServiceStream<pb::BackupChunk>
+        ))
+    }
+
+    async fn watch_events(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::WatchEventsRequest>,
+    ) -> ServiceResult<ServiceStream<pb::Event>> {
+        let caller = principal(&ctx)?;
+        let topics: Vec<String> = request.topics.iter().map(|t| t.to_string()).collect();
+        let filter = filter_for(&caller, None, topics).map_err(rpc)?;
+        let stream = event_stream(
+            self.state.store.clone(),
+            filter,
+            request.after_sequence,
+            self.state.shutdown.clone(),
+        )
+        .map(|event| {
+            let payload = serde_json::from_value(event.payload.clone()).unwrap_or_default();
+            Ok(pb::Event {
+                sequence: event.sequence,
+                topic: event.topic.clone(),
+                tenant_id: event.tenant_id.to_string(),
+                occurred_at: event.occurred_at.to_rfc3339(),
+                payload: buffa::MessageField::some(payload),
+                ..Default::default()
+            })
+        });
+        Ok(Response::new(Box::pin(stream) as ServiceStream<pb::Event>))
+    }
+}

@@ -1,0 +1,188 @@
+//! RPC: the `.proto` services over Connect, gRPC and gRPC-Web, on the same
+//! HTTPS port as the REST routes.
+//!
+//! The `connectrpc` crate does the protocols and both codecs (JSON and
+//! binary protobuf); this module registers the services and authorises
+//! every call in one [`AuthInterceptor`]: the caller's bearer token is
+//! checked, the method's required scope ([`METHOD_ACCESS`]) enforced, and
+//! the [`Principal`] put into the request context where handlers find it
+//! with [`principal`]. A method missing from the table is refused, so a new
+//! method cannot ship unprotected.
+
+pub mod admin;
+
+use std::sync::Arc;
+
+use connectrpc::interceptor::{StreamRequest, StreamResponse, UnaryRequest, UnaryResponse};
+use connectrpc::{
+    ConnectError, ConnectRpcService, Interceptor, Limits, Next, NextStream, PayloadStream,
+    RequestContext,
+};
+
+use super::error::{ApiError, ErrorCode};
+use crate::app::AppState;
+use crate::auth::{Auth, Principal};
+use crate::domain::access::Scope;
+use crate::proto::agentbay::admin::v1::AdminExt;
+
+/// What a method requires of its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Any authenticated caller.
+    Authenticated,
+    /// A caller holding the scope.
+    Scope(Scope),
+}
+
+/// Required access per method (`package.Service/Method`).
+pub const METHOD_ACCESS: &[(&str, Access)] = &[
+    ("agentbay.admin.v1.Admin/GetVersion", Access::Authenticated),
+    (
+        "agentbay.admin.v1.Admin/CreateClient",
+        Access::Scope(Scope::Admin),
+    ),
+    (
+        "agentbay.admin.v1.Admin/ListClients",
+        Access::Scope(Scope::Admin),
+    ),
+    (
+        "agentbay.admin.v1.Admin/RevokeClient",
+        Access::Scope(Scope::Admin),
+    ),
+    (
+        "agentbay.admin.v1.Admin/Backup",
+        Access::Scope(Scope::Platform),
+    ),
+    (
+        "agentbay.admin.v1.Admin/WatchEvents",
+        Access::Scope(Scope::EventsRead),
+    ),
+];
+
+/// One method of the contract, from the descriptors (see `build.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct RpcMethod {
+    /// `package.Service`.
+    pub service: &'static str,
+    /// Method name.
+    pub method: &'static str,
+    /// Fully qualified request message.
+    pub input: &'static str,
+    /// Fully qualified response message.
+    pub output: &'static str,
+    /// Whether the server streams responses.
+    pub server_streaming: bool,
+    /// Whether the client streams requests.
+    pub client_streaming: bool,
+    /// The method's comment in the `.proto`.
+    pub doc: &'static str,
+}
+
+impl RpcMethod {
+    /// `package.Service/Method`.
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.service, self.method)
+    }
+}
+
+/// Every RPC method of the contract.
+pub const RPC_METHODS: &[RpcMethod] = include!(concat!(env!("OUT_DIR"), "/rpc_methods.rs"));
+
+/// The access a method requires, if it is known.
+pub fn access_of(path: &str) -> Option<Access> {
+    let path = path.strip_prefix('/').unwrap_or(path);
+    METHOD_ACCESS
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(_, a)| *a)
+}
+
+/// The principal the interceptor put into the context.
+pub fn principal(ctx: &RequestContext) -> Result<Principal, ConnectError> {
+    ctx.extensions()
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(|| ConnectError::internal("the call was not authenticated"))
+}
+
+/// Authenticates and authorises every RPC.
+pub struct AuthInterceptor {
+    auth: Arc<Auth>,
+}
+
+impl AuthInterceptor {
+    fn authorize(&self, ctx: &mut RequestContext) -> Result<(), ConnectError> {
+        let path = ctx.path().unwrap_or_default().to_string();
+        let access = access_of(&path).ok_or_else(|| {
+            ConnectError::from(ApiError::new(
+                ErrorCode::PermissionDenied,
+                format!("{path} has no declared access rule and is refused"),
+            ))
+        })?;
+        let header = ctx
+            .header(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let principal = self.auth.authenticate(header).map_err(super::error::rpc)?;
+        if let Access::Scope(scope) = access {
+            principal.require(scope).map_err(super::error::rpc)?;
+        }
+        ctx.extensions_mut().insert(principal);
+        Ok(())
+    }
+}
+
+#[connectrpc::async_trait]
+impl Interceptor for AuthInterceptor {
+    async fn intercept_unary(
+        &self,
+        mut req: UnaryRequest,
+        next: Next<'_>,
+    ) -> Result<UnaryResponse, ConnectError> {
+        self.authorize(&mut req.ctx)?;
+        next.run(req).await
+    }
+
+    async fn intercept_streaming(
+        &self,
+        mut req: StreamRequest,
+        inbound: PayloadStream,
+        next: NextStream<'_>,
+    ) -> Result<StreamResponse, ConnectError> {
+        self.authorize(&mut req.ctx)?;
+        next.run(req, inbound).await
+    }
+}
+
+/// The Connect service with every RPC service registered.
+pub fn service(state: &AppState) -> ConnectRpcService {
+    let router = connectrpc::Router::new();
+    let router = Arc::new(admin::AdminService::new(state.clone())).register(router);
+    ConnectRpcService::new(router)
+        .with_limits(Limits::default().with_max_request_body_size(state.config.http.max_body_bytes))
+        .with_interceptor(AuthInterceptor {
+            auth: state.auth.clone(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_method_of_the_contract_has_an_access_rule() {
+        assert!(!RPC_METHODS.is_empty());
+        for m in RPC_METHODS {
+            assert!(
+                access_of(&m.path()).is_some(),
+                "{} has no access rule",
+                m.path()
+            );
+        }
+        for (path, _) in METHOD_ACCESS {
+            assert!(
+                RPC_METHODS.iter().any(|m| m.path() == *path),
+                "{path} is in the access table but not in the contract"
+            );
+        }
+    }
+}

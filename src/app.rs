@@ -1,0 +1,276 @@
+//! Wiring: open the data directory and the store, load TLS, start the
+//! workers, build the router, serve HTTPS, and shut everything down in
+//! order.
+//!
+//! [`start`] returns a [`Running`] appliance that [`Running::stop`] shuts
+//! down; [`run`] does both around a shutdown future, which is how `main`
+//! (SIGTERM, Ctrl-C, the Windows service stop) and in-process tests and
+//! benchmarks drive the same path.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::auth::{Auth, clients};
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::domain::credential::ClientCredential;
+use crate::store::datadir::RuntimeInfo;
+use crate::store::{DataDir, Store, StoreOptions};
+use crate::tls::{self, TlsMaterial};
+use crate::worker::{self, OutboxPruner, WorkerRegistry};
+
+/// What clients need to know of the served certificate.
+#[derive(Clone, Debug)]
+pub struct TlsInfo {
+    /// `sha256:<hex>` of the server certificate.
+    pub fingerprint: String,
+    /// `sha256:<hex>` of the generated local CA, if the certificate is
+    /// generated.
+    pub ca_fingerprint: Option<String>,
+}
+
+/// Everything a request handler may need. Cheap to clone: all `Arc`s.
+#[derive(Clone)]
+pub struct AppState {
+    /// The store.
+    pub store: Store,
+    /// Token verification and credential state.
+    pub auth: Arc<Auth>,
+    /// The clock.
+    pub clock: SharedClock,
+    /// The configuration the appliance started with.
+    pub config: Arc<Config>,
+    /// The served certificate.
+    pub tls: Arc<TlsInfo>,
+    /// Background workers.
+    pub workers: Arc<WorkerRegistry>,
+    /// Prometheus rendering.
+    pub metrics: PrometheusHandle,
+    /// Turns true when shutdown begins; long-lived streams end on it.
+    pub shutdown: watch::Receiver<bool>,
+    /// When the appliance started.
+    pub started_at: DateTime<Utc>,
+}
+
+/// The data directory and the store, opened and locked.
+pub struct Local {
+    /// The locked data directory.
+    pub datadir: DataDir,
+    /// The store inside it.
+    pub store: Store,
+}
+
+/// Opens the data directory (taking its lock) and the store.
+pub fn open_local(config: &Config) -> Result<Local, crate::store::StoreError> {
+    let datadir = DataDir::open(&config.data_dir)?;
+    let options = StoreOptions {
+        cache_bytes: config.store.cache_mb * 1024 * 1024,
+        ..StoreOptions::default()
+    };
+    let store = Store::open(&datadir.store_path(), &options)?;
+    Ok(Local { datadir, store })
+}
+
+/// A credential made at first start, to print once.
+pub struct Bootstrap {
+    /// The credential.
+    pub credential: ClientCredential,
+    /// Its secret, never stored.
+    pub secret: String,
+}
+
+/// Creates the PlatformAdmin bootstrap credential if this store never had
+/// one.
+pub async fn bootstrap(store: &Store, clock: &SharedClock) -> anyhow::Result<Option<Bootstrap>> {
+    Ok(clients::bootstrap(store, clock.now())
+        .await?
+        .map(|(credential, secret)| Bootstrap { credential, secret }))
+}
+
+/// Prints the bootstrap credential to standard output (never to the log).
+pub fn print_bootstrap(bootstrap: &Bootstrap, config: &Config, url: Option<&str>) {
+    let url = url
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("https://{}", display_addr(config.listen)));
+    let ca = config.data_dir.join("tls/ca.pem");
+    println!();
+    println!("agentbay bootstrap credential (PlatformAdmin) - shown once, store it now:");
+    println!("  client_id:     {}", bootstrap.credential.client_id);
+    println!("  client_secret: {}", bootstrap.secret);
+    println!();
+    println!("Get a token:");
+    println!(
+        "  curl --cacert {} -u '{}:{}' -d grant_type=client_credentials {url}/oauth/token",
+        ca.display(),
+        bootstrap.credential.client_id,
+        bootstrap.secret
+    );
+    println!();
+}
+
+/// The address as a client would dial it.
+pub fn display_addr(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V4(v4) if v4.ip().is_unspecified() => format!("127.0.0.1:{}", v4.port()),
+        SocketAddr::V6(v6) if v6.ip().is_unspecified() => format!("[::1]:{}", v6.port()),
+        other => other.to_string(),
+    }
+}
+
+/// A serving appliance.
+pub struct Running {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// `https://...` as clients dial it.
+    pub url: String,
+    /// The state handlers see.
+    pub state: AppState,
+    /// The credential made at this first start, if any.
+    pub bootstrap: Option<Bootstrap>,
+    handle: axum_server::Handle<SocketAddr>,
+    server: JoinHandle<std::io::Result<()>>,
+    workers: Vec<JoinHandle<()>>,
+    shutdown: watch::Sender<bool>,
+    datadir: DataDir,
+}
+
+/// Starts the appliance: returns once it listens.
+pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running> {
+    let config = Arc::new(config);
+    let Local { datadir, store } = open_local(&config)?;
+    let material: TlsMaterial = tls::load_or_generate(&config.tls, &datadir.tls_dir())
+        .context("loading the TLS certificate")?;
+    let auth = Arc::new(
+        Auth::open(&store, clock.clone(), config.auth.token_ttl_seconds)
+            .await
+            .context("loading credentials")?,
+    );
+    let bootstrap = bootstrap(&store, &clock).await?;
+
+    let listener = std::net::TcpListener::bind(config.listen)
+        .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let url = format!("https://{}", display_addr(addr));
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let workers = Arc::new(WorkerRegistry::default());
+    let state = AppState {
+        store: store.clone(),
+        auth: auth.clone(),
+        clock: clock.clone(),
+        config: config.clone(),
+        tls: Arc::new(TlsInfo {
+            fingerprint: material.fingerprint.clone(),
+            ca_fingerprint: material.ca_fingerprint.clone(),
+        }),
+        workers: workers.clone(),
+        metrics: crate::telemetry::metrics_handle(),
+        shutdown: shutdown_rx.clone(),
+        started_at: clock.now(),
+    };
+
+    let worker_tasks = vec![worker::spawn(
+        Arc::new(OutboxPruner {
+            store: store.clone(),
+            retention: chrono::Duration::days(config.events.retention_days.into()),
+        }),
+        clock.clone(),
+        workers.clone(),
+        shutdown_rx.clone(),
+    )];
+
+    let app = crate::api::router(state.clone());
+    let handle = axum_server::Handle::new();
+    let server = axum_server::from_tcp_rustls(
+        listener,
+        axum_server::tls_rustls::RustlsConfig::from_config(material.server_config.clone()),
+    )?
+    .handle(handle.clone());
+    let server = tokio::spawn(server.serve(app.into_make_service()));
+
+    let admin_token = auth.issue_local_admin_token();
+    datadir.write_admin_token(&admin_token)?;
+    datadir.write_runtime_info(&RuntimeInfo {
+        pid: std::process::id(),
+        url: url.clone(),
+        certificate_fingerprint: material.fingerprint.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at: clock.now(),
+    })?;
+    tracing::info!(
+        %url,
+        certificate = %material.fingerprint,
+        ca = material.ca_fingerprint.as_deref().unwrap_or("(configured certificate)"),
+        data_dir = %config.data_dir.display(),
+        version = env!("CARGO_PKG_VERSION"),
+        "agentbay is serving"
+    );
+    Ok(Running {
+        addr,
+        url,
+        state,
+        bootstrap,
+        handle,
+        server,
+        workers: worker_tasks,
+        shutdown: shutdown_tx,
+        datadir,
+    })
+}
+
+impl Running {
+    /// Shuts down in order: stop accepting, let requests in flight finish
+    /// (up to `http.drain_seconds`), stop the workers, flush the store.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let drain = Duration::from_secs(self.state.config.http.drain_seconds);
+        tracing::info!(drain_seconds = drain.as_secs(), "shutting down");
+        let _ = self.shutdown.send(true);
+        self.handle.graceful_shutdown(Some(drain));
+        match tokio::time::timeout(drain + Duration::from_secs(5), self.server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the listener ended with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "the listener task failed"),
+            Err(_) => tracing::warn!("requests still running after the drain deadline were cut"),
+        }
+        for task in self.workers {
+            let _ = task.await;
+        }
+        let store = self.state.store.clone();
+        drop(self.state);
+        tokio::task::spawn_blocking(move || store.close())
+            .await
+            .context("closing the store")??;
+        self.datadir.clear_runtime_files();
+        tracing::info!("agentbay stopped; every acknowledged write is on disk");
+        Ok(())
+    }
+}
+
+/// Runs until `shutdown` completes, then stops.
+pub async fn run(
+    config: Config,
+    clock: SharedClock,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let running = start(config.clone(), clock).await?;
+    if let Some(bootstrap) = &running.bootstrap {
+        print_bootstrap(bootstrap, &config, Some(&running.url));
+    }
+    println!(
+        "agentbay {} serving {}",
+        env!("CARGO_PKG_VERSION"),
+        running.url
+    );
+    println!("  certificate {}", running.state.tls.fingerprint);
+    shutdown.await;
+    running.stop().await
+}

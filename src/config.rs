@@ -1,0 +1,565 @@
+//! Configuration: one struct, three sources.
+//!
+//! Precedence is file < environment < command line. The file is TOML
+//! (`--config`, or `AGENTBAY_CONFIG`); every key can be overridden by an
+//! environment variable named `AGENTBAY_` + the key path in upper case with
+//! `__` between sections (`tls.cert` -> `AGENTBAY_TLS__CERT`,
+//! `data_dir` -> `AGENTBAY_DATA_DIR`); `serve --data-dir/--listen` win over
+//! both. With no source at all the defaults run: data in `./agentbay-data`,
+//! HTTPS on `127.0.0.1:8443`, a generated certificate.
+//!
+//! An unknown key, in the file or the environment, and a value of the wrong
+//! type or out of range stop the start with the key and the reason named:
+//! a typo must never be silently ignored on an appliance.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Prefix of environment overrides.
+pub const ENV_PREFIX: &str = "AGENTBAY_";
+/// Environment variables with the prefix that are not config keys.
+const RESERVED_ENV: &[&str] = &["AGENTBAY_CONFIG"];
+
+/// The whole configuration of the appliance.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where the store, the generated certificate and the run files live.
+    pub data_dir: PathBuf,
+    /// Address of the HTTPS listener (there is no plaintext one).
+    pub listen: SocketAddr,
+    /// Certificate settings.
+    pub tls: TlsConfig,
+    /// Token settings.
+    pub auth: AuthConfig,
+    /// HTTP limits and shutdown.
+    pub http: HttpConfig,
+    /// Logging.
+    pub log: LogConfig,
+    /// Store tuning.
+    pub store: StoreConfig,
+    /// The event stream.
+    pub events: EventsConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("./agentbay-data"),
+            listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
+            tls: TlsConfig::default(),
+            auth: AuthConfig::default(),
+            http: HttpConfig::default(),
+            log: LogConfig::default(),
+            store: StoreConfig::default(),
+            events: EventsConfig::default(),
+        }
+    }
+}
+
+/// TLS: a certificate from files, or one generated in the data directory.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain, leaf first. Generated when absent.
+    pub cert: Option<PathBuf>,
+    /// PEM private key of the certificate.
+    pub key: Option<PathBuf>,
+    /// Extra DNS names or IP addresses for the generated certificate, beside
+    /// localhost, 127.0.0.1, ::1 and the host name.
+    pub extra_names: Vec<String>,
+}
+
+/// Bearer tokens issued by `POST /oauth/token`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Lifetime of an access token, in seconds (60 to 86400).
+    pub token_ttl_seconds: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            token_ttl_seconds: 900,
+        }
+    }
+}
+
+/// The HTTP server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// How long a shutdown waits for requests in flight, in seconds.
+    pub drain_seconds: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_body_bytes: 1024 * 1024,
+            drain_seconds: 20,
+        }
+    }
+}
+
+/// Log output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `auto` (text on a terminal, JSON otherwise), `text` or `json`.
+    pub format: LogFormat,
+    /// A tracing filter, e.g. `info` or `agentbay=debug,info`.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Auto,
+            level: "info".into(),
+        }
+    }
+}
+
+/// How log lines look.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Text on a terminal, JSON otherwise.
+    Auto,
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The embedded store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Page cache size, in MiB.
+    pub cache_mb: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { cache_mb: 256 }
+    }
+}
+
+/// The outbox and its stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsConfig {
+    /// Days an event stays readable from `/events` before it is pruned.
+    pub retention_days: u32,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        EventsConfig { retention_days: 30 }
+    }
+}
+
+/// A configuration that cannot be used, with the key and the reason.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("configuration key `{key}`{origin}: {reason}")]
+pub struct ConfigError {
+    /// Dotted key path, e.g. `tls.cert`.
+    pub key: String,
+    /// Why it was refused.
+    pub reason: String,
+    /// Where the value came from, e.g. ` (from AGENTBAY_LISTEN)`.
+    pub origin: String,
+}
+
+impl ConfigError {
+    fn new(key: impl Into<String>, reason: impl Into<String>, origin: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            reason: reason.into(),
+            origin: origin.into(),
+        }
+    }
+}
+
+/// Values given on the command line.
+#[derive(Clone, Debug, Default)]
+pub struct CliOverrides {
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--listen`.
+    pub listen: Option<SocketAddr>,
+}
+
+/// The environment variable that overrides a dotted key.
+pub fn env_name(key: &str) -> String {
+    format!("{ENV_PREFIX}{}", key.replace('.', "__").to_uppercase())
+}
+
+impl Config {
+    /// Loads the configuration from an optional file, the given environment
+    /// variables and the command line, then validates it.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        cli: &CliOverrides,
+    ) -> Result<Config, ConfigError> {
+        let (mut table, file_origin) = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError::new(
+                        "--config",
+                        format!("cannot read {}: {e}", path.display()),
+                        "",
+                    )
+                })?;
+                let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+                    ConfigError::new(
+                        error_key(&e).unwrap_or_else(|| "(file)".into()),
+                        e.message().to_string(),
+                        format!(" (in {})", path.display()),
+                    )
+                })?;
+                (table, format!(" (in {})", path.display()))
+            }
+            None => (toml::Table::new(), String::new()),
+        };
+        let defaults = toml::Table::try_from(Config::default()).expect("defaults serialise");
+        let mut env_keys: Vec<(String, String)> = Vec::new();
+        let mut env: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX) && !RESERVED_ENV.contains(&k.as_str()))
+            .collect();
+        env.sort();
+        for (name, value) in env {
+            let key = name[ENV_PREFIX.len()..].to_lowercase().replace("__", ".");
+            let origin = format!(" (from {name})");
+            let converted = convert_env(&defaults, &key, &value)
+                .map_err(|reason| ConfigError::new(&key, reason, &origin))?;
+            set_path(&mut table, &key, converted)
+                .map_err(|reason| ConfigError::new(&key, reason, &origin))?;
+            env_keys.push((key, name));
+        }
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| {
+                let key = e.path().to_string();
+                let origin = env_keys
+                    .iter()
+                    .find(|(k, _)| *k == key || key.starts_with(&format!("{k}.")))
+                    .map(|(_, name)| format!(" (from {name})"))
+                    .unwrap_or_else(|| file_origin.clone());
+                let reason = e.into_inner().to_string();
+                // serde names an unknown field in the message; point at it.
+                let key = match unknown_field(&reason) {
+                    Some(field) if key == "." => field,
+                    Some(field) if !key.ends_with(&field) => format!("{key}.{field}"),
+                    _ => key,
+                };
+                ConfigError::new(key, reason, origin)
+            })?;
+        if let Some(dir) = &cli.data_dir {
+            config.data_dir = dir.clone();
+        }
+        if let Some(listen) = cli.listen {
+            config.listen = listen;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and combinations that types cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let range = |key: &str, value: u64, min: u64, max: u64| {
+            if value < min || value > max {
+                Err(ConfigError::new(
+                    key,
+                    format!("{value} is outside {min}..={max}"),
+                    "",
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        range(
+            "auth.token_ttl_seconds",
+            self.auth.token_ttl_seconds,
+            60,
+            86_400,
+        )?;
+        range(
+            "http.max_body_bytes",
+            self.http.max_body_bytes as u64,
+            1024,
+            256 * 1024 * 1024,
+        )?;
+        range("http.drain_seconds", self.http.drain_seconds, 0, 600)?;
+        range("store.cache_mb", self.store.cache_mb, 8, 1024 * 1024)?;
+        range(
+            "events.retention_days",
+            self.events.retention_days.into(),
+            1,
+            3650,
+        )?;
+        match (&self.tls.cert, &self.tls.key) {
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    "tls.key",
+                    "tls.cert is set but tls.key is not",
+                    "",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "tls.cert",
+                    "tls.key is set but tls.cert is not",
+                    "",
+                ));
+            }
+            _ => {}
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return Err(ConfigError::new(
+                "log.level",
+                format!(
+                    "{:?} is not a log filter (try \"info\" or \"agentbay=debug,info\")",
+                    self.log.level
+                ),
+                "",
+            ));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::new("data_dir", "must not be empty", ""));
+        }
+        Ok(())
+    }
+}
+
+fn error_key(e: &toml::de::Error) -> Option<String> {
+    e.span().map(|s| format!("(at byte {})", s.start))
+}
+
+fn unknown_field(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown field `")?;
+    Some(rest[..rest.find('`')?].to_string())
+}
+
+/// Converts an environment value to the type the default has at `key`.
+fn convert_env(defaults: &toml::Table, key: &str, value: &str) -> Result<toml::Value, String> {
+    let mut parts = key.split('.').peekable();
+    let mut table = defaults;
+    let mut known_section = true;
+    while let Some(part) = parts.next() {
+        let last = parts.peek().is_none();
+        match table.get(part) {
+            Some(toml::Value::Table(t)) if !last => table = t,
+            Some(toml::Value::Table(_)) => return Err("is a section; set its keys instead".into()),
+            Some(existing) if last => {
+                return match existing {
+                    toml::Value::String(_) => Ok(toml::Value::String(value.into())),
+                    toml::Value::Integer(_) => value
+                        .trim()
+                        .parse::<i64>()
+                        .map(toml::Value::Integer)
+                        .map_err(|_| format!("{value:?} is not a whole number")),
+                    toml::Value::Float(_) => value
+                        .trim()
+                        .parse::<f64>()
+                        .map(toml::Value::Float)
+                        .map_err(|_| format!("{value:?} is not a number")),
+                    toml::Value::Boolean(_) => match value.trim() {
+                        "true" | "1" => Ok(toml::Value::Boolean(true)),
+                        "false" | "0" => Ok(toml::Value::Boolean(false)),
+                        other => Err(format!("{other:?} is not true or false")),
+                    },
+                    toml::Value::Array(_) => Ok(toml::Value::Array(
+                        value
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty())
+                            .map(|s| toml::Value::String(s.into()))
+                            .collect(),
+                    )),
+                    other => Err(format!(
+                        "cannot be set from the environment ({})",
+                        other.type_str()
+                    )),
+                };
+            }
+            Some(_) => return Err("is not a section".into()),
+            None => {
+                known_section = last;
+                break;
+            }
+        }
+    }
+    if known_section {
+        // An optional key without a default (a path, say): text, checked when
+        // the whole configuration is read.
+        Ok(toml::Value::String(value.into()))
+    } else {
+        Err("is not a configuration key".into())
+    }
+}
+
+fn set_path(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().expect("split yields one part");
+    let mut current = table;
+    for part in parts {
+        let entry = current
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        current = entry
+            .as_table_mut()
+            .ok_or_else(|| format!("{part} is not a section"))?;
+    }
+    current.insert(last.to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn write(text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), text).unwrap();
+        f
+    }
+
+    #[test]
+    fn zero_config_runs_on_the_defaults() {
+        let config = Config::load(None, env(&[]), &CliOverrides::default()).unwrap();
+        assert_eq!(config, Config::default());
+        assert_eq!(config.listen.to_string(), "127.0.0.1:8443");
+        assert_eq!(config.data_dir, PathBuf::from("./agentbay-data"));
+    }
+
+    #[test]
+    fn file_then_env_then_cli() {
+        let file = write(
+            "listen = \"127.0.0.1:9000\"\ndata_dir = \"/from/file\"\n[auth]\ntoken_ttl_seconds = 300\n",
+        );
+        let config = Config::load(
+            Some(file.path()),
+            env(&[
+                ("AGENTBAY_LISTEN", "127.0.0.1:9100"),
+                ("AGENTBAY_AUTH__TOKEN_TTL_SECONDS", "600"),
+            ]),
+            &CliOverrides::default(),
+        )
+        .unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:9100");
+        assert_eq!(config.data_dir, PathBuf::from("/from/file"));
+        assert_eq!(config.auth.token_ttl_seconds, 600);
+
+        let cli = CliOverrides {
+            listen: Some("127.0.0.1:9200".parse().unwrap()),
+            data_dir: Some("/from/cli".into()),
+        };
+        let config = Config::load(
+            Some(file.path()),
+            env(&[("AGENTBAY_LISTEN", "127.0.0.1:9100")]),
+            &cli,
+        )
+        .unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:9200");
+        assert_eq!(config.data_dir, PathBuf::from("/from/cli"));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let file = write("listen = \"127.0.0.1:9000\"\n[auth]\ntoken_ttl = 5\n");
+        let err = Config::load(Some(file.path()), env(&[]), &CliOverrides::default()).unwrap_err();
+        assert_eq!(err.key, "auth.token_ttl");
+        assert!(err.to_string().contains("unknown field"), "{err}");
+
+        let file = write("lisen = \"127.0.0.1:9000\"\n");
+        let err = Config::load(Some(file.path()), env(&[]), &CliOverrides::default()).unwrap_err();
+        assert_eq!(err.key, "lisen");
+
+        let err = Config::load(
+            None,
+            env(&[("AGENTBAY_LISTN", "x")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "listn");
+        assert!(err.to_string().contains("AGENTBAY_LISTN"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named_with_their_origin() {
+        let err = Config::load(
+            None,
+            env(&[("AGENTBAY_LISTEN", "not-an-address")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "listen");
+        assert!(err.to_string().contains("AGENTBAY_LISTEN"), "{err}");
+
+        let err = Config::load(
+            None,
+            env(&[("AGENTBAY_AUTH__TOKEN_TTL_SECONDS", "soon")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "auth.token_ttl_seconds");
+        assert!(err.reason.contains("whole number"), "{err}");
+
+        let err = Config::load(
+            None,
+            env(&[("AGENTBAY_AUTH__TOKEN_TTL_SECONDS", "5")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "auth.token_ttl_seconds");
+        assert!(err.reason.contains("60..=86400"), "{err}");
+
+        let file = write("[log]\nformat = \"xml\"\n");
+        let err = Config::load(Some(file.path()), env(&[]), &CliOverrides::default()).unwrap_err();
+        assert_eq!(err.key, "log.format");
+
+        let file = write("[tls]\ncert = \"/etc/cert.pem\"\n");
+        let err = Config::load(Some(file.path()), env(&[]), &CliOverrides::default()).unwrap_err();
+        assert_eq!(err.key, "tls.key");
+    }
+
+    #[test]
+    fn optional_paths_and_lists_come_from_the_environment() {
+        let config = Config::load(
+            None,
+            env(&[
+                ("AGENTBAY_TLS__CERT", "/c.pem"),
+                ("AGENTBAY_TLS__KEY", "/k.pem"),
+                ("AGENTBAY_TLS__EXTRA_NAMES", "appliance.local, 10.0.0.5"),
+                ("AGENTBAY_CONFIG", "/ignored/here"),
+            ]),
+            &CliOverrides::default(),
+        )
+        .unwrap();
+        assert_eq!(config.tls.cert, Some(PathBuf::from("/c.pem")));
+        assert_eq!(config.tls.extra_names, vec!["appliance.local", "10.0.0.5"]);
+        assert_eq!(env_name("tls.extra_names"), "AGENTBAY_TLS__EXTRA_NAMES");
+    }
+
+    #[test]
+    fn the_packaged_example_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/agentbay.toml");
+        Config::load(Some(&path), env(&[]), &CliOverrides::default()).unwrap();
+    }
+}

@@ -1,0 +1,279 @@
+//! Background workers: one small trait, one runner, one registry.
+//!
+//! Each worker (lease expirer, autoscaler, reconciler, compactor, outbox
+//! pruner, ...) has a name and an interval and does one pass per run. The
+//! runner schedules passes on the appliance's [`Clock`]: with the system
+//! clock a worker runs every interval; with a manual clock it runs when a
+//! test moves time past its next due time. The registry keeps each worker's
+//! last outcome for `/readyz` and the console.
+//!
+//! [`Clock`]: crate::clock::Clock
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::clock::SharedClock;
+use crate::store::Store;
+
+/// A periodic job.
+pub trait Worker: Send + Sync + 'static {
+    /// Stable name, e.g. `LeaseExpirer`.
+    fn name(&self) -> &'static str;
+    /// Time between passes.
+    fn interval(&self) -> Duration;
+    /// One pass at `now`; returns a one-line summary of what it did.
+    fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>>;
+}
+
+/// The last known state of a worker.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerStatus {
+    /// The worker.
+    pub name: &'static str,
+    /// Seconds between passes.
+    pub interval_seconds: u64,
+    /// Passes so far.
+    pub runs: u64,
+    /// Failed passes so far.
+    pub failures: u64,
+    /// When the last pass ended.
+    pub last_run_at: Option<DateTime<Utc>>,
+    /// Summary or error of the last pass.
+    pub last_message: Option<String>,
+    /// Whether the last pass succeeded.
+    pub last_ok: bool,
+    /// Whether the worker's task is alive.
+    pub alive: bool,
+}
+
+/// Every worker's status, and a way to run one at once.
+#[derive(Default)]
+pub struct WorkerRegistry {
+    statuses: Mutex<BTreeMap<&'static str, WorkerStatus>>,
+    triggers: Mutex<BTreeMap<&'static str, Arc<Notify>>>,
+}
+
+impl WorkerRegistry {
+    /// Snapshots of every worker, by name.
+    pub fn statuses(&self) -> Vec<WorkerStatus> {
+        self.statuses.lock().values().cloned().collect()
+    }
+
+    /// Asks a worker for an extra pass now. Returns false for an unknown name.
+    pub fn trigger(&self, name: &str) -> bool {
+        match self.triggers.lock().get(name) {
+            Some(n) => {
+                n.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Names of workers whose task has died.
+    pub fn dead(&self) -> Vec<&'static str> {
+        self.statuses
+            .lock()
+            .values()
+            .filter(|s| !s.alive)
+            .map(|s| s.name)
+            .collect()
+    }
+
+    fn update(&self, name: &'static str, f: impl FnOnce(&mut WorkerStatus)) {
+        if let Some(status) = self.statuses.lock().get_mut(name) {
+            f(status);
+        }
+    }
+}
+
+/// Starts a worker's task. It stops when `shutdown` turns true.
+pub fn spawn(
+    worker: Arc<dyn Worker>,
+    clock: SharedClock,
+    registry: Arc<WorkerRegistry>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let name = worker.name();
+    let interval = worker.interval();
+    let trigger = Arc::new(Notify::new());
+    registry.statuses.lock().insert(
+        name,
+        WorkerStatus {
+            name,
+            interval_seconds: interval.as_secs(),
+            runs: 0,
+            failures: 0,
+            last_run_at: None,
+            last_message: None,
+            last_ok: true,
+            alive: true,
+        },
+    );
+    registry.triggers.lock().insert(name, trigger.clone());
+    let step = chrono::Duration::from_std(interval).expect("interval in range");
+    tokio::spawn(async move {
+        let mut ticks = clock.ticks();
+        // The first pass runs at start, so that state left by a crash is
+        // dealt with before the first interval has passed.
+        let mut next_due = clock.now();
+        let mut forced = false;
+        loop {
+            let now = clock.now();
+            if forced || now >= next_due {
+                forced = false;
+                let outcome = worker.run(now).await;
+                let ended = clock.now();
+                registry.update(name, |s| {
+                    s.runs += 1;
+                    s.last_run_at = Some(ended);
+                    match &outcome {
+                        Ok(message) => {
+                            s.last_ok = true;
+                            s.last_message = Some(message.clone());
+                        }
+                        Err(e) => {
+                            s.failures += 1;
+                            s.last_ok = false;
+                            s.last_message = Some(format!("{e:#}"));
+                        }
+                    }
+                });
+                match outcome {
+                    Ok(message) if !message.is_empty() => {
+                        tracing::debug!(worker = name, %message, "worker pass")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(worker = name, error = %format!("{e:#}"), "worker pass failed")
+                    }
+                }
+                next_due = now + step;
+            }
+            let wait = (next_due - clock.now())
+                .to_std()
+                .unwrap_or(Duration::ZERO)
+                .clamp(Duration::from_millis(5), interval);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                changed = ticks.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                _ = trigger.notified() => forced = true,
+                _ = shutdown.changed() => break,
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+        }
+        registry.update(name, |s| s.alive = false);
+    })
+}
+
+/// Deletes events older than the retention from the outbox.
+pub struct OutboxPruner {
+    /// The store.
+    pub store: Store,
+    /// How long events stay readable.
+    pub retention: chrono::Duration,
+}
+
+impl Worker for OutboxPruner {
+    fn name(&self) -> &'static str {
+        "OutboxPruner"
+    }
+
+    fn interval(&self) -> Duration {
+        Duration::from_secs(3600)
+    }
+
+    fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
+        Box::pin(async move {
+            let cutoff = now - self.retention;
+            let mut total = 0;
+            loop {
+                let pruned = self.store.prune_events(cutoff, 5_000).await?;
+                total += pruned;
+                if pruned < 5_000 {
+                    break;
+                }
+            }
+            Ok(format!("pruned {total} events older than {cutoff}"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    struct Counter(Arc<AtomicU64>);
+
+    impl Worker for Counter {
+        fn name(&self) -> &'static str {
+            "Counter"
+        }
+        fn interval(&self) -> Duration {
+            Duration::from_secs(60)
+        }
+        fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
+            Box::pin(async move {
+                self.0.fetch_add(1, Ordering::SeqCst);
+                Ok(String::new())
+            })
+        }
+    }
+
+    async fn wait_for(count: &AtomicU64, n: u64) {
+        for _ in 0..500 {
+            if count.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        panic!(
+            "worker ran {} times, expected {n}",
+            count.load(Ordering::SeqCst)
+        );
+    }
+
+    #[tokio::test]
+    async fn workers_run_when_the_clock_says_so() {
+        let clock = ManualClock::new(Utc::now());
+        let registry = Arc::new(WorkerRegistry::default());
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let count = Arc::new(AtomicU64::new(0));
+        let handle = spawn(
+            Arc::new(Counter(count.clone())),
+            clock.clone(),
+            registry.clone(),
+            stop_rx,
+        );
+        wait_for(&count, 1).await;
+        // Half an interval: nothing.
+        clock.advance(Duration::from_secs(30));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+        clock.advance(Duration::from_secs(30));
+        wait_for(&count, 2).await;
+        assert!(registry.trigger("Counter"));
+        wait_for(&count, 3).await;
+        assert_eq!(registry.statuses()[0].runs, 3);
+        stop_tx.send(true).unwrap();
+        handle.await.unwrap();
+        assert_eq!(registry.dead(), vec!["Counter"]);
+    }
+}
