@@ -12,7 +12,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Query, State};
+use axum::extract::{RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use utoipa::IntoParams;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
@@ -30,7 +30,7 @@ use crate::domain::TenantId;
 use crate::store::{EventFilter, Store, StoredEvent};
 
 /// Query of `GET /events`.
-#[derive(Deserialize, IntoParams, Default)]
+#[derive(Deserialize, IntoParams, Default, Debug)]
 #[into_params(parameter_in = Query)]
 pub struct EventsQuery {
     /// Deliver events after this sequence (overridden by `Last-Event-ID`).
@@ -40,6 +40,41 @@ pub struct EventsQuery {
     pub topic: Vec<String>,
     /// PlatformAdmins only: one tenant's events.
     pub tenant: Option<String>,
+}
+
+impl EventsQuery {
+    /// Parses the query string; `topic` may repeat, unknown keys are refused.
+    pub fn parse(raw: Option<&str>) -> Result<EventsQuery, ApiError> {
+        let pairs: Vec<(String, String)> =
+            serde_urlencoded::from_str(raw.unwrap_or("")).map_err(|e| {
+                ApiError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("the query string is malformed: {e}"),
+                )
+            })?;
+        let mut query = EventsQuery::default();
+        for (key, value) in pairs {
+            match key.as_str() {
+                "after" => {
+                    query.after = Some(value.parse().map_err(|_| {
+                        ApiError::invalid(
+                            "after",
+                            format!("{value:?} is not an event sequence number"),
+                        )
+                    })?)
+                }
+                "topic" => query.topic.push(value),
+                "tenant" => query.tenant = Some(value),
+                other => {
+                    return Err(ApiError::invalid(
+                        other,
+                        "is not a parameter of /events (after, topic, tenant)",
+                    ));
+                }
+            }
+        }
+        Ok(query)
+    }
 }
 
 /// Builds the filter a principal may use.
@@ -139,8 +174,9 @@ pub async fn sse(
     State(state): State<AppState>,
     auth: Authorized<need::EventsRead>,
     headers: HeaderMap,
-    Query(query): Query<EventsQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let query = EventsQuery::parse(raw.as_deref())?;
     let filter = filter_for(&auth.principal, query.tenant.as_deref(), query.topic)?;
     let last_event_id = headers
         .get("last-event-id")

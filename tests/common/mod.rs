@@ -1,0 +1,288 @@
+//! Helpers shared by the integration tests: the real binary on an
+//! ephemeral port with a temporary data directory, and HTTPS clients that
+//! pin its generated certificate.
+
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use agentbay::control::{Transport, pinned_transport};
+use agentbay::proto::agentbay::admin::v1 as pb;
+use agentbay::store::datadir::RuntimeInfo;
+use connectrpc::client::ClientConfig;
+use connectrpc::{CodecFormat, Protocol};
+use serde_json::Value;
+
+/// The binary under test.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_agentbay")
+}
+
+/// A command for the binary with no AGENTBAY_* from the test environment.
+pub fn agentbay() -> Command {
+    let mut cmd = Command::new(binary());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("AGENTBAY_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("AGENTBAY_LOG__FORMAT", "json");
+    cmd
+}
+
+/// Runs a command to completion.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("the binary runs")
+}
+
+/// A client id and its secret.
+#[derive(Clone, Debug)]
+pub struct Credential {
+    pub id: String,
+    pub secret: String,
+}
+
+/// Initialises `data_dir` and returns the bootstrap credential.
+pub fn init(data_dir: &Path) -> Credential {
+    let out = run(agentbay()
+        .args(["init", "--json", "--data-dir"])
+        .arg(data_dir));
+    assert!(
+        out.status.success(),
+        "init failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("init --json prints JSON");
+    Credential {
+        id: v["client_id"].as_str().unwrap().to_string(),
+        secret: v["client_secret"].as_str().unwrap().to_string(),
+    }
+}
+
+/// A running appliance.
+pub struct Appliance {
+    pub root: PathBuf,
+    pub data_dir: PathBuf,
+    pub child: Option<Child>,
+    pub url: String,
+    pub fingerprint: String,
+    pub admin: Credential,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Appliance {
+    /// A new data directory, initialised, served.
+    pub fn start() -> Appliance {
+        let tmp = tempfile::tempdir().unwrap();
+        let data_dir = tmp.path().join("data");
+        let admin = init(&data_dir);
+        let mut a = Appliance::serve(tmp.path(), &data_dir, admin);
+        a._tmp = Some(tmp);
+        a
+    }
+
+    /// Serves an existing data directory.
+    pub fn serve(root: &Path, data_dir: &Path, admin: Credential) -> Appliance {
+        let child = spawn_serve(root, data_dir, &[]);
+        let info = wait_for_runtime_info(data_dir, child.id());
+        Appliance {
+            root: root.to_path_buf(),
+            data_dir: data_dir.to_path_buf(),
+            child: Some(child),
+            url: info.url,
+            fingerprint: info.certificate_fingerprint,
+            admin,
+            _tmp: None,
+        }
+    }
+
+    /// Kills the process with SIGKILL: no shutdown path runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the appliance did not stop after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Restarts on the same data directory (after a kill or a stop).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop it first");
+        let child = spawn_serve(&self.root, &self.data_dir, &[]);
+        let info = wait_for_runtime_info(&self.data_dir, child.id());
+        self.url = info.url;
+        self.fingerprint = info.certificate_fingerprint;
+        self.child = Some(child);
+    }
+
+    /// The appliance's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.root.join("serve.err")).unwrap_or_default()
+    }
+
+    /// An HTTPS client that trusts exactly this appliance's certificate.
+    pub fn http(&self) -> reqwest::Client {
+        https_client(&self.fingerprint)
+    }
+
+    /// A bearer token for a credential.
+    pub async fn token(&self, credential: &Credential) -> String {
+        let response = self
+            .http()
+            .post(format!("{}/oauth/token", self.url))
+            .basic_auth(&credential.id, Some(&credential.secret))
+            .form(&[("grant_type", "client_credentials")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "token request failed");
+        let body: Value = response.json().await.unwrap();
+        body["access_token"].as_str().unwrap().to_string()
+    }
+
+    /// A token of the bootstrap PlatformAdmin.
+    pub async fn admin_token(&self) -> String {
+        self.token(&self.admin.clone()).await
+    }
+
+    /// An Admin RPC client with the given codec and protocol.
+    pub fn rpc_with(
+        &self,
+        token: &str,
+        codec: CodecFormat,
+        protocol: Protocol,
+    ) -> pb::AdminClient<Transport> {
+        let config = ClientConfig::new(self.url.parse().unwrap())
+            .with_codec_format(codec)
+            .with_protocol(protocol)
+            .with_default_header("authorization", format!("Bearer {token}"));
+        pb::AdminClient::new(pinned_transport(&self.fingerprint), config)
+    }
+
+    /// An Admin RPC client speaking Connect with JSON.
+    pub fn rpc_json(&self, token: &str) -> pb::AdminClient<Transport> {
+        self.rpc_with(token, CodecFormat::Json, Protocol::Connect)
+    }
+
+    /// An Admin RPC client speaking Connect with binary protobuf.
+    pub fn rpc_proto(&self, token: &str) -> pb::AdminClient<Transport> {
+        self.rpc_with(token, CodecFormat::Proto, Protocol::Connect)
+    }
+
+    /// Creates a client credential through the RPC and returns it.
+    pub async fn create_client(&self, tenant: &str, scopes: &[&str]) -> Credential {
+        let token = self.admin_token().await;
+        let response = self
+            .rpc_json(&token)
+            .create_client(pb::CreateClientRequest {
+                tenant_id: tenant.into(),
+                scopes: scopes.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            })
+            .await
+            .expect("create client")
+            .into_owned();
+        Credential {
+            id: response.client.as_option().unwrap().client_id.clone(),
+            secret: response.client_secret,
+        }
+    }
+}
+
+impl Drop for Appliance {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Starts `serve` on an ephemeral port with output to files under `root`.
+pub fn spawn_serve(root: &Path, data_dir: &Path, extra_env: &[(&str, &str)]) -> Child {
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(root.join("serve.out"))
+        .unwrap();
+    let err = File::options()
+        .create(true)
+        .append(true)
+        .open(root.join("serve.err"))
+        .unwrap();
+    let mut cmd = agentbay();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err));
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("serve starts")
+}
+
+/// Waits until the process `pid` has written where it listens.
+pub fn wait_for_runtime_info(data_dir: &Path, pid: u32) -> RuntimeInfo {
+    let path = data_dir.join("run/appliance.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(bytes) = std::fs::read(&path)
+            && let Ok(info) = serde_json::from_slice::<RuntimeInfo>(&bytes)
+            && info.pid == pid
+        {
+            return info;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the appliance did not start within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// An HTTPS client pinned to a certificate fingerprint.
+pub fn https_client(fingerprint: &str) -> reqwest::Client {
+    let mut tls = agentbay::tls::pinned_client_config(fingerprint);
+    // HTTP/2 when the server offers it, as browsers and agents do.
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .unwrap()
+}
+
+/// Reads a problem+json response, checking its content type.
+pub async fn problem(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    assert_eq!(content_type, "application/problem+json", "status {status}");
+    (status, response.json().await.unwrap())
+}

@@ -1,0 +1,367 @@
+//! Client credentials, tokens, scopes and tenant isolation.
+
+use agentbay::proto::agentbay::admin::v1 as pb;
+use connectrpc::ErrorCode;
+
+use crate::common::{Appliance, problem};
+
+#[tokio::test]
+async fn tokens_are_issued_with_basic_or_form_credentials() {
+    let a = Appliance::start();
+    let http = a.http();
+    let url = format!("{}/oauth/token", a.url);
+
+    let basic = http
+        .post(&url)
+        .basic_auth(&a.admin.id, Some(&a.admin.secret))
+        .form(&[("grant_type", "client_credentials")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(basic.status(), 200);
+    assert_eq!(basic.headers()["cache-control"], "no-store");
+    let body: serde_json::Value = basic.json().await.unwrap();
+    assert_eq!(body["token_type"], "Bearer");
+    assert_eq!(body["expires_in"], 900);
+    assert!(
+        body["scope"]
+            .as_str()
+            .unwrap()
+            .contains("agentbay.platform")
+    );
+
+    let form = http
+        .post(&url)
+        .form(&[
+            ("grant_type", "client_credentials"),
+            ("client_id", &a.admin.id),
+            ("client_secret", &a.admin.secret),
+            ("scope", "factory.runs.read agentbay.events.read"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status(), 200);
+    let body: serde_json::Value = form.json().await.unwrap();
+    assert_eq!(body["scope"], "factory.runs.read agentbay.events.read");
+
+    // A narrowed token carries only what it asked for.
+    let narrowed = body["access_token"].as_str().unwrap();
+    let err = a
+        .rpc_json(narrowed)
+        .list_clients(pb::ListClientsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::PermissionDenied);
+
+    let both = http
+        .post(&url)
+        .basic_auth(&a.admin.id, Some(&a.admin.secret))
+        .form(&[
+            ("grant_type", "client_credentials"),
+            ("client_id", a.admin.id.as_str()),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let (status, p) = problem(both).await;
+    assert_eq!(status, 400);
+    assert_eq!(p["error"], "invalid_request");
+
+    let acme = a.create_client("acme", &["factory.runs.read"]).await;
+    let beyond = http
+        .post(&url)
+        .basic_auth(&acme.id, Some(&acme.secret))
+        .form(&[
+            ("grant_type", "client_credentials"),
+            ("scope", "factory.runs.write"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let (status, p) = problem(beyond).await;
+    assert_eq!(status, 400);
+    assert_eq!(p["error"], "invalid_scope");
+    assert!(
+        p["detail"].as_str().unwrap().contains("factory.runs.write"),
+        "{p}"
+    );
+
+    let grant = http
+        .post(&url)
+        .basic_auth(&acme.id, Some(&acme.secret))
+        .form(&[("grant_type", "password")])
+        .send()
+        .await
+        .unwrap();
+    let (status, p) = problem(grant).await;
+    assert_eq!(status, 400);
+    assert_eq!(p["error"], "unsupported_grant_type");
+    assert_eq!(p["field"], "grant_type");
+}
+
+#[tokio::test]
+async fn a_wrong_secret_is_refused_with_401_and_then_rate_limited() {
+    let a = Appliance::start();
+    let http = a.http();
+    let url = format!("{}/oauth/token", a.url);
+    let wrong = http
+        .post(&url)
+        .basic_auth(&a.admin.id, Some("abs_not-the-secret"))
+        .form(&[("grant_type", "client_credentials")])
+        .send()
+        .await
+        .unwrap();
+    assert!(wrong.headers().contains_key("www-authenticate"));
+    let (status, p) = problem(wrong).await;
+    assert_eq!(status, 401);
+    assert_eq!(p["code"], "unauthenticated");
+    assert_eq!(p["error"], "invalid_client");
+    // The same answer for an id that does not exist: nothing to probe.
+    let unknown = http
+        .post(&url)
+        .basic_auth("acme.00000000000000000000000000000000", Some("x"))
+        .form(&[("grant_type", "client_credentials")])
+        .send()
+        .await
+        .unwrap();
+    let (status, p2) = problem(unknown).await;
+    assert_eq!(status, 401);
+    assert_eq!(p2["detail"], p["detail"]);
+
+    // Ten failures in a minute: the eleventh attempt is not even checked.
+    for _ in 0..9 {
+        let r = http
+            .post(&url)
+            .basic_auth(&a.admin.id, Some("abs_wrong"))
+            .form(&[("grant_type", "client_credentials")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    let limited = http
+        .post(&url)
+        .basic_auth(&a.admin.id, Some(&a.admin.secret))
+        .form(&[("grant_type", "client_credentials")])
+        .send()
+        .await
+        .unwrap();
+    assert!(limited.headers().contains_key("retry-after"));
+    let (status, p) = problem(limited).await;
+    assert_eq!(status, 429);
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("too many failed attempts"),
+        "{p}"
+    );
+}
+
+#[tokio::test]
+async fn requests_without_a_valid_token_get_401_naming_what_is_missing() {
+    let a = Appliance::start();
+    let http = a.http();
+    let none = http.get(format!("{}/events", a.url)).send().await.unwrap();
+    assert_eq!(
+        none.headers()["www-authenticate"],
+        "Bearer realm=\"agentbay\""
+    );
+    let (status, p) = problem(none).await;
+    assert_eq!(status, 401);
+    assert!(
+        p["detail"].as_str().unwrap().contains("Authorization"),
+        "{p}"
+    );
+
+    let garbage = http
+        .get(format!("{}/events", a.url))
+        .bearer_auth("not.a.token")
+        .send()
+        .await
+        .unwrap();
+    let (status, _) = problem(garbage).await;
+    assert_eq!(status, 401);
+
+    let err = a
+        .rpc_proto("forged")
+        .get_version(pb::GetVersionRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unauthenticated);
+}
+
+#[tokio::test]
+async fn a_missing_scope_is_403_naming_the_scope() {
+    let a = Appliance::start();
+    let reader = a.create_client("acme", &["factory.capacity.read"]).await;
+    let token = a.token(&reader).await;
+
+    let events = a
+        .http()
+        .get(format!("{}/events", a.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let (status, p) = problem(events).await;
+    assert_eq!(status, 403);
+    assert_eq!(p["code"], "permission-denied");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("agentbay.events.read"),
+        "{p}"
+    );
+
+    let metrics = a
+        .http()
+        .get(format!("{}/metrics", a.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 403);
+
+    let err = a
+        .rpc_json(&token)
+        .create_client(pb::CreateClientRequest {
+            tenant_id: "acme".into(),
+            scopes: vec!["factory.capacity.read".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::PermissionDenied);
+    assert!(err.message.unwrap().contains("agentbay.admin"));
+
+    // Any valid token may ask what it is.
+    let me = a
+        .rpc_proto(&token)
+        .get_version(pb::GetVersionRequest::default())
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(me.caller_tenant_id, "acme");
+    assert_eq!(me.caller_scopes, vec!["factory.capacity.read"]);
+}
+
+#[tokio::test]
+async fn another_tenants_data_is_out_of_reach() {
+    let a = Appliance::start();
+    let acme_admin = a
+        .create_client("acme", &["agentbay.admin", "agentbay.events.read"])
+        .await;
+    let globex = a.create_client("globex", &["factory.runs.read"]).await;
+    let token = a.token(&acme_admin).await;
+    let rpc = a.rpc_json(&token);
+
+    let err = rpc
+        .revoke_client(pb::RevokeClientRequest {
+            client_id: globex.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::PermissionDenied);
+    assert!(err.message.unwrap().contains("cannot access tenant globex"));
+
+    let err = rpc
+        .create_client(pb::CreateClientRequest {
+            tenant_id: "globex".into(),
+            scopes: vec!["agentbay.admin".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::PermissionDenied);
+
+    // Nobody grants what they do not hold, not even in their own tenant.
+    let err = rpc
+        .create_client(pb::CreateClientRequest {
+            tenant_id: "acme".into(),
+            scopes: vec!["factory.capacity.admin".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::PermissionDenied);
+    assert!(err.message.unwrap().contains("factory.capacity.admin"));
+
+    let listed = rpc
+        .list_clients(pb::ListClientsRequest::default())
+        .await
+        .unwrap()
+        .into_owned();
+    assert!(listed.clients.iter().all(|c| c.tenant_id == "acme"));
+    assert!(!listed.clients.iter().any(|c| c.client_id == globex.id));
+
+    let events = a
+        .http()
+        .get(format!("{}/events?tenant=globex", a.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let (status, p) = problem(events).await;
+    assert_eq!(status, 403);
+    assert!(p["detail"].as_str().unwrap().contains("globex"), "{p}");
+
+    // The PlatformAdmin crosses tenants.
+    let admin = a.admin_token().await;
+    let all = a
+        .rpc_json(&admin)
+        .list_clients(pb::ListClientsRequest::default())
+        .await
+        .unwrap()
+        .into_owned();
+    assert!(all.clients.iter().any(|c| c.client_id == globex.id));
+}
+
+#[tokio::test]
+async fn a_revoked_client_loses_its_tokens_at_once() {
+    let a = Appliance::start();
+    let client = a.create_client("acme", &["agentbay.events.read"]).await;
+    let token = a.token(&client).await;
+    let admin = a.admin_token().await;
+    let revoked = a
+        .rpc_proto(&admin)
+        .revoke_client(pb::RevokeClientRequest {
+            client_id: client.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert!(!revoked.client.as_option().unwrap().revoked_at.is_empty());
+    // Idempotent.
+    a.rpc_proto(&admin)
+        .revoke_client(pb::RevokeClientRequest {
+            client_id: client.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let r = a
+        .http()
+        .get(format!("{}/events", a.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let (status, p) = problem(r).await;
+    assert_eq!(status, 401);
+    assert!(p["detail"].as_str().unwrap().contains("revoked"), "{p}");
+    let again = a
+        .http()
+        .post(format!("{}/oauth/token", a.url))
+        .basic_auth(&client.id, Some(&client.secret))
+        .form(&[("grant_type", "client_credentials")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 401);
+}

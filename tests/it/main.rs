@@ -1,0 +1,14 @@
+//! Integration tests: the real `agentbay` binary over real HTTPS, with a
+//! real store on disk. One test binary with a module per area, so the
+//! dependency tree links once.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod auth;
+mod backup;
+mod cli;
+mod durability;
+mod events;
+mod http;
+mod rpc;
