@@ -375,27 +375,13 @@ fn flusher_loop(
         }
         Ok(())
     };
-    let mut groups = Vec::new();
     loop {
-        let mut stop = None;
-        match queue.recv() {
-            Ok(Flush::Group {
-                completions,
-                events,
-                applied,
-            }) => groups.push((completions, events, applied)),
-            Ok(Flush::Stop(done)) => stop = Some(done),
-            Err(_) => return,
-        }
+        let Ok(first) = queue.recv() else { return };
+        let mut batch = vec![first];
         // Take every group that arrived while the previous sync ran.
-        while stop.is_none() {
+        while !matches!(batch.last(), Some(Flush::Stop(_))) {
             match queue.try_recv() {
-                Ok(Flush::Group {
-                    completions,
-                    events,
-                    applied,
-                }) => groups.push((completions, events, applied)),
-                Ok(Flush::Stop(done)) => stop = Some(done),
+                Ok(message) => batch.push(message),
                 Err(_) => break,
             }
         }
@@ -410,19 +396,30 @@ fn flusher_loop(
         if let Err(e) = &flushed {
             shared.fail(e);
         }
-        for (completions, group_events, applied) in groups.drain(..) {
-            let durable = match (&applied, &flushed) {
-                (Ok(()), Ok(())) => Ok(()),
-                (Err(e), _) | (_, Err(e)) => Err(StoreError::FlushFailed(e.to_string())),
+        let mut stop = None;
+        for message in batch {
+            let (completions, group_events, applied) = match message {
+                Flush::Group {
+                    completions,
+                    events,
+                    applied,
+                } => (completions, events, applied),
+                Flush::Stop(done) => {
+                    stop = Some(done);
+                    continue;
+                }
             };
-            let publish = durable.is_ok();
+            let failure = match (&applied, &flushed) {
+                (Ok(()), Ok(())) => None,
+                (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
+            };
             for complete in completions {
-                complete(match &durable {
-                    Ok(()) => Ok(()),
-                    Err(e) => Err(StoreError::FlushFailed(e.to_string())),
+                complete(match &failure {
+                    None => Ok(()),
+                    Some(e) => Err(StoreError::FlushFailed(e.clone())),
                 });
             }
-            if publish {
+            if failure.is_none() {
                 for event in group_events {
                     // No subscriber is not an error.
                     let _ = events.send(event);
