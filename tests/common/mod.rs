@@ -108,7 +108,7 @@ impl Appliance {
     }
 
     /// Sends SIGTERM and waits for the exit.
-    pub fn terminate(&mut self) -> ExitStatus {
+    pub async fn terminate(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
         let status = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
@@ -124,7 +124,7 @@ impl Appliance {
                 Instant::now() < deadline,
                 "the appliance did not stop after SIGTERM"
             );
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

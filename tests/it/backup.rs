@@ -77,7 +77,7 @@ async fn a_backup_taken_while_serving_restores_into_a_working_appliance() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
 
-    a.terminate();
+    a.terminate().await;
     let restored_root = a.root.join("restored-run");
     std::fs::create_dir_all(&restored_root).unwrap();
     let b = Appliance::serve(&restored_root, &restored_dir, a.admin.clone());
@@ -98,7 +98,7 @@ async fn a_backup_taken_while_serving_restores_into_a_working_appliance() {
 async fn an_offline_backup_needs_no_running_appliance() {
     let mut a = Appliance::start();
     a.create_client("acme", &["factory.runs.read"]).await;
-    a.terminate();
+    a.terminate().await;
     let file = a.root.join("offline.agentbay");
     let out = run(agentbay()
         .args(["backup"])

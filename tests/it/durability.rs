@@ -187,7 +187,7 @@ async fn bad_configuration_stops_the_start_naming_the_key() {
 async fn sigterm_drains_and_stops_cleanly() {
     let mut a = Appliance::start();
     a.create_client("acme", &["factory.runs.read"]).await;
-    let status = a.terminate();
+    let status = a.terminate().await;
     assert!(status.success(), "{status:?}");
     assert!(a.log().contains("every acknowledged write is on disk"));
     assert!(!a.data_dir.join("run/appliance.json").exists());
