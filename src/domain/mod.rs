@@ -5,10 +5,13 @@
 //! error. Everything else in the crate moves bytes around these decisions.
 
 pub mod access;
+pub mod amount;
+pub mod capacity;
 pub mod credential;
 pub mod error;
 pub mod events;
 pub mod ids;
+pub mod tenant;
 
 pub use error::{DomainError, FieldError};
 pub use ids::{ProjectId, TenantId};

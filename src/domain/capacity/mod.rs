@@ -1,0 +1,12 @@
+//! Execution capacity: worker pools, quotas and capacity leases
+//! (the ExecutionCapacityService specification), pure.
+
+pub mod decide;
+pub mod lease;
+pub mod pool;
+pub mod quota;
+
+pub use decide::{Level, Limit, QuotaContext, Usage, Verdict, decide, placement};
+pub use lease::{CapacityLease, HolderKind, LeaseRequest, LeaseState};
+pub use pool::{PoolKind, PoolSpec, PoolState, SecurityBoundary, SlotSize, WorkerPool};
+pub use quota::{EffectiveLimits, Quota, QuotaLimits, QuotaPatch, QuotaScope};
