@@ -19,7 +19,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::auth::{Auth, clients};
-use crate::clock::SharedClock;
+use crate::capacity::Capacity;
+use crate::capacity::workers::{AccountingReconciler, Autoscaler, LeaseExpirer};
+use crate::clock::{ManualClock, SharedClock, SystemClock};
 use crate::config::Config;
 use crate::domain::credential::ClientCredential;
 use crate::store::datadir::RuntimeInfo;
@@ -37,6 +39,35 @@ pub struct TlsInfo {
     pub ca_fingerprint: Option<String>,
 }
 
+/// The clock an appliance runs on.
+#[derive(Clone)]
+pub struct Clocks {
+    /// What everything reads the time from.
+    pub clock: SharedClock,
+    /// The same clock when it is manual (tests), so the Admin service can
+    /// move it.
+    pub manual: Option<Arc<ManualClock>>,
+}
+
+impl Clocks {
+    /// The wall clock.
+    pub fn system() -> Clocks {
+        Clocks {
+            clock: SystemClock::shared(),
+            manual: None,
+        }
+    }
+
+    /// A manual clock starting now.
+    pub fn manual() -> Clocks {
+        let manual = ManualClock::new(chrono::Utc::now());
+        Clocks {
+            clock: manual.clone(),
+            manual: Some(manual),
+        }
+    }
+}
+
 /// Everything a request handler may need. Cheap to clone: all `Arc`s.
 #[derive(Clone)]
 pub struct AppState {
@@ -44,8 +75,12 @@ pub struct AppState {
     pub store: Store,
     /// Token verification and credential state.
     pub auth: Arc<Auth>,
+    /// Pools, quotas, leases, tenants.
+    pub capacity: Arc<Capacity>,
     /// The clock.
     pub clock: SharedClock,
+    /// The clock again when it is manual.
+    pub manual_clock: Option<Arc<ManualClock>>,
     /// The configuration the appliance started with.
     pub config: Arc<Config>,
     /// The served certificate.
@@ -143,7 +178,8 @@ pub struct Running {
 }
 
 /// Starts the appliance: returns once it listens.
-pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running> {
+pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
+    let clock = clocks.clock.clone();
     let config = Arc::new(config);
     let Local { datadir, store } = open_local(&config)?;
     let material: TlsMaterial = tls::load_or_generate(&config.tls, &datadir.tls_dir())
@@ -153,6 +189,20 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
             .await
             .context("loading credentials")?,
     );
+    let workers = Arc::new(WorkerRegistry::default());
+    let capacity = {
+        let registry = workers.clone();
+        Capacity::start(
+            store.clone(),
+            clock.clone(),
+            &config.capacity,
+            Box::new(move || {
+                registry.trigger("Autoscaler");
+            }),
+        )
+        .await
+        .context("loading pools, quotas and leases")?
+    };
     let bootstrap = bootstrap(&store, &clock).await?;
 
     let listener = std::net::TcpListener::bind(config.listen)
@@ -162,11 +212,12 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
     let url = format!("https://{}", display_addr(addr));
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let workers = Arc::new(WorkerRegistry::default());
     let state = AppState {
         store: store.clone(),
         auth: auth.clone(),
+        capacity: capacity.clone(),
         clock: clock.clone(),
+        manual_clock: clocks.manual.clone(),
         config: config.clone(),
         tls: Arc::new(TlsInfo {
             fingerprint: material.fingerprint.clone(),
@@ -178,15 +229,29 @@ pub async fn start(config: Config, clock: SharedClock) -> anyhow::Result<Running
         started_at: clock.now(),
     };
 
-    let worker_tasks = vec![worker::spawn(
+    let seconds = Duration::from_secs;
+    let background: Vec<Arc<dyn worker::Worker>> = vec![
         Arc::new(OutboxPruner {
             store: store.clone(),
             retention: chrono::Duration::days(config.events.retention_days.into()),
         }),
-        clock.clone(),
-        workers.clone(),
-        shutdown_rx.clone(),
-    )];
+        Arc::new(LeaseExpirer {
+            capacity: capacity.clone(),
+            every: seconds(config.capacity.expire_interval_seconds),
+        }),
+        Arc::new(Autoscaler {
+            capacity: capacity.clone(),
+            every: seconds(config.capacity.autoscale_interval_seconds),
+        }),
+        Arc::new(AccountingReconciler {
+            capacity: capacity.clone(),
+            every: seconds(config.capacity.reconcile_interval_seconds),
+        }),
+    ];
+    let worker_tasks = background
+        .into_iter()
+        .map(|w| worker::spawn(w, clock.clone(), workers.clone(), shutdown_rx.clone()))
+        .collect();
 
     let app = crate::api::router(state.clone());
     let handle = axum_server::Handle::new();
@@ -258,10 +323,10 @@ impl Running {
 /// Runs until `shutdown` completes, then stops.
 pub async fn run(
     config: Config,
-    clock: SharedClock,
+    clocks: Clocks,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let running = start(config.clone(), clock).await?;
+    let running = start(config.clone(), clocks).await?;
     if let Some(bootstrap) = &running.bootstrap {
         print_bootstrap(bootstrap, &config, Some(&running.url));
     }

@@ -42,6 +42,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// The event stream.
     pub events: EventsConfig,
+    /// Pools, quotas and leases (`RuntimeCloud:Capacity`).
+    pub capacity: CapacityConfig,
 }
 
 impl Default for Config {
@@ -55,6 +57,7 @@ impl Default for Config {
             log: LogConfig::default(),
             store: StoreConfig::default(),
             events: EventsConfig::default(),
+            capacity: CapacityConfig::default(),
         }
     }
 }
@@ -166,6 +169,98 @@ impl Default for EventsConfig {
     }
 }
 
+/// Quota limits of an edition; an absent key is unlimited.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EditionLimits {
+    /// Concurrent attempt and build leases.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrent_runs: Option<u32>,
+    /// Concurrent sandbox and browser-session leases.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrent_sandboxes: Option<u32>,
+    /// Largest CPU per lease.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_per_attempt: Option<f64>,
+    /// Largest memory per lease, GB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_gb_per_attempt: Option<f64>,
+    /// Lease minutes per UTC day.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_minutes_per_day: Option<u32>,
+}
+
+/// The CPU and memory of one slot of a node profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeProfileConfig {
+    /// CPUs per slot.
+    pub cpu: f64,
+    /// Memory per slot, GB.
+    pub memory_gb: f64,
+}
+
+/// `RuntimeCloud:Capacity`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CapacityConfig {
+    /// Lease time-to-live between heartbeats, in seconds (`LeaseTtlSeconds`).
+    pub lease_ttl_seconds: u64,
+    /// Quota defaults per edition (`EditionDefaults`).
+    pub edition_defaults: std::collections::BTreeMap<String, EditionLimits>,
+    /// Slot sizes pools can be built from.
+    pub node_profiles: std::collections::BTreeMap<String, NodeProfileConfig>,
+    /// How many times a waiting request may be passed over by later,
+    /// smaller ones before the pool holds capacity back for it.
+    pub max_pass_over: u32,
+    /// Seconds between LeaseExpirer passes.
+    pub expire_interval_seconds: u64,
+    /// Seconds between Autoscaler passes.
+    pub autoscale_interval_seconds: u64,
+    /// Seconds between checks of the pools' counters against their leases.
+    pub reconcile_interval_seconds: u64,
+    /// Longest one AcquireLease call waits for a grant, in seconds.
+    pub max_wait_seconds: u64,
+    /// Create a shared agent pool and a shared sandbox pool on first start.
+    pub default_pools: bool,
+    /// Region of the default pools.
+    pub default_region: String,
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        let edition = |runs, sandboxes, minutes| EditionLimits {
+            concurrent_runs: Some(runs),
+            concurrent_sandboxes: Some(sandboxes),
+            execution_minutes_per_day: Some(minutes),
+            ..EditionLimits::default()
+        };
+        let profile = |cpu, memory_gb| NodeProfileConfig { cpu, memory_gb };
+        CapacityConfig {
+            lease_ttl_seconds: 120,
+            edition_defaults: [
+                ("starter".to_string(), edition(5, 5, 600)),
+                ("team".to_string(), edition(25, 25, 6000)),
+                ("platform".to_string(), EditionLimits::default()),
+            ]
+            .into(),
+            node_profiles: [
+                ("small".to_string(), profile(2.0, 4.0)),
+                ("medium".to_string(), profile(4.0, 8.0)),
+                ("large".to_string(), profile(8.0, 16.0)),
+            ]
+            .into(),
+            max_pass_over: 4,
+            expire_interval_seconds: 60,
+            autoscale_interval_seconds: 120,
+            reconcile_interval_seconds: 300,
+            max_wait_seconds: 60,
+            default_pools: true,
+            default_region: "local".into(),
+        }
+    }
+}
+
 /// A configuration that cannot be used, with the key and the reason.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("configuration key `{key}`{origin}: {reason}")]
@@ -246,7 +341,12 @@ impl Config {
                 .map_err(|reason| ConfigError::new(&key, reason, &origin))?;
             env_keys.push((key, name));
         }
-        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
+        // Maps merge key by key onto the defaults (an edition or node profile
+        // given in the file adds to or overrides the built-in ones); every
+        // other value replaces its default.
+        let mut merged = defaults.clone();
+        merge_tables(&mut merged, table);
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(merged))
             .map_err(|e| {
                 let key = e.path().to_string();
                 let origin = env_keys
@@ -333,10 +433,91 @@ impl Config {
                 "",
             ));
         }
+        let c = &self.capacity;
+        range("capacity.lease_ttl_seconds", c.lease_ttl_seconds, 5, 86_400)?;
+        range("capacity.max_pass_over", c.max_pass_over.into(), 1, 1000)?;
+        range(
+            "capacity.expire_interval_seconds",
+            c.expire_interval_seconds,
+            1,
+            3600,
+        )?;
+        range(
+            "capacity.autoscale_interval_seconds",
+            c.autoscale_interval_seconds,
+            1,
+            3600,
+        )?;
+        range(
+            "capacity.reconcile_interval_seconds",
+            c.reconcile_interval_seconds,
+            1,
+            86_400,
+        )?;
+        range("capacity.max_wait_seconds", c.max_wait_seconds, 0, 300)?;
+        if !c.edition_defaults.contains_key("platform") {
+            return Err(ConfigError::new(
+                "capacity.edition_defaults",
+                "must define the platform edition (the platform tenant uses it)",
+                "",
+            ));
+        }
+        for (name, limits) in &c.edition_defaults {
+            crate::domain::TenantId::parse(name).map_err(|e| {
+                ConfigError::new(format!("capacity.edition_defaults.{name}"), e.reason, "")
+            })?;
+            for (key, v) in [
+                ("cpu_per_attempt", limits.cpu_per_attempt),
+                ("memory_gb_per_attempt", limits.memory_gb_per_attempt),
+            ] {
+                if let Some(v) = v {
+                    crate::domain::amount::Amount::parse(key, v).map_err(|e| {
+                        ConfigError::new(
+                            format!("capacity.edition_defaults.{name}.{key}"),
+                            e.reason,
+                            "",
+                        )
+                    })?;
+                }
+            }
+        }
+        if c.node_profiles.is_empty() {
+            return Err(ConfigError::new(
+                "capacity.node_profiles",
+                "at least one node profile is needed",
+                "",
+            ));
+        }
+        for (name, p) in &c.node_profiles {
+            for (key, v) in [("cpu", p.cpu), ("memory_gb", p.memory_gb)] {
+                let ok = crate::domain::amount::Amount::parse(key, v)
+                    .is_ok_and(|a| a > crate::domain::amount::Amount::ZERO);
+                if !ok {
+                    return Err(ConfigError::new(
+                        format!("capacity.node_profiles.{name}.{key}"),
+                        format!("{v} is not a positive amount"),
+                        "",
+                    ));
+                }
+            }
+        }
+        crate::domain::tenant::check_region("capacity.default_region", &c.default_region)
+            .map_err(|e| ConfigError::new("capacity.default_region", e.reason, ""))?;
         if self.data_dir.as_os_str().is_empty() {
             return Err(ConfigError::new("data_dir", "must not be empty", ""));
         }
         Ok(())
+    }
+}
+
+fn merge_tables(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge_tables(b, o),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
     }
 }
 
@@ -399,9 +580,19 @@ fn convert_env(defaults: &toml::Table, key: &str, value: &str) -> Result<toml::V
         }
     }
     if known_section {
-        // An optional key without a default (a path, say): text, checked when
-        // the whole configuration is read.
-        Ok(toml::Value::String(value.into()))
+        // An optional key without a default (a path, an edition limit): the
+        // most specific type the text has; the whole configuration's
+        // deserialisation then checks it.
+        let v = value.trim();
+        Ok(if let Ok(i) = v.parse::<i64>() {
+            toml::Value::Integer(i)
+        } else if let Ok(f) = v.parse::<f64>() {
+            toml::Value::Float(f)
+        } else if let Ok(b) = v.parse::<bool>() {
+            toml::Value::Boolean(b)
+        } else {
+            toml::Value::String(value.into())
+        })
     } else {
         Err("is not a configuration key".into())
     }
@@ -555,6 +746,31 @@ mod tests {
         assert_eq!(config.tls.cert, Some(PathBuf::from("/c.pem")));
         assert_eq!(config.tls.extra_names, vec!["appliance.local", "10.0.0.5"]);
         assert_eq!(env_name("tls.extra_names"), "AGENTBAY_TLS__EXTRA_NAMES");
+    }
+
+    #[test]
+    fn editions_and_profiles_merge_onto_the_defaults() {
+        let file = write(
+            "[capacity.edition_defaults.starter]\nconcurrent_runs = 3\n[capacity.edition_defaults.enterprise]\nconcurrent_runs = 100\n",
+        );
+        let config = Config::load(
+            Some(file.path()),
+            env(&[(
+                "AGENTBAY_CAPACITY__EDITION_DEFAULTS__TEAM__CPU_PER_ATTEMPT",
+                "4",
+            )]),
+            &CliOverrides::default(),
+        )
+        .unwrap();
+        let editions = &config.capacity.edition_defaults;
+        assert_eq!(editions["starter"].concurrent_runs, Some(3));
+        assert_eq!(editions["starter"].execution_minutes_per_day, Some(600));
+        assert_eq!(editions["enterprise"].concurrent_runs, Some(100));
+        assert_eq!(editions["team"].cpu_per_attempt, Some(4.0));
+        assert!(editions.contains_key("platform"));
+        let file = write("[capacity.edition_defaults.starter]\nconcurent_runs = 3\n");
+        let err = Config::load(Some(file.path()), env(&[]), &CliOverrides::default()).unwrap_err();
+        assert_eq!(err.key, "capacity.edition_defaults.starter.concurent_runs");
     }
 
     #[test]

@@ -310,6 +310,8 @@ pub async fn init(config: &Config, json: bool) -> anyhow::Result<()> {
     let local = open_local(config)?;
     let material = crate::tls::load_or_generate(&config.tls, &local.datadir.tls_dir())?;
     let clock = SystemClock::shared();
+    let editions: Vec<String> = config.capacity.edition_defaults.keys().cloned().collect();
+    crate::capacity::ensure_platform_tenant(&local.store, &editions, clock.now()).await?;
     let created = crate::app::bootstrap(&local.store, &clock).await?;
     match (&created, json) {
         (Some(b), true) => println!(
@@ -342,4 +344,152 @@ fn close(target: Target) -> anyhow::Result<()> {
         local.store.close()?;
     }
     Ok(())
+}
+
+/// The capacity service over the offline store, for registry commands.
+async fn offline_capacity(
+    config: &Config,
+    local: &Local,
+) -> anyhow::Result<std::sync::Arc<crate::capacity::Capacity>> {
+    Ok(crate::capacity::Capacity::start(
+        local.store.clone(),
+        SystemClock::shared(),
+        &config.capacity,
+        Box::new(|| {}),
+    )
+    .await?)
+}
+
+/// `agentbay tenant put`.
+pub async fn tenant_put(
+    config: &Config,
+    tenant: &str,
+    edition: &str,
+    display_name: Option<&str>,
+    regions: &[String],
+) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    let (id, edition, regions) = match &target {
+        Target::Running { client, .. } => {
+            let t = client
+                .put_tenant(pb::PutTenantRequest {
+                    tenant_id: tenant.to_string(),
+                    display_name: display_name.unwrap_or_default().to_string(),
+                    edition: edition.to_string(),
+                    residency_regions: regions.to_vec(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(connect_error)?
+                .into_owned();
+            let t = t.tenant.as_option().cloned().unwrap_or_default();
+            (t.tenant_id, t.edition, t.residency_regions)
+        }
+        Target::Offline(local) => {
+            let capacity = offline_capacity(config, local).await?;
+            let t = capacity
+                .put_tenant(
+                    TenantId::parse_field("TENANT", tenant)?,
+                    crate::domain::tenant::TenantSpec {
+                        display_name: display_name.map(str::to_string),
+                        edition: edition.to_string(),
+                        residency_regions: regions.to_vec(),
+                    },
+                )
+                .await?;
+            (t.tenant_id.to_string(), t.edition, t.residency_regions)
+        }
+    };
+    let regions = if regions.is_empty() {
+        "any".to_string()
+    } else {
+        regions.join(", ")
+    };
+    println!(
+        "tenant {id}: edition {edition}, regions {regions} ({})",
+        target.describe()
+    );
+    close(target)
+}
+
+/// `agentbay tenant list`.
+pub async fn tenant_list(config: &Config, json: bool) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    let tenants: Vec<pb::Tenant> = match &target {
+        Target::Running { client, .. } => {
+            client
+                .list_tenants(pb::ListTenantsRequest::default())
+                .await
+                .map_err(connect_error)?
+                .into_owned()
+                .tenants
+        }
+        Target::Offline(local) => offline_capacity(config, local)
+            .await?
+            .tenants()
+            .iter()
+            .map(crate::api::rpc::admin::tenant_message)
+            .collect(),
+    };
+    if json {
+        let rows: Vec<_> = tenants
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "tenant_id": t.tenant_id, "display_name": t.display_name,
+                    "edition": t.edition, "residency_regions": t.residency_regions,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+    } else {
+        println!("{:<24} {:<12} regions", "tenant", "edition");
+        for t in &tenants {
+            let regions = if t.residency_regions.is_empty() {
+                "any".to_string()
+            } else {
+                t.residency_regions.join(", ")
+            };
+            println!("{:<24} {:<12} {regions}", t.tenant_id, t.edition);
+        }
+    }
+    close(target)
+}
+
+/// `agentbay project put`.
+pub async fn project_put(
+    config: &Config,
+    tenant: &str,
+    project: &str,
+    display_name: Option<&str>,
+) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    match &target {
+        Target::Running { client, .. } => {
+            client
+                .put_project(pb::PutProjectRequest {
+                    tenant_id: tenant.to_string(),
+                    project_id: project.to_string(),
+                    display_name: display_name.unwrap_or_default().to_string(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(connect_error)?;
+        }
+        Target::Offline(local) => {
+            offline_capacity(config, local)
+                .await?
+                .put_project(
+                    TenantId::parse_field("TENANT", tenant)?,
+                    crate::domain::ProjectId::parse_field("PROJECT", project)?,
+                    display_name.map(str::to_string),
+                )
+                .await?;
+        }
+    }
+    println!(
+        "project {tenant}/{project} registered ({})",
+        target.describe()
+    );
+    close(target)
 }

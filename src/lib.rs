@@ -42,6 +42,7 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod capacity;
 pub mod clock;
 pub mod config;
 pub mod console;

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use agentbay::clock::SystemClock;
+use agentbay::app::Clocks;
 use agentbay::config::{CliOverrides, Config, LogConfig};
 use agentbay::{app, control, telemetry};
 use clap::{Args, Parser, Subcommand};
@@ -43,6 +43,9 @@ enum Command {
         /// 127.0.0.1:8443.
         #[arg(long, value_name = "ADDR")]
         listen: Option<SocketAddr>,
+        /// Run on a clock that only Admin/AdvanceClock moves (tests).
+        #[arg(long, hide = true)]
+        manual_clock: bool,
     },
     /// Create the data directory, the certificate and the bootstrap
     /// PlatformAdmin credential (printed once), without serving.
@@ -73,8 +76,64 @@ enum Command {
         #[command(subcommand)]
         command: ClientCommand,
     },
+    /// Register tenants (PlatformAdmin tasks; work whether or not the
+    /// appliance runs).
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+    },
+    /// Register projects of tenants.
+    Project {
+        #[command(subcommand)]
+        command: ProjectCommand,
+    },
     /// Print the version and the store schema version.
     Version,
+}
+
+#[derive(Subcommand)]
+enum TenantCommand {
+    /// Register a tenant or change its edition and residency.
+    Put {
+        #[command(flatten)]
+        common: Common,
+        /// Tenant id (a-z, 0-9, '-').
+        tenant: String,
+        /// Edition: starter, team, platform, or one from the configuration.
+        #[arg(long)]
+        edition: String,
+        /// Name shown to people.
+        #[arg(long)]
+        name: Option<String>,
+        /// A region the tenant's work may run in (repeat for several; none
+        /// for any region).
+        #[arg(long = "region", value_name = "REGION")]
+        regions: Vec<String>,
+    },
+    /// List tenants.
+    List {
+        #[command(flatten)]
+        common: Common,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProjectCommand {
+    /// Register a project of a tenant.
+    Put {
+        #[command(flatten)]
+        common: Common,
+        /// The tenant.
+        tenant: String,
+        /// Project id (a-z, 0-9, '-').
+        project: String,
+        /// Name shown to people.
+        #[arg(long)]
+        name: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -149,10 +208,19 @@ async fn shutdown_signal() {
 
 async fn execute(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve { common, listen } => {
+        Command::Serve {
+            common,
+            listen,
+            manual_clock,
+        } => {
             let config = load(&common, listen)?;
             telemetry::init_logging(&config.log);
-            app::run(config, SystemClock::shared(), shutdown_signal()).await
+            let clocks = if manual_clock {
+                Clocks::manual()
+            } else {
+                Clocks::system()
+            };
+            app::run(config, clocks, shutdown_signal()).await
         }
         Command::Init { common, json } => {
             let config = load(&common, None)?;
@@ -190,6 +258,36 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 let config = load(&common, None)?;
                 quiet_logging(&config);
                 control::client_revoke(&config, &client_id).await
+            }
+        },
+        Command::Tenant { command } => match command {
+            TenantCommand::Put {
+                common,
+                tenant,
+                edition,
+                name,
+                regions,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::tenant_put(&config, &tenant, &edition, name.as_deref(), &regions).await
+            }
+            TenantCommand::List { common, json } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::tenant_list(&config, json).await
+            }
+        },
+        Command::Project { command } => match command {
+            ProjectCommand::Put {
+                common,
+                tenant,
+                project,
+                name,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::project_put(&config, &tenant, &project, name.as_deref()).await
             }
         },
         Command::Version => {

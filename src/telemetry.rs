@@ -90,6 +90,16 @@ pub mod names {
     pub const TOKENS_ISSUED: &str = "agentbay_auth_tokens_issued_total";
     /// Failed authentications.
     pub const AUTH_FAILURES: &str = "agentbay_auth_failures_total";
+    /// `connectsoft.factory.capacity.pool_utilisation` (gauge; poolId, kind).
+    pub const POOL_UTILISATION: &str = "connectsoft_factory_capacity_pool_utilisation";
+    /// `connectsoft.factory.capacity.leases_active` (updown; tenant, holderKind).
+    pub const LEASES_ACTIVE: &str = "connectsoft_factory_capacity_leases_active";
+    /// `connectsoft.factory.capacity.lease_wait` (histogram, s; tenant, holderKind).
+    pub const LEASE_WAIT: &str = "connectsoft_factory_capacity_lease_wait";
+    /// `connectsoft.factory.capacity.quota_denials` (counter; tenant, limit).
+    pub const QUOTA_DENIALS: &str = "connectsoft_factory_capacity_quota_denials";
+    /// Pool counters found different from their leases and repaired.
+    pub const ACCOUNTING_REPAIRS: &str = "agentbay_capacity_accounting_repairs_total";
 }
 
 fn describe() {
@@ -115,4 +125,16 @@ fn describe() {
     );
     describe_counter!(names::TOKENS_ISSUED, "Access tokens issued");
     describe_counter!(names::AUTH_FAILURES, "Failed authentications by reason");
+    describe_gauge!(names::POOL_UTILISATION, "Pool utilisation (0 to 1)");
+    describe_gauge!(names::LEASES_ACTIVE, "Capacity leases holding capacity");
+    describe_histogram!(
+        names::LEASE_WAIT,
+        metrics::Unit::Seconds,
+        "Time from lease request to grant"
+    );
+    describe_counter!(names::QUOTA_DENIALS, "Leases denied or held by a quota");
+    describe_counter!(
+        names::ACCOUNTING_REPAIRS,
+        "Pool counters repaired from their leases"
+    );
 }

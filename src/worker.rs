@@ -79,6 +79,21 @@ impl WorkerRegistry {
         }
     }
 
+    /// Runs one pass of a worker now and waits for it (up to a minute).
+    /// Returns its status after the pass, or `None` for an unknown name.
+    pub async fn run_now(&self, name: &str) -> Option<WorkerStatus> {
+        let before = self.statuses.lock().get(name)?.runs;
+        self.trigger(name);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = self.statuses.lock().get(name).cloned()?;
+            if status.runs > before || !status.alive || tokio::time::Instant::now() > deadline {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// Names of workers whose task has died.
     pub fn dead(&self) -> Vec<&'static str> {
         self.statuses

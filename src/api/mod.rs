@@ -7,6 +7,7 @@
 //! anything else unmatched gets a problem+json 404.
 
 pub mod assets;
+pub mod capacity;
 pub mod error;
 pub mod events;
 pub mod health;
@@ -14,6 +15,7 @@ pub mod json;
 pub mod oauth;
 pub mod openapi;
 pub mod rpc;
+pub mod tenants;
 
 use std::time::Instant;
 
@@ -48,6 +50,36 @@ pub fn router(state: AppState) -> Router {
         .route("/proto/", get(assets::proto_index))
         .route("/proto/{*path}", get(assets::proto))
         .route("/static/{*path}", get(assets::static_file))
+        .route("/factory/capacity/pools", get(capacity::list_pools))
+        .route(
+            "/factory/capacity/pools/{pool_id}",
+            axum::routing::put(capacity::set_pool),
+        )
+        .route(
+            "/factory/capacity/pools/{pool_id}/queue",
+            get(capacity::pool_queue),
+        )
+        .route("/factory/capacity/quotas", get(capacity::get_quotas))
+        .route(
+            "/factory/capacity/quotas/{scope}",
+            axum::routing::put(capacity::set_quota),
+        )
+        .route("/factory/capacity/leases", get(capacity::list_leases))
+        .route(
+            "/factory/capacity/leases/{lease_id}",
+            get(capacity::get_lease),
+        )
+        .route("/factory/capacity/queue", get(capacity::my_queue))
+        .route("/factory/capacity/accounting", get(capacity::accounting))
+        .route("/platform/tenants", get(tenants::list))
+        .route(
+            "/platform/tenants/{tenant_id}",
+            get(tenants::get).put(tenants::put),
+        )
+        .route(
+            "/platform/tenants/{tenant_id}/projects/{project_id}",
+            axum::routing::put(tenants::put_project),
+        )
         .merge(crate::console::router())
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(move |req: Request| {

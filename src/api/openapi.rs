@@ -10,7 +10,7 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
 use super::rpc::{Access, RPC_METHODS, access_of};
-use super::{events, health, oauth};
+use super::{capacity, events, health, oauth, tenants};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -19,13 +19,20 @@ use super::{events, health, oauth};
         description = "On-prem runtime for AI agents. REST routes answer JSON and problem+json (RFC 9457); RPC methods speak Connect (JSON and binary protobuf), gRPC and gRPC-Web on the same port. Authenticate with a bearer token from POST /oauth/token.",
         license(name = "Apache-2.0")
     ),
-    paths(oauth::token, events::sse, health::healthz, health::readyz, health::metrics),
+    paths(
+        oauth::token, events::sse, health::healthz, health::readyz, health::metrics,
+        capacity::list_pools, capacity::set_pool, capacity::pool_queue, capacity::get_quotas, capacity::set_quota,
+        capacity::list_leases, capacity::get_lease, capacity::my_queue, capacity::accounting,
+        tenants::list, tenants::get, tenants::put, tenants::put_project,
+    ),
     components(schemas(oauth::TokenRequest, oauth::TokenResponse, health::Readiness)),
     modifiers(&BearerAuth),
     tags(
         (name = "auth", description = "Client credentials and tokens"),
         (name = "events", description = "The outbox as a resumable stream"),
         (name = "operations", description = "Probes and metrics"),
+        (name = "capacity", description = "Worker pools, quotas and capacity leases"),
+        (name = "tenants", description = "The tenant and project registry"),
     )
 )]
 struct RestApi;

@@ -10,9 +10,11 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, Salt
 use chrono::{DateTime, Utc};
 
 use super::{Auth, AuthError};
+use crate::capacity::records::TENANT_RECORD;
 use crate::domain::access::Scope;
 use crate::domain::credential::ClientCredential;
-use crate::domain::{DomainError, TenantId};
+use crate::domain::tenant::Tenant;
+use crate::domain::{DomainError, FieldError, TenantId};
 use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
 
 impl Record for ClientCredential {
@@ -81,6 +83,19 @@ pub async fn create(
     let stored = credential.clone();
     store
         .transact(move |tx: &mut Tx| {
+            // Credentials refer to registered tenants only.
+            if tx.get::<Tenant>(&tenant, TENANT_RECORD)?.is_none() {
+                return Err(ClientError::Domain(
+                    FieldError::new(
+                        "tenantId",
+                        format!(
+                            "tenant {} is not registered; register it first (PUT /platform/tenants/{0} or `agentbay tenant put {0}`)",
+                            tenant.tenant()
+                        ),
+                    )
+                    .into(),
+                ));
+            }
             tx.put(&tenant, &stored)?;
             tx.emit(event)?;
             Ok::<_, ClientError>(())

@@ -129,7 +129,7 @@ impl Tenant {
         editions: &[String],
         now: DateTime<Utc>,
     ) -> Result<(Tenant, NewEvent), DomainError> {
-        if !editions.iter().any(|e| *e == spec.edition) {
+        if !editions.contains(&spec.edition) {
             return Err(FieldError::new(
                 "edition",
                 format!(

@@ -65,11 +65,34 @@ pub enum Table {
     Index,
     /// Client credentials.
     Clients,
+    /// Registered tenants.
+    Tenants,
+    /// Projects of tenants.
+    Projects,
+    /// Worker pools with their accounting (WorkerPools).
+    WorkerPools,
+    /// Quotas of editions, tenants and projects (Quotas).
+    Quotas,
+    /// Capacity leases (CapacityLeases).
+    CapacityLeases,
+    /// Lease seconds charged per tenant, project and UTC day.
+    ExecutionMinutes,
 }
 
 impl Table {
     /// Every table, in tree order.
-    pub const ALL: &'static [Table] = &[Table::Meta, Table::Outbox, Table::Index, Table::Clients];
+    pub const ALL: &'static [Table] = &[
+        Table::Meta,
+        Table::Outbox,
+        Table::Index,
+        Table::Clients,
+        Table::Tenants,
+        Table::Projects,
+        Table::WorkerPools,
+        Table::Quotas,
+        Table::CapacityLeases,
+        Table::ExecutionMinutes,
+    ];
 
     /// The sled tree name.
     pub fn name(self) -> &'static str {
@@ -78,6 +101,12 @@ impl Table {
             Table::Outbox => "outbox",
             Table::Index => "index",
             Table::Clients => "clients",
+            Table::Tenants => "tenants",
+            Table::Projects => "projects",
+            Table::WorkerPools => "worker_pools",
+            Table::Quotas => "quotas",
+            Table::CapacityLeases => "capacity_leases",
+            Table::ExecutionMinutes => "execution_minutes",
         }
     }
 
@@ -354,6 +383,28 @@ impl Store {
         &self.inner.trees[table.position()]
     }
 
+    /// Queues `f` now and returns a future that resolves once it is durable.
+    /// Unlike [`Store::transact`], the write's place in the global order is
+    /// fixed when this returns, not when the future is first polled: an
+    /// actor can queue a write and move on to its next message.
+    pub fn submit<R, E, F>(
+        &self,
+        f: F,
+    ) -> impl std::future::Future<Output = Result<R, E>> + Send + 'static
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let queued = self.inner.committer.submit(f);
+        async move {
+            match queued {
+                Ok(rx) => rx.await.map_err(|_| E::from(StoreError::Closed))?,
+                Err(e) => Err(E::from(e)),
+            }
+        }
+    }
+
     /// Runs `f` as one atomic transaction and returns once its effects are
     /// durably on disk. `f` runs exactly once, on the store's writer thread:
     /// it must be quick and must not block.
@@ -363,8 +414,7 @@ impl Store {
         R: Send + 'static,
         E: From<StoreError> + Send + 'static,
     {
-        let rx = self.inner.committer.submit(f)?;
-        rx.await.map_err(|_| E::from(StoreError::Closed))?
+        self.submit(f).await
     }
 
     /// [`Store::transact`] for callers outside the async runtime (offline

@@ -192,8 +192,31 @@ impl Appliance {
         self.rpc_with(token, CodecFormat::Proto, Protocol::Connect)
     }
 
-    /// Creates a client credential through the RPC and returns it.
+    /// Registers a tenant (team edition, any region) if it is not yet.
+    pub async fn ensure_tenant(&self, tenant: &str) {
+        let token = self.admin_token().await;
+        let rpc = self.rpc_json(&token);
+        let known = rpc
+            .list_tenants(pb::ListTenantsRequest::default())
+            .await
+            .expect("list tenants")
+            .into_owned();
+        if known.tenants.iter().any(|t| t.tenant_id == tenant) {
+            return;
+        }
+        rpc.put_tenant(pb::PutTenantRequest {
+            tenant_id: tenant.into(),
+            edition: "team".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("register tenant");
+    }
+
+    /// Creates a client credential through the RPC and returns it,
+    /// registering its tenant first.
     pub async fn create_client(&self, tenant: &str, scopes: &[&str]) -> Credential {
+        self.ensure_tenant(tenant).await;
         let token = self.admin_token().await;
         let response = self
             .rpc_json(&token)

@@ -29,6 +29,7 @@ async fn a_backup_taken_while_serving_restores_into_a_working_appliance() {
     let before = client_ids(&a).await;
 
     // Writes keep coming while the backup runs.
+    a.ensure_tenant("busy").await;
     let token = a.admin_token().await;
     let rpc = a.rpc_proto(&token);
     let writer = tokio::spawn(async move {

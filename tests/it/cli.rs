@@ -15,6 +15,9 @@ fn every_command_has_help() {
         vec!["client", "list", "--help"],
         vec!["client", "revoke", "--help"],
         vec!["version", "--help"],
+        vec!["tenant", "put", "--help"],
+        vec!["tenant", "list", "--help"],
+        vec!["project", "put", "--help"],
     ] {
         let out = run(agentbay().args(&args));
         assert!(out.status.success(), "{args:?}");
@@ -61,6 +64,35 @@ async fn clients_are_created_online_and_offline_alike() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     let admin = init(&data);
+    // Credentials refer to registered tenants only.
+    let out = run(agentbay()
+        .args([
+            "client",
+            "create",
+            "--tenant",
+            "acme",
+            "--scope",
+            "factory.runs.read",
+            "--data-dir",
+        ])
+        .arg(&data));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tenant acme is not registered"));
+    let out = run(agentbay()
+        .args([
+            "tenant",
+            "put",
+            "acme",
+            "--edition",
+            "starter",
+            "--data-dir",
+        ])
+        .arg(&data));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (offline, tenant) = create_json(&data, "acme", "agentbay.events.read");
     assert_eq!(tenant, "acme");
     assert!(offline.id.starts_with("acme."));

@@ -12,6 +12,9 @@ use crate::common::{Appliance, agentbay, init, run, spawn_serve};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_no_acknowledged_write() {
     let mut a = Appliance::start();
+    for t in ["t0", "t1", "t2", "t3"] {
+        a.ensure_tenant(t).await;
+    }
     let token = a.admin_token().await;
     let acknowledged = Arc::new(Mutex::new(BTreeSet::new()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -84,7 +87,7 @@ async fn kill_9_loses_no_acknowledged_write() {
         .unwrap();
     let mut seqs = Vec::new();
     let mut created = BTreeSet::new();
-    while seqs.len() < listed.len() {
+    while !acknowledged.is_subset(&created) {
         let e = stream.message().await.unwrap().unwrap().to_owned_message();
         seqs.push(e.sequence);
         if let Some(id) = e

@@ -53,34 +53,38 @@ async fn events_resume_after_the_last_id_and_filter_by_topic_and_tenant() {
     // The PlatformAdmin sees all four creations (bootstrap included).
     let all = a
         .http()
-        .get(format!("{}/events", a.url))
+        .get(format!(
+            "{}/events?topic=agentbay.admin.v1.client-created",
+            a.url
+        ))
         .bearer_auth(&admin)
         .send()
         .await
         .unwrap();
     assert_eq!(all.headers()["content-type"], "text/event-stream");
     let events = read_sse(all, 4).await;
-    assert_eq!(
-        events.iter().map(|e| e.0).collect::<Vec<_>>(),
-        vec![1, 2, 3, 4]
-    );
+    let ids: Vec<u64> = events.iter().map(|e| e.0).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
     assert!(
         events
             .iter()
             .all(|e| e.1 == "agentbay.admin.v1.client-created")
     );
 
-    // Resume after 2.
+    // Resume after the second: the third comes first.
     let resumed = a
         .http()
-        .get(format!("{}/events", a.url))
+        .get(format!(
+            "{}/events?topic=agentbay.admin.v1.client-created",
+            a.url
+        ))
         .bearer_auth(&admin)
-        .header("Last-Event-ID", "2")
+        .header("Last-Event-ID", ids[1].to_string())
         .send()
         .await
         .unwrap();
     let events = read_sse(resumed, 2).await;
-    assert_eq!(events[0].0, 3);
+    assert_eq!(events[0].0, ids[2]);
 
     // A tenant sees only its own, live ones included.
     let token = a.token(&acme).await;

@@ -15,9 +15,10 @@ use crate::api::error::{ApiError, ErrorCode, rpc};
 use crate::api::events::{event_stream, filter_for};
 use crate::app::AppState;
 use crate::auth::clients;
-use crate::domain::TenantId;
 use crate::domain::access::parse_scopes;
 use crate::domain::credential::ClientCredential;
+use crate::domain::tenant::{Tenant, TenantSpec};
+use crate::domain::{ProjectId, TenantId};
 use crate::proto::agentbay::admin::v1 as pb;
 
 /// The Admin service.
@@ -41,6 +42,19 @@ pub fn client_message(c: &ClientCredential) -> pb::Client {
         description: c.description.clone(),
         created_at: c.created_at.to_rfc3339(),
         revoked_at: c.revoked_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// The wire form of a tenant.
+pub fn tenant_message(t: &Tenant) -> pb::Tenant {
+    pb::Tenant {
+        tenant_id: t.tenant_id.to_string(),
+        display_name: t.display_name.clone(),
+        edition: t.edition.clone(),
+        residency_regions: t.residency_regions.clone(),
+        created_at: t.created_at.to_rfc3339(),
+        updated_at: t.updated_at.to_rfc3339(),
         ..Default::default()
     }
 }
@@ -258,5 +272,125 @@ impl pb::Admin for AdminService {
             })
         });
         Ok(Response::new(Box::pin(stream) as ServiceStream<pb::Event>))
+    }
+
+    async fn put_tenant(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::PutTenantRequest>,
+    ) -> ServiceResult<pb::PutTenantResponse> {
+        let caller = principal(&ctx)?;
+        caller.platform_scope().map_err(rpc)?;
+        let id = TenantId::parse_field("tenantId", request.tenant_id).map_err(rpc)?;
+        let spec = TenantSpec {
+            display_name: (!request.display_name.is_empty())
+                .then(|| request.display_name.to_string()),
+            edition: request.edition.to_string(),
+            residency_regions: request
+                .residency_regions
+                .iter()
+                .map(|r| r.to_string())
+                .collect(),
+        };
+        let tenant = self
+            .state
+            .capacity
+            .put_tenant(id, spec)
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::PutTenantResponse {
+            tenant: buffa::MessageField::some(tenant_message(&tenant)),
+            ..Default::default()
+        })
+    }
+
+    async fn list_tenants(
+        &self,
+        ctx: RequestContext,
+        _request: ServiceRequest<'_, pb::ListTenantsRequest>,
+    ) -> ServiceResult<pb::ListTenantsResponse> {
+        principal(&ctx)?.platform_scope().map_err(rpc)?;
+        Response::ok(pb::ListTenantsResponse {
+            tenants: self
+                .state
+                .capacity
+                .tenants()
+                .iter()
+                .map(tenant_message)
+                .collect(),
+            ..Default::default()
+        })
+    }
+
+    async fn put_project(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::PutProjectRequest>,
+    ) -> ServiceResult<pb::PutProjectResponse> {
+        let caller = principal(&ctx)?;
+        let tenant = TenantId::parse_field("tenantId", request.tenant_id).map_err(rpc)?;
+        caller.scope_for(&tenant).map_err(rpc)?;
+        let project = ProjectId::parse_field("projectId", request.project_id).map_err(rpc)?;
+        let display = (!request.display_name.is_empty()).then(|| request.display_name.to_string());
+        let project = self
+            .state
+            .capacity
+            .put_project(tenant, project, display)
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::PutProjectResponse {
+            tenant_id: project.tenant_id.to_string(),
+            project_id: project.project_id.to_string(),
+            display_name: project.display_name,
+            ..Default::default()
+        })
+    }
+
+    async fn run_worker(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::RunWorkerRequest>,
+    ) -> ServiceResult<pb::RunWorkerResponse> {
+        principal(&ctx)?.platform_scope().map_err(rpc)?;
+        let name = request.name.to_string();
+        let status = self.state.workers.run_now(&name).await.ok_or_else(|| {
+            let known: Vec<&str> = self
+                .state
+                .workers
+                .statuses()
+                .iter()
+                .map(|s| s.name)
+                .collect();
+            rpc(ApiError::invalid(
+                "name",
+                format!("no worker {name:?}; workers: {}", known.join(", ")),
+            ))
+        })?;
+        Response::ok(pb::RunWorkerResponse {
+            name,
+            ok: status.last_ok,
+            message: status.last_message.unwrap_or_default(),
+            runs: status.runs,
+            ..Default::default()
+        })
+    }
+
+    async fn advance_clock(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::AdvanceClockRequest>,
+    ) -> ServiceResult<pb::AdvanceClockResponse> {
+        principal(&ctx)?.platform_scope().map_err(rpc)?;
+        let clock = self.state.manual_clock.as_ref().ok_or_else(|| {
+            rpc(ApiError::new(
+                ErrorCode::FailedPrecondition,
+                "this appliance runs on the system clock; only one started with --manual-clock can be moved",
+            ))
+        })?;
+        clock.advance(std::time::Duration::from_secs(request.seconds));
+        Response::ok(pb::AdvanceClockResponse {
+            now: self.state.clock.now().to_rfc3339(),
+            ..Default::default()
+        })
     }
 }

@@ -10,6 +10,7 @@
 //! method cannot ship unprotected.
 
 pub mod admin;
+pub mod capacity;
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ use crate::app::AppState;
 use crate::auth::{Auth, Principal};
 use crate::domain::access::Scope;
 use crate::proto::agentbay::admin::v1::AdminExt;
+use crate::proto::agentbay::capacity::v1::CapacityExt;
 
 /// What a method requires of its caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,29 +37,43 @@ pub enum Access {
 }
 
 /// Required access per method (`package.Service/Method`).
-pub const METHOD_ACCESS: &[(&str, Access)] = &[
-    ("agentbay.admin.v1.Admin/GetVersion", Access::Authenticated),
-    (
-        "agentbay.admin.v1.Admin/CreateClient",
-        Access::Scope(Scope::Admin),
-    ),
-    (
-        "agentbay.admin.v1.Admin/ListClients",
-        Access::Scope(Scope::Admin),
-    ),
-    (
-        "agentbay.admin.v1.Admin/RevokeClient",
-        Access::Scope(Scope::Admin),
-    ),
-    (
-        "agentbay.admin.v1.Admin/Backup",
-        Access::Scope(Scope::Platform),
-    ),
-    (
-        "agentbay.admin.v1.Admin/WatchEvents",
-        Access::Scope(Scope::EventsRead),
-    ),
-];
+pub const METHOD_ACCESS: &[(&str, Access)] = {
+    use Access::{Authenticated, Scope as Needs};
+    &[
+        ("agentbay.admin.v1.Admin/GetVersion", Authenticated),
+        ("agentbay.admin.v1.Admin/CreateClient", Needs(Scope::Admin)),
+        ("agentbay.admin.v1.Admin/ListClients", Needs(Scope::Admin)),
+        ("agentbay.admin.v1.Admin/RevokeClient", Needs(Scope::Admin)),
+        ("agentbay.admin.v1.Admin/Backup", Needs(Scope::Platform)),
+        (
+            "agentbay.admin.v1.Admin/WatchEvents",
+            Needs(Scope::EventsRead),
+        ),
+        ("agentbay.admin.v1.Admin/PutTenant", Needs(Scope::Platform)),
+        (
+            "agentbay.admin.v1.Admin/ListTenants",
+            Needs(Scope::Platform),
+        ),
+        ("agentbay.admin.v1.Admin/PutProject", Needs(Scope::Admin)),
+        ("agentbay.admin.v1.Admin/RunWorker", Needs(Scope::Platform)),
+        (
+            "agentbay.admin.v1.Admin/AdvanceClock",
+            Needs(Scope::Platform),
+        ),
+        (
+            "agentbay.capacity.v1.Capacity/AcquireLease",
+            Needs(Scope::CapacityLease),
+        ),
+        (
+            "agentbay.capacity.v1.Capacity/RenewLease",
+            Needs(Scope::CapacityLease),
+        ),
+        (
+            "agentbay.capacity.v1.Capacity/ReleaseLease",
+            Needs(Scope::CapacityLease),
+        ),
+    ]
+};
 
 /// One method of the contract, from the descriptors (see `build.rs`).
 #[derive(Clone, Copy, Debug)]
@@ -157,6 +173,7 @@ impl Interceptor for AuthInterceptor {
 pub fn service(state: &AppState) -> ConnectRpcService {
     let router = connectrpc::Router::new();
     let router = Arc::new(admin::AdminService::new(state.clone())).register(router);
+    let router = Arc::new(capacity::CapacityService::new(state.clone())).register(router);
     ConnectRpcService::new(router)
         .with_limits(Limits::default().with_max_request_body_size(state.config.http.max_body_bytes))
         .with_interceptor(AuthInterceptor {

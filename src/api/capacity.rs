@@ -1,0 +1,459 @@
+//! REST routes of the ExecutionCapacityService: pools, quotas, leases and
+//! queues.
+
+use axum::Json;
+use axum::extract::{Path, RawQuery, State};
+use serde::Serialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::error::{ApiError, ErrorCode};
+use super::json::ApiJson;
+use crate::app::AppState;
+use crate::auth::Principal;
+use crate::auth::extract::{Authorized, need};
+use crate::capacity::grain::{PoolSnapshot, PoolStatus};
+use crate::capacity::{CapacityError, LeaseFilter, LeaseView};
+use crate::domain::capacity::{
+    LeaseState, PoolSpec, QuotaPatch, QuotaScope, SecurityBoundary, WorkerPool,
+};
+use crate::domain::{ProjectId, TenantId};
+use crate::store::TenantScope;
+
+impl From<CapacityError> for ApiError {
+    fn from(e: CapacityError) -> Self {
+        match e {
+            CapacityError::Domain(d) => d.into(),
+            CapacityError::Denied { lease, limit } => {
+                let mut err = ApiError::new(ErrorCode::ResourceExhausted, limit.to_string())
+                    .with("leaseId", lease.lease.lease_id.to_string())
+                    .with("reason", limit.to_string());
+                if let Some(field) = limit.quota_field() {
+                    err = err.with("limitingQuota", field);
+                }
+                err
+            }
+            CapacityError::Unavailable(m) => ApiError::new(ErrorCode::Unavailable, m),
+            CapacityError::NotHere => {
+                ApiError::internal("a lease was routed to a pool that does not hold it")
+            }
+        }
+    }
+}
+
+/// Query parameters as pairs; `keys` lists the ones allowed.
+pub fn query_pairs(raw: Option<&str>, keys: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(raw.unwrap_or("")).map_err(|e| {
+            ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!("the query string is malformed: {e}"),
+            )
+        })?;
+    for (k, _) in &pairs {
+        if !keys.contains(&k.as_str()) {
+            return Err(ApiError::invalid(
+                k.clone(),
+                format!("is not a parameter here ({})", keys.join(", ")),
+            ));
+        }
+    }
+    Ok(pairs)
+}
+
+fn first<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The tenant a request is about: `?tenant=` for a PlatformAdmin, else the
+/// caller's own.
+fn tenant_of(principal: &Principal, pairs: &[(String, String)]) -> Result<TenantScope, ApiError> {
+    match first(pairs, "tenant") {
+        Some(t) => Ok(principal.scope_for(&TenantId::parse_field("tenant", t)?)?),
+        None => Ok(principal.tenant_scope()),
+    }
+}
+
+/// Whether the caller may see a pool: shared pools and its own.
+fn visible(principal: &Principal, pool: &WorkerPool) -> bool {
+    principal.is_platform_admin()
+        || pool.security_boundary == SecurityBoundary::Shared
+        || pool.tenant_id == principal.tenant
+}
+
+/// A pool as the API shows it.
+pub fn pool_json(status: &PoolStatus) -> Value {
+    let mut v = serde_json::to_value(&status.pool).expect("pools serialise");
+    let cap = status.pool.capacity();
+    let max = status.pool.max_capacity();
+    let o = v.as_object_mut().expect("object");
+    o.insert("capacityCpu".into(), json!(cap.cpu));
+    o.insert("capacityMemoryGb".into(), json!(cap.memory_gb));
+    o.insert("maxCapacityCpu".into(), json!(max.cpu));
+    o.insert("maxCapacityMemoryGb".into(), json!(max.memory_gb));
+    o.insert("queued".into(), json!(status.queued));
+    v
+}
+
+/// A lease as the API shows it: the record, its queue position while it
+/// waits and the limiting quota.
+pub fn lease_json(view: &LeaseView) -> Value {
+    let mut v = serde_json::to_value(&view.lease).expect("leases serialise");
+    let o = v.as_object_mut().expect("object");
+    if let Some(limit) = &view.limit {
+        o.insert("reason".into(), json!(limit.to_string()));
+        if let Some(field) = limit.quota_field() {
+            o.insert("limitingQuota".into(), json!(field));
+        }
+    }
+    o.insert("queuePosition".into(), json!(view.queue_position));
+    v
+}
+
+/// `ListWorkerPools`: pools with kind, boundary, region, size and utilisation.
+#[utoipa::path(get, path = "/factory/capacity/pools", tag = "capacity",
+    responses((status = 200, description = "Pools the caller may use (every pool for a PlatformAdmin)", body = Object)),
+    security(("bearer" = [])))]
+pub async fn list_pools(
+    State(state): State<AppState>,
+    auth: Authorized<need::CapacityRead>,
+) -> Json<Value> {
+    let pools: Vec<Value> = state
+        .capacity
+        .pools()
+        .iter()
+        .filter(|s| visible(&auth.principal, &s.pool))
+        .map(pool_json)
+        .collect();
+    Json(json!({ "pools": pools }))
+}
+
+/// `SetWorkerPool`: create or change a pool (PlatformAdmin).
+#[utoipa::path(put, path = "/factory/capacity/pools/{poolId}", tag = "capacity",
+    params(("poolId" = String, Path, description = "Pool id (a-z, 0-9, '-')")),
+    request_body(content = Object, description = "kind, securityBoundary, region, nodeProfile, minSize, maxSize, tenantId?, internetEgress?, autoscaling?, state?"),
+    responses((status = 200, description = "The pool", body = Object), (status = 400, description = "A field is wrong"), (status = 403, description = "Not a PlatformAdmin"), (status = 409, description = "The pool has live leases")),
+    security(("bearer" = [])))]
+pub async fn set_pool(
+    State(state): State<AppState>,
+    auth: Authorized<need::CapacityAdmin>,
+    Path(pool_id): Path<String>,
+    ApiJson(spec): ApiJson<PoolSpec>,
+) -> Result<Json<Value>, ApiError> {
+    auth.principal.platform_scope()?;
+    let pool = state.capacity.set_pool(&pool_id, spec).await?;
+    tracing::info!(pool = %pool_id, by = %auth.principal.subject, "SetWorkerPool");
+    let status = state
+        .capacity
+        .pool(&pool.pool_id)
+        .unwrap_or(PoolStatus { pool, queued: 0 });
+    Ok(Json(pool_json(&status)))
+}
+
+/// The waiting requests of a pool, in order, with their reasons.
+#[utoipa::path(get, path = "/factory/capacity/pools/{poolId}/queue", tag = "capacity",
+    params(("poolId" = String, Path, description = "Pool id")),
+    responses((status = 200, description = "Queue in order; other tenants' requests show only their position, size and reason kind", body = Object)),
+    security(("bearer" = [])))]
+pub async fn pool_queue(
+    State(state): State<AppState>,
+    auth: Authorized<need::CapacityRead>,
+    Path(pool_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let status = state
+        .capacity
+        .pool(&pool_id)
+        .filter(|s| visible(&auth.principal, &s.pool))
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("pool {pool_id} not found")))?;
+    let snapshot = state.capacity.snapshot(&status.pool.pool_id).await?;
+    let queue: Vec<Value> = snapshot
+        .queue
+        .iter()
+        .map(|v| {
+            if auth.principal.is_platform_admin() || v.lease.tenant_id == auth.principal.tenant {
+                lease_json(v)
+            } else {
+                json!({
+                    "queuePosition": v.queue_position,
+                    "tenantId": null,
+                    "cpu": v.lease.cpu,
+                    "memoryGb": v.lease.memory_gb,
+                    "waitingOn": if v.limit.as_ref().is_some_and(|l| l.quota_field().is_some()) { "quota" } else { "pool" },
+                })
+            }
+        })
+        .collect();
+    Ok(Json(json!({
+        "poolId": status.pool.pool_id,
+        "heldBackCpu": snapshot.held_back.cpu,
+        "heldBackMemoryGb": snapshot.held_back.memory_gb,
+        "queue": queue,
+    })))
+}
+
+/// `GetQuotas`: effective quotas of the tenant and its projects with their
+/// source.
+#[utoipa::path(get, path = "/factory/capacity/quotas", tag = "capacity",
+    params(("tenant" = Option<String>, Query, description = "PlatformAdmins: another tenant")),
+    responses((status = 200, description = "Edition, tenant and project levels with effective values, sources and usage", body = Object)),
+    security(("bearer" = [])))]
+pub async fn get_quotas(
+    State(state): State<AppState>,
+    auth: Authorized<need::CapacityRead>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let pairs = query_pairs(raw.as_deref(), &["tenant"])?;
+    let scope = tenant_of(&auth.principal, &pairs)?;
+    let quotas = state.capacity.quotas(&scope)?;
+    Ok(Json(
+        serde_json::to_value(quotas).expect("quotas serialise"),
+    ))
+}
+
+/// `SetQuota`: tighten a tenant's or a project's quota (WorkspaceAdmin), or
+/// set an edition's defaults (PlatformAdmin).
+#[utoipa::path(put, path = "/factory/capacity/quotas/{scope}", tag = "capacity",
+    params(("scope" = String, Path, description = "edition.<name>, tenant.<tenantId> or project.<tenantId>.<projectId>")),
+    request_body(content = Object, description = "Any of concurrentRuns, concurrentSandboxes, cpuPerAttempt, memoryGbPerAttempt, executionMinutesPerDay: a value, or null to leave it to the parent"),
+    responses((status = 200, description = "The quota and the effective limits now", body = Object), (status = 400, description = "A value would loosen the parent's limit: the field, the value and the bound are named")),
+    security(("bearer" = [])))]
+pub async fn set_quota(
+    State(state): State<AppState>,
+    auth: Authorized<need::CapacityAdmin>,
+    Path(scope): Path<String>,
+    ApiJson(patch): ApiJson<QuotaPatch>,
+) -> Result<Json<Value>, ApiError> {
+    let scope = QuotaScope::parse(&scope)?;
+    match &scope {
+        QuotaScope::Edition { .. } => {
+            auth.principal.platform_scope()?;
+        }
+        other => {
+            auth.principal.scope_for(&other.tenant())?;
+        }
+    }
+    let quota = state
+        .capacity
+        .set_quota(scope.clone(), patch, &auth.principal.subject.to_string())
+        .await?;
+    let effective = match &scope {
+        QuotaScope::Edition { .. } => None,
+        QuotaScope::Tenant { tenant_id } => state.capacity.limits_of(tenant_id, None),
+        QuotaScope::Project {
+            tenant_id,
+            project_id,
+        } => state.capacity.limits_of(tenant_id, Some(project_id)),
+    };
+    Ok(Json(json!({ "quota": quota, "effective": effective })))
+}
+
+/// `ListCapacityLeases`: active and recent leases by holder, pool and state.
+#[utoipa::path(get, path = "/factory/capacity/leases", tag = "capacity",
+    params(
+        ("holderId" = Option<String>, Query, description = "Only this holder"),
+        ("poolId" = Option<String>, Query, description = "Only this pool"),
+        ("state" = Option<String>, Query, description = "Only these states (repeatable): Requested, Granted, Active, Released, Expired, Denied"),
+        ("projectId" = Option<String>, Query, description = "Only this project"),
+        ("limit" = Option<usize>, Query, description = "At most this many, newest first (default 200, at most 5000)"),
+        ("tenant" = Option<String>, Query, description = "PlatformAdmins: one tenant; all when absent"),
+    ),
+    responses((status = 200, description = "Leases, each waiting one with its reason and queue position", body = Object)),
+    security(("bearer" = [])))]
+pub async fn list_leases(
+    State(state): State<AppState>,
+    auth: Authorized<need::CapacityRead>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let pairs = query_pairs(
+        raw.as_deref(),
+        &[
+            "holderId",
+            "poolId",
+            "state",
+            "projectId",
+            "limit",
+            "tenant",
+        ],
+    )?;
+    let mut filter = LeaseFilter {
+        holder_id: first(&pairs, "holderId").map(str::to_string),
+        pool_id: first(&pairs, "poolId").map(str::to_string),
+        ..LeaseFilter::default()
+    };
+    for (k, v) in &pairs {
+        if k == "state" {
+            filter.states.push(LeaseState::parse(v).ok_or_else(|| {
+                ApiError::invalid(
+                    "state",
+                    format!(
+                        "{v:?} is not one of Requested, Granted, Active, Released, Expired, Denied"
+                    ),
+                )
+            })?);
+        }
+    }
+    if let Some(p) = first(&pairs, "projectId") {
+        filter.project_id = Some(ProjectId::parse(p)?);
+    }
+    let limit = match first(&pairs, "limit") {
+        Some(l) => l
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=5000).contains(n))
+            .ok_or_else(|| {
+                ApiError::invalid("limit", format!("{l:?} is not a number from 1 to 5000"))
+            })?,
+        None => 200,
+    };
+    let scope = if auth.principal.is_platform_admin() && first(&pairs, "tenant").is_none() {
+        None
+    } else {
+        Some(tenant_of(&auth.principal, &pairs)?)
+    };
+    let leases = state
+        .capacity
+        .leases(scope.as_ref(), &filter, limit)
+        .await?;
+    Ok(Json(
+        json!({ "leases": leases.iter().map(lease_json).collect::<Vec<_>>() }),
+    ))
+}
+
+/// The caller's waiting requests across pools, with position and reason.
+#[utoipa::path(get, path = "/factory/capacity/queue", tag = "capacity",
+    params(("projectId" = Option<String>, Query, description = "Only this project"), ("tenant" = Option<String>, Query, description = "PlatformAdmins: another tenant")),
+    responses((status = 200, description = "Waiting requests of the tenant (or project)", body = Object)),
+    security(("bearer" = [])))]
+pub async fn my_queue(
+    State(state): State<AppState>,
+    auth: Authorized<need::CapacityRead>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let pairs = query_pairs(raw.as_deref(), &["projectId", "tenant"])?;
+    let scope = tenant_of(&auth.principal, &pairs)?;
+    let filter = LeaseFilter {
+        states: vec![LeaseState::Requested],
+        project_id: first(&pairs, "projectId")
+            .map(ProjectId::parse)
+            .transpose()?,
+        ..LeaseFilter::default()
+    };
+    let leases = state.capacity.leases(Some(&scope), &filter, 5000).await?;
+    Ok(Json(
+        json!({ "waiting": leases.iter().map(lease_json).collect::<Vec<_>>() }),
+    ))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PoolAccounting {
+    pool_id: String,
+    current_size: u32,
+    capacity_cpu: f64,
+    capacity_memory_gb: f64,
+    granted_cpu: f64,
+    granted_memory_gb: f64,
+    active_leases: u32,
+    leases_cpu: f64,
+    leases_memory_gb: f64,
+    lease_count: usize,
+    queued: usize,
+    consistent: bool,
+}
+
+fn pool_accounting(s: &PoolSnapshot) -> PoolAccounting {
+    let cap = s.pool.capacity();
+    PoolAccounting {
+        pool_id: s.pool.pool_id.clone(),
+        current_size: s.pool.current_size,
+        capacity_cpu: cap.cpu.as_f64(),
+        capacity_memory_gb: cap.memory_gb.as_f64(),
+        granted_cpu: s.pool.granted_cpu.as_f64(),
+        granted_memory_gb: s.pool.granted_memory_gb.as_f64(),
+        active_leases: s.pool.active_leases,
+        leases_cpu: s.leases_cpu.as_f64(),
+        leases_memory_gb: s.leases_memory_gb.as_f64(),
+        lease_count: s.leases.len(),
+        queued: s.queue.len(),
+        consistent: s.pool.granted_cpu == s.leases_cpu
+            && s.pool.granted_memory_gb == s.leases_memory_gb
+            && s.pool.active_leases as usize == s.leases.len()
+            && s.pool.granted_cpu <= cap.cpu
+            && s.pool.granted_memory_gb <= cap.memory_gb,
+    }
+}
+
+/// The accounting of every pool (each a consistent snapshot of its grain)
+/// and the usage against the limits of every tenant and project
+/// (PlatformAdmin): what an operator checks when numbers look wrong.
+#[utoipa::path(get, path = "/factory/capacity/accounting", tag = "capacity",
+    responses((status = 200, description = "Per pool: counters and the sums of its leases; per tenant and project: usage and effective limits", body = Object)),
+    security(("bearer" = [])))]
+pub async fn accounting(
+    State(state): State<AppState>,
+    auth: Authorized<need::CapacityRead>,
+) -> Result<Json<Value>, ApiError> {
+    auth.principal.platform_scope()?;
+    let pools: Vec<PoolAccounting> = state
+        .capacity
+        .snapshots()
+        .await
+        .iter()
+        .map(pool_accounting)
+        .collect();
+    let usage: Vec<Value> = state
+        .capacity
+        .usage()
+        .into_iter()
+        .map(|(tenant, project, usage)| {
+            let limits = state.capacity.limits_of(&tenant, project.as_ref());
+            json!({
+                "tenantId": tenant,
+                "projectId": project,
+                "concurrentRuns": usage.runs,
+                "concurrentSandboxes": usage.sandboxes,
+                "executionSecondsToday": usage.seconds_today,
+                "limits": limits,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "pools": pools, "usage": usage })))
+}
+
+/// A lease of the caller's tenant (or any, for a PlatformAdmin with `?tenant=`).
+#[utoipa::path(get, path = "/factory/capacity/leases/{leaseId}", tag = "capacity",
+    params(("leaseId" = String, Path, description = "Lease id")),
+    responses((status = 200, description = "The lease, with its position and reason while it waits", body = Object)),
+    security(("bearer" = [])))]
+pub async fn get_lease(
+    State(state): State<AppState>,
+    auth: Authorized<need::CapacityRead>,
+    Path(lease_id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let pairs = query_pairs(raw.as_deref(), &["tenant"])?;
+    let scope = tenant_of(&auth.principal, &pairs)?;
+    let id = Uuid::parse_str(&lease_id)
+        .map_err(|_| ApiError::invalid("leaseId", format!("{lease_id:?} is not a UUID")))?;
+    let lease = state.capacity.lease(&scope, id)?;
+    let filter = LeaseFilter {
+        holder_id: Some(lease.holder_id.clone()),
+        pool_id: Some(lease.pool_id.clone()),
+        ..LeaseFilter::default()
+    };
+    let view = state
+        .capacity
+        .leases(Some(&scope), &filter, 5000)
+        .await?
+        .into_iter()
+        .find(|v| v.lease.lease_id == id)
+        .unwrap_or(LeaseView {
+            lease,
+            queue_position: None,
+            limit: None,
+        });
+    Ok(Json(lease_json(&view)))
+}

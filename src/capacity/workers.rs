@@ -1,0 +1,108 @@
+//! The capacity workers: LeaseExpirer, Autoscaler, AccountingReconciler.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+
+use super::Capacity;
+use crate::worker::Worker;
+
+/// Expires leases whose heartbeat stopped and frees their capacity
+/// (`LeaseExpirer`, every minute by default).
+pub struct LeaseExpirer {
+    /// The service.
+    pub capacity: Arc<Capacity>,
+    /// Time between passes.
+    pub every: Duration,
+}
+
+impl Worker for LeaseExpirer {
+    fn name(&self) -> &'static str {
+        "LeaseExpirer"
+    }
+
+    fn interval(&self) -> Duration {
+        self.every
+    }
+
+    fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
+        Box::pin(async move {
+            let n = self.capacity.expire_due(now).await;
+            Ok(format!("{n} leases or requests ended"))
+        })
+    }
+}
+
+/// Moves pool sizes within their bounds from utilisation and queued demand
+/// (`Autoscaler`, every two minutes by default, and at once when requests
+/// start waiting for a pool's capacity).
+pub struct Autoscaler {
+    /// The service.
+    pub capacity: Arc<Capacity>,
+    /// Time between passes.
+    pub every: Duration,
+}
+
+impl Worker for Autoscaler {
+    fn name(&self) -> &'static str {
+        "Autoscaler"
+    }
+
+    fn interval(&self) -> Duration {
+        self.every
+    }
+
+    fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
+        Box::pin(async move {
+            let changes = self.capacity.autoscale().await;
+            Ok(if changes.is_empty() {
+                "no pool changed size".to_string()
+            } else {
+                changes
+                    .iter()
+                    .map(|(pool, from, to)| format!("{pool} {from}->{to}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+        })
+    }
+}
+
+/// Recomputes every pool's counters from its leases; a difference is
+/// logged, counted and repaired, never silently absorbed.
+pub struct AccountingReconciler {
+    /// The service.
+    pub capacity: Arc<Capacity>,
+    /// Time between passes.
+    pub every: Duration,
+}
+
+impl Worker for AccountingReconciler {
+    fn name(&self) -> &'static str {
+        "AccountingReconciler"
+    }
+
+    fn interval(&self) -> Duration {
+        self.every
+    }
+
+    fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
+        Box::pin(async move {
+            let repairs = self.capacity.reconcile().await;
+            if repairs.is_empty() {
+                Ok("every pool's counters match its leases".into())
+            } else {
+                Ok(format!(
+                    "repaired {}",
+                    repairs
+                        .iter()
+                        .map(|(p, m)| format!("{p}: {m}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ))
+            }
+        })
+    }
+}
