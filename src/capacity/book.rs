@@ -542,16 +542,21 @@ impl Book {
     }
 }
 
-/// Splits `[from, to)` into seconds per UTC day.
+/// Splits `[from, to)` into whole seconds per UTC day.
 pub fn seconds_by_day(from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<(NaiveDate, u64)> {
     let mut out = Vec::new();
     let mut start = from;
     while start < to {
         let day = start.date_naive();
-        let next = midnight(day.succ_opt().expect("a next day"));
-        let end = to.timestamp().min(next);
-        out.push((day, (end - start.timestamp()).max(0) as u64));
-        start = DateTime::from_timestamp(end, 0).expect("timestamp in range");
+        let next = day
+            .succ_opt()
+            .expect("a next day")
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight exists")
+            .and_utc();
+        let end = to.min(next);
+        out.push((day, (end - start).num_seconds().max(0) as u64));
+        start = end;
     }
     out
 }
@@ -573,5 +578,8 @@ mod tests {
         assert_eq!(days[0].1, 600);
         assert_eq!(days[1].1, 1200);
         assert!(seconds_by_day(to, to).is_empty());
+        // Sub-second ends terminate too.
+        let odd = to + chrono::Duration::milliseconds(1500);
+        assert_eq!(seconds_by_day(to, odd), vec![(to.date_naive(), 1)]);
     }
 }

@@ -340,6 +340,7 @@ impl PoolGrain {
     }
 
     fn handle(&mut self, msg: Msg) {
+        tracing::debug!(pool = %self.pool.pool_id, msg = msg_name(&msg), "grain message");
         let mut fx = Effects::default();
         match msg {
             Msg::Acquire {
@@ -387,6 +388,7 @@ impl PoolGrain {
             }
         }
         self.commit(fx);
+        tracing::debug!(pool = %self.pool.pool_id, "grain message done");
     }
 
     fn publish_status(&self) {
@@ -525,6 +527,11 @@ impl PoolGrain {
                 }
             }
             Mode::NoWait => {
+                // Demand the pool could meet by growing: let the autoscaler
+                // know, even though this request does not wait.
+                if limit.is_pool_capacity() {
+                    (self.shared.nudge_autoscaler)();
+                }
                 let mut waiter = self.queue.remove(index).expect("index is valid");
                 self.deny(&mut waiter, limit, now, fx);
             }
@@ -532,7 +539,7 @@ impl PoolGrain {
                 let position = index + 1;
                 let waiter = &mut self.queue[index];
                 waiter.persisted = true;
-                let _ = waiter.lease.wait(limit.to_string());
+                let _ = waiter.lease.wait(limit.to_string(), limit.quota_field());
                 fx.leases.push(waiter.lease.clone());
                 if let Some(event) = quota_event(waiter, &limit, now) {
                     fx.events.push(event);
@@ -557,7 +564,9 @@ impl PoolGrain {
     /// Denies a waiter (taken out of the queue): writes it, tells whoever
     /// waits for it.
     fn deny(&mut self, waiter: &mut Waiter, limit: Limit, now: DateTime<Utc>, fx: &mut Effects) {
-        let _ = waiter.lease.deny(limit.to_string(), now);
+        let _ = waiter
+            .lease
+            .deny(limit.to_string(), limit.quota_field(), now);
         self.forget_holder(&waiter.lease);
         fx.leases.push(waiter.lease.clone());
         if let Some(event) = quota_event(waiter, &limit, now) {
@@ -673,7 +682,7 @@ impl PoolGrain {
                         quota_blocked.insert(request.tenant_id.clone());
                     }
                     if waiter.persisted && waiter.limit.as_ref() != Some(&limit) {
-                        let _ = waiter.lease.wait(limit.to_string());
+                        let _ = waiter.lease.wait(limit.to_string(), limit.quota_field());
                     }
                     if waiter.persisted
                         && !waiter.quota_reported
@@ -894,6 +903,21 @@ impl PoolGrain {
             queue: self.queue.iter().map(|w| self.view(&w.lease)).collect(),
             held_back: self.held_back,
         }
+    }
+}
+
+fn msg_name(m: &Msg) -> &'static str {
+    match m {
+        Msg::Acquire { .. } => "acquire",
+        Msg::Poll { .. } => "poll",
+        Msg::Renew { .. } => "renew",
+        Msg::Release { .. } => "release",
+        Msg::Expire { .. } => "expire",
+        Msg::Autoscale { .. } => "autoscale",
+        Msg::Update { .. } => "update",
+        Msg::Drain => "drain",
+        Msg::Snapshot { .. } => "snapshot",
+        Msg::Reconcile { .. } => "reconcile",
     }
 }
 

@@ -839,15 +839,19 @@ impl Capacity {
             return Err(DomainError::FailedPrecondition(refusals.join("; ")).into());
         }
         if candidates.is_empty() {
-            return Err(DomainError::FailedPrecondition(if refusals.is_empty() {
-                format!(
-                    "no {} pool exists",
-                    request.holder_kind.pool_kind().as_str()
-                )
+            let kind = request.holder_kind.pool_kind();
+            let of_kind = self.pools().iter().any(|s| s.pool.kind == kind);
+            let why = if of_kind {
+                // Only the pools that could have served it are worth naming.
+                let relevant: Vec<String> = refusals
+                    .into_iter()
+                    .filter(|r| !r.contains(" needs a "))
+                    .collect();
+                format!("no pool can serve this request: {}", relevant.join("; "))
             } else {
-                format!("no pool can serve this request: {}", refusals.join("; "))
-            })
-            .into());
+                format!("no {} pool exists", kind.as_str())
+            };
+            return Err(DomainError::FailedPrecondition(why).into());
         }
         // The tenant's own pools first, then the one with the most room.
         candidates.sort_by(|a, b| {

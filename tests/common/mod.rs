@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use agentbay::control::{Transport, pinned_transport};
 use agentbay::proto::agentbay::admin::v1 as pb;
+use agentbay::proto::agentbay::capacity::v1 as capacity_pb;
 use agentbay::store::datadir::RuntimeInfo;
 use connectrpc::client::ClientConfig;
 use connectrpc::{CodecFormat, Protocol};
@@ -30,6 +31,9 @@ pub fn agentbay() -> Command {
         }
     }
     cmd.env("AGENTBAY_LOG__FORMAT", "json");
+    if let Ok(level) = std::env::var("TEST_APPLIANCE_LOG") {
+        cmd.env("AGENTBAY_LOG__LEVEL", level);
+    }
     cmd
 }
 
@@ -70,18 +74,43 @@ pub struct Appliance {
     pub url: String,
     pub fingerprint: String,
     pub admin: Credential,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
     _tmp: Option<tempfile::TempDir>,
 }
 
 impl Appliance {
     /// A new data directory, initialised, served.
     pub fn start() -> Appliance {
+        Appliance::start_with(&[], &[])
+    }
+
+    /// A new appliance on a manual clock (moved with [`Appliance::advance`]).
+    pub fn start_manual_clock() -> Appliance {
+        Appliance::start_with(&["--manual-clock"], &[])
+    }
+
+    /// A new appliance with extra `serve` arguments and environment.
+    pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Appliance {
         let tmp = tempfile::tempdir().unwrap();
         let data_dir = tmp.path().join("data");
         let admin = init(&data_dir);
-        let mut a = Appliance::serve(tmp.path(), &data_dir, admin);
-        a._tmp = Some(tmp);
-        a
+        let child = spawn_serve_with(tmp.path(), &data_dir, args, env);
+        let info = wait_for_runtime_info(&data_dir, child.id());
+        Appliance {
+            root: tmp.path().to_path_buf(),
+            data_dir,
+            child: Some(child),
+            url: info.url,
+            fingerprint: info.certificate_fingerprint,
+            admin,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            _tmp: Some(tmp),
+        }
     }
 
     /// Serves an existing data directory.
@@ -95,6 +124,8 @@ impl Appliance {
             url: info.url,
             fingerprint: info.certificate_fingerprint,
             admin,
+            args: Vec::new(),
+            env: Vec::new(),
             _tmp: None,
         }
     }
@@ -131,7 +162,13 @@ impl Appliance {
     /// Restarts on the same data directory (after a kill or a stop).
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop it first");
-        let child = spawn_serve(&self.root, &self.data_dir, &[]);
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let child = spawn_serve_with(&self.root, &self.data_dir, &args, &env);
         let info = wait_for_runtime_info(&self.data_dir, child.id());
         self.url = info.url;
         self.fingerprint = info.certificate_fingerprint;
@@ -235,6 +272,111 @@ impl Appliance {
     }
 }
 
+impl Appliance {
+    /// A Capacity RPC client.
+    pub fn capacity(&self, token: &str) -> capacity_pb::CapacityClient<Transport> {
+        let config = ClientConfig::new(self.url.parse().unwrap())
+            .with_codec_format(CodecFormat::Json)
+            .with_default_header("authorization", format!("Bearer {token}"));
+        capacity_pb::CapacityClient::new(pinned_transport(&self.fingerprint), config)
+    }
+
+    /// GET a JSON document, expecting 200.
+    pub async fn get(&self, token: &str, path: &str) -> Value {
+        let r = self
+            .http()
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "GET {path}: {body}");
+        body
+    }
+
+    /// PUT a JSON body; the status and the JSON answer.
+    pub async fn put(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http()
+            .put(format!("{}{path}", self.url))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Runs one pass of a worker and waits for it.
+    pub async fn run_worker(&self, name: &str) -> pb::RunWorkerResponse {
+        let token = self.admin_token().await;
+        self.rpc_json(&token)
+            .run_worker(pb::RunWorkerRequest {
+                name: name.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("run worker")
+            .into_owned()
+    }
+
+    /// Moves a manual clock forward.
+    pub async fn advance(&self, seconds: u64) {
+        let token = self.admin_token().await;
+        self.rpc_json(&token)
+            .advance_clock(pb::AdvanceClockRequest {
+                seconds,
+                ..Default::default()
+            })
+            .await
+            .expect("advance the clock");
+    }
+
+    /// Registers a tenant with an edition, residency and projects, and
+    /// returns a credential with every scope a workspace needs.
+    pub async fn tenant(
+        &self,
+        tenant: &str,
+        edition: &str,
+        regions: &[&str],
+        projects: &[&str],
+    ) -> Credential {
+        let token = self.admin_token().await;
+        let rpc = self.rpc_json(&token);
+        rpc.put_tenant(pb::PutTenantRequest {
+            tenant_id: tenant.into(),
+            edition: edition.into(),
+            residency_regions: regions.iter().map(|r| r.to_string()).collect(),
+            ..Default::default()
+        })
+        .await
+        .expect("register tenant");
+        for p in projects {
+            rpc.put_project(pb::PutProjectRequest {
+                tenant_id: tenant.into(),
+                project_id: p.to_string(),
+                ..Default::default()
+            })
+            .await
+            .expect("register project");
+        }
+        self.create_client(
+            tenant,
+            &[
+                "factory.capacity.lease",
+                "factory.capacity.read",
+                "factory.capacity.admin",
+                "agentbay.admin",
+                "agentbay.events.read",
+            ],
+        )
+        .await
+    }
+}
+
 impl Drop for Appliance {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -246,6 +388,16 @@ impl Drop for Appliance {
 
 /// Starts `serve` on an ephemeral port with output to files under `root`.
 pub fn spawn_serve(root: &Path, data_dir: &Path, extra_env: &[(&str, &str)]) -> Child {
+    spawn_serve_with(root, data_dir, &[], extra_env)
+}
+
+/// [`spawn_serve`] with extra arguments.
+pub fn spawn_serve_with(
+    root: &Path,
+    data_dir: &Path,
+    args: &[&str],
+    extra_env: &[(&str, &str)],
+) -> Child {
     let out = File::options()
         .create(true)
         .append(true)
@@ -259,6 +411,7 @@ pub fn spawn_serve(root: &Path, data_dir: &Path, extra_env: &[(&str, &str)]) -> 
     let mut cmd = agentbay();
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err));

@@ -70,8 +70,9 @@ pub fn lease_message(view: &LeaseView) -> pb::Lease {
             .limit
             .as_ref()
             .and_then(|limit| limit.quota_field())
-            .unwrap_or_default()
-            .to_string(),
+            .map(str::to_string)
+            .or_else(|| l.limiting_quota.clone())
+            .unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -223,6 +223,9 @@ pub struct CapacityLease {
     pub released_at: Option<DateTime<Utc>>,
     /// Why it waits, why it was denied, or how it ended.
     pub reason: Option<String>,
+    /// The quota field that held or denied it, when a quota did.
+    #[serde(default)]
+    pub limiting_quota: Option<String>,
     /// Seconds it held capacity (grant to end).
     pub execution_seconds: u64,
 }
@@ -312,6 +315,7 @@ impl CapacityLease {
             expires_at: Some(now + ttl),
             released_at: None,
             reason: None,
+            limiting_quota: None,
             execution_seconds: 0,
         }
     }
@@ -337,6 +341,7 @@ impl CapacityLease {
         self.granted_at = Some(now);
         self.expires_at = Some(now + ttl);
         self.reason = None;
+        self.limiting_quota = None;
         Ok(NewEvent::new(
             &self.tenant_id,
             now,
@@ -351,8 +356,14 @@ impl CapacityLease {
         ))
     }
 
-    /// Requested -> Denied, with the reason.
-    pub fn deny(&mut self, reason: String, now: DateTime<Utc>) -> Result<(), IllegalTransition> {
+    /// Requested -> Denied, with the reason and the quota field when a
+    /// quota is why.
+    pub fn deny(
+        &mut self,
+        reason: String,
+        quota: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<(), IllegalTransition> {
         if self.state != LeaseState::Requested {
             return Err(self.illegal("be denied"));
         }
@@ -360,15 +371,17 @@ impl CapacityLease {
         self.released_at = Some(now);
         self.expires_at = None;
         self.reason = Some(reason);
+        self.limiting_quota = quota.map(str::to_string);
         Ok(())
     }
 
     /// Records why a request waits (no state change).
-    pub fn wait(&mut self, reason: String) -> Result<(), IllegalTransition> {
+    pub fn wait(&mut self, reason: String, quota: Option<&str>) -> Result<(), IllegalTransition> {
         if self.state != LeaseState::Requested {
             return Err(self.illegal("wait"));
         }
         self.reason = Some(reason);
+        self.limiting_quota = quota.map(str::to_string);
         Ok(())
     }
 
@@ -459,6 +472,7 @@ impl CapacityLease {
             LeaseState::Requested => {
                 self.deny(
                     "abandoned: its holder stopped asking for it (not renewed within the lease TTL)".into(),
+                    None,
                     now,
                 )?;
                 Ok(None)
@@ -575,7 +589,7 @@ mod tests {
                     Command::Grant => {
                         if lease.grant(now, ttl()).is_ok() { capacity_held = true; }
                     }
-                    Command::Deny => { let _ = lease.deny("no".into(), now); }
+                    Command::Deny => { let _ = lease.deny("no".into(), None, now); }
                     Command::Renew => { let _ = lease.renew(now, ttl()); }
                     Command::Release => {
                         if let Some(ended) = lease.release(now) {
