@@ -255,11 +255,15 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
 
     let app = crate::api::router(state.clone());
     let handle = axum_server::Handle::new();
-    let server = axum_server::from_tcp_rustls(
-        listener,
+    // TCP_NODELAY: small RPC answers must not wait for Nagle's algorithm
+    // and the client's delayed ACK (tens of milliseconds per request).
+    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(
         axum_server::tls_rustls::RustlsConfig::from_config(material.server_config.clone()),
-    )?
-    .handle(handle.clone());
+    )
+    .acceptor(axum_server::accept::NoDelayAcceptor::new());
+    let server = axum_server::from_tcp(listener)?
+        .acceptor(acceptor)
+        .handle(handle.clone());
     let server = tokio::spawn(server.serve(app.into_make_service()));
 
     let admin_token = auth.issue_local_admin_token();

@@ -47,12 +47,15 @@ pub fn admin_client(
 /// A transport that accepts only the certificate with `fingerprint`.
 pub fn pinned_transport(fingerprint: &str) -> Transport {
     let tls = crate::tls::pinned_client_config(fingerprint);
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(false);
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_only()
         .enable_http1()
         .enable_http2()
-        .build();
+        .wrap_connector(http);
     ServiceTransport::new(Client::builder(TokioExecutor::new()).build(connector))
 }
 

@@ -29,8 +29,9 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::book::{Book, seconds_by_day};
+use super::holders::Holders;
 use super::records::ExecutionMinutes;
-use super::{CapacityError, HolderKey, LeaseView};
+use super::{CapacityError, LeaseView};
 use crate::clock::SharedClock;
 use crate::domain::amount::Amount;
 use crate::domain::capacity::quota::QuotaExceeded;
@@ -50,7 +51,7 @@ pub(super) struct Shared {
     pub grains: RwLock<HashMap<String, GrainHandle>>,
     /// Live leases (requested, granted, active) by holder, for idempotent
     /// AcquireLease.
-    pub holders: Mutex<HashMap<HolderKey, (Uuid, String)>>,
+    pub holders: Mutex<Holders>,
     pub ttl: chrono::Duration,
     pub max_pass_over: u32,
     /// Asks the autoscaler for a pass (when demand queues up).
@@ -427,21 +428,20 @@ impl PoolGrain {
             }
             for (tenant, project, day, seconds) in &minutes {
                 let scope = TenantScope::new(tenant.clone());
-                for project in [None, Some(project)] {
-                    let id = ExecutionMinutes::record_id(*day, project);
-                    let mut record =
-                        tx.get::<ExecutionMinutes>(&scope, &id)?
-                            .unwrap_or(ExecutionMinutes {
-                                tenant_id: tenant.clone(),
-                                project_id: project.cloned(),
-                                day: *day,
-                                seconds: 0,
-                                updated_at: now,
-                            });
-                    record.seconds += seconds;
-                    record.updated_at = now;
-                    tx.put(&scope, &record)?;
-                }
+                let id = day.to_string();
+                let mut record =
+                    tx.get::<ExecutionMinutes>(&scope, &id)?
+                        .unwrap_or(ExecutionMinutes {
+                            tenant_id: tenant.clone(),
+                            day: *day,
+                            seconds: 0,
+                            projects: Default::default(),
+                            updated_at: now,
+                        });
+                record.seconds += seconds;
+                *record.projects.entry(project.clone()).or_default() += seconds;
+                record.updated_at = now;
+                tx.put(&scope, &record)?;
             }
             tx.emit_all(events)?;
             Ok::<_, StoreError>(())
@@ -475,18 +475,7 @@ impl PoolGrain {
     }
 
     fn forget_holder(&self, lease: &CapacityLease) {
-        let key = (
-            lease.tenant_id.clone(),
-            lease.holder_kind,
-            lease.holder_id.clone(),
-        );
-        let mut holders = self.shared.holders.lock();
-        if holders
-            .get(&key)
-            .is_some_and(|(id, _)| *id == lease.lease_id)
-        {
-            holders.remove(&key);
-        }
+        self.shared.holders.lock().forget(lease);
     }
 
     fn acquire(

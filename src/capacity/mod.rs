@@ -13,6 +13,7 @@
 
 pub mod book;
 pub mod grain;
+pub mod holders;
 pub mod records;
 pub mod workers;
 
@@ -30,24 +31,22 @@ use self::book::Book;
 use self::grain::{
     AcquireOutcome, GrainHandle, Mode, Msg, PoolGrain, PoolSnapshot, PoolStatus, Shared,
 };
+use self::holders::{Claim, HolderKey, Holders};
 use self::records::{ExecutionMinutes, TENANT_RECORD};
 use crate::clock::SharedClock;
 use crate::config::CapacityConfig;
 use crate::domain::amount::Amount;
 use crate::domain::capacity::quota::quota_changed;
 use crate::domain::capacity::{
-    CapacityLease, EffectiveLimits, HolderKind, LeaseRequest, LeaseState, Limit, PoolKind,
-    PoolSpec, PoolState, Quota, QuotaLimits, QuotaPatch, QuotaScope, SecurityBoundary, SlotSize,
-    Usage, WorkerPool, placement,
+    CapacityLease, EffectiveLimits, LeaseRequest, LeaseState, Limit, PoolKind, PoolSpec, PoolState,
+    Quota, QuotaLimits, QuotaPatch, QuotaScope, SecurityBoundary, SlotSize, Usage, WorkerPool,
+    placement,
 };
 use crate::domain::events::NewEvent;
 use crate::domain::ids::new_id;
 use crate::domain::tenant::{Project, Tenant, TenantSpec};
 use crate::domain::{DomainError, FieldError, ProjectId, TenantId};
 use crate::store::{PlatformScope, Store, StoreError, TenantScope, Tx};
-
-/// A live lease is identified by its holder: (tenant, kind, holder id).
-pub type HolderKey = (TenantId, HolderKind, String);
 
 /// A lease with what the queue knows of it.
 #[derive(Clone, Debug)]
@@ -270,22 +269,18 @@ impl Capacity {
         }
         let today = now.date_naive();
         for m in minutes.into_iter().filter(|m| m.day == today) {
-            book.add_closed(&m.tenant_id, m.project_id.as_ref(), m.seconds);
+            book.add_closed(&m.tenant_id, None, m.seconds);
+            for (project, seconds) in &m.projects {
+                book.add_closed(&m.tenant_id, Some(project), *seconds);
+            }
         }
         let mut by_pool: HashMap<String, Vec<CapacityLease>> = HashMap::new();
-        let mut holders = HashMap::new();
+        let mut holders = Holders::default();
         for lease in leases.into_iter().filter(|l| !l.state.is_terminal()) {
             if lease.state.holds_capacity() {
                 book.reserve(&lease);
             }
-            holders.insert(
-                (
-                    lease.tenant_id.clone(),
-                    lease.holder_kind,
-                    lease.holder_id.clone(),
-                ),
-                (lease.lease_id, lease.pool_id.clone()),
-            );
+            holders.note(&lease);
             by_pool
                 .entry(lease.pool_id.clone())
                 .or_default()
@@ -764,18 +759,10 @@ impl Capacity {
 
         // One live lease per holder: asking again is asking after it.
         let lease_id = new_id();
-        let existing = {
-            let mut holders = self.shared.holders.lock();
-            match holders.get(&key) {
-                Some(found) => Some(found.clone()),
-                None => {
-                    holders.insert(key.clone(), (lease_id, String::new()));
-                    None
-                }
-            }
-        };
-        if let Some((existing_id, pool_id)) = existing {
-            if pool_id.is_empty() {
+        let claim = self.shared.holders.lock().claim(&key, lease_id);
+        match claim {
+            Claim::New => {}
+            Claim::InProgress => {
                 return Err(DomainError::Aborted(format!(
                     "an AcquireLease for {} {} is already in progress",
                     request.holder_kind.as_str(),
@@ -783,22 +770,16 @@ impl Capacity {
                 ))
                 .into());
             }
-            return self
-                .follow(
-                    existing_id,
-                    &pool_id,
-                    Some(request),
-                    acquire.wait && !wait_for.is_zero(),
-                    wait_for,
-                )
-                .await;
+            Claim::Existing(existing_id, pool_id) => {
+                let listen = acquire.wait && !wait_for.is_zero();
+                return self
+                    .follow(existing_id, &pool_id, Some(request), listen, wait_for)
+                    .await;
+            }
         }
         let outcome = self.place(&acquire, &tenant, lease_id, wait_for).await;
         if !matches!(outcome, Ok(ref v) if !v.lease.state.is_terminal()) {
-            let mut holders = self.shared.holders.lock();
-            if holders.get(&key).is_some_and(|(id, _)| *id == lease_id) {
-                holders.remove(&key);
-            }
+            self.shared.holders.lock().unclaim(&key, lease_id);
         }
         outcome
     }
@@ -940,11 +921,7 @@ impl Capacity {
     }
 
     fn note_holder(&self, view: &LeaseView) {
-        let l = &view.lease;
-        self.shared.holders.lock().insert(
-            (l.tenant_id.clone(), l.holder_kind, l.holder_id.clone()),
-            (l.lease_id, l.pool_id.clone()),
-        );
+        self.shared.holders.lock().note(&view.lease);
     }
 
     /// The state of an existing lease, waiting up to `wait_for` for a grant
@@ -1046,6 +1023,18 @@ impl Capacity {
         scope: &TenantScope,
         lease_id: Uuid,
     ) -> Result<LeaseView, CapacityError> {
+        // A live lease goes straight to its pool; the store is read only for
+        // one that ended (or was never here).
+        let live = self.shared.holders.lock().pool_of(lease_id, scope.tenant());
+        if let Some(pool) = live {
+            match self
+                .ask(&pool, |reply| Msg::Renew { lease_id, reply })
+                .await?
+            {
+                Err(CapacityError::NotHere) => {}
+                other => return other,
+            }
+        }
         let mut lease = self.lease(scope, lease_id)?;
         if !lease.state.is_terminal() {
             match self
@@ -1071,6 +1060,16 @@ impl Capacity {
         scope: &TenantScope,
         lease_id: Uuid,
     ) -> Result<LeaseView, CapacityError> {
+        let live = self.shared.holders.lock().pool_of(lease_id, scope.tenant());
+        if let Some(pool) = live {
+            match self
+                .ask(&pool, |reply| Msg::Release { lease_id, reply })
+                .await?
+            {
+                Err(CapacityError::NotHere) => {}
+                other => return other,
+            }
+        }
         let lease = self.lease(scope, lease_id)?;
         if !lease.state.is_terminal() {
             match self

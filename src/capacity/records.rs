@@ -1,5 +1,7 @@
 //! How capacity aggregates are stored.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -76,30 +78,20 @@ impl Record for CapacityLease {
     }
 }
 
-/// Lease seconds charged to a tenant (and a project) on one UTC day.
+/// Lease seconds charged to a tenant and its projects on one UTC day.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecutionMinutes {
     /// The tenant.
     pub tenant_id: TenantId,
-    /// The project; `None` for the tenant's total.
-    pub project_id: Option<ProjectId>,
     /// The UTC day.
     pub day: NaiveDate,
-    /// Seconds of leases that ended, charged to this day.
+    /// Seconds of leases that ended, charged to this day, for the tenant.
     pub seconds: u64,
+    /// The same, per project.
+    pub projects: BTreeMap<ProjectId, u64>,
     /// Last change.
     pub updated_at: DateTime<Utc>,
-}
-
-impl ExecutionMinutes {
-    /// The record id for a day and an optional project.
-    pub fn record_id(day: NaiveDate, project: Option<&ProjectId>) -> String {
-        match project {
-            Some(p) => format!("{day}.{p}"),
-            None => format!("{day}"),
-        }
-    }
 }
 
 impl Record for ExecutionMinutes {
@@ -109,6 +101,6 @@ impl Record for ExecutionMinutes {
         &self.tenant_id
     }
     fn id(&self) -> String {
-        ExecutionMinutes::record_id(self.day, self.project_id.as_ref())
+        self.day.to_string()
     }
 }

@@ -778,3 +778,108 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use chrono::Utc;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::domain::capacity::pool::{PoolKind, PoolSpec};
+    use crate::domain::capacity::quota::QuotaLimits;
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Ask { cpu: u64, project: bool },
+        Free(usize),
+        Resize(u32),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (1u64..6, any::<bool>()).prop_map(|(cpu, project)| Step::Ask { cpu, project }),
+            (0usize..50).prop_map(Step::Free),
+            (0u32..6).prop_map(Step::Resize),
+        ]
+    }
+
+    proptest! {
+        /// Whatever happens, granting only on `Grant` never takes a pool
+        /// past its capacity nor a tenant or project past its limit, and the
+        /// counters equal the sum of what is held.
+        #[test]
+        fn grants_respect_every_bound(steps in proptest::collection::vec(step(), 1..80)) {
+            let spec = PoolSpec {
+                tenant_id: None,
+                kind: PoolKind::AgentRuntime,
+                security_boundary: SecurityBoundary::Shared,
+                region: "local".into(),
+                node_profile: "small".into(),
+                min_size: 1,
+                max_size: 4,
+                internet_egress: false,
+                autoscaling: None,
+                state: None,
+            };
+            let slot = SlotSize { cpu: Amount::units(2), memory_gb: Amount::units(4) };
+            let (mut pool, _) = WorkerPool::set(None, "p", spec, slot, Utc::now()).unwrap();
+            let tenant = TenantId::parse("t").unwrap();
+            let projects = [ProjectId::parse("a").unwrap(), ProjectId::parse("b").unwrap()];
+            let e = QuotaScope::Edition { edition: "e".into() };
+            let ts = QuotaScope::Tenant { tenant_id: tenant.clone() };
+            let edition = QuotaLimits { concurrent_runs: Some(5), ..QuotaLimits::default() };
+            let tenant_limits = EffectiveLimits::resolve(&[(&e, &edition)]);
+            let project_quota = QuotaLimits { concurrent_runs: Some(2), ..QuotaLimits::default() };
+            let ps = QuotaScope::Project { tenant_id: tenant.clone(), project_id: projects[0].clone() };
+            let limits_a = EffectiveLimits::resolve(&[(&e, &edition), (&ts, &QuotaLimits::default()), (&ps, &project_quota)]);
+            let mut held: Vec<(usize, Amount)> = Vec::new();
+            for s in steps {
+                match s {
+                    Step::Ask { cpu, project } => {
+                        let p = usize::from(project);
+                        let request = LeaseRequest {
+                            tenant_id: tenant.clone(),
+                            project_id: projects[p].clone(),
+                            run_id: None,
+                            attempt_id: None,
+                            holder_kind: HolderKind::Attempt,
+                            holder_id: "h".into(),
+                            cpu: Amount::units(cpu),
+                            memory_gb: Amount::units(1),
+                            internet_egress: false,
+                        };
+                        let count = |pr: Option<usize>| held.iter().filter(|(q, _)| pr.is_none_or(|x| x == *q)).count() as u32;
+                        let ctx = QuotaContext {
+                            tenant: &tenant,
+                            project: &projects[p],
+                            tenant_limits: &tenant_limits,
+                            project_limits: if p == 0 { &limits_a } else { &tenant_limits },
+                            tenant_usage: Usage { runs: count(None), ..Usage::default() },
+                            project_usage: Usage { runs: count(Some(p)), ..Usage::default() },
+                        };
+                        let none = SlotSize { cpu: Amount::ZERO, memory_gb: Amount::ZERO };
+                        if decide(&request, &pool, none, &ctx) == Verdict::Grant {
+                            pool.take(request.cpu, request.memory_gb);
+                            held.push((p, request.cpu));
+                        }
+                    }
+                    Step::Free(i) => {
+                        if !held.is_empty() {
+                            let (_, cpu) = held.remove(i % held.len());
+                            pool.give_back(cpu, Amount::units(1));
+                        }
+                    }
+                    Step::Resize(n) => {
+                        pool.resize(n, Utc::now());
+                    }
+                }
+                let sum: Amount = held.iter().map(|(_, c)| *c).sum();
+                prop_assert_eq!(pool.granted_cpu, sum);
+                prop_assert_eq!(pool.active_leases as usize, held.len());
+                prop_assert!(pool.granted_cpu <= pool.capacity().cpu, "over capacity");
+                prop_assert!(held.len() <= 5, "over the tenant's concurrentRuns");
+                prop_assert!(held.iter().filter(|(p, _)| *p == 0).count() <= 2, "over project a's concurrentRuns");
+            }
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! Acquire + release pairs per second, with latency, with 32 concurrent
+//! clients: in-process (the capacity service called directly) and over
+//! HTTPS (the whole appliance, Connect RPC with keep-alive).
+//!
+//! Every grant and every release is durable before it is answered, so the
+//! figures include the store's group commit and `fdatasync`.
+//!
+//! `cargo bench --bench capacity`; `AGENTBAY_BENCH_SECONDS` sets the time
+//! per row (default 5).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentbay::app::{self, Clocks};
+use agentbay::capacity::{AcquireRequest, Capacity};
+use agentbay::clock::SystemClock;
+use agentbay::config::Config;
+use agentbay::domain::amount::Amount;
+use agentbay::domain::capacity::{HolderKind, LeaseRequest, PoolKind, PoolSpec, SecurityBoundary};
+use agentbay::domain::tenant::TenantSpec;
+use agentbay::domain::{ProjectId, TenantId};
+use agentbay::proto::agentbay::admin::v1 as admin_pb;
+use agentbay::proto::agentbay::capacity::v1 as pb;
+use agentbay::store::{Store, StoreOptions, TenantScope};
+use connectrpc::CodecFormat;
+use connectrpc::client::ClientConfig;
+
+const CLIENTS: usize = 32;
+
+// The same allocator as the binary.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn seconds() -> Duration {
+    let s = std::env::var("AGENTBAY_BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5.0);
+    Duration::from_secs_f64(s)
+}
+
+struct Row {
+    label: String,
+    pairs: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Row {
+    fn print(&mut self) {
+        self.latencies.sort();
+        let pct = |p: f64| {
+            let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+            self.latencies.get(i).copied().unwrap_or_default()
+        };
+        println!(
+            "{:<58} {:>10.0} {:>10.2} {:>10.2}",
+            self.label,
+            self.pairs as f64 / self.elapsed.as_secs_f64(),
+            pct(0.50).as_secs_f64() * 1000.0,
+            pct(0.99).as_secs_f64() * 1000.0,
+        );
+    }
+}
+
+/// A pool large enough that no request waits: the figures measure the
+/// grant path, not queueing.
+fn big_pool() -> PoolSpec {
+    PoolSpec {
+        tenant_id: None,
+        kind: PoolKind::AgentRuntime,
+        security_boundary: SecurityBoundary::Shared,
+        region: "local".into(),
+        node_profile: "large".into(),
+        min_size: 1000,
+        max_size: 1000,
+        internet_egress: false,
+        autoscaling: None,
+        state: None,
+    }
+}
+
+async fn in_process() -> Row {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("store"), &StoreOptions::default()).unwrap();
+    let config = Config::default();
+    let capacity = Capacity::start(
+        store.clone(),
+        SystemClock::shared(),
+        &config.capacity,
+        Box::new(|| {}),
+    )
+    .await
+    .unwrap();
+    let tenant = TenantId::parse("bench").unwrap();
+    capacity
+        .put_tenant(
+            tenant.clone(),
+            TenantSpec {
+                edition: "platform".into(),
+                ..TenantSpec::default()
+            },
+        )
+        .await
+        .unwrap();
+    let project = ProjectId::parse("load").unwrap();
+    capacity
+        .put_project(tenant.clone(), project.clone(), None)
+        .await
+        .unwrap();
+    capacity.set_pool("bench-pool", big_pool()).await.unwrap();
+
+    let deadline = Instant::now() + seconds();
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let capacity: Arc<Capacity> = capacity.clone();
+            let (tenant, project) = (tenant.clone(), project.clone());
+            tokio::spawn(async move {
+                let scope = TenantScope::new(tenant.clone());
+                let mut latencies = Vec::new();
+                let mut i = 0u64;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let lease = capacity
+                        .acquire(AcquireRequest {
+                            request: LeaseRequest {
+                                tenant_id: tenant.clone(),
+                                project_id: project.clone(),
+                                run_id: None,
+                                attempt_id: None,
+                                holder_kind: HolderKind::Attempt,
+                                holder_id: format!("c{c}-{i}"),
+                                cpu: Amount::units(1),
+                                memory_gb: Amount::units(1),
+                                internet_egress: false,
+                            },
+                            pool_id: Some("bench-pool".into()),
+                            wait: false,
+                            wait_for: Duration::ZERO,
+                        })
+                        .await
+                        .expect("granted");
+                    capacity
+                        .release(&scope, lease.lease.lease_id)
+                        .await
+                        .expect("released");
+                    latencies.push(t.elapsed());
+                    i += 1;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.unwrap());
+    }
+    let elapsed = start.elapsed();
+    store.close().unwrap();
+    Row {
+        label: format!("in-process, {CLIENTS} clients"),
+        pairs: latencies.len(),
+        elapsed,
+        latencies,
+    }
+}
+
+async fn over_https(codec: CodecFormat) -> Row {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        data_dir: dir.path().join("data"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..Config::default()
+    };
+    let running = app::start(config, Clocks::system()).await.unwrap();
+    let bootstrap = running
+        .bootstrap
+        .as_ref()
+        .expect("a fresh appliance makes a credential");
+    let state = running.state.clone();
+    state
+        .capacity
+        .put_tenant(
+            TenantId::parse("bench").unwrap(),
+            TenantSpec {
+                edition: "platform".into(),
+                ..TenantSpec::default()
+            },
+        )
+        .await
+        .unwrap();
+    state
+        .capacity
+        .put_project(
+            TenantId::parse("bench").unwrap(),
+            ProjectId::parse("load").unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+    state
+        .capacity
+        .set_pool("bench-pool", big_pool())
+        .await
+        .unwrap();
+    let admin_token = state
+        .auth
+        .issue(&bootstrap.credential, bootstrap.credential.scopes.clone())
+        .access_token;
+    let admin = agentbay::control::admin_client(&running.url, &state.tls.fingerprint, &admin_token)
+        .unwrap();
+    let created = admin
+        .create_client(admin_pb::CreateClientRequest {
+            tenant_id: "bench".into(),
+            scopes: vec!["factory.capacity.lease".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    let client = created.client.as_option().unwrap().client_id.clone();
+    let credential = agentbay::auth::clients::authenticate(
+        &state.store,
+        &state.auth,
+        &client,
+        &created.client_secret,
+    )
+    .await
+    .unwrap();
+    let token = state
+        .auth
+        .issue(&credential, credential.scopes.clone())
+        .access_token;
+
+    let deadline = Instant::now() + seconds();
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let config = ClientConfig::new(running.url.parse().unwrap())
+                .with_codec_format(codec)
+                .with_default_header("authorization", format!("Bearer {token}"));
+            let rpc = pb::CapacityClient::new(
+                agentbay::control::pinned_transport(&state.tls.fingerprint),
+                config.clone(),
+            );
+            let rpc2 = admin_pb::AdminClient::new(
+                agentbay::control::pinned_transport(&state.tls.fingerprint),
+                config,
+            );
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut i = 0u64;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    if std::env::var("BENCH_VERSION_ONLY").is_ok() {
+                        rpc2.get_version(admin_pb::GetVersionRequest::default())
+                            .await
+                            .unwrap();
+                        rpc2.get_version(admin_pb::GetVersionRequest::default())
+                            .await
+                            .unwrap();
+                        latencies.push(t.elapsed());
+                        i += 1;
+                        continue;
+                    }
+                    let lease = rpc
+                        .acquire_lease(pb::AcquireLeaseRequest {
+                            project_id: "load".into(),
+                            holder_kind: "attempt".into(),
+                            holder_id: format!("c{c}-{i}"),
+                            cpu: 1.0,
+                            memory_gb: 1.0,
+                            pool_id: "bench-pool".into(),
+                            ..Default::default()
+                        })
+                        .await
+                        .expect("granted")
+                        .into_owned();
+                    rpc.release_lease(pb::ReleaseLeaseRequest {
+                        lease_id: lease.lease.as_option().unwrap().lease_id.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("released");
+                    latencies.push(t.elapsed());
+                    i += 1;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.unwrap());
+    }
+    let elapsed = start.elapsed();
+    running.stop().await.unwrap();
+    Row {
+        label: format!("HTTPS Connect {codec:?}, {CLIENTS} clients, keep-alive (h2)"),
+        pairs: latencies.len(),
+        elapsed,
+        latencies,
+    }
+}
+
+fn main() {
+    agentbay::tls::install_crypto_provider();
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "acquire + release pairs, each durable before it is answered ({:?} per row)",
+        seconds()
+    );
+    println!(
+        "{:<58} {:>10} {:>10} {:>10}",
+        "row", "pairs/s", "p50 ms", "p99 ms"
+    );
+    let wants = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    if wants("in-process") {
+        runtime.block_on(in_process()).print();
+    }
+    if wants("https-json") {
+        runtime.block_on(over_https(CodecFormat::Json)).print();
+    }
+    if wants("https-proto") {
+        runtime.block_on(over_https(CodecFormat::Proto)).print();
+    }
+}
