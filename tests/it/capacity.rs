@@ -928,3 +928,99 @@ async fn kill_9_under_load_restarts_with_exact_accounting() {
     let repairs = a.run_worker("AccountingReconciler").await;
     assert!(repairs.message.contains("match"), "{}", repairs.message);
 }
+
+#[tokio::test]
+async fn a_large_request_is_passed_over_a_bounded_number_of_times() {
+    let a = Appliance::start();
+    let admin = a.admin_token().await;
+    let acme = a.tenant("acme", "platform", &[], &["web"]).await;
+    let token = a.token(&acme).await;
+    let (s, _) = a
+        .put(
+            &admin,
+            "/factory/capacity/pools/one",
+            json!({"kind": "agent-runtime", "securityBoundary": "shared", "region": "local",
+                   "nodeProfile": "small", "minSize": 1, "maxSize": 1}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let in_pool = |mut r: pb::AcquireLeaseRequest| {
+        r.pool_id = "one".into();
+        r
+    };
+    // One cpu of two is held; a two-cpu request must wait for it.
+    let anchor = lease(&a, &token, in_pool(acquire("web", "anchor", 1.0, 1.0))).await;
+    let big = lease(
+        &a,
+        &token,
+        in_pool(waiting(acquire("web", "big", 2.0, 1.0))),
+    )
+    .await;
+    assert_eq!(state(&big), "REQUESTED");
+    // Small requests fit beside the anchor and pass the big one... a few times.
+    let mut passed = 0;
+    loop {
+        let small = lease(
+            &a,
+            &token,
+            in_pool(waiting(acquire("web", &format!("small{passed}"), 1.0, 1.0))),
+        )
+        .await;
+        if state(&small) != "GRANTED" {
+            // From now on the pool holds the big request's share back.
+            assert_eq!(small.queue_position, 2, "it queues behind the big one");
+            assert_eq!(
+                small.reason,
+                "pool one: maxSize 1 reached (cpu 1 of 2 taken, 2 held back for a waiting request passed over too often, requested 1)"
+            );
+            break;
+        }
+        passed += 1;
+        a.capacity(&token)
+            .release_lease(pb::ReleaseLeaseRequest {
+                lease_id: small.lease_id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(
+            passed <= 10,
+            "the big request was passed over without bound"
+        );
+    }
+    assert_eq!(passed, 4, "capacity.max_pass_over defaults to 4");
+    // When the anchor goes, the big one is first.
+    a.capacity(&token)
+        .release_lease(pb::ReleaseLeaseRequest {
+            lease_id: anchor.lease_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let big = lease(
+        &a,
+        &token,
+        in_pool(waiting(acquire("web", "big", 2.0, 1.0))),
+    )
+    .await;
+    assert_eq!(state(&big), "GRANTED");
+
+    // The specification's metrics are exported.
+    let metrics = a
+        .http()
+        .get(format!("{}/metrics", a.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "connectsoft_factory_capacity_pool_utilisation",
+        "connectsoft_factory_capacity_leases_active",
+        "connectsoft_factory_capacity_lease_wait",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+}

@@ -77,8 +77,10 @@ pub enum Limit {
         pool_id: String,
         /// `cpu` or `memoryGb`.
         resource: &'static str,
-        /// Granted now (plus what is held back for starved requests).
+        /// Granted now.
         taken: Amount,
+        /// Held back for waiting requests passed over too often.
+        held_back: Amount,
         /// Capacity at the current size.
         capacity: Amount,
         /// Asked.
@@ -98,6 +100,8 @@ pub enum Limit {
         resource: &'static str,
         /// Granted now.
         taken: Amount,
+        /// Held back for waiting requests passed over too often.
+        held_back: Amount,
         /// Capacity at the maximum size.
         capacity: Amount,
         /// Asked.
@@ -142,6 +146,14 @@ impl Limit {
     /// limit: such waiters count as demand for the autoscaler and can starve.
     pub fn is_pool_capacity(&self) -> bool {
         matches!(self, Limit::PoolFull { .. } | Limit::PoolMaxSize { .. })
+    }
+}
+
+fn held(amount: Amount) -> String {
+    if amount == Amount::ZERO {
+        String::new()
+    } else {
+        format!(", {amount} held back for a waiting request passed over too often")
     }
 }
 
@@ -191,24 +203,28 @@ impl fmt::Display for Limit {
                 pool_id,
                 resource,
                 taken,
+                held_back,
                 capacity,
                 requested,
                 current_size,
                 max_size,
             } => write!(
                 f,
-                "pool {pool_id}: {resource} {taken} of {capacity} taken, requested {requested} (size {current_size} of maxSize {max_size}; waiting for capacity or a scale-up)"
+                "pool {pool_id}: {resource} {taken} of {capacity} taken{}, requested {requested} (size {current_size} of maxSize {max_size}; waiting for capacity or a scale-up)",
+                held(*held_back)
             ),
             Limit::PoolMaxSize {
                 pool_id,
                 max_size,
                 resource,
                 taken,
+                held_back,
                 capacity,
                 requested,
             } => write!(
                 f,
-                "pool {pool_id}: maxSize {max_size} reached ({resource} {taken} of {capacity} taken, requested {requested})"
+                "pool {pool_id}: maxSize {max_size} reached ({resource} {taken} of {capacity} taken{}, requested {requested})",
+                held(*held_back)
             ),
             Limit::PoolTooSmall {
                 pool_id,
@@ -422,28 +438,30 @@ fn check_pool(
             most.memory_gb,
         ),
     ] {
-        let taken = granted + reserved;
-        if taken + requested > cap {
-            let limit = if pool.current_size >= pool.max_size || taken + requested > max {
-                Limit::PoolMaxSize {
-                    pool_id: pool.pool_id.clone(),
-                    max_size: pool.max_size,
-                    resource,
-                    taken,
-                    capacity: max,
-                    requested,
-                }
-            } else {
-                Limit::PoolFull {
-                    pool_id: pool.pool_id.clone(),
-                    resource,
-                    taken,
-                    capacity: cap,
-                    requested,
-                    current_size: pool.current_size,
-                    max_size: pool.max_size,
-                }
-            };
+        if granted + reserved + requested > cap {
+            let limit =
+                if pool.current_size >= pool.max_size || granted + reserved + requested > max {
+                    Limit::PoolMaxSize {
+                        pool_id: pool.pool_id.clone(),
+                        max_size: pool.max_size,
+                        resource,
+                        taken: granted,
+                        held_back: reserved,
+                        capacity: max,
+                        requested,
+                    }
+                } else {
+                    Limit::PoolFull {
+                        pool_id: pool.pool_id.clone(),
+                        resource,
+                        taken: granted,
+                        held_back: reserved,
+                        capacity: cap,
+                        requested,
+                        current_size: pool.current_size,
+                        max_size: pool.max_size,
+                    }
+                };
             return Err(Verdict::Wait(limit));
         }
     }
