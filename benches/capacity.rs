@@ -242,10 +242,6 @@ async fn over_https(codec: CodecFormat) -> Row {
                 .with_default_header("authorization", format!("Bearer {token}"));
             let rpc = pb::CapacityClient::new(
                 agentbay::control::pinned_transport(&state.tls.fingerprint),
-                config.clone(),
-            );
-            let rpc2 = admin_pb::AdminClient::new(
-                agentbay::control::pinned_transport(&state.tls.fingerprint),
                 config,
             );
             tokio::spawn(async move {
@@ -253,17 +249,6 @@ async fn over_https(codec: CodecFormat) -> Row {
                 let mut i = 0u64;
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    if std::env::var("BENCH_VERSION_ONLY").is_ok() {
-                        rpc2.get_version(admin_pb::GetVersionRequest::default())
-                            .await
-                            .unwrap();
-                        rpc2.get_version(admin_pb::GetVersionRequest::default())
-                            .await
-                            .unwrap();
-                        latencies.push(t.elapsed());
-                        i += 1;
-                        continue;
-                    }
                     let lease = rpc
                         .acquire_lease(pb::AcquireLeaseRequest {
                             project_id: "load".into(),
