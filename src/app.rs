@@ -24,6 +24,8 @@ use crate::capacity::workers::{AccountingReconciler, Autoscaler, LeaseExpirer};
 use crate::clock::{ManualClock, SharedClock, SystemClock};
 use crate::config::Config;
 use crate::domain::credential::ClientCredential;
+use crate::releases::Releases;
+use crate::releases::warmer::ReleaseCacheWarmer;
 use crate::store::datadir::RuntimeInfo;
 use crate::store::{DataDir, Store, StoreOptions};
 use crate::tls::{self, TlsMaterial};
@@ -77,6 +79,8 @@ pub struct AppState {
     pub auth: Arc<Auth>,
     /// Pools, quotas, leases, tenants.
     pub capacity: Arc<Capacity>,
+    /// Release bundles.
+    pub releases: Arc<Releases>,
     /// The clock.
     pub clock: SharedClock,
     /// The clock again when it is manual.
@@ -203,6 +207,11 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         .await
         .context("loading pools, quotas and leases")?
     };
+    let releases = Arc::new(Releases::new(
+        store.clone(),
+        clock.clone(),
+        &config.releases,
+    ));
     let bootstrap = bootstrap(&store, &clock).await?;
 
     let listener = std::net::TcpListener::bind(config.listen)
@@ -216,6 +225,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         store: store.clone(),
         auth: auth.clone(),
         capacity: capacity.clone(),
+        releases: releases.clone(),
         clock: clock.clone(),
         manual_clock: clocks.manual.clone(),
         config: config.clone(),
@@ -246,6 +256,10 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         Arc::new(AccountingReconciler {
             capacity: capacity.clone(),
             every: seconds(config.capacity.reconcile_interval_seconds),
+        }),
+        Arc::new(ReleaseCacheWarmer {
+            releases: releases.clone(),
+            every: seconds(config.releases.warm_interval_seconds),
         }),
     ];
     let worker_tasks = background

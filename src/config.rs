@@ -44,6 +44,8 @@ pub struct Config {
     pub events: EventsConfig,
     /// Pools, quotas and leases (`RuntimeCloud:Capacity`).
     pub capacity: CapacityConfig,
+    /// Release bundles and the publishers trusted to sign them.
+    pub releases: ReleasesConfig,
 }
 
 impl Default for Config {
@@ -58,6 +60,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             events: EventsConfig::default(),
             capacity: CapacityConfig::default(),
+            releases: ReleasesConfig::default(),
         }
     }
 }
@@ -257,6 +260,51 @@ impl Default for CapacityConfig {
             max_wait_seconds: 60,
             default_pools: true,
             default_region: "local".into(),
+        }
+    }
+}
+
+/// A publisher key trusted to sign releases.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustedKeyConfig {
+    /// A name for people, e.g. "acme-ci".
+    pub name: String,
+    /// The raw Ed25519 public key in base64 (the `.pub` file of
+    /// `agentbay release keygen`).
+    pub public_key: String,
+    /// Tenants it may sign for; any when absent or empty.
+    #[serde(default)]
+    pub tenants: Vec<String>,
+}
+
+/// Release bundles.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReleasesConfig {
+    /// Largest bundle accepted, decompressed, in bytes.
+    pub max_bundle_bytes: u64,
+    /// Largest file in a bundle, in bytes.
+    pub max_file_bytes: u64,
+    /// Most files in a bundle.
+    pub max_files: usize,
+    /// Trust the published demo key, for the `demo` tenant only.
+    pub trust_demo_key: bool,
+    /// Publisher keys trusted to sign releases.
+    pub trusted_keys: Vec<TrustedKeyConfig>,
+    /// Seconds between ReleaseCacheWarmer passes.
+    pub warm_interval_seconds: u64,
+}
+
+impl Default for ReleasesConfig {
+    fn default() -> Self {
+        ReleasesConfig {
+            max_bundle_bytes: 32 * 1024 * 1024,
+            max_file_bytes: 8 * 1024 * 1024,
+            max_files: 1000,
+            trust_demo_key: true,
+            trusted_keys: Vec::new(),
+            warm_interval_seconds: 600,
         }
     }
 }
@@ -499,6 +547,36 @@ impl Config {
                         "",
                     ));
                 }
+            }
+        }
+        let r = &self.releases;
+        range(
+            "releases.max_bundle_bytes",
+            r.max_bundle_bytes,
+            1024,
+            1024 * 1024 * 1024,
+        )?;
+        range(
+            "releases.max_file_bytes",
+            r.max_file_bytes,
+            1024,
+            r.max_bundle_bytes,
+        )?;
+        range("releases.max_files", r.max_files as u64, 4, 100_000)?;
+        range(
+            "releases.warm_interval_seconds",
+            r.warm_interval_seconds,
+            1,
+            86_400,
+        )?;
+        for (i, k) in r.trusted_keys.iter().enumerate() {
+            crate::releases::signing::TrustedKey::new(&k.name, &k.public_key, Vec::new()).map_err(
+                |e| ConfigError::new(format!("releases.trusted_keys[{i}].public_key"), e.0, ""),
+            )?;
+            for t in &k.tenants {
+                crate::domain::TenantId::parse(t).map_err(|e| {
+                    ConfigError::new(format!("releases.trusted_keys[{i}].tenants"), e.reason, "")
+                })?;
             }
         }
         crate::domain::tenant::check_region("capacity.default_region", &c.default_region)

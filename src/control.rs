@@ -496,3 +496,251 @@ pub async fn project_put(
     );
     close(target)
 }
+
+/// POSTs bytes to the running appliance with the local administration
+/// token; returns the status and the JSON body.
+async fn post_to_appliance(
+    info: &RuntimeInfo,
+    token: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+) -> anyhow::Result<(u16, serde_json::Value)> {
+    use http_body_util::{BodyExt as _, Full};
+    let transport = pinned_transport(&info.certificate_fingerprint);
+    let client = transport.inner().clone();
+    let body: ClientBody = Full::new(bytes::Bytes::from(body))
+        .map_err(|never| match never {})
+        .boxed();
+    let request = http::Request::post(format!("{}{path}", info.url))
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", content_type)
+        .body(body)?;
+    let response = client
+        .request(request)
+        .await
+        .context("sending the request to the appliance")?;
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    ))
+}
+
+/// `agentbay release keygen`.
+pub fn release_keygen(out: &Path, force: bool) -> anyhow::Result<()> {
+    let key_path = out.with_extension("key");
+    let pub_path = out.with_extension("pub");
+    if !force && (key_path.exists() || pub_path.exists()) {
+        bail!(
+            "{} or {} exists already; pass --force to replace it",
+            key_path.display(),
+            pub_path.display()
+        );
+    }
+    let (private_pem, public, id) = crate::releases::signing::generate();
+    crate::store::datadir::write_private(&key_path, private_pem.as_bytes())?;
+    std::fs::write(&pub_path, format!("{public}\n"))?;
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    println!("generated publisher key {id}");
+    println!(
+        "  private key: {} (owner-only; keep it off the appliance)",
+        key_path.display()
+    );
+    println!("  public key:  {}", pub_path.display());
+    println!();
+    println!("Trust it on an appliance by adding to its configuration:");
+    println!("[[releases.trusted_keys]]");
+    println!("name = \"{name}\"");
+    println!("public_key = \"{public}\"");
+    println!("# tenants = [\"acme\"]   # optional: the tenants it may sign for");
+    Ok(())
+}
+
+/// `agentbay release sign`.
+pub fn release_sign(dir: &Path, key: &Path, update_hashes: bool) -> anyhow::Result<()> {
+    use crate::releases::bundle::{MANIFEST, SIGNATURE};
+    if !dir.is_dir() {
+        bail!(
+            "{} is not a directory; sign the bundle directory, then pack it with tar if needed",
+            dir.display()
+        );
+    }
+    let pem = std::fs::read_to_string(key).with_context(|| format!("reading {}", key.display()))?;
+    let pair = crate::releases::signing::read_private_key(&pem)?;
+    let manifest_path = dir.join(MANIFEST);
+    let text = std::fs::read(&manifest_path)
+        .with_context(|| format!("reading {}", manifest_path.display()))?;
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&text).context("manifest.json is not JSON")?;
+    if update_hashes {
+        update_file_hashes(dir, &mut value)?;
+        let mut pretty = serde_json::to_vec_pretty(&value)?;
+        pretty.push(b'\n');
+        std::fs::write(&manifest_path, pretty)?;
+    }
+    let parsed = crate::releases::verify::parse_manifest(&serde_json::to_vec(&value)?)
+        .map_err(|r| anyhow!(r.reason))?;
+    for (role, path, expected) in parsed.manifest.files() {
+        let bytes = std::fs::read(dir.join(path)).with_context(|| format!("{role} file {path}"))?;
+        let actual = crate::store::artifacts::content_hash(&bytes);
+        if actual != expected {
+            bail!(
+                "file {path} ({role}): the manifest says {expected}, the file is {actual}; fix it or pass --update-hashes"
+            );
+        }
+    }
+    let signature = crate::releases::signing::sign(&pair, &parsed.canonical);
+    std::fs::write(dir.join(SIGNATURE), serde_json::to_vec_pretty(&signature)?)?;
+    println!(
+        "signed release {} (manifest {}) with {}",
+        parsed.manifest.release_id, parsed.manifest_hash, signature.key_id
+    );
+    Ok(())
+}
+
+/// Sets every `sha256` next to a `path` in the manifest from the file.
+fn update_file_hashes(dir: &Path, value: &mut serde_json::Value) -> anyhow::Result<()> {
+    match value {
+        serde_json::Value::Object(map) => {
+            if let (Some(serde_json::Value::String(path)), true) =
+                (map.get("path"), map.contains_key("sha256"))
+            {
+                crate::domain::release::check_path("path", path)
+                    .map_err(|e| anyhow!("{}", e.reason))?;
+                let bytes = std::fs::read(dir.join(path.as_str()))
+                    .with_context(|| format!("reading {path}"))?;
+                map.insert(
+                    "sha256".into(),
+                    serde_json::Value::String(crate::store::artifacts::content_hash(&bytes)),
+                );
+            }
+            for v in map.values_mut() {
+                update_file_hashes(dir, v)?;
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for v in items {
+                update_file_hashes(dir, v)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `agentbay release verify`: prints the verification report. Returns
+/// whether the bundle verified.
+pub fn release_verify(
+    config: &Config,
+    bundle: &Path,
+    extra_trust: &[std::path::PathBuf],
+) -> anyhow::Result<bool> {
+    let mut trusted = crate::releases::trusted_keys(&config.releases);
+    for path in extra_trust {
+        let public =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let name = path
+            .file_stem()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        trusted.push(crate::releases::signing::TrustedKey::new(
+            &name,
+            &public,
+            Vec::new(),
+        )?);
+    }
+    let limits = crate::releases::bundle::Limits {
+        max_bundle_bytes: config.releases.max_bundle_bytes,
+        max_file_bytes: config.releases.max_file_bytes,
+        max_files: config.releases.max_files,
+    };
+    println!("verification of {}", bundle.display());
+    let read = match crate::releases::bundle::Bundle::from_path(bundle, &limits) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("  REJECTED: the bundle cannot be read: {e}");
+            return Ok(false);
+        }
+    };
+    println!("  ok  bundle: {} files", read.files.len());
+    let report = crate::releases::verify::verify(&read, &trusted);
+    for line in &report.passed {
+        println!("  ok  {line}");
+    }
+    match &report.rejection {
+        None => {
+            println!("  VERIFIED");
+            Ok(true)
+        }
+        Some(r) => {
+            println!("  REJECTED ({}): {}", r.category, r.reason);
+            Ok(false)
+        }
+    }
+}
+
+/// `agentbay release import`.
+pub async fn release_import(config: &Config, path: &Path) -> anyhow::Result<()> {
+    let limits = crate::releases::bundle::Limits {
+        max_bundle_bytes: config.releases.max_bundle_bytes,
+        max_file_bytes: config.releases.max_file_bytes,
+        max_files: config.releases.max_files,
+    };
+    let bundle = crate::releases::bundle::Bundle::from_path(path, &limits)?;
+    if let Some((info, token)) = running_appliance(&config.data_dir) {
+        let (status, body) = post_to_appliance(
+            &info,
+            &token,
+            "/runtime/releases",
+            "application/gzip",
+            bundle.to_archive(),
+        )
+        .await?;
+        let release = body.get("release").cloned().unwrap_or_default();
+        match status {
+            200 | 201 => {
+                println!(
+                    "release {} verified (manifest {}, adapter {}) through the running appliance at {}",
+                    release["releaseId"].as_str().unwrap_or("?"),
+                    release["manifestHash"].as_str().unwrap_or("?"),
+                    release["adapterVersion"].as_str().unwrap_or("?"),
+                    info.url
+                );
+                Ok(())
+            }
+            _ => bail!(
+                "{}",
+                body["detail"]
+                    .as_str()
+                    .unwrap_or("the appliance refused the bundle")
+            ),
+        }
+    } else {
+        let local = open_local(config)?;
+        let releases = crate::releases::Releases::new(
+            local.store.clone(),
+            SystemClock::shared(),
+            &config.releases,
+        );
+        let report = releases.check(&bundle);
+        let outcome = releases
+            .record(bundle, report, "local administrator (offline)")
+            .await;
+        local.store.close()?;
+        match outcome {
+            Ok(r) => {
+                println!(
+                    "release {} verified (manifest {}, adapter {}), offline",
+                    r.release_id, r.manifest_hash, r.adapter_version
+                );
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}

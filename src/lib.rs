@@ -48,6 +48,7 @@ pub mod config;
 pub mod console;
 pub mod control;
 pub mod domain;
+pub mod releases;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

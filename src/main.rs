@@ -94,8 +94,56 @@ enum Command {
         #[command(subcommand)]
         command: ProjectCommand,
     },
+    /// Sign, verify and import release bundles (works offline).
+    Release {
+        #[command(subcommand)]
+        command: ReleaseCommand,
+    },
     /// Print the version and the store schema version.
     Version,
+}
+
+#[derive(Subcommand)]
+enum ReleaseCommand {
+    /// Generate an Ed25519 publisher key pair: OUT.key (private) and OUT.pub.
+    Keygen {
+        /// Path prefix of the two files.
+        #[arg(long)]
+        out: PathBuf,
+        /// Replace existing files.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Sign a bundle directory: writes its signature.json.
+    Sign {
+        /// The bundle directory (with manifest.json).
+        dir: PathBuf,
+        /// The publisher's private key (PEM).
+        #[arg(long)]
+        key: PathBuf,
+        /// Fill in every file's sha256 in manifest.json before signing.
+        #[arg(long)]
+        update_hashes: bool,
+    },
+    /// Verify a bundle (directory or .tar.gz) and print the report; exits
+    /// non-zero when it is rejected.
+    Verify {
+        /// Configuration whose trusted keys apply.
+        #[arg(long, env = "AGENTBAY_CONFIG", value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// The bundle.
+        bundle: PathBuf,
+        /// Also trust this public key file (repeatable).
+        #[arg(long = "trust", value_name = "PUBFILE")]
+        trust: Vec<PathBuf>,
+    },
+    /// Import a bundle into the appliance (running or not).
+    Import {
+        #[command(flatten)]
+        common: Common,
+        /// The bundle (directory or .tar.gz).
+        bundle: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -295,6 +343,36 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 let config = load(&common, None)?;
                 quiet_logging(&config);
                 control::project_put(&config, &tenant, &project, name.as_deref()).await
+            }
+        },
+        Command::Release { command } => match command {
+            ReleaseCommand::Keygen { out, force } => control::release_keygen(&out, force),
+            ReleaseCommand::Sign {
+                dir,
+                key,
+                update_hashes,
+            } => control::release_sign(&dir, &key, update_hashes),
+            ReleaseCommand::Verify {
+                config,
+                bundle,
+                trust,
+            } => {
+                let config = Config::load(
+                    config.as_deref(),
+                    std::env::vars(),
+                    &CliOverrides::default(),
+                )?;
+                quiet_logging(&config);
+                if control::release_verify(&config, &bundle, &trust)? {
+                    Ok(())
+                } else {
+                    std::process::exit(1)
+                }
+            }
+            ReleaseCommand::Import { common, bundle } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::release_import(&config, &bundle).await
             }
         },
         Command::Version => {

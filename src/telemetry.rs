@@ -98,6 +98,8 @@ pub mod names {
     pub const LEASE_WAIT: &str = "connectsoft_factory_capacity_lease_wait";
     /// `connectsoft.factory.capacity.quota_denials` (counter; tenant, limit).
     pub const QUOTA_DENIALS: &str = "connectsoft_factory_capacity_quota_denials";
+    /// `connectsoft.factory.runtime.release_load_rejected` (counter; tenant, reason).
+    pub const RELEASE_LOAD_REJECTED: &str = "connectsoft_factory_runtime_release_load_rejected";
     /// Pool counters found different from their leases and repaired.
     pub const ACCOUNTING_REPAIRS: &str = "agentbay_capacity_accounting_repairs_total";
 }

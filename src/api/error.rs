@@ -41,6 +41,8 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// The thing exists already.
     AlreadyExists,
+    /// Well-formed, but refused on its content (a rejected release).
+    Unprocessable,
     /// Wrong state for the operation.
     FailedPrecondition,
     /// A quota, pool bound or budget stops the operation.
@@ -67,89 +69,27 @@ pub struct CodeSpec {
 
 impl ErrorCode {
     /// The table.
+    #[rustfmt::skip]
     pub fn spec(self) -> CodeSpec {
         use connectrpc::ErrorCode as C;
+        use StatusCode as S;
         let (slug, title, status, connect) = match self {
-            ErrorCode::InvalidArgument => (
-                "invalid-argument",
-                "Invalid argument",
-                StatusCode::BAD_REQUEST,
-                C::InvalidArgument,
-            ),
-            ErrorCode::MalformedJson => (
-                "malformed-json",
-                "Malformed JSON",
-                StatusCode::BAD_REQUEST,
-                C::InvalidArgument,
-            ),
-            ErrorCode::UnsupportedMediaType => (
-                "unsupported-media-type",
-                "Unsupported media type",
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                C::InvalidArgument,
-            ),
-            ErrorCode::PayloadTooLarge => (
-                "payload-too-large",
-                "Payload too large",
-                StatusCode::PAYLOAD_TOO_LARGE,
-                C::ResourceExhausted,
-            ),
-            ErrorCode::Unauthenticated => (
-                "unauthenticated",
-                "Unauthenticated",
-                StatusCode::UNAUTHORIZED,
-                C::Unauthenticated,
-            ),
-            ErrorCode::PermissionDenied => (
-                "permission-denied",
-                "Permission denied",
-                StatusCode::FORBIDDEN,
-                C::PermissionDenied,
-            ),
-            ErrorCode::RateLimited => (
-                "rate-limited",
-                "Too many requests",
-                StatusCode::TOO_MANY_REQUESTS,
-                C::ResourceExhausted,
-            ),
-            ErrorCode::NotFound => ("not-found", "Not found", StatusCode::NOT_FOUND, C::NotFound),
-            ErrorCode::MethodNotAllowed => (
-                "method-not-allowed",
-                "Method not allowed",
-                StatusCode::METHOD_NOT_ALLOWED,
-                C::Unimplemented,
-            ),
-            ErrorCode::AlreadyExists => (
-                "already-exists",
-                "Already exists",
-                StatusCode::CONFLICT,
-                C::AlreadyExists,
-            ),
-            ErrorCode::FailedPrecondition => (
-                "failed-precondition",
-                "Failed precondition",
-                StatusCode::CONFLICT,
-                C::FailedPrecondition,
-            ),
-            ErrorCode::ResourceExhausted => (
-                "resource-exhausted",
-                "Resource exhausted",
-                StatusCode::TOO_MANY_REQUESTS,
-                C::ResourceExhausted,
-            ),
-            ErrorCode::Aborted => ("aborted", "Aborted", StatusCode::CONFLICT, C::Aborted),
-            ErrorCode::Unavailable => (
-                "unavailable",
-                "Unavailable",
-                StatusCode::SERVICE_UNAVAILABLE,
-                C::Unavailable,
-            ),
-            ErrorCode::Internal => (
-                "internal",
-                "Internal error",
-                StatusCode::INTERNAL_SERVER_ERROR,
-                C::Internal,
-            ),
+            ErrorCode::InvalidArgument => ("invalid-argument", "Invalid argument", S::BAD_REQUEST, C::InvalidArgument),
+            ErrorCode::MalformedJson => ("malformed-json", "Malformed JSON", S::BAD_REQUEST, C::InvalidArgument),
+            ErrorCode::UnsupportedMediaType => ("unsupported-media-type", "Unsupported media type", S::UNSUPPORTED_MEDIA_TYPE, C::InvalidArgument),
+            ErrorCode::PayloadTooLarge => ("payload-too-large", "Payload too large", S::PAYLOAD_TOO_LARGE, C::ResourceExhausted),
+            ErrorCode::Unauthenticated => ("unauthenticated", "Unauthenticated", S::UNAUTHORIZED, C::Unauthenticated),
+            ErrorCode::PermissionDenied => ("permission-denied", "Permission denied", S::FORBIDDEN, C::PermissionDenied),
+            ErrorCode::RateLimited => ("rate-limited", "Too many requests", S::TOO_MANY_REQUESTS, C::ResourceExhausted),
+            ErrorCode::NotFound => ("not-found", "Not found", S::NOT_FOUND, C::NotFound),
+            ErrorCode::MethodNotAllowed => ("method-not-allowed", "Method not allowed", S::METHOD_NOT_ALLOWED, C::Unimplemented),
+            ErrorCode::AlreadyExists => ("already-exists", "Already exists", S::CONFLICT, C::AlreadyExists),
+            ErrorCode::Unprocessable => ("unprocessable", "Unprocessable content", S::UNPROCESSABLE_ENTITY, C::FailedPrecondition),
+            ErrorCode::FailedPrecondition => ("failed-precondition", "Failed precondition", S::CONFLICT, C::FailedPrecondition),
+            ErrorCode::ResourceExhausted => ("resource-exhausted", "Resource exhausted", S::TOO_MANY_REQUESTS, C::ResourceExhausted),
+            ErrorCode::Aborted => ("aborted", "Aborted", S::CONFLICT, C::Aborted),
+            ErrorCode::Unavailable => ("unavailable", "Unavailable", S::SERVICE_UNAVAILABLE, C::Unavailable),
+            ErrorCode::Internal => ("internal", "Internal error", S::INTERNAL_SERVER_ERROR, C::Internal),
         };
         CodeSpec {
             slug,
@@ -380,6 +320,7 @@ mod tests {
             ErrorCode::NotFound,
             ErrorCode::MethodNotAllowed,
             ErrorCode::AlreadyExists,
+            ErrorCode::Unprocessable,
             ErrorCode::FailedPrecondition,
             ErrorCode::ResourceExhausted,
             ErrorCode::Aborted,

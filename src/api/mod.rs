@@ -14,6 +14,7 @@ pub mod health;
 pub mod json;
 pub mod oauth;
 pub mod openapi;
+pub mod releases;
 pub mod rpc;
 pub mod tenants;
 
@@ -71,6 +72,23 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/factory/capacity/queue", get(capacity::my_queue))
         .route("/factory/capacity/accounting", get(capacity::accounting))
+        .route(
+            "/runtime/releases",
+            get(releases::list)
+                .post(releases::import)
+                .layer(DefaultBodyLimit::max(
+                    state.config.releases.max_bundle_bytes as usize,
+                )),
+        )
+        .route("/runtime/releases/{release_id}", get(releases::get))
+        .route(
+            "/runtime/releases/{release_id}/deprecate",
+            post(releases::deprecate),
+        )
+        .route(
+            "/runtime/releases/{release_id}/revoke",
+            post(releases::revoke),
+        )
         .route("/platform/tenants", get(tenants::list))
         .route(
             "/platform/tenants/{tenant_id}",

@@ -10,7 +10,7 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
 use super::rpc::{Access, RPC_METHODS, access_of};
-use super::{capacity, events, health, oauth, tenants};
+use super::{capacity, events, health, oauth, releases, tenants};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -24,6 +24,7 @@ use super::{capacity, events, health, oauth, tenants};
         capacity::list_pools, capacity::set_pool, capacity::pool_queue, capacity::get_quotas, capacity::set_quota,
         capacity::list_leases, capacity::get_lease, capacity::my_queue, capacity::accounting,
         tenants::list, tenants::get, tenants::put, tenants::put_project,
+        releases::import, releases::list, releases::get, releases::deprecate, releases::revoke,
     ),
     components(schemas(oauth::TokenRequest, oauth::TokenResponse, health::Readiness)),
     modifiers(&BearerAuth),
@@ -33,6 +34,7 @@ use super::{capacity, events, health, oauth, tenants};
         (name = "operations", description = "Probes and metrics"),
         (name = "capacity", description = "Worker pools, quotas and capacity leases"),
         (name = "tenants", description = "The tenant and project registry"),
+        (name = "releases", description = "Signed release bundles and what this appliance verified"),
     )
 )]
 struct RestApi;

@@ -11,6 +11,7 @@ pub mod credential;
 pub mod error;
 pub mod events;
 pub mod ids;
+pub mod release;
 pub mod tenant;
 
 pub use error::{DomainError, FieldError};

@@ -27,6 +27,7 @@
 //! concurrent callers in 0.34). See `commit.rs` for the measurements behind
 //! this shape.
 
+pub mod artifacts;
 mod backup;
 mod commit;
 pub mod datadir;
@@ -77,6 +78,12 @@ pub enum Table {
     CapacityLeases,
     /// Lease seconds charged per tenant, project and UTC day.
     ExecutionMinutes,
+    /// Artifact records per tenant.
+    Artifacts,
+    /// Artifact content, by hash (see `artifacts.rs`).
+    ArtifactChunks,
+    /// Loaded releases (LoadedReleases).
+    LoadedReleases,
 }
 
 impl Table {
@@ -92,6 +99,9 @@ impl Table {
         Table::Quotas,
         Table::CapacityLeases,
         Table::ExecutionMinutes,
+        Table::Artifacts,
+        Table::ArtifactChunks,
+        Table::LoadedReleases,
     ];
 
     /// The sled tree name.
@@ -107,6 +117,9 @@ impl Table {
             Table::Quotas => "quotas",
             Table::CapacityLeases => "capacity_leases",
             Table::ExecutionMinutes => "execution_minutes",
+            Table::Artifacts => "artifacts",
+            Table::ArtifactChunks => "artifact_chunks",
+            Table::LoadedReleases => "loaded_releases",
         }
     }
 

@@ -393,3 +393,47 @@ async fn pruned_events_never_give_their_numbers_away() {
         .unwrap();
     assert_eq!(seq, 6);
 }
+
+#[tokio::test]
+async fn artifacts_are_shared_by_hash_but_read_only_by_their_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let acme = tenant("acme");
+    let bytes: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let (s, b) = (acme.clone(), bytes.clone());
+    let hash = store
+        .transact(move |tx: &mut Tx| {
+            tx.put_artifact(&s, &b, "application/octet-stream", None, Utc::now())
+        })
+        .await
+        .unwrap();
+    assert_eq!(hash, artifacts::content_hash(&bytes));
+    assert_eq!(store.read_artifact(&acme, &hash).unwrap().unwrap(), bytes);
+    // Another tenant does not see it until it stores the same bytes itself.
+    let globex = tenant("globex");
+    assert!(store.read_artifact(&globex, &hash).unwrap().is_none());
+    let (s, b) = (globex.clone(), bytes.clone());
+    store
+        .transact(move |tx: &mut Tx| {
+            tx.put_artifact(&s, &b, "application/octet-stream", None, Utc::now())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.read_artifact(&globex, &hash).unwrap().unwrap().len(),
+        100_000
+    );
+    // Tampering with a chunk is detected on read.
+    store
+        .tree(Table::ArtifactChunks)
+        .insert(artifacts_chunk_key(&hash, 1), vec![0u8; 10])
+        .unwrap();
+    assert!(store.read_artifact(&acme, &hash).is_err());
+}
+
+fn artifacts_chunk_key(hash: &str, index: u32) -> Vec<u8> {
+    let mut key = hash.as_bytes().to_vec();
+    key.push(b'/');
+    key.extend_from_slice(&index.to_be_bytes());
+    key
+}

@@ -123,6 +123,16 @@ impl<'a> Tx<'a> {
         Ok(merged)
     }
 
+    /// Reads a raw value (for the artifact store's own keys).
+    pub(super) fn raw_get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read(table, key)
+    }
+
+    /// Writes a raw value (for the artifact store's own keys).
+    pub(super) fn raw_put(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) {
+        self.write(table, key, Some(value));
+    }
+
     /// Reads a record of the scope's tenant.
     pub fn get<R: Record>(&self, scope: &TenantScope, id: &str) -> Result<Option<R>, StoreError> {
         let key = record_key(scope.tenant(), id);

@@ -1,0 +1,242 @@
+//! Release routes: import a bundle, read what was verified, deprecate and
+//! revoke.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::capacity::query_pairs;
+use super::error::{ApiError, ErrorCode};
+use super::json::ApiJson;
+use crate::app::AppState;
+use crate::auth::Principal;
+use crate::auth::extract::{Authorized, need};
+use crate::domain::TenantId;
+use crate::domain::release::{InFlightPolicy, LoadedRelease, adapter_version, parse_release_id};
+use crate::releases::ReleaseError;
+use crate::releases::bundle::Bundle;
+use crate::store::TenantScope;
+
+impl From<ReleaseError> for ApiError {
+    fn from(e: ReleaseError) -> Self {
+        match e {
+            ReleaseError::Bundle(reason) => ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!("the bundle cannot be read: {reason}"),
+            )
+            .with("reason", reason),
+            ReleaseError::Rejected(release) => {
+                let reason = release.reason.clone().unwrap_or_default();
+                ApiError::new(
+                    ErrorCode::Unprocessable,
+                    format!("release {} rejected: {reason}", release.release_id),
+                )
+                .with("reason", reason)
+                .with("release", release_json(&release))
+            }
+            ReleaseError::Domain(d) => d.into(),
+            ReleaseError::Store(s) => s.into(),
+        }
+    }
+}
+
+/// A release as the API shows it.
+pub fn release_json(r: &LoadedRelease) -> Value {
+    let mut v = serde_json::to_value(r).expect("releases serialise");
+    let o = v.as_object_mut().expect("object");
+    o.remove("trustFingerprint");
+    o.insert(
+        "currentAdapterVersion".into(),
+        json!(adapter_version(r.adapter)),
+    );
+    let why_not = r.dispatchable().err().map(|e| e.to_string());
+    o.insert("dispatchable".into(), json!(why_not.is_none()));
+    if let Some(why) = why_not {
+        o.insert("notDispatchableBecause".into(), json!(why));
+    }
+    v
+}
+
+fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<Option<TenantScope>, ApiError> {
+    let pairs = query_pairs(raw, &["tenant"])?;
+    match pairs.iter().find(|(k, _)| k == "tenant") {
+        Some((_, t)) => Ok(Some(
+            principal.scope_for(&TenantId::parse_field("tenant", t)?)?,
+        )),
+        None if principal.is_platform_admin() => Ok(None),
+        None => Ok(Some(principal.tenant_scope())),
+    }
+}
+
+/// Imports a release bundle (`.tar.gz`): verifies it and stores the verdict.
+#[utoipa::path(post, path = "/runtime/releases", tag = "releases",
+    request_body(content = Vec<u8>, content_type = "application/gzip", description = "The bundle: manifest.json, signature.json and the files the manifest lists, as a .tar.gz"),
+    responses(
+        (status = 201, description = "Verified: the LoadedRelease", body = Object),
+        (status = 200, description = "The same release was already verified", body = Object),
+        (status = 400, description = "The bundle cannot be read (nothing stored): the reason names the entry"),
+        (status = 409, description = "A different release with this id exists"),
+        (status = 422, description = "Rejected: the reason names the file and hashes, the signer or the version"),
+    ),
+    security(("bearer" = [])))]
+pub async fn import(
+    State(state): State<AppState>,
+    auth: Authorized<need::AssetsAdmin>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(super::json::body_error)?;
+    let releases = state.releases.clone();
+    // Decompressing, hashing and checking the signature is CPU work.
+    let (bundle, report) = tokio::task::spawn_blocking(move || {
+        let bundle = Bundle::from_archive(&body, &releases.limits)?;
+        let report = releases.check(&bundle);
+        Ok::<_, crate::releases::bundle::BundleError>((bundle, report))
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(|e| ReleaseError::Bundle(e.0))?;
+    if let Some(parsed) = &report.parsed {
+        auth.principal.scope_for(&parsed.manifest.tenant_id)?;
+    }
+    let before = report.parsed.as_ref().and_then(|p| {
+        state
+            .releases
+            .get(
+                &TenantScope::new(p.manifest.tenant_id.clone()),
+                &p.manifest.release_id,
+            )
+            .ok()
+            .flatten()
+    });
+    let release = state
+        .releases
+        .record(bundle, report, &auth.principal.subject.to_string())
+        .await?;
+    let status = if before.is_some_and(|b| b.manifest_hash == release.manifest_hash) {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(json!({ "release": release_json(&release) }))).into_response())
+}
+
+/// Releases of the tenant (every tenant's for a PlatformAdmin).
+#[utoipa::path(get, path = "/runtime/releases", tag = "releases",
+    params(("tenant" = Option<String>, Query, description = "PlatformAdmins: one tenant")),
+    responses((status = 200, description = "Verified and rejected releases", body = Object)),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(state): State<AppState>,
+    auth: Authorized<need::AssetsRead>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let scope = scope_of(&auth.principal, raw.as_deref())?;
+    let releases = state.releases.clone();
+    let all = tokio::task::spawn_blocking(move || releases.list(scope.as_ref()))
+        .await
+        .map_err(ApiError::internal)??;
+    Ok(Json(
+        json!({ "releases": all.iter().map(release_json).collect::<Vec<_>>() }),
+    ))
+}
+
+/// `GetLoadedRelease`: what this appliance verified for a release and
+/// against which adapter version.
+#[utoipa::path(get, path = "/runtime/releases/{releaseId}", tag = "releases",
+    params(("releaseId" = String, Path, description = "Release id"), ("tenant" = Option<String>, Query, description = "PlatformAdmins: the tenant")),
+    responses((status = 200, description = "The LoadedRelease", body = Object), (status = 404, description = "Not here")),
+    security(("bearer" = [])))]
+pub async fn get(
+    State(state): State<AppState>,
+    auth: Authorized<need::AssetsRead>,
+    Path(release_id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_release_id(&release_id)?;
+    let scope =
+        scope_of(&auth.principal, raw.as_deref())?.unwrap_or_else(|| auth.principal.tenant_scope());
+    let release = state
+        .releases
+        .get(&scope, &id)?
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("release {id} not found")))?;
+    Ok(Json(release_json(&release)))
+}
+
+/// Body of deprecate and revoke.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Retire {
+    /// finish | drain | interrupt.
+    pub in_flight_policy: InFlightPolicy,
+}
+
+async fn retire(
+    state: AppState,
+    principal: &Principal,
+    release_id: String,
+    raw: Option<String>,
+    revoke: bool,
+    policy: InFlightPolicy,
+) -> Result<Json<Value>, ApiError> {
+    let id = parse_release_id(&release_id)?;
+    let scope = scope_of(principal, raw.as_deref())?.unwrap_or_else(|| principal.tenant_scope());
+    let (release, report) = state.releases.retire(&scope, &id, revoke, policy).await?;
+    Ok(Json(
+        json!({ "release": release_json(&release), "inFlight": report }),
+    ))
+}
+
+/// Deprecates a release: `finish` keeps dispatching it, `drain` and
+/// `interrupt` stop new runs; `interrupt` also stops the running ones.
+#[utoipa::path(post, path = "/runtime/releases/{releaseId}/deprecate", tag = "releases",
+    params(("releaseId" = String, Path, description = "Release id")),
+    request_body(content = Object, description = "{\"inFlightPolicy\": \"finish\" | \"drain\" | \"interrupt\"}"),
+    responses((status = 200, description = "The release and what happened to its running attempts", body = Object)),
+    security(("bearer" = [])))]
+pub async fn deprecate(
+    State(state): State<AppState>,
+    auth: Authorized<need::AssetsAdmin>,
+    Path(release_id): Path<String>,
+    RawQuery(raw): RawQuery,
+    ApiJson(body): ApiJson<Retire>,
+) -> Result<Json<Value>, ApiError> {
+    retire(
+        state,
+        &auth.principal,
+        release_id,
+        raw,
+        false,
+        body.in_flight_policy,
+    )
+    .await
+}
+
+/// Revokes a release: it is never dispatched again; running attempts
+/// finish, drain or are interrupted per the policy. Its contents stay.
+#[utoipa::path(post, path = "/runtime/releases/{releaseId}/revoke", tag = "releases",
+    params(("releaseId" = String, Path, description = "Release id")),
+    request_body(content = Object, description = "{\"inFlightPolicy\": \"finish\" | \"drain\" | \"interrupt\"}"),
+    responses((status = 200, description = "The release and what happened to its running attempts", body = Object)),
+    security(("bearer" = [])))]
+pub async fn revoke(
+    State(state): State<AppState>,
+    auth: Authorized<need::AssetsAdmin>,
+    Path(release_id): Path<String>,
+    RawQuery(raw): RawQuery,
+    ApiJson(body): ApiJson<Retire>,
+) -> Result<Json<Value>, ApiError> {
+    retire(
+        state,
+        &auth.principal,
+        release_id,
+        raw,
+        true,
+        body.in_flight_policy,
+    )
+    .await
+}

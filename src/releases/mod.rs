@@ -1,0 +1,538 @@
+//! Release loading for sites with no network: bundles arrive as files.
+//!
+//! `import` runs LoadRelease on a bundle: the checks of `verify.rs`, then
+//! either a Verified LoadedRelease whose contents go to the artifact store
+//! by hash (ReleaseLoaded), or a Rejected one that keeps only the reason
+//! (ReleaseLoadRejected, `release_load_rejected` metric). Nothing of a
+//! bundle is stored unless its whole verdict is, in one transaction.
+//!
+//! Releases verified against another adapter version (after an upgrade) or
+//! another set of trusted keys are verified again from the stored contents
+//! before they are dispatched, by the ReleaseCacheWarmer or at dispatch.
+//! Deprecation and revocation apply the release's in-flight policy to the
+//! attempts running it through [`InFlight`], which the attempt engine
+//! implements; revocation never deletes what attempts loaded.
+
+pub mod bundle;
+pub mod signing;
+pub mod verify;
+pub mod warmer;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use parking_lot::RwLock;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use self::bundle::{Bundle, Limits, MANIFEST, SIGNATURE};
+use self::signing::TrustedKey;
+use self::verify::{Report, verify};
+use crate::capacity::records::TENANT_RECORD;
+use crate::clock::SharedClock;
+use crate::config::ReleasesConfig;
+use crate::domain::release::{
+    InFlightPolicy, Lifecycle, LoadState, LoadedRelease, Manifest, adapter_version, canonical_json,
+};
+use crate::domain::tenant::Tenant;
+use crate::domain::{DomainError, TenantId};
+use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
+use crate::telemetry::names;
+
+impl Record for LoadedRelease {
+    const TABLE: Table = Table::LoadedReleases;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant_id
+    }
+    fn id(&self) -> String {
+        self.release_id.clone()
+    }
+}
+
+/// What applying an in-flight policy did to running attempts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InFlightReport {
+    /// Attempts of the release that were running.
+    pub running: usize,
+    /// Of those, interrupted.
+    pub interrupted: usize,
+}
+
+/// The attempt engine's side of deprecation and revocation.
+pub trait InFlight: Send + Sync + 'static {
+    /// Applies `policy` to the running attempts of a release: `finish` and
+    /// `drain` let them run to the end, `interrupt` stops them at their next
+    /// safe point.
+    fn apply<'a>(
+        &'a self,
+        scope: &'a TenantScope,
+        release_id: &'a str,
+        policy: InFlightPolicy,
+    ) -> BoxFuture<'a, InFlightReport>;
+}
+
+/// Until an attempt engine is attached nothing runs, so there is nothing to
+/// apply a policy to.
+pub struct NothingRuns;
+
+impl InFlight for NothingRuns {
+    fn apply<'a>(
+        &'a self,
+        _: &'a TenantScope,
+        _: &'a str,
+        _: InFlightPolicy,
+    ) -> BoxFuture<'a, InFlightReport> {
+        Box::pin(async { InFlightReport::default() })
+    }
+}
+
+/// Errors of release handling.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    /// The bundle cannot be read at all (nothing stored).
+    #[error("{0}")]
+    Bundle(String),
+    /// The bundle was read and rejected; the record says why.
+    #[error("release {} rejected: {}", .0.release_id, .0.reason.as_deref().unwrap_or(""))]
+    Rejected(Box<LoadedRelease>),
+    /// A rule.
+    #[error(transparent)]
+    Domain(#[from] DomainError),
+    /// The store.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The release service.
+pub struct Releases {
+    store: Store,
+    clock: SharedClock,
+    trusted: Vec<TrustedKey>,
+    /// Identifies the set of trusted keys: a release verified under another
+    /// set is verified again before use.
+    trust_fingerprint: String,
+    /// Bundle size limits.
+    pub limits: Limits,
+    in_flight: RwLock<Arc<dyn InFlight>>,
+}
+
+/// The trusted keys a configuration names.
+pub fn trusted_keys(config: &ReleasesConfig) -> Vec<TrustedKey> {
+    let mut keys: Vec<TrustedKey> = config
+        .trusted_keys
+        .iter()
+        .filter_map(|k| {
+            let tenants = k
+                .tenants
+                .iter()
+                .filter_map(|t| TenantId::parse(t).ok())
+                .collect();
+            TrustedKey::new(&k.name, &k.public_key, tenants).ok()
+        })
+        .collect();
+    if config.trust_demo_key {
+        keys.push(TrustedKey::demo());
+    }
+    keys
+}
+
+fn fingerprint(keys: &[TrustedKey]) -> String {
+    let mut h = Sha256::new();
+    for k in keys {
+        h.update(k.key_id.as_bytes());
+        for t in &k.tenants {
+            h.update(t.as_str().as_bytes());
+        }
+        h.update(b";");
+    }
+    format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+impl Releases {
+    /// The service, trusting the configured publisher keys.
+    pub fn new(store: Store, clock: SharedClock, config: &ReleasesConfig) -> Releases {
+        let trusted = trusted_keys(config);
+        Releases {
+            trust_fingerprint: fingerprint(&trusted),
+            trusted,
+            store,
+            clock,
+            limits: Limits {
+                max_bundle_bytes: config.max_bundle_bytes,
+                max_file_bytes: config.max_file_bytes,
+                max_files: config.max_files,
+            },
+            in_flight: RwLock::new(Arc::new(NothingRuns)),
+        }
+    }
+
+    /// Attaches the attempt engine.
+    pub fn set_in_flight(&self, engine: Arc<dyn InFlight>) {
+        *self.in_flight.write() = engine;
+    }
+
+    /// The publisher keys trusted here.
+    pub fn trusted(&self) -> &[TrustedKey] {
+        &self.trusted
+    }
+
+    /// LoadRelease's checks, without storing anything.
+    pub fn check(&self, bundle: &Bundle) -> Report {
+        verify(bundle, &self.trusted)
+    }
+
+    /// Stores the verdict on a checked bundle: a Verified release with its
+    /// contents, or a Rejected one with its reason. A bundle whose manifest
+    /// cannot be read is refused without storing anything.
+    pub async fn record(
+        &self,
+        bundle: Bundle,
+        report: Report,
+        by: &str,
+    ) -> Result<LoadedRelease, ReleaseError> {
+        let Some(parsed) = report.parsed.clone() else {
+            let reason = report
+                .rejection
+                .map(|r| r.reason)
+                .unwrap_or_else(|| "the manifest cannot be read".into());
+            return Err(ReleaseError::Bundle(reason));
+        };
+        let manifest = parsed.manifest;
+        let now = self.clock.now();
+        let scope = TenantScope::new(manifest.tenant_id.clone());
+        let adapter = adapter_version(manifest.adapter.kind);
+        let mut release = LoadedRelease {
+            release_id: manifest.release_id.clone(),
+            tenant_id: manifest.tenant_id.clone(),
+            agent_id: manifest.agent_id.clone(),
+            version: manifest.version.clone(),
+            manifest_hash: parsed.manifest_hash.clone(),
+            adapter_version: adapter,
+            adapter: manifest.adapter.kind,
+            content_refs: BTreeMap::new(),
+            state: LoadState::Verified,
+            reason: None,
+            lifecycle: Lifecycle::Published,
+            in_flight_policy: None,
+            signer: report
+                .signer
+                .as_ref()
+                .map(|k| format!("{} ({})", k.key_id, k.name)),
+            verified_at: now,
+            imported_at: now,
+            imported_by: by.to_string(),
+            trust_fingerprint: self.trust_fingerprint.clone(),
+        };
+        if let Some(r) = &report.rejection {
+            release.state = LoadState::Rejected;
+            release.reason = Some(r.reason.clone());
+            metrics::counter!(names::RELEASE_LOAD_REJECTED, "tenant" => manifest.tenant_id.to_string(), "reason" => r.category)
+                .increment(1);
+            tracing::warn!(release = %release.release_id, tenant = %release.tenant_id, reason = %r.reason, "release rejected at load");
+        }
+        let stored = release.clone();
+        let event = release.load_event(now);
+        let canonical = parsed.canonical;
+        let outcome = self
+            .store
+            .transact(move |tx: &mut Tx| -> Result<LoadedRelease, ReleaseError> {
+                if tx.get::<Tenant>(&scope, TENANT_RECORD)?.is_none() {
+                    return Err(DomainError::Invalid(crate::domain::FieldError::new(
+                        "tenantId",
+                        format!(
+                            "the manifest names tenant {}, which is not registered",
+                            scope.tenant()
+                        ),
+                    ))
+                    .into());
+                }
+                let existing: Option<LoadedRelease> = tx.get(&scope, &stored.release_id)?;
+                match &existing {
+                    // The same release again: nothing to do.
+                    Some(e)
+                        if e.state == LoadState::Verified
+                            && e.manifest_hash == stored.manifest_hash =>
+                    {
+                        return Ok(e.clone());
+                    }
+                    // Never let a bad import replace, or a new one silently
+                    // change, a verified release.
+                    Some(e)
+                        if e.state == LoadState::Verified
+                            && stored.state == LoadState::Verified =>
+                    {
+                        return Err(DomainError::AlreadyExists {
+                            kind: "release",
+                            id: format!(
+                                "{} (with manifest {}; a changed release needs a new releaseId)",
+                                e.release_id, e.manifest_hash
+                            ),
+                        }
+                        .into());
+                    }
+                    Some(e) if e.state == LoadState::Verified => {
+                        tx.emit(event)?;
+                        return Ok(stored);
+                    }
+                    _ => {}
+                }
+                let mut release = stored;
+                if release.state == LoadState::Verified {
+                    release.content_refs = store_contents(tx, &scope, &bundle, &canonical, now)?;
+                }
+                tx.put(&scope, &release)?;
+                tx.emit(event)?;
+                Ok(release)
+            })
+            .await?;
+        if report.rejection.is_some() {
+            return Err(ReleaseError::Rejected(Box::new(LoadedRelease {
+                state: LoadState::Rejected,
+                ..outcome
+            })));
+        }
+        tracing::info!(release = %outcome.release_id, tenant = %outcome.tenant_id, hash = %outcome.manifest_hash, "release verified");
+        Ok(outcome)
+    }
+
+    /// A release of the scope's tenant.
+    pub fn get(
+        &self,
+        scope: &TenantScope,
+        release_id: &str,
+    ) -> Result<Option<LoadedRelease>, StoreError> {
+        self.store.get(scope, release_id)
+    }
+
+    /// Releases of a tenant, or of every tenant.
+    pub fn list(&self, scope: Option<&TenantScope>) -> Result<Vec<LoadedRelease>, StoreError> {
+        match scope {
+            Some(s) => self.store.list(s),
+            None => self.store.scan_all(&PlatformScope::internal()),
+        }
+    }
+
+    /// The manifest of a verified release, from the artifact store.
+    pub fn manifest(
+        &self,
+        scope: &TenantScope,
+        release: &LoadedRelease,
+    ) -> Result<Manifest, ReleaseError> {
+        let bytes = self.artifact(scope, release, "manifest")?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            ReleaseError::Store(StoreError::Backup(format!(
+                "stored manifest of {}: {e}",
+                release.release_id
+            )))
+        })
+    }
+
+    /// One content item of a verified release by role (`instructions`,
+    /// `workflow`, `skill:<id>`, ...).
+    pub fn artifact(
+        &self,
+        scope: &TenantScope,
+        release: &LoadedRelease,
+        role: &str,
+    ) -> Result<Vec<u8>, ReleaseError> {
+        let hash = release.content_refs.get(role).ok_or_else(|| {
+            DomainError::not_found(
+                "release content",
+                format!("{role} of {}", release.release_id),
+            )
+        })?;
+        self.store.read_artifact(scope, hash)?.ok_or_else(|| {
+            ReleaseError::Store(StoreError::Corrupt {
+                table: "artifacts",
+                key: hash.clone(),
+                reason: format!("{role} of release {} is missing", release.release_id),
+            })
+        })
+    }
+
+    /// Whether a release was verified against what this appliance runs now.
+    pub fn is_current(&self, release: &LoadedRelease) -> bool {
+        release.adapter_version == adapter_version(release.adapter)
+            && release.trust_fingerprint == self.trust_fingerprint
+    }
+
+    /// Verifies a stored release again from its contents (after an upgrade
+    /// or a change of trusted keys). Records the new verdict.
+    pub async fn reverify(
+        &self,
+        scope: &TenantScope,
+        release: &LoadedRelease,
+    ) -> Result<LoadedRelease, ReleaseError> {
+        let mut bundle = Bundle::default();
+        bundle
+            .files
+            .insert(MANIFEST.into(), self.artifact(scope, release, "manifest")?);
+        bundle.files.insert(
+            SIGNATURE.into(),
+            self.artifact(scope, release, "signature")?,
+        );
+        let manifest = self.manifest(scope, release)?;
+        for (_, path, sha) in manifest.files() {
+            let bytes = self.store.read_artifact(scope, sha)?.ok_or_else(|| {
+                ReleaseError::Store(StoreError::Corrupt {
+                    table: "artifacts",
+                    key: sha.to_string(),
+                    reason: format!("file {path} of release {} is missing", release.release_id),
+                })
+            })?;
+            bundle.files.insert(path.to_string(), bytes);
+        }
+        let report = self.check(&bundle);
+        let now = self.clock.now();
+        let mut updated = release.clone();
+        updated.verified_at = now;
+        updated.adapter_version = adapter_version(release.adapter);
+        updated.trust_fingerprint = self.trust_fingerprint.clone();
+        if let Some(r) = &report.rejection {
+            updated.state = LoadState::Rejected;
+            updated.reason = Some(format!("re-verification failed: {}", r.reason));
+            metrics::counter!(names::RELEASE_LOAD_REJECTED, "tenant" => release.tenant_id.to_string(), "reason" => r.category)
+                .increment(1);
+        }
+        let event = updated.load_event(now);
+        let (s, u) = (scope.clone(), updated.clone());
+        self.store
+            .transact(move |tx: &mut Tx| {
+                tx.put(&s, &u)?;
+                tx.emit(event)
+            })
+            .await?;
+        Ok(updated)
+    }
+
+    /// The release a new run may use, verified against this appliance now.
+    pub async fn dispatchable(
+        &self,
+        scope: &TenantScope,
+        release_id: &str,
+    ) -> Result<LoadedRelease, ReleaseError> {
+        let release = self
+            .get(scope, release_id)?
+            .ok_or_else(|| DomainError::not_found("release", release_id))?;
+        let release = if release.state == LoadState::Verified && !self.is_current(&release) {
+            self.reverify(scope, &release).await?
+        } else {
+            release
+        };
+        release.dispatchable()?;
+        Ok(release)
+    }
+
+    /// Deprecates or revokes a release and applies its in-flight policy.
+    pub async fn retire(
+        &self,
+        scope: &TenantScope,
+        release_id: &str,
+        revoke: bool,
+        policy: InFlightPolicy,
+    ) -> Result<(LoadedRelease, InFlightReport), ReleaseError> {
+        let now = self.clock.now();
+        let (s, id) = (scope.clone(), release_id.to_string());
+        let release = self
+            .store
+            .transact(move |tx: &mut Tx| -> Result<LoadedRelease, ReleaseError> {
+                let mut release: LoadedRelease = tx
+                    .get(&s, &id)?
+                    .ok_or_else(|| DomainError::not_found("release", &id))?;
+                let event = if revoke {
+                    release.revoke(policy, now)?
+                } else {
+                    release.deprecate(policy, now)?
+                };
+                tx.put(&s, &release)?;
+                tx.emit(event)?;
+                Ok(release)
+            })
+            .await?;
+        let engine = self.in_flight.read().clone();
+        let report = engine.apply(scope, release_id, policy).await;
+        tracing::info!(
+            release = %release_id,
+            lifecycle = ?release.lifecycle,
+            policy = %policy,
+            running = report.running,
+            interrupted = report.interrupted,
+            "release retired"
+        );
+        Ok((release, report))
+    }
+}
+
+/// Puts every content item into the artifact store; returns the references
+/// by role.
+fn store_contents(
+    tx: &mut Tx<'_>,
+    scope: &TenantScope,
+    bundle: &Bundle,
+    canonical_manifest: &[u8],
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<BTreeMap<String, String>, StoreError> {
+    let manifest: Manifest = serde_json::from_slice(canonical_manifest)
+        .map_err(|e| StoreError::Backup(format!("a verified manifest no longer parses: {e}")))?;
+    let mut refs = BTreeMap::new();
+    let mut put =
+        |tx: &mut Tx<'_>, role: String, bytes: &[u8], media: &str| -> Result<(), StoreError> {
+            let hash = tx.put_artifact(scope, bytes, media, None, now)?;
+            refs.insert(role, hash);
+            Ok(())
+        };
+    put(
+        tx,
+        "manifest".into(),
+        canonical_manifest,
+        "application/json",
+    )?;
+    put(
+        tx,
+        "signature".into(),
+        &bundle.files[SIGNATURE],
+        "application/json",
+    )?;
+    for (role, path, _) in manifest.files() {
+        let role = match role {
+            "skill" => {
+                let id = manifest
+                    .skills
+                    .iter()
+                    .find(|s| s.path == path)
+                    .map_or(path, |s| s.id.as_str());
+                format!("skill:{id}")
+            }
+            other => other.to_string(),
+        };
+        let media = if path.ends_with(".json") {
+            "application/json"
+        } else {
+            "text/markdown"
+        };
+        put(tx, role, &bundle.files[path], media)?;
+    }
+    let json = |v: serde_json::Value| canonical_json(&v);
+    put(
+        tx,
+        "policy".into(),
+        &json(serde_json::to_value(&manifest.policy).expect("policies serialise")),
+        "application/json",
+    )?;
+    put(
+        tx,
+        "modelProfile".into(),
+        &json(serde_json::to_value(&manifest.model_profile).expect("profiles serialise")),
+        "application/json",
+    )?;
+    put(
+        tx,
+        "toolDescriptors".into(),
+        &json(serde_json::to_value(&manifest.tools).expect("tools serialise")),
+        "application/json",
+    )?;
+    Ok(refs)
+}
