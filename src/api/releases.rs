@@ -17,7 +17,9 @@ use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::domain::TenantId;
-use crate::domain::release::{InFlightPolicy, LoadedRelease, adapter_version, parse_release_id};
+use crate::domain::release::{
+    InFlightPolicy, LoadState, LoadedRelease, adapter_version, parse_release_id,
+};
 use crate::releases::ReleaseError;
 use crate::releases::bundle::Bundle;
 use crate::store::TenantScope;
@@ -117,7 +119,10 @@ pub async fn import(
         .releases
         .record(bundle, report, &auth.principal.subject.to_string())
         .await?;
-    let status = if before.is_some_and(|b| b.manifest_hash == release.manifest_hash) {
+    let already = before.is_some_and(|b| {
+        b.state == LoadState::Verified && b.manifest_hash == release.manifest_hash
+    });
+    let status = if already {
         StatusCode::OK
     } else {
         StatusCode::CREATED

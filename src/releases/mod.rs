@@ -536,3 +536,119 @@ fn store_contents(
     )?;
     Ok(refs)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::domain::tenant::TenantSpec;
+    use crate::store::StoreOptions;
+
+    /// Records what the attempt engine was asked to do.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(TenantId, String, InFlightPolicy)>>);
+
+    impl InFlight for Recorder {
+        fn apply<'a>(
+            &'a self,
+            scope: &'a TenantScope,
+            release_id: &'a str,
+            policy: InFlightPolicy,
+        ) -> BoxFuture<'a, InFlightReport> {
+            Box::pin(async move {
+                self.0
+                    .lock()
+                    .push((scope.tenant().clone(), release_id.to_string(), policy));
+                InFlightReport {
+                    running: 2,
+                    interrupted: if policy == InFlightPolicy::Interrupt {
+                        2
+                    } else {
+                        0
+                    },
+                }
+            })
+        }
+    }
+
+    async fn demo_store(dir: &Path) -> Store {
+        let store = Store::open(&dir.join("store"), &StoreOptions::default()).unwrap();
+        let (tenant, _) = Tenant::put(
+            None,
+            TenantId::parse("demo").unwrap(),
+            TenantSpec {
+                edition: "team".into(),
+                ..TenantSpec::default()
+            },
+            &["team".to_string()],
+            chrono::Utc::now(),
+        )
+        .unwrap();
+        store
+            .transact(move |tx: &mut Tx| {
+                tx.put(&TenantScope::new(tenant.tenant_id.clone()), &tenant)
+            })
+            .await
+            .unwrap();
+        store
+    }
+
+    #[tokio::test]
+    async fn retiring_applies_the_in_flight_policy_through_the_engine() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = demo_store(dir.path()).await;
+        let releases = Releases::new(store, SystemClock::shared(), &ReleasesConfig::default());
+        let recorder = Arc::new(Recorder::default());
+        releases.set_in_flight(recorder.clone());
+        let example =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage");
+        let bundle = Bundle::from_dir(&example, &releases.limits).unwrap();
+        let report = releases.check(&bundle);
+        assert!(report.verified(), "{:?}", report.rejection);
+        let release = releases.record(bundle, report, "test").await.unwrap();
+        let scope = TenantScope::new(release.tenant_id.clone());
+        assert!(releases.dispatchable(&scope, "triage-1.0.0").await.is_ok());
+
+        let (r, report) = releases
+            .retire(&scope, "triage-1.0.0", false, InFlightPolicy::Drain)
+            .await
+            .unwrap();
+        assert_eq!(r.lifecycle, Lifecycle::Deprecated);
+        assert_eq!(report.running, 2);
+        let err = releases
+            .dispatchable(&scope, "triage-1.0.0")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("takes no new runs"), "{err}");
+
+        let (r, report) = releases
+            .retire(&scope, "triage-1.0.0", true, InFlightPolicy::Interrupt)
+            .await
+            .unwrap();
+        assert_eq!(r.lifecycle, Lifecycle::Revoked);
+        assert_eq!(report.interrupted, 2);
+        let err = releases
+            .dispatchable(&scope, "triage-1.0.0")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("revoked"), "{err}");
+        // What attempts loaded stays readable.
+        assert!(releases.manifest(&scope, &r).is_ok());
+        assert!(
+            !releases
+                .artifact(&scope, &r, "instructions")
+                .unwrap()
+                .is_empty()
+        );
+
+        let calls = recorder.0.lock().clone();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].2, InFlightPolicy::Drain);
+        assert_eq!(calls[1].2, InFlightPolicy::Interrupt);
+        assert_eq!(calls[1].1, "triage-1.0.0");
+    }
+}

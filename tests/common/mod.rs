@@ -113,6 +113,33 @@ impl Appliance {
         }
     }
 
+    /// Serves an existing data directory with extra arguments and
+    /// environment.
+    pub fn serve_with(
+        root: &Path,
+        data_dir: &Path,
+        admin: Credential,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Appliance {
+        let child = spawn_serve_with(root, data_dir, args, env);
+        let info = wait_for_runtime_info(data_dir, child.id());
+        Appliance {
+            root: root.to_path_buf(),
+            data_dir: data_dir.to_path_buf(),
+            child: Some(child),
+            url: info.url,
+            fingerprint: info.certificate_fingerprint,
+            admin,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            _tmp: None,
+        }
+    }
+
     /// Serves an existing data directory.
     pub fn serve(root: &Path, data_dir: &Path, admin: Credential) -> Appliance {
         let child = spawn_serve(root, data_dir, &[]);
@@ -157,6 +184,15 @@ impl Appliance {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Restarts with other environment (after a kill or a stop).
+    pub fn restart_with_env(&mut self, env: &[(&str, &str)]) {
+        self.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.restart();
     }
 
     /// Restarts on the same data directory (after a kill or a stop).
@@ -371,6 +407,8 @@ impl Appliance {
                 "factory.capacity.admin",
                 "agentbay.admin",
                 "agentbay.events.read",
+                "factory.assets.read",
+                "factory.assets.admin",
             ],
         )
         .await
@@ -449,6 +487,29 @@ pub fn https_client(fingerprint: &str) -> reqwest::Client {
         .tls_backend_preconfigured(tls)
         .build()
         .unwrap()
+}
+
+/// The payloads of the first `n` events of a topic, from the start.
+pub async fn events(a: &Appliance, token: &str, topic: &str, n: usize) -> Vec<Value> {
+    let mut stream = a
+        .rpc_json(token)
+        .watch_events(pb::WatchEventsRequest {
+            topics: vec![topic.into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let e = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("{n} {topic} events within 10 s; got {}", out.len()))
+            .unwrap()
+            .unwrap()
+            .to_owned_message();
+        out.push(serde_json::to_value(e.payload.as_option().unwrap()).unwrap());
+    }
+    out
 }
 
 /// Reads a problem+json response, checking its content type.

@@ -59,28 +59,6 @@ fn state(l: &pb::Lease) -> String {
     format!("{:?}", l.state.as_known().unwrap())
 }
 
-async fn events_of(a: &Appliance, token: &str, topic: &str, n: usize) -> Vec<Value> {
-    let mut stream = a
-        .rpc_json(token)
-        .watch_events(admin_pb::WatchEventsRequest {
-            topics: vec![topic.into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    while out.len() < n {
-        let e = tokio::time::timeout(Duration::from_secs(10), stream.message())
-            .await
-            .expect("events within 10 s")
-            .unwrap()
-            .unwrap()
-            .to_owned_message();
-        out.push(serde_json::to_value(e.payload.as_option().unwrap()).unwrap());
-    }
-    out
-}
-
 #[tokio::test]
 async fn quotas_resolve_edition_tenant_project_and_only_tighten() {
     let a = Appliance::start();
@@ -176,7 +154,7 @@ async fn quotas_resolve_edition_tenant_project_and_only_tighten() {
         q["tenant"]["effective"]["concurrentRuns"]["source"]["level"],
         "edition"
     );
-    let changed = events_of(&a, &admin, "capacity.quotas.v1.quota-changed", 3).await;
+    let changed = crate::common::events(&a, &admin, "capacity.quotas.v1.quota-changed", 3).await;
     assert_eq!(
         changed.last().unwrap()["concurrentRuns"].as_f64(),
         Some(2.0)
@@ -226,7 +204,7 @@ async fn every_denial_names_its_limit_in_the_error_the_event_and_the_lease_list(
     let (code, message) = denial(&a, &token, acquire("web", "r3", 0.5, 1.0)).await;
     assert_eq!(code, ErrorCode::ResourceExhausted);
     assert_eq!(message, "concurrentRuns of project web: 2 in use, limit 2");
-    let exceeded = events_of(&a, &token, "capacity.quotas.v1.quota-exceeded", 1).await;
+    let exceeded = crate::common::events(&a, &token, "capacity.quotas.v1.quota-exceeded", 1).await;
     assert_eq!(exceeded[0]["limit"], message);
     assert_eq!(exceeded[0]["holderId"], "r3");
     let denied = a.get(&token, "/factory/capacity/leases?holderId=r3").await;
@@ -421,7 +399,8 @@ async fn expiry_and_autoscaling_follow_the_clock() {
             .unwrap()
             .contains("expired; acquire a new lease")
     );
-    let released = events_of(&a, &admin, "capacity.leases.v1.capacity-lease-released", 1).await;
+    let released =
+        crate::common::events(&a, &admin, "capacity.leases.v1.capacity-lease-released", 1).await;
     assert_eq!(released[0]["state"], "Expired");
     assert_eq!(released[0]["executionSeconds"].as_f64(), Some(121.0));
 

@@ -12,4 +12,5 @@ mod cli;
 mod durability;
 mod events;
 mod http;
+mod releases;
 mod rpc;
