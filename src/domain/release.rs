@@ -953,6 +953,16 @@ mod tests {
     }
 
     #[test]
+    fn canonical_form_of_a_float_reparses_to_itself() {
+        // Found by fuzzing: a float printed by the canonical writer must
+        // parse back to the same value, or a signed manifest hash drifts.
+        let v: Value = serde_json::from_str(r#"{"memoryGb": 0.977777777777777775}"#).unwrap();
+        let once = canonical_json(&v);
+        let again = canonical_json(&serde_json::from_slice(&once).unwrap());
+        assert_eq!(once, again, "{}", String::from_utf8_lossy(&once));
+    }
+
+    #[test]
     fn paths_that_leave_the_bundle_are_refused() {
         assert!(check_path("p", "skills/triage.md").is_ok());
         for bad in [
