@@ -262,6 +262,8 @@ impl From<DomainError> for ApiError {
             DomainError::FailedPrecondition(m) => ApiError::new(ErrorCode::FailedPrecondition, m),
             DomainError::Exhausted(m) => ApiError::new(ErrorCode::ResourceExhausted, m),
             DomainError::Aborted(m) => ApiError::new(ErrorCode::Aborted, m),
+            DomainError::Refused(m) => ApiError::new(ErrorCode::PermissionDenied, m),
+            DomainError::Unavailable(m) => ApiError::new(ErrorCode::Unavailable, m),
         }
     }
 }

@@ -57,6 +57,13 @@ pub enum DomainError {
     /// A stale fencing token or a conflicting concurrent change.
     #[error("{0}")]
     Aborted(String),
+    /// A policy refuses the command (a tool outside the release's closure,
+    /// a denied side-effect class).
+    #[error("{0}")]
+    Refused(String),
+    /// Not now: ask again later (a paused attempt).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl DomainError {

@@ -6,12 +6,14 @@
 
 pub mod access;
 pub mod amount;
+pub mod attempt;
 pub mod capacity;
 pub mod credential;
 pub mod error;
 pub mod events;
 pub mod ids;
 pub mod release;
+pub mod run;
 pub mod tenant;
 
 pub use error::{DomainError, FieldError};

@@ -1,0 +1,466 @@
+//! The entities inside an ExecutionAttempt: checkpoints, call records,
+//! decision requests and sub-agent delegations. They are stored in tables
+//! of their own (keyed under their attempt) but change only through the
+//! attempt's transitions.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::AttemptPhase;
+use crate::domain::ids::TenantId;
+use crate::domain::release::{PolicyRule, SideEffectClass, canonical_json};
+
+/// `sha256:<hex>` of a JSON value's canonical form.
+pub fn json_hash(value: &serde_json::Value) -> String {
+    use sha2::{Digest, Sha256};
+    format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(canonical_json(value)))
+    )
+}
+
+/// Why a checkpoint was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckpointReason {
+    /// The attempt started: its first resumable point.
+    Started,
+    /// Before a gated call (class shared-write and above).
+    BeforeGatedCall,
+    /// After an observed outcome of a call.
+    AfterObservation,
+    /// `Runtime:Attempts:CheckpointEveryCalls` calls since the last one.
+    Cadence,
+    /// The adapter asked for one.
+    Adapter,
+    /// Before the attempt paused.
+    Pause,
+}
+
+impl CheckpointReason {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointReason::Started => "started",
+            CheckpointReason::BeforeGatedCall => "before-gated-call",
+            CheckpointReason::AfterObservation => "after-observation",
+            CheckpointReason::Cadence => "cadence",
+            CheckpointReason::Adapter => "adapter",
+            CheckpointReason::Pause => "pause",
+        }
+    }
+}
+
+/// A durable point the attempt can resume from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    /// The checkpoint.
+    pub checkpoint_id: Uuid,
+    /// Its attempt.
+    pub attempt_id: Uuid,
+    /// Owner.
+    pub tenant_id: TenantId,
+    /// 1, 2, ... within the attempt.
+    pub sequence: u32,
+    /// Where the loop was.
+    pub phase: AttemptPhase,
+    /// Artifact reference of the adapter's state (opaque to the runtime).
+    pub adapter_state_ref: String,
+    /// Adapter the state belongs to, e.g. `external/1`.
+    pub adapter_version: String,
+    /// Checkpoint format of the state.
+    pub checkpoint_format: u32,
+    /// Context snapshot in use.
+    pub context_snapshot_ref: Option<String>,
+    /// Hash of the checkpoint's canonical form.
+    pub hash: String,
+    /// Written at.
+    pub created_at: DateTime<Utc>,
+    /// Why it was written.
+    pub reason: CheckpointReason,
+    /// The call it precedes (before a gated call) or follows.
+    pub call_id: Option<Uuid>,
+    /// Referenced by evidence (a gated call): kept by the compactor.
+    pub evidence: bool,
+}
+
+impl Checkpoint {
+    /// The hash over the fields that define the checkpoint.
+    pub fn compute_hash(&self) -> String {
+        json_hash(&json!({
+            "attemptId": self.attempt_id,
+            "sequence": self.sequence,
+            "phase": self.phase.as_str(),
+            "adapterStateRef": self.adapter_state_ref,
+            "adapterVersion": self.adapter_version,
+            "checkpointFormat": self.checkpoint_format,
+            "contextSnapshotRef": self.context_snapshot_ref,
+        }))
+    }
+
+    /// Whether an adapter of `adapter_version` reading `checkpoint_format`
+    /// can resume from this checkpoint; the reason when it cannot.
+    pub fn compatible_with(
+        &self,
+        adapter_version: &str,
+        checkpoint_format: u32,
+    ) -> Result<(), String> {
+        if self.adapter_version != adapter_version {
+            return Err(format!(
+                "checkpoint {} was written by adapter {}, this adapter is {}",
+                self.sequence, self.adapter_version, adapter_version
+            ));
+        }
+        if self.checkpoint_format != checkpoint_format {
+            return Err(format!(
+                "checkpoint {} has format {}, this adapter reads format {}",
+                self.sequence, self.checkpoint_format, checkpoint_format
+            ));
+        }
+        Ok(())
+    }
+
+    /// The stored id within the tenant: `<attempt>/<sequence>`.
+    pub fn key(attempt_id: Uuid, sequence: u32) -> String {
+        format!("{attempt_id}/{sequence:010}")
+    }
+}
+
+/// What a call goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CallKind {
+    /// A model invocation against the pinned profile.
+    Model,
+    /// A tool of the release.
+    Tool,
+    /// A child run of another agent.
+    SubAgent,
+}
+
+impl CallKind {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Model => "model",
+            CallKind::Tool => "tool",
+            CallKind::SubAgent => "sub-agent",
+        }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(text: &str) -> Option<CallKind> {
+        [CallKind::Model, CallKind::Tool, CallKind::SubAgent]
+            .into_iter()
+            .find(|k| k.as_str() == text)
+    }
+}
+
+/// Where a call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CallStatus {
+    /// Started; no result observed yet.
+    Issued,
+    /// The result was observed.
+    Completed,
+    /// Refused before it started (outside the closure, denied, invalid
+    /// arguments, over a limit) or ended in an error.
+    Failed,
+    /// Stopped before a result, and its class means it had no effect.
+    Abandoned,
+    /// Stopped before a result with an effect that cannot be confirmed:
+    /// shown to an operator, never retried automatically.
+    Uncertain,
+}
+
+impl CallStatus {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallStatus::Issued => "issued",
+            CallStatus::Completed => "completed",
+            CallStatus::Failed => "failed",
+            CallStatus::Abandoned => "abandoned",
+            CallStatus::Uncertain => "uncertain",
+        }
+    }
+}
+
+/// An operator's word on an uncertain call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Effect {
+    /// The effect happened.
+    Happened,
+    /// It did not.
+    DidNotHappen,
+}
+
+impl Effect {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effect::Happened => "happened",
+            Effect::DidNotHappen => "did-not-happen",
+        }
+    }
+}
+
+/// How an operator settled an uncertain call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settlement {
+    /// What they found.
+    pub effect: Effect,
+    /// Why they say so (required).
+    pub reason: String,
+    /// Who.
+    pub by: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// One outbound call: hashes and references only, never content.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallRecord {
+    /// The call.
+    pub call_id: Uuid,
+    /// Its attempt.
+    pub attempt_id: Uuid,
+    /// Owner.
+    pub tenant_id: TenantId,
+    /// 1, 2, ... within the attempt.
+    pub sequence: u32,
+    /// Model, tool or sub-agent.
+    pub kind: CallKind,
+    /// Model profile, tool id or child agent id.
+    pub target: String,
+    /// Side-effect class (tools).
+    pub side_effect_class: Option<SideEffectClass>,
+    /// Artifact reference of the request (arguments, prompt).
+    pub request_hash: String,
+    /// The policy decision that allowed or refused it.
+    pub policy_decision_id: Option<Uuid>,
+    /// What the policy said.
+    pub policy_rule: Option<PolicyRule>,
+    /// The approval that allowed it, for a call that needed one.
+    pub approval_id: Option<Uuid>,
+    /// Artifact reference of the receipt (tool-invocation-v1 /
+    /// model-invocation-v1).
+    pub receipt_ref: Option<String>,
+    /// Artifact reference of the result.
+    pub result_hash: Option<String>,
+    /// Where it is.
+    pub status: CallStatus,
+    /// Why it failed, was refused or is uncertain.
+    pub error: Option<String>,
+    /// The checkpoint written before it (gated calls).
+    pub pre_checkpoint_id: Option<Uuid>,
+    /// The fencing token it was issued under.
+    pub fencing_token: u64,
+    /// Context tokens the caller declared (model calls).
+    pub context_tokens: Option<u32>,
+    /// Started.
+    pub started_at: DateTime<Utc>,
+    /// Ended.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// A receipt the adapter reported after the call was settled as
+    /// uncertain: evidence for the operator, never a result.
+    pub late_receipt_ref: Option<String>,
+    /// An operator's settlement of an uncertain call.
+    pub settlement: Option<Settlement>,
+}
+
+impl CallRecord {
+    /// The stored id within the tenant: `<attempt>/<sequence>`.
+    pub fn key(attempt_id: Uuid, sequence: u32) -> String {
+        format!("{attempt_id}/{sequence:06}")
+    }
+
+    /// Whether the call was in flight: issued and not yet observed.
+    pub fn is_open(&self) -> bool {
+        self.status == CallStatus::Issued
+    }
+}
+
+/// What a human is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DecisionKind {
+    /// Permission for a gated call; owned by Run Control (approvalId).
+    Approval,
+    /// Missing input.
+    Input,
+    /// A choice among options, with a recommendation.
+    Escalation,
+}
+
+impl DecisionKind {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionKind::Approval => "approval",
+            DecisionKind::Input => "input",
+            DecisionKind::Escalation => "escalation",
+        }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(text: &str) -> Option<DecisionKind> {
+        [
+            DecisionKind::Approval,
+            DecisionKind::Input,
+            DecisionKind::Escalation,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == text)
+    }
+}
+
+/// Where a decision is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DecisionStatus {
+    /// Waiting for a human.
+    Pending,
+    /// Approval granted.
+    Approved,
+    /// Approval refused.
+    Rejected,
+    /// Input or escalation answered.
+    Answered,
+    /// Nobody answered in time.
+    Expired,
+    /// The attempt stopped first.
+    Cancelled,
+}
+
+impl DecisionStatus {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionStatus::Pending => "pending",
+            DecisionStatus::Approved => "approved",
+            DecisionStatus::Rejected => "rejected",
+            DecisionStatus::Answered => "answered",
+            DecisionStatus::Expired => "expired",
+            DecisionStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The call an approval is about: it is issued only once approved, and
+/// only with exactly this request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProposedCall {
+    /// Kind.
+    pub kind: CallKind,
+    /// Tool id.
+    pub target: String,
+    /// Class.
+    pub side_effect_class: Option<SideEffectClass>,
+    /// Artifact reference of the request.
+    pub request_hash: String,
+    /// The policy decision that asked for approval.
+    pub policy_decision_id: Uuid,
+}
+
+impl ProposedCall {
+    /// `proposalHash`: what exactly is approved.
+    pub fn hash(&self) -> String {
+        json_hash(&json!({
+            "kind": self.kind.as_str(),
+            "target": self.target,
+            "requestHash": self.request_hash,
+        }))
+    }
+}
+
+/// A human decision the attempt waits for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DecisionRequest {
+    /// The decision.
+    pub decision_id: Uuid,
+    /// Its attempt.
+    pub attempt_id: Uuid,
+    /// Its run.
+    pub run_id: Uuid,
+    /// Owner.
+    pub tenant_id: TenantId,
+    /// Approval, input or escalation.
+    pub kind: DecisionKind,
+    /// The Run Control approval (approvals only).
+    pub approval_id: Option<Uuid>,
+    /// What is to be approved (approvals only).
+    pub proposal: Option<ProposedCall>,
+    /// Hash of the proposal.
+    pub proposal_hash: Option<String>,
+    /// Artifact reference of the question put to the human.
+    pub question_ref: Option<String>,
+    /// A one-line summary for lists (never payload content).
+    pub summary: String,
+    /// Choices (escalations).
+    pub options: Vec<String>,
+    /// The attempt's recommendation among them.
+    pub recommendation: Option<String>,
+    /// Where it is.
+    pub status: DecisionStatus,
+    /// Asked at.
+    pub requested_at: DateTime<Utc>,
+    /// Expires at (Runtime:Decisions:InputTimeoutMinutes).
+    pub expires_at: DateTime<Utc>,
+    /// Answered at.
+    pub answered_at: Option<DateTime<Utc>>,
+    /// Who answered.
+    pub answered_by: Option<String>,
+    /// The chosen option (escalations).
+    pub choice: Option<String>,
+    /// Artifact reference of the answer (input).
+    pub answer_ref: Option<String>,
+    /// The reviewer's reason.
+    pub reason: Option<String>,
+    /// For an approval: whether the approved call has been issued.
+    pub consumed: bool,
+}
+
+/// A child run delegated by a supervisor attempt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubAgentDelegation {
+    /// The delegation.
+    pub delegation_id: Uuid,
+    /// The supervisor attempt.
+    pub attempt_id: Uuid,
+    /// Owner.
+    pub tenant_id: TenantId,
+    /// The child run.
+    pub child_run_id: Uuid,
+    /// The child's agent.
+    pub child_agent_id: String,
+    /// The child's release.
+    pub child_release_id: String,
+    /// Why.
+    pub purpose: String,
+    /// 1 for a child of a top-level run.
+    pub depth: u32,
+    /// submitted, then the child run's final state.
+    pub status: String,
+    /// The sub-agent call it belongs to.
+    pub call_id: Uuid,
+    /// Submitted at.
+    pub created_at: DateTime<Utc>,
+}
+
+impl SubAgentDelegation {
+    /// The stored id within the tenant: `<attempt>/<delegation>`.
+    pub fn key(attempt_id: Uuid, delegation_id: Uuid) -> String {
+        format!("{attempt_id}/{delegation_id}")
+    }
+}

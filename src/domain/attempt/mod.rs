@@ -1,0 +1,1930 @@
+//! The ExecutionAttempt aggregate: one try of one step under one lease.
+//!
+//! The states, phases, invariants and limits are the specification's
+//! (AgentRuntimeService). Every change goes through a transition here;
+//! the attempt's grain (`runtime::grain`) orders the commands and stores
+//! what a transition returns, the API never edits a field.
+//!
+//! The state machine is the specification's diagram plus three edges an
+//! appliance needs, each for a case the diagram leaves open:
+//! - `Claimed -> Cancelled`: the run is cancelled while its attempt still
+//!   waits for capacity or for an adapter to claim it;
+//! - `Claimed -> Failed`: the release cannot be loaded (revoked, rejected)
+//!   or capacity is denied for good before the loop starts;
+//! - `Paused -> Cancelled`: cancellation (or a lost lease) while paused; a
+//!   paused attempt has no call in flight, so it is observed at once.
+//!
+//! Budgets: `maxMinutes` counts active time (Running and WaitingForTool),
+//! not time spent waiting for capacity, for a human or while paused.
+
+pub mod entities;
+
+use std::fmt;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use uuid::Uuid;
+
+pub use self::entities::*;
+use crate::domain::error::DomainError;
+use crate::domain::events::{EventPayload, NewEvent};
+use crate::domain::ids::{ProjectId, TenantId};
+use crate::domain::release::{AdapterKind, AttemptLimits, PolicyRule, SideEffectClass};
+
+/// Where an attempt is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum AttemptState {
+    /// Dispatched with its lease; the loop has not started.
+    Claimed,
+    /// The loop runs.
+    Running,
+    /// A gated or long call (tool, sub-agent) is in flight.
+    WaitingForTool,
+    /// A human decision is awaited.
+    WaitingForDecision,
+    /// Lease renewal failed; stopped at a checkpoint until it is renewed.
+    Paused,
+    /// The output was verified.
+    Succeeded,
+    /// Corrections exhausted, a terminal error, a refused or expired
+    /// decision, or a budget limit.
+    Failed,
+    /// `maxMinutes` ran out.
+    TimedOut,
+    /// Cancellation was observed.
+    Cancelled,
+    /// Stopped with a call whose effect cannot be confirmed.
+    Uncertain,
+}
+
+impl AttemptState {
+    /// Every state.
+    pub const ALL: [AttemptState; 10] = [
+        AttemptState::Claimed,
+        AttemptState::Running,
+        AttemptState::WaitingForTool,
+        AttemptState::WaitingForDecision,
+        AttemptState::Paused,
+        AttemptState::Succeeded,
+        AttemptState::Failed,
+        AttemptState::TimedOut,
+        AttemptState::Cancelled,
+        AttemptState::Uncertain,
+    ];
+
+    /// Final states: nothing changes an attempt after them.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            AttemptState::Succeeded
+                | AttemptState::Failed
+                | AttemptState::TimedOut
+                | AttemptState::Cancelled
+                | AttemptState::Uncertain
+        )
+    }
+
+    /// States whose time counts against `maxMinutes`.
+    pub fn is_active(self) -> bool {
+        matches!(self, AttemptState::Running | AttemptState::WaitingForTool)
+    }
+
+    /// The name, as the specification spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptState::Claimed => "Claimed",
+            AttemptState::Running => "Running",
+            AttemptState::WaitingForTool => "WaitingForTool",
+            AttemptState::WaitingForDecision => "WaitingForDecision",
+            AttemptState::Paused => "Paused",
+            AttemptState::Succeeded => "Succeeded",
+            AttemptState::Failed => "Failed",
+            AttemptState::TimedOut => "TimedOut",
+            AttemptState::Cancelled => "Cancelled",
+            AttemptState::Uncertain => "Uncertain",
+        }
+    }
+
+    /// Parses a name, case-insensitively.
+    pub fn parse(text: &str) -> Option<AttemptState> {
+        AttemptState::ALL
+            .into_iter()
+            .find(|s| s.as_str().eq_ignore_ascii_case(text))
+    }
+
+    /// Whether `self -> to` is an edge of the state machine, and its name.
+    pub fn edge(self, to: AttemptState) -> Option<&'static str> {
+        use AttemptState::*;
+        Some(match (self, to) {
+            (Claimed, Running) => "ReleaseLoadedAndContextBuilt",
+            (Running, WaitingForTool) => "ToolCallIssued",
+            (WaitingForTool, Running) => "ToolResultObserved",
+            (Running, WaitingForDecision) => "DecisionRequested",
+            (WaitingForDecision, Running) => "DecisionReceived",
+            (Running, Paused) => "ControlPlaneUnreachable",
+            (Paused, Running) => "LeaseRenewed",
+            (Running, Succeeded) => "OutputVerified",
+            (Running, Failed) => "CorrectionsExhaustedOrTerminalError",
+            (Running, TimedOut) => "AttemptBudgetExceeded",
+            (WaitingForDecision, Failed) => "DecisionRejectedOrExpired",
+            (Running, Cancelled) => "CancellationObserved",
+            (WaitingForTool, Cancelled) => "CancellationObserved",
+            (WaitingForDecision, Cancelled) => "CancellationObserved",
+            (WaitingForTool, Uncertain) => "EffectUnconfirmed",
+            // The appliance's three additions (see the module docs).
+            (Claimed, Cancelled) => "CancelledBeforeStart",
+            (Claimed, Failed) => "NotStartable",
+            (Paused, Cancelled) => "CancellationObserved",
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for AttemptState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where the loop is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AttemptPhase {
+    /// Resolving the snapshot.
+    Resolving,
+    /// Loading and verifying the release.
+    LoadingRelease,
+    /// Assembling context within the token budget.
+    BuildingContext,
+    /// Deciding the next step.
+    Planning,
+    /// A model or tool call is out.
+    Calling,
+    /// Taking in a call's result.
+    Observing,
+    /// Checking the output against the output contract.
+    Verifying,
+    /// Correcting after a failed verification.
+    Correcting,
+    /// Writing a checkpoint.
+    Checkpointing,
+    /// Reporting the outcome.
+    Reporting,
+}
+
+impl AttemptPhase {
+    /// Every phase.
+    pub const ALL: [AttemptPhase; 10] = [
+        AttemptPhase::Resolving,
+        AttemptPhase::LoadingRelease,
+        AttemptPhase::BuildingContext,
+        AttemptPhase::Planning,
+        AttemptPhase::Calling,
+        AttemptPhase::Observing,
+        AttemptPhase::Verifying,
+        AttemptPhase::Correcting,
+        AttemptPhase::Checkpointing,
+        AttemptPhase::Reporting,
+    ];
+
+    /// The name, as the specification spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptPhase::Resolving => "Resolving",
+            AttemptPhase::LoadingRelease => "LoadingRelease",
+            AttemptPhase::BuildingContext => "BuildingContext",
+            AttemptPhase::Planning => "Planning",
+            AttemptPhase::Calling => "Calling",
+            AttemptPhase::Observing => "Observing",
+            AttemptPhase::Verifying => "Verifying",
+            AttemptPhase::Correcting => "Correcting",
+            AttemptPhase::Checkpointing => "Checkpointing",
+            AttemptPhase::Reporting => "Reporting",
+        }
+    }
+
+    /// Parses a name, case-insensitively.
+    pub fn parse(text: &str) -> Option<AttemptPhase> {
+        AttemptPhase::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(text))
+    }
+}
+
+impl fmt::Display for AttemptPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why an attempt failed: decides whether Run Control tries again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureClass {
+    /// The output did not satisfy the contract within maxCorrections.
+    Validation,
+    /// The appliance, the adapter or the store failed.
+    Infrastructure,
+    /// A passing failure (a dependency timed out): worth another attempt.
+    Transient,
+    /// A policy or a human refused.
+    Policy,
+    /// A limit of the attempt was reached.
+    Budget,
+}
+
+impl FailureClass {
+    /// Every class.
+    pub const ALL: [FailureClass; 5] = [
+        FailureClass::Validation,
+        FailureClass::Infrastructure,
+        FailureClass::Transient,
+        FailureClass::Policy,
+        FailureClass::Budget,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::Validation => "validation",
+            FailureClass::Infrastructure => "infrastructure",
+            FailureClass::Transient => "transient",
+            FailureClass::Policy => "policy",
+            FailureClass::Budget => "budget",
+        }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(text: &str) -> Option<FailureClass> {
+        FailureClass::ALL.into_iter().find(|c| c.as_str() == text)
+    }
+
+    /// Whether another attempt may succeed where this one failed.
+    pub fn retryable(self) -> bool {
+        matches!(self, FailureClass::Infrastructure | FailureClass::Transient)
+    }
+}
+
+/// How an attempt failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptFailure {
+    /// The class.
+    pub class: FailureClass,
+    /// In words, naming the limit, the decision or the error.
+    pub reason: String,
+    /// Artifact reference of the validator's feedback (validation).
+    pub feedback_ref: Option<String>,
+}
+
+/// Who asked an attempt to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InterruptSource {
+    /// `Runtime/Interrupt`.
+    Interrupt,
+    /// The run was cancelled.
+    RunCancelled,
+    /// The release was revoked with in-flight policy `interrupt`.
+    Revocation,
+    /// The attempt's lease is gone (reconciler).
+    LeaseLost,
+}
+
+impl InterruptSource {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InterruptSource::Interrupt => "interrupt",
+            InterruptSource::RunCancelled => "run-cancelled",
+            InterruptSource::Revocation => "revocation",
+            InterruptSource::LeaseLost => "lease-lost",
+        }
+    }
+}
+
+/// A request to stop, recorded until it is observed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InterruptRequest {
+    /// When.
+    pub requested_at: DateTime<Utc>,
+    /// Who.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// Where it came from.
+    pub source: InterruptSource,
+}
+
+/// Counters checked against the limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptUsage {
+    /// Model calls issued.
+    pub model_calls: u32,
+    /// Tool calls issued.
+    pub tool_calls: u32,
+    /// Sub-agents delegated.
+    pub sub_agents: u32,
+    /// Largest context declared for a model call.
+    pub context_tokens: u32,
+    /// Call records written (also refused ones): the next sequence.
+    pub calls: u32,
+    /// Checkpoints written: the next sequence.
+    pub checkpoints: u32,
+    /// Decisions requested.
+    pub decisions: u32,
+    /// Calls since the last checkpoint.
+    pub calls_since_checkpoint: u32,
+    /// Milliseconds spent Running or WaitingForTool before the current
+    /// active stretch.
+    pub active_ms: u64,
+}
+
+/// The call in flight, if any: at most one at a time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenCall {
+    /// The call.
+    pub call_id: Uuid,
+    /// Its sequence.
+    pub sequence: u32,
+    /// Model, tool or sub-agent.
+    pub kind: CallKind,
+    /// Class (tools).
+    pub side_effect_class: Option<SideEffectClass>,
+}
+
+impl OpenCall {
+    /// Whether stopping the call now leaves an effect nobody can confirm:
+    /// model calls and read tools have none; a sub-agent's effects are its
+    /// child run's, which is cancelled and settles on its own.
+    pub fn effect_unconfirmed(&self) -> bool {
+        match self.kind {
+            CallKind::Model | CallKind::SubAgent => false,
+            CallKind::Tool => self
+                .side_effect_class
+                .is_none_or(|c| c > SideEffectClass::Read),
+        }
+    }
+}
+
+/// The lease the attempt runs under (Run Control's, not capacity's).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptLease {
+    /// Who holds it: the appliance for builtin attempts, the adapter
+    /// session for external ones; none until claimed.
+    pub holder: Option<String>,
+    /// Until when, unless renewed.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Renewals so far (the heartbeat's idempotency key with leaseId).
+    pub renewals: u64,
+}
+
+/// One entry of the phase history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseMark {
+    /// When.
+    pub at: DateTime<Utc>,
+    /// State then.
+    pub state: AttemptState,
+    /// Phase then.
+    pub phase: AttemptPhase,
+}
+
+/// A call refused for a stale fencing token, kept as evidence.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaleRefusal {
+    /// When.
+    pub at: DateTime<Utc>,
+    /// The token presented.
+    pub presented: u64,
+    /// What was attempted.
+    pub operation: String,
+}
+
+/// How many phase marks and stale refusals an attempt keeps.
+pub const HISTORY_LIMIT: usize = 64;
+
+/// What a new attempt is created with.
+#[derive(Clone, Debug)]
+pub struct NewAttempt {
+    /// The attempt.
+    pub attempt_id: Uuid,
+    /// Run and step.
+    pub run_id: Uuid,
+    /// Step.
+    pub step_id: Uuid,
+    /// 1 for the first attempt of the step.
+    pub number: u32,
+    /// Owner.
+    pub tenant_id: TenantId,
+    /// Project.
+    pub project_id: ProjectId,
+    /// Environment.
+    pub environment_id: Option<String>,
+    /// The fencing token of its lease.
+    pub fencing_token: u64,
+    /// The run's snapshot.
+    pub snapshot_id: Uuid,
+    /// Release.
+    pub release_id: String,
+    /// Agent.
+    pub agent_id: String,
+    /// Model profile.
+    pub model_profile_id: String,
+    /// Builtin or external.
+    pub adapter: AdapterKind,
+    /// The adapter version the release needs, e.g. `external/1`.
+    pub adapter_version: String,
+    /// The checkpoint format the release needs.
+    pub checkpoint_format: u32,
+    /// Limits.
+    pub limits: AttemptLimits,
+    /// Self-corrections allowed.
+    pub max_corrections: u32,
+    /// Sub-agent depth of its run (0 for a top-level run).
+    pub depth: u32,
+}
+
+/// One try of one step under one lease.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutionAttempt {
+    /// The attempt.
+    pub attempt_id: Uuid,
+    /// Its run.
+    pub run_id: Uuid,
+    /// Its step.
+    pub step_id: Uuid,
+    /// Owner.
+    pub tenant_id: TenantId,
+    /// Project.
+    pub project_id: ProjectId,
+    /// Environment.
+    pub environment_id: Option<String>,
+    /// Run Control's lease of the attempt.
+    pub lease_id: Uuid,
+    /// Monotonic per step; every call and the outcome carry it.
+    pub fencing_token: u64,
+    /// The resolved execution snapshot of the run.
+    pub snapshot_id: Uuid,
+    /// Release.
+    pub release_id: String,
+    /// Agent.
+    pub agent_id: String,
+    /// Model profile.
+    pub model_profile_id: String,
+    /// State.
+    pub state: AttemptState,
+    /// Phase.
+    pub phase: AttemptPhase,
+    /// Self-corrections so far.
+    pub correction_count: u32,
+    /// Self-corrections allowed.
+    pub max_corrections: u32,
+    /// The latest checkpoint.
+    pub last_checkpoint_id: Option<Uuid>,
+    /// Context snapshot in use.
+    pub context_snapshot_ref: Option<String>,
+    /// Hash of the reported outcome.
+    pub outcome_hash: Option<String>,
+    /// When cancellation was observed.
+    pub cancellation_observed_at: Option<DateTime<Utc>>,
+    /// Created (dispatched) at.
+    pub started_at: DateTime<Utc>,
+    /// Ended at.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// Bumped by every change.
+    pub version: u64,
+
+    /// 1 for the first attempt of its step.
+    pub number: u32,
+    /// Builtin or external.
+    pub adapter: AdapterKind,
+    /// The adapter version the release was verified for.
+    pub adapter_version: String,
+    /// The checkpoint format the release was verified for.
+    pub checkpoint_format: u32,
+    /// Budgets.
+    pub limits: AttemptLimits,
+    /// Sub-agent depth of its run.
+    pub depth: u32,
+    /// Counters.
+    pub usage: AttemptUsage,
+    /// The call in flight.
+    pub open_call: Option<OpenCall>,
+    /// The decision awaited.
+    pub pending_decision: Option<Uuid>,
+    /// The attempt lease.
+    pub lease: AttemptLease,
+    /// Its capacity lease (agent-runtime), once requested.
+    pub capacity_lease_id: Option<Uuid>,
+    /// Whether capacity is granted.
+    pub capacity_granted: bool,
+    /// Start of the current active stretch.
+    pub running_since: Option<DateTime<Utc>>,
+    /// A stop request not yet observed.
+    pub interrupt: Option<InterruptRequest>,
+    /// A lease renewal failed: the attempt pauses at its next checkpoint.
+    pub renewal_failure: Option<String>,
+    /// Why it is paused.
+    pub pause_reason: Option<String>,
+    /// How it failed.
+    pub failure: Option<AttemptFailure>,
+    /// Artifact reference of the verified output.
+    pub output_ref: Option<String>,
+    /// Hash of the adapter's report that ended the attempt: the same
+    /// report again is acknowledged.
+    pub outcome_report_hash: Option<String>,
+    /// The adapter state of the latest checkpoint.
+    pub adapter_state_ref: Option<String>,
+    /// Phase history (the latest [`HISTORY_LIMIT`]).
+    pub phases: Vec<PhaseMark>,
+    /// Stale-token refusals (the latest [`HISTORY_LIMIT`]).
+    pub stale_refusals: Vec<StaleRefusal>,
+    /// A checkpoint was found incompatible when resuming.
+    pub resume_refused: Option<String>,
+}
+
+/// An illegal move, named.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("attempt {attempt_id} is {from}; it cannot {command}")]
+pub struct IllegalTransition {
+    /// The attempt.
+    pub attempt_id: Uuid,
+    /// Its state.
+    pub from: AttemptState,
+    /// What was asked.
+    pub command: String,
+}
+
+impl From<IllegalTransition> for DomainError {
+    fn from(e: IllegalTransition) -> Self {
+        DomainError::FailedPrecondition(e.to_string())
+    }
+}
+
+/// Why a call may not start now.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gate {
+    /// The attempt must observe its interruption first.
+    Interrupted,
+    /// Paused: ask again after the lease is renewed.
+    Paused(String),
+    /// Not in a state that makes calls.
+    WrongState(IllegalTransition),
+    /// Another call is open.
+    Busy(Uuid),
+}
+
+/// What a call asks for, after the policy decided.
+#[derive(Clone, Debug)]
+pub struct CallStart {
+    /// The call.
+    pub call_id: Uuid,
+    /// Kind.
+    pub kind: CallKind,
+    /// Target.
+    pub target: String,
+    /// Class (tools).
+    pub side_effect_class: Option<SideEffectClass>,
+    /// Artifact reference of the request.
+    pub request_hash: String,
+    /// The policy decision.
+    pub policy_decision_id: Option<Uuid>,
+    /// What it said.
+    pub policy_rule: Option<PolicyRule>,
+    /// The approval that allowed it.
+    pub approval_id: Option<Uuid>,
+    /// Context tokens (model calls).
+    pub context_tokens: Option<u32>,
+    /// The checkpoint written before it.
+    pub pre_checkpoint_id: Option<Uuid>,
+}
+
+/// Why a call did not start.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CallError {
+    /// The attempt cannot make calls now.
+    Gate(Gate),
+    /// A limit stops the attempt.
+    Limit(LimitReached),
+}
+
+/// A limit that stops the attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitReached {
+    /// The limit's name: maxModelCalls, maxToolCalls, maxContextTokens,
+    /// maxSubAgentDepth.
+    pub limit: &'static str,
+    /// In words.
+    pub reason: String,
+}
+
+/// How a call ended, as observed.
+#[derive(Clone, Debug)]
+pub struct CallResult {
+    /// Completed or failed.
+    pub ok: bool,
+    /// Artifact reference of the result.
+    pub result_hash: Option<String>,
+    /// Artifact reference of the receipt.
+    pub receipt_ref: Option<String>,
+    /// The error, when it failed.
+    pub error: Option<String>,
+}
+
+/// How a decision was resolved.
+#[derive(Clone, Debug)]
+pub enum Resolution {
+    /// Approval granted.
+    Approved {
+        /// Who.
+        by: String,
+        /// Why.
+        reason: Option<String>,
+    },
+    /// Approval refused.
+    Rejected {
+        /// Who.
+        by: String,
+        /// Why.
+        reason: Option<String>,
+    },
+    /// Input or escalation answered.
+    Answered {
+        /// Who.
+        by: String,
+        /// The chosen option (escalations).
+        choice: Option<String>,
+        /// Artifact reference of the answer.
+        answer_ref: Option<String>,
+    },
+    /// Nobody answered in time.
+    Expired {
+        /// The configured timeout.
+        minutes: u64,
+    },
+}
+
+/// The verdict on a reported success.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Verified: the attempt Succeeded.
+    Verified,
+    /// Not valid; the attempt corrects itself (`correctionCount` grew).
+    Correct {
+        /// What the validator said.
+        feedback: String,
+        /// Corrections still allowed after this one.
+        left: u32,
+    },
+    /// Not valid and no correction left: Failed(validation).
+    Exhausted {
+        /// What the validator said.
+        feedback: String,
+    },
+}
+
+/// The hash of an outcome (attempt-outcome-v1).
+pub fn outcome_hash(
+    attempt_id: Uuid,
+    state: AttemptState,
+    output_ref: Option<&str>,
+    failure: Option<&AttemptFailure>,
+) -> String {
+    json_hash(&json!({
+        "schema": "attempt-outcome-v1",
+        "attemptId": attempt_id,
+        "state": state.as_str(),
+        "outputRef": output_ref,
+        "failureClass": failure.map(|f| f.class.as_str()),
+        "reason": failure.map(|f| f.reason.as_str()),
+    }))
+}
+
+/// The hash of an adapter's outcome report: the same report twice hashes
+/// the same, so the second is acknowledged.
+pub fn report_hash(
+    attempt_id: Uuid,
+    succeeded: bool,
+    output_ref: Option<&str>,
+    failure_class: Option<FailureClass>,
+    reason: Option<&str>,
+) -> String {
+    json_hash(&json!({
+        "schema": "attempt-outcome-report-v1",
+        "attemptId": attempt_id,
+        "status": if succeeded { "succeeded" } else { "failed" },
+        "outputRef": output_ref,
+        "failureClass": failure_class.map(|c| c.as_str()),
+        "reason": reason,
+    }))
+}
+
+impl ExecutionAttempt {
+    /// A dispatched attempt: Claimed, Resolving.
+    pub fn new(spec: NewAttempt, now: DateTime<Utc>) -> ExecutionAttempt {
+        ExecutionAttempt {
+            attempt_id: spec.attempt_id,
+            run_id: spec.run_id,
+            step_id: spec.step_id,
+            tenant_id: spec.tenant_id,
+            project_id: spec.project_id,
+            environment_id: spec.environment_id,
+            lease_id: crate::domain::ids::new_id(),
+            fencing_token: spec.fencing_token,
+            snapshot_id: spec.snapshot_id,
+            release_id: spec.release_id,
+            agent_id: spec.agent_id,
+            model_profile_id: spec.model_profile_id,
+            state: AttemptState::Claimed,
+            phase: AttemptPhase::Resolving,
+            correction_count: 0,
+            max_corrections: spec.max_corrections,
+            last_checkpoint_id: None,
+            context_snapshot_ref: None,
+            outcome_hash: None,
+            cancellation_observed_at: None,
+            started_at: now,
+            ended_at: None,
+            version: 1,
+            number: spec.number,
+            adapter: spec.adapter,
+            adapter_version: spec.adapter_version,
+            checkpoint_format: spec.checkpoint_format,
+            limits: spec.limits,
+            depth: spec.depth,
+            usage: AttemptUsage::default(),
+            open_call: None,
+            pending_decision: None,
+            lease: AttemptLease::default(),
+            capacity_lease_id: None,
+            capacity_granted: false,
+            running_since: None,
+            interrupt: None,
+            renewal_failure: None,
+            pause_reason: None,
+            failure: None,
+            output_ref: None,
+            outcome_report_hash: None,
+            adapter_state_ref: None,
+            phases: vec![PhaseMark {
+                at: now,
+                state: AttemptState::Claimed,
+                phase: AttemptPhase::Resolving,
+            }],
+            stale_refusals: Vec::new(),
+            resume_refused: None,
+        }
+    }
+
+    fn illegal(&self, command: impl Into<String>) -> IllegalTransition {
+        IllegalTransition {
+            attempt_id: self.attempt_id,
+            from: self.state,
+            command: command.into(),
+        }
+    }
+
+    fn mark(&mut self, now: DateTime<Utc>, events: &mut Vec<NewEvent>) {
+        self.phases.push(PhaseMark {
+            at: now,
+            state: self.state,
+            phase: self.phase,
+        });
+        if self.phases.len() > HISTORY_LIMIT {
+            // Keep the first mark (dispatch) and the latest ones.
+            self.phases.remove(1);
+        }
+        events.push(NewEvent::new(
+            &self.tenant_id,
+            now,
+            &AttemptPhaseChanged {
+                attempt_id: self.attempt_id,
+                run_id: self.run_id,
+                tenant_id: &self.tenant_id,
+                phase: self.phase,
+                state: self.state,
+            },
+        ));
+    }
+
+    /// Moves along an edge of the state machine (and to `phase`), keeping
+    /// the active-time account.
+    fn move_to(
+        &mut self,
+        to: AttemptState,
+        phase: AttemptPhase,
+        now: DateTime<Utc>,
+        events: &mut Vec<NewEvent>,
+    ) -> Result<(), IllegalTransition> {
+        if self.state.edge(to).is_none() {
+            return Err(self.illegal(format!("become {to}")));
+        }
+        let was_active = self.state.is_active();
+        if was_active && !to.is_active() {
+            self.usage.active_ms += self.active_stretch_ms(now);
+            self.running_since = None;
+        } else if !was_active && to.is_active() {
+            self.running_since = Some(now);
+        }
+        self.state = to;
+        self.phase = phase;
+        self.mark(now, events);
+        Ok(())
+    }
+
+    /// Changes phase within the state (no event when it is the same).
+    pub fn set_phase(&mut self, phase: AttemptPhase, now: DateTime<Utc>) -> Vec<NewEvent> {
+        let mut events = Vec::new();
+        if self.phase != phase && !self.state.is_terminal() {
+            self.phase = phase;
+            self.mark(now, &mut events);
+        }
+        events
+    }
+
+    fn active_stretch_ms(&self, now: DateTime<Utc>) -> u64 {
+        self.running_since
+            .map(|since| (now - since).num_milliseconds().max(0) as u64)
+            .unwrap_or(0)
+    }
+
+    /// Active milliseconds so far.
+    pub fn active_ms(&self, now: DateTime<Utc>) -> u64 {
+        self.usage.active_ms + self.active_stretch_ms(now)
+    }
+
+    /// When `maxMinutes` runs out, while the attempt is active.
+    pub fn budget_deadline(&self) -> Option<DateTime<Utc>> {
+        let since = self.running_since?;
+        let budget = u64::from(self.limits.max_minutes) * 60_000;
+        let left = budget.saturating_sub(self.usage.active_ms);
+        Some(since + Duration::milliseconds(left as i64))
+    }
+
+    /// Checks a presented fencing token. A stale one is recorded on the
+    /// attempt and refused with `aborted`; the caller stores the record.
+    pub fn check_fencing(
+        &mut self,
+        presented: u64,
+        operation: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), DomainError> {
+        if presented == self.fencing_token {
+            return Ok(());
+        }
+        self.stale_refusals.push(StaleRefusal {
+            at: now,
+            presented,
+            operation: operation.to_string(),
+        });
+        if self.stale_refusals.len() > HISTORY_LIMIT {
+            self.stale_refusals.remove(0);
+        }
+        Err(DomainError::Aborted(format!(
+            "fencing token {presented} is stale for attempt {}: the current token is {}; {operation} refused",
+            self.attempt_id, self.fencing_token
+        )))
+    }
+
+    /// Hands the attempt to a holder (an adapter session, or the appliance
+    /// for builtin attempts) under a lease until `now + ttl`. A Claimed
+    /// attempt is handed out once; a Running or Paused one whose lease has
+    /// lapsed, with no call in flight, can be handed to a new holder with a
+    /// new fencing token (the old holder is fenced off), to resume from its
+    /// last checkpoint.
+    pub fn claim(
+        &mut self,
+        holder: &str,
+        new_token: Option<u64>,
+        ttl: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<(), IllegalTransition> {
+        match self.state {
+            AttemptState::Claimed if self.lease.holder.is_none() => {}
+            AttemptState::Running | AttemptState::Paused
+                if self.lease_lapsed(now) && self.open_call.is_none() =>
+            {
+                let token =
+                    new_token.ok_or_else(|| self.illegal("be re-leased without a new token"))?;
+                if token <= self.fencing_token {
+                    return Err(self.illegal(format!(
+                        "be re-leased with token {token} (not above {})",
+                        self.fencing_token
+                    )));
+                }
+                self.fencing_token = token;
+                self.lease_id = crate::domain::ids::new_id();
+            }
+            _ => return Err(self.illegal("be claimed")),
+        }
+        self.lease.holder = Some(holder.to_string());
+        self.lease.expires_at = Some(now + ttl);
+        self.version += 1;
+        Ok(())
+    }
+
+    /// Whether the attempt lease has a holder whose lease ran out.
+    pub fn lease_lapsed(&self, now: DateTime<Utc>) -> bool {
+        self.lease.holder.is_some() && self.lease.expires_at.is_some_and(|t| t <= now)
+    }
+
+    /// Extends the attempt lease (heartbeat).
+    pub fn renew_lease(&mut self, ttl: Duration, now: DateTime<Utc>) {
+        if self.lease.holder.is_some() && !self.state.is_terminal() {
+            self.lease.expires_at = Some(now + ttl);
+            self.lease.renewals += 1;
+        }
+    }
+
+    /// Claimed -> Running: the release is loaded and the context built.
+    pub fn start(
+        &mut self,
+        context_snapshot_ref: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        if self.state != AttemptState::Claimed || self.lease.holder.is_none() {
+            return Err(self.illegal("start (it must be Claimed by a holder)"));
+        }
+        let mut events = Vec::new();
+        self.context_snapshot_ref = context_snapshot_ref;
+        self.move_to(
+            AttemptState::Running,
+            AttemptPhase::Planning,
+            now,
+            &mut events,
+        )?;
+        events.insert(
+            0,
+            NewEvent::new(
+                &self.tenant_id,
+                now,
+                &AttemptStarted {
+                    attempt_id: self.attempt_id,
+                    run_id: self.run_id,
+                    step_id: self.step_id,
+                    tenant_id: &self.tenant_id,
+                    release_id: &self.release_id,
+                    snapshot_id: self.snapshot_id,
+                    fencing_token: self.fencing_token,
+                },
+            ),
+        );
+        self.version += 1;
+        Ok(events)
+    }
+
+    /// Whether a call may start now.
+    pub fn gate(&self) -> Result<(), Gate> {
+        if self.interrupt.is_some() && !self.state.is_terminal() {
+            return Err(Gate::Interrupted);
+        }
+        match self.state {
+            AttemptState::Running => {}
+            AttemptState::Paused => {
+                return Err(Gate::Paused(self.pause_reason.clone().unwrap_or_default()));
+            }
+            _ => return Err(Gate::WrongState(self.illegal("start a call"))),
+        }
+        if let Some(open) = &self.open_call {
+            return Err(Gate::Busy(open.call_id));
+        }
+        Ok(())
+    }
+
+    /// The limit a call would break, if any. `delegation_depth` is the
+    /// depth of the child run a sub-agent call would create; `depth_cap`
+    /// is `Runtime:Attempts:MaxSubAgentDepth`.
+    pub fn limit_for(
+        &self,
+        kind: CallKind,
+        context_tokens: Option<u32>,
+        depth_cap: u32,
+    ) -> Option<LimitReached> {
+        let l = &self.limits;
+        match kind {
+            CallKind::Model if self.usage.model_calls >= l.max_model_calls => Some(LimitReached {
+                limit: "maxModelCalls",
+                reason: format!(
+                    "maxModelCalls {} reached: {} model calls made",
+                    l.max_model_calls, self.usage.model_calls
+                ),
+            }),
+            CallKind::Model => match context_tokens {
+                Some(t) if t > l.max_context_tokens => Some(LimitReached {
+                    limit: "maxContextTokens",
+                    reason: format!(
+                        "maxContextTokens {} exceeded: the call declares {t} tokens of context",
+                        l.max_context_tokens
+                    ),
+                }),
+                _ => None,
+            },
+            CallKind::Tool if self.usage.tool_calls >= l.max_tool_calls => Some(LimitReached {
+                limit: "maxToolCalls",
+                reason: format!(
+                    "maxToolCalls {} reached: {} tool calls made",
+                    l.max_tool_calls, self.usage.tool_calls
+                ),
+            }),
+            CallKind::Tool => None,
+            CallKind::SubAgent => {
+                let cap = l.max_sub_agent_depth.min(depth_cap);
+                let child_depth = self.depth + 1;
+                (child_depth > cap).then(|| LimitReached {
+                    limit: "maxSubAgentDepth",
+                    reason: format!(
+                        "maxSubAgentDepth {cap} reached: a child of this run would be at depth {child_depth}"
+                    ),
+                })
+            }
+        }
+    }
+
+    fn next_call_sequence(&mut self) -> u32 {
+        self.usage.calls += 1;
+        self.usage.calls
+    }
+
+    /// Issues a call: a record in state issued. Tool and sub-agent calls
+    /// put the attempt in WaitingForTool; a model call keeps it Running
+    /// (phase Calling). The caller has checked the policy and the closure;
+    /// the gate and the limits are checked here, so no call ever starts
+    /// past a limit or after an interruption.
+    pub fn begin_call(
+        &mut self,
+        call: CallStart,
+        depth_cap: u32,
+        now: DateTime<Utc>,
+    ) -> Result<(CallRecord, Vec<NewEvent>), CallError> {
+        self.gate().map_err(CallError::Gate)?;
+        if let Some(limit) = self.limit_for(call.kind, call.context_tokens, depth_cap) {
+            return Err(CallError::Limit(limit));
+        }
+        let mut events = Vec::new();
+        let sequence = self.next_call_sequence();
+        match call.kind {
+            CallKind::Model => {
+                self.usage.model_calls += 1;
+                if let Some(t) = call.context_tokens {
+                    self.usage.context_tokens = self.usage.context_tokens.max(t);
+                }
+                events.extend(self.set_phase(AttemptPhase::Calling, now));
+            }
+            CallKind::Tool | CallKind::SubAgent => {
+                if call.kind == CallKind::Tool {
+                    self.usage.tool_calls += 1;
+                } else {
+                    self.usage.sub_agents += 1;
+                }
+                self.move_to(
+                    AttemptState::WaitingForTool,
+                    AttemptPhase::Calling,
+                    now,
+                    &mut events,
+                )
+                .map_err(|e| CallError::Gate(Gate::WrongState(e)))?;
+            }
+        }
+        self.open_call = Some(OpenCall {
+            call_id: call.call_id,
+            sequence,
+            kind: call.kind,
+            side_effect_class: call.side_effect_class,
+        });
+        self.usage.calls_since_checkpoint += 1;
+        self.version += 1;
+        let record = CallRecord {
+            call_id: call.call_id,
+            attempt_id: self.attempt_id,
+            tenant_id: self.tenant_id.clone(),
+            sequence,
+            kind: call.kind,
+            target: call.target,
+            side_effect_class: call.side_effect_class,
+            request_hash: call.request_hash,
+            policy_decision_id: call.policy_decision_id,
+            policy_rule: call.policy_rule,
+            approval_id: call.approval_id,
+            receipt_ref: None,
+            result_hash: None,
+            status: CallStatus::Issued,
+            error: None,
+            pre_checkpoint_id: call.pre_checkpoint_id,
+            fencing_token: self.fencing_token,
+            context_tokens: call.context_tokens,
+            started_at: now,
+            ended_at: None,
+            late_receipt_ref: None,
+            settlement: None,
+        };
+        Ok((record, events))
+    }
+
+    /// Records a call refused before it started (outside the closure,
+    /// denied by policy, invalid arguments): status failed, nothing issued,
+    /// nothing counted against the limits.
+    pub fn refuse_call(&mut self, call: CallStart, reason: &str, now: DateTime<Utc>) -> CallRecord {
+        let sequence = self.next_call_sequence();
+        self.version += 1;
+        CallRecord {
+            call_id: call.call_id,
+            attempt_id: self.attempt_id,
+            tenant_id: self.tenant_id.clone(),
+            sequence,
+            kind: call.kind,
+            target: call.target,
+            side_effect_class: call.side_effect_class,
+            request_hash: call.request_hash,
+            policy_decision_id: call.policy_decision_id,
+            policy_rule: call.policy_rule,
+            approval_id: call.approval_id,
+            receipt_ref: None,
+            result_hash: None,
+            status: CallStatus::Failed,
+            error: Some(reason.to_string()),
+            pre_checkpoint_id: None,
+            fencing_token: self.fencing_token,
+            context_tokens: call.context_tokens,
+            started_at: now,
+            ended_at: Some(now),
+            late_receipt_ref: None,
+            settlement: None,
+        }
+    }
+
+    /// The open call's result was observed: the record completes (or
+    /// fails), WaitingForTool -> Running, phase Observing.
+    pub fn observe_call(
+        &mut self,
+        record: &mut CallRecord,
+        result: CallResult,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        if self.open_call.as_ref().map(|c| c.call_id) != Some(record.call_id) {
+            return Err(self.illegal(format!("observe call {} (it is not open)", record.call_id)));
+        }
+        let mut events = Vec::new();
+        if self.state == AttemptState::WaitingForTool {
+            self.move_to(
+                AttemptState::Running,
+                AttemptPhase::Observing,
+                now,
+                &mut events,
+            )?;
+        } else if self.state == AttemptState::Running {
+            events.extend(self.set_phase(AttemptPhase::Observing, now));
+        } else {
+            return Err(self.illegal("observe a call result"));
+        }
+        self.open_call = None;
+        record.status = if result.ok {
+            CallStatus::Completed
+        } else {
+            CallStatus::Failed
+        };
+        record.result_hash = result.result_hash;
+        record.receipt_ref = result.receipt_ref;
+        record.error = result.error;
+        record.ended_at = Some(now);
+        self.version += 1;
+        Ok(events)
+    }
+
+    /// Whether the checkpoint cadence asks for one now.
+    pub fn cadence_due(&self, every_calls: u32) -> bool {
+        every_calls > 0 && self.usage.calls_since_checkpoint >= every_calls
+    }
+
+    /// Writes a checkpoint at the current phase. A failed lease renewal
+    /// turns this checkpoint into the point where the attempt pauses.
+    pub fn checkpoint(
+        &mut self,
+        checkpoint_id: Uuid,
+        reason: CheckpointReason,
+        adapter_state_ref: String,
+        call_id: Option<Uuid>,
+        now: DateTime<Utc>,
+    ) -> Result<(Checkpoint, Vec<NewEvent>), IllegalTransition> {
+        if self.state.is_terminal() || self.state == AttemptState::Claimed {
+            return Err(self.illegal("write a checkpoint"));
+        }
+        self.usage.checkpoints += 1;
+        self.usage.calls_since_checkpoint = 0;
+        let mut checkpoint = Checkpoint {
+            checkpoint_id,
+            attempt_id: self.attempt_id,
+            tenant_id: self.tenant_id.clone(),
+            sequence: self.usage.checkpoints,
+            phase: self.phase,
+            adapter_state_ref: adapter_state_ref.clone(),
+            adapter_version: self.adapter_version.clone(),
+            checkpoint_format: self.checkpoint_format,
+            context_snapshot_ref: self.context_snapshot_ref.clone(),
+            hash: String::new(),
+            created_at: now,
+            reason,
+            call_id,
+            evidence: reason == CheckpointReason::BeforeGatedCall,
+        };
+        checkpoint.hash = checkpoint.compute_hash();
+        self.last_checkpoint_id = Some(checkpoint_id);
+        self.adapter_state_ref = Some(adapter_state_ref);
+        self.version += 1;
+        let mut events = vec![NewEvent::new(
+            &self.tenant_id,
+            now,
+            &AttemptCheckpointed {
+                attempt_id: self.attempt_id,
+                run_id: self.run_id,
+                tenant_id: &self.tenant_id,
+                checkpoint_id,
+                sequence: checkpoint.sequence,
+                adapter_version: &self.adapter_version,
+            },
+        )];
+        if self.state == AttemptState::Running
+            && self.open_call.is_none()
+            && let Some(why) = self.renewal_failure.clone()
+        {
+            self.pause_reason = Some(why);
+            self.move_to(AttemptState::Paused, self.phase, now, &mut events)?;
+        }
+        Ok((checkpoint, events))
+    }
+
+    /// A lease renewal failed; the attempt pauses at its next checkpoint.
+    pub fn renewal_failed(&mut self, why: String) {
+        if !self.state.is_terminal() {
+            self.renewal_failure = Some(why);
+            self.version += 1;
+        }
+    }
+
+    /// The lease was renewed: a paused attempt runs again.
+    pub fn renewed(&mut self, now: DateTime<Utc>) -> Result<Vec<NewEvent>, IllegalTransition> {
+        self.renewal_failure = None;
+        let mut events = Vec::new();
+        if self.state == AttemptState::Paused {
+            self.pause_reason = None;
+            self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
+        }
+        self.version += 1;
+        Ok(events)
+    }
+
+    /// Running -> WaitingForDecision with a new decision request.
+    #[allow(clippy::too_many_arguments)]
+    pub fn request_decision(
+        &mut self,
+        decision_id: Uuid,
+        kind: DecisionKind,
+        approval_id: Option<Uuid>,
+        proposal: Option<ProposedCall>,
+        question_ref: Option<String>,
+        summary: String,
+        options: Vec<String>,
+        recommendation: Option<String>,
+        timeout: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<(DecisionRequest, Vec<NewEvent>), IllegalTransition> {
+        if self.state != AttemptState::Running || self.open_call.is_some() {
+            return Err(self.illegal(format!("request an {} decision", kind.as_str())));
+        }
+        let mut events = Vec::new();
+        let phase = self.phase;
+        self.move_to(AttemptState::WaitingForDecision, phase, now, &mut events)?;
+        self.pending_decision = Some(decision_id);
+        self.usage.decisions += 1;
+        self.version += 1;
+        let proposal_hash = proposal.as_ref().map(ProposedCall::hash);
+        let request = DecisionRequest {
+            decision_id,
+            attempt_id: self.attempt_id,
+            run_id: self.run_id,
+            tenant_id: self.tenant_id.clone(),
+            kind,
+            approval_id,
+            proposal,
+            proposal_hash,
+            question_ref,
+            summary,
+            options,
+            recommendation,
+            status: DecisionStatus::Pending,
+            requested_at: now,
+            expires_at: now + timeout,
+            answered_at: None,
+            answered_by: None,
+            choice: None,
+            answer_ref: None,
+            reason: None,
+            consumed: false,
+        };
+        events.push(NewEvent::new(
+            &self.tenant_id,
+            now,
+            &AttemptDecisionRequested {
+                attempt_id: self.attempt_id,
+                run_id: self.run_id,
+                tenant_id: &self.tenant_id,
+                decision_id,
+                kind,
+                approval_id,
+            },
+        ));
+        Ok((request, events))
+    }
+
+    /// Resolves the pending decision: approved or answered -> Running;
+    /// rejected or expired -> Failed.
+    pub fn resolve_decision(
+        &mut self,
+        decision: &mut DecisionRequest,
+        resolution: Resolution,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, DomainError> {
+        if self.pending_decision != Some(decision.decision_id)
+            || self.state != AttemptState::WaitingForDecision
+            || decision.status != DecisionStatus::Pending
+        {
+            return Err(DomainError::FailedPrecondition(format!(
+                "decision {} is {} and attempt {} is {}: nothing to resolve",
+                decision.decision_id,
+                decision.status.as_str(),
+                self.attempt_id,
+                self.state
+            )));
+        }
+        let mut events = Vec::new();
+        self.pending_decision = None;
+        decision.answered_at = Some(now);
+        let failure = match resolution {
+            Resolution::Approved { by, reason } => {
+                decision.status = DecisionStatus::Approved;
+                decision.answered_by = Some(by);
+                decision.reason = reason;
+                None
+            }
+            Resolution::Answered {
+                by,
+                choice,
+                answer_ref,
+            } => {
+                decision.status = DecisionStatus::Answered;
+                decision.answered_by = Some(by);
+                decision.choice = choice;
+                decision.answer_ref = answer_ref;
+                None
+            }
+            Resolution::Rejected { by, reason } => {
+                decision.status = DecisionStatus::Rejected;
+                let why = format!(
+                    "approval {} for {} was rejected by {by}{}",
+                    decision
+                        .approval_id
+                        .map(|a| a.to_string())
+                        .unwrap_or_default(),
+                    decision
+                        .proposal
+                        .as_ref()
+                        .map(|p| format!("{} {}", p.kind.as_str(), p.target))
+                        .unwrap_or_else(|| "the call".into()),
+                    reason
+                        .as_deref()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                );
+                decision.answered_by = Some(by);
+                decision.reason = reason;
+                Some(AttemptFailure {
+                    class: FailureClass::Policy,
+                    reason: why,
+                    feedback_ref: None,
+                })
+            }
+            Resolution::Expired { minutes } => {
+                decision.status = DecisionStatus::Expired;
+                decision.answered_at = None;
+                Some(AttemptFailure {
+                    class: FailureClass::Budget,
+                    reason: format!(
+                        "{} decision {} expired: nobody answered within {minutes} minutes (Runtime:Decisions:InputTimeoutMinutes)",
+                        decision.kind.as_str(),
+                        decision.decision_id
+                    ),
+                    feedback_ref: None,
+                })
+            }
+        };
+        match failure {
+            None => {
+                let phase = self.phase;
+                self.move_to(AttemptState::Running, phase, now, &mut events)?;
+                self.version += 1;
+            }
+            Some(failure) => {
+                events.extend(self.finish(AttemptState::Failed, Some(failure), None, now)?);
+            }
+        }
+        Ok(events)
+    }
+
+    /// Records a request to stop. It is observed at the next safe point:
+    /// at once when the attempt waits (for capacity, a claim, a decision,
+    /// a tool, or while paused), at the holder's next contact while it runs.
+    pub fn request_interrupt(
+        &mut self,
+        request: InterruptRequest,
+        now: DateTime<Utc>,
+    ) -> Vec<NewEvent> {
+        if self.state.is_terminal() || self.interrupt.is_some() {
+            return Vec::new();
+        }
+        let event = NewEvent::new(
+            &self.tenant_id,
+            now,
+            &AttemptInterruptRequested {
+                attempt_id: self.attempt_id,
+                run_id: self.run_id,
+                tenant_id: &self.tenant_id,
+                reason: &request.reason,
+                source: request.source.as_str(),
+            },
+        );
+        self.interrupt = Some(request);
+        self.version += 1;
+        vec![event]
+    }
+
+    /// Observes the interruption: the open call (if any) settles as
+    /// abandoned (no effect possible) or uncertain, and the attempt ends
+    /// Cancelled or Uncertain. `open` is the open call's record.
+    pub fn observe_cancellation(
+        &mut self,
+        open: Option<&mut CallRecord>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        let Some(request) = self.interrupt.clone() else {
+            return Err(self.illegal("observe a cancellation nobody requested"));
+        };
+        let mut events = Vec::new();
+        let uncertain = self.settle_open_call(open, &request.reason, now, &mut events)?;
+        self.cancellation_observed_at = Some(now);
+        let failure = Some(AttemptFailure {
+            class: if request.source == InterruptSource::LeaseLost {
+                FailureClass::Infrastructure
+            } else {
+                FailureClass::Policy
+            },
+            reason: format!("{}: {}", request.source.as_str(), request.reason),
+            feedback_ref: None,
+        });
+        let state = if uncertain {
+            AttemptState::Uncertain
+        } else {
+            AttemptState::Cancelled
+        };
+        events.push(NewEvent::new(
+            &self.tenant_id,
+            now,
+            &AttemptCancellationObserved {
+                attempt_id: self.attempt_id,
+                run_id: self.run_id,
+                tenant_id: &self.tenant_id,
+                uncertain_calls: u32::from(uncertain),
+            },
+        ));
+        events.extend(self.finish(state, failure, None, now)?);
+        Ok(events)
+    }
+
+    /// Settles the open call of a forced stop; true when its effect is
+    /// unconfirmed (Uncertain). A call nobody can have acted on is
+    /// abandoned, and a WaitingForTool attempt is back to Running.
+    fn settle_open_call(
+        &mut self,
+        open: Option<&mut CallRecord>,
+        why: &str,
+        now: DateTime<Utc>,
+        events: &mut Vec<NewEvent>,
+    ) -> Result<bool, IllegalTransition> {
+        let Some(call) = self.open_call.clone() else {
+            return Ok(false);
+        };
+        let Some(record) = open.filter(|r| r.call_id == call.call_id) else {
+            return Err(self.illegal(format!("settle call {} without its record", call.call_id)));
+        };
+        record.ended_at = Some(now);
+        if call.effect_unconfirmed() {
+            record.status = CallStatus::Uncertain;
+            record.error = Some(format!(
+                "in flight when the attempt stopped ({why}); its effect cannot be confirmed: an operator must settle it"
+            ));
+            self.version += 1;
+            return Ok(true);
+        }
+        record.status = CallStatus::Abandoned;
+        record.error = Some(format!("stopped before a result ({why}); it has no effect"));
+        self.open_call = None;
+        if self.state == AttemptState::WaitingForTool {
+            self.move_to(AttemptState::Running, AttemptPhase::Observing, now, events)?;
+        }
+        Ok(false)
+    }
+
+    /// `maxMinutes` ran out: the open call settles like on cancellation,
+    /// then Running -> TimedOut (or WaitingForTool -> Uncertain).
+    pub fn time_out(
+        &mut self,
+        open: Option<&mut CallRecord>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        let mut events = Vec::new();
+        let why = format!("maxMinutes {} reached", self.limits.max_minutes);
+        let uncertain = self.settle_open_call(open, &why, now, &mut events)?;
+        let failure = Some(AttemptFailure {
+            class: FailureClass::Budget,
+            reason: format!(
+                "maxMinutes {} reached after {} s of active time",
+                self.limits.max_minutes,
+                self.active_ms(now) / 1000
+            ),
+            feedback_ref: None,
+        });
+        let state = if uncertain {
+            AttemptState::Uncertain
+        } else {
+            AttemptState::TimedOut
+        };
+        events.extend(self.finish(state, failure, None, now)?);
+        Ok(events)
+    }
+
+    /// A reported success: verified against the output contract by the
+    /// caller (`violations` empty means valid). Valid -> Succeeded. Not
+    /// valid: a correction while `correctionCount < maxCorrections`,
+    /// otherwise Failed(validation) with the feedback attached.
+    pub fn report_success(
+        &mut self,
+        output_ref: String,
+        violations: &[String],
+        feedback_ref: Option<String>,
+        report_hash: String,
+        now: DateTime<Utc>,
+    ) -> Result<(Verdict, Vec<NewEvent>), IllegalTransition> {
+        if self.state != AttemptState::Running || self.open_call.is_some() {
+            return Err(self.illegal("report an outcome (it must be Running with no call open)"));
+        }
+        let mut events = self.set_phase(AttemptPhase::Verifying, now);
+        if violations.is_empty() {
+            self.outcome_report_hash = Some(report_hash);
+            events.extend(self.finish(AttemptState::Succeeded, None, Some(output_ref), now)?);
+            return Ok((Verdict::Verified, events));
+        }
+        let feedback = violations.join("; ");
+        if self.correction_count < self.max_corrections {
+            self.correction_count += 1;
+            events.extend(self.set_phase(AttemptPhase::Correcting, now));
+            self.version += 1;
+            let left = self.max_corrections - self.correction_count;
+            return Ok((Verdict::Correct { feedback, left }, events));
+        }
+        self.outcome_report_hash = Some(report_hash);
+        let failure = AttemptFailure {
+            class: FailureClass::Validation,
+            reason: format!(
+                "output failed verification after {} correction{} (maxCorrections {}): {feedback}",
+                self.correction_count,
+                if self.correction_count == 1 { "" } else { "s" },
+                self.max_corrections
+            ),
+            feedback_ref,
+        };
+        events.extend(self.finish(AttemptState::Failed, Some(failure), None, now)?);
+        Ok((Verdict::Exhausted { feedback }, events))
+    }
+
+    /// Ends the attempt Failed: reported by the adapter or decided by the
+    /// appliance (a limit, an unloadable release, an incompatible
+    /// checkpoint).
+    pub fn fail(
+        &mut self,
+        failure: AttemptFailure,
+        report_hash: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        if self.open_call.is_some() {
+            return Err(self.illegal("fail with a call in flight"));
+        }
+        self.outcome_report_hash = report_hash;
+        let mut events = Vec::new();
+        if self.state == AttemptState::Running {
+            events.extend(self.set_phase(AttemptPhase::Reporting, now));
+        }
+        events.extend(self.finish(AttemptState::Failed, Some(failure), None, now)?);
+        Ok(events)
+    }
+
+    /// Moves to a final state and reports the one outcome.
+    fn finish(
+        &mut self,
+        state: AttemptState,
+        failure: Option<AttemptFailure>,
+        output_ref: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        let mut events = Vec::new();
+        self.move_to(state, AttemptPhase::Reporting, now, &mut events)?;
+        if state != AttemptState::Uncertain {
+            self.open_call = None;
+        }
+        self.pending_decision = None;
+        self.failure = failure;
+        self.output_ref = output_ref;
+        self.ended_at = Some(now);
+        let hash = outcome_hash(
+            self.attempt_id,
+            state,
+            self.output_ref.as_deref(),
+            self.failure.as_ref(),
+        );
+        self.outcome_hash = Some(hash.clone());
+        self.version += 1;
+        events.push(NewEvent::new(
+            &self.tenant_id,
+            now,
+            &AttemptOutcomeReported {
+                attempt_id: self.attempt_id,
+                run_id: self.run_id,
+                tenant_id: &self.tenant_id,
+                state,
+                outcome_hash: &hash,
+                corrections: self.correction_count,
+                model_calls: self.usage.model_calls,
+                tool_calls: self.usage.tool_calls,
+            },
+        ));
+        Ok(events)
+    }
+
+    /// A new outcome report against an attempt that already has one: the
+    /// same report is acknowledged, a different one rejected.
+    pub fn check_repeat_report(&self, report_hash: &str) -> Result<(), DomainError> {
+        let Some(outcome) = &self.outcome_hash else {
+            return Ok(());
+        };
+        if self.outcome_report_hash.as_deref() == Some(report_hash) {
+            return Ok(());
+        }
+        Err(DomainError::FailedPrecondition(format!(
+            "attempt {} already reported its outcome ({}, {outcome}); a different outcome is rejected",
+            self.attempt_id, self.state
+        )))
+    }
+
+    /// The decision it waits for, or why it does not wait for one.
+    pub fn waiting_reason(&self) -> Option<String> {
+        match self.state {
+            AttemptState::Claimed if !self.capacity_granted => {
+                Some("waiting for capacity (agent-runtime lease)".into())
+            }
+            AttemptState::Claimed if self.lease.holder.is_none() => Some(match self.adapter {
+                AdapterKind::External => {
+                    format!(
+                        "waiting for an external adapter of agent {} to claim it",
+                        self.agent_id
+                    )
+                }
+                AdapterKind::Builtin => "waiting for the builtin adapter to start it".into(),
+            }),
+            AttemptState::Claimed => Some("claimed; the adapter is loading the release".into()),
+            AttemptState::WaitingForTool => self.open_call.as_ref().map(|c| {
+                format!(
+                    "waiting for the result of {} call {}",
+                    c.kind.as_str(),
+                    c.call_id
+                )
+            }),
+            AttemptState::WaitingForDecision => self
+                .pending_decision
+                .map(|d| format!("waiting for a human decision ({d})")),
+            AttemptState::Paused => Some(format!(
+                "paused: {}",
+                self.pause_reason
+                    .as_deref()
+                    .unwrap_or("lease renewal failed")
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// `execution.attempts.v1.attempt-started`
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptStarted<'a> {
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Run.
+    pub run_id: Uuid,
+    /// Step.
+    pub step_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Release.
+    pub release_id: &'a str,
+    /// Snapshot.
+    pub snapshot_id: Uuid,
+    /// Fencing token.
+    pub fencing_token: u64,
+}
+
+impl EventPayload for AttemptStarted<'_> {
+    const TOPIC: &'static str = "execution.attempts.v1.attempt-started";
+}
+
+/// `execution.attempts.v1.attempt-phase-changed`
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptPhaseChanged<'a> {
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Run.
+    pub run_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Phase.
+    pub phase: AttemptPhase,
+    /// State.
+    pub state: AttemptState,
+}
+
+impl EventPayload for AttemptPhaseChanged<'_> {
+    const TOPIC: &'static str = "execution.attempts.v1.attempt-phase-changed";
+}
+
+/// `execution.attempts.v1.attempt-checkpointed`
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptCheckpointed<'a> {
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Run.
+    pub run_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Checkpoint.
+    pub checkpoint_id: Uuid,
+    /// Sequence.
+    pub sequence: u32,
+    /// Adapter version.
+    pub adapter_version: &'a str,
+}
+
+impl EventPayload for AttemptCheckpointed<'_> {
+    const TOPIC: &'static str = "execution.attempts.v1.attempt-checkpointed";
+}
+
+/// `execution.attempts.v1.attempt-decision-requested`
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptDecisionRequested<'a> {
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Run.
+    pub run_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Decision.
+    pub decision_id: Uuid,
+    /// Kind.
+    pub kind: DecisionKind,
+    /// Approval (approvals).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<Uuid>,
+}
+
+impl EventPayload for AttemptDecisionRequested<'_> {
+    const TOPIC: &'static str = "execution.attempts.v1.attempt-decision-requested";
+}
+
+/// `execution.attempts.v1.attempt-cancellation-observed`
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptCancellationObserved<'a> {
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Run.
+    pub run_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Calls settled as uncertain.
+    pub uncertain_calls: u32,
+}
+
+impl EventPayload for AttemptCancellationObserved<'_> {
+    const TOPIC: &'static str = "execution.attempts.v1.attempt-cancellation-observed";
+}
+
+/// `execution.attempts.v1.attempt-outcome-reported`
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptOutcomeReported<'a> {
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Run.
+    pub run_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Final state.
+    pub state: AttemptState,
+    /// Outcome hash.
+    pub outcome_hash: &'a str,
+    /// Corrections made.
+    pub corrections: u32,
+    /// Model calls made.
+    pub model_calls: u32,
+    /// Tool calls made.
+    pub tool_calls: u32,
+}
+
+impl EventPayload for AttemptOutcomeReported<'_> {
+    const TOPIC: &'static str = "execution.attempts.v1.attempt-outcome-reported";
+}
+
+/// `execution.attempts.v1.sub-agent-delegated`
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubAgentDelegated<'a> {
+    /// Supervisor attempt.
+    pub attempt_id: Uuid,
+    /// Supervisor run.
+    pub run_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Child run.
+    pub child_run_id: Uuid,
+    /// Child agent.
+    pub child_agent_id: &'a str,
+    /// Depth of the child.
+    pub depth: u32,
+}
+
+impl EventPayload for SubAgentDelegated<'_> {
+    const TOPIC: &'static str = "execution.attempts.v1.sub-agent-delegated";
+}
+
+/// `execution.attempts.v1.attempt-interrupt-requested` (the appliance's):
+/// what reaches an external adapter through WatchAttempt.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptInterruptRequested<'a> {
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Run.
+    pub run_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Why.
+    pub reason: &'a str,
+    /// interrupt, run-cancelled, revocation, lease-lost.
+    pub source: &'a str,
+}
+
+impl EventPayload for AttemptInterruptRequested<'_> {
+    const TOPIC: &'static str = "execution.attempts.v1.attempt-interrupt-requested";
+}
+
+/// `execution.attempts.v1.call-settled` (the appliance's): an operator
+/// settled an uncertain call.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallSettled<'a> {
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Run.
+    pub run_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Call.
+    pub call_id: Uuid,
+    /// happened | did-not-happen.
+    pub effect: &'a str,
+    /// Who.
+    pub by: &'a str,
+}
+
+impl EventPayload for CallSettled<'_> {
+    const TOPIC: &'static str = "execution.attempts.v1.call-settled";
+}
+
+#[cfg(test)]
+mod tests;

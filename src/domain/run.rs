@@ -1,0 +1,457 @@
+//! The Run aggregate: the run-control role's record of one execution of a
+//! release, its steps and the attempts made for each.
+//!
+//! A run resolves its snapshot once, at submission (release, manifest hash,
+//! policy revision, model profile, limits, input hash), and every attempt
+//! of every step runs against that snapshot. Run Control records each
+//! attempt's single outcome and decides what follows: another attempt of
+//! the step (fencing token + 1) when the failure class allows it and
+//! attempts are left, the next step, or the end of the run.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::attempt::{AttemptState, ExecutionAttempt, FailureClass};
+use super::events::{EventPayload, NewEvent};
+use super::ids::{ProjectId, TenantId};
+use super::release::AttemptLimits;
+
+/// Where a run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum RunState {
+    /// An attempt of a step is live or about to be.
+    Running,
+    /// Every step succeeded.
+    Succeeded,
+    /// A step failed with no attempt left, or for a reason another attempt
+    /// cannot fix.
+    Failed,
+    /// A step's last attempt timed out.
+    TimedOut,
+    /// Cancelled.
+    Cancelled,
+    /// A call's effect is unconfirmed: an operator must settle it before
+    /// the run goes on or ends.
+    Uncertain,
+}
+
+impl RunState {
+    /// The name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Running => "Running",
+            RunState::Succeeded => "Succeeded",
+            RunState::Failed => "Failed",
+            RunState::TimedOut => "TimedOut",
+            RunState::Cancelled => "Cancelled",
+            RunState::Uncertain => "Uncertain",
+        }
+    }
+
+    /// Parses a name, case-insensitively.
+    pub fn parse(text: &str) -> Option<RunState> {
+        [
+            RunState::Running,
+            RunState::Succeeded,
+            RunState::Failed,
+            RunState::TimedOut,
+            RunState::Cancelled,
+            RunState::Uncertain,
+        ]
+        .into_iter()
+        .find(|s| s.as_str().eq_ignore_ascii_case(text))
+    }
+
+    /// Final states.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, RunState::Running | RunState::Uncertain)
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The execution snapshot a run resolved at submission.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    /// The snapshot.
+    pub snapshot_id: Uuid,
+    /// Release.
+    pub release_id: String,
+    /// The release's manifest hash.
+    pub manifest_hash: String,
+    /// The release's policy revision.
+    pub policy_revision: String,
+    /// The model profile.
+    pub model_profile_id: String,
+    /// The limits every attempt gets.
+    pub limits: AttemptLimits,
+    /// Hash of the run's input.
+    pub input_hash: String,
+}
+
+/// One step of the release's workflow.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Step {
+    /// The step.
+    pub step_id: Uuid,
+    /// 0, 1, ... in workflow order.
+    pub index: u32,
+    /// The workflow's name for it.
+    pub name: String,
+    /// Artifact reference of its input (the run's input for the first
+    /// step, the previous step's output after that).
+    pub input_ref: Option<String>,
+    /// Running (or not started), then the state of its last attempt.
+    pub state: RunState,
+    /// Attempts made, in order.
+    pub attempts: Vec<Uuid>,
+    /// The fencing token of its latest attempt lease.
+    pub fencing_token: u64,
+    /// Artifact reference of its verified output.
+    pub output_ref: Option<String>,
+}
+
+/// The supervisor of a child run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentLink {
+    /// The supervisor's run.
+    pub run_id: Uuid,
+    /// The supervisor attempt.
+    pub attempt_id: Uuid,
+    /// The delegation.
+    pub delegation_id: Uuid,
+    /// The sub-agent call of the supervisor that waits for this run.
+    pub call_id: Uuid,
+}
+
+/// One execution of a release.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Run {
+    /// The run.
+    pub run_id: Uuid,
+    /// Owner.
+    pub tenant_id: TenantId,
+    /// Project.
+    pub project_id: ProjectId,
+    /// Environment.
+    pub environment_id: Option<String>,
+    /// Agent.
+    pub agent_id: String,
+    /// The snapshot.
+    pub snapshot: Snapshot,
+    /// Artifact reference of the input.
+    pub input_ref: String,
+    /// Attempts allowed per step.
+    pub max_attempts: u32,
+    /// Self-corrections allowed per attempt.
+    pub max_corrections: u32,
+    /// Steps in workflow order.
+    pub steps: Vec<Step>,
+    /// The step being worked on.
+    pub current_step: u32,
+    /// State.
+    pub state: RunState,
+    /// Why it ended this way (failed, cancelled, uncertain).
+    pub reason: Option<String>,
+    /// Artifact reference of the last step's verified output.
+    pub output_ref: Option<String>,
+    /// A cancellation was requested.
+    pub cancel_requested: Option<String>,
+    /// Sub-agent depth (0 for a top-level run).
+    pub depth: u32,
+    /// The supervisor, for a child run.
+    pub parent: Option<ParentLink>,
+    /// The caller's idempotency key.
+    pub request_id: Option<String>,
+    /// Who submitted it.
+    pub submitted_by: String,
+    /// Submitted at.
+    pub created_at: DateTime<Utc>,
+    /// Ended at.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// Bumped by every change.
+    pub version: u64,
+}
+
+/// What Run Control does after an attempt's outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Next {
+    /// Another attempt of the same step with this fencing token.
+    Retry {
+        /// The step.
+        step_index: u32,
+        /// The new attempt's number within the step.
+        number: u32,
+        /// Its fencing token.
+        fencing_token: u64,
+    },
+    /// The next step, from the previous step's output.
+    NextStep {
+        /// The step.
+        step_index: u32,
+        /// Its fencing token.
+        fencing_token: u64,
+    },
+    /// The run is over (or waits for an operator: Uncertain).
+    Done,
+}
+
+impl Run {
+    /// The step being worked on.
+    pub fn step(&self) -> &Step {
+        &self.steps[self.current_step as usize]
+    }
+
+    /// Records a new attempt for the current step.
+    pub fn add_attempt(&mut self, attempt_id: Uuid, fencing_token: u64) {
+        let step = &mut self.steps[self.current_step as usize];
+        step.attempts.push(attempt_id);
+        step.fencing_token = fencing_token;
+        step.state = RunState::Running;
+        self.version += 1;
+    }
+
+    /// Records the single outcome of `attempt` (the current step's latest)
+    /// and decides what follows.
+    pub fn on_attempt_ended(
+        &mut self,
+        attempt: &ExecutionAttempt,
+        now: DateTime<Utc>,
+    ) -> (Next, Vec<NewEvent>) {
+        let index = self.current_step as usize;
+        let step_attempts = self.steps[index].attempts.len() as u32;
+        let token = self.steps[index].fencing_token;
+        self.version += 1;
+        match attempt.state {
+            AttemptState::Succeeded => {
+                let step = &mut self.steps[index];
+                step.state = RunState::Succeeded;
+                step.output_ref = attempt.output_ref.clone();
+                if self.cancel_requested.is_none() && index + 1 < self.steps.len() {
+                    self.current_step += 1;
+                    let next = &mut self.steps[index + 1];
+                    next.input_ref = attempt.output_ref.clone();
+                    return (
+                        Next::NextStep {
+                            step_index: self.current_step,
+                            fencing_token: next.fencing_token + 1,
+                        },
+                        Vec::new(),
+                    );
+                }
+                if let Some(why) = self.cancel_requested.clone() {
+                    return (Next::Done, self.end(RunState::Cancelled, Some(why), now));
+                }
+                self.output_ref = attempt.output_ref.clone();
+                (Next::Done, self.end(RunState::Succeeded, None, now))
+            }
+            AttemptState::Uncertain => {
+                self.steps[index].state = RunState::Uncertain;
+                self.state = RunState::Uncertain;
+                self.reason = Some(format!(
+                    "attempt {} stopped with a call whose effect cannot be confirmed; an operator must settle it",
+                    attempt.attempt_id
+                ));
+                (Next::Done, Vec::new())
+            }
+            state => {
+                let failure = attempt.failure.as_ref();
+                let class = failure.map(|f| f.class);
+                let reason = failure
+                    .map(|f| f.reason.clone())
+                    .unwrap_or_else(|| format!("attempt {} ended {state}", attempt.attempt_id));
+                let retryable = state == AttemptState::Failed
+                    || (state == AttemptState::Cancelled
+                        && class == Some(FailureClass::Infrastructure));
+                if retryable
+                    && class.is_some_and(FailureClass::retryable)
+                    && self.cancel_requested.is_none()
+                    && step_attempts < self.max_attempts
+                {
+                    return (
+                        Next::Retry {
+                            step_index: self.current_step,
+                            number: step_attempts + 1,
+                            fencing_token: token + 1,
+                        },
+                        Vec::new(),
+                    );
+                }
+                let run_state = match state {
+                    AttemptState::TimedOut => RunState::TimedOut,
+                    AttemptState::Cancelled if self.cancel_requested.is_some() => {
+                        RunState::Cancelled
+                    }
+                    AttemptState::Cancelled if class != Some(FailureClass::Infrastructure) => {
+                        RunState::Cancelled
+                    }
+                    _ => RunState::Failed,
+                };
+                self.steps[index].state = run_state;
+                let reason = if retryable && class.is_some_and(FailureClass::retryable) {
+                    format!(
+                        "{reason} (attempt {step_attempts} of {}; none left)",
+                        self.max_attempts
+                    )
+                } else {
+                    reason
+                };
+                (Next::Done, self.end(run_state, Some(reason), now))
+            }
+        }
+    }
+
+    /// An operator settled the uncertain call that held the run: the run
+    /// ends, Failed (the effect happened or not, but the attempt did not
+    /// finish its work) unless the operator asks for another attempt,
+    /// which is only allowed when the effect did not happen.
+    pub fn on_settled(
+        &mut self,
+        retry: bool,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> (Next, Vec<NewEvent>) {
+        if self.state != RunState::Uncertain {
+            return (Next::Done, Vec::new());
+        }
+        self.state = RunState::Running;
+        self.version += 1;
+        let index = self.current_step as usize;
+        let step = &self.steps[index];
+        if retry
+            && self.cancel_requested.is_none()
+            && (step.attempts.len() as u32) < self.max_attempts
+        {
+            return (
+                Next::Retry {
+                    step_index: self.current_step,
+                    number: step.attempts.len() as u32 + 1,
+                    fencing_token: step.fencing_token + 1,
+                },
+                Vec::new(),
+            );
+        }
+        let state = if self.cancel_requested.is_some() {
+            RunState::Cancelled
+        } else {
+            RunState::Failed
+        };
+        self.steps[index].state = state;
+        (
+            Next::Done,
+            self.end(
+                state,
+                Some(format!("uncertain call settled: {reason}")),
+                now,
+            ),
+        )
+    }
+
+    /// Records a cancellation request; false when the run is over already.
+    pub fn request_cancel(&mut self, why: String) -> bool {
+        if self.state.is_terminal() || self.cancel_requested.is_some() {
+            return false;
+        }
+        self.cancel_requested = Some(why);
+        self.version += 1;
+        true
+    }
+
+    fn end(
+        &mut self,
+        state: RunState,
+        reason: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Vec<NewEvent> {
+        self.state = state;
+        self.reason = reason;
+        self.ended_at = Some(now);
+        vec![NewEvent::new(
+            &self.tenant_id,
+            now,
+            &RunEnded {
+                run_id: self.run_id,
+                tenant_id: &self.tenant_id,
+                state,
+                reason: self.reason.as_deref(),
+            },
+        )]
+    }
+}
+
+/// `execution.runs.v1.run-submitted` (the appliance's).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunSubmitted<'a> {
+    /// Run.
+    pub run_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Project.
+    pub project_id: &'a ProjectId,
+    /// Release.
+    pub release_id: &'a str,
+    /// Snapshot.
+    pub snapshot_id: Uuid,
+    /// Parent run, for a child run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<Uuid>,
+}
+
+impl EventPayload for RunSubmitted<'_> {
+    const TOPIC: &'static str = "execution.runs.v1.run-submitted";
+}
+
+/// `execution.runs.v1.run-ended` (the appliance's).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunEnded<'a> {
+    /// Run.
+    pub run_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// Final state.
+    pub state: RunState,
+    /// Why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'a str>,
+}
+
+impl EventPayload for RunEnded<'_> {
+    const TOPIC: &'static str = "execution.runs.v1.run-ended";
+}
+
+/// `execution.approvals.v1.approval-decided`
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalDecided<'a> {
+    /// Approval.
+    pub approval_id: Uuid,
+    /// Run.
+    pub run_id: Uuid,
+    /// Attempt.
+    pub attempt_id: Uuid,
+    /// Tenant.
+    pub tenant_id: &'a TenantId,
+    /// approved | rejected.
+    pub decision: &'a str,
+    /// Who.
+    pub decided_by: &'a str,
+    /// What was approved.
+    pub proposal_hash: &'a str,
+}
+
+impl EventPayload for ApprovalDecided<'_> {
+    const TOPIC: &'static str = "execution.approvals.v1.approval-decided";
+}
