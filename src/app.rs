@@ -26,6 +26,9 @@ use crate::config::Config;
 use crate::domain::credential::ClientCredential;
 use crate::releases::Releases;
 use crate::releases::warmer::ReleaseCacheWarmer;
+use crate::runs::RunControl;
+use crate::runtime::Runtime;
+use crate::runtime::workers::{CheckpointCompactor, LeaseHeartbeat, OrphanedAttemptReconciler};
 use crate::store::datadir::RuntimeInfo;
 use crate::store::{DataDir, Store, StoreOptions};
 use crate::tls::{self, TlsMaterial};
@@ -81,6 +84,10 @@ pub struct AppState {
     pub capacity: Arc<Capacity>,
     /// Release bundles.
     pub releases: Arc<Releases>,
+    /// Run control: runs, approvals, settlement.
+    pub runs: Arc<RunControl>,
+    /// The attempt runtime.
+    pub runtime: Arc<Runtime>,
     /// The clock.
     pub clock: SharedClock,
     /// The clock again when it is manual.
@@ -221,11 +228,30 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     let url = format!("https://{}", display_addr(addr));
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let runtime = Runtime::start(
+        store.clone(),
+        clock.clone(),
+        config.runtime.clone(),
+        capacity.clone(),
+        releases.clone(),
+        shutdown_rx.clone(),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("loading live attempts: {e}"))?;
+    let runs = Arc::new(RunControl::new(
+        runtime.clone(),
+        releases.clone(),
+        capacity.clone(),
+        clock.clone(),
+        config.runtime.clone(),
+    ));
     let state = AppState {
         store: store.clone(),
         auth: auth.clone(),
         capacity: capacity.clone(),
         releases: releases.clone(),
+        runs: runs.clone(),
+        runtime: runtime.clone(),
         clock: clock.clone(),
         manual_clock: clocks.manual.clone(),
         config: config.clone(),
@@ -260,6 +286,19 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         Arc::new(ReleaseCacheWarmer {
             releases: releases.clone(),
             every: seconds(config.releases.warm_interval_seconds),
+        }),
+        Arc::new(LeaseHeartbeat {
+            runtime: runtime.clone(),
+            every: seconds(config.runtime.heartbeat_seconds),
+        }),
+        Arc::new(OrphanedAttemptReconciler {
+            runtime: runtime.clone(),
+            every: seconds(config.runtime.reconcile_interval_seconds),
+        }),
+        Arc::new(CheckpointCompactor {
+            runtime: runtime.clone(),
+            every: seconds(config.runtime.compact_interval_seconds),
+            retention: chrono::Duration::days(config.runtime.checkpoint_retention_days.into()),
         }),
     ];
     let worker_tasks = background

@@ -46,6 +46,8 @@ pub struct Config {
     pub capacity: CapacityConfig,
     /// Release bundles and the publishers trusted to sign them.
     pub releases: ReleasesConfig,
+    /// Attempt execution (`Runtime:*`).
+    pub runtime: RuntimeConfig,
 }
 
 impl Default for Config {
@@ -61,6 +63,7 @@ impl Default for Config {
             events: EventsConfig::default(),
             capacity: CapacityConfig::default(),
             releases: ReleasesConfig::default(),
+            runtime: RuntimeConfig::default(),
         }
     }
 }
@@ -305,6 +308,64 @@ impl Default for ReleasesConfig {
             trust_demo_key: true,
             trusted_keys: Vec::new(),
             warm_interval_seconds: 600,
+        }
+    }
+}
+
+/// Attempt execution: the specification's `Runtime:*` options and the
+/// appliance's timers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Self-corrections per attempt unless the release says otherwise
+    /// (`Runtime:Attempts:DefaultMaxCorrections`).
+    pub default_max_corrections: u32,
+    /// A checkpoint at least every this many calls
+    /// (`Runtime:Attempts:CheckpointEveryCalls`).
+    pub checkpoint_every_calls: u32,
+    /// Deepest sub-agent delegation (`Runtime:Attempts:MaxSubAgentDepth`).
+    pub max_sub_agent_depth: u32,
+    /// Context budget unless the release says less
+    /// (`Runtime:Context:MaxContextTokens`).
+    pub max_context_tokens: u32,
+    /// Minutes a decision may wait for a human
+    /// (`Runtime:Decisions:InputTimeoutMinutes`).
+    pub input_timeout_minutes: u64,
+    /// Seconds between LeaseHeartbeat passes.
+    pub heartbeat_seconds: u64,
+    /// Seconds an adapter's attempt lease lasts without a heartbeat.
+    pub attempt_lease_seconds: u64,
+    /// Seconds a running attempt has to observe an interrupt before the
+    /// appliance settles it.
+    pub interrupt_grace_seconds: u64,
+    /// Seconds between OrphanedAttemptReconciler passes.
+    pub reconcile_interval_seconds: u64,
+    /// Days superseded checkpoints of ended attempts are kept.
+    pub checkpoint_retention_days: u32,
+    /// Seconds between CheckpointCompactor passes.
+    pub compact_interval_seconds: u64,
+    /// Days call payloads, receipts and adapter state are kept.
+    pub payload_retention_days: u32,
+    /// Longest one ClaimAttempt or Await call waits, in seconds.
+    pub max_wait_seconds: u64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            default_max_corrections: 2,
+            checkpoint_every_calls: 1,
+            max_sub_agent_depth: 2,
+            max_context_tokens: 32_000,
+            input_timeout_minutes: 1440,
+            heartbeat_seconds: 15,
+            attempt_lease_seconds: 60,
+            interrupt_grace_seconds: 60,
+            reconcile_interval_seconds: 120,
+            checkpoint_retention_days: 7,
+            compact_interval_seconds: 86_400,
+            payload_retention_days: 30,
+            max_wait_seconds: 60,
         }
     }
 }
@@ -579,6 +640,75 @@ impl Config {
                 })?;
             }
         }
+        let rt = &self.runtime;
+        range(
+            "runtime.default_max_corrections",
+            rt.default_max_corrections.into(),
+            0,
+            20,
+        )?;
+        range(
+            "runtime.checkpoint_every_calls",
+            rt.checkpoint_every_calls.into(),
+            1,
+            1000,
+        )?;
+        range(
+            "runtime.max_sub_agent_depth",
+            rt.max_sub_agent_depth.into(),
+            0,
+            10,
+        )?;
+        range(
+            "runtime.max_context_tokens",
+            rt.max_context_tokens.into(),
+            256,
+            10_000_000,
+        )?;
+        range(
+            "runtime.input_timeout_minutes",
+            rt.input_timeout_minutes,
+            1,
+            525_600,
+        )?;
+        range("runtime.heartbeat_seconds", rt.heartbeat_seconds, 1, 3600)?;
+        range(
+            "runtime.attempt_lease_seconds",
+            rt.attempt_lease_seconds,
+            rt.heartbeat_seconds * 2,
+            86_400,
+        )?;
+        range(
+            "runtime.interrupt_grace_seconds",
+            rt.interrupt_grace_seconds,
+            1,
+            86_400,
+        )?;
+        range(
+            "runtime.reconcile_interval_seconds",
+            rt.reconcile_interval_seconds,
+            1,
+            86_400,
+        )?;
+        range(
+            "runtime.checkpoint_retention_days",
+            rt.checkpoint_retention_days.into(),
+            0,
+            3650,
+        )?;
+        range(
+            "runtime.compact_interval_seconds",
+            rt.compact_interval_seconds,
+            1,
+            604_800,
+        )?;
+        range(
+            "runtime.payload_retention_days",
+            rt.payload_retention_days.into(),
+            1,
+            3650,
+        )?;
+        range("runtime.max_wait_seconds", rt.max_wait_seconds, 0, 300)?;
         crate::domain::tenant::check_region("capacity.default_region", &c.default_region)
             .map_err(|e| ConfigError::new("capacity.default_region", e.reason, ""))?;
         if self.data_dir.as_os_str().is_empty() {

@@ -14,6 +14,8 @@
 //! domain/        the rules, pure: types and transitions, no IO, no async
 //! store/         sled behind a typed facade: tenant-first keys, group commit, outbox, backup
 //! auth/          client credentials, bearer tokens, principals and scope extractors
+//! runs/          run control: submit, status, cancel, approvals, settlement, outcomes
+//! runtime/       the AttemptGrain per live attempt, adapter operations, claim queue, workers
 //! api/           REST routes, Connect RPC services, SSE events, errors, OpenAPI
 //! console/       server-rendered pages (askama)
 //! ```
@@ -49,6 +51,8 @@ pub mod console;
 pub mod control;
 pub mod domain;
 pub mod releases;
+pub mod runs;
+pub mod runtime;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

@@ -102,6 +102,20 @@ pub mod names {
     pub const RELEASE_LOAD_REJECTED: &str = "connectsoft_factory_runtime_release_load_rejected";
     /// Pool counters found different from their leases and repaired.
     pub const ACCOUNTING_REPAIRS: &str = "agentbay_capacity_accounting_repairs_total";
+    /// `connectsoft.factory.runtime.attempts_active` (updown; tenant, state).
+    pub const ATTEMPTS_ACTIVE: &str = "connectsoft_factory_runtime_attempts_active";
+    /// `connectsoft.factory.runtime.attempt_duration` (histogram, s; tenant, agent, outcome).
+    pub const ATTEMPT_DURATION: &str = "connectsoft_factory_runtime_attempt_duration";
+    /// `connectsoft.factory.runtime.calls` (counter; tenant, kind, status).
+    pub const CALLS: &str = "connectsoft_factory_runtime_calls";
+    /// `connectsoft.factory.runtime.corrections` (counter; tenant, agent).
+    pub const CORRECTIONS: &str = "connectsoft_factory_runtime_corrections";
+    /// `connectsoft.factory.runtime.checkpoints_written` (counter; tenant).
+    pub const CHECKPOINTS_WRITTEN: &str = "connectsoft_factory_runtime_checkpoints_written";
+    /// `connectsoft.factory.runtime.decisions_waiting` (updown; tenant, kind).
+    pub const DECISIONS_WAITING: &str = "connectsoft_factory_runtime_decisions_waiting";
+    /// `connectsoft.factory.runtime.uncertain_outcomes` (counter; tenant).
+    pub const UNCERTAIN_OUTCOMES: &str = "connectsoft_factory_runtime_uncertain_outcomes";
 }
 
 fn describe() {
@@ -135,6 +149,17 @@ fn describe() {
         "Time from lease request to grant"
     );
     describe_counter!(names::QUOTA_DENIALS, "Leases denied or held by a quota");
+    describe_gauge!(names::ATTEMPTS_ACTIVE, "Live attempts by state");
+    describe_histogram!(
+        names::ATTEMPT_DURATION,
+        metrics::Unit::Seconds,
+        "Attempt duration by outcome"
+    );
+    describe_counter!(names::CALLS, "Outbound calls by kind and status");
+    describe_counter!(names::CORRECTIONS, "Self-corrections performed");
+    describe_counter!(names::CHECKPOINTS_WRITTEN, "Checkpoints persisted");
+    describe_gauge!(names::DECISIONS_WAITING, "Attempts waiting for a human");
+    describe_counter!(names::UNCERTAIN_OUTCOMES, "Attempts settled as Uncertain");
     describe_counter!(
         names::ACCOUNTING_REPAIRS,
         "Pool counters repaired from their leases"

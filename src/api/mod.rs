@@ -16,6 +16,7 @@ pub mod oauth;
 pub mod openapi;
 pub mod releases;
 pub mod rpc;
+pub mod runtime;
 pub mod tenants;
 
 use std::time::Instant;
@@ -88,6 +89,15 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/runtime/releases/{release_id}/revoke",
             post(releases::revoke),
+        )
+        .route("/runtime/attempts/{attempt_id}", get(runtime::get_attempt))
+        .route(
+            "/runtime/attempts/{attempt_id}/checkpoints",
+            get(runtime::list_checkpoints),
+        )
+        .route(
+            "/runtime/attempts/{attempt_id}/watch",
+            get(runtime::watch_attempt),
         )
         .route("/platform/tenants", get(tenants::list))
         .route(

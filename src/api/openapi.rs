@@ -10,7 +10,7 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
 use super::rpc::{Access, RPC_METHODS, access_of};
-use super::{capacity, events, health, oauth, releases, tenants};
+use super::{capacity, events, health, oauth, releases, runtime, tenants};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -25,6 +25,7 @@ use super::{capacity, events, health, oauth, releases, tenants};
         capacity::list_leases, capacity::get_lease, capacity::my_queue, capacity::accounting,
         tenants::list, tenants::get, tenants::put, tenants::put_project,
         releases::import, releases::list, releases::get, releases::deprecate, releases::revoke,
+        runtime::get_attempt, runtime::list_checkpoints, runtime::watch_attempt,
     ),
     components(schemas(oauth::TokenRequest, oauth::TokenResponse, health::Readiness)),
     modifiers(&BearerAuth),
@@ -35,6 +36,7 @@ use super::{capacity, events, health, oauth, releases, tenants};
         (name = "capacity", description = "Worker pools, quotas and capacity leases"),
         (name = "tenants", description = "The tenant and project registry"),
         (name = "releases", description = "Signed release bundles and what this appliance verified"),
+        (name = "runtime", description = "Attempt timelines, checkpoints and live watches"),
     )
 )]
 struct RestApi;

@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::attempt::{AttemptState, ExecutionAttempt, FailureClass};
 use super::events::{EventPayload, NewEvent};
 use super::ids::{ProjectId, TenantId};
-use super::release::AttemptLimits;
+use super::release::{AdapterKind, AttemptLimits};
 
 /// Where a run is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -95,6 +95,16 @@ pub struct Snapshot {
     pub limits: AttemptLimits,
     /// Hash of the run's input.
     pub input_hash: String,
+    /// Builtin or external.
+    pub adapter: AdapterKind,
+    /// The adapter version attempts need, e.g. `external/1`.
+    pub adapter_version: String,
+    /// The checkpoint format attempts write.
+    pub checkpoint_format: u32,
+    /// CPUs an attempt's capacity lease asks for.
+    pub cpu: f64,
+    /// Memory (GB) an attempt's capacity lease asks for.
+    pub memory_gb: f64,
 }
 
 /// One step of the release's workflow.

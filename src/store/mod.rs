@@ -84,6 +84,18 @@ pub enum Table {
     ArtifactChunks,
     /// Loaded releases (LoadedReleases).
     LoadedReleases,
+    /// Runs with their steps (run control).
+    Runs,
+    /// Execution attempts (ExecutionAttempts).
+    Attempts,
+    /// Checkpoints, `<attempt>/<sequence>` (Checkpoints).
+    Checkpoints,
+    /// Call records, `<attempt>/<sequence>` (CallRecords).
+    CallRecords,
+    /// Decision requests and approvals (DecisionRequests).
+    Decisions,
+    /// Sub-agent delegations, `<attempt>/<delegation>` (SubAgentDelegations).
+    Delegations,
 }
 
 impl Table {
@@ -102,6 +114,12 @@ impl Table {
         Table::Artifacts,
         Table::ArtifactChunks,
         Table::LoadedReleases,
+        Table::Runs,
+        Table::Attempts,
+        Table::Checkpoints,
+        Table::CallRecords,
+        Table::Decisions,
+        Table::Delegations,
     ];
 
     /// The sled tree name.
@@ -120,6 +138,12 @@ impl Table {
             Table::Artifacts => "artifacts",
             Table::ArtifactChunks => "artifact_chunks",
             Table::LoadedReleases => "loaded_releases",
+            Table::Runs => "runs",
+            Table::Attempts => "attempts",
+            Table::Checkpoints => "checkpoints",
+            Table::CallRecords => "call_records",
+            Table::Decisions => "decisions",
+            Table::Delegations => "delegations",
         }
     }
 
@@ -479,6 +503,23 @@ impl Store {
         self.tree(R::TABLE)
             .range(start..end)
             .take(limit)
+            .map(|item| {
+                let (k, v) = item?;
+                decode::<R>(&k, &v)
+            })
+            .collect()
+    }
+
+    /// Records of the scope's tenant whose ids start with `id_prefix` (the
+    /// entities of one attempt: `<attempt>/`), in key order.
+    pub fn list_under<R: Record>(
+        &self,
+        scope: &TenantScope,
+        id_prefix: &str,
+    ) -> Result<Vec<R>, StoreError> {
+        let prefix = record_key(scope.tenant(), id_prefix);
+        self.tree(R::TABLE)
+            .scan_prefix(&prefix)
             .map(|item| {
                 let (k, v) = item?;
                 decode::<R>(&k, &v)

@@ -149,6 +149,18 @@ impl<'a> Tx<'a> {
             .collect()
     }
 
+    /// Records of the scope's tenant whose ids start with `id_prefix`.
+    pub fn list_under<R: Record>(
+        &self,
+        scope: &TenantScope,
+        id_prefix: &str,
+    ) -> Result<Vec<R>, StoreError> {
+        self.scan_prefix(R::TABLE, &record_key(scope.tenant(), id_prefix))?
+            .iter()
+            .map(|(k, v)| decode::<R>(k, v))
+            .collect()
+    }
+
     /// Writes a record, which must belong to the scope's tenant.
     pub fn put<R: Record>(&mut self, scope: &TenantScope, record: &R) -> Result<(), StoreError> {
         check_scope(scope, record)?;

@@ -9,8 +9,11 @@
 //! with [`principal`]. A method missing from the table is refused, so a new
 //! method cannot ship unprotected.
 
+pub mod adapter;
 pub mod admin;
 pub mod capacity;
+pub mod runs;
+pub mod runtime;
 
 use std::sync::Arc;
 
@@ -24,8 +27,11 @@ use super::error::{ApiError, ErrorCode};
 use crate::app::AppState;
 use crate::auth::{Auth, Principal};
 use crate::domain::access::Scope;
+use crate::proto::agentbay::adapter::v1::AdapterExt;
 use crate::proto::agentbay::admin::v1::AdminExt;
 use crate::proto::agentbay::capacity::v1::CapacityExt;
+use crate::proto::agentbay::runs::v1::RunsExt;
+use crate::proto::agentbay::runtime::v1::RuntimeExt;
 
 /// What a method requires of its caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +77,70 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
         (
             "agentbay.capacity.v1.Capacity/ReleaseLease",
             Needs(Scope::CapacityLease),
+        ),
+        ("agentbay.runs.v1.Runs/SubmitRun", Needs(Scope::RunsWrite)),
+        ("agentbay.runs.v1.Runs/GetRun", Needs(Scope::RunsRead)),
+        ("agentbay.runs.v1.Runs/ListRuns", Needs(Scope::RunsRead)),
+        ("agentbay.runs.v1.Runs/CancelRun", Needs(Scope::RunsWrite)),
+        (
+            "agentbay.runs.v1.Runs/DecideApproval",
+            Needs(Scope::RunsDecide),
+        ),
+        (
+            "agentbay.runs.v1.Runs/SettleCall",
+            Needs(Scope::RunsOperate),
+        ),
+        (
+            "agentbay.runtime.v1.Runtime/Interrupt",
+            Needs(Scope::RunsOperate),
+        ),
+        (
+            "agentbay.runtime.v1.Runtime/AnswerDecision",
+            Needs(Scope::RunsDecide),
+        ),
+        (
+            "agentbay.runtime.v1.Runtime/WatchAttempt",
+            Needs(Scope::RunsRead),
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/ClaimAttempt",
+            Needs(Scope::RunsExecute),
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/StartAttempt",
+            Needs(Scope::RunsExecute),
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/Heartbeat",
+            Needs(Scope::RunsExecute),
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/BeginCall",
+            Needs(Scope::RunsExecute),
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/CompleteCall",
+            Needs(Scope::RunsExecute),
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/AwaitCall",
+            Needs(Scope::RunsExecute),
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/Checkpoint",
+            Needs(Scope::RunsExecute),
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/RequestDecision",
+            Needs(Scope::RunsExecute),
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/AwaitDecision",
+            Needs(Scope::RunsExecute),
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/ReportOutcome",
+            Needs(Scope::RunsExecute),
         ),
     ]
 };
@@ -174,6 +244,9 @@ pub fn service(state: &AppState) -> ConnectRpcService {
     let router = connectrpc::Router::new();
     let router = Arc::new(admin::AdminService::new(state.clone())).register(router);
     let router = Arc::new(capacity::CapacityService::new(state.clone())).register(router);
+    let router = Arc::new(runs::RunsService::new(state.clone())).register(router);
+    let router = Arc::new(runtime::RuntimeService::new(state.clone())).register(router);
+    let router = Arc::new(adapter::AdapterService::new(state.clone())).register(router);
     ConnectRpcService::new(router)
         .with_limits(Limits::default().with_max_request_body_size(state.config.http.max_body_bytes))
         .with_interceptor(AuthInterceptor {

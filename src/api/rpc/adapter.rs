@@ -1,0 +1,558 @@
+//! `agentbay.adapter.v1.Adapter`: the RPC an external execution adapter
+//! runs its loop through. Every method needs `factory.runs.execute` and
+//! acts in the caller's tenant.
+
+use std::time::Duration;
+
+use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
+
+use super::principal;
+use crate::api::error::rpc;
+use crate::api::runtime::{parse_json, required_uuid};
+use crate::app::AppState;
+use crate::domain::FieldError;
+use crate::domain::attempt::{
+    AttemptPhase, CallKind, DecisionKind, ExecutionAttempt, FailureClass,
+};
+use crate::domain::ids::parse_uuid;
+use crate::domain::release::canonical_json;
+use crate::proto::agentbay::adapter::v1 as pb;
+use crate::runtime::{self, BeginOutcome, Outcome};
+
+/// The Adapter service.
+pub struct AdapterService {
+    state: AppState,
+}
+
+impl AdapterService {
+    /// Serves the Adapter RPCs.
+    pub fn new(state: AppState) -> Self {
+        AdapterService { state }
+    }
+}
+
+fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    t.map(|t| t.to_rfc3339()).unwrap_or_default()
+}
+
+fn status(a: &ExecutionAttempt) -> pb::AttemptStatus {
+    pb::AttemptStatus {
+        attempt_id: a.attempt_id.to_string(),
+        state: a.state.as_str().to_string(),
+        phase: a.phase.as_str().to_string(),
+        fencing_token: a.fencing_token,
+        interrupt_requested: a.interrupt.is_some(),
+        interrupt_reason: a
+            .interrupt
+            .as_ref()
+            .map(|i| i.reason.clone())
+            .unwrap_or_default(),
+        waiting_reason: a.waiting_reason().unwrap_or_default(),
+        lease_expires_at: time(a.lease.expires_at),
+        failure_class: a
+            .failure
+            .as_ref()
+            .map(|f| f.class.as_str().to_string())
+            .unwrap_or_default(),
+        failure_reason: a
+            .failure
+            .as_ref()
+            .map(|f| f.reason.clone())
+            .unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// A JSON document field as canonical bytes (absent when empty).
+fn document(field: &str, text: &str) -> Result<Option<Vec<u8>>, FieldError> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(canonical_json(&parse_json(field, text)?)))
+}
+
+fn wait(seconds: u32) -> Duration {
+    Duration::from_secs(u64::from(seconds))
+}
+
+#[allow(refining_impl_trait)]
+impl pb::Adapter for AdapterService {
+    async fn claim_attempt(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::ClaimAttemptRequest>,
+    ) -> ServiceResult<pb::ClaimAttemptResponse> {
+        let caller = principal(&ctx)?;
+        if request.agent_id.is_empty() {
+            return Err(rpc(FieldError::new("agentId", "is required")));
+        }
+        let session = match request.session {
+            "" => caller.subject.to_string(),
+            s if s.len() > 200 => {
+                return Err(rpc(FieldError::new(
+                    "session",
+                    "must be at most 200 characters",
+                )));
+            }
+            s => s.to_string(),
+        };
+        let ticket = self
+            .state
+            .runtime
+            .claim(
+                &caller.tenant_scope(),
+                request.agent_id,
+                &session,
+                wait(request.wait_seconds),
+            )
+            .await
+            .map_err(rpc)?;
+        let attempt = ticket.map(|t| {
+            let a = &t.attempt;
+            pb::AttemptTicket {
+                attempt_id: a.attempt_id.to_string(),
+                run_id: a.run_id.to_string(),
+                step_id: a.step_id.to_string(),
+                fencing_token: a.fencing_token,
+                release_id: a.release_id.clone(),
+                agent_id: a.agent_id.clone(),
+                input_json: String::from_utf8_lossy(&t.input).into_owned(),
+                resumed: t.resumed,
+                state_json: t
+                    .state
+                    .map(|s| String::from_utf8_lossy(&s).into_owned())
+                    .unwrap_or_default(),
+                checkpoint_sequence: t.checkpoint_sequence,
+                phase: a.phase.as_str().to_string(),
+                correction_count: a.correction_count,
+                max_corrections: a.max_corrections,
+                max_minutes: a.limits.max_minutes,
+                max_model_calls: a.limits.max_model_calls,
+                max_tool_calls: a.limits.max_tool_calls,
+                max_context_tokens: a.limits.max_context_tokens,
+                lease_expires_at: time(a.lease.expires_at),
+                adapter_version: a.adapter_version.clone(),
+                checkpoint_format: a.checkpoint_format,
+                ..Default::default()
+            }
+        });
+        Response::ok(pb::ClaimAttemptResponse {
+            attempt: attempt.map(buffa::MessageField::some).unwrap_or_default(),
+            ..Default::default()
+        })
+    }
+
+    async fn start_attempt(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::StartAttemptRequest>,
+    ) -> ServiceResult<pb::AttemptStatus> {
+        let caller = principal(&ctx)?;
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        if request.adapter_version.is_empty() {
+            return Err(rpc(FieldError::new(
+                "adapterVersion",
+                "is required, e.g. external/1",
+            )));
+        }
+        let context = (!request.context_snapshot_ref.is_empty())
+            .then(|| request.context_snapshot_ref.to_string());
+        let attempt = self
+            .state
+            .runtime
+            .start_attempt(
+                &caller.tenant_scope(),
+                id,
+                request.fencing_token,
+                request.adapter_version.to_string(),
+                request.checkpoint_format,
+                context,
+            )
+            .await
+            .map_err(rpc)?;
+        Response::ok(status(&attempt))
+    }
+
+    async fn heartbeat(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::HeartbeatRequest>,
+    ) -> ServiceResult<pb::AttemptStatus> {
+        let caller = principal(&ctx)?;
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let attempt = self
+            .state
+            .runtime
+            .heartbeat(&caller.tenant_scope(), id, request.fencing_token)
+            .await
+            .map_err(rpc)?;
+        Response::ok(status(&attempt))
+    }
+
+    async fn begin_call(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::BeginCallRequest>,
+    ) -> ServiceResult<pb::BeginCallResponse> {
+        let caller = principal(&ctx)?;
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let call = (|| -> Result<runtime::BeginCall, FieldError> {
+            let kind = CallKind::parse(request.kind).ok_or_else(|| {
+                FieldError::new(
+                    "kind",
+                    format!("{:?} is not model, tool or sub-agent", request.kind),
+                )
+            })?;
+            if request.target.is_empty() {
+                return Err(FieldError::new(
+                    "target",
+                    "is required: the tool id, model profile id or child release id",
+                ));
+            }
+            let request_doc = if request.request_json.is_empty() {
+                serde_json::Value::Object(Default::default())
+            } else {
+                parse_json("requestJson", request.request_json)?
+            };
+            Ok(runtime::BeginCall {
+                kind,
+                target: request.target.to_string(),
+                request: request_doc,
+                context_tokens: (kind == CallKind::Model).then_some(request.context_tokens),
+                approval_id: match request.approval_id {
+                    "" => None,
+                    a => Some(parse_uuid("approvalId", a)?),
+                },
+                state: document("stateJson", request.state_json)?,
+            })
+        })()
+        .map_err(rpc)?;
+        let begun = self
+            .state
+            .runtime
+            .begin_call(&caller.tenant_scope(), id, request.fencing_token, call)
+            .await
+            .map_err(rpc)?;
+        let opt = |u: Option<uuid::Uuid>| u.map(|u| u.to_string()).unwrap_or_default();
+        Response::ok(pb::BeginCallResponse {
+            outcome: match begun.outcome {
+                BeginOutcome::Started => pb::BeginOutcome::STARTED,
+                BeginOutcome::Refused => pb::BeginOutcome::REFUSED,
+                BeginOutcome::ApprovalRequired => pb::BeginOutcome::APPROVAL_REQUIRED,
+            }
+            .into(),
+            call_id: opt(begun.call_id),
+            policy_decision_id: opt(begun.policy_decision_id),
+            fencing_token: begun.fencing_token,
+            reason: begun.reason.unwrap_or_default(),
+            decision_id: opt(begun.decision_id),
+            approval_id: opt(begun.approval_id),
+            checkpoint_id: opt(begun.checkpoint_id),
+            child_run_id: opt(begun.child_run_id),
+            request_hash: begun.request_hash,
+            ..Default::default()
+        })
+    }
+
+    async fn complete_call(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::CompleteCallRequest>,
+    ) -> ServiceResult<pb::CompleteCallResponse> {
+        let caller = principal(&ctx)?;
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let completion = (|| -> Result<runtime::Completion, FieldError> {
+            Ok(runtime::Completion {
+                call_id: required_uuid("callId", request.call_id)?,
+                ok: request.ok,
+                result: document("resultJson", request.result_json)?,
+                receipt: document("receiptJson", request.receipt_json)?,
+                error: (!request.error.is_empty())
+                    .then(|| request.error.chars().take(2000).collect()),
+                state: document("stateJson", request.state_json)?,
+            })
+        })()
+        .map_err(rpc)?;
+        let done = self
+            .state
+            .runtime
+            .complete_call(
+                &caller.tenant_scope(),
+                id,
+                request.fencing_token,
+                completion,
+            )
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::CompleteCallResponse {
+            state: done.state.as_str().to_string(),
+            checkpoint_id: done
+                .checkpoint
+                .as_ref()
+                .map(|c| c.checkpoint_id.to_string())
+                .unwrap_or_default(),
+            checkpoint_sequence: done
+                .checkpoint
+                .as_ref()
+                .map(|c| c.sequence)
+                .unwrap_or_default(),
+            result_hash: done.result_hash.unwrap_or_default(),
+            receipt_ref: done.receipt_ref.unwrap_or_default(),
+            interrupt_requested: done.interrupt_requested,
+            ..Default::default()
+        })
+    }
+
+    async fn await_call(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::AwaitCallRequest>,
+    ) -> ServiceResult<pb::AwaitCallResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let call_id = required_uuid("callId", request.call_id).map_err(rpc)?;
+        let call = self
+            .state
+            .runtime
+            .await_call(
+                &scope,
+                id,
+                request.fencing_token,
+                call_id,
+                wait(request.wait_seconds),
+            )
+            .await
+            .map_err(rpc)?;
+        let result_json = call
+            .result_hash
+            .as_ref()
+            .and_then(|r| self.state.store.read_artifact(&scope, r).ok().flatten())
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        Response::ok(pb::AwaitCallResponse {
+            status: call.status.as_str().to_string(),
+            result_json,
+            error: call.error.unwrap_or_default(),
+            ..Default::default()
+        })
+    }
+
+    async fn checkpoint(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::CheckpointRequest>,
+    ) -> ServiceResult<pb::CheckpointResponse> {
+        let caller = principal(&ctx)?;
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let (state, phase) = (|| -> Result<(Vec<u8>, Option<AttemptPhase>), FieldError> {
+            let state = document("stateJson", request.state_json)?.ok_or_else(|| {
+                FieldError::new(
+                    "stateJson",
+                    "is required: the adapter's state to resume from",
+                )
+            })?;
+            let phase = match request.phase {
+                "" => None,
+                p => Some(AttemptPhase::parse(p).ok_or_else(|| {
+                    FieldError::new("phase", format!("{p:?} is not a phase of the loop"))
+                })?),
+            };
+            Ok((state, phase))
+        })()
+        .map_err(rpc)?;
+        let (cp, state) = self
+            .state
+            .runtime
+            .checkpoint(
+                &caller.tenant_scope(),
+                id,
+                request.fencing_token,
+                state,
+                phase,
+            )
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::CheckpointResponse {
+            checkpoint_id: cp.checkpoint_id.to_string(),
+            sequence: cp.sequence,
+            state: state.as_str().to_string(),
+            hash: cp.hash,
+            ..Default::default()
+        })
+    }
+
+    async fn request_decision(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::RequestDecisionRequest>,
+    ) -> ServiceResult<pb::RequestDecisionResponse> {
+        let caller = principal(&ctx)?;
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let ask = (|| -> Result<runtime::DecisionAsk, FieldError> {
+            let kind = match DecisionKind::parse(request.kind) {
+                Some(DecisionKind::Approval) => {
+                    return Err(FieldError::new(
+                        "kind",
+                        "approvals are opened by BeginCall when the policy requires one",
+                    ));
+                }
+                Some(k) => k,
+                None => {
+                    return Err(FieldError::new(
+                        "kind",
+                        format!("{:?} is not input or escalation", request.kind),
+                    ));
+                }
+            };
+            if request.summary.trim().is_empty() {
+                return Err(FieldError::new(
+                    "summary",
+                    "is required: one line a reviewer reads in the inbox",
+                ));
+            }
+            let options: Vec<String> = request.options.iter().map(|o| o.to_string()).collect();
+            if kind == DecisionKind::Escalation && options.len() < 2 {
+                return Err(FieldError::new(
+                    "options",
+                    "an escalation needs at least two options",
+                ));
+            }
+            let recommendation =
+                (!request.recommendation.is_empty()).then(|| request.recommendation.to_string());
+            if let Some(r) = &recommendation
+                && !options.contains(r)
+            {
+                return Err(FieldError::new(
+                    "recommendation",
+                    format!("{r:?} is not one of the options"),
+                ));
+            }
+            Ok(runtime::DecisionAsk {
+                kind,
+                question: document("questionJson", request.question_json)?,
+                summary: request.summary.chars().take(300).collect(),
+                options,
+                recommendation,
+            })
+        })()
+        .map_err(rpc)?;
+        let decision = self
+            .state
+            .runtime
+            .request_decision(&caller.tenant_scope(), id, request.fencing_token, ask)
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::RequestDecisionResponse {
+            decision_id: decision.decision_id.to_string(),
+            expires_at: decision.expires_at.to_rfc3339(),
+            ..Default::default()
+        })
+    }
+
+    async fn await_decision(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::AwaitDecisionRequest>,
+    ) -> ServiceResult<pb::AwaitDecisionResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let decision_id = required_uuid("decisionId", request.decision_id).map_err(rpc)?;
+        let (d, state) = self
+            .state
+            .runtime
+            .await_decision(
+                &scope,
+                id,
+                request.fencing_token,
+                decision_id,
+                wait(request.wait_seconds),
+            )
+            .await
+            .map_err(rpc)?;
+        let answer_json = d
+            .answer_ref
+            .as_ref()
+            .and_then(|r| self.state.store.read_artifact(&scope, r).ok().flatten())
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        Response::ok(pb::AwaitDecisionResponse {
+            status: d.status.as_str().to_string(),
+            choice: d.choice.unwrap_or_default(),
+            answer_json,
+            reason: d.reason.unwrap_or_default(),
+            answered_by: d.answered_by.unwrap_or_default(),
+            attempt_state: state.as_str().to_string(),
+            ..Default::default()
+        })
+    }
+
+    async fn report_outcome(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::ReportOutcomeRequest>,
+    ) -> ServiceResult<pb::ReportOutcomeResponse> {
+        let caller = principal(&ctx)?;
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let report = (|| -> Result<runtime::Report, FieldError> {
+            if request.succeeded {
+                if request.output_json.is_empty() {
+                    return Err(FieldError::new(
+                        "outputJson",
+                        "is required when succeeded is true",
+                    ));
+                }
+                return Ok(runtime::Report {
+                    succeeded: true,
+                    output: Some(parse_json("outputJson", request.output_json)?),
+                    failure_class: None,
+                    reason: None,
+                });
+            }
+            let class = FailureClass::parse(request.failure_class).ok_or_else(|| {
+                FieldError::new(
+                    "failureClass",
+                    format!(
+                        "{:?} is not validation, infrastructure, transient, policy or budget",
+                        request.failure_class
+                    ),
+                )
+            })?;
+            if request.reason.trim().is_empty() {
+                return Err(FieldError::new(
+                    "reason",
+                    "is required when succeeded is false",
+                ));
+            }
+            Ok(runtime::Report {
+                succeeded: false,
+                output: None,
+                failure_class: Some(class),
+                reason: Some(request.reason.chars().take(2000).collect()),
+            })
+        })()
+        .map_err(rpc)?;
+        let reported = self
+            .state
+            .runtime
+            .report(&caller.tenant_scope(), id, request.fencing_token, report)
+            .await
+            .map_err(rpc)?;
+        let (verdict, feedback, left) = match reported.verdict {
+            Outcome::Verified => (pb::Verdict::VERIFIED, String::new(), 0),
+            Outcome::Correct { feedback, left } => (pb::Verdict::CORRECT, feedback, left),
+            Outcome::Exhausted { feedback } => (pb::Verdict::EXHAUSTED, feedback, 0),
+            Outcome::Failed => (pb::Verdict::FAILED, String::new(), 0),
+        };
+        Response::ok(pb::ReportOutcomeResponse {
+            verdict: verdict.into(),
+            feedback,
+            corrections_left: left,
+            state: reported.state.as_str().to_string(),
+            outcome_hash: reported.outcome_hash.unwrap_or_default(),
+            acknowledged: reported.acknowledged,
+            ..Default::default()
+        })
+    }
+}

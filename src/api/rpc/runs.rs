@@ -1,0 +1,374 @@
+//! `agentbay.runs.v1.Runs`: SubmitRun, GetRun, ListRuns, CancelRun,
+//! DecideApproval, SettleCall.
+
+use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
+use uuid::Uuid;
+
+use super::principal;
+use crate::api::error::rpc;
+use crate::api::runtime::{parse_json, parse_state};
+use crate::app::AppState;
+use crate::domain::attempt::Effect;
+use crate::domain::ids::parse_uuid;
+use crate::domain::release::AttemptLimits;
+use crate::domain::run::Run;
+use crate::domain::{FieldError, ProjectId};
+use crate::proto::agentbay::runs::v1 as pb;
+use crate::runs::{RunFilter, RunRequest};
+use crate::runtime::grain::AttemptView;
+use crate::store::TenantScope;
+
+/// The Runs service.
+pub struct RunsService {
+    state: AppState,
+}
+
+impl RunsService {
+    /// Serves the Runs RPCs.
+    pub fn new(state: AppState) -> Self {
+        RunsService { state }
+    }
+}
+
+fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    t.map(|t| t.to_rfc3339()).unwrap_or_default()
+}
+
+fn limits_message(l: &AttemptLimits) -> pb::Limits {
+    pb::Limits {
+        max_minutes: l.max_minutes,
+        max_model_calls: l.max_model_calls,
+        max_tool_calls: l.max_tool_calls,
+        max_context_tokens: l.max_context_tokens,
+        max_sub_agent_depth: l.max_sub_agent_depth,
+        ..Default::default()
+    }
+}
+
+/// The wire form of an attempt.
+pub fn attempt_message(view: &AttemptView) -> pb::Attempt {
+    let a = &view.attempt;
+    pb::Attempt {
+        attempt_id: a.attempt_id.to_string(),
+        run_id: a.run_id.to_string(),
+        step_id: a.step_id.to_string(),
+        number: a.number,
+        state: a.state.as_str().to_string(),
+        phase: a.phase.as_str().to_string(),
+        fencing_token: a.fencing_token,
+        waiting_reason: view.waiting_reason().unwrap_or_default(),
+        limiting_quota: view.limiting_quota.clone().unwrap_or_default(),
+        queue_position: view.queue_position.unwrap_or(0) as u32,
+        correction_count: a.correction_count,
+        max_corrections: a.max_corrections,
+        model_calls: a.usage.model_calls,
+        tool_calls: a.usage.tool_calls,
+        failure_class: a
+            .failure
+            .as_ref()
+            .map(|f| f.class.as_str().to_string())
+            .unwrap_or_default(),
+        failure_reason: a
+            .failure
+            .as_ref()
+            .map(|f| f.reason.clone())
+            .unwrap_or_default(),
+        outcome_hash: a.outcome_hash.clone().unwrap_or_default(),
+        pending_decision_id: a
+            .pending_decision
+            .map(|d| d.to_string())
+            .unwrap_or_default(),
+        release_id: a.release_id.clone(),
+        agent_id: a.agent_id.clone(),
+        started_at: a.started_at.to_rfc3339(),
+        ended_at: time(a.ended_at),
+        checkpoints: a.usage.checkpoints,
+        capacity_lease_id: a
+            .capacity_lease_id
+            .map(|l| l.to_string())
+            .unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// The wire form of a run, with its attempts as they are now.
+pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run {
+    let steps = run
+        .steps
+        .iter()
+        .map(|s| pb::Step {
+            step_id: s.step_id.to_string(),
+            index: s.index,
+            name: s.name.clone(),
+            state: s.state.as_str().to_string(),
+            attempts: s
+                .attempts
+                .iter()
+                .filter_map(|id| state.runtime.view(scope, *id).ok())
+                .map(|v| attempt_message(&v))
+                .collect(),
+            ..Default::default()
+        })
+        .collect();
+    let output_json = run
+        .output_ref
+        .as_ref()
+        .and_then(|r| state.store.read_artifact(scope, r).ok().flatten())
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    pb::Run {
+        run_id: run.run_id.to_string(),
+        tenant_id: run.tenant_id.to_string(),
+        project_id: run.project_id.to_string(),
+        release_id: run.snapshot.release_id.clone(),
+        agent_id: run.agent_id.clone(),
+        snapshot_id: run.snapshot.snapshot_id.to_string(),
+        state: run.state.as_str().to_string(),
+        reason: run.reason.clone().unwrap_or_default(),
+        steps,
+        output_json,
+        output_ref: run.output_ref.clone().unwrap_or_default(),
+        input_ref: run.input_ref.clone(),
+        depth: run.depth,
+        parent_run_id: run
+            .parent
+            .as_ref()
+            .map(|p| p.run_id.to_string())
+            .unwrap_or_default(),
+        created_at: run.created_at.to_rfc3339(),
+        ended_at: time(run.ended_at),
+        cancel_requested: run.cancel_requested.is_some(),
+        max_attempts: run.max_attempts,
+        limits: buffa::MessageField::some(limits_message(&run.snapshot.limits)),
+        ..Default::default()
+    }
+}
+
+fn uuid_field(field: &str, text: &str) -> Result<Uuid, FieldError> {
+    if text.is_empty() {
+        return Err(FieldError::new(field, "is required"));
+    }
+    parse_uuid(field, text)
+}
+
+#[allow(refining_impl_trait)]
+impl pb::Runs for RunsService {
+    async fn submit_run(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::SubmitRunRequest>,
+    ) -> ServiceResult<pb::SubmitRunResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let run_request = (|| -> Result<RunRequest, FieldError> {
+            if request.release_id.is_empty() {
+                return Err(FieldError::new("releaseId", "is required"));
+            }
+            let limits = request.limits.as_option().map(|l| AttemptLimits {
+                max_minutes: l.max_minutes,
+                max_model_calls: l.max_model_calls,
+                max_tool_calls: l.max_tool_calls,
+                max_context_tokens: l.max_context_tokens,
+                max_sub_agent_depth: l.max_sub_agent_depth,
+            });
+            let request_id =
+                (!request.request_id.is_empty()).then(|| request.request_id.to_string());
+            if let Some(key) = &request_id
+                && (key.len() > 128 || key.contains('/'))
+            {
+                return Err(FieldError::new(
+                    "requestId",
+                    "must be at most 128 characters without '/'",
+                ));
+            }
+            Ok(RunRequest {
+                project_id: ProjectId::parse_field("projectId", request.project_id)?,
+                release_id: request.release_id.to_string(),
+                input: parse_json("inputJson", request.input_json)?,
+                limits,
+                max_attempts: request.max_attempts,
+                max_corrections: request.max_corrections,
+                request_id,
+                environment_id: (!request.environment_id.is_empty())
+                    .then(|| request.environment_id.to_string()),
+                submitted_by: caller.subject.to_string(),
+            })
+        })()
+        .map_err(rpc)?;
+        let run = self
+            .state
+            .runs
+            .submit(&scope, run_request)
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::SubmitRunResponse {
+            run: buffa::MessageField::some(run_message(&self.state, &scope, &run)),
+            ..Default::default()
+        })
+    }
+
+    async fn get_run(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::GetRunRequest>,
+    ) -> ServiceResult<pb::GetRunResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let id = uuid_field("runId", request.run_id).map_err(rpc)?;
+        let run = self.state.runs.get(&scope, id).map_err(rpc)?;
+        Response::ok(pb::GetRunResponse {
+            run: buffa::MessageField::some(run_message(&self.state, &scope, &run)),
+            ..Default::default()
+        })
+    }
+
+    async fn list_runs(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::ListRunsRequest>,
+    ) -> ServiceResult<pb::ListRunsResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let filter = (|| -> Result<RunFilter, FieldError> {
+            Ok(RunFilter {
+                state: match request.state {
+                    "" => None,
+                    s => Some(parse_state(s)?),
+                },
+                agent_id: (!request.agent_id.is_empty()).then(|| request.agent_id.to_string()),
+                release_id: (!request.release_id.is_empty())
+                    .then(|| request.release_id.to_string()),
+                project_id: match request.project_id {
+                    "" => None,
+                    p => Some(ProjectId::parse_field("projectId", p)?),
+                },
+            })
+        })()
+        .map_err(rpc)?;
+        let after = match request.page_after {
+            "" => None,
+            a => Some(parse_uuid("pageAfter", a).map_err(rpc)?),
+        };
+        let size = match request.page_size {
+            0 => 50,
+            n => n.min(500) as usize,
+        };
+        let runs = self
+            .state
+            .runs
+            .list(&scope, &filter, after, size)
+            .map_err(rpc)?;
+        let next = if runs.len() == size {
+            runs.last()
+                .map(|r| r.run_id.to_string())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Response::ok(pb::ListRunsResponse {
+            runs: runs
+                .iter()
+                .map(|r| run_message(&self.state, &scope, r))
+                .collect(),
+            next_page_after: next,
+            ..Default::default()
+        })
+    }
+
+    async fn cancel_run(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::CancelRunRequest>,
+    ) -> ServiceResult<pb::CancelRunResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let id = uuid_field("runId", request.run_id).map_err(rpc)?;
+        let run = self
+            .state
+            .runs
+            .cancel(&scope, id, &caller.subject.to_string(), request.reason)
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::CancelRunResponse {
+            run: buffa::MessageField::some(run_message(&self.state, &scope, &run)),
+            ..Default::default()
+        })
+    }
+
+    async fn decide_approval(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::DecideApprovalRequest>,
+    ) -> ServiceResult<pb::DecideApprovalResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let id = uuid_field("approvalId", request.approval_id).map_err(rpc)?;
+        let reason = (!request.reason.is_empty()).then(|| request.reason.to_string());
+        let attempt = self
+            .state
+            .runs
+            .decide_approval(
+                &scope,
+                id,
+                request.approve,
+                &caller.subject.to_string(),
+                reason,
+            )
+            .await
+            .map_err(rpc)?;
+        let view = self
+            .state
+            .runtime
+            .view(&scope, attempt.attempt_id)
+            .map_err(rpc)?;
+        Response::ok(pb::DecideApprovalResponse {
+            attempt: buffa::MessageField::some(attempt_message(&view)),
+            ..Default::default()
+        })
+    }
+
+    async fn settle_call(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::SettleCallRequest>,
+    ) -> ServiceResult<pb::SettleCallResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let (attempt_id, call_id, effect) = (|| -> Result<(Uuid, Uuid, Effect), FieldError> {
+            let effect = match request.effect {
+                "happened" => Effect::Happened,
+                "did-not-happen" => Effect::DidNotHappen,
+                other => {
+                    return Err(FieldError::new(
+                        "effect",
+                        format!("{other:?} is not happened or did-not-happen"),
+                    ));
+                }
+            };
+            Ok((
+                uuid_field("attemptId", request.attempt_id)?,
+                uuid_field("callId", request.call_id)?,
+                effect,
+            ))
+        })()
+        .map_err(rpc)?;
+        let run = self
+            .state
+            .runs
+            .settle_call(
+                &scope,
+                attempt_id,
+                call_id,
+                effect,
+                request.reason,
+                request.retry,
+                &caller.subject.to_string(),
+            )
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::SettleCallResponse {
+            run: buffa::MessageField::some(run_message(&self.state, &scope, &run)),
+            ..Default::default()
+        })
+    }
+}

@@ -1,0 +1,131 @@
+//! `agentbay.runtime.v1.Runtime`: Interrupt, AnswerDecision, WatchAttempt.
+
+use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult, ServiceStream};
+
+use super::principal;
+use crate::api::error::rpc;
+use crate::api::runtime::{attempt_updates, parse_json, required_uuid};
+use crate::app::AppState;
+use crate::domain::attempt::InterruptSource;
+use crate::domain::release::canonical_json;
+use crate::proto::agentbay::runtime::v1 as pb;
+use crate::runtime::grain::AttemptView;
+
+/// The Runtime service.
+pub struct RuntimeService {
+    state: AppState,
+}
+
+impl RuntimeService {
+    /// Serves the Runtime RPCs.
+    pub fn new(state: AppState) -> Self {
+        RuntimeService { state }
+    }
+}
+
+fn update_message(view: &AttemptView) -> pb::AttemptUpdate {
+    let a = &view.attempt;
+    pb::AttemptUpdate {
+        attempt_id: a.attempt_id.to_string(),
+        state: a.state.as_str().to_string(),
+        phase: a.phase.as_str().to_string(),
+        checkpoints: a.usage.checkpoints,
+        last_checkpoint_id: a
+            .last_checkpoint_id
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
+        waiting_reason: view.waiting_reason().unwrap_or_default(),
+        interrupt_requested: a.interrupt.is_some(),
+        interrupt_reason: a
+            .interrupt
+            .as_ref()
+            .map(|i| i.reason.clone())
+            .unwrap_or_default(),
+        fencing_token: a.fencing_token,
+        outcome_hash: a.outcome_hash.clone().unwrap_or_default(),
+        version: a.version,
+        ..Default::default()
+    }
+}
+
+#[allow(refining_impl_trait)]
+impl pb::Runtime for RuntimeService {
+    async fn interrupt(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::InterruptRequest>,
+    ) -> ServiceResult<pb::InterruptResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let attempt = self
+            .state
+            .runtime
+            .interrupt(
+                &scope,
+                id,
+                &caller.subject.to_string(),
+                request.reason,
+                InterruptSource::Interrupt,
+            )
+            .await
+            .map_err(rpc)?;
+        let view = self.state.runtime.view(&scope, id).map_err(rpc)?;
+        Response::ok(pb::InterruptResponse {
+            state: attempt.state.as_str().to_string(),
+            observed: attempt.cancellation_observed_at.is_some() || attempt.state.is_terminal(),
+            waiting_reason: view.waiting_reason().unwrap_or_default(),
+            ..Default::default()
+        })
+    }
+
+    async fn answer_decision(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::AnswerDecisionRequest>,
+    ) -> ServiceResult<pb::AnswerDecisionResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let attempt_id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let decision_id = required_uuid("decisionId", request.decision_id).map_err(rpc)?;
+        let answer = match request.answer_json {
+            "" => None,
+            text => Some(canonical_json(
+                &parse_json("answerJson", text).map_err(rpc)?,
+            )),
+        };
+        let choice = (!request.choice.is_empty()).then(|| request.choice.to_string());
+        let attempt = self
+            .state
+            .runtime
+            .answer(
+                &scope,
+                attempt_id,
+                decision_id,
+                &caller.subject.to_string(),
+                choice,
+                answer,
+            )
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::AnswerDecisionResponse {
+            state: attempt.state.as_str().to_string(),
+            ..Default::default()
+        })
+    }
+
+    async fn watch_attempt(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::WatchAttemptRequest>,
+    ) -> ServiceResult<ServiceStream<pb::AttemptUpdate>> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let updates = attempt_updates(&self.state, &scope, id).map_err(rpc)?;
+        let stream = futures::StreamExt::map(updates, |view| Ok(update_message(&view)));
+        Ok(Response::new(
+            Box::pin(stream) as ServiceStream<pb::AttemptUpdate>
+        ))
+    }
+}

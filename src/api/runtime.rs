@@ -1,0 +1,315 @@
+//! Runtime routes: an attempt's timeline and checkpoints, and a live watch
+//! of it over SSE for the console. Also the input helpers the runtime's RPC
+//! services share.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, RawQuery, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::capacity::query_pairs;
+use super::error::ApiError;
+use crate::app::AppState;
+use crate::auth::Principal;
+use crate::auth::extract::{Authorized, need};
+use crate::domain::attempt::Checkpoint;
+use crate::domain::ids::parse_uuid;
+use crate::domain::run::RunState;
+use crate::domain::{FieldError, TenantId};
+use crate::runtime::RuntimeError;
+use crate::runtime::grain::AttemptView;
+use crate::store::TenantScope;
+
+impl From<RuntimeError> for ApiError {
+    fn from(e: RuntimeError) -> Self {
+        match e {
+            RuntimeError::Domain(d) => d.into(),
+            RuntimeError::Store(s) => s.into(),
+        }
+    }
+}
+
+/// A JSON document in a string field, named on failure.
+pub fn parse_json(field: &str, text: &str) -> Result<Value, FieldError> {
+    if text.trim().is_empty() {
+        return Err(FieldError::new(field, "is required: a JSON document"));
+    }
+    serde_json::from_str(text)
+        .map_err(|e| FieldError::new(field, format!("is not valid JSON: {e}")))
+}
+
+/// A run state filter.
+pub fn parse_state(text: &str) -> Result<RunState, FieldError> {
+    RunState::parse(text).ok_or_else(|| {
+        FieldError::new(
+            "state",
+            format!("{text:?} is not Running, Succeeded, Failed, TimedOut, Cancelled or Uncertain"),
+        )
+    })
+}
+
+/// A required UUID field.
+pub fn required_uuid(field: &str, text: &str) -> Result<Uuid, FieldError> {
+    if text.is_empty() {
+        return Err(FieldError::new(field, "is required"));
+    }
+    parse_uuid(field, text)
+}
+
+/// The attempt's views as they change, starting with the current one and
+/// ending after the final one.
+pub fn attempt_updates(
+    state: &AppState,
+    scope: &TenantScope,
+    attempt_id: Uuid,
+) -> Result<impl Stream<Item = std::sync::Arc<AttemptView>> + Send + use<>, RuntimeError> {
+    let mut rx = state.runtime.watch(scope, attempt_id)?;
+    let mut shutdown = state.shutdown.clone();
+    let (runtime, scope) = (state.runtime.clone(), scope.clone());
+    Ok(async_stream(move |yield_| async move {
+        let mut last = 0u64;
+        loop {
+            let view = rx.borrow_and_update().clone();
+            if view.attempt.version != last || view.attempt.state.is_terminal() {
+                last = view.attempt.version;
+                let done = view.attempt.state.is_terminal();
+                if yield_.send(view).await.is_err() || done {
+                    return;
+                }
+            }
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() {
+                    // The grain ended: the stored attempt is the last word.
+                    if let Ok(v) = runtime.view(&scope, attempt_id) {
+                        let _ = yield_.send(v).await;
+                    }
+                    return;
+                },
+                _ = shutdown.changed() => return,
+            }
+        }
+    }))
+}
+
+/// A stream fed by a producer task over a small channel.
+fn async_stream<T, F, Fut>(produce: F) -> impl Stream<Item = T> + Send + use<T, F, Fut>
+where
+    T: Send + 'static,
+    F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(produce(tx));
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<TenantScope, ApiError> {
+    let pairs = query_pairs(raw, &["tenant"])?;
+    match pairs.iter().find(|(k, _)| k == "tenant") {
+        Some((_, t)) => Ok(principal.scope_for(&TenantId::parse_field("tenant", t)?)?),
+        None => Ok(principal.tenant_scope()),
+    }
+}
+
+fn checkpoint_json(c: &Checkpoint) -> Value {
+    json!({
+        "checkpointId": c.checkpoint_id,
+        "sequence": c.sequence,
+        "phase": c.phase.as_str(),
+        "adapterVersion": c.adapter_version,
+        "checkpointFormat": c.checkpoint_format,
+        "adapterStateRef": c.adapter_state_ref,
+        "contextSnapshotRef": c.context_snapshot_ref,
+        "hash": c.hash,
+        "reason": c.reason.as_str(),
+        "callId": c.call_id,
+        "evidence": c.evidence,
+        "createdAt": c.created_at,
+    })
+}
+
+fn call_json(c: &crate::domain::attempt::CallRecord) -> Value {
+    json!({
+        "callId": c.call_id,
+        "sequence": c.sequence,
+        "kind": c.kind.as_str(),
+        "target": c.target,
+        "sideEffectClass": c.side_effect_class.map(|s| s.as_str()),
+        "requestHash": c.request_hash,
+        "policyDecisionId": c.policy_decision_id,
+        "policyRule": c.policy_rule,
+        "approvalId": c.approval_id,
+        "receiptRef": c.receipt_ref,
+        "resultHash": c.result_hash,
+        "status": c.status.as_str(),
+        "error": c.error,
+        "preCheckpointId": c.pre_checkpoint_id,
+        "fencingToken": c.fencing_token,
+        "startedAt": c.started_at,
+        "endedAt": c.ended_at,
+        "lateReceiptRef": c.late_receipt_ref,
+        "settlement": c.settlement,
+    })
+}
+
+/// The timeline of an attempt as the API shows it.
+pub fn timeline(
+    state: &AppState,
+    scope: &TenantScope,
+    attempt_id: Uuid,
+) -> Result<Value, ApiError> {
+    let runtime = &state.runtime;
+    let view = runtime.view(scope, attempt_id)?;
+    let a = &view.attempt;
+    let checkpoints: Vec<Value> = runtime
+        .checkpoints(scope, attempt_id)?
+        .iter()
+        .map(checkpoint_json)
+        .collect();
+    let calls = runtime.calls(scope, attempt_id)?;
+    let decisions = runtime.decisions(scope, attempt_id)?;
+    let delegations = runtime.delegations(scope, attempt_id)?;
+    Ok(json!({
+        "attemptId": a.attempt_id,
+        "runId": a.run_id,
+        "stepId": a.step_id,
+        "number": a.number,
+        "tenantId": a.tenant_id,
+        "projectId": a.project_id,
+        "releaseId": a.release_id,
+        "agentId": a.agent_id,
+        "snapshotId": a.snapshot_id,
+        "modelProfileId": a.model_profile_id,
+        "adapter": a.adapter.as_str(),
+        "adapterVersion": a.adapter_version,
+        "state": a.state.as_str(),
+        "phase": a.phase.as_str(),
+        "fencingToken": a.fencing_token,
+        "leaseId": a.lease_id,
+        "lease": a.lease,
+        "waitingReason": view.waiting_reason(),
+        "capacity": {
+            "leaseId": a.capacity_lease_id,
+            "granted": a.capacity_granted,
+            "queuePosition": view.queue_position,
+            "limitingQuota": view.limiting_quota,
+            "reason": view.capacity_reason,
+        },
+        "limits": a.limits,
+        "usage": a.usage,
+        "correctionCount": a.correction_count,
+        "maxCorrections": a.max_corrections,
+        "interrupt": a.interrupt,
+        "renewalFailure": a.renewal_failure,
+        "pauseReason": a.pause_reason,
+        "failure": a.failure,
+        "outputRef": a.output_ref,
+        "outcomeHash": a.outcome_hash,
+        "cancellationObservedAt": a.cancellation_observed_at,
+        "resumeRefused": a.resume_refused,
+        "startedAt": a.started_at,
+        "endedAt": a.ended_at,
+        "phases": a.phases,
+        "staleRefusals": a.stale_refusals,
+        "checkpoints": checkpoints,
+        "calls": calls.iter().map(call_json).collect::<Vec<_>>(),
+        "decisions": decisions,
+        "delegations": delegations,
+    }))
+}
+
+/// `GetAttemptTimeline`: phases, checkpoints, calls (hashes and receipt
+/// references, never content), decisions, the outcome and why it waits.
+#[utoipa::path(get, path = "/runtime/attempts/{attemptId}", tag = "runtime",
+    params(("attemptId" = String, Path, description = "The attempt")),
+    responses(
+        (status = 200, description = "The timeline", body = Object),
+        (status = 404, description = "No such attempt in the caller's tenant"),
+    ),
+    security(("bearer" = ["factory.runs.read"])))]
+pub async fn get_attempt(
+    State(state): State<AppState>,
+    auth: Authorized<need::RunsRead>,
+    Path(attempt_id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let scope = scope_of(&auth.principal, raw.as_deref())?;
+    let id = parse_uuid("attemptId", &attempt_id)?;
+    Ok(Json(timeline(&state, &scope, id)?))
+}
+
+/// `ListCheckpoints`: sequence, phase and adapter version of each, for a
+/// resume decision.
+#[utoipa::path(get, path = "/runtime/attempts/{attemptId}/checkpoints", tag = "runtime",
+    params(("attemptId" = String, Path, description = "The attempt")),
+    responses(
+        (status = 200, description = "Checkpoints in order", body = Object),
+        (status = 404, description = "No such attempt in the caller's tenant"),
+    ),
+    security(("bearer" = ["factory.runs.read"])))]
+pub async fn list_checkpoints(
+    State(state): State<AppState>,
+    auth: Authorized<need::RunsRead>,
+    Path(attempt_id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let scope = scope_of(&auth.principal, raw.as_deref())?;
+    let id = parse_uuid("attemptId", &attempt_id)?;
+    let attempt = state.runtime.attempt(&scope, id)?;
+    let checkpoints: Vec<Value> = state
+        .runtime
+        .checkpoints(&scope, id)?
+        .iter()
+        .map(checkpoint_json)
+        .collect();
+    Ok(Json(json!({
+        "attemptId": id,
+        "state": attempt.state.as_str(),
+        "lastCheckpointId": attempt.last_checkpoint_id,
+        "adapterVersion": attempt.adapter_version,
+        "checkpointFormat": attempt.checkpoint_format,
+        "checkpoints": checkpoints,
+    })))
+}
+
+/// The attempt's state, phase and checkpoints as they happen (SSE, event
+/// `attempt`); the stream ends after the final state.
+#[utoipa::path(get, path = "/runtime/attempts/{attemptId}/watch", tag = "runtime",
+    params(("attemptId" = String, Path, description = "The attempt")),
+    responses((status = 200, description = "text/event-stream of attempt views")),
+    security(("bearer" = ["factory.runs.read"])))]
+pub async fn watch_attempt(
+    State(state): State<AppState>,
+    auth: Authorized<need::RunsRead>,
+    Path(attempt_id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let scope = scope_of(&auth.principal, raw.as_deref())?;
+    let id = parse_uuid("attemptId", &attempt_id)?;
+    let updates = attempt_updates(&state, &scope, id)?;
+    let events = futures::StreamExt::map(updates, |view| {
+        let a = &view.attempt;
+        let data = json!({
+            "attemptId": a.attempt_id,
+            "state": a.state.as_str(),
+            "phase": a.phase.as_str(),
+            "checkpoints": a.usage.checkpoints,
+            "lastCheckpointId": a.last_checkpoint_id,
+            "waitingReason": view.waiting_reason(),
+            "queuePosition": view.queue_position,
+            "interrupt": a.interrupt,
+            "outcomeHash": a.outcome_hash,
+            "version": a.version,
+        });
+        Ok(Event::default()
+            .event("attempt")
+            .id(a.version.to_string())
+            .data(data.to_string()))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}

@@ -1,0 +1,792 @@
+//! Run control: submission, status, cancellation, approvals and the
+//! settlement of uncertain calls.
+//!
+//! A run's records change in store transactions only. The functions that
+//! take a [`Tx`] ([`create_run`], [`record_outcome`]) are also called by
+//! the runtime inside an attempt's own transaction, so an attempt's single
+//! outcome, the run's decision about it and the next attempt commit
+//! together or not at all.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::capacity::Capacity;
+use crate::clock::SharedClock;
+use crate::config::RuntimeConfig;
+use crate::domain::attempt::{
+    AttemptState, CallRecord, CallStatus, DecisionKind, DecisionRequest, Effect, ExecutionAttempt,
+    NewAttempt, Settlement, SubAgentDelegation, json_hash,
+};
+use crate::domain::events::NewEvent;
+use crate::domain::ids::new_id;
+use crate::domain::release::{AttemptLimits, LoadedRelease, Manifest};
+use crate::domain::run::{Next, ParentLink, Run, RunState, RunSubmitted, Snapshot, Step};
+use crate::domain::{DomainError, FieldError, ProjectId, TenantId};
+use crate::releases::{ReleaseError, Releases};
+use crate::runtime::{Runtime, RuntimeError};
+use crate::store::{Record, StoreError, Table, TenantScope, Tx};
+
+impl Record for Run {
+    const TABLE: Table = Table::Runs;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant_id
+    }
+    fn id(&self) -> String {
+        self.run_id.to_string()
+    }
+}
+
+/// What a submission asks for, validated.
+#[derive(Clone, Debug)]
+pub struct RunRequest {
+    /// Project.
+    pub project_id: ProjectId,
+    /// Release.
+    pub release_id: String,
+    /// Input document.
+    pub input: Value,
+    /// Tighter limits (0 = the release's).
+    pub limits: Option<AttemptLimits>,
+    /// Attempts per step (0 = the release's).
+    pub max_attempts: u32,
+    /// Corrections per attempt.
+    pub max_corrections: Option<u32>,
+    /// Idempotency key.
+    pub request_id: Option<String>,
+    /// Environment.
+    pub environment_id: Option<String>,
+    /// Who.
+    pub submitted_by: String,
+}
+
+/// The limits a run gets: the release's, tightened by the request and by
+/// the appliance's caps.
+pub fn effective_limits(
+    release: &AttemptLimits,
+    asked: Option<&AttemptLimits>,
+    config: &RuntimeConfig,
+) -> Result<AttemptLimits, FieldError> {
+    let pick = |field: &str, release: u32, asked: u32| -> Result<u32, FieldError> {
+        if asked == 0 {
+            return Ok(release);
+        }
+        if asked > release {
+            return Err(FieldError::new(
+                format!("limits.{field}"),
+                format!(
+                    "{asked} is above the release's contract ({release}); limits may only tighten it"
+                ),
+            ));
+        }
+        Ok(asked)
+    };
+    let a = asked.copied().unwrap_or(AttemptLimits {
+        max_minutes: 0,
+        max_model_calls: 0,
+        max_tool_calls: 0,
+        max_context_tokens: 0,
+        max_sub_agent_depth: 0,
+    });
+    Ok(AttemptLimits {
+        max_minutes: pick("maxMinutes", release.max_minutes, a.max_minutes)?,
+        max_model_calls: pick("maxModelCalls", release.max_model_calls, a.max_model_calls)?,
+        max_tool_calls: pick("maxToolCalls", release.max_tool_calls, a.max_tool_calls)?,
+        max_context_tokens: pick(
+            "maxContextTokens",
+            release.max_context_tokens.min(config.max_context_tokens),
+            a.max_context_tokens,
+        )?,
+        max_sub_agent_depth: pick(
+            "maxSubAgentDepth",
+            release.max_sub_agent_depth.min(config.max_sub_agent_depth),
+            a.max_sub_agent_depth,
+        )?,
+    })
+}
+
+/// The steps of a release's workflow (`workflow.json`: `{"steps": [{"id":
+/// ...}]}`); one step named after the agent when it declares none.
+pub fn workflow_steps(workflow: &[u8], agent_id: &str) -> Vec<String> {
+    let names: Vec<String> = serde_json::from_slice::<Value>(workflow)
+        .ok()
+        .and_then(|v| v.get("steps").and_then(Value::as_array).cloned())
+        .map(|steps| {
+            steps
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    s.get("id")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                        .unwrap_or_else(|| format!("step-{}", i + 1))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if names.is_empty() {
+        vec![agent_id.to_string()]
+    } else {
+        names
+    }
+}
+
+/// Everything a new run is made of, resolved outside the transaction.
+#[derive(Clone, Debug)]
+pub struct NewRun {
+    /// The run record.
+    pub run: Run,
+    /// The input's bytes.
+    pub input: Vec<u8>,
+}
+
+/// Resolves the snapshot of a run of `release`.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_run(
+    request: &RunRequest,
+    tenant: &TenantId,
+    release: &LoadedRelease,
+    manifest: &Manifest,
+    steps: Vec<String>,
+    config: &RuntimeConfig,
+    parent: Option<(ParentLink, u32)>,
+    now: DateTime<Utc>,
+) -> Result<NewRun, DomainError> {
+    let limits = effective_limits(&manifest.contract.limits, request.limits.as_ref(), config)?;
+    let release_attempts = manifest.contract.max_attempts.max(1);
+    let max_attempts = match request.max_attempts {
+        0 => release_attempts,
+        n if n > release_attempts => {
+            return Err(FieldError::new(
+                "maxAttempts",
+                format!("{n} is above the release's maxAttempts ({release_attempts})"),
+            )
+            .into());
+        }
+        n => n,
+    };
+    let release_corrections = manifest
+        .contract
+        .max_corrections
+        .unwrap_or(config.default_max_corrections);
+    let max_corrections = match request.max_corrections {
+        Some(n) if n > release_corrections => {
+            return Err(FieldError::new(
+                "maxCorrections",
+                format!("{n} is above the release's maxCorrections ({release_corrections})"),
+            )
+            .into());
+        }
+        Some(n) => n,
+        None => release_corrections,
+    };
+    let input = crate::domain::release::canonical_json(&request.input);
+    let input_hash = json_hash(&request.input);
+    let (parent, depth) = match parent {
+        Some((link, depth)) => (Some(link), depth),
+        None => (None, 0),
+    };
+    let run_id = new_id();
+    let run = Run {
+        run_id,
+        tenant_id: tenant.clone(),
+        project_id: request.project_id.clone(),
+        environment_id: request.environment_id.clone(),
+        agent_id: release.agent_id.clone(),
+        snapshot: Snapshot {
+            snapshot_id: new_id(),
+            release_id: release.release_id.clone(),
+            manifest_hash: release.manifest_hash.clone(),
+            policy_revision: manifest.policy.revision.clone(),
+            model_profile_id: manifest.model_profile.id.clone(),
+            limits,
+            input_hash: input_hash.clone(),
+            adapter: manifest.adapter.kind,
+            adapter_version: format!(
+                "{}/{}",
+                manifest.adapter.kind.as_str(),
+                manifest.adapter.version
+            ),
+            checkpoint_format: manifest.checkpoint_format,
+            cpu: manifest.contract.cpu,
+            memory_gb: manifest.contract.memory_gb,
+        },
+        input_ref: input_hash.clone(),
+        max_attempts,
+        max_corrections,
+        steps: steps
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| Step {
+                step_id: new_id(),
+                index: i as u32,
+                name,
+                input_ref: (i == 0).then(|| input_hash.clone()),
+                state: RunState::Running,
+                attempts: Vec::new(),
+                fencing_token: 0,
+                output_ref: None,
+            })
+            .collect(),
+        current_step: 0,
+        state: RunState::Running,
+        reason: None,
+        output_ref: None,
+        cancel_requested: None,
+        depth,
+        parent,
+        request_id: request.request_id.clone(),
+        submitted_by: request.submitted_by.clone(),
+        created_at: now,
+        ended_at: None,
+        version: 1,
+    };
+    Ok(NewRun { run, input })
+}
+
+/// The next attempt of the run's current step.
+fn next_attempt(
+    run: &mut Run,
+    number: u32,
+    fencing_token: u64,
+    now: DateTime<Utc>,
+) -> ExecutionAttempt {
+    let step = run.step().clone();
+    let attempt = ExecutionAttempt::new(
+        NewAttempt {
+            attempt_id: new_id(),
+            run_id: run.run_id,
+            step_id: step.step_id,
+            number,
+            tenant_id: run.tenant_id.clone(),
+            project_id: run.project_id.clone(),
+            environment_id: run.environment_id.clone(),
+            fencing_token,
+            snapshot_id: run.snapshot.snapshot_id,
+            release_id: run.snapshot.release_id.clone(),
+            agent_id: run.agent_id.clone(),
+            model_profile_id: run.snapshot.model_profile_id.clone(),
+            adapter: run.snapshot.adapter,
+            adapter_version: run.snapshot.adapter_version.clone(),
+            checkpoint_format: run.snapshot.checkpoint_format,
+            limits: run.snapshot.limits,
+            max_corrections: run.max_corrections,
+            depth: run.depth,
+        },
+        now,
+    );
+    run.add_attempt(attempt.attempt_id, fencing_token);
+    attempt
+}
+
+/// Writes a new run with its input and its first attempt; returns the
+/// attempt.
+pub fn create_run(
+    tx: &mut Tx,
+    scope: &TenantScope,
+    new: NewRun,
+    retain_until: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<(Run, ExecutionAttempt), StoreError> {
+    let NewRun { mut run, input } = new;
+    tx.put_artifact(scope, &input, "application/json", Some(retain_until), now)?;
+    let attempt = next_attempt(&mut run, 1, 1, now);
+    if let Some(key) = &run.request_id {
+        tx.index_put(scope, "run-request", key, &run.run_id.to_string())?;
+    }
+    tx.put(scope, &run)?;
+    tx.put(scope, &attempt)?;
+    tx.emit(NewEvent::new(
+        scope.tenant(),
+        now,
+        &RunSubmitted {
+            run_id: run.run_id,
+            tenant_id: scope.tenant(),
+            project_id: &run.project_id,
+            release_id: &run.snapshot.release_id,
+            snapshot_id: run.snapshot.snapshot_id,
+            parent_run_id: run.parent.as_ref().map(|p| p.run_id),
+        },
+    ))?;
+    Ok((run, attempt))
+}
+
+/// What follows an attempt's outcome, for the runtime to act on after the
+/// transaction committed.
+#[derive(Clone, Debug, Default)]
+pub struct Followup {
+    /// The run's next attempt, written in the same transaction.
+    pub next_attempt: Option<ExecutionAttempt>,
+    /// A child run that ended: its supervisor's call completes.
+    pub child_ended: Option<ChildEnded>,
+}
+
+/// A child run's end, for its supervisor.
+#[derive(Clone, Debug)]
+pub struct ChildEnded {
+    /// The supervisor.
+    pub parent: ParentLink,
+    /// The child run.
+    pub child_run_id: Uuid,
+    /// Its final state.
+    pub state: RunState,
+    /// Its output.
+    pub output_ref: Option<String>,
+    /// Why it ended so.
+    pub reason: Option<String>,
+}
+
+fn ended_child(run: &Run) -> Option<ChildEnded> {
+    if !run.state.is_terminal() {
+        return None;
+    }
+    run.parent.clone().map(|parent| ChildEnded {
+        parent,
+        child_run_id: run.run_id,
+        state: run.state,
+        output_ref: run.output_ref.clone(),
+        reason: run.reason.clone(),
+    })
+}
+
+/// Records the single outcome of a terminal attempt in its run (inside the
+/// attempt's own transaction) and writes the next attempt, if any.
+pub fn record_outcome(
+    tx: &mut Tx,
+    scope: &TenantScope,
+    attempt: &ExecutionAttempt,
+    now: DateTime<Utc>,
+) -> Result<Followup, StoreError> {
+    let mut run = load_run(tx, scope, attempt.run_id)?;
+    if run.step().attempts.last() != Some(&attempt.attempt_id) {
+        // Not the step's latest attempt: nothing for the run to decide.
+        return Ok(Followup::default());
+    }
+    let (next, events) = run.on_attempt_ended(attempt, now);
+    tx.emit_all(events)?;
+    let next_attempt = apply_next(&mut run, next, now);
+    if let Some(a) = &next_attempt {
+        tx.put(scope, a)?;
+    }
+    tx.put(scope, &run)?;
+    Ok(Followup {
+        next_attempt,
+        child_ended: ended_child(&run),
+    })
+}
+
+fn apply_next(run: &mut Run, next: Next, now: DateTime<Utc>) -> Option<ExecutionAttempt> {
+    match next {
+        Next::Retry {
+            number,
+            fencing_token,
+            ..
+        } => Some(next_attempt(run, number, fencing_token, now)),
+        Next::NextStep { fencing_token, .. } => Some(next_attempt(run, 1, fencing_token, now)),
+        Next::Done => None,
+    }
+}
+
+fn load_run(tx: &Tx, scope: &TenantScope, run_id: Uuid) -> Result<Run, StoreError> {
+    tx.get::<Run>(scope, &run_id.to_string())?
+        .ok_or_else(|| StoreError::Corrupt {
+            table: Table::Runs.name(),
+            key: run_id.to_string(),
+            reason: "an attempt refers to a run that is not stored".into(),
+        })
+}
+
+/// Which runs a listing returns.
+#[derive(Clone, Debug, Default)]
+pub struct RunFilter {
+    /// State.
+    pub state: Option<RunState>,
+    /// Agent.
+    pub agent_id: Option<String>,
+    /// Release.
+    pub release_id: Option<String>,
+    /// Project.
+    pub project_id: Option<ProjectId>,
+}
+
+impl RunFilter {
+    fn admits(&self, run: &Run) -> bool {
+        self.state.is_none_or(|s| s == run.state)
+            && self.agent_id.as_ref().is_none_or(|a| *a == run.agent_id)
+            && self
+                .release_id
+                .as_ref()
+                .is_none_or(|r| *r == run.snapshot.release_id)
+            && self
+                .project_id
+                .as_ref()
+                .is_none_or(|p| *p == run.project_id)
+    }
+}
+
+/// The run-control service.
+pub struct RunControl {
+    runtime: Arc<Runtime>,
+    releases: Arc<Releases>,
+    capacity: Arc<Capacity>,
+    clock: SharedClock,
+    config: RuntimeConfig,
+}
+
+impl From<ReleaseError> for RuntimeError {
+    fn from(e: ReleaseError) -> Self {
+        match e {
+            ReleaseError::Domain(d) => d.into(),
+            ReleaseError::Store(s) => s.into(),
+            other => DomainError::FailedPrecondition(other.to_string()).into(),
+        }
+    }
+}
+
+impl RunControl {
+    /// The service over the runtime.
+    pub fn new(
+        runtime: Arc<Runtime>,
+        releases: Arc<Releases>,
+        capacity: Arc<Capacity>,
+        clock: SharedClock,
+        config: RuntimeConfig,
+    ) -> RunControl {
+        RunControl {
+            runtime,
+            releases,
+            capacity,
+            clock,
+            config,
+        }
+    }
+
+    /// The runtime beneath.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
+    /// `SubmitRun`.
+    pub async fn submit(
+        &self,
+        scope: &TenantScope,
+        request: RunRequest,
+    ) -> Result<Run, RuntimeError> {
+        if let Some(key) = &request.request_id {
+            let store = self.runtime.store();
+            if let Some(id) = store.index_ids(scope, "run-request", key)?.first()
+                && let Some(run) = store.get::<Run>(scope, id)?
+            {
+                return Ok(run);
+            }
+        }
+        let projects = self.capacity.projects(scope).map_err(RuntimeError::from)?;
+        if !projects.iter().any(|p| p.project_id == request.project_id) {
+            return Err(FieldError::new(
+                "projectId",
+                format!(
+                    "project {} is not registered in tenant {}",
+                    request.project_id,
+                    scope.tenant()
+                ),
+            )
+            .into());
+        }
+        let release = self
+            .releases
+            .dispatchable(scope, &request.release_id)
+            .await?;
+        let manifest = self.releases.manifest(scope, &release)?;
+        let workflow = self.releases.artifact(scope, &release, "workflow")?;
+        let steps = workflow_steps(&workflow, &release.agent_id);
+        let now = self.clock.now();
+        let new = plan_run(
+            &request,
+            scope.tenant(),
+            &release,
+            &manifest,
+            steps,
+            &self.config,
+            None,
+            now,
+        )?;
+        let retain = now + chrono::Duration::days(self.config.payload_retention_days.into());
+        let s = scope.clone();
+        let key = request.request_id.clone();
+        let (run, attempt) = self
+            .runtime
+            .store()
+            .transact(move |tx: &mut Tx| {
+                if let Some(key) = &key
+                    && let Some(id) = tx.index_ids(&s, "run-request", key)?.first()
+                    && let Some(run) = tx.get::<Run>(&s, id)?
+                {
+                    return Ok::<_, RuntimeError>((run, None));
+                }
+                let (run, attempt) = create_run(tx, &s, new, retain, now)?;
+                Ok((run, Some(attempt)))
+            })
+            .await?;
+        if let Some(attempt) = attempt {
+            self.runtime.adopt(attempt);
+        }
+        Ok(run)
+    }
+
+    /// `GetRun`.
+    pub fn get(&self, scope: &TenantScope, run_id: Uuid) -> Result<Run, RuntimeError> {
+        self.runtime
+            .store()
+            .get::<Run>(scope, &run_id.to_string())?
+            .ok_or_else(|| DomainError::not_found("run", run_id).into())
+    }
+
+    /// `ListRuns`: newest first, after `after` (a run id), at most `limit`.
+    pub fn list(
+        &self,
+        scope: &TenantScope,
+        filter: &RunFilter,
+        after: Option<Uuid>,
+        limit: usize,
+    ) -> Result<Vec<Run>, RuntimeError> {
+        let mut runs: Vec<Run> = self.runtime.store().list(scope)?;
+        runs.reverse();
+        Ok(runs
+            .into_iter()
+            .filter(|r| after.is_none_or(|a| r.run_id < a))
+            .filter(|r| filter.admits(r))
+            .take(limit)
+            .collect())
+    }
+
+    /// `CancelRun`: records the request, interrupts the live attempt and
+    /// cancels the runs it delegated to. Idempotent.
+    pub async fn cancel(
+        &self,
+        scope: &TenantScope,
+        run_id: Uuid,
+        by: &str,
+        reason: &str,
+    ) -> Result<Run, RuntimeError> {
+        let why = if reason.is_empty() {
+            format!("cancelled by {by}")
+        } else {
+            format!("cancelled by {by}: {reason}")
+        };
+        let s = scope.clone();
+        let w = why.clone();
+        let run = self
+            .runtime
+            .store()
+            .transact(move |tx: &mut Tx| {
+                let mut run = load_run(tx, &s, run_id)?;
+                if run.request_cancel(w) {
+                    tx.put(&s, &run)?;
+                }
+                Ok::<_, RuntimeError>(run)
+            })
+            .await?;
+        if run.state.is_terminal() {
+            return Ok(run);
+        }
+        let mut children = Vec::new();
+        for step in &run.steps {
+            for attempt_id in &step.attempts {
+                let delegations: Vec<SubAgentDelegation> = self
+                    .runtime
+                    .store()
+                    .list_under(scope, &format!("{attempt_id}/"))?;
+                children.extend(delegations.into_iter().map(|d| d.child_run_id));
+                self.runtime
+                    .interrupt(
+                        scope,
+                        *attempt_id,
+                        by,
+                        &why,
+                        crate::domain::attempt::InterruptSource::RunCancelled,
+                    )
+                    .await
+                    .ok();
+            }
+        }
+        for child in children {
+            Box::pin(self.cancel(scope, child, by, "the supervisor run was cancelled")).await?;
+        }
+        if run.state == RunState::Uncertain {
+            // Nothing runs; the operator's settlement ends it.
+            return self.get(scope, run_id);
+        }
+        self.get(scope, run_id)
+    }
+
+    /// `DecideApproval`.
+    pub async fn decide_approval(
+        &self,
+        scope: &TenantScope,
+        approval_id: Uuid,
+        approve: bool,
+        by: &str,
+        reason: Option<String>,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        let ids = self
+            .runtime
+            .store()
+            .index_ids(scope, "approval", &approval_id.to_string())?;
+        let Some(key) = ids.first() else {
+            return Err(DomainError::not_found("approval", approval_id).into());
+        };
+        let decision: DecisionRequest = self
+            .runtime
+            .store()
+            .get(scope, key)?
+            .ok_or_else(|| DomainError::not_found("approval", approval_id))?;
+        if decision.kind != DecisionKind::Approval {
+            return Err(DomainError::not_found("approval", approval_id).into());
+        }
+        self.runtime
+            .decide(
+                scope,
+                decision.attempt_id,
+                decision.decision_id,
+                approve,
+                by,
+                reason,
+            )
+            .await
+    }
+
+    /// `SettleCall`: an operator's word on an uncertain call.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn settle_call(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        call_id: Uuid,
+        effect: Effect,
+        reason: &str,
+        retry: bool,
+        by: &str,
+    ) -> Result<Run, RuntimeError> {
+        if reason.trim().is_empty() {
+            return Err(FieldError::new("reason", "is required: say what was checked").into());
+        }
+        if retry && effect == Effect::Happened {
+            return Err(FieldError::new(
+                "retry",
+                "a new attempt is only allowed when the effect did not happen; it would do it twice",
+            )
+            .into());
+        }
+        let now = self.clock.now();
+        let (s, reason, by) = (scope.clone(), reason.to_string(), by.to_string());
+        let (run, followup) = self
+            .runtime
+            .store()
+            .transact(move |tx: &mut Tx| {
+                let attempt: ExecutionAttempt = tx
+                    .get(&s, &attempt_id.to_string())?
+                    .ok_or_else(|| DomainError::not_found("attempt", attempt_id))?;
+                let calls: Vec<CallRecord> = tx.list_under(&s, &format!("{attempt_id}/"))?;
+                let Some(mut call) = calls.into_iter().find(|c| c.call_id == call_id) else {
+                    return Err(DomainError::not_found("call", call_id).into());
+                };
+                if call.status != CallStatus::Uncertain {
+                    return Err(DomainError::FailedPrecondition(format!(
+                        "call {call_id} is {}; only an uncertain call is settled",
+                        call.status.as_str()
+                    ))
+                    .into());
+                }
+                if let Some(done) = &call.settlement {
+                    return Err(DomainError::FailedPrecondition(format!(
+                        "call {call_id} was settled already by {} ({}: {})",
+                        done.by,
+                        done.effect.as_str(),
+                        done.reason
+                    ))
+                    .into());
+                }
+                call.settlement = Some(Settlement {
+                    effect,
+                    reason: reason.clone(),
+                    by: by.clone(),
+                    at: now,
+                });
+                tx.put(&s, &call)?;
+                tx.emit(NewEvent::new(
+                    s.tenant(),
+                    now,
+                    &crate::domain::attempt::CallSettled {
+                        attempt_id,
+                        run_id: attempt.run_id,
+                        tenant_id: s.tenant(),
+                        call_id,
+                        effect: effect.as_str(),
+                        by: &by,
+                    },
+                ))?;
+                let mut run = load_run(tx, &s, attempt.run_id)?;
+                let still_open = tx
+                    .list_under::<CallRecord>(&s, &format!("{attempt_id}/"))?
+                    .iter()
+                    .any(|c| c.status == CallStatus::Uncertain && c.settlement.is_none());
+                let mut followup = Followup::default();
+                if !still_open && attempt.state == AttemptState::Uncertain {
+                    let why = format!("{} by {by}: {reason}", effect.as_str());
+                    let (next, events) = run.on_settled(retry, &why, now);
+                    tx.emit_all(events)?;
+                    followup.next_attempt = apply_next(&mut run, next, now);
+                    if let Some(a) = &followup.next_attempt {
+                        tx.put(&s, a)?;
+                    }
+                    followup.child_ended = ended_child(&run);
+                    tx.put(&s, &run)?;
+                }
+                Ok::<_, RuntimeError>((run, followup))
+            })
+            .await?;
+        self.runtime.follow(scope, followup).await;
+        Ok(run)
+    }
+}
+
+/// Plans and writes a child run inside a supervisor's transaction.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_child(
+    tenant: &TenantId,
+    project_id: &ProjectId,
+    release: &LoadedRelease,
+    manifest: &Manifest,
+    steps: Vec<String>,
+    input: Value,
+    config: &RuntimeConfig,
+    parent: ParentLink,
+    depth: u32,
+    by: &str,
+    now: DateTime<Utc>,
+) -> Result<NewRun, DomainError> {
+    let request = RunRequest {
+        project_id: project_id.clone(),
+        release_id: release.release_id.clone(),
+        input,
+        limits: None,
+        max_attempts: 0,
+        max_corrections: None,
+        request_id: None,
+        environment_id: None,
+        submitted_by: by.to_string(),
+    };
+    plan_run(
+        &request,
+        tenant,
+        release,
+        manifest,
+        steps,
+        config,
+        Some((parent, depth)),
+        now,
+    )
+}

@@ -1,0 +1,1216 @@
+//! The attempt runtime: one [`grain`] task per live attempt, the claim
+//! queue external adapters take attempts from, and the workers that keep
+//! leases alive, settle orphans and compact checkpoints.
+//!
+//! Every operation on a live attempt is a message to its grain, which
+//! applies it to the ExecutionAttempt aggregate (`domain::attempt`) and
+//! answers only once the change is durable. Reads (timelines, checkpoints,
+//! decisions) come from the store; long polls wait on the grain's watch
+//! channel.
+
+pub mod grain;
+pub mod release;
+pub mod workers;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use uuid::Uuid;
+
+use self::grain::{AttemptView, Msg};
+use self::release::ReleaseInfo;
+use crate::capacity::{Capacity, CapacityError};
+use crate::clock::SharedClock;
+use crate::config::RuntimeConfig;
+use crate::domain::attempt::{
+    AttemptFailure, AttemptState, CallKind, CallRecord, CallStatus, Checkpoint, DecisionKind,
+    DecisionRequest, DecisionStatus, ExecutionAttempt, FailureClass, InterruptRequest,
+    InterruptSource, SubAgentDelegation,
+};
+use crate::domain::release::InFlightPolicy;
+use crate::domain::{DomainError, FieldError, TenantId};
+use crate::releases::{InFlight, InFlightReport, Releases};
+use crate::runs::{ChildEnded, Followup};
+use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope};
+
+impl Record for ExecutionAttempt {
+    const TABLE: Table = Table::Attempts;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant_id
+    }
+    fn id(&self) -> String {
+        self.attempt_id.to_string()
+    }
+}
+
+impl Record for Checkpoint {
+    const TABLE: Table = Table::Checkpoints;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant_id
+    }
+    fn id(&self) -> String {
+        Checkpoint::key(self.attempt_id, self.sequence)
+    }
+}
+
+impl Record for CallRecord {
+    const TABLE: Table = Table::CallRecords;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant_id
+    }
+    fn id(&self) -> String {
+        CallRecord::key(self.attempt_id, self.sequence)
+    }
+}
+
+impl Record for DecisionRequest {
+    const TABLE: Table = Table::Decisions;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant_id
+    }
+    fn id(&self) -> String {
+        decision_key(self.attempt_id, self.decision_id)
+    }
+}
+
+impl Record for SubAgentDelegation {
+    const TABLE: Table = Table::Delegations;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant_id
+    }
+    fn id(&self) -> String {
+        SubAgentDelegation::key(self.attempt_id, self.delegation_id)
+    }
+}
+
+/// The stored id of a decision: `<attempt>/<decision>`.
+pub fn decision_key(attempt_id: Uuid, decision_id: Uuid) -> String {
+    format!("{attempt_id}/{decision_id}")
+}
+
+/// Errors of the runtime and run control.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A rule, or bad input.
+    #[error(transparent)]
+    Domain(#[from] DomainError),
+    /// The store.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<FieldError> for RuntimeError {
+    fn from(e: FieldError) -> Self {
+        RuntimeError::Domain(e.into())
+    }
+}
+
+impl From<crate::domain::attempt::IllegalTransition> for RuntimeError {
+    fn from(e: crate::domain::attempt::IllegalTransition) -> Self {
+        RuntimeError::Domain(e.into())
+    }
+}
+
+impl From<CapacityError> for RuntimeError {
+    fn from(e: CapacityError) -> Self {
+        match e {
+            CapacityError::Domain(d) => d.into(),
+            other => DomainError::Unavailable(other.to_string()).into(),
+        }
+    }
+}
+
+/// What an adapter gets when it claims an attempt.
+#[derive(Clone, Debug)]
+pub struct Ticket {
+    /// The attempt as it is now.
+    pub attempt: ExecutionAttempt,
+    /// The step's input document.
+    pub input: Vec<u8>,
+    /// Resuming: the adapter state of the last checkpoint.
+    pub state: Option<Vec<u8>>,
+    /// Resuming: the sequence of the last checkpoint.
+    pub checkpoint_sequence: u32,
+    /// Whether the attempt ran before (resume).
+    pub resumed: bool,
+}
+
+/// A call an adapter asks to begin.
+#[derive(Clone, Debug)]
+pub struct BeginCall {
+    /// Model, tool or sub-agent.
+    pub kind: CallKind,
+    /// Tool id, model profile id or child release id.
+    pub target: String,
+    /// The request document.
+    pub request: serde_json::Value,
+    /// Context size (model calls).
+    pub context_tokens: Option<u32>,
+    /// The approval that allows it.
+    pub approval_id: Option<Uuid>,
+    /// The adapter's state.
+    pub state: Option<Vec<u8>>,
+}
+
+/// The answer to a BeginCall.
+#[derive(Clone, Debug, Default)]
+pub struct Begun {
+    /// Started, refused or waiting for approval.
+    pub outcome: BeginOutcome,
+    /// The call.
+    pub call_id: Option<Uuid>,
+    /// The policy decision.
+    pub policy_decision_id: Option<Uuid>,
+    /// The fencing token.
+    pub fencing_token: u64,
+    /// Why it was refused.
+    pub reason: Option<String>,
+    /// The decision to wait for.
+    pub decision_id: Option<Uuid>,
+    /// The approval to wait for.
+    pub approval_id: Option<Uuid>,
+    /// The checkpoint before a gated call.
+    pub checkpoint_id: Option<Uuid>,
+    /// The child run of a sub-agent call.
+    pub child_run_id: Option<Uuid>,
+    /// The request's hash.
+    pub request_hash: String,
+}
+
+/// How a BeginCall ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BeginOutcome {
+    /// The call is issued.
+    #[default]
+    Started,
+    /// Refused and recorded as a failed call.
+    Refused,
+    /// The attempt waits for an approval.
+    ApprovalRequired,
+}
+
+/// A call's reported end.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// The call.
+    pub call_id: Uuid,
+    /// Whether it succeeded.
+    pub ok: bool,
+    /// The result document.
+    pub result: Option<Vec<u8>>,
+    /// The receipt document.
+    pub receipt: Option<Vec<u8>>,
+    /// The error.
+    pub error: Option<String>,
+    /// The adapter's state after observing it.
+    pub state: Option<Vec<u8>>,
+}
+
+/// What CompleteCall answers.
+#[derive(Clone, Debug)]
+pub struct Completed {
+    /// The attempt's state.
+    pub state: AttemptState,
+    /// The checkpoint written after the observation.
+    pub checkpoint: Option<Checkpoint>,
+    /// The result's reference.
+    pub result_hash: Option<String>,
+    /// The receipt's reference.
+    pub receipt_ref: Option<String>,
+    /// An interrupt waits to be observed.
+    pub interrupt_requested: bool,
+}
+
+/// An adapter's outcome report.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Success (verified against the output contract) or failure.
+    pub succeeded: bool,
+    /// The output document.
+    pub output: Option<serde_json::Value>,
+    /// The failure's class.
+    pub failure_class: Option<FailureClass>,
+    /// The failure's reason.
+    pub reason: Option<String>,
+}
+
+/// The verdict on an outcome report.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Succeeded.
+    Verified,
+    /// Not valid: correct and report again.
+    Correct {
+        /// What the validator said.
+        feedback: String,
+        /// Corrections left after this one.
+        left: u32,
+    },
+    /// Not valid, no correction left: Failed(validation).
+    Exhausted {
+        /// What the validator said.
+        feedback: String,
+    },
+    /// The reported failure was recorded.
+    Failed,
+}
+
+/// What ReportOutcome answers.
+#[derive(Clone, Debug)]
+pub struct Reported {
+    /// The verdict.
+    pub verdict: Outcome,
+    /// The attempt's state.
+    pub state: AttemptState,
+    /// The outcome hash, once final.
+    pub outcome_hash: Option<String>,
+    /// A repeat of the recorded report.
+    pub acknowledged: bool,
+}
+
+/// A new decision.
+#[derive(Clone, Debug)]
+pub struct DecisionAsk {
+    /// Input or escalation.
+    pub kind: DecisionKind,
+    /// The question document.
+    pub question: Option<Vec<u8>>,
+    /// One line.
+    pub summary: String,
+    /// Options (escalations).
+    pub options: Vec<String>,
+    /// Recommendation (escalations).
+    pub recommendation: Option<String>,
+}
+
+/// A handle on a running grain.
+#[derive(Clone)]
+pub struct GrainHandle {
+    tx: mpsc::UnboundedSender<Msg>,
+    view: watch::Receiver<Arc<AttemptView>>,
+}
+
+/// Attempts waiting for an adapter: by (tenant, agent), in arrival order.
+type ClaimQueue = BTreeMap<(TenantId, String), BTreeSet<(DateTime<Utc>, Uuid)>>;
+
+/// What the grains share.
+pub struct Shared {
+    pub(crate) store: Store,
+    pub(crate) clock: SharedClock,
+    pub(crate) config: RuntimeConfig,
+    pub(crate) capacity: Arc<Capacity>,
+    pub(crate) releases: Arc<Releases>,
+    grains: Mutex<HashMap<Uuid, GrainHandle>>,
+    /// Attempts waiting for an external adapter, by (tenant, agent), in
+    /// arrival order.
+    claimable: Mutex<ClaimQueue>,
+    claim_news: Notify,
+    release_cache: Mutex<HashMap<(TenantId, String), Arc<ReleaseInfo>>>,
+    runtime: Mutex<Weak<Runtime>>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    pub(crate) fn runtime(&self) -> Option<Arc<Runtime>> {
+        self.runtime.lock().upgrade()
+    }
+
+    pub(crate) fn set_claimable(&self, attempt: &ExecutionAttempt, claimable: bool) {
+        let key = (attempt.tenant_id.clone(), attempt.agent_id.clone());
+        let mut map = self.claimable.lock();
+        let set = map.entry(key.clone()).or_default();
+        let entry = (attempt.started_at, attempt.attempt_id);
+        if claimable {
+            set.insert(entry);
+            drop(map);
+            self.claim_news.notify_waiters();
+        } else {
+            set.remove(&entry);
+            if set.is_empty() {
+                map.remove(&key);
+            }
+        }
+    }
+
+    pub(crate) async fn release_info(
+        &self,
+        scope: &TenantScope,
+        release_id: &str,
+    ) -> Result<Arc<ReleaseInfo>, RuntimeError> {
+        let key = (scope.tenant().clone(), release_id.to_string());
+        if let Some(info) = self.release_cache.lock().get(&key).cloned() {
+            return Ok(info);
+        }
+        let info = Arc::new(ReleaseInfo::load(&self.releases, scope, release_id)?);
+        self.release_cache.lock().insert(key, info.clone());
+        Ok(info)
+    }
+}
+
+/// The runtime service.
+pub struct Runtime {
+    shared: Arc<Shared>,
+}
+
+fn gone(attempt_id: Uuid) -> RuntimeError {
+    DomainError::Unavailable(format!(
+        "attempt {attempt_id} is shutting down or ended; ask again"
+    ))
+    .into()
+}
+
+impl Runtime {
+    /// Starts the runtime: a grain for every live attempt in the store.
+    pub async fn start(
+        store: Store,
+        clock: SharedClock,
+        config: RuntimeConfig,
+        capacity: Arc<Capacity>,
+        releases: Arc<Releases>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Arc<Runtime>, RuntimeError> {
+        let shared = Arc::new(Shared {
+            store: store.clone(),
+            clock,
+            config,
+            capacity,
+            releases: releases.clone(),
+            grains: Mutex::new(HashMap::new()),
+            claimable: Mutex::new(BTreeMap::new()),
+            claim_news: Notify::new(),
+            release_cache: Mutex::new(HashMap::new()),
+            runtime: Mutex::new(Weak::new()),
+            shutdown,
+        });
+        let runtime = Arc::new(Runtime { shared });
+        *runtime.shared.runtime.lock() = Arc::downgrade(&runtime);
+        releases.set_in_flight(runtime.clone());
+        let live: Vec<ExecutionAttempt> = store
+            .scan_all::<ExecutionAttempt>(&PlatformScope::internal())?
+            .into_iter()
+            .filter(|a| !a.state.is_terminal())
+            .collect();
+        for attempt in live {
+            runtime.adopt(attempt);
+        }
+        Ok(runtime)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.shared.config
+    }
+
+    /// Starts the grain of a live attempt (once).
+    pub fn adopt(&self, attempt: ExecutionAttempt) {
+        if attempt.state.is_terminal() {
+            return;
+        }
+        let mut grains = self.shared.grains.lock();
+        if grains.contains_key(&attempt.attempt_id) {
+            return;
+        }
+        let handle = grain::spawn(self.shared.clone(), attempt.clone());
+        grains.insert(attempt.attempt_id, handle);
+    }
+
+    pub(crate) fn forget(&self, attempt_id: Uuid) {
+        self.shared.grains.lock().remove(&attempt_id);
+    }
+
+    /// Live attempts.
+    pub fn live(&self) -> Vec<Arc<AttemptView>> {
+        self.shared
+            .grains
+            .lock()
+            .values()
+            .map(|g| g.view.borrow().clone())
+            .collect()
+    }
+
+    fn handle(&self, scope: &TenantScope, attempt_id: Uuid) -> Option<GrainHandle> {
+        let g = self.shared.grains.lock().get(&attempt_id).cloned()?;
+        let same_tenant = g.view.borrow().attempt.tenant_id == *scope.tenant();
+        same_tenant.then_some(g)
+    }
+
+    /// The attempt (from its grain when live, else from the store).
+    pub fn attempt(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        if let Some(g) = self.handle(scope, attempt_id) {
+            return Ok(g.view.borrow().attempt.clone());
+        }
+        self.shared
+            .store
+            .get::<ExecutionAttempt>(scope, &attempt_id.to_string())?
+            .ok_or_else(|| DomainError::not_found("attempt", attempt_id).into())
+    }
+
+    /// The live view (with the capacity wait) of an attempt.
+    pub fn view(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+    ) -> Result<Arc<AttemptView>, RuntimeError> {
+        if let Some(g) = self.handle(scope, attempt_id) {
+            return Ok(g.view.borrow().clone());
+        }
+        Ok(Arc::new(AttemptView::ended(
+            self.attempt(scope, attempt_id)?,
+        )))
+    }
+
+    /// A receiver of the attempt's views, for watchers.
+    pub fn watch(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+    ) -> Result<watch::Receiver<Arc<AttemptView>>, RuntimeError> {
+        match self.handle(scope, attempt_id) {
+            Some(g) => Ok(g.view),
+            None => {
+                let view = Arc::new(AttemptView::ended(self.attempt(scope, attempt_id)?));
+                Ok(watch::channel(view).1)
+            }
+        }
+    }
+
+    /// Sends a message to a live attempt's grain and waits for the answer.
+    /// An ended attempt answers through `ended`.
+    async fn ask<T>(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        make: impl FnOnce(oneshot::Sender<Result<T, RuntimeError>>) -> Msg,
+        ended: impl FnOnce(ExecutionAttempt) -> Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        let Some(g) = self.handle(scope, attempt_id) else {
+            return ended(self.attempt(scope, attempt_id)?);
+        };
+        let (reply, rx) = oneshot::channel();
+        if g.tx.send(make(reply)).is_err() {
+            return ended(self.attempt(scope, attempt_id)?);
+        }
+        match rx.await {
+            Ok(result) => result,
+            Err(_) => Err(gone(attempt_id)),
+        }
+    }
+
+    /// Refuses a call on an ended attempt, checking the token first.
+    async fn ended_refusal(
+        &self,
+        scope: &TenantScope,
+        attempt: ExecutionAttempt,
+        token: u64,
+        operation: &str,
+    ) -> RuntimeError {
+        let mut attempt = attempt;
+        let now = self.shared.clock.now();
+        if let Err(e) = attempt.check_fencing(token, operation, now) {
+            let s = scope.clone();
+            let _ = self
+                .shared
+                .store
+                .transact(move |tx| tx.put(&s, &attempt))
+                .await
+                .map_err(|e: StoreError| tracing::warn!(error = %e, "recording a stale token"));
+            return e.into();
+        }
+        DomainError::Aborted(format!(
+            "attempt {} is {}; {operation} refused{}",
+            attempt.attempt_id,
+            attempt.state,
+            attempt
+                .failure
+                .as_ref()
+                .map(|f| format!(" ({}: {})", f.class.as_str(), f.reason))
+                .unwrap_or_default()
+        ))
+        .into()
+    }
+
+    /// `ClaimAttempt`: the next attempt of `agent` waiting for an adapter
+    /// (or resumable), within `wait`.
+    pub async fn claim(
+        &self,
+        scope: &TenantScope,
+        agent: &str,
+        session: &str,
+        wait: Duration,
+    ) -> Result<Option<Ticket>, RuntimeError> {
+        let wait = wait.min(Duration::from_secs(self.shared.config.max_wait_seconds));
+        let deadline = tokio::time::Instant::now() + wait;
+        let key = (scope.tenant().clone(), agent.to_string());
+        let mut shutdown = self.shared.shutdown.clone();
+        loop {
+            let news = self.shared.claim_news.notified();
+            tokio::pin!(news);
+            news.as_mut().enable();
+            let candidates: Vec<Uuid> = self
+                .shared
+                .claimable
+                .lock()
+                .get(&key)
+                .map(|s| s.iter().map(|(_, id)| *id).collect())
+                .unwrap_or_default();
+            for attempt_id in candidates {
+                let holder = session.to_string();
+                let result = self
+                    .ask(
+                        scope,
+                        attempt_id,
+                        |reply| Msg::Claim { holder, reply },
+                        |_| Ok(None),
+                    )
+                    .await;
+                if let Ok(Some(ticket)) = result {
+                    return Ok(Some(ticket));
+                }
+            }
+            if *shutdown.borrow() {
+                return Ok(None);
+            }
+            tokio::select! {
+                _ = &mut news => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+                _ = shutdown.changed() => return Ok(None),
+            }
+        }
+    }
+
+    /// `StartAttempt`.
+    pub async fn start_attempt(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        adapter_version: String,
+        checkpoint_format: u32,
+        context_snapshot_ref: Option<String>,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        let r = self
+            .ask(
+                scope,
+                attempt_id,
+                |reply| Msg::Start {
+                    token,
+                    adapter_version,
+                    checkpoint_format,
+                    context_snapshot_ref,
+                    reply,
+                },
+                |a| Err(a.attempt_id.into_ended()),
+            )
+            .await;
+        self.or_ended(scope, attempt_id, token, "StartAttempt", r)
+            .await
+    }
+
+    async fn or_ended<T>(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        operation: &str,
+        r: Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        match r {
+            Err(RuntimeError::Domain(DomainError::NotFound { kind: "ended", .. })) => {
+                let attempt = self.attempt(scope, attempt_id)?;
+                Err(self.ended_refusal(scope, attempt, token, operation).await)
+            }
+            other => other,
+        }
+    }
+
+    /// `Heartbeat`: renews the adapter's hold on the attempt.
+    pub async fn heartbeat(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        let r = self
+            .ask(
+                scope,
+                attempt_id,
+                |reply| Msg::Heartbeat { token, reply },
+                |a| Err(a.attempt_id.into_ended()),
+            )
+            .await;
+        self.or_ended(scope, attempt_id, token, "Heartbeat", r)
+            .await
+    }
+
+    /// `BeginCall`.
+    pub async fn begin_call(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        call: BeginCall,
+    ) -> Result<Begun, RuntimeError> {
+        let r = self
+            .ask(
+                scope,
+                attempt_id,
+                |reply| Msg::BeginCall { token, call, reply },
+                |a| Err(a.attempt_id.into_ended()),
+            )
+            .await;
+        self.or_ended(scope, attempt_id, token, "BeginCall", r)
+            .await
+    }
+
+    /// `CompleteCall`. A result for a call settled as uncertain is kept as
+    /// evidence (its receipt) and refused.
+    pub async fn complete_call(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        completion: Completion,
+    ) -> Result<Completed, RuntimeError> {
+        let late = completion.clone();
+        let r = self
+            .ask(
+                scope,
+                attempt_id,
+                |reply| Msg::CompleteCall {
+                    token,
+                    completion,
+                    reply,
+                },
+                |a| Err(a.attempt_id.into_ended()),
+            )
+            .await;
+        match r {
+            Err(RuntimeError::Domain(DomainError::NotFound { kind: "ended", .. })) => {
+                let attempt = self.attempt(scope, attempt_id)?;
+                if attempt.fencing_token == token {
+                    self.late_receipt(scope, &attempt, &late).await?;
+                }
+                Err(self
+                    .ended_refusal(scope, attempt, token, "CompleteCall")
+                    .await)
+            }
+            other => other,
+        }
+    }
+
+    /// Keeps the receipt of a result that came after its call was settled.
+    async fn late_receipt(
+        &self,
+        scope: &TenantScope,
+        attempt: &ExecutionAttempt,
+        late: &Completion,
+    ) -> Result<(), RuntimeError> {
+        let (s, attempt_id, call_id) = (scope.clone(), attempt.attempt_id, late.call_id);
+        let receipt = late.receipt.clone().or_else(|| late.result.clone());
+        let now = self.shared.clock.now();
+        let retain = now + chrono::Duration::days(self.shared.config.payload_retention_days.into());
+        self.shared
+            .store
+            .transact(move |tx| {
+                let calls: Vec<CallRecord> = tx.list_under(&s, &format!("{attempt_id}/"))?;
+                if let Some(mut call) = calls.into_iter().find(|c| c.call_id == call_id)
+                    && call.status == CallStatus::Uncertain
+                    && call.late_receipt_ref.is_none()
+                    && let Some(bytes) = receipt
+                {
+                    call.late_receipt_ref =
+                        Some(tx.put_artifact(&s, &bytes, "application/json", Some(retain), now)?);
+                    tx.put(&s, &call)?;
+                }
+                Ok::<_, RuntimeError>(())
+            })
+            .await
+    }
+
+    /// `Checkpoint`.
+    pub async fn checkpoint(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        state: Vec<u8>,
+        phase: Option<crate::domain::attempt::AttemptPhase>,
+    ) -> Result<(Checkpoint, AttemptState), RuntimeError> {
+        let r = self
+            .ask(
+                scope,
+                attempt_id,
+                |reply| Msg::Checkpoint {
+                    token,
+                    state,
+                    phase,
+                    reply,
+                },
+                |a| Err(a.attempt_id.into_ended()),
+            )
+            .await;
+        self.or_ended(scope, attempt_id, token, "Checkpoint", r)
+            .await
+    }
+
+    /// `RequestDecision`.
+    pub async fn request_decision(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        ask: DecisionAsk,
+    ) -> Result<DecisionRequest, RuntimeError> {
+        let r = self
+            .ask(
+                scope,
+                attempt_id,
+                |reply| Msg::RequestDecision { token, ask, reply },
+                |a| Err(a.attempt_id.into_ended()),
+            )
+            .await;
+        self.or_ended(scope, attempt_id, token, "RequestDecision", r)
+            .await
+    }
+
+    /// A decision of an attempt.
+    pub fn decision(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        decision_id: Uuid,
+    ) -> Result<DecisionRequest, RuntimeError> {
+        self.shared
+            .store
+            .get::<DecisionRequest>(scope, &decision_key(attempt_id, decision_id))?
+            .ok_or_else(|| DomainError::not_found("decision", decision_id).into())
+    }
+
+    /// `AwaitDecision`: the decision once it is no longer pending (or as
+    /// it is when `wait` ran out).
+    pub async fn await_decision(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        decision_id: Uuid,
+        wait: Duration,
+    ) -> Result<(DecisionRequest, AttemptState), RuntimeError> {
+        let attempt = self.attempt(scope, attempt_id)?;
+        if attempt.fencing_token != token {
+            return Err(self
+                .ended_refusal(scope, attempt, token, "AwaitDecision")
+                .await);
+        }
+        let mut rx = self.watch(scope, attempt_id)?;
+        let deadline = tokio::time::Instant::now()
+            + wait.min(Duration::from_secs(self.shared.config.max_wait_seconds));
+        loop {
+            let decision = self.decision(scope, attempt_id, decision_id)?;
+            let state = rx.borrow().attempt.state;
+            if decision.status != DecisionStatus::Pending || state.is_terminal() {
+                return Ok((decision, state));
+            }
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() {
+                    let state = self.attempt(scope, attempt_id)?.state;
+                    return Ok((self.decision(scope, attempt_id, decision_id)?, state));
+                },
+                _ = tokio::time::sleep_until(deadline) => return Ok((decision, state)),
+            }
+        }
+    }
+
+    /// `AwaitCall`: a call once it is no longer issued.
+    pub async fn await_call(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        call_id: Uuid,
+        wait: Duration,
+    ) -> Result<CallRecord, RuntimeError> {
+        let attempt = self.attempt(scope, attempt_id)?;
+        if attempt.fencing_token != token {
+            return Err(self.ended_refusal(scope, attempt, token, "AwaitCall").await);
+        }
+        let mut rx = self.watch(scope, attempt_id)?;
+        let deadline = tokio::time::Instant::now()
+            + wait.min(Duration::from_secs(self.shared.config.max_wait_seconds));
+        loop {
+            let call = self
+                .calls(scope, attempt_id)?
+                .into_iter()
+                .find(|c| c.call_id == call_id)
+                .ok_or_else(|| DomainError::not_found("call", call_id))?;
+            if call.status != CallStatus::Issued {
+                return Ok(call);
+            }
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() {
+                    return self.calls(scope, attempt_id)?.into_iter().find(|c| c.call_id == call_id)
+                        .ok_or_else(|| DomainError::not_found("call", call_id).into());
+                },
+                _ = tokio::time::sleep_until(deadline) => return Ok(call),
+            }
+        }
+    }
+
+    /// `AnswerDecision` (input, escalation).
+    pub async fn answer(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        decision_id: Uuid,
+        by: &str,
+        choice: Option<String>,
+        answer: Option<Vec<u8>>,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        let by = by.to_string();
+        self.ask(
+            scope,
+            attempt_id,
+            |reply| Msg::Answer {
+                decision_id,
+                by,
+                choice,
+                answer,
+                reply,
+            },
+            |a| {
+                Err(DomainError::FailedPrecondition(format!(
+                    "attempt {} is {}; decision {decision_id} can no longer be answered",
+                    a.attempt_id, a.state
+                ))
+                .into())
+            },
+        )
+        .await
+    }
+
+    /// Approves or rejects an approval (run control's ApprovalDecided).
+    pub async fn decide(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        decision_id: Uuid,
+        approve: bool,
+        by: &str,
+        reason: Option<String>,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        let by = by.to_string();
+        self.ask(
+            scope,
+            attempt_id,
+            |reply| Msg::Decide {
+                decision_id,
+                approve,
+                by,
+                reason,
+                reply,
+            },
+            |a| {
+                Err(DomainError::FailedPrecondition(format!(
+                    "attempt {} is {}; its approval can no longer be decided",
+                    a.attempt_id, a.state
+                ))
+                .into())
+            },
+        )
+        .await
+    }
+
+    /// `Interrupt`: records the request; observed at the next safe point.
+    pub async fn interrupt(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        by: &str,
+        reason: &str,
+        source: InterruptSource,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        let request = InterruptRequest {
+            requested_at: self.shared.clock.now(),
+            by: by.to_string(),
+            reason: if reason.is_empty() {
+                format!("interrupted by {by}")
+            } else {
+                reason.to_string()
+            },
+            source,
+        };
+        self.ask(
+            scope,
+            attempt_id,
+            |reply| Msg::Interrupt { request, reply },
+            Ok,
+        )
+        .await
+    }
+
+    /// `ReportOutcome`.
+    pub async fn report(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        report: Report,
+    ) -> Result<Reported, RuntimeError> {
+        let repeat = report.clone();
+        let r = self
+            .ask(
+                scope,
+                attempt_id,
+                |reply| Msg::Report {
+                    token,
+                    report,
+                    reply,
+                },
+                |a| Err(a.attempt_id.into_ended()),
+            )
+            .await;
+        match r {
+            Err(RuntimeError::Domain(DomainError::NotFound { kind: "ended", .. })) => {
+                let attempt = self.attempt(scope, attempt_id)?;
+                if attempt.fencing_token != token {
+                    return Err(self
+                        .ended_refusal(scope, attempt, token, "ReportOutcome")
+                        .await);
+                }
+                let hash = grain::report_hash_of(&attempt, &repeat);
+                attempt.check_repeat_report(&hash)?;
+                Ok(Reported {
+                    verdict: grain::verdict_of(&attempt),
+                    state: attempt.state,
+                    outcome_hash: attempt.outcome_hash.clone(),
+                    acknowledged: true,
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// Checkpoints of an attempt, in order.
+    pub fn checkpoints(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+    ) -> Result<Vec<Checkpoint>, RuntimeError> {
+        self.attempt(scope, attempt_id)?;
+        Ok(self
+            .shared
+            .store
+            .list_under(scope, &format!("{attempt_id}/"))?)
+    }
+
+    /// Call records of an attempt, in order.
+    pub fn calls(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+    ) -> Result<Vec<CallRecord>, RuntimeError> {
+        Ok(self
+            .shared
+            .store
+            .list_under(scope, &format!("{attempt_id}/"))?)
+    }
+
+    /// Decisions of an attempt.
+    pub fn decisions(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+    ) -> Result<Vec<DecisionRequest>, RuntimeError> {
+        let mut d: Vec<DecisionRequest> = self
+            .shared
+            .store
+            .list_under(scope, &format!("{attempt_id}/"))?;
+        d.sort_by_key(|d| d.requested_at);
+        Ok(d)
+    }
+
+    /// Delegations of an attempt.
+    pub fn delegations(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+    ) -> Result<Vec<SubAgentDelegation>, RuntimeError> {
+        Ok(self
+            .shared
+            .store
+            .list_under(scope, &format!("{attempt_id}/"))?)
+    }
+
+    /// Acts on what followed an attempt's end: starts the next attempt and
+    /// tells a supervisor its child run ended.
+    pub async fn follow(&self, scope: &TenantScope, followup: Followup) {
+        if let Some(next) = followup.next_attempt {
+            self.adopt(next);
+        }
+        if let Some(child) = followup.child_ended {
+            self.child_ended(scope, child).await;
+        }
+    }
+
+    async fn child_ended(&self, scope: &TenantScope, child: ChildEnded) {
+        let attempt_id = child.parent.attempt_id;
+        let r = self
+            .ask(
+                scope,
+                attempt_id,
+                |reply| Msg::ChildEnded {
+                    child: Box::new(child),
+                    reply,
+                },
+                |_| Ok(()),
+            )
+            .await;
+        if let Err(e) = r {
+            tracing::warn!(attempt = %attempt_id, error = %e, "delivering a child run's outcome");
+        }
+    }
+
+    /// LeaseHeartbeat: every live grain renews its leases.
+    pub async fn heartbeat_all(&self) -> (usize, usize) {
+        let grains: Vec<GrainHandle> = self.shared.grains.lock().values().cloned().collect();
+        let mut renewed = 0;
+        let mut failed = 0;
+        for g in grains {
+            let (reply, rx) = oneshot::channel();
+            if g.tx.send(Msg::Renew { reply }).is_ok() {
+                match rx.await {
+                    Ok(Ok(true)) => renewed += 1,
+                    Ok(Ok(false)) => {}
+                    _ => failed += 1,
+                }
+            }
+        }
+        (renewed, failed)
+    }
+
+    /// OrphanedAttemptReconciler: attempts whose adapter lease lapsed are
+    /// settled (Uncertain with an unconfirmed call in flight, else
+    /// Cancelled); returns what it settled.
+    pub async fn reconcile(&self) -> Result<Vec<(Uuid, AttemptState)>, RuntimeError> {
+        let mut settled = Vec::new();
+        let grains: Vec<(Uuid, GrainHandle)> = self
+            .shared
+            .grains
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        for (id, g) in grains {
+            let (reply, rx) = oneshot::channel();
+            if g.tx.send(Msg::Reconcile { reply }).is_ok()
+                && let Ok(Ok(Some(state))) = rx.await
+            {
+                settled.push((id, state));
+            }
+        }
+        // An attempt the store says is live but that has no grain (its
+        // grain stopped on an error): start one, which resumes or settles it.
+        let stored: Vec<ExecutionAttempt> = self
+            .shared
+            .store
+            .scan_all::<ExecutionAttempt>(&PlatformScope::internal())?
+            .into_iter()
+            .filter(|a| !a.state.is_terminal())
+            .collect();
+        for attempt in stored {
+            if !self.shared.grains.lock().contains_key(&attempt.attempt_id) {
+                self.adopt(attempt);
+            }
+        }
+        Ok(settled)
+    }
+
+    /// Fails an attempt for a reason of the appliance (not startable).
+    pub async fn fail(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        failure: AttemptFailure,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        self.ask(scope, attempt_id, |reply| Msg::Fail { failure, reply }, Ok)
+            .await
+    }
+}
+
+trait IntoEnded {
+    fn into_ended(self) -> RuntimeError;
+}
+
+impl IntoEnded for Uuid {
+    /// Marks "the attempt has no grain": the caller answers from the store.
+    fn into_ended(self) -> RuntimeError {
+        DomainError::NotFound {
+            kind: "ended",
+            id: self.to_string(),
+        }
+        .into()
+    }
+}
+
+impl InFlight for Runtime {
+    fn apply<'a>(
+        &'a self,
+        scope: &'a TenantScope,
+        release_id: &'a str,
+        policy: InFlightPolicy,
+    ) -> BoxFuture<'a, InFlightReport> {
+        Box::pin(async move {
+            let running: Vec<Uuid> = self
+                .live()
+                .iter()
+                .filter(|v| {
+                    v.attempt.tenant_id == *scope.tenant() && v.attempt.release_id == release_id
+                })
+                .map(|v| v.attempt.attempt_id)
+                .collect();
+            let mut report = InFlightReport {
+                running: running.len(),
+                interrupted: 0,
+            };
+            if policy == InFlightPolicy::Interrupt {
+                for id in running {
+                    let reason =
+                        format!("release {release_id} was revoked (in-flight policy interrupt)");
+                    if self
+                        .interrupt(
+                            scope,
+                            id,
+                            "release-registry",
+                            &reason,
+                            InterruptSource::Revocation,
+                        )
+                        .await
+                        .is_ok()
+                    {
+                        report.interrupted += 1;
+                    }
+                }
+            }
+            report
+        })
+    }
+}
