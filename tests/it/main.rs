@@ -14,3 +14,4 @@ mod events;
 mod http;
 mod releases;
 mod rpc;
+mod runtime;

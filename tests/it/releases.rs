@@ -8,16 +8,21 @@ use serde_json::{Value, json};
 
 use crate::common::{Appliance, agentbay, run};
 
-fn example() -> PathBuf {
+pub(crate) fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage")
 }
 
-fn demo_key() -> PathBuf {
+pub(crate) fn demo_key() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/demo-publisher.key")
 }
 
 /// A copy of the example bundle, changed by `edit`, signed with `key`.
-fn variant(root: &Path, name: &str, key: &Path, edit: impl FnOnce(&Path, &mut Value)) -> PathBuf {
+pub(crate) fn variant(
+    root: &Path,
+    name: &str,
+    key: &Path,
+    edit: impl FnOnce(&Path, &mut Value),
+) -> PathBuf {
     let dir = root.join(name);
     copy_dir(&example(), &dir);
     let manifest_path = dir.join("manifest.json");
@@ -68,7 +73,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// A .tar.gz of a directory, written with tar so hostile entries are
 /// possible.
-fn pack(
+pub(crate) fn pack(
     dir: &Path,
     extra: impl FnOnce(&mut tar::Builder<flate2::write::GzEncoder<Vec<u8>>>),
 ) -> Vec<u8> {
@@ -79,7 +84,7 @@ fn pack(
     b.into_inner().unwrap().finish().unwrap()
 }
 
-async fn upload(a: &Appliance, token: &str, bytes: Vec<u8>) -> (u16, Value) {
+pub(crate) async fn upload(a: &Appliance, token: &str, bytes: Vec<u8>) -> (u16, Value) {
     let r = a
         .http()
         .post(format!("{}/runtime/releases", a.url))

@@ -1,0 +1,988 @@
+//! The attempt core over HTTPS with a real external-adapter client: runs,
+//! calls, approvals, interrupts, fencing, exactly one outcome, corrections,
+//! limits, decision expiry on the clock, and kill -9 in the middle of runs.
+
+use agentbay::control::{Transport, pinned_transport};
+use agentbay::proto::agentbay::adapter::v1 as ad;
+use agentbay::proto::agentbay::runs::v1 as rn;
+use agentbay::proto::agentbay::runtime::v1 as rt;
+use connectrpc::client::ClientConfig;
+use connectrpc::{CodecFormat, ErrorCode};
+use serde_json::{Value, json};
+
+use crate::common::{Appliance, Credential, events};
+use crate::releases::{demo_key, pack, upload, variant};
+
+const AGENT: &str = "triage";
+const RELEASE: &str = "triage-ext-1.0.0";
+
+/// An appliance with the demo tenant, an external-adapter release of the
+/// triage example, and clients for run control, the runtime and the
+/// adapter.
+struct Site {
+    a: Appliance,
+    cred: Credential,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Site {
+    async fn start(manual_clock: bool) -> Site {
+        let a = if manual_clock {
+            Appliance::start_manual_clock()
+        } else {
+            Appliance::start()
+        };
+        a.tenant("demo", "team", &[], &["support"]).await;
+        let cred = a
+            .create_client(
+                "demo",
+                &[
+                    "factory.runs.read",
+                    "factory.runs.write",
+                    "factory.runs.decide",
+                    "factory.runs.operate",
+                    "factory.runs.execute",
+                    "factory.assets.read",
+                    "factory.assets.admin",
+                    "agentbay.events.read",
+                ],
+            )
+            .await;
+        let token = a.token(&cred).await;
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = variant(dir.path(), "ext", &demo_key(), |_, m| {
+            m["releaseId"] = json!(RELEASE);
+            m["adapter"] = json!({"kind": "external", "version": "1"});
+        });
+        let (status, body) = upload(&a, &token, pack(&bundle, |_| {})).await;
+        assert_eq!(status, 201, "{body}");
+        Site {
+            a,
+            cred,
+            token,
+            _dir: dir,
+        }
+    }
+
+    /// Moves the manual clock and takes a fresh token (the old one may
+    /// have expired on the way).
+    async fn advance(&mut self, seconds: u64) {
+        self.a.advance(seconds).await;
+        self.token = self.a.token(&self.cred).await;
+    }
+
+    fn config(&self) -> ClientConfig {
+        ClientConfig::new(self.a.url.parse().unwrap())
+            .with_codec_format(CodecFormat::Json)
+            .with_default_header("authorization", format!("Bearer {}", self.token))
+    }
+
+    fn runs(&self) -> rn::RunsClient<Transport> {
+        rn::RunsClient::new(pinned_transport(&self.a.fingerprint), self.config())
+    }
+
+    fn runtime(&self) -> rt::RuntimeClient<Transport> {
+        rt::RuntimeClient::new(pinned_transport(&self.a.fingerprint), self.config())
+    }
+
+    fn adapter(&self) -> ad::AdapterClient<Transport> {
+        ad::AdapterClient::new(pinned_transport(&self.a.fingerprint), self.config())
+    }
+
+    async fn submit(&self, input: Value, limits: Option<rn::Limits>) -> rn::Run {
+        let r = self
+            .runs()
+            .submit_run(rn::SubmitRunRequest {
+                project_id: "support".into(),
+                release_id: RELEASE.into(),
+                input_json: input.to_string(),
+                limits: limits.map(buffa::MessageField::some).unwrap_or_default(),
+                ..Default::default()
+            })
+            .await
+            .expect("submit run")
+            .into_owned();
+        r.run.as_option().unwrap().clone()
+    }
+
+    async fn run(&self, run_id: &str) -> rn::Run {
+        let r = self
+            .runs()
+            .get_run(rn::GetRunRequest {
+                run_id: run_id.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("get run")
+            .into_owned();
+        r.run.as_option().unwrap().clone()
+    }
+
+    /// Claims the next attempt and starts it: the adapter's first steps.
+    async fn claim_and_start(&self) -> Adapter {
+        let ticket = self
+            .adapter()
+            .claim_attempt(ad::ClaimAttemptRequest {
+                agent_id: AGENT.into(),
+                session: "test-adapter".into(),
+                wait_seconds: 20,
+                ..Default::default()
+            })
+            .await
+            .expect("claim")
+            .into_owned();
+        let t = ticket
+            .attempt
+            .as_option()
+            .expect("an attempt to claim")
+            .clone();
+        let status = self
+            .adapter()
+            .start_attempt(ad::StartAttemptRequest {
+                attempt_id: t.attempt_id.clone(),
+                fencing_token: t.fencing_token,
+                adapter_version: t.adapter_version.clone(),
+                checkpoint_format: t.checkpoint_format,
+                ..Default::default()
+            })
+            .await
+            .expect("start")
+            .into_owned();
+        assert_eq!(status.state, "Running");
+        Adapter {
+            client: self.adapter(),
+            ticket: t,
+        }
+    }
+
+    async fn timeline(&self, attempt_id: &str) -> Value {
+        self.a
+            .get(&self.token, &format!("/runtime/attempts/{attempt_id}"))
+            .await
+    }
+}
+
+/// One external adapter's hold on one attempt.
+struct Adapter {
+    client: ad::AdapterClient<Transport>,
+    ticket: ad::AttemptTicket,
+}
+
+impl Adapter {
+    fn id(&self) -> String {
+        self.ticket.attempt_id.clone()
+    }
+
+    async fn begin(
+        &self,
+        kind: &str,
+        target: &str,
+        request: Value,
+        approval: &str,
+    ) -> Result<ad::BeginCallResponse, connectrpc::ConnectError> {
+        self.client
+            .begin_call(ad::BeginCallRequest {
+                attempt_id: self.id(),
+                fencing_token: self.ticket.fencing_token,
+                kind: kind.into(),
+                target: target.into(),
+                request_json: request.to_string(),
+                context_tokens: 1200,
+                approval_id: approval.into(),
+                state_json: json!({"step": kind, "target": target}).to_string(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_owned())
+    }
+
+    async fn complete(
+        &self,
+        call_id: &str,
+        result: Value,
+    ) -> Result<ad::CompleteCallResponse, connectrpc::ConnectError> {
+        self.client
+            .complete_call(ad::CompleteCallRequest {
+                attempt_id: self.id(),
+                fencing_token: self.ticket.fencing_token,
+                call_id: call_id.into(),
+                ok: true,
+                result_json: result.to_string(),
+                receipt_json: json!({"receipt": call_id, "server": "test"}).to_string(),
+                state_json: json!({"observed": call_id}).to_string(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_owned())
+    }
+
+    /// A model call and a read tool call, each completed.
+    async fn think_and_look(&self) {
+        let m = self
+            .begin("model", "triage-scripted", json!({"prompt": "triage"}), "")
+            .await
+            .expect("model call");
+        assert_eq!(m.outcome, ad::BeginOutcome::STARTED);
+        self.complete(&m.call_id, json!({"text": "look up the customer"}))
+            .await
+            .expect("model result");
+        let t = self
+            .begin("tool", "lookup-ticket", json!({"customer": "acme"}), "")
+            .await
+            .expect("tool call");
+        assert_eq!(t.outcome, ad::BeginOutcome::STARTED, "{}", t.reason);
+        let done = self
+            .complete(&t.call_id, json!({"tickets": 3}))
+            .await
+            .expect("tool result");
+        assert_eq!(done.state, "Running");
+        assert!(
+            done.checkpoint_sequence >= 2,
+            "a checkpoint follows every observed result"
+        );
+    }
+
+    async fn report(
+        &self,
+        output: Value,
+    ) -> Result<ad::ReportOutcomeResponse, connectrpc::ConnectError> {
+        self.client
+            .report_outcome(ad::ReportOutcomeRequest {
+                attempt_id: self.id(),
+                fencing_token: self.ticket.fencing_token,
+                succeeded: true,
+                output_json: output.to_string(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_owned())
+    }
+}
+
+fn good_output() -> Value {
+    json!({"severity": "high", "summary": "Checkout is down for acme", "paged": false})
+}
+
+fn code(e: &connectrpc::ConnectError) -> ErrorCode {
+    e.code
+}
+
+#[tokio::test]
+async fn an_external_adapter_runs_an_attempt_to_one_verified_outcome() {
+    let site = Site::start(false).await;
+    let run = site.submit(json!({"ticket": "checkout fails"}), None).await;
+    assert_eq!(run.state, "Running");
+    let attempt = &run.steps[0].attempts[0];
+    assert_eq!(attempt.fencing_token, 1);
+
+    let adapter = site.claim_and_start().await;
+    assert_eq!(adapter.ticket.run_id, run.run_id);
+    assert_eq!(
+        serde_json::from_str::<Value>(&adapter.ticket.input_json).unwrap(),
+        json!({"ticket": "checkout fails"})
+    );
+    adapter.think_and_look().await;
+
+    // A tool outside the release's closure is refused and recorded.
+    let refused = adapter.begin("tool", "rm-rf", json!({}), "").await.unwrap();
+    assert_eq!(refused.outcome, ad::BeginOutcome::REFUSED);
+    assert!(
+        refused.reason.contains("outside the release's closure"),
+        "{}",
+        refused.reason
+    );
+    // Arguments that do not match the tool's input schema, too.
+    let bad = adapter
+        .begin("tool", "lookup-ticket", json!({"who": 1}), "")
+        .await
+        .unwrap();
+    assert_eq!(bad.outcome, ad::BeginOutcome::REFUSED);
+    assert!(bad.reason.contains("customer"), "{}", bad.reason);
+
+    let done = adapter.report(good_output()).await.unwrap();
+    assert_eq!(done.verdict, ad::Verdict::VERIFIED);
+    assert_eq!(done.state, "Succeeded");
+    assert!(done.outcome_hash.starts_with("sha256:"));
+
+    // The same report again is acknowledged; a different one is rejected.
+    let again = adapter.report(good_output()).await.unwrap();
+    assert!(again.acknowledged);
+    assert_eq!(again.outcome_hash, done.outcome_hash);
+    let other = adapter
+        .report(json!({"severity": "low", "summary": "x", "paged": false}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&other), ErrorCode::FailedPrecondition, "{other:?}");
+    assert!(
+        other
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("already reported")
+    );
+
+    // A stale token is refused with `aborted` and recorded.
+    let stale = adapter
+        .client
+        .heartbeat(ad::HeartbeatRequest {
+            attempt_id: adapter.id(),
+            fencing_token: 0,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(code(&stale), ErrorCode::Aborted);
+
+    let run = site.run(&run.run_id).await;
+    assert_eq!(run.state, "Succeeded");
+    assert_eq!(
+        serde_json::from_str::<Value>(&run.output_json).unwrap(),
+        good_output()
+    );
+
+    let timeline = site.timeline(&adapter.id()).await;
+    assert_eq!(timeline["state"], "Succeeded");
+    let calls = timeline["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    assert_eq!(calls[0]["kind"], "model");
+    assert_eq!(calls[1]["status"], "completed");
+    assert!(
+        calls[1]["requestHash"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    assert!(
+        calls[1]["receiptRef"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    assert_eq!(calls[2]["status"], "failed");
+    assert!(
+        timeline["staleRefusals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["presented"] == 0)
+    );
+    let checkpoints = site
+        .a
+        .get(
+            &site.token,
+            &format!("/runtime/attempts/{}/checkpoints", adapter.id()),
+        )
+        .await;
+    let cps = checkpoints["checkpoints"].as_array().unwrap();
+    assert!(cps.len() >= 3, "start + after each observation: {cps:?}");
+    assert!(cps.iter().all(|c| c["adapterVersion"] == "external/1"));
+
+    // The spec's events, with their payloads.
+    let outcome = events(
+        &site.a,
+        &site.token,
+        "execution.attempts.v1.attempt-outcome-reported",
+        1,
+    )
+    .await;
+    assert_eq!(outcome[0]["state"], "Succeeded");
+    assert_eq!(outcome[0]["toolCalls"].as_f64(), Some(1.0));
+    let started = events(
+        &site.a,
+        &site.token,
+        "execution.attempts.v1.attempt-started",
+        1,
+    )
+    .await;
+    assert_eq!(started[0]["fencingToken"].as_f64(), Some(1.0));
+}
+
+#[tokio::test]
+async fn a_gated_call_waits_for_approval_then_runs_and_a_rejection_fails_the_attempt() {
+    let site = Site::start(false).await;
+    let run = site.submit(json!({"ticket": "outage"}), None).await;
+    let adapter = site.claim_and_start().await;
+    let page = json!({"message": "checkout down"});
+    let ask = adapter
+        .begin("tool", "page-oncall", page.clone(), "")
+        .await
+        .unwrap();
+    assert_eq!(ask.outcome, ad::BeginOutcome::APPROVAL_REQUIRED);
+    let timeline = site.timeline(&adapter.id()).await;
+    assert_eq!(timeline["state"], "WaitingForDecision");
+    assert!(
+        timeline["waitingReason"]
+            .as_str()
+            .unwrap()
+            .contains(&ask.decision_id)
+    );
+
+    // Nothing can be issued while it waits.
+    let busy = adapter
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&busy), ErrorCode::FailedPrecondition);
+
+    let decided = site
+        .runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            approval_id: ask.approval_id.clone(),
+            approve: true,
+            reason: "on-call knows".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(decided.attempt.as_option().unwrap().state, "Running");
+    let status = adapter
+        .client
+        .await_decision(ad::AwaitDecisionRequest {
+            attempt_id: adapter.id(),
+            fencing_token: adapter.ticket.fencing_token,
+            decision_id: ask.decision_id.clone(),
+            wait_seconds: 5,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(status.status, "approved");
+
+    // The approval allows exactly the proposed call.
+    let other = adapter
+        .begin(
+            "tool",
+            "page-oncall",
+            json!({"message": "something else"}),
+            &ask.approval_id,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&other), ErrorCode::FailedPrecondition);
+    let go = adapter
+        .begin("tool", "page-oncall", page.clone(), &ask.approval_id)
+        .await
+        .unwrap();
+    assert_eq!(go.outcome, ad::BeginOutcome::STARTED);
+    assert!(
+        !go.checkpoint_id.is_empty(),
+        "a checkpoint precedes a gated call"
+    );
+    adapter
+        .complete(&go.call_id, json!({"paged": true}))
+        .await
+        .unwrap();
+    let again = adapter
+        .begin("tool", "page-oncall", page.clone(), &ask.approval_id)
+        .await
+        .unwrap_err();
+    assert!(again.message.unwrap_or_default().contains("used already"));
+    let done = adapter
+        .report(json!({"severity": "high", "summary": "paged", "paged": true}))
+        .await
+        .unwrap();
+    assert_eq!(done.verdict, ad::Verdict::VERIFIED);
+    assert_eq!(site.run(&run.run_id).await.state, "Succeeded");
+    let decided = events(
+        &site.a,
+        &site.token,
+        "execution.approvals.v1.approval-decided",
+        1,
+    )
+    .await;
+    assert_eq!(decided[0]["decision"], "approved");
+
+    // Another run: rejected -> Failed(policy), and no new attempt.
+    let run = site.submit(json!({"ticket": "maybe"}), None).await;
+    let adapter = site.claim_and_start().await;
+    let ask = adapter
+        .begin("tool", "page-oncall", page, "")
+        .await
+        .unwrap();
+    site.runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            approval_id: ask.approval_id.clone(),
+            approve: false,
+            reason: "not at night".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let run = site.run(&run.run_id).await;
+    assert_eq!(run.state, "Failed");
+    assert_eq!(run.steps[0].attempts.len(), 1);
+    let a = &run.steps[0].attempts[0];
+    assert_eq!(a.failure_class, "policy");
+    assert!(
+        a.failure_reason.contains("not at night"),
+        "{}",
+        a.failure_reason
+    );
+}
+
+#[tokio::test]
+async fn an_interrupt_during_a_tool_call_leaves_it_uncertain_until_an_operator_settles_it() {
+    let site = Site::start(false).await;
+    let run = site.submit(json!({"ticket": "t"}), None).await;
+    let adapter = site.claim_and_start().await;
+    let page = json!({"message": "m"});
+    let ask = adapter
+        .begin("tool", "page-oncall", page.clone(), "")
+        .await
+        .unwrap();
+    site.runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            approval_id: ask.approval_id.clone(),
+            approve: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let go = adapter
+        .begin("tool", "page-oncall", page, &ask.approval_id)
+        .await
+        .unwrap();
+    assert_eq!(
+        site.timeline(&adapter.id()).await["state"],
+        "WaitingForTool"
+    );
+
+    let stopped = site
+        .runtime()
+        .interrupt(rt::InterruptRequest {
+            attempt_id: adapter.id(),
+            reason: "wrong customer".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(stopped.state, "Uncertain");
+    assert!(stopped.observed);
+
+    // The adapter's late result is kept as evidence and refused.
+    let late = adapter
+        .complete(&go.call_id, json!({"paged": true}))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&late), ErrorCode::Aborted);
+    // No call starts after the interruption.
+    let after = adapter
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&after), ErrorCode::Aborted);
+
+    let timeline = site.timeline(&adapter.id()).await;
+    let call = timeline["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["callId"] == go.call_id.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(call["status"], "uncertain");
+    assert!(
+        call["lateReceiptRef"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    let held = site.run(&run.run_id).await;
+    assert_eq!(held.state, "Uncertain");
+    assert_eq!(
+        held.steps[0].attempts.len(),
+        1,
+        "an uncertain call is never retried automatically"
+    );
+
+    // An operator settles it: the effect did not happen, try again.
+    let refused = site
+        .runs()
+        .settle_call(rn::SettleCallRequest {
+            attempt_id: adapter.id(),
+            call_id: go.call_id.clone(),
+            effect: "happened".into(),
+            reason: "pager log shows the page".into(),
+            retry: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(code(&refused), ErrorCode::InvalidArgument);
+    let settled = site
+        .runs()
+        .settle_call(rn::SettleCallRequest {
+            attempt_id: adapter.id(),
+            call_id: go.call_id.clone(),
+            effect: "did-not-happen".into(),
+            reason: "pager log is empty".into(),
+            retry: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    let run = settled.run.as_option().unwrap();
+    assert_eq!(run.state, "Running");
+    assert_eq!(run.steps[0].attempts.len(), 2);
+    assert_eq!(run.steps[0].attempts[1].fencing_token, 2);
+    let settled_call = events(
+        &site.a,
+        &site.token,
+        "execution.attempts.v1.call-settled",
+        1,
+    )
+    .await;
+    assert_eq!(settled_call[0]["effect"], "did-not-happen");
+}
+
+#[tokio::test]
+async fn corrections_run_out_into_a_validation_failure_with_the_feedback() {
+    let site = Site::start(false).await;
+    let run = site.submit(json!({"ticket": "t"}), None).await;
+    let adapter = site.claim_and_start().await;
+    let bad = json!({"severity": "urgent", "summary": "x", "paged": false});
+    for left in [1, 0] {
+        let r = adapter.report(bad.clone()).await.unwrap();
+        assert_eq!(r.verdict, ad::Verdict::CORRECT);
+        assert_eq!(r.corrections_left, left);
+        assert!(r.feedback.contains("/severity"), "{}", r.feedback);
+    }
+    let r = adapter.report(bad).await.unwrap();
+    assert_eq!(r.verdict, ad::Verdict::EXHAUSTED);
+    assert_eq!(r.state, "Failed");
+    let timeline = site.timeline(&adapter.id()).await;
+    assert_eq!(timeline["correctionCount"], 2);
+    assert_eq!(timeline["failure"]["class"], "validation");
+    assert!(
+        timeline["failure"]["feedbackRef"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    // Validation is not worth another attempt.
+    let run = site.run(&run.run_id).await;
+    assert_eq!(run.state, "Failed");
+    assert_eq!(run.steps[0].attempts.len(), 1);
+}
+
+#[tokio::test]
+async fn each_limit_fails_the_attempt_naming_it() {
+    let mut site = Site::start(true).await;
+    let limits = |f: &dyn Fn(&mut rn::Limits)| {
+        let mut l = rn::Limits::default();
+        f(&mut l);
+        Some(l)
+    };
+    // maxModelCalls
+    let run = site
+        .submit(json!({}), limits(&|l| l.max_model_calls = 1))
+        .await;
+    let adapter = site.claim_and_start().await;
+    let m = adapter
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap();
+    adapter.complete(&m.call_id, json!({})).await.unwrap();
+    let e = adapter
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), ErrorCode::ResourceExhausted);
+    assert!(e.message.unwrap_or_default().contains("maxModelCalls 1"));
+    let run = site.run(&run.run_id).await;
+    assert_eq!(run.steps[0].attempts[0].failure_class, "budget");
+
+    // maxToolCalls
+    site.submit(json!({}), limits(&|l| l.max_tool_calls = 1))
+        .await;
+    let adapter = site.claim_and_start().await;
+    let t = adapter
+        .begin("tool", "lookup-ticket", json!({"customer": "a"}), "")
+        .await
+        .unwrap();
+    adapter.complete(&t.call_id, json!({})).await.unwrap();
+    let e = adapter
+        .begin("tool", "lookup-ticket", json!({"customer": "a"}), "")
+        .await
+        .unwrap_err();
+    assert!(e.message.unwrap_or_default().contains("maxToolCalls 1"));
+
+    // maxContextTokens (the adapter declares 1200 tokens per model call)
+    site.submit(json!({}), limits(&|l| l.max_context_tokens = 1000))
+        .await;
+    let adapter = site.claim_and_start().await;
+    let e = adapter
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap_err();
+    assert!(
+        e.message
+            .unwrap_or_default()
+            .contains("maxContextTokens 1000")
+    );
+
+    // Limits may only tighten the release's contract.
+    let e = site
+        .runs()
+        .submit_run(rn::SubmitRunRequest {
+            project_id: "support".into(),
+            release_id: RELEASE.into(),
+            input_json: "{}".into(),
+            limits: buffa::MessageField::some(rn::Limits {
+                max_minutes: 999,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), ErrorCode::InvalidArgument);
+    assert!(e.message.unwrap_or_default().contains("limits.maxMinutes"));
+
+    // maxMinutes counts active time, on the clock.
+    let run = site.submit(json!({}), limits(&|l| l.max_minutes = 2)).await;
+    let adapter = site.claim_and_start().await;
+    // The adapter keeps its lease with heartbeats while time passes.
+    for _ in 0..3 {
+        site.advance(41).await;
+        let beat = site
+            .adapter()
+            .heartbeat(ad::HeartbeatRequest {
+                attempt_id: adapter.id(),
+                fencing_token: adapter.ticket.fencing_token,
+                ..Default::default()
+            })
+            .await;
+        if beat.is_err() {
+            break;
+        }
+    }
+    let mut state = String::new();
+    for _ in 0..50 {
+        state = site.run(&run.run_id).await.steps[0].attempts[0]
+            .state
+            .clone();
+        if state == "TimedOut" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "TimedOut");
+    let e = adapter
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), ErrorCode::Aborted);
+}
+
+#[tokio::test]
+async fn an_unanswered_decision_expires_on_the_clock_and_an_answer_resumes() {
+    let mut site = Site::start(true).await;
+    let run = site.submit(json!({}), None).await;
+    let adapter = site.claim_and_start().await;
+    let ask = |kind: &str| ad::RequestDecisionRequest {
+        attempt_id: adapter.id(),
+        fencing_token: adapter.ticket.fencing_token,
+        kind: kind.into(),
+        question_json: json!({"q": "which priority?"}).to_string(),
+        summary: "Which priority?".into(),
+        options: vec!["p1".into(), "p2".into()],
+        recommendation: "p1".into(),
+        ..Default::default()
+    };
+    let d = adapter
+        .client
+        .request_decision(ask("escalation"))
+        .await
+        .unwrap()
+        .into_owned();
+    let wrong = site
+        .runtime()
+        .answer_decision(rt::AnswerDecisionRequest {
+            attempt_id: adapter.id(),
+            decision_id: d.decision_id.clone(),
+            choice: "p9".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(code(&wrong), ErrorCode::InvalidArgument);
+    let answered = site
+        .runtime()
+        .answer_decision(rt::AnswerDecisionRequest {
+            attempt_id: adapter.id(),
+            decision_id: d.decision_id.clone(),
+            choice: "p2".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(answered.state, "Running");
+
+    let mut input = ask("input");
+    input.options.clear();
+    input.recommendation.clear();
+    adapter.client.request_decision(input).await.unwrap();
+    site.advance(1441 * 60).await;
+    let mut a = rn::Attempt::default();
+    for _ in 0..50 {
+        a = site.run(&run.run_id).await.steps[0].attempts[0].clone();
+        if a.state == "Failed" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(a.state, "Failed");
+    assert!(
+        a.failure_reason.contains("InputTimeoutMinutes"),
+        "{}",
+        a.failure_reason
+    );
+}
+
+#[tokio::test]
+async fn kill_9_in_the_middle_of_runs_loses_nothing_and_reissues_nothing() {
+    let mut site = Site::start(true).await;
+    // A: a read tool call in flight.
+    let run_a = site.submit(json!({"n": "a"}), None).await;
+    let a = site.claim_and_start().await;
+    let call_a = a
+        .begin("tool", "lookup-ticket", json!({"customer": "a"}), "")
+        .await
+        .unwrap();
+    // B: running after a checkpoint.
+    let run_b = site.submit(json!({"n": "b"}), None).await;
+    let b = site.claim_and_start().await;
+    b.think_and_look().await;
+    // C: waiting for an approval.
+    let run_c = site.submit(json!({"n": "c"}), None).await;
+    let c = site.claim_and_start().await;
+    let ask_c = c
+        .begin("tool", "page-oncall", json!({"message": "c"}), "")
+        .await
+        .unwrap();
+    // D: a gated call in flight whose adapter never comes back.
+    let run_d = site.submit(json!({"n": "d"}), None).await;
+    let d = site.claim_and_start().await;
+    let ask_d = d
+        .begin("tool", "page-oncall", json!({"message": "d"}), "")
+        .await
+        .unwrap();
+    site.runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            approval_id: ask_d.approval_id.clone(),
+            approve: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let go_d = d
+        .begin(
+            "tool",
+            "page-oncall",
+            json!({"message": "d"}),
+            &ask_d.approval_id,
+        )
+        .await
+        .unwrap();
+    assert_eq!(go_d.outcome, ad::BeginOutcome::STARTED);
+
+    site.a.kill9();
+    site.a.restart();
+    let (a, b, c) = (
+        Adapter {
+            client: site.adapter(),
+            ticket: a.ticket,
+        },
+        Adapter {
+            client: site.adapter(),
+            ticket: b.ticket,
+        },
+        Adapter {
+            client: site.adapter(),
+            ticket: c.ticket,
+        },
+    );
+
+    // A: the adapter delivers its result with the same token.
+    a.complete(&call_a.call_id, json!({"tickets": 1}))
+        .await
+        .expect("A resumes");
+    assert_eq!(a.report(good_output()).await.unwrap().state, "Succeeded");
+    // B: resumes from its checkpoint and finishes.
+    let cps = site.timeline(&b.id()).await["checkpoints"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(cps >= 3);
+    assert_eq!(b.report(good_output()).await.unwrap().state, "Succeeded");
+    // C: its approval is still pending and can be decided.
+    site.runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            approval_id: ask_c.approval_id.clone(),
+            approve: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let seen = c
+        .client
+        .await_decision(ad::AwaitDecisionRequest {
+            attempt_id: c.id(),
+            fencing_token: c.ticket.fencing_token,
+            decision_id: ask_c.decision_id.clone(),
+            wait_seconds: 5,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(seen.status, "rejected");
+    assert_eq!(seen.attempt_state, "Failed");
+    // D: nobody comes back for the gated call: once its lease lapses the
+    // reconciler settles it as Uncertain; the call is not issued again.
+    site.advance(90).await;
+    site.a.run_worker("OrphanedAttemptReconciler").await;
+    let d_timeline = site.timeline(&d.id()).await;
+    assert_eq!(d_timeline["state"], "Uncertain", "{d_timeline}");
+
+    for (run, state) in [
+        (&run_a, "Succeeded"),
+        (&run_b, "Succeeded"),
+        (&run_c, "Failed"),
+        (&run_d, "Uncertain"),
+    ] {
+        let r = site.run(&run.run_id).await;
+        assert_eq!(r.state, state, "run {}", run.run_id);
+        assert_eq!(r.steps[0].attempts.len(), 1, "no attempt was started twice");
+    }
+    let d_calls: Vec<Value> = d_timeline["calls"].as_array().unwrap().clone();
+    assert_eq!(
+        d_calls
+            .iter()
+            .filter(|c| c["target"] == "page-oncall" && c["status"] != "failed")
+            .count(),
+        1
+    );
+    // Exactly one outcome per attempt.
+    let outcomes = events(
+        &site.a,
+        &site.token,
+        "execution.attempts.v1.attempt-outcome-reported",
+        4,
+    )
+    .await;
+    let mut ids: Vec<&str> = outcomes
+        .iter()
+        .map(|e| e["attemptId"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), outcomes.len());
+}
