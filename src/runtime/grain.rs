@@ -1176,6 +1176,15 @@ impl Grain {
                     &format!("attempt {}", self.attempt.attempt_id),
                     now,
                 )?;
+                // A child never gets a deeper delegation budget than its
+                // supervisor had.
+                let mut plan = plan;
+                plan.run.snapshot.limits.max_sub_agent_depth = plan
+                    .run
+                    .snapshot
+                    .limits
+                    .max_sub_agent_depth
+                    .min(self.attempt.limits.max_sub_agent_depth);
                 let delegation = SubAgentDelegation {
                     delegation_id,
                     attempt_id: self.attempt.attempt_id,
@@ -1662,6 +1671,8 @@ impl Grain {
         let now = self.now();
         let mut a = self.attempt.clone();
         let mut events = a.resolve_decision(&mut decision, resolution, now)?;
+        // The adapter gets a full lease to pick the answer up.
+        a.renew_lease(self.lease_ttl(), now);
         if decision.kind == DecisionKind::Approval
             && matches!(
                 decision.status,
@@ -2020,7 +2031,12 @@ impl Grain {
     /// attempt.
     async fn reconcile(&mut self) -> Result<Option<AttemptState>, RuntimeError> {
         let now = self.now();
-        if self.attempt.adapter != AdapterKind::External || !self.attempt.lease_lapsed(now) {
+        // An attempt waiting for a human waits for nobody's adapter: its
+        // lease restarts when the decision arrives.
+        if self.attempt.adapter != AdapterKind::External
+            || !self.attempt.lease_lapsed(now)
+            || self.attempt.state == AttemptState::WaitingForDecision
+        {
             return Ok(None);
         }
         let holder = self.attempt.lease.holder.clone().unwrap_or_default();

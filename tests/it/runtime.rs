@@ -986,3 +986,304 @@ async fn kill_9_in_the_middle_of_runs_loses_nothing_and_reissues_nothing() {
     ids.dedup();
     assert_eq!(ids.len(), outcomes.len());
 }
+
+#[tokio::test]
+async fn a_supervisor_delegates_to_a_child_run_within_the_depth_limit() {
+    let site = Site::start(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let helper = variant(dir.path(), "helper", &demo_key(), |_, m| {
+        m["releaseId"] = json!("helper-ext-1.0.0");
+        m["agentId"] = json!("helper");
+        m["adapter"] = json!({"kind": "external", "version": "1"});
+    });
+    let (status, body) = upload(&site.a, &site.token, pack(&helper, |_| {})).await;
+    assert_eq!(status, 201, "{body}");
+
+    let limits = rn::Limits {
+        max_sub_agent_depth: 1,
+        ..Default::default()
+    };
+    let run = site.submit(json!({"ticket": "t"}), Some(limits)).await;
+    let parent = site.claim_and_start().await;
+    let call = parent
+        .begin(
+            "sub-agent",
+            "helper-ext-1.0.0",
+            json!({"purpose": "summarise", "ticket": "t"}),
+            "",
+        )
+        .await
+        .unwrap();
+    assert_eq!(call.outcome, ad::BeginOutcome::STARTED);
+    assert!(!call.child_run_id.is_empty());
+    let child_run = site.run(&call.child_run_id).await;
+    assert_eq!(child_run.depth, 1);
+    assert_eq!(child_run.parent_run_id, run.run_id);
+    let delegated = events(
+        &site.a,
+        &site.token,
+        "execution.attempts.v1.sub-agent-delegated",
+        1,
+    )
+    .await;
+    assert_eq!(delegated[0]["childAgentId"], "helper");
+
+    // The child runs under its own adapter; it may not delegate deeper.
+    let ticket = site
+        .adapter()
+        .claim_attempt(ad::ClaimAttemptRequest {
+            agent_id: "helper".into(),
+            wait_seconds: 20,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    let t = ticket.attempt.as_option().unwrap().clone();
+    site.adapter()
+        .start_attempt(ad::StartAttemptRequest {
+            attempt_id: t.attempt_id.clone(),
+            fencing_token: t.fencing_token,
+            adapter_version: t.adapter_version.clone(),
+            checkpoint_format: t.checkpoint_format,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let child = Adapter {
+        client: site.adapter(),
+        ticket: t,
+    };
+    let deeper = child
+        .begin("sub-agent", "helper-ext-1.0.0", json!({}), "")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&deeper), ErrorCode::ResourceExhausted);
+    assert!(
+        deeper
+            .message
+            .unwrap_or_default()
+            .contains("maxSubAgentDepth 1")
+    );
+
+    // The supervisor observes the child's outcome as the call's result.
+    let result = parent
+        .client
+        .await_call(ad::AwaitCallRequest {
+            attempt_id: parent.id(),
+            fencing_token: parent.ticket.fencing_token,
+            call_id: call.call_id.clone(),
+            wait_seconds: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(result.status, "failed");
+    assert!(result.error.contains("Failed"), "{}", result.error);
+    let done = parent.report(good_output()).await.unwrap();
+    assert_eq!(done.state, "Succeeded");
+    assert_eq!(site.run(&run.run_id).await.state, "Succeeded");
+
+    // A second delegation whose child succeeds hands its output back.
+    let run = site.submit(json!({"ticket": "u"}), None).await;
+    let parent = site.claim_and_start().await;
+    let call = parent
+        .begin("sub-agent", "helper-ext-1.0.0", json!({"ticket": "u"}), "")
+        .await
+        .unwrap();
+    let ticket = site
+        .adapter()
+        .claim_attempt(ad::ClaimAttemptRequest {
+            agent_id: "helper".into(),
+            wait_seconds: 20,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    let t = ticket.attempt.as_option().unwrap().clone();
+    site.adapter()
+        .start_attempt(ad::StartAttemptRequest {
+            attempt_id: t.attempt_id.clone(),
+            fencing_token: t.fencing_token,
+            adapter_version: t.adapter_version.clone(),
+            checkpoint_format: t.checkpoint_format,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let child = Adapter {
+        client: site.adapter(),
+        ticket: t,
+    };
+    child.report(good_output()).await.unwrap();
+    let result = parent
+        .client
+        .await_call(ad::AwaitCallRequest {
+            attempt_id: parent.id(),
+            fencing_token: parent.ticket.fencing_token,
+            call_id: call.call_id.clone(),
+            wait_seconds: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(result.status, "completed");
+    assert_eq!(
+        serde_json::from_str::<Value>(&result.result_json).unwrap(),
+        good_output()
+    );
+    // Cancelling the supervisor's run reaches the runs it delegated to.
+    let call = parent
+        .begin("sub-agent", "helper-ext-1.0.0", json!({"ticket": "v"}), "")
+        .await
+        .unwrap();
+    site.runs()
+        .cancel_run(rn::CancelRunRequest {
+            run_id: run.run_id.clone(),
+            reason: "customer withdrew".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(site.run(&run.run_id).await.state, "Cancelled");
+    assert_eq!(site.run(&call.child_run_id).await.state, "Cancelled");
+}
+
+#[tokio::test]
+async fn a_lapsed_adapter_is_fenced_off_and_resuming_needs_a_compatible_checkpoint() {
+    let mut site = Site::start(true).await;
+    let run = site.submit(json!({"ticket": "t"}), None).await;
+    let first = site.claim_and_start().await;
+    first
+        .client
+        .checkpoint(ad::CheckpointRequest {
+            attempt_id: first.id(),
+            fencing_token: first.ticket.fencing_token,
+            state_json: json!({"plan": ["look", "answer"]}).to_string(),
+            phase: "Planning".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // The first adapter goes silent; its lease lapses.
+    site.advance(61).await;
+    let ticket = site
+        .adapter()
+        .claim_attempt(ad::ClaimAttemptRequest {
+            agent_id: AGENT.into(),
+            session: "second-adapter".into(),
+            wait_seconds: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    let t = ticket.attempt.as_option().expect("resumable").clone();
+    assert_eq!(t.attempt_id, first.id());
+    assert!(t.resumed);
+    assert_eq!(t.fencing_token, 2);
+    assert_eq!(
+        serde_json::from_str::<Value>(&t.state_json).unwrap(),
+        json!({"plan": ["look", "answer"]})
+    );
+    // The old holder is fenced off.
+    let stale = first
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&stale), ErrorCode::Aborted);
+    assert!(
+        stale
+            .message
+            .unwrap_or_default()
+            .contains("fencing token 1 is stale")
+    );
+    // An adapter that cannot read the checkpoint may not resume: the
+    // attempt fails (infrastructure) and a new one starts from the input.
+    let refused = site
+        .adapter()
+        .start_attempt(ad::StartAttemptRequest {
+            attempt_id: t.attempt_id.clone(),
+            fencing_token: t.fencing_token,
+            adapter_version: "external/2".into(),
+            checkpoint_format: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(code(&refused), ErrorCode::FailedPrecondition);
+    let run = site.run(&run.run_id).await;
+    let attempts = &run.steps[0].attempts;
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(attempts[0].failure_class, "infrastructure");
+    assert_eq!(attempts[1].fencing_token, 3);
+    let fresh = site.claim_and_start().await;
+    assert!(!fresh.ticket.resumed);
+    assert_eq!(
+        serde_json::from_str::<Value>(&fresh.ticket.input_json).unwrap(),
+        json!({"ticket": "t"})
+    );
+}
+
+#[tokio::test]
+async fn an_attempt_can_be_watched_over_connect_streaming_and_sse() {
+    let site = Site::start(false).await;
+    site.submit(json!({"ticket": "t"}), None).await;
+    let adapter = site.claim_and_start().await;
+    let mut stream = site
+        .runtime()
+        .watch_attempt(rt::WatchAttemptRequest {
+            attempt_id: adapter.id(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let sse = site
+        .a
+        .http()
+        .get(format!(
+            "{}/runtime/attempts/{}/watch",
+            site.a.url,
+            adapter.id()
+        ))
+        .bearer_auth(&site.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
+    assert!(
+        sse.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    adapter.think_and_look().await;
+    adapter.report(good_output()).await.unwrap();
+
+    let mut states = Vec::new();
+    loop {
+        let update = tokio::time::timeout(std::time::Duration::from_secs(10), stream.message())
+            .await
+            .expect("an update within 10 s")
+            .unwrap();
+        let Some(update) = update else { break };
+        let update = update.to_owned_message();
+        states.push(update.state.clone());
+        if update.state == "Succeeded" {
+            assert!(update.checkpoints >= 3);
+            assert!(update.outcome_hash.starts_with("sha256:"));
+        }
+    }
+    assert_eq!(states.first().map(String::as_str), Some("Running"));
+    assert_eq!(states.last().map(String::as_str), Some("Succeeded"));
+
+    let body = tokio::time::timeout(std::time::Duration::from_secs(10), sse.text())
+        .await
+        .expect("the SSE stream ends with the attempt")
+        .unwrap();
+    assert!(body.contains("event: attempt"), "{body}");
+    assert!(body.contains("\"state\":\"Succeeded\""), "{body}");
+}
