@@ -1287,3 +1287,91 @@ async fn an_attempt_can_be_watched_over_connect_streaming_and_sse() {
     assert!(body.contains("event: attempt"), "{body}");
     assert!(body.contains("\"state\":\"Succeeded\""), "{body}");
 }
+
+#[tokio::test]
+async fn the_example_python_adapter_runs_a_run_end_to_end() {
+    let site = Site::start(false).await;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = root.join("packaging/examples/releases/triage-external");
+    let (status, body) = upload(&site.a, &site.token, pack(&example, |_| {})).await;
+    assert_eq!(status, 201, "{body}");
+    let adapter_cred = site
+        .a
+        .create_client("demo", &["factory.runs.execute"])
+        .await;
+    let run = site
+        .runs()
+        .submit_run(rn::SubmitRunRequest {
+            project_id: "support".into(),
+            release_id: "triage-external-1.0.0".into(),
+            input_json: json!({"customer": "acme", "text": "checkout is down"}).to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    let run_id = run.run.as_option().unwrap().run_id.clone();
+
+    let mut script = std::process::Command::new("python3")
+        .arg(root.join("packaging/examples/adapter/triage_adapter.py"))
+        .arg("--once")
+        .env("AGENTBAY_URL", &site.a.url)
+        .env("AGENTBAY_CA", site.a.data_dir.join("tls/ca.pem"))
+        .env("AGENTBAY_CLIENT_ID", &adapter_cred.id)
+        .env("AGENTBAY_CLIENT_SECRET", &adapter_cred.secret)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs the example adapter");
+
+    // A reviewer approves the page the adapter asks for.
+    let mut approval = None;
+    for _ in 0..200 {
+        let r = site.run(&run_id).await;
+        if let Some(a) = r.steps[0].attempts.first()
+            && a.state == "WaitingForDecision"
+        {
+            let t = site.timeline(&a.attempt_id).await;
+            approval = t["decisions"][0]["approvalId"].as_str().map(str::to_string);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let approval = approval.expect("the adapter asked to page on-call");
+    site.runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            approval_id: approval,
+            approve: true,
+            reason: "real outage".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let output = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if script.try_wait().unwrap().is_some() {
+                return script.wait_with_output().unwrap();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the adapter did not finish"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("VERIFIED -> Succeeded"), "{stdout}");
+    let run = site.run(&run_id).await;
+    assert_eq!(run.state, "Succeeded");
+    let out: Value = serde_json::from_str(&run.output_json).unwrap();
+    assert_eq!(out["paged"], true);
+    assert_eq!(out["severity"], "high");
+}
