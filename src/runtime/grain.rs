@@ -493,13 +493,18 @@ impl Grain {
         let me = self.me.clone();
         let mut shutdown = self.shared.shutdown.clone();
         tokio::spawn(async move {
+            // The first answer comes at once (granted, or queued with its
+            // position and limit); then the position is refreshed every few
+            // seconds while it waits.
+            let mut wait_for = StdDuration::ZERO;
             loop {
                 let acquire = AcquireRequest {
                     request: request.clone(),
                     pool_id: None,
                     wait: true,
-                    wait_for: StdDuration::from_secs(30),
+                    wait_for,
                 };
+                wait_for = StdDuration::from_secs(5);
                 let result = tokio::select! {
                     r = capacity.acquire(acquire) => r,
                     _ = shutdown.changed() => return,

@@ -21,6 +21,8 @@ const RELEASE: &str = "triage-ext-1.0.0";
 /// adapter.
 struct Site {
     a: Appliance,
+    /// The workspace administrator (capacity, releases).
+    workspace: Credential,
     cred: Credential,
     token: String,
     _dir: tempfile::TempDir,
@@ -33,7 +35,7 @@ impl Site {
         } else {
             Appliance::start()
         };
-        a.tenant("demo", "team", &[], &["support"]).await;
+        let workspace = a.tenant("demo", "team", &[], &["support"]).await;
         let cred = a
             .create_client(
                 "demo",
@@ -59,6 +61,7 @@ impl Site {
         assert_eq!(status, 201, "{body}");
         Site {
             a,
+            workspace,
             cred,
             token,
             _dir: dir,
@@ -1374,4 +1377,249 @@ async fn the_example_python_adapter_runs_a_run_end_to_end() {
     let out: Value = serde_json::from_str(&run.output_json).unwrap();
     assert_eq!(out["paged"], true);
     assert_eq!(out["severity"], "high");
+}
+
+#[tokio::test]
+async fn a_waiting_attempt_names_its_quota_and_a_failed_renewal_pauses_until_renewed() {
+    let site = Site::start(false).await;
+    let admin = site.a.token(&site.workspace).await;
+    let (status, body) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/quotas/project.demo.support",
+            json!({"concurrentRuns": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    site.submit(json!({"n": 1}), None).await;
+    let first = site.claim_and_start().await;
+
+    // A second run waits for capacity and says why.
+    let second = site.submit(json!({"n": 2}), None).await;
+    let mut waiting = rn::Attempt::default();
+    for _ in 0..100 {
+        waiting = site.run(&second.run_id).await.steps[0].attempts[0].clone();
+        if waiting.queue_position == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(waiting.state, "Claimed");
+    assert_eq!(waiting.queue_position, 1);
+    assert_eq!(waiting.limiting_quota, "concurrentRuns");
+    assert!(
+        waiting.waiting_reason.contains("waiting for capacity")
+            && waiting.waiting_reason.contains("queue position 1"),
+        "{}",
+        waiting.waiting_reason
+    );
+
+    // The first attempt loses its capacity lease to the second.
+    let lease = site.timeline(&first.id()).await["capacity"]["leaseId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    site.a
+        .capacity(&admin)
+        .release_lease(
+            agentbay::proto::agentbay::capacity::v1::ReleaseLeaseRequest {
+                lease_id: lease,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        if site.run(&second.run_id).await.steps[0].attempts[0].queue_position == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    site.a.run_worker("LeaseHeartbeat").await;
+    // It pauses at its next checkpoint, and no call starts while paused.
+    let cp = first
+        .client
+        .checkpoint(ad::CheckpointRequest {
+            attempt_id: first.id(),
+            fencing_token: first.ticket.fencing_token,
+            state_json: json!({"at": "pause"}).to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(cp.state, "Paused");
+    let paused = first
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&paused), ErrorCode::Unavailable);
+    let timeline = site.timeline(&first.id()).await;
+    assert!(
+        timeline["waitingReason"]
+            .as_str()
+            .unwrap()
+            .contains("paused"),
+        "{timeline}"
+    );
+
+    // Capacity comes back: the next heartbeat renews and it runs again.
+    site.runs()
+        .cancel_run(rn::CancelRunRequest {
+            run_id: second.run_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    site.a.run_worker("LeaseHeartbeat").await;
+    assert_eq!(site.timeline(&first.id()).await["state"], "Running");
+    let go = first
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap();
+    assert_eq!(go.outcome, ad::BeginOutcome::STARTED);
+}
+
+#[tokio::test]
+async fn revocation_interrupts_running_attempts_and_tenants_stay_apart() {
+    let site = Site::start(false).await;
+    let run = site.submit(json!({"ticket": "t"}), None).await;
+    let adapter = site.claim_and_start().await;
+
+    // Another tenant sees nothing of it and cannot act on it.
+    let other = site
+        .a
+        .create_client(
+            "acme",
+            &[
+                "factory.runs.read",
+                "factory.runs.execute",
+                "factory.runs.operate",
+            ],
+        )
+        .await;
+    let other_token = site.a.token(&other).await;
+    let r = site
+        .a
+        .http()
+        .get(format!("{}/runtime/attempts/{}", site.a.url, adapter.id()))
+        .bearer_auth(&other_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let config = ClientConfig::new(site.a.url.parse().unwrap())
+        .with_codec_format(CodecFormat::Json)
+        .with_default_header("authorization", format!("Bearer {other_token}"));
+    let foreign = rt::RuntimeClient::new(pinned_transport(&site.a.fingerprint), config.clone())
+        .interrupt(rt::InterruptRequest {
+            attempt_id: adapter.id(),
+            reason: "not mine".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(code(&foreign), ErrorCode::NotFound);
+    let claimed = ad::AdapterClient::new(pinned_transport(&site.a.fingerprint), config)
+        .claim_attempt(ad::ClaimAttemptRequest {
+            agent_id: AGENT.into(),
+            wait_seconds: 0,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert!(claimed.attempt.as_option().is_none());
+
+    // Revoked with in-flight policy interrupt: the running attempt stops at
+    // its adapter's next call.
+    let r = site
+        .a
+        .http()
+        .post(format!("{}/runtime/releases/{RELEASE}/revoke", site.a.url))
+        .bearer_auth(&site.token)
+        .json(&json!({"inFlightPolicy": "interrupt"}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["inFlight"]["interrupted"], 1, "{body}");
+    let stopped = adapter
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&stopped), ErrorCode::Aborted);
+    assert!(stopped.message.unwrap_or_default().contains("revocation"));
+    let run = site.run(&run.run_id).await;
+    assert_eq!(run.state, "Cancelled");
+    assert_eq!(run.steps[0].attempts.len(), 1);
+    // And no new run is dispatched.
+    let refused = site
+        .runs()
+        .submit_run(rn::SubmitRunRequest {
+            project_id: "support".into(),
+            release_id: RELEASE.into(),
+            input_json: "{}".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(code(&refused), ErrorCode::FailedPrecondition, "{refused:?}");
+}
+
+#[tokio::test]
+async fn the_compactor_keeps_the_last_and_the_evidence_checkpoints() {
+    let mut site = Site::start(true).await;
+    site.submit(json!({"ticket": "t"}), None).await;
+    let adapter = site.claim_and_start().await;
+    adapter.think_and_look().await;
+    let page = json!({"message": "m"});
+    let ask = adapter
+        .begin("tool", "page-oncall", page.clone(), "")
+        .await
+        .unwrap();
+    site.runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            approval_id: ask.approval_id.clone(),
+            approve: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let go = adapter
+        .begin("tool", "page-oncall", page, &ask.approval_id)
+        .await
+        .unwrap();
+    adapter.complete(&go.call_id, json!({})).await.unwrap();
+    adapter.report(good_output()).await.unwrap();
+    let path = format!("/runtime/attempts/{}/checkpoints", adapter.id());
+    let before = site.a.get(&site.token, &path).await;
+    let all = before["checkpoints"].as_array().unwrap().len();
+    assert!(all >= 5, "{before}");
+
+    // Inside the retention window nothing goes.
+    site.a.run_worker("CheckpointCompactor").await;
+    assert_eq!(
+        site.a.get(&site.token, &path).await["checkpoints"]
+            .as_array()
+            .unwrap()
+            .len(),
+        all
+    );
+    site.advance(8 * 86_400).await;
+    site.a.run_worker("CheckpointCompactor").await;
+    let after = site.a.get(&site.token, &path).await;
+    let kept = after["checkpoints"].as_array().unwrap();
+    assert_eq!(kept.len(), 2, "{after}");
+    assert!(
+        kept.iter()
+            .any(|c| c["evidence"] == true && c["checkpointId"] == go.checkpoint_id.as_str())
+    );
+    assert!(
+        kept.iter()
+            .any(|c| c["checkpointId"] == after["lastCheckpointId"])
+    );
 }
