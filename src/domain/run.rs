@@ -299,10 +299,8 @@ impl Run {
                     );
                 }
                 let run_state = match state {
+                    _ if self.cancel_requested.is_some() => RunState::Cancelled,
                     AttemptState::TimedOut => RunState::TimedOut,
-                    AttemptState::Cancelled if self.cancel_requested.is_some() => {
-                        RunState::Cancelled
-                    }
                     AttemptState::Cancelled if class != Some(FailureClass::Infrastructure) => {
                         RunState::Cancelled
                     }
@@ -464,4 +462,209 @@ pub struct ApprovalDecided<'a> {
 
 impl EventPayload for ApprovalDecided<'_> {
     const TOPIC: &'static str = "execution.approvals.v1.approval-decided";
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::domain::attempt::{AttemptFailure, NewAttempt};
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 1, 8, 0, 0).unwrap()
+    }
+
+    fn run(steps: usize, max_attempts: u32) -> Run {
+        let tenant = TenantId::parse("acme").unwrap();
+        Run {
+            run_id: Uuid::now_v7(),
+            tenant_id: tenant,
+            project_id: ProjectId::parse("ops").unwrap(),
+            environment_id: None,
+            agent_id: "triage".into(),
+            snapshot: Snapshot {
+                snapshot_id: Uuid::now_v7(),
+                release_id: "r".into(),
+                manifest_hash: "sha256:m".into(),
+                policy_revision: "1".into(),
+                model_profile_id: "p".into(),
+                limits: AttemptLimits::default(),
+                input_hash: "sha256:i".into(),
+                adapter: AdapterKind::External,
+                adapter_version: "external/1".into(),
+                checkpoint_format: 1,
+                cpu: 0.5,
+                memory_gb: 0.5,
+            },
+            input_ref: "sha256:i".into(),
+            max_attempts,
+            max_corrections: 2,
+            steps: (0..steps)
+                .map(|i| Step {
+                    step_id: Uuid::now_v7(),
+                    index: i as u32,
+                    name: format!("s{i}"),
+                    input_ref: None,
+                    state: RunState::Running,
+                    attempts: Vec::new(),
+                    fencing_token: 0,
+                    output_ref: None,
+                })
+                .collect(),
+            current_step: 0,
+            state: RunState::Running,
+            reason: None,
+            output_ref: None,
+            cancel_requested: None,
+            depth: 0,
+            parent: None,
+            request_id: None,
+            submitted_by: "t".into(),
+            created_at: now(),
+            ended_at: None,
+            version: 1,
+        }
+    }
+
+    fn ended(
+        run: &mut Run,
+        token: u64,
+        state: AttemptState,
+        class: Option<FailureClass>,
+    ) -> ExecutionAttempt {
+        let step = run.step().clone();
+        let mut a = ExecutionAttempt::new(
+            NewAttempt {
+                attempt_id: Uuid::now_v7(),
+                run_id: run.run_id,
+                step_id: step.step_id,
+                number: step.attempts.len() as u32 + 1,
+                tenant_id: run.tenant_id.clone(),
+                project_id: run.project_id.clone(),
+                environment_id: None,
+                fencing_token: token,
+                snapshot_id: run.snapshot.snapshot_id,
+                release_id: "r".into(),
+                agent_id: "triage".into(),
+                model_profile_id: "p".into(),
+                adapter: AdapterKind::External,
+                adapter_version: "external/1".into(),
+                checkpoint_format: 1,
+                limits: AttemptLimits::default(),
+                max_corrections: 2,
+                depth: 0,
+            },
+            now(),
+        );
+        run.add_attempt(a.attempt_id, token);
+        a.state = state;
+        a.output_ref = (state == AttemptState::Succeeded).then(|| format!("sha256:out{token}"));
+        a.failure = class.map(|class| AttemptFailure {
+            class,
+            reason: "x".into(),
+            feedback_ref: None,
+        });
+        a
+    }
+
+    #[test]
+    fn a_retryable_failure_gets_another_attempt_with_the_next_token_until_none_are_left() {
+        let mut r = run(1, 2);
+        let a = ended(
+            &mut r,
+            1,
+            AttemptState::Failed,
+            Some(FailureClass::Transient),
+        );
+        let (next, _) = r.on_attempt_ended(&a, now());
+        assert_eq!(
+            next,
+            Next::Retry {
+                step_index: 0,
+                number: 2,
+                fencing_token: 2
+            }
+        );
+        let a = ended(
+            &mut r,
+            2,
+            AttemptState::Failed,
+            Some(FailureClass::Infrastructure),
+        );
+        let (next, events) = r.on_attempt_ended(&a, now());
+        assert_eq!(next, Next::Done);
+        assert_eq!(r.state, RunState::Failed);
+        assert!(r.reason.as_deref().unwrap().contains("attempt 2 of 2"));
+        assert_eq!(events.len(), 1);
+    }
+
+    #[test]
+    fn policy_and_validation_failures_end_the_run_at_once() {
+        for class in [
+            FailureClass::Policy,
+            FailureClass::Validation,
+            FailureClass::Budget,
+        ] {
+            let mut r = run(1, 3);
+            let a = ended(&mut r, 1, AttemptState::Failed, Some(class));
+            assert_eq!(r.on_attempt_ended(&a, now()).0, Next::Done);
+            assert_eq!(r.state, RunState::Failed);
+        }
+    }
+
+    #[test]
+    fn a_step_output_becomes_the_next_step_input_and_the_last_ends_the_run() {
+        let mut r = run(2, 1);
+        let a = ended(&mut r, 1, AttemptState::Succeeded, None);
+        let (next, _) = r.on_attempt_ended(&a, now());
+        assert_eq!(
+            next,
+            Next::NextStep {
+                step_index: 1,
+                fencing_token: 1
+            }
+        );
+        assert_eq!(r.steps[1].input_ref.as_deref(), Some("sha256:out1"));
+        let b = ended(&mut r, 1, AttemptState::Succeeded, None);
+        assert_eq!(r.on_attempt_ended(&b, now()).0, Next::Done);
+        assert_eq!(r.state, RunState::Succeeded);
+        assert_eq!(r.output_ref.as_deref(), Some("sha256:out1"));
+    }
+
+    #[test]
+    fn an_uncertain_attempt_holds_the_run_until_settled() {
+        let mut r = run(1, 3);
+        let a = ended(&mut r, 1, AttemptState::Uncertain, None);
+        assert_eq!(r.on_attempt_ended(&a, now()).0, Next::Done);
+        assert_eq!(r.state, RunState::Uncertain);
+        assert!(!r.state.is_terminal());
+        let (next, _) = r.on_settled(true, "did not happen", now());
+        assert!(matches!(
+            next,
+            Next::Retry {
+                fencing_token: 2,
+                ..
+            }
+        ));
+        let mut r2 = run(1, 3);
+        let a = ended(&mut r2, 1, AttemptState::Uncertain, None);
+        r2.on_attempt_ended(&a, now());
+        assert_eq!(r2.on_settled(false, "happened", now()).0, Next::Done);
+        assert_eq!(r2.state, RunState::Failed);
+    }
+
+    #[test]
+    fn a_cancelled_run_gets_no_new_attempt() {
+        let mut r = run(1, 3);
+        assert!(r.request_cancel("ops".into()));
+        let a = ended(
+            &mut r,
+            1,
+            AttemptState::Failed,
+            Some(FailureClass::Transient),
+        );
+        assert_eq!(r.on_attempt_ended(&a, now()).0, Next::Done);
+        assert_eq!(r.state, RunState::Cancelled);
+    }
 }

@@ -381,6 +381,34 @@ async fn an_external_adapter_runs_an_attempt_to_one_verified_outcome() {
     assert!(cps.len() >= 3, "start + after each observation: {cps:?}");
     assert!(cps.iter().all(|c| c["adapterVersion"] == "external/1"));
 
+    // The spec's metrics.
+    let admin = site.a.admin_token().await;
+    let metrics = site
+        .a
+        .http()
+        .get(format!("{}/metrics", site.a.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "connectsoft_factory_runtime_attempt_duration",
+        "connectsoft_factory_runtime_calls",
+        "connectsoft_factory_runtime_checkpoints_written",
+        "connectsoft_factory_runtime_attempts_active",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+    assert!(
+        metrics.contains(
+            r#"connectsoft_factory_runtime_calls{tenant="demo",kind="tool",status="failed"} 2"#
+        ),
+        "{metrics}"
+    );
+
     // The spec's events, with their payloads.
     let outcome = events(
         &site.a,
