@@ -811,6 +811,9 @@ impl Grain {
             d.answered_at = Some(now);
         }
         let events = a.observe_cancellation(open.as_mut(), now)?;
+        if let Some(d) = &pending {
+            self.decision_metric(d.kind, -1.0);
+        }
         let decision = pending.clone();
         self.save(a, events, move |tx, s| {
             if let Some(d) = &decision {
@@ -1925,6 +1928,8 @@ impl Grain {
             },
             now,
         )?;
+        // The adapter gets a full lease to pick the result up.
+        a.renew_lease(self.lease_ttl(), now);
         let (state_ref, state_bytes) = self.state_ref(None);
         let (cp, more) = a.checkpoint(
             new_id(),
@@ -2036,11 +2041,16 @@ impl Grain {
     /// attempt.
     async fn reconcile(&mut self) -> Result<Option<AttemptState>, RuntimeError> {
         let now = self.now();
-        // An attempt waiting for a human waits for nobody's adapter: its
-        // lease restarts when the decision arrives.
+        // An attempt waiting for a human or for a child run waits for
+        // nobody's adapter: its lease restarts when the answer arrives.
         if self.attempt.adapter != AdapterKind::External
             || !self.attempt.lease_lapsed(now)
             || self.attempt.state == AttemptState::WaitingForDecision
+            || self
+                .attempt
+                .open_call
+                .as_ref()
+                .is_some_and(|c| c.kind == CallKind::SubAgent)
         {
             return Ok(None);
         }
