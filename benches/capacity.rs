@@ -28,40 +28,12 @@ use connectrpc::client::ClientConfig;
 const CLIENTS: usize = 32;
 
 // The same allocator as the binary.
+mod common;
+
+use common::{Row, seconds};
+
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn seconds() -> Duration {
-    let s = std::env::var("AGENTBAY_BENCH_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5.0);
-    Duration::from_secs_f64(s)
-}
-
-struct Row {
-    label: String,
-    pairs: usize,
-    elapsed: Duration,
-    latencies: Vec<Duration>,
-}
-
-impl Row {
-    fn print(&mut self) {
-        self.latencies.sort();
-        let pct = |p: f64| {
-            let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
-            self.latencies.get(i).copied().unwrap_or_default()
-        };
-        println!(
-            "{:<58} {:>10.0} {:>10.2} {:>10.2}",
-            self.label,
-            self.pairs as f64 / self.elapsed.as_secs_f64(),
-            pct(0.50).as_secs_f64() * 1000.0,
-            pct(0.99).as_secs_f64() * 1000.0,
-        );
-    }
-}
 
 /// A pool large enough that no request waits: the figures measure the
 /// grant path, not queueing.
@@ -160,7 +132,7 @@ async fn in_process() -> Row {
     store.close().unwrap();
     Row {
         label: format!("in-process, {CLIENTS} clients"),
-        pairs: latencies.len(),
+        count: latencies.len(),
         elapsed,
         latencies,
     }
@@ -283,7 +255,7 @@ async fn over_https(codec: CodecFormat) -> Row {
     running.stop().await.unwrap();
     Row {
         label: format!("HTTPS Connect {codec:?}, {CLIENTS} clients, keep-alive (h2)"),
-        pairs: latencies.len(),
+        count: latencies.len(),
         elapsed,
         latencies,
     }
@@ -302,7 +274,7 @@ fn main() {
         seconds()
     );
     println!(
-        "{:<58} {:>10} {:>10} {:>10}",
+        "{:<62} {:>10} {:>10} {:>10}",
         "row", "pairs/s", "p50 ms", "p99 ms"
     );
     let wants = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));

@@ -31,40 +31,12 @@ use connectrpc::client::ClientConfig;
 
 const ATTEMPTS: usize = 32;
 
+mod common;
+
+use common::{Row, seconds};
+
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn seconds() -> Duration {
-    let s = std::env::var("AGENTBAY_BENCH_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5.0);
-    Duration::from_secs_f64(s)
-}
-
-struct Row {
-    label: String,
-    count: usize,
-    elapsed: Duration,
-    latencies: Vec<Duration>,
-}
-
-impl Row {
-    fn print(&mut self) {
-        self.latencies.sort();
-        let pct = |p: f64| {
-            let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
-            self.latencies.get(i).copied().unwrap_or_default()
-        };
-        println!(
-            "{:<62} {:>10.0} {:>10.2} {:>10.2}",
-            self.label,
-            self.count as f64 / self.elapsed.as_secs_f64(),
-            pct(0.50).as_secs_f64() * 1000.0,
-            pct(0.99).as_secs_f64() * 1000.0,
-        );
-    }
-}
 
 /// An appliance with tenant `demo`, project `load`, a pool for 1000
 /// attempts, the external triage release, and `ATTEMPTS` running attempts.

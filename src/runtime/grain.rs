@@ -1020,21 +1020,9 @@ impl Grain {
         request: Vec<u8>,
         reason: String,
     ) -> Result<Begun, RuntimeError> {
-        let now = self.now();
-        let mut a = self.attempt.clone();
-        let kind = start.kind;
         let policy_decision_id = start.policy_decision_id;
         let request_hash = start.request_hash.clone();
-        let record = a.refuse_call(start, &reason, now);
-        let call_id = record.call_id;
-        let retain = self.retain();
-        self.save(a, Vec::new(), move |tx, s| {
-            tx.put_artifact(s, &request, "application/json", Some(retain), now)?;
-            tx.put(s, &record)?;
-            Ok(())
-        })
-        .await?;
-        self.call_metric(kind, CallStatus::Failed);
+        let call_id = self.record_refusal(start, request, &reason, None).await?;
         Ok(Begun {
             outcome: BeginOutcome::Refused,
             call_id: Some(call_id),
@@ -1044,6 +1032,34 @@ impl Grain {
             request_hash,
             ..Begun::default()
         })
+    }
+
+    /// Records a refused call (and, with `failure`, ends the attempt).
+    async fn record_refusal(
+        &mut self,
+        start: CallStart,
+        request: Vec<u8>,
+        reason: &str,
+        failure: Option<AttemptFailure>,
+    ) -> Result<uuid::Uuid, RuntimeError> {
+        let now = self.now();
+        let mut a = self.attempt.clone();
+        let kind = start.kind;
+        let record = a.refuse_call(start, reason, now);
+        let call_id = record.call_id;
+        let events = match failure {
+            Some(f) => a.fail(f, None, now)?,
+            None => Vec::new(),
+        };
+        let retain = self.retain();
+        self.save(a, events, move |tx, s| {
+            tx.put_artifact(s, &request, "application/json", Some(retain), now)?;
+            tx.put(s, &record)?;
+            Ok(())
+        })
+        .await?;
+        self.call_metric(kind, CallStatus::Failed);
+        Ok(call_id)
     }
 
     async fn begin_call(&mut self, token: u64, call: BeginCall) -> Result<Begun, RuntimeError> {
@@ -1350,24 +1366,13 @@ impl Grain {
         request: Vec<u8>,
         reason: String,
     ) -> Result<Begun, RuntimeError> {
-        let now = self.now();
-        let mut a = self.attempt.clone();
-        let kind = start.kind;
-        let record = a.refuse_call(start, &reason, now);
         let failure = AttemptFailure {
             class: FailureClass::Budget,
             reason: reason.clone(),
             feedback_ref: None,
         };
-        let events = a.fail(failure, None, now)?;
-        let retain = self.retain();
-        self.save(a, events, move |tx, s| {
-            tx.put_artifact(s, &request, "application/json", Some(retain), now)?;
-            tx.put(s, &record)?;
-            Ok(())
-        })
-        .await?;
-        self.call_metric(kind, CallStatus::Failed);
+        self.record_refusal(start, request, &reason, Some(failure))
+            .await?;
         Err(DomainError::Exhausted(format!(
             "{reason}; attempt {} failed (budget)",
             self.attempt.attempt_id

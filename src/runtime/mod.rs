@@ -493,8 +493,28 @@ impl Runtime {
         }
     }
 
-    /// Sends a message to a live attempt's grain and waits for the answer.
-    /// An ended attempt answers through `ended`.
+    /// Sends a message to a live attempt's grain and waits for the answer;
+    /// `None` when the attempt has no grain (it ended).
+    async fn try_ask<T>(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        make: impl FnOnce(oneshot::Sender<Result<T, RuntimeError>>) -> Msg,
+    ) -> Result<Option<T>, RuntimeError> {
+        let Some(g) = self.handle(scope, attempt_id) else {
+            return Ok(None);
+        };
+        let (reply, rx) = oneshot::channel();
+        if g.tx.send(make(reply)).is_err() {
+            return Ok(None);
+        }
+        match rx.await {
+            Ok(result) => result.map(Some),
+            Err(_) => Err(gone(attempt_id)),
+        }
+    }
+
+    /// [`Runtime::try_ask`]; an ended attempt answers through `ended`.
     async fn ask<T>(
         &self,
         scope: &TenantScope,
@@ -502,16 +522,28 @@ impl Runtime {
         make: impl FnOnce(oneshot::Sender<Result<T, RuntimeError>>) -> Msg,
         ended: impl FnOnce(ExecutionAttempt) -> Result<T, RuntimeError>,
     ) -> Result<T, RuntimeError> {
-        let Some(g) = self.handle(scope, attempt_id) else {
-            return ended(self.attempt(scope, attempt_id)?);
-        };
-        let (reply, rx) = oneshot::channel();
-        if g.tx.send(make(reply)).is_err() {
-            return ended(self.attempt(scope, attempt_id)?);
+        match self.try_ask(scope, attempt_id, make).await? {
+            Some(answer) => Ok(answer),
+            None => ended(self.attempt(scope, attempt_id)?),
         }
-        match rx.await {
-            Ok(result) => result,
-            Err(_) => Err(gone(attempt_id)),
+    }
+
+    /// An adapter's operation: the grain answers, or, when the attempt
+    /// ended, a refusal that checks (and records) the token first.
+    async fn adapter_op<T>(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        operation: &str,
+        make: impl FnOnce(oneshot::Sender<Result<T, RuntimeError>>) -> Msg,
+    ) -> Result<T, RuntimeError> {
+        match self.try_ask(scope, attempt_id, make).await? {
+            Some(answer) => Ok(answer),
+            None => {
+                let attempt = self.attempt(scope, attempt_id)?;
+                Err(self.ended_refusal(scope, attempt, token, operation).await)
+            }
         }
     }
 
@@ -607,39 +639,16 @@ impl Runtime {
         checkpoint_format: u32,
         context_snapshot_ref: Option<String>,
     ) -> Result<ExecutionAttempt, RuntimeError> {
-        let r = self
-            .ask(
-                scope,
-                attempt_id,
-                |reply| Msg::Start {
-                    token,
-                    adapter_version,
-                    checkpoint_format,
-                    context_snapshot_ref,
-                    reply,
-                },
-                |a| Err(a.attempt_id.into_ended()),
-            )
-            .await;
-        self.or_ended(scope, attempt_id, token, "StartAttempt", r)
-            .await
-    }
-
-    async fn or_ended<T>(
-        &self,
-        scope: &TenantScope,
-        attempt_id: Uuid,
-        token: u64,
-        operation: &str,
-        r: Result<T, RuntimeError>,
-    ) -> Result<T, RuntimeError> {
-        match r {
-            Err(RuntimeError::Domain(DomainError::NotFound { kind: "ended", .. })) => {
-                let attempt = self.attempt(scope, attempt_id)?;
-                Err(self.ended_refusal(scope, attempt, token, operation).await)
+        self.adapter_op(scope, attempt_id, token, "StartAttempt", |reply| {
+            Msg::Start {
+                token,
+                adapter_version,
+                checkpoint_format,
+                context_snapshot_ref,
+                reply,
             }
-            other => other,
-        }
+        })
+        .await
     }
 
     /// `Heartbeat`: renews the adapter's hold on the attempt.
@@ -649,16 +658,10 @@ impl Runtime {
         attempt_id: Uuid,
         token: u64,
     ) -> Result<ExecutionAttempt, RuntimeError> {
-        let r = self
-            .ask(
-                scope,
-                attempt_id,
-                |reply| Msg::Heartbeat { token, reply },
-                |a| Err(a.attempt_id.into_ended()),
-            )
-            .await;
-        self.or_ended(scope, attempt_id, token, "Heartbeat", r)
-            .await
+        self.adapter_op(scope, attempt_id, token, "Heartbeat", |reply| {
+            Msg::Heartbeat { token, reply }
+        })
+        .await
     }
 
     /// `BeginCall`.
@@ -669,16 +672,10 @@ impl Runtime {
         token: u64,
         call: BeginCall,
     ) -> Result<Begun, RuntimeError> {
-        let r = self
-            .ask(
-                scope,
-                attempt_id,
-                |reply| Msg::BeginCall { token, call, reply },
-                |a| Err(a.attempt_id.into_ended()),
-            )
-            .await;
-        self.or_ended(scope, attempt_id, token, "BeginCall", r)
-            .await
+        self.adapter_op(scope, attempt_id, token, "BeginCall", |reply| {
+            Msg::BeginCall { token, call, reply }
+        })
+        .await
     }
 
     /// `CompleteCall`. A result for a call settled as uncertain is kept as
@@ -691,30 +688,21 @@ impl Runtime {
         completion: Completion,
     ) -> Result<Completed, RuntimeError> {
         let late = completion.clone();
-        let r = self
-            .ask(
-                scope,
-                attempt_id,
-                |reply| Msg::CompleteCall {
-                    token,
-                    completion,
-                    reply,
-                },
-                |a| Err(a.attempt_id.into_ended()),
-            )
-            .await;
-        match r {
-            Err(RuntimeError::Domain(DomainError::NotFound { kind: "ended", .. })) => {
-                let attempt = self.attempt(scope, attempt_id)?;
-                if attempt.fencing_token == token {
-                    self.late_receipt(scope, &attempt, &late).await?;
-                }
-                Err(self
-                    .ended_refusal(scope, attempt, token, "CompleteCall")
-                    .await)
-            }
-            other => other,
+        let make = |reply| Msg::CompleteCall {
+            token,
+            completion,
+            reply,
+        };
+        if let Some(done) = self.try_ask(scope, attempt_id, make).await? {
+            return Ok(done);
         }
+        let attempt = self.attempt(scope, attempt_id)?;
+        if attempt.fencing_token == token {
+            self.late_receipt(scope, &attempt, &late).await?;
+        }
+        Err(self
+            .ended_refusal(scope, attempt, token, "CompleteCall")
+            .await)
     }
 
     /// Keeps the receipt of a result that came after its call was settled.
@@ -755,21 +743,15 @@ impl Runtime {
         state: Vec<u8>,
         phase: Option<crate::domain::attempt::AttemptPhase>,
     ) -> Result<(Checkpoint, AttemptState), RuntimeError> {
-        let r = self
-            .ask(
-                scope,
-                attempt_id,
-                |reply| Msg::Checkpoint {
-                    token,
-                    state,
-                    phase,
-                    reply,
-                },
-                |a| Err(a.attempt_id.into_ended()),
-            )
-            .await;
-        self.or_ended(scope, attempt_id, token, "Checkpoint", r)
-            .await
+        self.adapter_op(scope, attempt_id, token, "Checkpoint", |reply| {
+            Msg::Checkpoint {
+                token,
+                state,
+                phase,
+                reply,
+            }
+        })
+        .await
     }
 
     /// `RequestDecision`.
@@ -780,16 +762,10 @@ impl Runtime {
         token: u64,
         ask: DecisionAsk,
     ) -> Result<DecisionRequest, RuntimeError> {
-        let r = self
-            .ask(
-                scope,
-                attempt_id,
-                |reply| Msg::RequestDecision { token, ask, reply },
-                |a| Err(a.attempt_id.into_ended()),
-            )
-            .await;
-        self.or_ended(scope, attempt_id, token, "RequestDecision", r)
-            .await
+        self.adapter_op(scope, attempt_id, token, "RequestDecision", |reply| {
+            Msg::RequestDecision { token, ask, reply }
+        })
+        .await
     }
 
     /// A decision of an attempt.
@@ -976,37 +952,29 @@ impl Runtime {
         report: Report,
     ) -> Result<Reported, RuntimeError> {
         let repeat = report.clone();
-        let r = self
-            .ask(
-                scope,
-                attempt_id,
-                |reply| Msg::Report {
-                    token,
-                    report,
-                    reply,
-                },
-                |a| Err(a.attempt_id.into_ended()),
-            )
-            .await;
-        match r {
-            Err(RuntimeError::Domain(DomainError::NotFound { kind: "ended", .. })) => {
-                let attempt = self.attempt(scope, attempt_id)?;
-                if attempt.fencing_token != token {
-                    return Err(self
-                        .ended_refusal(scope, attempt, token, "ReportOutcome")
-                        .await);
-                }
-                let hash = grain::report_hash_of(&attempt, &repeat);
-                attempt.check_repeat_report(&hash)?;
-                Ok(Reported {
-                    verdict: grain::verdict_of(&attempt),
-                    state: attempt.state,
-                    outcome_hash: attempt.outcome_hash.clone(),
-                    acknowledged: true,
-                })
-            }
-            other => other,
+        let make = |reply| Msg::Report {
+            token,
+            report,
+            reply,
+        };
+        if let Some(reported) = self.try_ask(scope, attempt_id, make).await? {
+            return Ok(reported);
         }
+        let attempt = self.attempt(scope, attempt_id)?;
+        if attempt.fencing_token != token {
+            return Err(self
+                .ended_refusal(scope, attempt, token, "ReportOutcome")
+                .await);
+        }
+        // The same report again is acknowledged; a different one rejected.
+        let hash = grain::report_hash_of(&attempt, &repeat);
+        attempt.check_repeat_report(&hash)?;
+        Ok(Reported {
+            verdict: grain::verdict_of(&attempt),
+            state: attempt.state,
+            outcome_hash: attempt.outcome_hash.clone(),
+            acknowledged: true,
+        })
     }
 
     /// Checkpoints of an attempt, in order.
@@ -1153,21 +1121,6 @@ impl Runtime {
     ) -> Result<ExecutionAttempt, RuntimeError> {
         self.ask(scope, attempt_id, |reply| Msg::Fail { failure, reply }, Ok)
             .await
-    }
-}
-
-trait IntoEnded {
-    fn into_ended(self) -> RuntimeError;
-}
-
-impl IntoEnded for Uuid {
-    /// Marks "the attempt has no grain": the caller answers from the store.
-    fn into_ended(self) -> RuntimeError {
-        DomainError::NotFound {
-            kind: "ended",
-            id: self.to_string(),
-        }
-        .into()
     }
 }
 

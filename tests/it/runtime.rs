@@ -122,12 +122,18 @@ impl Site {
         r.run.as_option().unwrap().clone()
     }
 
-    /// Claims the next attempt and starts it: the adapter's first steps.
+    /// Claims the next attempt of the triage agent and starts it.
     async fn claim_and_start(&self) -> Adapter {
+        self.claim_and_start_agent(AGENT).await
+    }
+
+    /// Claims the next attempt of `agent` and starts it: an adapter's
+    /// first steps.
+    async fn claim_and_start_agent(&self, agent: &str) -> Adapter {
         let ticket = self
             .adapter()
             .claim_attempt(ad::ClaimAttemptRequest {
-                agent_id: AGENT.into(),
+                agent_id: agent.into(),
                 session: "test-adapter".into(),
                 wait_seconds: 20,
                 ..Default::default()
@@ -1060,31 +1066,7 @@ async fn a_supervisor_delegates_to_a_child_run_within_the_depth_limit() {
     assert_eq!(delegated[0]["childAgentId"], "helper");
 
     // The child runs under its own adapter; it may not delegate deeper.
-    let ticket = site
-        .adapter()
-        .claim_attempt(ad::ClaimAttemptRequest {
-            agent_id: "helper".into(),
-            wait_seconds: 20,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_owned();
-    let t = ticket.attempt.as_option().unwrap().clone();
-    site.adapter()
-        .start_attempt(ad::StartAttemptRequest {
-            attempt_id: t.attempt_id.clone(),
-            fencing_token: t.fencing_token,
-            adapter_version: t.adapter_version.clone(),
-            checkpoint_format: t.checkpoint_format,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let child = Adapter {
-        client: site.adapter(),
-        ticket: t,
-    };
+    let child = site.claim_and_start_agent("helper").await;
     let deeper = child
         .begin("sub-agent", "helper-ext-1.0.0", json!({}), "")
         .await
@@ -1123,31 +1105,7 @@ async fn a_supervisor_delegates_to_a_child_run_within_the_depth_limit() {
         .begin("sub-agent", "helper-ext-1.0.0", json!({"ticket": "u"}), "")
         .await
         .unwrap();
-    let ticket = site
-        .adapter()
-        .claim_attempt(ad::ClaimAttemptRequest {
-            agent_id: "helper".into(),
-            wait_seconds: 20,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_owned();
-    let t = ticket.attempt.as_option().unwrap().clone();
-    site.adapter()
-        .start_attempt(ad::StartAttemptRequest {
-            attempt_id: t.attempt_id.clone(),
-            fencing_token: t.fencing_token,
-            adapter_version: t.adapter_version.clone(),
-            checkpoint_format: t.checkpoint_format,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let child = Adapter {
-        client: site.adapter(),
-        ticket: t,
-    };
+    let child = site.claim_and_start_agent("helper").await;
     child.report(good_output()).await.unwrap();
     let result = parent
         .client

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
 
-use super::principal;
+use super::{principal, time};
 use crate::api::error::rpc;
 use crate::api::runtime::{parse_json, required_uuid};
 use crate::app::AppState;
@@ -29,10 +29,6 @@ impl AdapterService {
     pub fn new(state: AppState) -> Self {
         AdapterService { state }
     }
-}
-
-fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
-    t.map(|t| t.to_rfc3339()).unwrap_or_default()
 }
 
 fn status(a: &ExecutionAttempt) -> pb::AttemptStatus {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
 use uuid::Uuid;
 
-use super::principal;
+use super::{principal, time};
 use crate::api::error::{ApiError, rpc};
 use crate::app::AppState;
 use crate::capacity::{AcquireRequest, LeaseView};
@@ -25,10 +25,6 @@ impl CapacityService {
     pub fn new(state: AppState) -> Self {
         CapacityService { state }
     }
-}
-
-fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
-    t.map(|t| t.to_rfc3339()).unwrap_or_default()
 }
 
 /// The wire form of a lease.

@@ -183,6 +183,11 @@ pub fn access_of(path: &str) -> Option<Access> {
         .map(|(_, a)| *a)
 }
 
+/// An optional time on the wire: RFC 3339, or empty.
+pub fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    t.map(|t| t.to_rfc3339()).unwrap_or_default()
+}
+
 /// The principal the interceptor put into the context.
 pub fn principal(ctx: &RequestContext) -> Result<Principal, ConnectError> {
     ctx.extensions()

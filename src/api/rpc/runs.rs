@@ -4,7 +4,7 @@
 use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
 use uuid::Uuid;
 
-use super::principal;
+use super::{principal, time};
 use crate::api::error::rpc;
 use crate::api::runtime::{parse_json, parse_state};
 use crate::app::AppState;
@@ -28,10 +28,6 @@ impl RunsService {
     pub fn new(state: AppState) -> Self {
         RunsService { state }
     }
-}
-
-fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
-    t.map(|t| t.to_rfc3339()).unwrap_or_default()
 }
 
 fn limits_message(l: &AttemptLimits) -> pb::Limits {

@@ -1101,30 +1101,7 @@ impl ExecutionAttempt {
         });
         self.usage.calls_since_checkpoint += 1;
         self.version += 1;
-        let record = CallRecord {
-            call_id: call.call_id,
-            attempt_id: self.attempt_id,
-            tenant_id: self.tenant_id.clone(),
-            sequence,
-            kind: call.kind,
-            target: call.target,
-            side_effect_class: call.side_effect_class,
-            request_hash: call.request_hash,
-            policy_decision_id: call.policy_decision_id,
-            policy_rule: call.policy_rule,
-            approval_id: call.approval_id,
-            receipt_ref: None,
-            result_hash: None,
-            status: CallStatus::Issued,
-            error: None,
-            pre_checkpoint_id: call.pre_checkpoint_id,
-            fencing_token: self.fencing_token,
-            context_tokens: call.context_tokens,
-            started_at: now,
-            ended_at: None,
-            late_receipt_ref: None,
-            settlement: None,
-        };
+        let record = self.call_record(call, sequence, None, now);
         Ok((record, events))
     }
 
@@ -1134,6 +1111,19 @@ impl ExecutionAttempt {
     pub fn refuse_call(&mut self, call: CallStart, reason: &str, now: DateTime<Utc>) -> CallRecord {
         let sequence = self.next_call_sequence();
         self.version += 1;
+        let mut record = self.call_record(call, sequence, Some(reason), now);
+        record.pre_checkpoint_id = None;
+        record
+    }
+
+    /// A call's record: issued, or failed with `refused` as its error.
+    fn call_record(
+        &self,
+        call: CallStart,
+        sequence: u32,
+        refused: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> CallRecord {
         CallRecord {
             call_id: call.call_id,
             attempt_id: self.attempt_id,
@@ -1148,13 +1138,17 @@ impl ExecutionAttempt {
             approval_id: call.approval_id,
             receipt_ref: None,
             result_hash: None,
-            status: CallStatus::Failed,
-            error: Some(reason.to_string()),
-            pre_checkpoint_id: None,
+            status: if refused.is_some() {
+                CallStatus::Failed
+            } else {
+                CallStatus::Issued
+            },
+            error: refused.map(str::to_string),
+            pre_checkpoint_id: call.pre_checkpoint_id,
             fencing_token: self.fencing_token,
             context_tokens: call.context_tokens,
             started_at: now,
-            ended_at: Some(now),
+            ended_at: refused.map(|_| now),
             late_receipt_ref: None,
             settlement: None,
         }
