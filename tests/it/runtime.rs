@@ -165,6 +165,18 @@ impl Site {
         }
     }
 
+    /// A reviewer approves or rejects.
+    async fn decide(&self, approval_id: &str, approve: bool) {
+        self.runs()
+            .decide_approval(rn::DecideApprovalRequest {
+                approval_id: approval_id.into(),
+                approve,
+                ..Default::default()
+            })
+            .await
+            .expect("decide the approval");
+    }
+
     async fn timeline(&self, attempt_id: &str) -> Value {
         self.a
             .get(&self.token, &format!("/runtime/attempts/{attempt_id}"))
@@ -570,14 +582,7 @@ async fn an_interrupt_during_a_tool_call_leaves_it_uncertain_until_an_operator_s
         .begin("tool", "page-oncall", page.clone(), "")
         .await
         .unwrap();
-    site.runs()
-        .decide_approval(rn::DecideApprovalRequest {
-            approval_id: ask.approval_id.clone(),
-            approve: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    site.decide(&ask.approval_id, true).await;
     let go = adapter
         .begin("tool", "page-oncall", page, &ask.approval_id)
         .await
@@ -911,14 +916,7 @@ async fn kill_9_in_the_middle_of_runs_loses_nothing_and_reissues_nothing() {
         .begin("tool", "page-oncall", json!({"message": "d"}), "")
         .await
         .unwrap();
-    site.runs()
-        .decide_approval(rn::DecideApprovalRequest {
-            approval_id: ask_d.approval_id.clone(),
-            approve: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    site.decide(&ask_d.approval_id, true).await;
     let go_d = d
         .begin(
             "tool",
@@ -960,14 +958,7 @@ async fn kill_9_in_the_middle_of_runs_loses_nothing_and_reissues_nothing() {
     assert!(cps >= 3);
     assert_eq!(b.report(good_output()).await.unwrap().state, "Succeeded");
     // C: its approval is still pending and can be decided.
-    site.runs()
-        .decide_approval(rn::DecideApprovalRequest {
-            approval_id: ask_c.approval_id.clone(),
-            approve: false,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    site.decide(&ask_c.approval_id, false).await;
     let seen = c
         .client
         .await_decision(ad::AwaitDecisionRequest {
@@ -1567,14 +1558,7 @@ async fn the_compactor_keeps_the_last_and_the_evidence_checkpoints() {
         .begin("tool", "page-oncall", page.clone(), "")
         .await
         .unwrap();
-    site.runs()
-        .decide_approval(rn::DecideApprovalRequest {
-            approval_id: ask.approval_id.clone(),
-            approve: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    site.decide(&ask.approval_id, true).await;
     let go = adapter
         .begin("tool", "page-oncall", page, &ask.approval_id)
         .await
