@@ -348,6 +348,28 @@ pub struct RuntimeConfig {
     pub payload_retention_days: u32,
     /// Longest one ClaimAttempt or Await call waits, in seconds.
     pub max_wait_seconds: u64,
+    /// API keys of site model servers, by the name a release's model
+    /// profile refers to (`apiKeyRef`). Never logged.
+    pub model_api_keys: std::collections::BTreeMap<String, Secret>,
+}
+
+/// A secret value from the configuration: it never shows in a log or in
+/// `Debug` output.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The value, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -366,6 +388,7 @@ impl Default for RuntimeConfig {
             compact_interval_seconds: 86_400,
             payload_retention_days: 30,
             max_wait_seconds: 60,
+            model_api_keys: std::collections::BTreeMap::new(),
         }
     }
 }

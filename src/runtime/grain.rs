@@ -360,7 +360,12 @@ impl Grain {
                 .min(StdDuration::from_secs(3600));
             tokio::select! {
                 msg = rx.recv() => match msg {
-                    Some(msg) => self.handle(msg).await,
+                    Some(msg) => {
+                        self.handle(msg).await;
+                        if self.claimable() {
+                            self.shared.set_claimable(&self.attempt, true);
+                        }
+                    }
                     None => break,
                 },
                 _ = tokio::time::sleep(sleep) => self.on_timer().await,
@@ -419,6 +424,34 @@ impl Grain {
             a.renew_lease(self.lease_ttl(), self.now());
             self.save(a, Vec::new(), |_, _| Ok(())).await?;
         }
+        // A builtin loop that ran in an earlier run of the appliance is
+        // gone: a call it had out without an effect is abandoned and the
+        // attempt resumes from its last checkpoint; one whose effect cannot
+        // be confirmed leaves the attempt Uncertain.
+        if self.attempt.adapter == AdapterKind::Builtin
+            && self.attempt.lease.holder.is_some()
+            && self.attempt.lease.holder.as_deref() != Some(self.shared.holder.as_str())
+            && self.attempt.state != AttemptState::WaitingForDecision
+        {
+            let now = self.now();
+            let mut a = self.attempt.clone();
+            let mut open = self.open.clone();
+            let why = "the appliance stopped while the call was out";
+            let (released, events) = a.release_holder(open.as_mut(), why, now)?;
+            if released {
+                self.save_with_open(a, events, open).await?;
+            } else {
+                let request = InterruptRequest {
+                    requested_at: now,
+                    by: "appliance".into(),
+                    reason: format!("{why}; its effect cannot be confirmed"),
+                    source: InterruptSource::LeaseLost,
+                };
+                let events = a.request_interrupt(request, now);
+                self.save(a, events, |_, _| Ok(())).await?;
+                self.observe().await?;
+            }
+        }
         if self.attempt.state == AttemptState::Claimed && !self.attempt.capacity_granted {
             self.acquire_capacity();
         } else if self.claimable() {
@@ -455,16 +488,23 @@ impl Grain {
         Ok(())
     }
 
+    /// Whether an adapter may take the attempt now: a fresh one with
+    /// capacity, or one whose holder is gone (an external adapter's lease
+    /// lapsed; a builtin loop of an earlier run of the appliance) with no
+    /// call in flight, to resume from its last checkpoint.
     fn claimable(&self) -> bool {
         let a = &self.attempt;
-        a.adapter == AdapterKind::External
-            && match a.state {
-                AttemptState::Claimed => a.capacity_granted && a.lease.holder.is_none(),
-                AttemptState::Running | AttemptState::Paused => {
-                    a.lease_lapsed(self.now()) && a.open_call.is_none() && a.interrupt.is_none()
-                }
-                _ => false,
+        let holder_gone = match a.adapter {
+            AdapterKind::External => a.lease_lapsed(self.now()),
+            AdapterKind::Builtin => a.lease.holder.as_deref() != Some(self.shared.holder.as_str()),
+        };
+        match a.state {
+            AttemptState::Claimed => a.capacity_granted && a.lease.holder.is_none(),
+            AttemptState::Running | AttemptState::Paused => {
+                holder_gone && a.open_call.is_none() && a.interrupt.is_none()
             }
+            _ => false,
+        }
     }
 
     fn acquire_capacity(&mut self) {
@@ -872,6 +912,10 @@ impl Grain {
         let now = self.now();
         let mut a = self.attempt.clone();
         let resumed = a.state != AttemptState::Claimed;
+        if resumed && a.adapter == AdapterKind::Builtin {
+            // The loop that held it ran in an earlier run of the appliance.
+            a.expire_lease(now);
+        }
         let new_token = resumed.then_some(a.fencing_token + 1);
         a.claim(&holder, new_token, self.lease_ttl(), now)?;
         let (run_id, token) = (a.run_id, a.fencing_token);
@@ -1135,18 +1179,20 @@ impl Grain {
                         );
                         return self.refuse(start, request, reason).await;
                     }
-                    PolicyRule::RequireApproval => match call.approval_id {
-                        None => return self.ask_approval(start, request, class).await,
-                        Some(approval_id) => {
-                            let decision = self.approved(approval_id, &start)?;
-                            start.approval_id = Some(approval_id);
-                            start.policy_decision_id =
-                                decision.proposal.as_ref().map(|p| p.policy_decision_id);
-                            let mut d = decision;
-                            d.consumed = true;
-                            consumed = Some(d);
+                    PolicyRule::RequireApproval => {
+                        match call.approval_id.or_else(|| self.granted_approval(&start)) {
+                            None => return self.ask_approval(start, request, class).await,
+                            Some(approval_id) => {
+                                let decision = self.approved(approval_id, &start)?;
+                                start.approval_id = Some(approval_id);
+                                start.policy_decision_id =
+                                    decision.proposal.as_ref().map(|p| p.policy_decision_id);
+                                let mut d = decision;
+                                d.consumed = true;
+                                consumed = Some(d);
+                            }
                         }
-                    },
+                    }
                 }
             }
             CallKind::Model => {
@@ -1378,6 +1424,24 @@ impl Grain {
             self.attempt.attempt_id
         ))
         .into())
+    }
+
+    /// An approved approval of this attempt, not yet used, for exactly
+    /// this call (the adapter restarted between the answer and the call).
+    fn granted_approval(&self, start: &CallStart) -> Option<Uuid> {
+        let decisions: Vec<DecisionRequest> = self
+            .shared
+            .store
+            .list_under(&self.scope, &format!("{}/", self.attempt.attempt_id))
+            .ok()?;
+        decisions
+            .into_iter()
+            .filter(|d| d.status == DecisionStatus::Approved && !d.consumed)
+            .find(|d| {
+                self.approved(d.approval_id.unwrap_or_default(), start)
+                    .is_ok()
+            })
+            .and_then(|d| d.approval_id)
     }
 
     /// The approval that allows exactly this call, checked.

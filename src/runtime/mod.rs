@@ -8,6 +8,7 @@
 //! decisions) come from the store; long polls wait on the grain's watch
 //! channel.
 
+pub mod builtin;
 pub mod grain;
 pub mod release;
 pub mod workers;
@@ -32,7 +33,7 @@ use crate::domain::attempt::{
     DecisionRequest, DecisionStatus, ExecutionAttempt, FailureClass, InterruptRequest,
     InterruptSource, SubAgentDelegation,
 };
-use crate::domain::release::InFlightPolicy;
+use crate::domain::release::{AdapterKind, InFlightPolicy};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::releases::{InFlight, InFlightReport, Releases};
 use crate::runs::{ChildEnded, Followup};
@@ -318,6 +319,10 @@ pub struct Shared {
     release_cache: Mutex<HashMap<(TenantId, String), Arc<ReleaseInfo>>>,
     runtime: Mutex<Weak<Runtime>>,
     shutdown: watch::Receiver<bool>,
+    /// This process's name as the holder of builtin attempts.
+    pub(crate) holder: String,
+    /// Builtin attempts ready for the builtin loop.
+    builtin: Mutex<Option<mpsc::UnboundedSender<(TenantId, Uuid)>>>,
 }
 
 impl Shared {
@@ -326,6 +331,12 @@ impl Shared {
     }
 
     pub(crate) fn set_claimable(&self, attempt: &ExecutionAttempt, claimable: bool) {
+        if attempt.adapter == AdapterKind::Builtin {
+            if claimable && let Some(tx) = self.builtin.lock().as_ref() {
+                let _ = tx.send((attempt.tenant_id.clone(), attempt.attempt_id));
+            }
+            return;
+        }
         let key = (attempt.tenant_id.clone(), attempt.agent_id.clone());
         let mut map = self.claimable.lock();
         let set = map.entry(key.clone()).or_default();
@@ -391,10 +402,15 @@ impl Runtime {
             release_cache: Mutex::new(HashMap::new()),
             runtime: Mutex::new(Weak::new()),
             shutdown,
+            holder: format!("appliance:{}", crate::domain::ids::new_id()),
+            builtin: Mutex::new(None),
         });
         let runtime = Arc::new(Runtime { shared });
         *runtime.shared.runtime.lock() = Arc::downgrade(&runtime);
         releases.set_in_flight(runtime.clone());
+        let (builtin_tx, builtin_rx) = mpsc::unbounded_channel();
+        *runtime.shared.builtin.lock() = Some(builtin_tx);
+        builtin::start(runtime.clone(), builtin_rx);
         let live: Vec<ExecutionAttempt> = store
             .scan_all::<ExecutionAttempt>(&PlatformScope::internal())?
             .into_iter()
@@ -627,6 +643,22 @@ impl Runtime {
                 _ = shutdown.changed() => return Ok(None),
             }
         }
+    }
+
+    /// The builtin loop takes an attempt handed to it.
+    pub(crate) async fn claim_builtin(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+    ) -> Result<Option<Ticket>, RuntimeError> {
+        let holder = self.shared.holder.clone();
+        self.ask(
+            scope,
+            attempt_id,
+            |reply| Msg::Claim { holder, reply },
+            |_| Ok(None),
+        )
+        .await
     }
 
     /// `StartAttempt`.

@@ -7,6 +7,7 @@ mod common;
 
 mod auth;
 mod backup;
+mod builtin;
 mod capacity;
 mod cli;
 mod durability;

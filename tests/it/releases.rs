@@ -58,7 +58,7 @@ fn broken(root: &Path, name: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
     dir
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();

@@ -1534,6 +1534,46 @@ impl ExecutionAttempt {
         Ok(false)
     }
 
+    /// The holder of the attempt is gone (the appliance restarted under a
+    /// builtin attempt): a call in flight that cannot have had an effect is
+    /// abandoned and the lease is let go, so the attempt can be claimed
+    /// again and resume from its last checkpoint. Returns false, changing
+    /// nothing, when the open call's effect is unconfirmed: that attempt
+    /// must settle as Uncertain instead.
+    pub fn release_holder(
+        &mut self,
+        open: Option<&mut CallRecord>,
+        why: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(bool, Vec<NewEvent>), IllegalTransition> {
+        if self
+            .open_call
+            .as_ref()
+            .is_some_and(OpenCall::effect_unconfirmed)
+        {
+            return Ok((false, Vec::new()));
+        }
+        let mut events = Vec::new();
+        self.settle_open_call(open, why, now, &mut events)?;
+        if self.state == AttemptState::Claimed {
+            // Never started: it is claimed afresh, with its token.
+            self.lease.holder = None;
+            self.lease.expires_at = None;
+        } else {
+            self.expire_lease(now);
+        }
+        self.version += 1;
+        Ok((true, events))
+    }
+
+    /// Ends the current holder's lease now: its holder is known to be gone.
+    pub fn expire_lease(&mut self, now: DateTime<Utc>) {
+        if self.lease.holder.is_some() {
+            self.lease.expires_at = Some(now);
+            self.version += 1;
+        }
+    }
+
     /// `maxMinutes` ran out: the open call settles like on cancellation,
     /// then Running -> TimedOut (or WaitingForTool -> Uncertain).
     pub fn time_out(

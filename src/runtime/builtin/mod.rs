@@ -1,0 +1,517 @@
+//! The builtin execution adapter: the appliance runs the loop of the
+//! specification itself for releases whose adapter is `builtin`.
+//!
+//! resolve -> build context -> plan (model call) -> tool calls -> observe
+//! -> update state -> next step ... -> verify -> result.
+//!
+//! The loop is a driver task the attempt's grain hands the attempt to. It
+//! makes every move through the same runtime operations an external
+//! adapter uses (claim, start, begin and complete each call, decisions,
+//! report), so fencing, the tool closure, policy and approvals, checkpoints,
+//! limits, corrections, interrupts and the single outcome are enforced by
+//! the grain exactly as for any adapter. The driver's state (the
+//! conversation and the tool calls still to make) travels with every call
+//! and is checkpointed after every observation: after a crash the attempt
+//! resumes from its last checkpoint, and a call whose effect was not
+//! confirmed is never made again (the attempt is Uncertain instead).
+
+pub mod context;
+pub mod model;
+pub mod tools;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use self::model::{Model, ModelError, ModelReply, ToolCall};
+use super::release::ReleaseInfo;
+use super::{BeginCall, BeginOutcome, Completion, Outcome, Report, Runtime, RuntimeError, Ticket};
+use crate::domain::attempt::{CallKind, DecisionStatus, FailureClass};
+use crate::domain::release::{ToolTransport, canonical_json};
+use crate::domain::{DomainError, TenantId};
+use crate::store::TenantScope;
+
+/// The adapter version and checkpoint format the builtin loop writes.
+pub const ADAPTER_VERSION: &str = "builtin/1";
+/// The checkpoint format of [`LoopState`].
+pub const CHECKPOINT_FORMAT: u32 = 1;
+/// Model calls that fail transiently are tried this often in a row.
+const MODEL_TRIES: u32 = 3;
+
+/// What the loop carries from checkpoint to checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoopState {
+    /// The conversation after the system message and the task (OpenAI chat
+    /// messages: assistant turns, tool results, correction requests).
+    pub history: Vec<Value>,
+    /// Tool calls of the last model turn not yet made.
+    pub pending: VecDeque<ToolCall>,
+    /// Model answers observed: the scripted model's position.
+    pub turns: u32,
+}
+
+impl LoopState {
+    fn bytes(&self) -> Vec<u8> {
+        canonical_json(&serde_json::to_value(self).expect("loop state serialises"))
+    }
+}
+
+/// Starts the executor: it takes the builtin attempts the grains hand it
+/// and drives each in a task of its own.
+pub fn start(runtime: Arc<Runtime>, mut rx: mpsc::UnboundedReceiver<(TenantId, Uuid)>) {
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .expect("an HTTP client for model servers");
+    tokio::spawn(async move {
+        while let Some((tenant, attempt_id)) = rx.recv().await {
+            let (runtime, http) = (runtime.clone(), http.clone());
+            tokio::spawn(async move {
+                let scope = TenantScope::new(tenant);
+                if let Err(e) = drive(&runtime, &http, &scope, attempt_id).await {
+                    tracing::debug!(attempt = %attempt_id, error = %e, "the builtin loop stopped");
+                }
+            });
+        }
+    });
+}
+
+/// One attempt's loop, from claim to outcome.
+async fn drive(
+    runtime: &Runtime,
+    http: &reqwest::Client,
+    scope: &TenantScope,
+    attempt_id: Uuid,
+) -> Result<(), RuntimeError> {
+    let Some(ticket) = runtime.claim_builtin(scope, attempt_id).await? else {
+        return Ok(());
+    };
+    let a = &ticket.attempt;
+    let info = runtime.shared.release_info(scope, &a.release_id).await?;
+    let loop_ = Loop::new(runtime, http, scope, &ticket, info)?;
+    let attempt = runtime
+        .start_attempt(
+            scope,
+            a.attempt_id,
+            a.fencing_token,
+            ADAPTER_VERSION.into(),
+            CHECKPOINT_FORMAT,
+            Some(loop_.context_ref.clone()),
+        )
+        .await?;
+    let _ = attempt;
+    let state = match &ticket.state {
+        Some(bytes) if ticket.resumed => serde_json::from_slice(bytes).unwrap_or_default(),
+        _ => LoopState::default(),
+    };
+    loop_.run(state).await
+}
+
+struct Loop<'a> {
+    runtime: &'a Runtime,
+    http: &'a reqwest::Client,
+    scope: &'a TenantScope,
+    attempt_id: Uuid,
+    token: u64,
+    info: Arc<ReleaseInfo>,
+    model: Model,
+    instructions: String,
+    skills: Vec<(String, String)>,
+    input: Value,
+    tools: Vec<Value>,
+    budget: u32,
+    context_ref: String,
+}
+
+impl<'a> Loop<'a> {
+    fn new(
+        runtime: &'a Runtime,
+        http: &'a reqwest::Client,
+        scope: &'a TenantScope,
+        ticket: &Ticket,
+        info: Arc<ReleaseInfo>,
+    ) -> Result<Loop<'a>, RuntimeError> {
+        let releases = &runtime.shared.releases;
+        let release = &info.release;
+        let text = |role: &str| -> Result<String, RuntimeError> {
+            Ok(String::from_utf8_lossy(&releases.artifact(scope, release, role)?).into_owned())
+        };
+        let manifest = &info.manifest;
+        let responses = match &manifest.model_profile.responses {
+            Some(_) => Some(releases.artifact(scope, release, "modelResponses")?),
+            None => None,
+        };
+        let api_key = manifest
+            .model_profile
+            .api_key_ref
+            .as_ref()
+            .and_then(|name| runtime.shared.config.model_api_keys.get(name))
+            .map(|k| k.expose().to_string());
+        let model =
+            Model::of(&manifest.model_profile, responses.as_deref(), api_key).map_err(|e| {
+                DomainError::FailedPrecondition(format!(
+                    "model profile {}: {e}",
+                    manifest.model_profile.id
+                ))
+            })?;
+        let mut skills = Vec::new();
+        for s in &manifest.skills {
+            skills.push((s.id.clone(), text(&format!("skill:{}", s.id))?));
+        }
+        let tools: Vec<Value> = manifest
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.id, "description": t.description, "parameters": t.input_schema,
+                }})
+            })
+            .collect();
+        let instructions = text("instructions")?;
+        let input: Value = serde_json::from_slice(&ticket.input).unwrap_or(Value::Null);
+        let first = context::build(&instructions, &skills, &input, &[], u32::MAX);
+        let context_ref = crate::domain::attempt::json_hash(&Value::Array(first.messages));
+        Ok(Loop {
+            runtime,
+            http,
+            scope,
+            attempt_id: ticket.attempt.attempt_id,
+            token: ticket.attempt.fencing_token,
+            budget: ticket.attempt.limits.max_context_tokens,
+            info,
+            model,
+            instructions,
+            skills,
+            input,
+            tools,
+            context_ref,
+        })
+    }
+
+    async fn run(&self, mut state: LoopState) -> Result<(), RuntimeError> {
+        loop {
+            // Tool calls of the last turn first (also after a resume).
+            while let Some(call) = state.pending.front().cloned() {
+                self.tool(&mut state, &call).await?;
+            }
+            let reply = self.plan(&mut state).await?;
+            if !state.pending.is_empty() {
+                continue;
+            }
+            // No tool calls: the answer. The runtime verifies it.
+            let text = reply.content.unwrap_or_default();
+            let output = serde_json::from_str(text.trim()).unwrap_or(Value::String(text));
+            let reported = self
+                .runtime
+                .report(
+                    self.scope,
+                    self.attempt_id,
+                    self.token,
+                    Report {
+                        succeeded: true,
+                        output: Some(output),
+                        failure_class: None,
+                        reason: None,
+                    },
+                )
+                .await?;
+            match reported.verdict {
+                Outcome::Correct { feedback, left } => {
+                    state.history.push(json!({"role": "user", "content": format!(
+                        "Your answer does not satisfy the output contract: {feedback}. \
+                         Answer again with only the corrected JSON ({left} more correction{} allowed).",
+                        if left == 1 { "" } else { "s" }
+                    )}));
+                    self.checkpoint(&state).await?;
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// The model call of one turn, with transient errors tried again; the
+    /// answer and its tool calls join the state, which is checkpointed
+    /// with the observation.
+    async fn plan(&self, state: &mut LoopState) -> Result<ModelReply, RuntimeError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let ctx = context::build(
+                &self.instructions,
+                &self.skills,
+                &self.input,
+                &state.history,
+                self.budget,
+            );
+            let request = json!({"messages": ctx.messages, "tools": self.tools});
+            let begun = self
+                .runtime
+                .begin_call(
+                    self.scope,
+                    self.attempt_id,
+                    self.token,
+                    BeginCall {
+                        kind: CallKind::Model,
+                        target: self.info.manifest.model_profile.id.clone(),
+                        request,
+                        context_tokens: Some(ctx.tokens),
+                        approval_id: None,
+                        state: Some(state.bytes()),
+                    },
+                )
+                .await?;
+            let call_id = begun
+                .call_id
+                .ok_or_else(|| self.refused(begun.reason.clone()))?;
+            if begun.outcome != BeginOutcome::Started {
+                return Err(self.refused(begun.reason));
+            }
+            let span = tracing::info_span!(
+                "chat",
+                gen_ai.operation.name = "chat",
+                gen_ai.system = "openai",
+                gen_ai.request.model = %self.info.manifest.model_profile.model.as_deref().unwrap_or(&self.info.manifest.model_profile.id),
+                gen_ai.usage.input_tokens = tracing::field::Empty,
+                gen_ai.usage.output_tokens = tracing::field::Empty,
+                attempt.id = %self.attempt_id,
+                phase = "Calling",
+            );
+            let answer = {
+                let _enter = span.enter();
+                self.model
+                    .complete(self.http, &ctx.messages, &self.tools, state.turns)
+            }
+            .await;
+            match answer {
+                Ok(reply) => {
+                    span.record("gen_ai.usage.input_tokens", reply.input_tokens);
+                    span.record("gen_ai.usage.output_tokens", reply.output_tokens);
+                    let receipt = json!({
+                        "schema": "model-invocation-v1", "model": reply.model,
+                        "inputTokens": reply.input_tokens, "outputTokens": reply.output_tokens,
+                        "latencyMs": reply.latency_ms,
+                    });
+                    let mut next = state.clone();
+                    next.turns += 1;
+                    let mut assistant = json!({"role": "assistant", "content": reply.content});
+                    if !reply.tool_calls.is_empty() {
+                        assistant["tool_calls"] = Value::Array(
+                            reply
+                                .tool_calls
+                                .iter()
+                                .map(|c| {
+                                    json!({"id": c.id, "type": "function", "function": {
+                                        "name": c.tool, "arguments": c.arguments.to_string(),
+                                    }})
+                                })
+                                .collect(),
+                        );
+                    }
+                    next.history.push(assistant);
+                    next.pending.extend(reply.tool_calls.iter().cloned());
+                    self.complete(
+                        call_id,
+                        true,
+                        Some(serde_json::to_value(&reply).expect("json")),
+                        receipt,
+                        None,
+                        &next,
+                    )
+                    .await?;
+                    *state = next;
+                    return Ok(reply);
+                }
+                Err(e) => {
+                    let receipt = json!({"schema": "model-invocation-v1", "error": e.to_string()});
+                    self.complete(call_id, false, None, receipt, Some(e.to_string()), state)
+                        .await?;
+                    let transient = matches!(e, ModelError::Transient(_));
+                    if transient && tries < MODEL_TRIES {
+                        tokio::time::sleep(Duration::from_millis(200 * u64::from(tries))).await;
+                        continue;
+                    }
+                    let class = if transient {
+                        FailureClass::Transient
+                    } else {
+                        FailureClass::Infrastructure
+                    };
+                    self.fail(
+                        class,
+                        format!(
+                            "model call failed after {tries} tr{}: {e}",
+                            if tries == 1 { "y" } else { "ies" }
+                        ),
+                    )
+                    .await?;
+                    return Err(self.refused(Some(e.to_string())));
+                }
+            }
+        }
+    }
+
+    /// One tool call through the gate; its observation joins the state,
+    /// which is checkpointed with it.
+    async fn tool(&self, state: &mut LoopState, call: &ToolCall) -> Result<(), RuntimeError> {
+        let mut approval = None;
+        loop {
+            let begun = self
+                .runtime
+                .begin_call(
+                    self.scope,
+                    self.attempt_id,
+                    self.token,
+                    BeginCall {
+                        kind: CallKind::Tool,
+                        target: call.tool.clone(),
+                        request: call.arguments.clone(),
+                        context_tokens: None,
+                        approval_id: approval,
+                        state: Some(state.bytes()),
+                    },
+                )
+                .await?;
+            match begun.outcome {
+                BeginOutcome::Refused => {
+                    let why =
+                        json!({"error": format!("refused: {}", begun.reason.unwrap_or_default())});
+                    *state = observed(state, call, &why);
+                    return self.checkpoint(state).await;
+                }
+                BeginOutcome::ApprovalRequired => {
+                    let decision_id = begun.decision_id.expect("an approval has a decision");
+                    let status = self.await_decision(decision_id).await?;
+                    if status != DecisionStatus::Approved {
+                        // Rejected or expired: the attempt has failed.
+                        return Err(self.refused(Some(format!("approval {}", status.as_str()))));
+                    }
+                    approval = begun.approval_id;
+                }
+                BeginOutcome::Started => {
+                    let call_id = begun.call_id.expect("a started call has an id");
+                    let descriptor = self.info.tool(&call.tool).map(|(t, _)| t.clone());
+                    let outcome = match descriptor {
+                        Some(t) if t.transport == ToolTransport::Builtin => {
+                            let name = t.name.clone().unwrap_or_else(|| t.id.clone());
+                            tools::run(&name, &call.arguments, self.runtime.shared.clock.now())
+                                .await
+                        }
+                        Some(t) => Err(format!(
+                            "tool {} uses transport {:?}, which this appliance build does not connect",
+                            t.id, t.transport
+                        )),
+                        None => Err(format!("tool {} is not in the release", call.tool)),
+                    };
+                    let (ok, result, receipt, error) = match outcome {
+                        Ok(out) => (true, out.result, out.receipt, None),
+                        Err(error) => (
+                            false,
+                            json!({"error": error}),
+                            json!({"tool": call.tool, "error": error}),
+                            Some(error),
+                        ),
+                    };
+                    let next = observed(state, call, &result);
+                    self.complete(call_id, ok, Some(result), receipt, error, &next)
+                        .await?;
+                    *state = next;
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    async fn await_decision(&self, decision_id: Uuid) -> Result<DecisionStatus, RuntimeError> {
+        loop {
+            let (d, _) = self
+                .runtime
+                .await_decision(
+                    self.scope,
+                    self.attempt_id,
+                    self.token,
+                    decision_id,
+                    Duration::from_secs(300),
+                )
+                .await?;
+            if d.status != DecisionStatus::Pending {
+                return Ok(d.status);
+            }
+        }
+    }
+
+    async fn complete(
+        &self,
+        call_id: Uuid,
+        ok: bool,
+        result: Option<Value>,
+        receipt: Value,
+        error: Option<String>,
+        state: &LoopState,
+    ) -> Result<(), RuntimeError> {
+        self.runtime
+            .complete_call(
+                self.scope,
+                self.attempt_id,
+                self.token,
+                Completion {
+                    call_id,
+                    ok,
+                    result: result.map(|r| canonical_json(&r)),
+                    receipt: Some(canonical_json(&receipt)),
+                    error,
+                    state: Some(state.bytes()),
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn checkpoint(&self, state: &LoopState) -> Result<(), RuntimeError> {
+        self.runtime
+            .checkpoint(self.scope, self.attempt_id, self.token, state.bytes(), None)
+            .await?;
+        Ok(())
+    }
+
+    async fn fail(&self, class: FailureClass, reason: String) -> Result<(), RuntimeError> {
+        self.runtime
+            .report(
+                self.scope,
+                self.attempt_id,
+                self.token,
+                Report {
+                    succeeded: false,
+                    output: None,
+                    failure_class: Some(class),
+                    reason: Some(reason),
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    fn refused(&self, why: Option<String>) -> RuntimeError {
+        DomainError::Aborted(format!(
+            "the builtin loop of attempt {} stopped: {}",
+            self.attempt_id,
+            why.unwrap_or_default()
+        ))
+        .into()
+    }
+}
+
+/// The state after a tool call's observation.
+fn observed(state: &LoopState, call: &ToolCall, result: &Value) -> LoopState {
+    let mut next = state.clone();
+    next.pending.pop_front();
+    next.history.push(json!({
+        "role": "tool", "tool_call_id": call.id, "name": call.tool,
+        "content": result.to_string(),
+    }));
+    next
+}

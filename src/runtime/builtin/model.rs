@@ -1,0 +1,292 @@
+//! Model calls of the builtin adapter: an OpenAI-compatible chat
+//! completions client for the model servers sites run offline (llama.cpp
+//! server, vLLM, Ollama), and a scripted model that replays the responses
+//! written in the release, for demos and tests.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::domain::release::{ModelKind, ModelProfile};
+
+/// A tool call the model asked for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCall {
+    /// The model's id for the call (answers refer to it).
+    pub id: String,
+    /// The tool id.
+    pub tool: String,
+    /// Its arguments.
+    pub arguments: Value,
+}
+
+/// What the model answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelReply {
+    /// Text (the final answer when there are no tool calls).
+    pub content: Option<String>,
+    /// Tools to call.
+    pub tool_calls: Vec<ToolCall>,
+    /// Prompt tokens, as the server counted them.
+    pub input_tokens: u32,
+    /// Completion tokens.
+    pub output_tokens: u32,
+    /// The model that answered.
+    pub model: String,
+    /// Milliseconds the call took.
+    pub latency_ms: u64,
+}
+
+/// Why a model call failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ModelError {
+    /// Worth trying again (timeout, connection refused, 429, 5xx).
+    #[error("{0}")]
+    Transient(String),
+    /// Not worth trying again (4xx, a malformed answer, no script left).
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// A model the builtin adapter can call.
+pub enum Model {
+    /// Replays recorded responses by turn.
+    Scripted {
+        /// The responses.
+        responses: Vec<Value>,
+    },
+    /// An OpenAI-compatible `/chat/completions` endpoint.
+    OpenAi {
+        /// Base URL, e.g. `http://127.0.0.1:8080/v1`.
+        endpoint: String,
+        /// Model name.
+        model: String,
+        /// Bearer key, if the server wants one (never logged).
+        api_key: Option<String>,
+        /// Per-call timeout.
+        timeout: Duration,
+        /// Sampling temperature.
+        temperature: Option<f64>,
+        /// Completion budget.
+        max_tokens: Option<u32>,
+    },
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Model::Scripted { responses } => write!(f, "Scripted({} responses)", responses.len()),
+            Model::OpenAi {
+                endpoint, model, ..
+            } => write!(f, "OpenAi({endpoint}, {model})"),
+        }
+    }
+}
+
+impl Model {
+    /// The model of a release's profile. `responses` is the release's
+    /// `modelResponses` file (scripted profiles); `api_key` the configured
+    /// key the profile refers to.
+    pub fn of(
+        profile: &ModelProfile,
+        responses: Option<&[u8]>,
+        api_key: Option<String>,
+    ) -> Result<Model, String> {
+        match profile.kind {
+            ModelKind::Scripted => {
+                let doc: Value = serde_json::from_slice(responses.unwrap_or(b"[]"))
+                    .map_err(|e| format!("the scripted responses are not JSON: {e}"))?;
+                let list = doc
+                    .get("responses")
+                    .cloned()
+                    .unwrap_or(doc)
+                    .as_array()
+                    .cloned()
+                    .ok_or("the scripted responses are not a list")?;
+                Ok(Model::Scripted { responses: list })
+            }
+            ModelKind::OpenaiCompatible => Ok(Model::OpenAi {
+                endpoint: profile
+                    .endpoint
+                    .clone()
+                    .ok_or("the model profile has no endpoint")?
+                    .trim_end_matches('/')
+                    .to_string(),
+                model: profile.model.clone().unwrap_or_default(),
+                api_key,
+                timeout: Duration::from_secs(profile.timeout_seconds.unwrap_or(120).into()),
+                temperature: profile.temperature,
+                max_tokens: profile.max_tokens,
+            }),
+        }
+    }
+
+    /// One chat completion. `turn` is the number of model answers the
+    /// attempt has observed (the scripted model's position).
+    pub async fn complete(
+        &self,
+        http: &reqwest::Client,
+        messages: &[Value],
+        tools: &[Value],
+        turn: u32,
+    ) -> Result<ModelReply, ModelError> {
+        let started = Instant::now();
+        match self {
+            Model::Scripted { responses } => {
+                let Some(r) = responses.get(turn as usize) else {
+                    return Err(ModelError::Fatal(format!(
+                        "the scripted model has {} responses and was asked for response {}",
+                        responses.len(),
+                        turn + 1
+                    )));
+                };
+                let tool_calls = r
+                    .get("toolCalls")
+                    .and_then(Value::as_array)
+                    .map(|calls| {
+                        calls
+                            .iter()
+                            .enumerate()
+                            .map(|(i, c)| ToolCall {
+                                id: format!("call-{turn}-{i}"),
+                                tool: c
+                                    .get("tool")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or_default()
+                                    .to_string(),
+                                arguments: c.get("arguments").cloned().unwrap_or(json!({})),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let content = r.get("content").and_then(Value::as_str).map(str::to_string);
+                let prompt: usize = messages.iter().map(|m| m.to_string().len()).sum();
+                Ok(ModelReply {
+                    output_tokens: content.as_deref().map(super::context::tokens).unwrap_or(0),
+                    content,
+                    tool_calls,
+                    input_tokens: (prompt / 4) as u32,
+                    model: "scripted".into(),
+                    latency_ms: started.elapsed().as_millis() as u64,
+                })
+            }
+            Model::OpenAi {
+                endpoint,
+                model,
+                api_key,
+                timeout,
+                temperature,
+                max_tokens,
+            } => {
+                let mut body = json!({"model": model, "messages": messages});
+                if !tools.is_empty() {
+                    body["tools"] = Value::Array(tools.to_vec());
+                }
+                if let Some(t) = temperature {
+                    body["temperature"] = json!(t);
+                }
+                if let Some(m) = max_tokens {
+                    body["max_tokens"] = json!(m);
+                }
+                let mut request = http
+                    .post(format!("{endpoint}/chat/completions"))
+                    .timeout(*timeout)
+                    .json(&body);
+                if let Some(key) = api_key {
+                    request = request.bearer_auth(key);
+                }
+                let response = request.send().await.map_err(|e| {
+                    ModelError::Transient(format!("model server {endpoint} did not answer: {e}"))
+                })?;
+                let status = response.status();
+                let text = response.text().await.map_err(|e| {
+                    ModelError::Transient(format!(
+                        "model server {endpoint} broke off its answer: {e}"
+                    ))
+                })?;
+                if status.as_u16() == 429 || status.is_server_error() {
+                    return Err(ModelError::Transient(format!(
+                        "model server {endpoint} answered {status}: {}",
+                        text.chars().take(200).collect::<String>()
+                    )));
+                }
+                if !status.is_success() {
+                    return Err(ModelError::Fatal(format!(
+                        "model server {endpoint} refused the request with {status}: {}",
+                        text.chars().take(200).collect::<String>()
+                    )));
+                }
+                let v: Value = serde_json::from_str(&text).map_err(|e| {
+                    ModelError::Fatal(format!(
+                        "model server {endpoint} answered something that is not JSON: {e}"
+                    ))
+                })?;
+                parse_chat(&v, turn, started)
+            }
+        }
+    }
+}
+
+/// Reads an OpenAI chat completion.
+fn parse_chat(v: &Value, turn: u32, started: Instant) -> Result<ModelReply, ModelError> {
+    let message = v
+        .pointer("/choices/0/message")
+        .ok_or_else(|| ModelError::Fatal("the model's answer has no choices[0].message".into()))?;
+    let mut tool_calls = Vec::new();
+    for (i, c) in message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let name = c
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                ModelError::Fatal(format!(
+                    "tool call {i} of the model's answer has no function name"
+                ))
+            })?;
+        let arguments = match c.pointer("/function/arguments") {
+            Some(Value::String(s)) => {
+                serde_json::from_str(s).unwrap_or_else(|_| json!({"_unparsed": s}))
+            }
+            Some(other) => other.clone(),
+            None => json!({}),
+        };
+        tool_calls.push(ToolCall {
+            id: c
+                .get("id")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("call-{turn}-{i}")),
+            tool: name.to_string(),
+            arguments,
+        });
+    }
+    Ok(ModelReply {
+        content: message
+            .get("content")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        tool_calls,
+        input_tokens: v
+            .pointer("/usage/prompt_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as u32,
+        output_tokens: v
+            .pointer("/usage/completion_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as u32,
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        latency_ms: started.elapsed().as_millis() as u64,
+    })
+}

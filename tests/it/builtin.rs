@@ -1,0 +1,337 @@
+//! The builtin adapter: the appliance runs the loop of releases whose
+//! adapter is `builtin`, under the same invariants as any adapter.
+
+use std::path::{Path, PathBuf};
+
+use agentbay::control::{Transport, pinned_transport};
+use agentbay::proto::agentbay::runs::v1 as rn;
+use connectrpc::CodecFormat;
+use connectrpc::client::ClientConfig;
+use serde_json::{Value, json};
+
+use crate::common::{Appliance, Credential, agentbay, run};
+use crate::releases::{demo_key, example, pack, upload};
+
+/// A builtin release: the triage example with `responses` as its scripted
+/// model, and `edit` applied to its manifest.
+fn release(root: &Path, id: &str, responses: Value, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let dir = root.join(id);
+    crate::releases::copy_dir(&example(), &dir);
+    std::fs::write(
+        dir.join("model/responses.json"),
+        serde_json::to_vec_pretty(&json!({ "responses": responses })).unwrap(),
+    )
+    .unwrap();
+    let path = dir.join("manifest.json");
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    m["releaseId"] = json!(id);
+    edit(&mut m);
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let out = run(agentbay()
+        .args(["release", "sign"])
+        .arg(&dir)
+        .arg("--key")
+        .arg(demo_key())
+        .arg("--update-hashes"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+struct Site {
+    a: Appliance,
+    cred: Credential,
+    token: String,
+    dir: tempfile::TempDir,
+}
+
+impl Site {
+    async fn start() -> Site {
+        let a = Appliance::start();
+        a.tenant("demo", "team", &[], &["support"]).await;
+        let cred = a
+            .create_client(
+                "demo",
+                &[
+                    "factory.runs.read",
+                    "factory.runs.write",
+                    "factory.runs.decide",
+                    "factory.runs.operate",
+                    "factory.assets.read",
+                    "factory.assets.admin",
+                ],
+            )
+            .await;
+        let token = a.token(&cred).await;
+        Site {
+            a,
+            cred,
+            token,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    async fn import(&self, id: &str, responses: Value, edit: impl FnOnce(&mut Value)) {
+        let dir = release(self.dir.path(), id, responses, edit);
+        let (status, body) = upload(&self.a, &self.token, pack(&dir, |_| {})).await;
+        assert_eq!(status, 201, "{body}");
+    }
+
+    fn runs(&self) -> rn::RunsClient<Transport> {
+        let config = ClientConfig::new(self.a.url.parse().unwrap())
+            .with_codec_format(CodecFormat::Json)
+            .with_default_header("authorization", format!("Bearer {}", self.token));
+        rn::RunsClient::new(pinned_transport(&self.a.fingerprint), config)
+    }
+
+    async fn submit(&self, release: &str) -> String {
+        let r = self
+            .runs()
+            .submit_run(rn::SubmitRunRequest {
+                project_id: "support".into(),
+                release_id: release.into(),
+                input_json: json!({"customer": "acme", "text": "checkout is slow"}).to_string(),
+                ..Default::default()
+            })
+            .await
+            .expect("submit")
+            .into_owned();
+        r.run.as_option().unwrap().run_id.clone()
+    }
+
+    async fn run(&self, run_id: &str) -> rn::Run {
+        self.runs()
+            .get_run(rn::GetRunRequest {
+                run_id: run_id.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("get run")
+            .into_owned()
+            .run
+            .as_option()
+            .unwrap()
+            .clone()
+    }
+
+    /// Waits until the run's first attempt is in `state` (or the run ends).
+    async fn until(&self, run_id: &str, state: &str) -> rn::Run {
+        for _ in 0..300 {
+            let r = self.run(run_id).await;
+            let a = r.steps[0].attempts.last().map(|a| a.state.clone());
+            if a.as_deref() == Some(state) || r.state == state {
+                return r;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!(
+            "run {run_id} never reached {state}: {:?}",
+            self.run(run_id).await
+        );
+    }
+
+    async fn timeline(&self, attempt_id: &str) -> Value {
+        self.a
+            .get(&self.token, &format!("/runtime/attempts/{attempt_id}"))
+            .await
+    }
+}
+
+fn answer(severity: &str, paged: bool) -> Value {
+    json!({"content": json!({"severity": severity, "summary": "checked", "paged": paged}).to_string()})
+}
+
+#[tokio::test]
+async fn the_appliance_runs_a_builtin_release_to_a_verified_outcome() {
+    let site = Site::start().await;
+    site.import(
+        "triage-ok",
+        json!([
+            {"content": "Looking", "toolCalls": [
+                {"tool": "lookup-ticket", "arguments": {"customer": "acme"}},
+                {"tool": "rm-rf", "arguments": {}}
+            ]},
+            answer("medium", false)
+        ]),
+        |_| {},
+    )
+    .await;
+    let run_id = site.submit("triage-ok").await;
+    let run = site.until(&run_id, "Succeeded").await;
+    assert_eq!(run.state, "Succeeded", "{run:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&run.output_json).unwrap()["severity"],
+        "medium"
+    );
+    let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
+    let calls = t["calls"].as_array().unwrap();
+    let kinds: Vec<(&str, &str)> = calls
+        .iter()
+        .map(|c| (c["target"].as_str().unwrap(), c["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("triage-scripted", "completed"),
+            ("lookup-ticket", "completed"),
+            ("rm-rf", "failed"),
+            ("triage-scripted", "completed"),
+        ]
+    );
+    assert!(
+        calls[2]["error"]
+            .as_str()
+            .unwrap()
+            .contains("outside the release's closure")
+    );
+    assert!(
+        calls[0]["receiptRef"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    assert_eq!(t["adapterVersion"], "builtin/1");
+    let checkpoints = t["checkpoints"].as_array().unwrap();
+    assert!(checkpoints.len() >= 4, "{checkpoints:?}");
+    assert!(
+        checkpoints
+            .iter()
+            .all(|c| c["adapterVersion"] == "builtin/1")
+    );
+}
+
+#[tokio::test]
+async fn a_gated_tool_waits_for_approval_and_corrections_run_out() {
+    let site = Site::start().await;
+    site.import(
+        "triage-page",
+        json!([
+            {"content": "Paging", "toolCalls": [{"tool": "page-oncall", "arguments": {"message": "checkout down"}}]},
+            answer("high", true)
+        ]),
+        |_| {},
+    )
+    .await;
+    site.import(
+        "triage-bad",
+        json!([
+            {"content": "{\"severity\": \"urgent\"}"},
+            {"content": "not json at all"},
+            {"content": "{\"severity\": \"high\", \"summary\": \"\", \"paged\": false}"}
+        ]),
+        |_| {},
+    )
+    .await;
+    let paged = site.submit("triage-page").await;
+    let bad = site.submit("triage-bad").await;
+
+    let waiting = site.until(&paged, "WaitingForDecision").await;
+    let attempt = waiting.steps[0].attempts[0].attempt_id.clone();
+    let t = site.timeline(&attempt).await;
+    let approval = t["decisions"][0]["approvalId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        t["waitingReason"]
+            .as_str()
+            .unwrap()
+            .contains("human decision")
+    );
+    site.runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            approval_id: approval,
+            approve: true,
+            reason: "yes".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let done = site.until(&paged, "Succeeded").await;
+    assert_eq!(done.state, "Succeeded");
+    let t = site.timeline(&attempt).await;
+    let page = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["target"] == "page-oncall" && c["status"] == "completed")
+        .cloned()
+        .expect("the approved page ran");
+    assert!(
+        page["preCheckpointId"].is_string(),
+        "a checkpoint precedes the gated call"
+    );
+    assert!(page["approvalId"].is_string());
+
+    let failed = site.until(&bad, "Failed").await;
+    let a = &failed.steps[0].attempts[0];
+    assert_eq!(a.failure_class, "validation");
+    assert_eq!(a.correction_count, 2);
+    assert_eq!(failed.state, "Failed");
+}
+
+#[tokio::test]
+async fn kill_9_during_a_builtin_loop_resumes_or_settles_and_reissues_nothing() {
+    let mut site = Site::start().await;
+    // A slow read tool: abandoned by the crash, the attempt resumes.
+    site.import(
+        "triage-slow-read",
+        json!([
+            {"content": "wait", "toolCalls": [{"tool": "lookup-ticket", "arguments": {"customer": "acme", "ms": 4000}}]},
+            answer("low", false)
+        ]),
+        |m| m["tools"][0]["name"] = json!("sleep"),
+    )
+    .await;
+    // A slow shared-write tool (allowed without approval): in flight at
+    // the crash, its effect cannot be confirmed.
+    site.import(
+        "triage-slow-write",
+        json!([
+            {"content": "page", "toolCalls": [{"tool": "page-oncall", "arguments": {"message": "m", "ms": 4000}}]},
+            answer("high", true)
+        ]),
+        |m| {
+            m["tools"][1]["name"] = json!("sleep");
+            m["policy"]["tools"] = json!({"page-oncall": "allow"});
+        },
+    )
+    .await;
+    let read = site.submit("triage-slow-read").await;
+    let write = site.submit("triage-slow-write").await;
+    site.until(&read, "WaitingForTool").await;
+    site.until(&write, "WaitingForTool").await;
+    site.a.kill9();
+    site.a.restart();
+    site.token = site.a.token(&site.cred).await;
+
+    let resumed = site.until(&read, "Succeeded").await;
+    assert_eq!(resumed.steps[0].attempts.len(), 1, "resumed, not restarted");
+    let a = &resumed.steps[0].attempts[0];
+    assert_eq!(a.fencing_token, 2, "the resumed loop holds the next token");
+    let t = site.timeline(&a.attempt_id).await;
+    let statuses: Vec<&str> = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["status"].as_str().unwrap())
+        .collect();
+    assert!(statuses.contains(&"abandoned"), "{statuses:?}");
+
+    let settled = site.until(&write, "Uncertain").await;
+    assert_eq!(settled.state, "Uncertain");
+    let t = site
+        .timeline(&settled.steps[0].attempts[0].attempt_id)
+        .await;
+    let pages: Vec<&Value> = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["target"] == "page-oncall")
+        .collect();
+    assert_eq!(pages.len(), 1, "the unconfirmed call is not made again");
+    assert_eq!(pages[0]["status"], "uncertain");
+}
