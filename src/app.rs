@@ -181,6 +181,8 @@ pub struct Running {
     pub state: AppState,
     /// The credential made at this first start, if any.
     pub bootstrap: Option<Bootstrap>,
+    /// What the demo seeded at this start, if anything.
+    pub demo: Option<String>,
     handle: axum_server::Handle<SocketAddr>,
     server: JoinHandle<std::io::Result<()>>,
     workers: Vec<JoinHandle<()>>,
@@ -265,6 +267,14 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         started_at: clock.now(),
     };
 
+    let demo = if config.demo.enabled {
+        crate::demo::seed(&state)
+            .await
+            .context("seeding the demo (turn it off with demo.enabled = false)")?
+    } else {
+        None
+    };
+
     let seconds = Duration::from_secs;
     let background: Vec<Arc<dyn worker::Worker>> = vec![
         Arc::new(OutboxPruner {
@@ -341,6 +351,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         url,
         state,
         bootstrap,
+        demo,
         handle,
         server,
         workers: worker_tasks,
@@ -393,6 +404,9 @@ pub async fn run(
         running.url
     );
     println!("  certificate {}", running.state.tls.fingerprint);
+    if let Some(demo) = &running.demo {
+        println!("  {demo}");
+    }
     shutdown.await;
     running.stop().await
 }

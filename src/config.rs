@@ -48,6 +48,23 @@ pub struct Config {
     pub releases: ReleasesConfig,
     /// Attempt execution (`Runtime:*`).
     pub runtime: RuntimeConfig,
+    /// The demo tenant a zero-config start seeds.
+    pub demo: DemoConfig,
+}
+
+/// The demo: tenant `demo` with the example releases and a few runs, made
+/// on the first start of a data directory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DemoConfig {
+    /// Seed the demo (packaged installs turn it off).
+    pub enabled: bool,
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        DemoConfig { enabled: true }
+    }
 }
 
 impl Default for Config {
@@ -64,6 +81,7 @@ impl Default for Config {
             capacity: CapacityConfig::default(),
             releases: ReleasesConfig::default(),
             runtime: RuntimeConfig::default(),
+            demo: DemoConfig::default(),
         }
     }
 }

@@ -11,6 +11,7 @@
 //! tls.rs         rustls with ring: configured or generated certificates, pinning
 //! telemetry.rs   logs (text or JSON) and Prometheus metrics
 //! worker.rs      the Worker trait, its runner on the clock, the registry
+//! demo.rs        the demo tenant a zero-config start seeds
 //! domain/        the rules, pure: types and transitions, no IO, no async
 //! store/         sled behind a typed facade: tenant-first keys, group commit, outbox, backup
 //! auth/          client credentials, bearer tokens, principals and scope extractors
@@ -49,6 +50,7 @@ pub mod clock;
 pub mod config;
 pub mod console;
 pub mod control;
+pub mod demo;
 pub mod domain;
 pub mod releases;
 pub mod runs;

@@ -453,6 +453,8 @@ pub fn spawn_serve_with(
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err));
+    // Tests build their own tenants; the demo is tested on its own.
+    cmd.env("AGENTBAY_DEMO__ENABLED", "false");
     for (k, v) in extra_env {
         cmd.env(k, v);
     }

@@ -235,12 +235,7 @@ async fn a_gated_tool_waits_for_approval_and_corrections_run_out() {
         .as_str()
         .unwrap()
         .to_string();
-    assert!(
-        t["waitingReason"]
-            .as_str()
-            .unwrap()
-            .contains("human decision")
-    );
+    assert!(t["waitingReason"].as_str().unwrap().contains("page-oncall"));
     site.runs()
         .decide_approval(rn::DecideApprovalRequest {
             approval_id: approval,
@@ -334,4 +329,74 @@ async fn kill_9_during_a_builtin_loop_resumes_or_settles_and_reissues_nothing() 
         .collect();
     assert_eq!(pages.len(), 1, "the unconfirmed call is not made again");
     assert_eq!(pages[0]["status"], "uncertain");
+}
+
+#[tokio::test]
+async fn a_zero_config_start_shows_the_demo_runs_once() {
+    let mut a = Appliance::start_with(&[], &[("AGENTBAY_DEMO__ENABLED", "true")]);
+    let cred = a.create_client("demo", &["factory.runs.read"]).await;
+    let token = a.token(&cred).await;
+    let list = |a: &Appliance, token: String| {
+        let config = ClientConfig::new(a.url.parse().unwrap())
+            .with_codec_format(CodecFormat::Json)
+            .with_default_header("authorization", format!("Bearer {token}"));
+        let client = rn::RunsClient::new(pinned_transport(&a.fingerprint), config);
+        async move {
+            client
+                .list_runs(rn::ListRunsRequest::default())
+                .await
+                .unwrap()
+                .into_owned()
+                .runs
+        }
+    };
+    let mut states = Vec::new();
+    for _ in 0..200 {
+        let runs = list(&a, token.clone()).await;
+        states = runs
+            .iter()
+            .map(|r| {
+                let at = &r.steps[0].attempts[0];
+                (
+                    r.release_id.clone(),
+                    at.state.clone(),
+                    at.failure_class.clone(),
+                )
+            })
+            .collect::<Vec<_>>();
+        states.sort();
+        if states.len() == 3
+            && states
+                .iter()
+                .all(|(_, s, _)| s == "Succeeded" || s == "WaitingForDecision" || s == "Failed")
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        states,
+        vec![
+            ("triage-1.0.0".into(), "Succeeded".into(), String::new()),
+            (
+                "triage-approval-1.0.0".into(),
+                "WaitingForDecision".into(),
+                String::new()
+            ),
+            (
+                "triage-corrections-1.0.0".into(),
+                "Failed".into(),
+                "validation".into()
+            ),
+        ]
+    );
+    let banner = std::fs::read_to_string(a.root.join("serve.out")).unwrap();
+    assert!(
+        banner.contains("demo: tenant demo with 3 example runs"),
+        "{banner}"
+    );
+    a.kill9();
+    a.restart();
+    let token = a.token(&cred).await;
+    assert_eq!(list(&a, token).await.len(), 3, "seeded once");
 }

@@ -140,6 +140,18 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
     }
 }
 
+/// The caller's tenant, or (PlatformAdmin) the one asked for.
+fn tenant_scope(
+    caller: &crate::auth::Principal,
+    tenant: &str,
+) -> Result<TenantScope, connectrpc::ConnectError> {
+    if tenant.is_empty() {
+        return Ok(caller.tenant_scope());
+    }
+    let id = crate::domain::TenantId::parse_field("tenantId", tenant).map_err(rpc)?;
+    caller.scope_for(&id).map_err(rpc)
+}
+
 fn uuid_field(field: &str, text: &str) -> Result<Uuid, FieldError> {
     if text.is_empty() {
         return Err(FieldError::new(field, "is required"));
@@ -209,7 +221,7 @@ impl pb::Runs for RunsService {
         request: ServiceRequest<'_, pb::GetRunRequest>,
     ) -> ServiceResult<pb::GetRunResponse> {
         let caller = principal(&ctx)?;
-        let scope = caller.tenant_scope();
+        let scope = tenant_scope(&caller, request.tenant_id)?;
         let id = uuid_field("runId", request.run_id).map_err(rpc)?;
         let run = self.state.runs.get(&scope, id).map_err(rpc)?;
         Response::ok(pb::GetRunResponse {
@@ -224,7 +236,7 @@ impl pb::Runs for RunsService {
         request: ServiceRequest<'_, pb::ListRunsRequest>,
     ) -> ServiceResult<pb::ListRunsResponse> {
         let caller = principal(&ctx)?;
-        let scope = caller.tenant_scope();
+        let scope = tenant_scope(&caller, request.tenant_id)?;
         let filter = (|| -> Result<RunFilter, FieldError> {
             Ok(RunFilter {
                 state: match request.state {

@@ -1,0 +1,112 @@
+//! The demo a zero-config start shows: tenant `demo` with project
+//! `support`, the example releases (signed with the public demo key), and
+//! three runs of the builtin triage agent: one that succeeds, one that
+//! waits for a reviewer's approval, one that runs out of corrections. It
+//! is seeded once, on the first start of a data directory, and never when
+//! `demo.enabled` is false (packaged installs).
+
+use rust_embed::RustEmbed;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::domain::tenant::TenantSpec;
+use crate::domain::{ProjectId, TenantId};
+use crate::releases::bundle::Bundle;
+use crate::runs::RunRequest;
+use crate::store::TenantScope;
+
+#[derive(RustEmbed)]
+#[folder = "packaging/examples/releases/"]
+struct Releases;
+
+/// The demo tenant.
+pub const TENANT: &str = "demo";
+
+/// The releases the demo imports, and the runs it submits of each.
+const RUNS: &[(&str, &str)] = &[
+    (
+        "triage-1.0.0",
+        r#"{"customer": "acme-corp", "text": "Checkout takes 20 seconds since this morning."}"#,
+    ),
+    (
+        "triage-approval-1.0.0",
+        r#"{"customer": "globex", "text": "Checkout is down for all our users."}"#,
+    ),
+    (
+        "triage-corrections-1.0.0",
+        r#"{"customer": "initech", "text": "Login is slow for some users."}"#,
+    ),
+];
+
+/// A bundle of the embedded examples, by directory name.
+fn bundle(dir: &str) -> Bundle {
+    let prefix = format!("{dir}/");
+    let files = Releases::iter()
+        .filter_map(|path| {
+            let rest = path.strip_prefix(&prefix)?.to_string();
+            Some((rest, Releases::get(&path)?.data.into_owned()))
+        })
+        .collect();
+    Bundle { files }
+}
+
+/// Seeds the demo unless the demo tenant exists already. Returns what it
+/// did, for the start banner.
+pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
+    let tenant = TenantId::parse(TENANT)?;
+    if state.capacity.tenant(&tenant).is_some() {
+        return Ok(None);
+    }
+    state
+        .capacity
+        .put_tenant(
+            tenant.clone(),
+            TenantSpec {
+                display_name: Some("Demo".into()),
+                edition: "team".into(),
+                residency_regions: Vec::new(),
+            },
+        )
+        .await?;
+    let project = ProjectId::parse("support")?;
+    state
+        .capacity
+        .put_project(tenant.clone(), project.clone(), Some("Support".into()))
+        .await?;
+    for dir in [
+        "triage",
+        "triage-approval",
+        "triage-corrections",
+        "triage-external",
+    ] {
+        let bundle = bundle(dir);
+        let report = state.releases.check(&bundle);
+        state.releases.record(bundle, report, "demo").await?;
+    }
+    let scope = TenantScope::new(tenant);
+    let mut runs = Vec::new();
+    for (release, input) in RUNS {
+        let run = state
+            .runs
+            .submit(
+                &scope,
+                RunRequest {
+                    project_id: project.clone(),
+                    release_id: release.to_string(),
+                    input: serde_json::from_str(input).unwrap_or(json!({})),
+                    limits: None,
+                    max_attempts: 0,
+                    max_corrections: None,
+                    request_id: Some(format!("demo-{release}")),
+                    environment_id: None,
+                    submitted_by: "demo".into(),
+                },
+            )
+            .await?;
+        runs.push(run.run_id.to_string());
+    }
+    Ok(Some(format!(
+        "demo: tenant {TENANT} with {} example runs (Runs/ListRuns with tenantId demo); turn off with demo.enabled = false",
+        runs.len()
+    )))
+}
