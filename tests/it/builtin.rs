@@ -400,3 +400,166 @@ async fn a_zero_config_start_shows_the_demo_runs_once() {
     let token = a.token(&cred).await;
     assert_eq!(list(&a, token).await.len(), 3, "seeded once");
 }
+
+/// One scripted answer of the test model server.
+#[derive(Clone)]
+enum Reply {
+    /// 200 with a chat completion: text content, or tool calls.
+    Chat(Value),
+    /// This status and body.
+    Status(u16, &'static str),
+    /// Nothing for this long, then a chat completion.
+    Slow(u64, Value),
+}
+
+/// An OpenAI-compatible chat-completions server on an ephemeral port that
+/// answers from a script and records what it was asked.
+struct ModelServer {
+    url: String,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+async fn model_server(script: Vec<Reply>) -> ModelServer {
+    use axum::extract::State;
+    use axum::response::IntoResponse;
+    type Shared = (
+        std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Reply>>>,
+        std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+    );
+    async fn chat(
+        State((script, seen)): State<Shared>,
+        body: axum::Json<Value>,
+    ) -> axum::response::Response {
+        seen.lock().unwrap().push(body.0);
+        let next = script.lock().unwrap().pop_front();
+        match next {
+            Some(Reply::Chat(v)) => axum::Json(v).into_response(),
+            Some(Reply::Status(code, text)) => {
+                (axum::http::StatusCode::from_u16(code).unwrap(), text).into_response()
+            }
+            Some(Reply::Slow(ms, v)) => {
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                axum::Json(v).into_response()
+            }
+            None => (axum::http::StatusCode::GONE, "script over").into_response(),
+        }
+    }
+    let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let state: Shared = (
+        std::sync::Arc::new(std::sync::Mutex::new(script.into())),
+        requests.clone(),
+    );
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", axum::routing::post(chat))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    ModelServer { url, requests }
+}
+
+fn completion(content: Option<&str>, tool_calls: Value) -> Value {
+    json!({
+        "model": "test-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": tool_calls}}],
+        "usage": {"prompt_tokens": 321, "completion_tokens": 12},
+    })
+}
+
+fn openai_profile(url: &str) -> impl FnOnce(&mut Value) + '_ {
+    move |m: &mut Value| {
+        m["modelProfile"] = json!({
+            "id": "site-llm",
+            "kind": "openai-compatible",
+            "endpoint": url,
+            "model": "test-model",
+            "timeoutSeconds": 1,
+            "responses": m["modelProfile"]["responses"].clone(),
+        });
+    }
+}
+
+#[tokio::test]
+async fn an_openai_compatible_model_server_drives_the_loop_with_retries_and_corrections() {
+    let site = Site::start().await;
+    let ok = json!({"severity": "low", "summary": "slow checkout", "paged": false}).to_string();
+    let server = model_server(vec![
+        Reply::Chat(completion(
+            None,
+            json!([{"id": "c1", "type": "function", "function": {"name": "lookup-ticket", "arguments": "{\"customer\":\"acme\"}"}}]),
+        )),
+        Reply::Status(503, "overloaded"),
+        Reply::Chat(completion(Some("not json"), Value::Null)),
+        Reply::Chat(completion(Some(&ok), Value::Null)),
+    ])
+    .await;
+    site.import("triage-llm", json!([]), openai_profile(&server.url))
+        .await;
+    let run_id = site.submit("triage-llm").await;
+    let run = site.until(&run_id, "Succeeded").await;
+    assert_eq!(run.state, "Succeeded", "{run:?}");
+    let a = &run.steps[0].attempts[0];
+    assert_eq!(a.correction_count, 1, "the malformed answer was corrected");
+    let t = site.timeline(&a.attempt_id).await;
+    let models: Vec<&str> = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "model")
+        .map(|c| c["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        models,
+        vec!["completed", "failed", "completed", "completed"]
+    );
+
+    let requests = server.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 4);
+    assert_eq!(requests[0]["model"], "test-model");
+    assert_eq!(requests[0]["tools"][0]["function"]["name"], "lookup-ticket");
+    assert_eq!(requests[0]["messages"][0]["role"], "system");
+    // The tool result went back to the model with its call id.
+    let second = requests[1]["messages"].as_array().unwrap();
+    assert!(
+        second
+            .iter()
+            .any(|m| m["role"] == "tool" && m["tool_call_id"] == "c1")
+    );
+    // The correction told the model what was wrong.
+    let last = requests[3]["messages"].as_array().unwrap();
+    assert!(last.iter().any(|m| {
+        m["role"] == "user"
+            && m["content"]
+                .as_str()
+                .unwrap_or("")
+                .contains("output contract")
+    }));
+}
+
+#[tokio::test]
+async fn a_model_server_that_stays_slow_fails_the_attempt_as_transient_and_another_starts() {
+    let site = Site::start().await;
+    let slow = completion(Some("{}"), Value::Null);
+    let ok = json!({"severity": "low", "summary": "fine", "paged": false}).to_string();
+    let server = model_server(vec![
+        Reply::Slow(1500, slow.clone()),
+        Reply::Slow(1500, slow.clone()),
+        Reply::Slow(1500, slow),
+        Reply::Chat(completion(Some(&ok), Value::Null)),
+    ])
+    .await;
+    site.import("triage-slow-llm", json!([]), openai_profile(&server.url))
+        .await;
+    let run_id = site.submit("triage-slow-llm").await;
+    let run = site.until(&run_id, "Succeeded").await;
+    assert_eq!(run.steps[0].attempts.len(), 2, "{run:?}");
+    let first = &run.steps[0].attempts[0];
+    assert_eq!(first.state, "Failed");
+    assert_eq!(first.failure_class, "transient");
+    assert!(
+        first.failure_reason.contains("3 tries"),
+        "{}",
+        first.failure_reason
+    );
+    assert_eq!(run.steps[0].attempts[1].fencing_token, 2);
+}
