@@ -563,3 +563,118 @@ async fn a_model_server_that_stays_slow_fails_the_attempt_as_transient_and_anoth
     );
     assert_eq!(run.steps[0].attempts[1].fencing_token, 2);
 }
+
+/// The MCP test server from npm (`tests/mcp`, installed by `.ci/run`).
+fn mcp_server() -> Vec<String> {
+    let index = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        index.exists(),
+        "the MCP test server is missing: npm ci --prefix tests/mcp"
+    );
+    vec!["node".into(), index.display().to_string(), "stdio".into()]
+}
+
+fn mcp_servers_running() -> usize {
+    let out = std::process::Command::new("pgrep")
+        .args(["-f", "server-everything/dist/index.js"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+#[tokio::test]
+async fn mcp_tools_over_stdio_pass_the_policy_gate_and_stop_with_the_attempt() {
+    let site = Site::start().await;
+    let server = mcp_server();
+    let tools = move |m: &mut Value| {
+        m["tools"] = json!([
+            {"id": "mcp-echo", "name": "echo", "description": "Echoes", "sideEffectClass": "read",
+             "transport": "mcp-stdio", "command": server,
+             "inputSchema": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}},
+            {"id": "mcp-sum", "name": "get-sum", "description": "Adds", "sideEffectClass": "external",
+             "transport": "mcp-stdio", "command": server,
+             "inputSchema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}},
+            {"id": "mcp-long", "name": "trigger-long-running-operation", "description": "Works long",
+             "sideEffectClass": "shared-write", "transport": "mcp-stdio", "command": server,
+             "inputSchema": {"type": "object", "properties": {"duration": {"type": "number"}, "steps": {"type": "number"}}}},
+        ]);
+        m["policy"]["tools"] = json!({"mcp-long": "allow", "mcp-sum": "deny"});
+    };
+    site.import(
+        "triage-mcp",
+        json!([
+            {"content": "look", "toolCalls": [
+                {"tool": "mcp-echo", "arguments": {"message": "hello"}},
+                {"tool": "mcp-sum", "arguments": {"a": 1, "b": 2}}
+            ]},
+            answer("low", false)
+        ]),
+        tools.clone(),
+    )
+    .await;
+    let run_id = site.submit("triage-mcp").await;
+    let run = site.until(&run_id, "Succeeded").await;
+    assert_eq!(run.state, "Succeeded", "{run:?}");
+    let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
+    let calls = t["calls"].as_array().unwrap();
+    let echo = calls.iter().find(|c| c["target"] == "mcp-echo").unwrap();
+    assert_eq!(echo["status"], "completed");
+    assert!(echo["resultHash"].as_str().unwrap().starts_with("sha256:"));
+    let sum = calls.iter().find(|c| c["target"] == "mcp-sum").unwrap();
+    assert_eq!(sum["status"], "failed");
+    assert!(sum["error"].as_str().unwrap().contains("denies"), "{sum}");
+
+    // A long shared-write MCP call, interrupted: Uncertain, and its server
+    // process is stopped.
+    site.import(
+        "triage-mcp-long",
+        json!([
+            {"content": "work", "toolCalls": [{"tool": "mcp-long", "arguments": {"duration": 30, "steps": 3}}]},
+            answer("low", false)
+        ]),
+        tools,
+    )
+    .await;
+    let run_id = site.submit("triage-mcp-long").await;
+    let waiting = site.until(&run_id, "WaitingForTool").await;
+    let attempt = waiting.steps[0].attempts[0].attempt_id.clone();
+    for _ in 0..100 {
+        if mcp_servers_running() > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        mcp_servers_running() > 0,
+        "the MCP server runs during the call"
+    );
+    let config = ClientConfig::new(site.a.url.parse().unwrap())
+        .with_codec_format(CodecFormat::Json)
+        .with_default_header("authorization", format!("Bearer {}", site.token));
+    agentbay::proto::agentbay::runtime::v1::RuntimeClient::new(
+        pinned_transport(&site.a.fingerprint),
+        config,
+    )
+    .interrupt(agentbay::proto::agentbay::runtime::v1::InterruptRequest {
+        attempt_id: attempt.clone(),
+        reason: "stop".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let run = site.until(&run_id, "Uncertain").await;
+    assert_eq!(run.state, "Uncertain");
+    let mut left = usize::MAX;
+    for _ in 0..100 {
+        left = mcp_servers_running();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        left, 0,
+        "the MCP server process was stopped with the attempt"
+    );
+}

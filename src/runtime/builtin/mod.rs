@@ -16,6 +16,7 @@
 //! confirmed is never made again (the attempt is Uncertain instead).
 
 pub mod context;
+pub mod mcp;
 pub mod model;
 pub mod tools;
 
@@ -110,7 +111,9 @@ async fn drive(
         Some(bytes) if ticket.resumed => serde_json::from_slice(bytes).unwrap_or_default(),
         _ => LoopState::default(),
     };
-    loop_.run(state).await
+    let result = loop_.run(state).await;
+    loop_.mcp.close().await;
+    result
 }
 
 struct Loop<'a> {
@@ -127,6 +130,7 @@ struct Loop<'a> {
     tools: Vec<Value>,
     budget: u32,
     context_ref: String,
+    mcp: mcp::McpServers,
 }
 
 impl<'a> Loop<'a> {
@@ -191,6 +195,7 @@ impl<'a> Loop<'a> {
             input,
             tools,
             context_ref,
+            mcp: mcp::McpServers::default(),
         })
     }
 
@@ -394,18 +399,14 @@ impl<'a> Loop<'a> {
                 }
                 BeginOutcome::Started => {
                     let call_id = begun.call_id.expect("a started call has an id");
-                    let descriptor = self.info.tool(&call.tool).map(|(t, _)| t.clone());
-                    let outcome = match descriptor {
-                        Some(t) if t.transport == ToolTransport::Builtin => {
-                            let name = t.name.clone().unwrap_or_else(|| t.id.clone());
-                            tools::run(&name, &call.arguments, self.runtime.shared.clock.now())
-                                .await
+                    // The tool runs until it answers or the attempt ends
+                    // (interrupted, timed out): then it is dropped, and an
+                    // MCP server's child process with it.
+                    let outcome = tokio::select! {
+                        out = self.execute(call) => out,
+                        _ = self.ended() => {
+                            return Err(self.refused(Some("the attempt ended during the tool call".into())));
                         }
-                        Some(t) => Err(format!(
-                            "tool {} uses transport {:?}, which this appliance build does not connect",
-                            t.id, t.transport
-                        )),
-                        None => Err(format!("tool {} is not in the release", call.tool)),
                     };
                     let (ok, result, receipt, error) = match outcome {
                         Ok(out) => (true, out.result, out.receipt, None),
@@ -422,6 +423,39 @@ impl<'a> Loop<'a> {
                     *state = next;
                     return Ok(());
                 }
+            }
+        }
+    }
+
+    /// Runs a tool of the release.
+    async fn execute(&self, call: &ToolCall) -> Result<tools::ToolOutput, String> {
+        let Some((t, _)) = self.info.tool(&call.tool) else {
+            return Err(format!("tool {} is not in the release", call.tool));
+        };
+        let name = t.name.clone().unwrap_or_else(|| t.id.clone());
+        match t.transport {
+            ToolTransport::Builtin => {
+                tools::run(&name, &call.arguments, self.runtime.shared.clock.now()).await
+            }
+            ToolTransport::McpStdio => self.mcp.call(&t.command, &name, &call.arguments).await,
+            other => Err(format!(
+                "tool {} uses transport {other:?}, which this appliance does not connect yet",
+                t.id
+            )),
+        }
+    }
+
+    /// Resolves once the attempt has ended.
+    async fn ended(&self) {
+        let Ok(mut rx) = self.runtime.watch(self.scope, self.attempt_id) else {
+            return;
+        };
+        loop {
+            if rx.borrow_and_update().attempt.state.is_terminal() {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
             }
         }
     }

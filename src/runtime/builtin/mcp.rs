@@ -1,0 +1,70 @@
+//! MCP tools: the servers a release declares, run as stdio child processes
+//! for the attempt that uses them (rmcp's client). A server starts on the
+//! attempt's first call to it and is stopped when the attempt's loop ends,
+//! is interrupted, or the appliance stops (the child is killed when its
+//! handle is dropped).
+
+use std::collections::HashMap;
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::transport::TokioChildProcess;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+use super::tools::ToolOutput;
+
+/// The MCP servers of one attempt, by command line.
+#[derive(Default)]
+pub struct McpServers {
+    servers: tokio::sync::Mutex<HashMap<Vec<String>, RunningService<RoleClient, ()>>>,
+}
+
+impl McpServers {
+    /// Calls `tool` on the server started with `command`.
+    pub async fn call(
+        &self,
+        command: &[String],
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<ToolOutput, String> {
+        let Some((program, args)) = command.split_first() else {
+            return Err("the tool declares no command".into());
+        };
+        let mut servers = self.servers.lock().await;
+        if !servers.contains_key(command) {
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(args).kill_on_drop(true);
+            let transport = TokioChildProcess::new(cmd)
+                .map_err(|e| format!("MCP server {program} could not start: {e}"))?;
+            let client = ()
+                .serve(transport)
+                .await
+                .map_err(|e| format!("MCP server {program} did not initialise: {e}"))?;
+            servers.insert(command.to_vec(), client);
+        }
+        let client = servers.get(command).expect("started above");
+        let params = CallToolRequestParams::new(tool.to_string())
+            .with_arguments(arguments.as_object().cloned().unwrap_or_default());
+        let result = client
+            .call_tool(params)
+            .await
+            .map_err(|e| format!("MCP tool {tool} on {program} failed: {e}"))?;
+        let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
+        if result.is_error == Some(true) {
+            return Err(format!("MCP tool {tool} reported an error: {content}"));
+        }
+        Ok(ToolOutput {
+            result: json!({"content": content, "structured": result.structured_content}),
+            receipt: json!({"schema": "tool-invocation-v1", "transport": "mcp-stdio", "server": program, "tool": tool}),
+        })
+    }
+
+    /// Stops every server.
+    pub async fn close(&self) {
+        let servers: Vec<_> = self.servers.lock().await.drain().collect();
+        for (_, server) in servers {
+            let _ = server.cancel().await;
+        }
+    }
+}
