@@ -143,6 +143,7 @@ async fn over_https(codec: CodecFormat) -> Row {
     let config = Config {
         data_dir: dir.path().join("data"),
         listen: "127.0.0.1:0".parse().unwrap(),
+        demo: agentbay::config::DemoConfig { enabled: false },
         ..Config::default()
     };
     let running = app::start(config, Clocks::system()).await.unwrap();

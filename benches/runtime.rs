@@ -44,6 +44,7 @@ async fn site(dir: &Path) -> (app::Running, Vec<Ticket>) {
     let config = Config {
         data_dir: dir.join("data"),
         listen: "127.0.0.1:0".parse().unwrap(),
+        demo: agentbay::config::DemoConfig { enabled: false },
         ..Config::default()
     };
     let running = app::start(config, Clocks::system()).await.unwrap();

@@ -22,7 +22,8 @@ pub mod tools;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -41,6 +42,23 @@ use crate::store::TenantScope;
 pub const ADAPTER_VERSION: &str = "builtin/1";
 /// The checkpoint format of [`LoopState`].
 pub const CHECKPOINT_FORMAT: u32 = 1;
+/// Time the loop spends per step outside model and tool calls (histogram,
+/// seconds).
+pub const STEP_OVERHEAD: &str = "agentbay_builtin_step_overhead_seconds";
+/// Step overheads kept for a measurement, when one is on.
+static SAMPLES: parking_lot::Mutex<Option<Vec<Duration>>> = parking_lot::Mutex::new(None);
+
+/// Starts keeping every step's overhead (for benchmarks), or stops and
+/// returns what was kept.
+pub fn sample_step_overheads(on: bool) -> Vec<Duration> {
+    let mut samples = SAMPLES.lock();
+    let kept = samples.take().unwrap_or_default();
+    if on {
+        *samples = Some(Vec::new());
+    }
+    kept
+}
+
 /// Model calls that fail transiently are tried this often in a row.
 const MODEL_TRIES: u32 = 3;
 
@@ -131,6 +149,8 @@ struct Loop<'a> {
     budget: u32,
     context_ref: String,
     mcp: mcp::McpServers,
+    /// Nanoseconds spent waiting for models and tools in the current step.
+    outside: std::sync::atomic::AtomicU64,
 }
 
 impl<'a> Loop<'a> {
@@ -196,16 +216,28 @@ impl<'a> Loop<'a> {
             tools,
             context_ref,
             mcp: mcp::McpServers::default(),
+            outside: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     async fn run(&self, mut state: LoopState) -> Result<(), RuntimeError> {
         loop {
-            // Tool calls of the last turn first (also after a resume).
+            // One step: the last turn's tool calls (also after a resume),
+            // then the next model call. Its time minus the model's and the
+            // tools' own is the loop's overhead.
+            let step = Instant::now();
+            self.outside.store(0, Ordering::Relaxed);
             while let Some(call) = state.pending.front().cloned() {
                 self.tool(&mut state, &call).await?;
             }
             let reply = self.plan(&mut state).await?;
+            let overhead = step
+                .elapsed()
+                .saturating_sub(Duration::from_nanos(self.outside.load(Ordering::Relaxed)));
+            metrics::histogram!(STEP_OVERHEAD).record(overhead.as_secs_f64());
+            if let Some(samples) = SAMPLES.lock().as_mut() {
+                samples.push(overhead);
+            }
             if !state.pending.is_empty() {
                 continue;
             }
@@ -287,12 +319,15 @@ impl<'a> Loop<'a> {
                 attempt.id = %self.attempt_id,
                 phase = "Calling",
             );
+            let started = Instant::now();
             let answer = {
                 let _enter = span.enter();
                 self.model
                     .complete(self.http, &ctx.messages, &self.tools, state.turns)
             }
             .await;
+            self.outside
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             match answer {
                 Ok(reply) => {
                     span.record("gen_ai.usage.input_tokens", reply.input_tokens);
@@ -402,8 +437,12 @@ impl<'a> Loop<'a> {
                     // The tool runs until it answers or the attempt ends
                     // (interrupted, timed out): then it is dropped, and an
                     // MCP server's child process with it.
+                    let started = Instant::now();
                     let outcome = tokio::select! {
-                        out = self.execute(call) => out,
+                        out = self.execute(call) => {
+                            self.outside.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                            out
+                        }
                         _ = self.ended() => {
                             return Err(self.refused(Some("the attempt ended during the tool call".into())));
                         }
