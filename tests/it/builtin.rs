@@ -156,7 +156,7 @@ async fn the_appliance_runs_a_builtin_release_to_a_verified_outcome() {
             ]},
             answer("medium", false)
         ]),
-        |_| {},
+        |m| m["tools"][0]["needsSandbox"] = json!(true),
     )
     .await;
     let run_id = site.submit("triage-ok").await;
@@ -194,6 +194,25 @@ async fn the_appliance_runs_a_builtin_release_to_a_verified_outcome() {
             .starts_with("sha256:")
     );
     assert_eq!(t["adapterVersion"], "builtin/1");
+    // The sandboxed tool ran under a capacity lease of kind sandbox.
+    let admin = site.a.admin_token().await;
+    let leases = site
+        .a
+        .get(
+            &admin,
+            "/factory/capacity/leases?tenant=demo&state=released",
+        )
+        .await;
+    let attempt_id = run.steps[0].attempts[0].attempt_id.clone();
+    assert!(
+        leases["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["holderKind"] == "sandbox"
+                && l["holderId"].as_str().unwrap().starts_with(&attempt_id)),
+        "{leases}"
+    );
     let checkpoints = t["checkpoints"].as_array().unwrap();
     assert!(checkpoints.len() >= 4, "{checkpoints:?}");
     assert!(
@@ -676,5 +695,67 @@ async fn mcp_tools_over_stdio_pass_the_policy_gate_and_stop_with_the_attempt() {
     assert_eq!(
         left, 0,
         "the MCP server process was stopped with the attempt"
+    );
+}
+
+#[tokio::test]
+async fn the_model_delegates_to_a_child_run_and_limits_stop_the_loop() {
+    let site = Site::start().await;
+    site.import(
+        "helper",
+        json!([{"content": json!({"severity": "low", "summary": "child says fine", "paged": false}).to_string()}]),
+        |m| m["agentId"] = json!("helper"),
+    )
+    .await;
+    site.import(
+        "supervisor",
+        json!([
+            {"content": "ask", "toolCalls": [{"tool": "ask-helper", "arguments": {
+                "release": "helper", "purpose": "second opinion", "input": {"ticket": "t"}}}]},
+            answer("low", false)
+        ]),
+        |m| {
+            m["tools"] = json!([{"id": "ask-helper", "name": "delegate", "description": "Asks the helper agent",
+                "sideEffectClass": "read", "transport": "builtin", "inputSchema": {"type": "object"}}]);
+        },
+    )
+    .await;
+    let run_id = site.submit("supervisor").await;
+    let run = site.until(&run_id, "Succeeded").await;
+    assert_eq!(run.state, "Succeeded", "{run:?}");
+    let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
+    let delegation = &t["delegations"][0];
+    assert_eq!(delegation["childAgentId"], "helper");
+    assert_eq!(delegation["status"], "Succeeded");
+    let sub = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "sub-agent")
+        .unwrap()
+        .clone();
+    assert_eq!(sub["status"], "completed");
+    let child = site.run(delegation["childRunId"].as_str().unwrap()).await;
+    assert_eq!(child.state, "Succeeded");
+    assert_eq!(child.depth, 1);
+
+    // A release whose contract allows one model call cannot take two turns.
+    site.import(
+        "triage-one-call",
+        json!([
+            {"content": "look", "toolCalls": [{"tool": "lookup-ticket", "arguments": {"customer": "a"}}]},
+            answer("low", false)
+        ]),
+        |m| m["contract"]["limits"]["maxModelCalls"] = json!(1),
+    )
+    .await;
+    let run_id = site.submit("triage-one-call").await;
+    let run = site.until(&run_id, "Failed").await;
+    let a = &run.steps[0].attempts[0];
+    assert_eq!(a.failure_class, "budget");
+    assert!(
+        a.failure_reason.contains("maxModelCalls 1"),
+        "{}",
+        a.failure_reason
     );
 }

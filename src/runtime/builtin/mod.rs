@@ -148,6 +148,7 @@ struct Loop<'a> {
     tools: Vec<Value>,
     budget: u32,
     context_ref: String,
+    project_id: crate::domain::ProjectId,
     mcp: mcp::McpServers,
     /// Nanoseconds spent waiting for models and tools in the current step.
     outside: std::sync::atomic::AtomicU64,
@@ -215,6 +216,7 @@ impl<'a> Loop<'a> {
             input,
             tools,
             context_ref,
+            project_id: ticket.attempt.project_id.clone(),
             mcp: mcp::McpServers::default(),
             outside: std::sync::atomic::AtomicU64::new(0),
         })
@@ -398,6 +400,12 @@ impl<'a> Loop<'a> {
     /// One tool call through the gate; its observation joins the state,
     /// which is checkpointed with it.
     async fn tool(&self, state: &mut LoopState, call: &ToolCall) -> Result<(), RuntimeError> {
+        let delegates = self.info.tool(&call.tool).is_some_and(|(t, _)| {
+            t.transport == ToolTransport::Builtin && t.name.as_deref() == Some("delegate")
+        });
+        if delegates {
+            return self.delegate(state, call).await;
+        }
         let mut approval = None;
         loop {
             let begun = self
@@ -438,8 +446,16 @@ impl<'a> Loop<'a> {
                     // (interrupted, timed out): then it is dropped, and an
                     // MCP server's child process with it.
                     let started = Instant::now();
+                    let span = tracing::info_span!(
+                        "execute_tool",
+                        gen_ai.operation.name = "execute_tool",
+                        gen_ai.tool.name = %call.tool,
+                        gen_ai.tool.call.id = %call.id,
+                        attempt.id = %self.attempt_id,
+                        phase = "Calling",
+                    );
                     let outcome = tokio::select! {
-                        out = self.execute(call) => {
+                        out = tracing::Instrument::instrument(self.execute(call), span) => {
                             self.outside.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
                             out
                         }
@@ -466,12 +482,147 @@ impl<'a> Loop<'a> {
         }
     }
 
+    /// The release's `delegate` tool: a child run of another release of
+    /// the tenant (`{"release": ..., "input": ..., "purpose": ...}`), whose
+    /// outcome comes back as the observation. Depth and the child release
+    /// are checked by the runtime; the child runs under its own policy.
+    async fn delegate(&self, state: &mut LoopState, call: &ToolCall) -> Result<(), RuntimeError> {
+        let release = call
+            .arguments
+            .get("release")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let mut request = call.arguments.get("input").cloned().unwrap_or(json!({}));
+        if let (Some(obj), Some(purpose)) = (request.as_object_mut(), call.arguments.get("purpose"))
+        {
+            obj.entry("purpose").or_insert(purpose.clone());
+        }
+        let begun = self
+            .runtime
+            .begin_call(
+                self.scope,
+                self.attempt_id,
+                self.token,
+                BeginCall {
+                    kind: CallKind::SubAgent,
+                    target: release.to_string(),
+                    request,
+                    context_tokens: None,
+                    approval_id: None,
+                    state: Some(state.bytes()),
+                },
+            )
+            .await?;
+        let observation = match (begun.outcome, begun.call_id) {
+            (BeginOutcome::Started, Some(call_id)) => {
+                let started = Instant::now();
+                let record = loop {
+                    let record = self
+                        .runtime
+                        .await_call(
+                            self.scope,
+                            self.attempt_id,
+                            self.token,
+                            call_id,
+                            Duration::from_secs(300),
+                        )
+                        .await?;
+                    if record.status != crate::domain::attempt::CallStatus::Issued {
+                        break record;
+                    }
+                };
+                self.outside
+                    .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                let output = record
+                    .result_hash
+                    .as_ref()
+                    .and_then(|r| {
+                        self.runtime
+                            .store()
+                            .read_artifact(self.scope, r)
+                            .ok()
+                            .flatten()
+                    })
+                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+                json!({"childRun": begun.child_run_id, "status": record.status.as_str(), "output": output, "error": record.error})
+            }
+            _ => json!({"error": format!("refused: {}", begun.reason.unwrap_or_default())}),
+        };
+        *state = observed(state, call, &observation);
+        self.checkpoint(state).await
+    }
+
     /// Runs a tool of the release.
     async fn execute(&self, call: &ToolCall) -> Result<tools::ToolOutput, String> {
         let Some((t, _)) = self.info.tool(&call.tool) else {
             return Err(format!("tool {} is not in the release", call.tool));
         };
         let name = t.name.clone().unwrap_or_else(|| t.id.clone());
+        let sandbox = if t.needs_sandbox {
+            Some(self.sandbox(&call.id).await?)
+        } else {
+            None
+        };
+        let out = self.run_tool(t, &name, call).await;
+        if let Some(lease) = sandbox {
+            let _ = self
+                .runtime
+                .shared
+                .capacity
+                .release(self.scope, lease)
+                .await;
+        }
+        out
+    }
+
+    /// A capacity lease of kind sandbox for one tool call.
+    async fn sandbox(&self, call_id: &str) -> Result<Uuid, String> {
+        use crate::capacity::{AcquireRequest, CapacityError};
+        use crate::domain::capacity::{HolderKind, LeaseRequest};
+        let request = LeaseRequest {
+            tenant_id: self.scope.tenant().clone(),
+            project_id: self.project_id.clone(),
+            run_id: None,
+            attempt_id: Some(self.attempt_id),
+            holder_kind: HolderKind::Sandbox,
+            holder_id: format!("{}:{call_id}", self.attempt_id),
+            cpu: crate::domain::amount::Amount::units(1),
+            memory_gb: crate::domain::amount::Amount::units(1),
+            internet_egress: false,
+        };
+        loop {
+            let acquired = self
+                .runtime
+                .shared
+                .capacity
+                .acquire(AcquireRequest {
+                    request: request.clone(),
+                    pool_id: None,
+                    wait: true,
+                    wait_for: Duration::from_secs(30),
+                })
+                .await;
+            match acquired {
+                Ok(view) if view.lease.state.holds_capacity() => return Ok(view.lease.lease_id),
+                Ok(view) if view.lease.state.is_terminal() => {
+                    return Err(format!("no sandbox: lease {} ended", view.lease.lease_id));
+                }
+                Ok(_) => continue,
+                Err(CapacityError::Denied { limit, .. }) => {
+                    return Err(format!("no sandbox capacity: {limit}"));
+                }
+                Err(e) => return Err(format!("no sandbox capacity: {e}")),
+            }
+        }
+    }
+
+    async fn run_tool(
+        &self,
+        t: &crate::domain::release::ToolDescriptor,
+        name: &str,
+        call: &ToolCall,
+    ) -> Result<tools::ToolOutput, String> {
+        let name = name.to_string();
         match t.transport {
             ToolTransport::Builtin => {
                 tools::run(&name, &call.arguments, self.runtime.shared.clock.now()).await

@@ -14,7 +14,9 @@ pub struct ToolOutput {
 }
 
 /// Names of the builtin tools.
-pub const BUILTIN_TOOLS: &[&str] = &["echo", "notify", "clock", "noop", "fail", "sleep"];
+pub const BUILTIN_TOOLS: &[&str] = &[
+    "echo", "notify", "clock", "noop", "fail", "sleep", "delegate",
+];
 
 /// Runs a builtin tool.
 pub async fn run(
@@ -67,6 +69,7 @@ pub async fn run(
                 receipt: receipt("slept"),
             })
         }
+        "delegate" => Err("delegate starts a child run; the loop handles it".into()),
         other => Err(format!(
             "{other:?} is not a builtin tool (they are: {})",
             BUILTIN_TOOLS.join(", ")
