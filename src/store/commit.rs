@@ -413,17 +413,19 @@ fn flusher_loop(
                 (Ok(()), Ok(())) => None,
                 (Err(e), _) | (_, Err(e)) => Some(e.to_string()),
             };
-            for complete in completions {
-                complete(match &failure {
-                    None => Ok(()),
-                    Some(e) => Err(StoreError::FlushFailed(e.clone())),
-                });
-            }
+            // Subscribers hear of a durable event before its writer's call
+            // returns, so whoever saw the write can find the event.
             if failure.is_none() {
                 for event in group_events {
                     // No subscriber is not an error.
                     let _ = events.send(event);
                 }
+            }
+            for complete in completions {
+                complete(match &failure {
+                    None => Ok(()),
+                    Some(e) => Err(StoreError::FlushFailed(e.clone())),
+                });
             }
         }
         if let Some(done) = stop {

@@ -759,3 +759,55 @@ async fn the_model_delegates_to_a_child_run_and_limits_stop_the_loop() {
         a.failure_reason
     );
 }
+
+#[tokio::test]
+async fn mcp_tools_over_streamable_http_on_the_site() {
+    let site = Site::start().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = std::process::Command::new(&mcp_server()[0])
+        .arg(&mcp_server()[1])
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    site.import(
+        "triage-mcp-http",
+        json!([
+            {"content": "add", "toolCalls": [{"tool": "sum", "arguments": {"a": 2, "b": 40}}]},
+            answer("low", false)
+        ]),
+        |m| {
+            m["tools"] = json!([{"id": "sum", "name": "get-sum", "description": "Adds", "sideEffectClass": "read",
+                "transport": "mcp-http", "url": url,
+                "inputSchema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}]);
+        },
+    )
+    .await;
+    let run_id = site.submit("triage-mcp-http").await;
+    let run = site.until(&run_id, "Succeeded").await;
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(run.state, "Succeeded", "{run:?}");
+    let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
+    let sum = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["target"] == "sum")
+        .unwrap()
+        .clone();
+    assert_eq!(sum["status"], "completed", "{sum}");
+}

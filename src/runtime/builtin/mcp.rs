@@ -1,14 +1,14 @@
-//! MCP tools: the servers a release declares, run as stdio child processes
-//! for the attempt that uses them (rmcp's client). A server starts on the
-//! attempt's first call to it and is stopped when the attempt's loop ends,
-//! is interrupted, or the appliance stops (the child is killed when its
-//! handle is dropped).
+//! MCP tools: the servers a release declares (rmcp's client), either run
+//! as stdio child processes for the attempt that uses them, or reached over
+//! streamable HTTP on the site. A connection starts on the attempt's first
+//! call and is closed when the attempt's loop ends, is interrupted, or the
+//! appliance stops (a child is killed when its handle is dropped).
 
 use std::collections::HashMap;
 
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
-use rmcp::transport::TokioChildProcess;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
@@ -21,8 +21,8 @@ pub struct McpServers {
 }
 
 impl McpServers {
-    /// Calls `tool` on the server started with `command`.
-    pub async fn call(
+    /// Calls `tool` on the server started with `command` (stdio).
+    pub async fn call_stdio(
         &self,
         command: &[String],
         tool: &str,
@@ -44,20 +44,28 @@ impl McpServers {
             servers.insert(command.to_vec(), client);
         }
         let client = servers.get(command).expect("started above");
-        let params = CallToolRequestParams::new(tool.to_string())
-            .with_arguments(arguments.as_object().cloned().unwrap_or_default());
-        let result = client
-            .call_tool(params)
-            .await
-            .map_err(|e| format!("MCP tool {tool} on {program} failed: {e}"))?;
-        let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
-        if result.is_error == Some(true) {
-            return Err(format!("MCP tool {tool} reported an error: {content}"));
+        call(client, program, "mcp-stdio", tool, arguments).await
+    }
+
+    /// Calls `tool` on the server at `url` (streamable HTTP).
+    pub async fn call_http(
+        &self,
+        url: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<ToolOutput, String> {
+        let key = vec!["http".to_string(), url.to_string()];
+        let mut servers = self.servers.lock().await;
+        if !servers.contains_key(&key) {
+            let transport = StreamableHttpClientTransport::from_uri(url.to_string());
+            let client = ()
+                .serve(transport)
+                .await
+                .map_err(|e| format!("MCP server {url} did not initialise: {e}"))?;
+            servers.insert(key.clone(), client);
         }
-        Ok(ToolOutput {
-            result: json!({"content": content, "structured": result.structured_content}),
-            receipt: json!({"schema": "tool-invocation-v1", "transport": "mcp-stdio", "server": program, "tool": tool}),
-        })
+        let client = servers.get(&key).expect("connected above");
+        call(client, url, "mcp-http", tool, arguments).await
     }
 
     /// Stops every server.
@@ -67,4 +75,27 @@ impl McpServers {
             let _ = server.cancel().await;
         }
     }
+}
+
+async fn call(
+    client: &RunningService<RoleClient, ()>,
+    server: &str,
+    transport: &str,
+    tool: &str,
+    arguments: &Value,
+) -> Result<ToolOutput, String> {
+    let params = CallToolRequestParams::new(tool.to_string())
+        .with_arguments(arguments.as_object().cloned().unwrap_or_default());
+    let result = client
+        .call_tool(params)
+        .await
+        .map_err(|e| format!("MCP tool {tool} on {server} failed: {e}"))?;
+    let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
+    if result.is_error == Some(true) {
+        return Err(format!("MCP tool {tool} reported an error: {content}"));
+    }
+    Ok(ToolOutput {
+        result: json!({"content": content, "structured": result.structured_content}),
+        receipt: json!({"schema": "tool-invocation-v1", "transport": transport, "server": server, "tool": tool}),
+    })
 }

@@ -627,11 +627,15 @@ impl<'a> Loop<'a> {
             ToolTransport::Builtin => {
                 tools::run(&name, &call.arguments, self.runtime.shared.clock.now()).await
             }
-            ToolTransport::McpStdio => self.mcp.call(&t.command, &name, &call.arguments).await,
-            other => Err(format!(
-                "tool {} uses transport {other:?}, which this appliance does not connect yet",
-                t.id
-            )),
+            ToolTransport::McpStdio => {
+                self.mcp
+                    .call_stdio(&t.command, &name, &call.arguments)
+                    .await
+            }
+            ToolTransport::McpHttp => match &t.url {
+                Some(url) => self.mcp.call_http(url, &name, &call.arguments).await,
+                None => Err(format!("tool {} declares no url", t.id)),
+            },
         }
     }
 
