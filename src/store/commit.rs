@@ -5,7 +5,7 @@
 //! read what earlier ones wrote), and applies the whole group to sled as one
 //! multi-tree transaction. The flusher then flushes sled and syncs its data
 //! file once for all groups that arrived meanwhile, and only after that
-//! answers their writers and publishes their events.
+//! publishes their events and answers their writers.
 //!
 //! Why not one sled transaction per write: on sled 0.34 a transaction that
 //! overlaps a flush waits for it (measured: ~60 µs per transaction against
