@@ -12,6 +12,7 @@
 //! telemetry.rs   logs (text or JSON) and Prometheus metrics
 //! worker.rs      the Worker trait, its runner on the clock, the registry
 //! demo.rs        the demo tenant a zero-config start seeds
+//! winservice.rs  the Windows service of the MSI install (Windows only)
 //! domain/        the rules, pure: types and transitions, no IO, no async
 //! store/         sled behind a typed facade: tenant-first keys, group commit, outbox, backup
 //! auth/          client credentials, bearer tokens, principals and scope extractors
@@ -58,6 +59,8 @@ pub mod runtime;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+#[cfg(windows)]
+pub mod winservice;
 pub mod worker;
 
 /// Code generated from the `.proto` files under `static/proto/`.

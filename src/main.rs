@@ -53,6 +53,9 @@ enum Command {
         /// Run on a clock that only Admin/AdvanceClock moves (tests).
         #[arg(long, hide = true)]
         manual_clock: bool,
+        /// Run as the Windows service the MSI installs (Windows only).
+        #[arg(long)]
+        windows_service: bool,
     },
     /// Create the data directory, the certificate and the bootstrap
     /// PlatformAdmin credential (printed once), without serving.
@@ -239,6 +242,18 @@ fn load(common: &Common, listen: Option<SocketAddr>) -> anyhow::Result<Config> {
     )?)
 }
 
+/// Hands the process to the Windows Service Control Manager.
+#[cfg(windows)]
+async fn run_windows_service(config: Config) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || agentbay::winservice::run(config, runtime)).await?
+}
+
+#[cfg(not(windows))]
+async fn run_windows_service(_: Config) -> anyhow::Result<()> {
+    anyhow::bail!("--windows-service runs only on Windows; use systemd (packaging/debian) here")
+}
+
 /// Resolves on SIGTERM or Ctrl-C.
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -267,9 +282,13 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             common,
             listen,
             manual_clock,
+            windows_service,
         } => {
             let config = load(&common, listen)?;
             telemetry::init_logging(&config.log);
+            if windows_service {
+                return run_windows_service(config).await;
+            }
             let clocks = if manual_clock {
                 Clocks::manual()
             } else {

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the installable artefacts from the locked dependencies:
+#   target/packages/agentbay_<version>_amd64.deb   (dpkg-deb)
+#   target/packages/agentbay-<version>-x64.msi     (wixl, when the Windows
+#                                                   target is installed)
+# Offline: `cargo vendor` first (see README, "Air-gapped build"); the build
+# then needs no network.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+OUT=target/packages
+mkdir -p "$OUT"
+
+echo "--- agentbay $VERSION: release binary for Linux"
+cargo build --release --locked --bin agentbay
+
+echo "--- .deb"
+ROOT="$OUT/deb/agentbay_${VERSION}_amd64"
+rm -rf "$ROOT"
+install -D -m 0755 target/release/agentbay "$ROOT/usr/bin/agentbay"
+install -D -m 0640 packaging/agentbay.toml "$ROOT/etc/agentbay/agentbay.toml"
+install -D -m 0644 packaging/debian/agentbay.service "$ROOT/lib/systemd/system/agentbay.service"
+install -D -m 0644 README.md "$ROOT/usr/share/doc/agentbay/README.md"
+install -D -m 0644 LICENSE "$ROOT/usr/share/doc/agentbay/copyright"
+install -d "$ROOT/DEBIAN"
+install -m 0755 packaging/debian/postinst packaging/debian/prerm packaging/debian/postrm "$ROOT/DEBIAN/"
+echo "/etc/agentbay/agentbay.toml" > "$ROOT/DEBIAN/conffiles"
+SIZE_KB=$(du -sk "$ROOT" --exclude=DEBIAN | cut -f1)
+cat > "$ROOT/DEBIAN/control" <<CONTROL
+Package: agentbay
+Version: $VERSION
+Architecture: amd64
+Maintainer: agentbay <packaging@agentbay.invalid>
+Depends: libc6 (>= 2.34), adduser
+Installed-Size: $SIZE_KB
+Section: net
+Priority: optional
+Homepage: https://github.com/agentbay/agentbay
+Description: on-prem runtime for AI agents
+ One self-contained appliance: durable agent attempts, exact capacity
+ accounting, verified releases, an embedded store, a web console and an
+ HTTPS API (REST, Connect, gRPC). Runs as the hardened systemd service
+ agentbay.service with its data in /var/lib/agentbay.
+CONTROL
+DEB="$OUT/agentbay_${VERSION}_amd64.deb"
+dpkg-deb --root-owner-group -Zxz --build "$ROOT" "$DEB" >/dev/null
+echo "built $DEB ($(du -h "$DEB" | cut -f1))"
+
+echo "--- .msi"
+if rustup target list --installed 2>/dev/null | grep -qx x86_64-pc-windows-gnu \
+    && command -v x86_64-w64-mingw32-gcc >/dev/null && command -v wixl >/dev/null; then
+    cargo build --release --locked --target x86_64-pc-windows-gnu --bin agentbay
+    MSI="$OUT/agentbay-${VERSION}-x64.msi"
+    wixl --arch x64 -D Version="$VERSION" \
+        -D Binary=target/x86_64-pc-windows-gnu/release/agentbay.exe \
+        -D Config=packaging/agentbay.toml -D Readme=README.md \
+        -o "$MSI" packaging/windows/agentbay.wxs
+    echo "built $MSI ($(du -h "$MSI" | cut -f1))"
+else
+    echo "msi: skipped: needs the x86_64-pc-windows-gnu target, mingw-w64 and wixl (rustup target add x86_64-pc-windows-gnu; apt-get install mingw-w64 wixl)"
+fi

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Checks the artefacts of packaging/build.sh on this machine (as root, or
+# with sudo): installs the .deb, runs the installed binary, serves and
+# answers over TLS, upgrades over itself keeping data and configuration,
+# removes (data kept) and purges (data gone); checks the MSI's tables when
+# an MSI was built. Prints the sizes and the install-to-healthy time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+DEB=$(ls target/packages/agentbay_*_amd64.deb | head -1)
+PORT=18543
+TMP=$(mktemp -d)
+trap 'kill $(cat "$TMP"/pid* 2>/dev/null) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+wait_healthy() { # url ca
+    for _ in $(seq 1 200); do
+        if curl -fsS --cacert "$2" "$1/healthz" >/dev/null 2>&1; then return 0; fi
+        sleep 0.05
+    done
+    fail "$1 did not become healthy"
+}
+
+token() { # url ca id secret
+    curl -fsS --cacert "$2" -u "$3:$4" -d grant_type=client_credentials "$1/oauth/token" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])'
+}
+
+echo "--- install $DEB ($(du -h "$DEB" | cut -f1))"
+command -v adduser >/dev/null || $SUDO apt-get install -y -qq adduser
+START=$(date +%s.%N)
+$SUDO dpkg -i "$DEB"
+agentbay version
+$SUDO test -f /etc/agentbay/bootstrap-credential.json || fail "no bootstrap credential file"
+[ "$($SUDO stat -c '%U %a' /etc/agentbay/bootstrap-credential.json)" = "root 600" ] || fail "the credential file is not root-only"
+$SUDO test -d /var/lib/agentbay/store || fail "no store in /var/lib/agentbay"
+
+if command -v systemd-analyze >/dev/null; then
+    systemd-analyze verify /lib/systemd/system/agentbay.service
+    systemd-analyze security --offline=true /lib/systemd/system/agentbay.service | tail -1
+fi
+
+echo "--- the installed appliance (packaged config, data in /var/lib/agentbay)"
+URL="https://127.0.0.1:$PORT"
+$SUDO runuser -u agentbay -- agentbay serve --config /etc/agentbay/agentbay.toml --listen "127.0.0.1:$PORT" \
+    > "$TMP/serve.log" 2>&1 &
+echo $! > "$TMP/pid1"
+$SUDO cp /var/lib/agentbay/tls/ca.pem "$TMP/ca.pem"
+wait_healthy "$URL" "$TMP/ca.pem"
+HEALTHY=$(date +%s.%N)
+ID=$($SUDO python3 -c 'import json; print(json.load(open("/etc/agentbay/bootstrap-credential.json"))["client_id"])')
+SECRET=$($SUDO python3 -c 'import json; print(json.load(open("/etc/agentbay/bootstrap-credential.json"))["client_secret"])')
+TOKEN=$(token "$URL" "$TMP/ca.pem" "$ID" "$SECRET")
+[ -n "$TOKEN" ] || fail "no token"
+curl -fsS --cacert "$TMP/ca.pem" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+    -d '{"tenantId":"site","edition":"team"}' "$URL/agentbay.admin.v1.Admin/PutTenant" >/dev/null
+$SUDO kill -TERM "$(cat "$TMP/pid1")"; wait "$(cat "$TMP/pid1")" 2>/dev/null || true
+echo "install-to-healthy: $(python3 -c "print(round($HEALTHY - $START, 2))") s"
+
+echo "--- init and serve with the packaged config from a temp location"
+cp /etc/agentbay/agentbay.toml "$TMP/agentbay.toml" 2>/dev/null || $SUDO cat /etc/agentbay/agentbay.toml > "$TMP/agentbay.toml"
+sed -i "s#^data_dir = .*#data_dir = \"$TMP/data\"#; s#^listen = .*#listen = \"127.0.0.1:$((PORT + 1))\"#" "$TMP/agentbay.toml"
+agentbay init --config "$TMP/agentbay.toml" --json > "$TMP/cred.json"
+agentbay serve --config "$TMP/agentbay.toml" > "$TMP/serve2.log" 2>&1 &
+echo $! > "$TMP/pid2"
+wait_healthy "https://127.0.0.1:$((PORT + 1))" "$TMP/data/tls/ca.pem"
+ID2=$(python3 -c "import json; print(json.load(open('$TMP/cred.json'))['client_id'])")
+SECRET2=$(python3 -c "import json; print(json.load(open('$TMP/cred.json'))['client_secret'])")
+token "https://127.0.0.1:$((PORT + 1))" "$TMP/data/tls/ca.pem" "$ID2" "$SECRET2" >/dev/null
+kill -TERM "$(cat "$TMP/pid2")"; wait "$(cat "$TMP/pid2")" 2>/dev/null || true
+
+echo "--- upgrade over itself: data and configuration kept"
+echo "# edited on site" | $SUDO tee -a /etc/agentbay/agentbay.toml >/dev/null
+$SUDO dpkg -i --force-confold "$DEB"
+$SUDO grep -q "edited on site" /etc/agentbay/agentbay.toml || fail "the upgrade replaced the edited configuration"
+$SUDO runuser -u agentbay -- agentbay serve --config /etc/agentbay/agentbay.toml --listen "127.0.0.1:$PORT" \
+    > "$TMP/serve3.log" 2>&1 &
+echo $! > "$TMP/pid3"
+wait_healthy "$URL" "$TMP/ca.pem"
+TOKEN=$(token "$URL" "$TMP/ca.pem" "$ID" "$SECRET")
+curl -fsS --cacert "$TMP/ca.pem" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+    -d '{}' "$URL/agentbay.admin.v1.Admin/ListTenants" | grep -q '"site"' || fail "the upgrade lost the data"
+$SUDO kill -TERM "$(cat "$TMP/pid3")"; wait "$(cat "$TMP/pid3")" 2>/dev/null || true
+
+echo "--- remove keeps the data, purge deletes it"
+$SUDO dpkg -r agentbay
+[ ! -e /usr/bin/agentbay ] || fail "the binary is still installed"
+$SUDO test -d /var/lib/agentbay/store || fail "remove deleted the data"
+$SUDO dpkg -P agentbay
+! $SUDO test -e /var/lib/agentbay || fail "purge left /var/lib/agentbay"
+! getent passwd agentbay >/dev/null || fail "purge left the agentbay user"
+
+MSI=$(ls target/packages/agentbay-*-x64.msi 2>/dev/null | head -1 || true)
+if [ -n "$MSI" ]; then
+    echo "--- $MSI ($(du -h "$MSI" | cut -f1))"
+    msiinfo tables "$MSI" | grep -qx ServiceInstall || fail "the MSI has no ServiceInstall table"
+    msiinfo export "$MSI" ServiceInstall | grep -q "serve --windows-service" || fail "the service is not registered"
+    msiinfo export "$MSI" ServiceControl | grep -q agentbay || fail "no service control"
+    msiinfo export "$MSI" File | grep -q "agentbay.exe" || fail "agentbay.exe is not in the MSI"
+    msiinfo export "$MSI" Shortcut | grep -q "README" || fail "no shortcut"
+    msiinfo export "$MSI" Directory | grep -q CommonAppDataFolder || fail "no ProgramData directory"
+else
+    echo "msi: none built (the Windows target is not installed here)"
+fi
+echo "packages: ok"

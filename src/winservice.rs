@@ -1,0 +1,93 @@
+//! The Windows service the MSI registers (`agentbay serve
+//! --windows-service`): the Service Control Manager's stop and shutdown
+//! controls reach the same shutdown path as SIGTERM (drain, stop workers,
+//! flush the store).
+
+use std::ffi::OsString;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use windows_service::service::{
+    ServiceControl, ServiceControlAccept, ServiceExitCode, ServiceState, ServiceStatus, ServiceType,
+};
+use windows_service::service_control_handler::{self, ServiceControlHandlerResult};
+use windows_service::{define_windows_service, service_dispatcher};
+
+use crate::app::{self, Clocks};
+use crate::config::Config;
+
+/// The service name the MSI installs.
+pub const NAME: &str = "agentbay";
+
+static START: OnceLock<Mutex<Option<(Config, tokio::runtime::Handle)>>> = OnceLock::new();
+
+define_windows_service!(ffi_service_main, service_main);
+
+/// Hands this process to the Service Control Manager; returns when the
+/// service has stopped. Blocks: call it off the async runtime.
+pub fn run(config: Config, runtime: tokio::runtime::Handle) -> anyhow::Result<()> {
+    START
+        .get_or_init(|| Mutex::new(None))
+        .lock()
+        .expect("start slot")
+        .replace((config, runtime));
+    service_dispatcher::start(NAME, ffi_service_main)?;
+    Ok(())
+}
+
+fn service_main(_arguments: Vec<OsString>) {
+    if let Err(e) = serve() {
+        tracing::error!(error = %e, "the agentbay service failed");
+    }
+}
+
+fn serve() -> anyhow::Result<()> {
+    let (config, runtime) = START
+        .get()
+        .and_then(|slot| slot.lock().ok()?.take())
+        .ok_or_else(|| anyhow::anyhow!("the service started twice"))?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop_tx = Mutex::new(Some(stop_tx));
+    let status = service_control_handler::register(NAME, move |control| match control {
+        ServiceControl::Stop | ServiceControl::Shutdown | ServiceControl::Preshutdown => {
+            if let Some(tx) = stop_tx.lock().ok().and_then(|mut t| t.take()) {
+                let _ = tx.send(());
+            }
+            ServiceControlHandlerResult::NoError
+        }
+        ServiceControl::Interrogate => ServiceControlHandlerResult::NoError,
+        _ => ServiceControlHandlerResult::NotImplemented,
+    })?;
+    let report = |state, accept, wait: Duration| {
+        status.set_service_status(ServiceStatus {
+            service_type: ServiceType::OWN_PROCESS,
+            current_state: state,
+            controls_accepted: accept,
+            exit_code: ServiceExitCode::Win32(0),
+            checkpoint: 0,
+            wait_hint: wait,
+            process_id: None,
+        })
+    };
+    report(
+        ServiceState::Running,
+        ServiceControlAccept::STOP | ServiceControlAccept::SHUTDOWN,
+        Duration::ZERO,
+    )?;
+    let drain = Duration::from_secs(config.http.drain_seconds + 10);
+    let result = runtime.block_on(app::run(config, Clocks::system(), async move {
+        let _ = stop_rx.await;
+    }));
+    report(
+        ServiceState::StopPending,
+        ServiceControlAccept::empty(),
+        drain,
+    )
+    .ok();
+    report(
+        ServiceState::Stopped,
+        ServiceControlAccept::empty(),
+        Duration::ZERO,
+    )?;
+    result
+}
