@@ -1,0 +1,205 @@
+//! Human decisions: input and escalation questions, approvals, answers
+//! and expiry.
+
+use super::*;
+
+impl Grain {
+    pub(super) fn decision_metric(&self, kind: DecisionKind, delta: f64) {
+        metrics::gauge!(names::DECISIONS_WAITING, "tenant" => self.attempt.tenant_id.to_string(), "kind" => kind.as_str())
+            .increment(delta);
+    }
+
+    pub(super) async fn request_decision(
+        &mut self,
+        token: u64,
+        ask: DecisionAsk,
+    ) -> Result<DecisionRequest, RuntimeError> {
+        self.fence(token, "RequestDecision").await?;
+        self.check_interrupt("RequestDecision").await?;
+        let now = self.now();
+        let timeout = Duration::minutes(self.shared.config.input_timeout_minutes as i64);
+        let question_ref = ask
+            .question
+            .as_deref()
+            .map(crate::store::artifacts::content_hash);
+        let mut a = self.attempt.clone();
+        let (decision, events) = a.request_decision(
+            new_id(),
+            ask.kind,
+            None,
+            None,
+            question_ref,
+            ask.summary,
+            ask.options,
+            ask.recommendation,
+            timeout,
+            now,
+        )?;
+        let retain = self.retain();
+        let d = decision.clone();
+        let question = ask.question;
+        self.save(a, events, move |tx, s| {
+            if let Some(q) = &question {
+                tx.put_artifact(s, q, "application/json", Some(retain), now)?;
+            }
+            tx.put(s, &d)?;
+            Ok(())
+        })
+        .await?;
+        self.decision_metric(decision.kind, 1.0);
+        self.pending = Some(decision.clone());
+        Ok(decision)
+    }
+
+    pub(super) fn pending_named(&self, decision_id: Uuid) -> Result<DecisionRequest, RuntimeError> {
+        match &self.pending {
+            Some(d) if d.decision_id == decision_id => Ok(d.clone()),
+            _ => {
+                let stored: Option<DecisionRequest> = self.shared.store.get(
+                    &self.scope,
+                    &decision_key(self.attempt.attempt_id, decision_id),
+                )?;
+                match stored {
+                    Some(d) => Err(precondition(format!(
+                        "decision {decision_id} is {}; only a pending decision is answered",
+                        d.status.as_str()
+                    ))),
+                    None => Err(DomainError::not_found("decision", decision_id).into()),
+                }
+            }
+        }
+    }
+
+    /// Resolves the pending decision and stores it.
+    pub(super) async fn resolve(
+        &mut self,
+        mut decision: DecisionRequest,
+        resolution: Resolution,
+        answer: Option<Vec<u8>>,
+    ) -> Result<(), RuntimeError> {
+        let now = self.now();
+        let mut a = self.attempt.clone();
+        let mut events = a.resolve_decision(&mut decision, resolution, now)?;
+        // The adapter gets a full lease to pick the answer up.
+        a.renew_lease(self.lease_ttl(), now);
+        if decision.kind == DecisionKind::Approval
+            && matches!(
+                decision.status,
+                DecisionStatus::Approved | DecisionStatus::Rejected
+            )
+        {
+            events.push(NewEvent::new(
+                &a.tenant_id,
+                now,
+                &ApprovalDecided {
+                    approval_id: decision.approval_id.unwrap_or_default(),
+                    run_id: a.run_id,
+                    attempt_id: a.attempt_id,
+                    tenant_id: &a.tenant_id,
+                    decision: decision.status.as_str(),
+                    decided_by: decision.answered_by.as_deref().unwrap_or(""),
+                    proposal_hash: decision.proposal_hash.as_deref().unwrap_or(""),
+                },
+            ));
+        }
+        let retain = self.retain();
+        let d = decision.clone();
+        self.save(a, events, move |tx, s| {
+            if let Some(bytes) = &answer {
+                tx.put_artifact(s, bytes, "application/json", Some(retain), now)?;
+            }
+            tx.put(s, &d)?;
+            Ok(())
+        })
+        .await?;
+        self.decision_metric(decision.kind, -1.0);
+        self.pending = None;
+        Ok(())
+    }
+
+    pub(super) async fn answer(
+        &mut self,
+        decision_id: Uuid,
+        by: String,
+        choice: Option<String>,
+        answer: Option<Vec<u8>>,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        let decision = self.pending_named(decision_id)?;
+        match decision.kind {
+            DecisionKind::Approval => {
+                return Err(precondition(format!(
+                    "decision {decision_id} is an approval ({}); approvals are decided with Runs/DecideApproval",
+                    decision
+                        .approval_id
+                        .map(|a| a.to_string())
+                        .unwrap_or_default()
+                )));
+            }
+            DecisionKind::Escalation => match &choice {
+                Some(c) if decision.options.contains(c) => {}
+                Some(c) => {
+                    return Err(crate::domain::FieldError::new(
+                        "choice",
+                        format!(
+                            "{c:?} is not one of the options: {}",
+                            decision.options.join(", ")
+                        ),
+                    )
+                    .into());
+                }
+                None if decision.options.is_empty() && answer.is_some() => {}
+                None => {
+                    return Err(crate::domain::FieldError::new(
+                        "choice",
+                        format!("is required: one of {}", decision.options.join(", ")),
+                    )
+                    .into());
+                }
+            },
+            DecisionKind::Input => {
+                if answer.is_none() {
+                    return Err(crate::domain::FieldError::new(
+                        "answerJson",
+                        "is required for an input decision",
+                    )
+                    .into());
+                }
+            }
+        }
+        let answer_ref = answer.as_deref().map(crate::store::artifacts::content_hash);
+        self.resolve(
+            decision,
+            Resolution::Answered {
+                by,
+                choice,
+                answer_ref,
+            },
+            answer,
+        )
+        .await?;
+        Ok(self.attempt.clone())
+    }
+
+    pub(super) async fn decide(
+        &mut self,
+        decision_id: Uuid,
+        approve: bool,
+        by: String,
+        reason: Option<String>,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        let decision = self.pending_named(decision_id)?;
+        if decision.kind != DecisionKind::Approval {
+            return Err(precondition(format!(
+                "decision {decision_id} is an {} decision; answer it with Runtime/AnswerDecision",
+                decision.kind.as_str()
+            )));
+        }
+        let resolution = if approve {
+            Resolution::Approved { by, reason }
+        } else {
+            Resolution::Rejected { by, reason }
+        };
+        self.resolve(decision, resolution, None).await?;
+        Ok(self.attempt.clone())
+    }
+}
