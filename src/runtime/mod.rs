@@ -161,6 +161,10 @@ pub struct BeginCall {
     pub approval_id: Option<Uuid>,
     /// The adapter's state.
     pub state: Option<Vec<u8>>,
+    /// The builtin loop asks (nobody outside the appliance waits on the
+    /// answer): the start of a call without effect need not wait for the
+    /// disk.
+    pub in_process: bool,
 }
 
 /// The answer to a BeginCall.

@@ -220,6 +220,7 @@ impl pb::Adapter for AdapterService {
                     a => Some(parse_uuid("approvalId", a)?),
                 },
                 state: document("stateJson", request.state_json)?,
+                in_process: false,
             })
         })()
         .map_err(rpc)?;

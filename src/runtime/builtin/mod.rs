@@ -302,6 +302,7 @@ impl<'a> Loop<'a> {
                         context_tokens: Some(ctx.tokens),
                         approval_id: None,
                         state: Some(state.bytes()),
+                        in_process: true,
                     },
                 )
                 .await?;
@@ -421,6 +422,7 @@ impl<'a> Loop<'a> {
                         context_tokens: None,
                         approval_id: approval,
                         state: Some(state.bytes()),
+                        in_process: true,
                     },
                 )
                 .await?;
@@ -510,6 +512,7 @@ impl<'a> Loop<'a> {
                     context_tokens: None,
                     approval_id: None,
                     state: Some(state.bytes()),
+                    in_process: true,
                 },
             )
             .await?;

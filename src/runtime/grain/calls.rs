@@ -321,6 +321,34 @@ impl Grain {
         let rec = record.clone();
         let approval = consumed.clone();
         let (tx_out, rx_out) = oneshot::channel();
+        let effect_free = kind == CallKind::Model
+            || (kind == CallKind::Tool
+                && record.side_effect_class == Some(crate::domain::release::SideEffectClass::Read));
+        if call.in_process
+            && effect_free
+            && checkpoint.is_none()
+            && child.is_none()
+            && consumed.is_none()
+        {
+            self.save_queued(a, events, move |tx, s| {
+                tx.put_artifact(s, &request, "application/json", Some(retain), now)?;
+                if let Some(bytes) = state_bytes {
+                    tx.put_artifact(s, &bytes, "application/json", Some(retain), now)?;
+                }
+                tx.put(s, &rec)?;
+                Ok(())
+            });
+            self.call_metric(kind, CallStatus::Issued);
+            self.open = Some(record.clone());
+            return Ok(Begun {
+                outcome: BeginOutcome::Started,
+                call_id: Some(record.call_id),
+                policy_decision_id: record.policy_decision_id,
+                fencing_token: self.attempt.fencing_token,
+                request_hash: record.request_hash,
+                ..Begun::default()
+            });
+        }
         self.save(a, events, move |tx, s| {
             tx.put_artifact(s, &request, "application/json", Some(retain), now)?;
             if let Some(bytes) = state_bytes {

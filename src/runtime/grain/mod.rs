@@ -793,6 +793,39 @@ impl Grain {
         Ok(())
     }
 
+    /// [`Grain::save`] for a write nobody outside the appliance waits for:
+    /// the builtin loop's start of a call without effect (a model call, a
+    /// read tool). Its place in the commit order is fixed now, so every
+    /// later write of the attempt (the call's result, its checkpoint, the
+    /// outcome) commits after it; the loop goes on without waiting for the
+    /// disk. A crash before the sync loses only a call nobody was told of,
+    /// that had no effect, and that the resumed loop makes again.
+    fn save_queued<F>(&mut self, next: ExecutionAttempt, events: Vec<NewEvent>, extra: F)
+    where
+        F: FnOnce(&mut Tx, &TenantScope) -> Result<(), RuntimeError> + Send + 'static,
+    {
+        let scope = self.scope.clone();
+        let record = next.clone();
+        let durable = self.shared.store.submit(move |tx: &mut Tx| {
+            extra(tx, &scope)?;
+            tx.put(&scope, &record)?;
+            tx.emit_all(events)?;
+            Ok::<_, RuntimeError>(())
+        });
+        let attempt_id = self.attempt.attempt_id;
+        tokio::spawn(async move {
+            if let Err(e) = durable.await {
+                tracing::error!(attempt = %attempt_id, error = %e, "a queued write of the attempt failed");
+            }
+        });
+        let before = self.attempt.state;
+        self.attempt = next;
+        if before != self.attempt.state {
+            self.gauge(before, -1.0);
+            self.gauge(self.attempt.state, 1.0);
+        }
+    }
+
     async fn save_with_open(
         &mut self,
         next: ExecutionAttempt,
