@@ -430,6 +430,16 @@ pub struct DecisionRequest {
     pub consumed: bool,
 }
 
+impl DecisionRequest {
+    /// The attempt stopped before anyone answered.
+    pub fn cancel(&mut self, now: DateTime<Utc>) {
+        if self.status == DecisionStatus::Pending {
+            self.status = DecisionStatus::Cancelled;
+            self.answered_at = Some(now);
+        }
+    }
+}
+
 /// A child run delegated by a supervisor attempt.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -459,6 +469,11 @@ pub struct SubAgentDelegation {
 }
 
 impl SubAgentDelegation {
+    /// The child run ended in `state`.
+    pub fn child_ended(&mut self, state: &str) {
+        self.status = state.to_string();
+    }
+
     /// The stored id within the tenant: `<attempt>/<delegation>`.
     pub fn key(attempt_id: Uuid, delegation_id: Uuid) -> String {
         format!("{attempt_id}/{delegation_id}")

@@ -931,6 +931,43 @@ impl ExecutionAttempt {
         Ok(())
     }
 
+    /// Records the capacity lease that was requested for the attempt (or
+    /// that replaced a lost one); false when it is the one recorded.
+    pub fn use_capacity_lease(&mut self, lease_id: Uuid) -> bool {
+        if self.capacity_lease_id == Some(lease_id) {
+            return false;
+        }
+        self.capacity_lease_id = Some(lease_id);
+        self.version += 1;
+        true
+    }
+
+    /// Capacity was granted: the adapter may take the attempt and load the
+    /// release.
+    pub fn capacity_granted(&mut self, lease_id: Uuid, now: DateTime<Utc>) -> Vec<NewEvent> {
+        self.use_capacity_lease(lease_id);
+        self.capacity_granted = true;
+        self.version += 1;
+        self.set_phase(AttemptPhase::LoadingRelease, now)
+    }
+
+    /// A resuming adapter cannot read the last checkpoint: the attempt
+    /// fails (infrastructure), so run control starts a new attempt from the
+    /// step input.
+    pub fn refuse_resume(
+        &mut self,
+        why: String,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        let failure = AttemptFailure {
+            class: FailureClass::Infrastructure,
+            reason: format!("cannot resume: {why}; a new attempt starts from the step input"),
+            feedback_ref: None,
+        };
+        self.resume_refused = Some(why);
+        self.fail(failure, None, now)
+    }
+
     /// Whether the attempt lease has a holder whose lease ran out.
     pub fn lease_lapsed(&self, now: DateTime<Utc>) -> bool {
         self.lease.holder.is_some() && self.lease.expires_at.is_some_and(|t| t <= now)

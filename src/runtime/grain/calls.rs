@@ -717,7 +717,7 @@ impl Grain {
             tx.put(s, &cp)?;
             let key = SubAgentDelegation::key(attempt_id, delegation_id);
             if let Some(mut d) = tx.get::<SubAgentDelegation>(s, &key)? {
-                d.status = state.as_str().to_string();
+                d.child_ended(state.as_str());
                 tx.put(s, &d)?;
             }
             Ok(())

@@ -76,15 +76,7 @@ impl Grain {
                     && let Err(why) = cp.compatible_with(&adapter_version, checkpoint_format)
                 {
                     let mut a = self.attempt.clone();
-                    a.resume_refused = Some(why.clone());
-                    let failure = AttemptFailure {
-                        class: FailureClass::Infrastructure,
-                        reason: format!(
-                            "cannot resume: {why}; a new attempt starts from the step input"
-                        ),
-                        feedback_ref: None,
-                    };
-                    let events = a.fail(failure, None, now)?;
+                    let events = a.refuse_resume(why.clone(), now)?;
                     self.save(a, events, |_, _| Ok(())).await?;
                     return Err(precondition(format!(
                         "{why}; attempt {} failed (infrastructure) and a new attempt starts from the step input",
@@ -288,7 +280,7 @@ impl Grain {
         let events = match renewed {
             None | Some(Ok(_)) => {
                 if let Some(Ok(new_lease)) = renewed {
-                    a.capacity_lease_id = Some(new_lease);
+                    a.use_capacity_lease(new_lease);
                 }
                 if a.renewal_failure.is_none()
                     && a.state != AttemptState::Paused
@@ -366,9 +358,7 @@ impl Grain {
                 self.limiting_quota = None;
                 self.capacity_reason = None;
                 let mut a = self.attempt.clone();
-                a.capacity_granted = true;
-                a.capacity_lease_id = Some(view.lease.lease_id);
-                let events = a.set_phase(AttemptPhase::LoadingRelease, now);
+                let events = a.capacity_granted(view.lease.lease_id, now);
                 self.save(a, events, |_, _| Ok(())).await?;
                 if self.claimable() {
                     self.shared.set_claimable(&self.attempt, true);
@@ -403,9 +393,8 @@ impl Grain {
                     .as_ref()
                     .map(|l| l.to_string())
                     .or_else(|| view.lease.reason.clone());
-                if self.attempt.capacity_lease_id != Some(view.lease.lease_id) {
-                    let mut a = self.attempt.clone();
-                    a.capacity_lease_id = Some(view.lease.lease_id);
+                let mut a = self.attempt.clone();
+                if a.use_capacity_lease(view.lease.lease_id) {
                     self.save(a, Vec::new(), |_, _| Ok(())).await?;
                 }
                 Ok(())

@@ -905,8 +905,7 @@ impl Grain {
         let mut open = self.open.clone();
         let mut pending = self.pending.clone();
         if let Some(d) = pending.as_mut() {
-            d.status = DecisionStatus::Cancelled;
-            d.answered_at = Some(now);
+            d.cancel(now);
         }
         let events = a.observe_cancellation(open.as_mut(), now)?;
         if let Some(d) = &pending {
