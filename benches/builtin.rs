@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use agentbay::app::{self, AppState, Clocks};
 use agentbay::config::{Config, DemoConfig};
-use agentbay::domain::capacity::{PoolKind, PoolSpec, SecurityBoundary};
 use agentbay::domain::tenant::TenantSpec;
 use agentbay::domain::{ProjectId, TenantId};
 use agentbay::releases::bundle::Bundle;
@@ -23,7 +22,7 @@ use serde_json::{Value, json};
 
 mod common;
 
-use common::seconds;
+use common::{big_pool, seconds};
 
 const STEPS: usize = 8;
 const CONCURRENT: usize = 32;
@@ -109,21 +108,7 @@ async fn site(dir: &Path) -> app::Running {
         .unwrap();
     state
         .capacity
-        .set_pool(
-            "bench-agents",
-            PoolSpec {
-                tenant_id: None,
-                kind: PoolKind::AgentRuntime,
-                security_boundary: SecurityBoundary::Shared,
-                region: "local".into(),
-                node_profile: "large".into(),
-                min_size: 1000,
-                max_size: 1000,
-                internet_egress: false,
-                autoscaling: None,
-                state: None,
-            },
-        )
+        .set_pool("bench-agents", big_pool())
         .await
         .unwrap();
     let bundle = bench_release(dir);

@@ -16,7 +16,7 @@ use agentbay::capacity::{AcquireRequest, Capacity};
 use agentbay::clock::SystemClock;
 use agentbay::config::Config;
 use agentbay::domain::amount::Amount;
-use agentbay::domain::capacity::{HolderKind, LeaseRequest, PoolKind, PoolSpec, SecurityBoundary};
+use agentbay::domain::capacity::{HolderKind, LeaseRequest};
 use agentbay::domain::tenant::TenantSpec;
 use agentbay::domain::{ProjectId, TenantId};
 use agentbay::proto::agentbay::admin::v1 as admin_pb;
@@ -30,27 +30,10 @@ const CLIENTS: usize = 32;
 // The same allocator as the binary.
 mod common;
 
-use common::{Row, seconds};
+use common::{Row, big_pool, seconds};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// A pool large enough that no request waits: the figures measure the
-/// grant path, not queueing.
-fn big_pool() -> PoolSpec {
-    PoolSpec {
-        tenant_id: None,
-        kind: PoolKind::AgentRuntime,
-        security_boundary: SecurityBoundary::Shared,
-        region: "local".into(),
-        node_profile: "large".into(),
-        min_size: 1000,
-        max_size: 1000,
-        internet_egress: false,
-        autoscaling: None,
-        state: None,
-    }
-}
 
 async fn in_process() -> Row {
     let dir = tempfile::tempdir().unwrap();

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use agentbay::app::{self, AppState, Clocks};
 use agentbay::config::Config;
 use agentbay::domain::attempt::DecisionKind;
-use agentbay::domain::capacity::{PoolKind, PoolSpec, SecurityBoundary};
 use agentbay::domain::tenant::TenantSpec;
 use agentbay::domain::{ProjectId, TenantId};
 use agentbay::proto::agentbay::adapter::v1 as pb;
@@ -33,7 +32,7 @@ const ATTEMPTS: usize = 32;
 
 mod common;
 
-use common::{Row, seconds};
+use common::{Row, big_pool, seconds};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -69,21 +68,7 @@ async fn site(dir: &Path) -> (app::Running, Vec<Ticket>) {
         .unwrap();
     state
         .capacity
-        .set_pool(
-            "bench-agents",
-            PoolSpec {
-                tenant_id: None,
-                kind: PoolKind::AgentRuntime,
-                security_boundary: SecurityBoundary::Shared,
-                region: "local".into(),
-                node_profile: "large".into(),
-                min_size: 1000,
-                max_size: 1000,
-                internet_egress: false,
-                autoscaling: None,
-                state: None,
-            },
-        )
+        .set_pool("bench-agents", big_pool())
         .await
         .unwrap();
     let example =

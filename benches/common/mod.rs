@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use agentbay::domain::capacity::{PoolKind, PoolSpec, SecurityBoundary};
+
 /// Time per row: `AGENTBAY_BENCH_SECONDS` (default 5).
 pub fn seconds() -> Duration {
     let s = std::env::var("AGENTBAY_BENCH_SECONDS")
@@ -40,5 +42,22 @@ impl Row {
             pct(0.50).as_secs_f64() * 1000.0,
             pct(0.99).as_secs_f64() * 1000.0,
         );
+    }
+}
+
+/// An agent pool large enough that no request waits: the figures measure
+/// the work, not queueing.
+pub fn big_pool() -> PoolSpec {
+    PoolSpec {
+        tenant_id: None,
+        kind: PoolKind::AgentRuntime,
+        security_boundary: SecurityBoundary::Shared,
+        region: "local".into(),
+        node_profile: "large".into(),
+        min_size: 1000,
+        max_size: 1000,
+        internet_egress: false,
+        autoscaling: None,
+        state: None,
     }
 }
