@@ -48,7 +48,8 @@ dpkg-deb --root-owner-group -Zxz --build "$ROOT" "$DEB" >/dev/null
 echo "built $DEB ($(du -h "$DEB" | cut -f1))"
 
 echo "--- .msi"
-if rustup target list --installed 2>/dev/null | grep -qx x86_64-pc-windows-gnu \
+TARGETS=$(rustup target list --installed 2>/dev/null || true)
+if grep -qx x86_64-pc-windows-gnu <<<"$TARGETS" \
     && command -v x86_64-w64-mingw32-gcc >/dev/null && command -v wixl >/dev/null; then
     cargo build --release --locked --target x86_64-pc-windows-gnu --bin agentbay
     MSI="$OUT/agentbay-${VERSION}-x64.msi"

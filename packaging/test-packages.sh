@@ -80,8 +80,9 @@ $SUDO runuser -u agentbay -- agentbay serve --config /etc/agentbay/agentbay.toml
 echo $! > "$TMP/pid3"
 wait_healthy "$URL" "$TMP/ca.pem"
 TOKEN=$(token "$URL" "$TMP/ca.pem" "$ID" "$SECRET")
-curl -fsS --cacert "$TMP/ca.pem" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
-    -d '{}' "$URL/agentbay.admin.v1.Admin/ListTenants" | grep -q '"site"' || fail "the upgrade lost the data"
+TENANTS=$(curl -fsS --cacert "$TMP/ca.pem" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+    -d '{}' "$URL/agentbay.admin.v1.Admin/ListTenants")
+grep -q '"site"' <<<"$TENANTS" || fail "the upgrade lost the data"
 $SUDO kill -TERM "$(cat "$TMP/pid3")"; wait "$(cat "$TMP/pid3")" 2>/dev/null || true
 
 echo "--- remove keeps the data, purge deletes it"
@@ -95,12 +96,18 @@ $SUDO dpkg -P agentbay
 MSI=$(ls target/packages/agentbay-*-x64.msi 2>/dev/null | head -1 || true)
 if [ -n "$MSI" ]; then
     echo "--- $MSI ($(du -h "$MSI" | cut -f1))"
-    msiinfo tables "$MSI" | grep -qx ServiceInstall || fail "the MSI has no ServiceInstall table"
-    msiinfo export "$MSI" ServiceInstall | grep -q "serve --windows-service" || fail "the service is not registered"
-    msiinfo export "$MSI" ServiceControl | grep -q agentbay || fail "no service control"
-    msiinfo export "$MSI" File | grep -q "agentbay.exe" || fail "agentbay.exe is not in the MSI"
-    msiinfo export "$MSI" Shortcut | grep -q "README" || fail "no shortcut"
-    msiinfo export "$MSI" Directory | grep -q CommonAppDataFolder || fail "no ProgramData directory"
+    # The tables are read whole before grep looks at them: with pipefail, a
+    # grep -q that stops reading early would fail msiinfo with SIGPIPE.
+    table() { msiinfo export "$MSI" "$1"; }
+    TABLES=$(msiinfo tables "$MSI")
+    grep -qx ServiceInstall <<<"$TABLES" || fail "the MSI has no ServiceInstall table"
+    SERVICE=$(table ServiceInstall); CONTROL=$(table ServiceControl); FILES=$(table File)
+    SHORTCUTS=$(table Shortcut); DIRS=$(table Directory)
+    grep -q "serve --windows-service" <<<"$SERVICE" || fail "the service is not registered"
+    grep -q agentbay <<<"$CONTROL" || fail "no service control"
+    grep -q "agentbay.exe" <<<"$FILES" || fail "agentbay.exe is not in the MSI"
+    grep -q "README" <<<"$SHORTCUTS" || fail "no shortcut"
+    grep -q CommonAppDataFolder <<<"$DIRS" || fail "no ProgramData directory"
 else
     echo "msi: none built (the Windows target is not installed here)"
 fi
