@@ -23,7 +23,6 @@ use crate::capacity::Capacity;
 use crate::capacity::workers::{AccountingReconciler, Autoscaler, LeaseExpirer};
 use crate::clock::{ManualClock, SharedClock, SystemClock};
 use crate::config::Config;
-use crate::domain::credential::ClientCredential;
 use crate::releases::Releases;
 use crate::releases::warmer::ReleaseCacheWarmer;
 use crate::runs::RunControl;
@@ -80,6 +79,8 @@ pub struct AppState {
     pub store: Store,
     /// Token verification and credential state.
     pub auth: Arc<Auth>,
+    /// Console sessions.
+    pub sessions: Arc<crate::auth::session::Sessions>,
     /// Pools, quotas, leases, tenants.
     pub capacity: Arc<Capacity>,
     /// Release bundles.
@@ -125,20 +126,13 @@ pub fn open_local(config: &Config) -> Result<Local, crate::store::StoreError> {
     Ok(Local { datadir, store })
 }
 
-/// A credential made at first start, to print once.
-pub struct Bootstrap {
-    /// The credential.
-    pub credential: ClientCredential,
-    /// Its secret, never stored.
-    pub secret: String,
-}
+/// What the first start made, to print once.
+pub use crate::auth::clients::Bootstrapped as Bootstrap;
 
-/// Creates the PlatformAdmin bootstrap credential if this store never had
-/// one.
+/// Creates the PlatformAdmin bootstrap credential and console user if this
+/// store never had them.
 pub async fn bootstrap(store: &Store, clock: &SharedClock) -> anyhow::Result<Option<Bootstrap>> {
-    Ok(clients::bootstrap(store, clock.now())
-        .await?
-        .map(|(credential, secret)| Bootstrap { credential, secret }))
+    Ok(clients::bootstrap(store, clock.now()).await?)
 }
 
 /// Prints the bootstrap credential to standard output (never to the log).
@@ -148,9 +142,13 @@ pub fn print_bootstrap(bootstrap: &Bootstrap, config: &Config, url: Option<&str>
         .unwrap_or_else(|| format!("https://{}", display_addr(config.listen)));
     let ca = config.data_dir.join("tls/ca.pem");
     println!();
-    println!("agentbay bootstrap credential (PlatformAdmin) - shown once, store it now:");
+    println!("agentbay bootstrap credentials (PlatformAdmin) - shown once, store them now:");
     println!("  client_id:     {}", bootstrap.credential.client_id);
     println!("  client_secret: {}", bootstrap.secret);
+    println!();
+    println!("Console: sign in at {url}/ as");
+    println!("  username:      {}", bootstrap.username);
+    println!("  password:      {}", bootstrap.password);
     println!();
     println!("Get a token:");
     println!(
@@ -250,6 +248,11 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     let state = AppState {
         store: store.clone(),
         auth: auth.clone(),
+        sessions: crate::auth::session::Sessions::new(
+            clock.clone(),
+            config.auth.session_idle_minutes,
+            config.auth.session_max_hours,
+        ),
         capacity: capacity.clone(),
         releases: releases.clone(),
         runs: runs.clone(),

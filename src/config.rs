@@ -105,12 +105,20 @@ pub struct TlsConfig {
 pub struct AuthConfig {
     /// Lifetime of an access token, in seconds (60 to 86400).
     pub token_ttl_seconds: u64,
+    /// A console session ends after this many minutes without a request
+    /// (5 to 1440).
+    pub session_idle_minutes: u64,
+    /// A console session ends this many hours after sign-in, however busy
+    /// (1 to 168).
+    pub session_max_hours: u64,
 }
 
 impl Default for AuthConfig {
     fn default() -> Self {
         AuthConfig {
             token_ttl_seconds: 900,
+            session_idle_minutes: 30,
+            session_max_hours: 12,
         }
     }
 }
@@ -541,6 +549,18 @@ impl Config {
             self.auth.token_ttl_seconds,
             60,
             86_400,
+        )?;
+        range(
+            "auth.session_idle_minutes",
+            self.auth.session_idle_minutes,
+            5,
+            1440,
+        )?;
+        range(
+            "auth.session_max_hours",
+            self.auth.session_max_hours,
+            1,
+            168,
         )?;
         range(
             "http.max_body_bytes",

@@ -322,6 +322,8 @@ pub async fn init(config: &Config, json: bool) -> anyhow::Result<()> {
             serde_json::json!({
                 "client_id": b.credential.client_id,
                 "client_secret": b.secret,
+                "console_username": b.username,
+                "console_password": b.password,
                 "certificate_fingerprint": material.fingerprint,
             })
         ),

@@ -300,6 +300,15 @@ impl From<ClientError> for ApiError {
     }
 }
 
+impl From<crate::auth::users::UserError> for ApiError {
+    fn from(e: crate::auth::users::UserError) -> Self {
+        match e {
+            crate::auth::users::UserError::Domain(d) => d.into(),
+            crate::auth::users::UserError::Store(s) => s.into(),
+        }
+    }
+}
+
 /// Maps any error the API layer knows to a Connect error.
 pub fn rpc<E: Into<ApiError>>(e: E) -> ConnectError {
     e.into().into()

@@ -97,7 +97,7 @@ pub fn attempt_updates(
 }
 
 /// A stream fed by a producer task over a small channel.
-fn async_stream<T, F, Fut>(produce: F) -> impl Stream<Item = T> + Send + use<T, F, Fut>
+pub(crate) fn async_stream<T, F, Fut>(produce: F) -> impl Stream<Item = T> + Send + use<T, F, Fut>
 where
     T: Send + 'static,
     F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,

@@ -39,10 +39,19 @@ pub enum ClientError {
     Store(#[from] StoreError),
 }
 
+impl From<super::users::UserError> for ClientError {
+    fn from(e: super::users::UserError) -> Self {
+        match e {
+            super::users::UserError::Domain(d) => ClientError::Domain(d),
+            super::users::UserError::Store(s) => ClientError::Store(s),
+        }
+    }
+}
+
 /// Prefix of client secrets, so that a leaked one is recognisable.
 const SECRET_PREFIX: &str = "abs_";
 
-fn hash_secret(secret: &str) -> String {
+pub(super) fn hash_secret(secret: &str) -> String {
     let mut salt = [0u8; 16];
     getrandom::fill(&mut salt).expect("the OS random source works");
     let salt = SaltString::encode_b64(&salt).expect("16 bytes make a valid salt");
@@ -52,7 +61,7 @@ fn hash_secret(secret: &str) -> String {
         .to_string()
 }
 
-fn verify_secret(secret: &str, hash: &str) -> bool {
+pub(super) fn verify_secret(secret: &str, hash: &str) -> bool {
     PasswordHash::new(hash)
         .map(|parsed| {
             Argon2::default()
@@ -113,7 +122,7 @@ const BOOTSTRAPPED: &str = "auth.bootstrapped_at";
 pub async fn bootstrap(
     store: &Store,
     now: DateTime<Utc>,
-) -> Result<Option<(ClientCredential, String)>, ClientError> {
+) -> Result<Option<Bootstrapped>, ClientError> {
     let secret = format!("{SECRET_PREFIX}{}", super::token::random_token());
     let hash = {
         let secret = secret.clone();
@@ -128,6 +137,8 @@ pub async fn bootstrap(
         hash,
         now,
     )?;
+    let password = super::users::generate_password();
+    let user = super::users::bootstrap_user(&password, now).await?;
     let stored = credential.clone();
     let created = store
         .transact(move |tx: &mut Tx| {
@@ -137,11 +148,29 @@ pub async fn bootstrap(
             let scope = TenantScope::new(TenantId::platform());
             tx.put(&scope, &stored)?;
             tx.emit(event)?;
+            super::users::insert(tx, &scope, &user)?;
             tx.meta_put(BOOTSTRAPPED, now.to_rfc3339().as_bytes());
             Ok(true)
         })
         .await?;
-    Ok(created.then_some((credential, secret)))
+    Ok(created.then_some(Bootstrapped {
+        credential,
+        secret,
+        username: super::users::BOOTSTRAP_USER.to_string(),
+        password,
+    }))
+}
+
+/// What the first start made, to show once.
+pub struct Bootstrapped {
+    /// The PlatformAdmin client credential.
+    pub credential: ClientCredential,
+    /// Its secret, never stored.
+    pub secret: String,
+    /// The console's PlatformAdmin user.
+    pub username: String,
+    /// Its password, never stored.
+    pub password: String,
 }
 
 /// Checks a client id and secret. Failures are rate-limited per client id

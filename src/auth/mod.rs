@@ -12,7 +12,9 @@
 pub mod clients;
 pub mod extract;
 pub mod limiter;
+pub mod session;
 pub mod token;
+pub mod users;
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -33,6 +35,8 @@ pub enum Subject {
     Client(String),
     /// The local administration token of the CLI.
     LocalAdmin,
+    /// A console user, signed in.
+    User(String),
 }
 
 impl std::fmt::Display for Subject {
@@ -40,6 +44,7 @@ impl std::fmt::Display for Subject {
         match self {
             Subject::Client(id) => write!(f, "client {id}"),
             Subject::LocalAdmin => f.write_str("local administrator"),
+            Subject::User(name) => write!(f, "user {name}"),
         }
     }
 }

@@ -1,35 +1,479 @@
 //! The web console: server-rendered pages over the same services the API
-//! uses. Every page works without JavaScript; assets come from the binary.
+//! uses. Every page works without JavaScript; with it, timelines, queues and
+//! pools update over server-sent events that carry server-rendered HTML.
+//! Assets come from the binary and the CSP allows nothing else.
+//!
+//! A page handler takes a [`Console`] (a signed-in session, or a redirect to
+//! the sign-in page), checks the scope its data or action needs with
+//! [`Console::require`] (a refusal names the roles that would do), reads
+//! through the services in the tenant the session looks at, and renders a
+//! template whose first field is the [`Layout`]. Every form posts a CSRF
+//! token that [`Console::form`] checks before anything else; actions answer
+//! with a redirect and a one-time message that says what happened or why not.
+
+mod admin;
+mod capacity;
+mod live;
+mod signin;
+mod table;
+mod work;
+
+use std::collections::BTreeSet;
 
 use askama::Template;
 use axum::Router;
-use axum::extract::State;
-use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::extract::{FromRequestParts, RawForm};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
 
 use crate::api::error::ApiError;
 use crate::app::AppState;
+use crate::auth::Principal;
+use crate::auth::session::{COOKIE, Flash, Session};
+use crate::domain::TenantId;
+use crate::domain::access::{Role, Scope};
+use crate::store::TenantScope;
 
 /// Routes of the console.
 pub fn router() -> Router<AppState> {
-    Router::new().route("/", get(index))
+    Router::new()
+        .route("/", get(work::overview))
+        .route("/live/overview", get(live::overview))
+        .route("/signin", get(signin::form).post(signin::submit))
+        .route("/signout", post(signin::signout))
+        .route("/view-tenant", post(signin::view_tenant))
+        .route("/runs", get(work::runs).post(work::submit_run))
+        .route("/runs/{run_id}", get(work::run))
+        .route("/runs/{run_id}/cancel", post(work::cancel_run))
+        .route("/attempts", get(work::attempts))
+        .route("/attempts/{attempt_id}", get(work::timeline))
+        .route("/attempts/{attempt_id}/live", get(live::timeline))
+        .route("/attempts/{attempt_id}/checkpoints", get(work::checkpoints))
+        .route("/attempts/{attempt_id}/interrupt", post(work::interrupt))
+        .route(
+            "/attempts/{attempt_id}/decisions/{decision_id}",
+            post(work::decide),
+        )
+        .route(
+            "/attempts/{attempt_id}/calls/{call_id}/settle",
+            post(work::settle),
+        )
+        .route("/decisions", get(work::decisions))
+        .route("/uncertain", get(work::uncertain))
+        .route("/pools", get(capacity::pools))
+        .route("/live/pools", get(live::pools))
+        .route("/pools/{pool_id}", post(capacity::set_pool))
+        .route("/quotas", get(capacity::quotas).post(capacity::set_quota))
+        .route("/leases", get(capacity::leases))
+        .route("/live/leases", get(live::leases))
+        .route("/releases", get(admin::releases))
+        .route("/releases/{release_id}/retire", post(admin::retire))
+        .route("/tenants", get(admin::tenants).post(admin::put_tenant))
+        .route("/tenants/{tenant_id}/projects", post(admin::put_project))
+        .route("/users", get(admin::users).post(admin::create_user))
+        .route("/users/{username}/disable", post(admin::disable_user))
+        .route("/clients", get(admin::clients).post(admin::create_client))
+        .route("/clients/{client_id}/revoke", post(admin::revoke_client))
+}
+
+/// What every page shows around its content.
+pub struct Layout {
+    /// Page title.
+    pub title: String,
+    /// The signed-in user, its roles and tenant.
+    pub user: Option<UserBar>,
+    /// The tenant the pages show.
+    pub viewing: String,
+    /// Tenants a PlatformAdmin can switch to.
+    pub tenants: Vec<String>,
+    /// Navigation, filtered by what the user may read.
+    pub nav: Vec<NavItem>,
+    /// The token every form echoes.
+    pub csrf: String,
+    /// What the last action did.
+    pub flash: Option<Flash>,
+    /// Appliance version.
+    pub version: &'static str,
+    /// SHA-256 fingerprint of the served certificate.
+    pub fingerprint: String,
+}
+
+/// The signed-in user, as the header shows it.
+pub struct UserBar {
+    /// User name.
+    pub name: String,
+    /// Roles, comma-separated.
+    pub roles: String,
+    /// The user's tenant.
+    pub tenant: String,
+}
+
+/// One navigation link.
+pub struct NavItem {
+    /// Target.
+    pub href: &'static str,
+    /// Label.
+    pub label: &'static str,
+    /// Whether it is the current page.
+    pub active: bool,
+}
+
+/// Pages of the navigation and the scope each needs.
+const NAV: &[(&str, &str, Scope)] = &[
+    ("/", "Overview", Scope::RunsRead),
+    ("/runs", "Runs", Scope::RunsRead),
+    ("/attempts", "Attempts", Scope::RunsRead),
+    ("/decisions", "Decisions", Scope::RunsRead),
+    ("/uncertain", "Uncertain", Scope::RunsRead),
+    ("/pools", "Pools", Scope::CapacityRead),
+    ("/quotas", "Quotas", Scope::CapacityRead),
+    ("/leases", "Leases", Scope::CapacityRead),
+    ("/releases", "Releases", Scope::AssetsRead),
+    ("/tenants", "Tenants", Scope::Admin),
+    ("/users", "Users", Scope::Admin),
+    ("/clients", "Clients", Scope::Admin),
+];
+
+/// A signed-in user's request.
+pub struct Console {
+    /// The appliance.
+    pub state: AppState,
+    /// The session.
+    pub session: Session,
+    cookie: String,
+}
+
+fn cookie_of(parts: &Parts) -> Option<String> {
+    parts
+        .headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.to_string())
+}
+
+impl FromRequestParts<AppState> for Console {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        let session = cookie_of(parts).and_then(|c| state.sessions.get(&c).map(|s| (c, s)));
+        match session {
+            Some((cookie, session)) => Ok(Console {
+                state: state.clone(),
+                session,
+                cookie,
+            }),
+            None => {
+                let next = parts
+                    .uri
+                    .path_and_query()
+                    .map(|p| p.as_str())
+                    .unwrap_or("/");
+                // Only GET pages come back after sign-in; a form posted
+                // without a session is not replayed.
+                let target = if parts.method == axum::http::Method::GET && next != "/" {
+                    format!("/signin?next={}", urlencode(next))
+                } else {
+                    "/signin".to_string()
+                };
+                Err(Redirect::to(&target).into_response())
+            }
+        }
+    }
+}
+
+/// Percent-encodes a query value.
+pub fn urlencode(s: &str) -> String {
+    serde_urlencoded::to_string([("", s)])
+        .map(|v| v.trim_start_matches('=').to_string())
+        .unwrap_or_default()
+}
+
+/// Roles that hold `scope`, for refusals that say who could.
+fn roles_with(scope: Scope) -> String {
+    Role::ALL
+        .iter()
+        .filter(|r| r.scopes().contains(&scope))
+        .map(|r| r.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Console {
+    /// The principal the services see.
+    pub fn principal(&self) -> Principal {
+        self.session.principal()
+    }
+
+    /// Who acts, as records and events name it.
+    pub fn by(&self) -> String {
+        format!("user {}", self.session.username)
+    }
+
+    /// Whether the user holds `scope`.
+    pub fn can(&self, scope: Scope) -> bool {
+        self.session.scopes.contains(&scope)
+    }
+
+    /// Refuses unless the user holds `scope`, naming the roles that do.
+    pub fn require(&self, scope: Scope) -> Result<(), PageError> {
+        if self.can(scope) {
+            Ok(())
+        } else {
+            Err(PageError::forbidden(format!(
+                "your roles ({}) do not allow this: it needs {} ({}), held by {}",
+                self.roles(),
+                scope,
+                scope_words(scope),
+                roles_with(scope)
+            )))
+        }
+    }
+
+    fn roles(&self) -> String {
+        self.session
+            .roles
+            .iter()
+            .map(|r| r.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Whether the user is a PlatformAdmin of the platform tenant.
+    pub fn platform_admin(&self) -> bool {
+        self.principal().is_platform_admin()
+    }
+
+    /// The store scope of the tenant the pages show.
+    pub fn scope(&self) -> Result<TenantScope, PageError> {
+        Ok(self.principal().scope_for(&self.session.viewing)?)
+    }
+
+    /// The tenant the pages show.
+    pub fn viewing(&self) -> &TenantId {
+        &self.session.viewing
+    }
+
+    /// The frame of a page; takes the waiting message.
+    pub fn layout(&self, title: impl Into<String>, active: &str) -> Layout {
+        let scopes: &BTreeSet<Scope> = &self.session.scopes;
+        let tenants = if self.platform_admin() {
+            self.state
+                .capacity
+                .tenants()
+                .into_iter()
+                .map(|t| t.tenant_id.to_string())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Layout {
+            title: title.into(),
+            user: Some(UserBar {
+                name: self.session.display_name.clone(),
+                roles: self.roles(),
+                tenant: self.session.tenant.to_string(),
+            }),
+            viewing: self.session.viewing.to_string(),
+            tenants,
+            nav: NAV
+                .iter()
+                .filter(|(_, _, scope)| scopes.contains(scope))
+                .map(|(href, label, _)| NavItem {
+                    href,
+                    label,
+                    active: *href == active,
+                })
+                .collect(),
+            csrf: self.session.csrf.clone(),
+            flash: self.state.sessions.take_flash(&self.cookie),
+            version: env!("CARGO_PKG_VERSION"),
+            fingerprint: self.state.tls.fingerprint.clone(),
+        }
+    }
+
+    /// Parses a posted form after checking its CSRF token.
+    pub fn form(&self, raw: RawForm) -> Result<Fields, PageError> {
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(&raw.0)
+            .map_err(|e| PageError::bad(format!("the form is malformed: {e}")))?;
+        let fields = Fields(pairs);
+        let sent = fields.get("csrf").unwrap_or_default();
+        let expected = self.session.csrf.as_bytes();
+        if !constant_time_eq(sent.as_bytes(), expected) {
+            return Err(PageError::forbidden(
+                "the form's CSRF token is missing or stale; reload the page and submit it again",
+            ));
+        }
+        Ok(fields)
+    }
+
+    /// Answers an action: back to `to` with a message saying what happened
+    /// or, for an error, what was wrong (field and reason).
+    pub fn done<E: Into<ApiError>>(&self, to: &str, result: Result<String, E>) -> Response {
+        let (ok, text) = match result {
+            Ok(text) => (true, text),
+            Err(e) => (false, describe(&e.into())),
+        };
+        self.state.sessions.flash(&self.cookie, ok, text);
+        Redirect::to(to).into_response()
+    }
+}
+
+/// What an API error says, with the field it names.
+pub fn describe(e: &ApiError) -> String {
+    match &e.field {
+        Some(field) if !e.detail.starts_with(field.as_str()) => format!("{field}: {}", e.detail),
+        _ => e.detail.clone(),
+    }
+}
+
+fn scope_words(scope: Scope) -> &'static str {
+    match scope {
+        Scope::CapacityRead => "read pools, quotas and leases",
+        Scope::CapacityAdmin => "change quotas and pools",
+        Scope::CapacityLease => "hold capacity leases",
+        Scope::RunsRead => "read runs and timelines",
+        Scope::RunsWrite => "submit and cancel runs",
+        Scope::RunsDecide => "answer decisions",
+        Scope::RunsOperate => "interrupt attempts and settle calls",
+        Scope::RunsExecute => "act as an execution adapter",
+        Scope::AssetsRead => "read releases",
+        Scope::AssetsAdmin => "deprecate and revoke releases",
+        Scope::EventsRead => "read events",
+        Scope::MetricsRead => "read metrics",
+        Scope::Admin => "manage users and clients",
+        Scope::Platform => "act across tenants",
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The fields of a posted form, in order (a field may repeat).
+pub struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    /// The first value of `key`, trimmed; `None` when absent or blank.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.trim())
+            .filter(|v| !v.is_empty())
+    }
+
+    /// The value of a required field, or an error naming it.
+    pub fn need(&self, key: &str) -> Result<&str, ApiError> {
+        self.get(key)
+            .ok_or_else(|| ApiError::invalid(key, "is required"))
+    }
+
+    /// Every value of `key`.
+    pub fn all(&self, key: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+}
+
+/// A page that cannot be shown, as an HTML page with its status.
+#[derive(Debug)]
+pub struct PageError {
+    status: StatusCode,
+    message: String,
+}
+
+impl PageError {
+    /// 403 with the reason.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        PageError {
+            status: StatusCode::FORBIDDEN,
+            message: message.into(),
+        }
+    }
+
+    /// 400 with the reason.
+    pub fn bad(message: impl Into<String>) -> Self {
+        PageError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+}
+
+impl<E: Into<ApiError>> From<E> for PageError {
+    fn from(e: E) -> Self {
+        let e: ApiError = e.into();
+        let status = e.code.spec().status;
+        let message = if e.detail.is_empty() {
+            "an internal error occurred; the appliance log has the details".to_string()
+        } else {
+            describe(&e)
+        };
+        if status.is_server_error() {
+            tracing::warn!(error = %e.detail, internal = ?e.internal, "console page failed");
+        }
+        PageError { status, message }
+    }
 }
 
 #[derive(Template)]
-#[template(path = "index.html")]
-struct IndexPage<'a> {
-    version: &'a str,
-    fingerprint: &'a str,
-    ca_fingerprint: Option<&'a str>,
-    schema_version: u32,
+#[template(path = "console/error.html")]
+struct ErrorPage<'a> {
+    status: u16,
+    reason: &'a str,
+    message: &'a str,
+    version: &'static str,
 }
 
-async fn index(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let page = IndexPage {
-        version: env!("CARGO_PKG_VERSION"),
-        fingerprint: &state.tls.fingerprint,
-        ca_fingerprint: state.tls.ca_fingerprint.as_deref(),
-        schema_version: state.store.schema_version(),
-    };
-    Ok(Html(page.render().map_err(ApiError::internal)?).into_response())
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        let page = ErrorPage {
+            status: self.status.as_u16(),
+            reason: self.status.canonical_reason().unwrap_or("Error"),
+            message: &self.message,
+            version: env!("CARGO_PKG_VERSION"),
+        };
+        let body = page.render().unwrap_or_else(|_| self.message.clone());
+        (self.status, Html(body)).into_response()
+    }
+}
+
+/// Renders a page with headers that keep it out of caches.
+pub fn render<T: Template>(page: &T) -> Result<Response, PageError> {
+    let body = page.render().map_err(ApiError::internal)?;
+    let mut response = Html(body).into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+/// Short form of a long id or hash for tables: the full text stays in the
+/// title attribute.
+pub fn short(s: &str) -> String {
+    let s = s.strip_prefix("sha256:").unwrap_or(s);
+    if s.chars().count() > 12 {
+        format!("{}…", s.chars().take(12).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+/// A time as the console shows it (UTC, seconds).
+pub fn when(t: &chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+/// A time if there is one.
+pub fn when_opt(t: &Option<chrono::DateTime<chrono::Utc>>) -> String {
+    t.as_ref().map(when).unwrap_or_default()
 }

@@ -66,6 +66,12 @@ scopes! {
     Platform = "agentbay.platform",
 }
 
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl fmt::Display for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -116,6 +122,28 @@ pub enum Role {
 }
 
 impl Role {
+    /// Every role, from the least to the most powerful.
+    pub const ALL: &'static [Role] = &[
+        Role::Observer,
+        Role::Requester,
+        Role::Reviewer,
+        Role::Operator,
+        Role::WorkspaceAdmin,
+        Role::PlatformAdmin,
+    ];
+
+    /// The role's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Requester => "Requester",
+            Role::Reviewer => "Reviewer",
+            Role::Operator => "Operator",
+            Role::WorkspaceAdmin => "WorkspaceAdmin",
+            Role::PlatformAdmin => "PlatformAdmin",
+            Role::Observer => "Observer",
+        }
+    }
+
     /// The scopes the role stands for.
     pub fn scopes(self) -> BTreeSet<Scope> {
         use Scope::*;

@@ -15,6 +15,7 @@ pub mod ids;
 pub mod release;
 pub mod run;
 pub mod tenant;
+pub mod user;
 
 pub use error::{DomainError, FieldError};
 pub use ids::{ProjectId, TenantId};

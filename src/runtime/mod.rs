@@ -50,6 +50,35 @@ impl Record for ExecutionAttempt {
     }
 }
 
+/// The fields of an attempt that lists and counts need, read from the
+/// store without decoding the rest of the record.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptSummary {
+    /// The attempt.
+    pub attempt_id: Uuid,
+    /// Its run.
+    pub run_id: Uuid,
+    /// Its number within the step.
+    pub number: u32,
+    /// Its project.
+    pub project_id: crate::domain::ProjectId,
+    /// Its release.
+    pub release_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// Its state.
+    pub state: AttemptState,
+    /// Its phase.
+    pub phase: crate::domain::attempt::AttemptPhase,
+    /// When it was created.
+    pub started_at: DateTime<Utc>,
+    /// When it ended.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// Why it failed.
+    pub failure: Option<crate::domain::attempt::AttemptFailure>,
+}
+
 impl Record for Checkpoint {
     const TABLE: Table = Table::Checkpoints;
     const VERSION: u16 = 1;
@@ -1011,6 +1040,14 @@ impl Runtime {
             outcome_hash: attempt.outcome_hash.clone(),
             acknowledged: true,
         })
+    }
+
+    /// Every attempt of a tenant, oldest first, as lists need them.
+    pub fn summaries(&self, scope: &TenantScope) -> Result<Vec<AttemptSummary>, RuntimeError> {
+        Ok(self
+            .shared
+            .store
+            .list_projected::<ExecutionAttempt, AttemptSummary>(scope)?)
     }
 
     /// Checkpoints of an attempt, in order.

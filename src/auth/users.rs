@@ -1,0 +1,275 @@
+//! Console users: create, authenticate, list, disable, set a password.
+//!
+//! The console, the Admin RPC service and the offline CLI call these
+//! functions. User names are unique across the appliance: a platform-tenant
+//! index `user/<username>` names the tenant that holds the record, so signing
+//! in needs only a name and a password.
+
+use std::collections::BTreeSet;
+
+use chrono::{DateTime, Utc};
+
+use super::clients::{hash_secret, verify_secret};
+use super::{Auth, AuthError};
+use crate::capacity::records::TENANT_RECORD;
+use crate::domain::access::Role;
+use crate::domain::tenant::Tenant;
+use crate::domain::user::{User, check_password, parse_username};
+use crate::domain::{DomainError, FieldError, TenantId};
+use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
+
+impl Record for User {
+    const TABLE: Table = Table::Users;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant_id
+    }
+    fn id(&self) -> String {
+        self.username.clone()
+    }
+}
+
+/// The platform-tenant index from user name to tenant.
+const LOGIN_INDEX: &str = "user";
+
+/// Errors of user management.
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    /// A rule of the domain.
+    #[error(transparent)]
+    Domain(#[from] DomainError),
+    /// The store.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<FieldError> for UserError {
+    fn from(e: FieldError) -> Self {
+        UserError::Domain(e.into())
+    }
+}
+
+/// A generated password: 24 characters of base64url (144 bits).
+pub fn generate_password() -> String {
+    let mut bytes = [0u8; 18];
+    getrandom::fill(&mut bytes).expect("the OS random source works");
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+async fn hash(password: &str) -> String {
+    let password = password.to_string();
+    // argon2id takes tens of milliseconds by design: off the executor.
+    tokio::task::spawn_blocking(move || hash_secret(&password))
+        .await
+        .expect("hashing does not panic")
+}
+
+/// What a new user is.
+pub struct NewUser<'a> {
+    /// Its tenant.
+    pub tenant: TenantScope,
+    /// Sign-in name.
+    pub username: &'a str,
+    /// Name shown to people.
+    pub display_name: &'a str,
+    /// Roles in the tenant.
+    pub roles: BTreeSet<Role>,
+    /// The password; checked for length.
+    pub password: &'a str,
+    /// Who creates it.
+    pub created_by: &'a str,
+}
+
+/// Creates a user in a registered tenant, refusing a name already taken in
+/// any tenant.
+pub async fn create(
+    store: &Store,
+    new: NewUser<'_>,
+    now: DateTime<Utc>,
+) -> Result<User, UserError> {
+    check_password(new.password)?;
+    let password_hash = hash(new.password).await;
+    let (user, event) = User::create(
+        new.tenant.tenant().clone(),
+        new.username,
+        new.display_name,
+        new.roles,
+        password_hash,
+        new.created_by,
+        now,
+    )?;
+    let stored = user.clone();
+    let tenant = new.tenant;
+    store
+        .transact(move |tx: &mut Tx| {
+            if tx.get::<Tenant>(&tenant, TENANT_RECORD)?.is_none() {
+                return Err(UserError::Domain(
+                    FieldError::new(
+                        "tenantId",
+                        format!("tenant {} is not registered", tenant.tenant()),
+                    )
+                    .into(),
+                ));
+            }
+            insert(tx, &tenant, &stored)?;
+            tx.emit(event)?;
+            Ok(())
+        })
+        .await?;
+    Ok(user)
+}
+
+/// Writes a new user and its name in the login index, refusing a taken name.
+pub(super) fn insert(tx: &mut Tx, tenant: &TenantScope, user: &User) -> Result<(), UserError> {
+    let platform = TenantScope::new(TenantId::platform());
+    if let Some(owner) = tx
+        .index_ids(&platform, LOGIN_INDEX, &user.username)?
+        .first()
+    {
+        return Err(FieldError::new(
+            "username",
+            format!(
+                "{} is taken (in tenant {owner}); user names are unique across the appliance",
+                user.username
+            ),
+        )
+        .into());
+    }
+    tx.put(tenant, user)?;
+    tx.index_put(
+        &platform,
+        LOGIN_INDEX,
+        &user.username,
+        tenant.tenant().as_str(),
+    )?;
+    Ok(())
+}
+
+/// Finds a user by name in whichever tenant holds it.
+pub fn find(store: &Store, username: &str) -> Result<Option<User>, StoreError> {
+    let Ok(name) = parse_username(username) else {
+        return Ok(None);
+    };
+    let platform = TenantScope::new(TenantId::platform());
+    let Some(tenant) = store
+        .index_ids(&platform, LOGIN_INDEX, &name)?
+        .into_iter()
+        .next()
+    else {
+        return Ok(None);
+    };
+    let Ok(tenant) = TenantId::parse(&tenant) else {
+        return Ok(None);
+    };
+    store.get(&TenantScope::new(tenant), &name)
+}
+
+/// Checks a user name and password. Failures are rate-limited per name and
+/// reported without saying whether the name exists.
+pub async fn authenticate(
+    store: &Store,
+    auth: &Auth,
+    username: &str,
+    password: &str,
+) -> Result<User, AuthError> {
+    let key = format!("user:{}", username.trim().to_ascii_lowercase());
+    if let Some(seconds) = auth.limiter.retry_after(&key) {
+        return Err(AuthError::RateLimited(format!(
+            "too many failed sign-ins for this user name; try again in {seconds} s"
+        )));
+    }
+    let refused = || AuthError::Unauthenticated("unknown user name or wrong password".into());
+    let found = find(store, username).ok().flatten();
+    // Without a user, a dummy check keeps the timing of both answers alike.
+    let hash_of = found.as_ref().map(|u| u.password_hash.clone());
+    let ok = {
+        let password = password.to_string();
+        tokio::task::spawn_blocking(move || match hash_of {
+            Some(h) => verify_secret(&password, &h),
+            None => {
+                verify_secret(&password, DUMMY_HASH);
+                false
+            }
+        })
+        .await
+        .unwrap_or(false)
+    };
+    let Some(user) = found.filter(|_| ok) else {
+        auth.limiter.record_failure(&key);
+        return Err(refused());
+    };
+    if user.disabled_at.is_some() {
+        return Err(AuthError::Unauthenticated(format!(
+            "user {} is disabled",
+            user.username
+        )));
+    }
+    Ok(user)
+}
+
+/// An argon2id hash of a random string, for timing-equal refusals.
+const DUMMY_HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$K0n8tTnCpzm8kjTH0qGb0bnQx9uAg5o0PZ1h3mYAr5w";
+
+/// Users of one tenant.
+pub fn list(store: &Store, tenant: &TenantScope) -> Result<Vec<User>, StoreError> {
+    store.list(tenant)
+}
+
+/// Users of every tenant.
+pub fn list_all(store: &Store, platform: &PlatformScope) -> Result<Vec<User>, StoreError> {
+    store.scan_all(platform)
+}
+
+/// Disables a user of the scope's tenant. Idempotent.
+pub async fn disable(
+    store: &Store,
+    tenant: TenantScope,
+    username: &str,
+    by: &str,
+    now: DateTime<Utc>,
+) -> Result<User, UserError> {
+    let name = parse_username(username)?;
+    let by = by.to_string();
+    store
+        .transact(move |tx: &mut Tx| {
+            let mut user: User = tx
+                .get(&tenant, &name)?
+                .ok_or_else(|| DomainError::not_found("user", &name))?;
+            if let Some(event) = user.disable(&by, now) {
+                tx.put(&tenant, &user)?;
+                tx.emit(event)?;
+            }
+            Ok::<_, UserError>(user)
+        })
+        .await
+}
+
+/// The console's bootstrap PlatformAdmin, made with the bootstrap credential.
+pub(super) async fn bootstrap_user(password: &str, now: DateTime<Utc>) -> Result<User, UserError> {
+    let (user, _) = User::create(
+        TenantId::platform(),
+        BOOTSTRAP_USER,
+        "Platform administrator",
+        [Role::PlatformAdmin].into(),
+        hash(password).await,
+        "bootstrap",
+        now,
+    )?;
+    Ok(user)
+}
+
+/// Name of the bootstrap console user.
+pub const BOOTSTRAP_USER: &str = "admin";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dummy_hash_is_a_valid_argon2id_hash() {
+        assert!(argon2::password_hash::PasswordHash::new(DUMMY_HASH).is_ok());
+        assert!(!verify_secret("anything", DUMMY_HASH));
+        assert_eq!(generate_password().len(), 24);
+    }
+}

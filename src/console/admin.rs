@@ -1,0 +1,645 @@
+//! Administration pages: releases (deprecate, revoke), tenants and projects,
+//! users and client credentials.
+
+use askama::Template;
+use axum::extract::{Path, RawForm, RawQuery};
+use axum::response::Response;
+
+use super::table::{Action, Cell, ListQuery, Table};
+use super::{Console, Layout, PageError, render, when, when_opt};
+use crate::api::error::ApiError;
+use crate::auth::{clients, users};
+use crate::domain::access::{Role, Scope, parse_scopes};
+use crate::domain::release::{InFlightPolicy, LoadState, parse_release_id};
+use crate::domain::tenant::TenantSpec;
+use crate::domain::user::parse_roles;
+use crate::domain::{ProjectId, TenantId};
+
+#[derive(Template)]
+#[template(path = "console/list.html")]
+struct ListPage {
+    l: Layout,
+    intro: String,
+    t: Table,
+}
+
+// ---- releases ---------------------------------------------------------------
+
+/// `GET /releases`: verified and rejected releases with the reason; an
+/// AssetsAdmin deprecates or revokes.
+pub async fn releases(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::AssetsRead)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let can_retire = console.can(Scope::AssetsAdmin);
+    let mut list = console.state.releases.list(Some(&scope))?;
+    list.sort_by_key(|r| std::cmp::Reverse(r.imported_at));
+    let rows = list
+        .iter()
+        .map(|r| {
+            let verified = r.state == LoadState::Verified;
+            let lifecycle = format!("{:?}", r.lifecycle);
+            let mut actions = Vec::new();
+            if can_retire && verified && lifecycle != "Revoked" {
+                let href = format!("/releases/{}/retire", r.release_id);
+                if lifecycle == "Published" {
+                    actions.push(Action {
+                        href: href.clone(),
+                        label: "Deprecate (drain)".into(),
+                        fields: vec![
+                            ("action".into(), "deprecate".into()),
+                            ("inFlightPolicy".into(), "drain".into()),
+                        ],
+                        danger: false,
+                    });
+                }
+                actions.push(Action {
+                    href,
+                    label: "Revoke (interrupt)".into(),
+                    fields: vec![
+                        ("action".into(), "revoke".into()),
+                        ("inFlightPolicy".into(), "interrupt".into()),
+                    ],
+                    danger: true,
+                });
+            }
+            vec![
+                Cell::text(&r.release_id),
+                Cell::text(&r.agent_id),
+                Cell::text(&r.version),
+                Cell::State(if verified { "verified" } else { "rejected" }.to_string()),
+                Cell::State(lifecycle),
+                Cell::text(r.reason.clone().unwrap_or_default()),
+                Cell::text(r.adapter.as_str()),
+                Cell::text(r.signer.clone().unwrap_or_default()),
+                Cell::code(&r.manifest_hash),
+                Cell::text(when(&r.imported_at)),
+                Cell::Actions(actions),
+            ]
+        })
+        .collect();
+    let t = q.table(
+        "releases",
+        "/releases",
+        &[
+            "Release",
+            "Agent",
+            "Version",
+            "Verification",
+            "Lifecycle",
+            "Reason",
+            "Adapter",
+            "Signer",
+            "Manifest",
+            "Imported",
+            "Actions",
+        ],
+        rows,
+        vec![],
+        "No releases imported yet: `agentbay release import BUNDLE`.",
+    );
+    render(&ListPage {
+        l: console.layout("Releases", "/releases"),
+        intro: "Every release import is verified (signature, content hashes, compatibility); a rejected one is kept with the reason and never dispatched. Deprecate drains (running attempts finish, no new runs); revoke interrupts the running ones.".into(),
+        t,
+    })
+}
+
+/// `POST /releases/{id}/retire`: deprecate or revoke with an in-flight
+/// policy.
+pub async fn retire(
+    console: Console,
+    Path(release_id): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::AssetsAdmin)?;
+    let scope = console.scope()?;
+    let result = async {
+        let id = parse_release_id(&release_id)?;
+        let revoke = match fields.need("action")? {
+            "deprecate" => false,
+            "revoke" => true,
+            other => {
+                return Err(ApiError::invalid(
+                    "action",
+                    format!("{other:?} is not one of deprecate, revoke"),
+                ));
+            }
+        };
+        let policy: InFlightPolicy =
+            serde_json::from_value(serde_json::json!(fields.need("inFlightPolicy")?)).map_err(
+                |_| ApiError::invalid("inFlightPolicy", "is not one of finish, drain, interrupt"),
+            )?;
+        let (release, report) = console
+            .state
+            .releases
+            .retire(&scope, &id, revoke, policy)
+            .await?;
+        Ok(format!(
+            "release {} is {:?} ({policy}); in flight: {}",
+            release.release_id,
+            release.lifecycle,
+            serde_json::to_string(&report).unwrap_or_default()
+        ))
+    }
+    .await;
+    Ok(console.done("/releases", result))
+}
+
+// ---- tenants and projects ---------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/tenants.html")]
+struct TenantsPage {
+    l: Layout,
+    t: Table,
+    projects: Table,
+    editions: Vec<String>,
+    platform: bool,
+}
+
+/// `GET /tenants`: tenants (PlatformAdmin) and the projects of the tenant
+/// shown (its WorkspaceAdmins too).
+pub async fn tenants(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::Admin)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let platform = console.platform_admin();
+    let tenants = if platform {
+        console.state.capacity.tenants()
+    } else {
+        console
+            .state
+            .capacity
+            .tenant(console.viewing())
+            .into_iter()
+            .collect()
+    };
+    let rows = tenants
+        .iter()
+        .map(|t| {
+            vec![
+                Cell::text(t.tenant_id.as_str()),
+                Cell::text(&t.display_name),
+                Cell::text(&t.edition),
+                Cell::text(if t.residency_regions.is_empty() {
+                    "any".to_string()
+                } else {
+                    t.residency_regions.join(", ")
+                }),
+                Cell::text(when(&t.created_at)),
+            ]
+        })
+        .collect();
+    let t = q.table(
+        "tenants",
+        "/tenants",
+        &["Tenant", "Name", "Edition", "Regions", "Registered"],
+        rows,
+        vec![],
+        "No tenants.",
+    );
+    let projects = console
+        .state
+        .capacity
+        .projects(&scope)
+        .map_err(ApiError::from)?
+        .into_iter()
+        .map(|p| {
+            vec![
+                Cell::text(p.project_id.as_str()),
+                Cell::text(p.display_name),
+                Cell::text(when(&p.created_at)),
+            ]
+        })
+        .collect();
+    let projects = ListQuery::parse(&RawQuery(None)).table(
+        "projects",
+        "/tenants",
+        &["Project", "Name", "Registered"],
+        projects,
+        vec![],
+        "No projects in this tenant.",
+    );
+    render(&TenantsPage {
+        l: console.layout("Tenants and projects", "/tenants"),
+        t,
+        projects,
+        editions: console.state.capacity.editions(),
+        platform,
+    })
+}
+
+/// `POST /tenants`: registers or changes a tenant (PlatformAdmin).
+pub async fn put_tenant(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::Platform)?;
+    console.principal().platform_scope()?;
+    let result = async {
+        let id = TenantId::parse_field("tenantId", fields.need("tenantId")?)?;
+        let spec = TenantSpec {
+            display_name: fields.get("displayName").map(str::to_string),
+            edition: fields.need("edition")?.to_string(),
+            residency_regions: fields
+                .get("residencyRegions")
+                .map(|r| {
+                    r.split(',')
+                        .map(|x| x.trim().to_string())
+                        .filter(|x| !x.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        let tenant = console.state.capacity.put_tenant(id, spec).await?;
+        Ok::<_, ApiError>(format!(
+            "tenant {} saved (edition {})",
+            tenant.tenant_id, tenant.edition
+        ))
+    }
+    .await;
+    Ok(console.done("/tenants", result))
+}
+
+/// `POST /tenants/{id}/projects`: registers a project.
+pub async fn put_project(
+    console: Console,
+    Path(tenant_id): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::Admin)?;
+    let result = async {
+        let tenant = TenantId::parse_field("tenantId", &tenant_id)?;
+        console.principal().scope_for(&tenant)?;
+        let project = ProjectId::parse_field("projectId", fields.need("projectId")?)?;
+        let p = console
+            .state
+            .capacity
+            .put_project(
+                tenant,
+                project,
+                fields.get("displayName").map(str::to_string),
+            )
+            .await?;
+        Ok::<_, ApiError>(format!(
+            "project {} saved in tenant {}",
+            p.project_id, p.tenant_id
+        ))
+    }
+    .await;
+    Ok(console.done("/tenants", result))
+}
+
+// ---- users ------------------------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/users.html")]
+struct UsersPage {
+    l: Layout,
+    t: Table,
+    roles: Vec<&'static str>,
+    created: Option<(String, String)>,
+}
+
+fn users_table(console: &Console, q: &ListQuery) -> Result<Table, PageError> {
+    let scope = console.scope()?;
+    let list = users::list(&console.state.store, &scope)?;
+    let rows = list
+        .iter()
+        .map(|u| {
+            let mut actions = Vec::new();
+            if u.disabled_at.is_none() && u.username != console.session.username {
+                actions.push(Action {
+                    href: format!("/users/{}/disable", u.username),
+                    label: "Disable".into(),
+                    fields: vec![],
+                    danger: true,
+                });
+            }
+            vec![
+                Cell::text(&u.username),
+                Cell::text(&u.display_name),
+                Cell::text(u.tenant_id.as_str()),
+                Cell::text(
+                    u.roles
+                        .iter()
+                        .map(|r| r.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
+                Cell::State(
+                    if u.disabled_at.is_some() {
+                        "disabled"
+                    } else {
+                        "active"
+                    }
+                    .into(),
+                ),
+                Cell::text(&u.created_by),
+                Cell::text(when(&u.created_at)),
+                Cell::Actions(actions),
+            ]
+        })
+        .collect();
+    Ok(q.table(
+        "users",
+        "/users",
+        &[
+            "User",
+            "Name",
+            "Tenant",
+            "Roles",
+            "State",
+            "Created by",
+            "Created",
+            "Actions",
+        ],
+        rows,
+        vec![],
+        "No users in this tenant.",
+    ))
+}
+
+fn assignable_roles(console: &Console) -> Vec<&'static str> {
+    Role::ALL
+        .iter()
+        .filter(|r| **r != Role::PlatformAdmin || console.viewing().is_platform())
+        .filter(|r| r.scopes().is_subset(&console.session.scopes))
+        .map(|r| r.as_str())
+        .collect()
+}
+
+/// `GET /users`: the tenant's console users (WorkspaceAdmin, PlatformAdmin).
+pub async fn users(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::Admin)?;
+    let q = ListQuery::parse(&raw);
+    let t = users_table(&console, &q)?;
+    render(&UsersPage {
+        l: console.layout("Users", "/users"),
+        t,
+        roles: assignable_roles(&console),
+        created: None,
+    })
+}
+
+/// `POST /users`: creates a user in the tenant shown; the password is the
+/// one given or a generated one shown once.
+pub async fn create_user(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::Admin)?;
+    let scope = console.scope()?;
+    let result = async {
+        let roles = parse_roles(&fields.all("roles"))?;
+        if roles.is_empty() {
+            return Err(ApiError::invalid("roles", "choose at least one role"));
+        }
+        // Nobody hands out more than they hold.
+        for role in &roles {
+            if !role.scopes().is_subset(&console.session.scopes) {
+                return Err(ApiError::invalid(
+                    "roles",
+                    format!("you cannot grant {role}: it holds scopes you do not"),
+                ));
+            }
+        }
+        let generated = fields.get("password").is_none();
+        let password = match fields.get("password") {
+            Some(p) => p.to_string(),
+            None => users::generate_password(),
+        };
+        let user = users::create(
+            &console.state.store,
+            users::NewUser {
+                tenant: scope.clone(),
+                username: fields.need("username")?,
+                display_name: fields.get("displayName").unwrap_or_default(),
+                roles,
+                password: &password,
+                created_by: &console.by(),
+            },
+            console.state.clock.now(),
+        )
+        .await?;
+        Ok((user.username, generated.then_some(password)))
+    }
+    .await;
+    match result {
+        Ok((username, Some(password))) => {
+            let q = ListQuery::parse(&RawQuery(None));
+            let t = users_table(&console, &q)?;
+            let mut l = console.layout("Users", "/users");
+            l.flash = Some(crate::auth::session::Flash {
+                ok: true,
+                text: format!(
+                    "user {username} created; the generated password is shown once below"
+                ),
+            });
+            render(&UsersPage {
+                l,
+                t,
+                roles: assignable_roles(&console),
+                created: Some((username, password)),
+            })
+        }
+        Ok((username, None)) => Ok(console.done(
+            "/users",
+            Ok::<_, ApiError>(format!("user {username} created")),
+        )),
+        Err(e) => Ok(console.done("/users", Err::<String, _>(e))),
+    }
+}
+
+/// `POST /users/{name}/disable`: the user cannot sign in any more and its
+/// sessions end now.
+pub async fn disable_user(
+    console: Console,
+    Path(username): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    console.form(raw)?;
+    console.require(Scope::Admin)?;
+    let scope = console.scope()?;
+    if username == console.session.username {
+        return Ok(console.done(
+            "/users",
+            Err::<String, _>(ApiError::invalid("username", "you cannot disable yourself")),
+        ));
+    }
+    let result = users::disable(
+        &console.state.store,
+        scope,
+        &username,
+        &console.by(),
+        console.state.clock.now(),
+    )
+    .await
+    .map(|u| {
+        console.state.sessions.end_user(&u.username);
+        format!("user {} disabled; its sessions ended", u.username)
+    });
+    Ok(console.done("/users", result))
+}
+
+// ---- client credentials -----------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/clients.html")]
+struct ClientsPage {
+    l: Layout,
+    t: Table,
+    scopes: Vec<&'static str>,
+    created: Option<(String, String)>,
+}
+
+fn clients_table(console: &Console) -> Result<Table, PageError> {
+    let scope = console.scope()?;
+    let list = clients::list(&console.state.store, &scope)?;
+    let rows = list
+        .iter()
+        .map(|c| {
+            let actions = if c.revoked_at.is_none() {
+                vec![Action {
+                    href: format!("/clients/{}/revoke", c.client_id),
+                    label: "Revoke".into(),
+                    fields: vec![],
+                    danger: true,
+                }]
+            } else {
+                vec![]
+            };
+            vec![
+                Cell::code(&c.client_id),
+                Cell::text(&c.description),
+                Cell::text(
+                    c.scopes
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ),
+                Cell::State(
+                    if c.revoked_at.is_some() {
+                        "revoked"
+                    } else {
+                        "active"
+                    }
+                    .into(),
+                ),
+                Cell::text(when(&c.created_at)),
+                Cell::text(when_opt(&c.revoked_at)),
+                Cell::Actions(actions),
+            ]
+        })
+        .collect();
+    Ok(ListQuery::parse(&RawQuery(None)).table(
+        "clients",
+        "/clients",
+        &[
+            "Client",
+            "Description",
+            "Scopes",
+            "State",
+            "Created",
+            "Revoked",
+            "Actions",
+        ],
+        rows,
+        vec![],
+        "No client credentials in this tenant.",
+    ))
+}
+
+fn grantable_scopes(console: &Console) -> Vec<&'static str> {
+    Scope::ALL
+        .iter()
+        .filter(|s| console.can(**s))
+        .filter(|s| **s != Scope::Platform || console.viewing().is_platform())
+        .map(|s| s.as_str())
+        .collect()
+}
+
+/// `GET /clients`: the tenant's client credentials.
+pub async fn clients(console: Console) -> Result<Response, PageError> {
+    console.require(Scope::Admin)?;
+    let t = clients_table(&console)?;
+    render(&ClientsPage {
+        l: console.layout("Client credentials", "/clients"),
+        t,
+        scopes: grantable_scopes(&console),
+        created: None,
+    })
+}
+
+/// `POST /clients`: creates a credential; its secret is shown once, on the
+/// answer to this form, and never again.
+pub async fn create_client(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::Admin)?;
+    let scope = console.scope()?;
+    let result = async {
+        let scopes = parse_scopes(&fields.all("scopes"))?;
+        if let Some(s) = scopes.iter().find(|s| !console.can(**s)) {
+            return Err(ApiError::invalid(
+                "scopes",
+                format!("you cannot grant {s}: you do not hold it"),
+            ));
+        }
+        let (credential, secret) = clients::create(
+            &console.state.store,
+            scope,
+            scopes,
+            fields.get("description").unwrap_or_default(),
+            console.state.clock.now(),
+        )
+        .await?;
+        Ok::<_, ApiError>((credential.client_id, secret))
+    }
+    .await;
+    match result {
+        Ok(created) => {
+            let t = clients_table(&console)?;
+            let mut l = console.layout("Client credentials", "/clients");
+            l.flash = Some(crate::auth::session::Flash {
+                ok: true,
+                text: format!(
+                    "client {} created; its secret is shown once below",
+                    created.0
+                ),
+            });
+            render(&ClientsPage {
+                l,
+                t,
+                scopes: grantable_scopes(&console),
+                created: Some(created),
+            })
+        }
+        Err(e) => Ok(console.done("/clients", Err::<String, _>(e))),
+    }
+}
+
+/// `POST /clients/{id}/revoke`.
+pub async fn revoke_client(
+    console: Console,
+    Path(client_id): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    console.form(raw)?;
+    console.require(Scope::Admin)?;
+    let scope = console.scope()?;
+    let result = clients::revoke(
+        &console.state.store,
+        Some(&console.state.auth),
+        scope,
+        &client_id,
+        console.state.clock.now(),
+    )
+    .await
+    .map(|c| {
+        format!(
+            "client {} revoked; its tokens stop working now",
+            c.client_id
+        )
+    });
+    Ok(console.done("/clients", result))
+}

@@ -1,0 +1,588 @@
+//! Capacity pages: pools with their utilisation and queue, quotas with their
+//! source, leases with who waits and why; SetWorkerPool (PlatformAdmin) and
+//! SetQuota (WorkspaceAdmin) forms.
+
+use askama::Template;
+use axum::extract::{Path, RawForm, RawQuery};
+use axum::response::Response;
+use serde_json::{Map, Value, json};
+
+use super::table::{Cell, ListQuery, Table};
+use super::{Console, Fields, Layout, PageError, render, when_opt};
+use crate::api::error::ApiError;
+use crate::capacity::{LeaseFilter, LeaseView};
+use crate::domain::access::Scope;
+use crate::domain::capacity::quota::Effective;
+use crate::domain::capacity::{PoolSpec, QuotaPatch, QuotaScope, SecurityBoundary, WorkerPool};
+
+/// A pool as the overview and the pools page draw it.
+pub struct PoolBar {
+    /// Pool id.
+    pub id: String,
+    /// Kind, boundary, region and state in words.
+    pub facts: String,
+    /// Granted CPU as a share of the maximum size, 0 to 100.
+    pub used: f64,
+    /// Current size as a share of the maximum size, 0 to 100.
+    pub size: f64,
+    /// Minimum size as a share of the maximum size, 0 to 100.
+    pub min: f64,
+    /// The numbers behind the bars.
+    pub text: String,
+    /// Requests waiting.
+    pub queued: usize,
+}
+
+fn visible(console: &Console, pool: &WorkerPool) -> bool {
+    console.platform_admin()
+        || pool.security_boundary == SecurityBoundary::Shared
+        || pool.tenant_id == *console.viewing()
+}
+
+fn bar(pool: &WorkerPool, queued: usize) -> PoolBar {
+    let max = pool.max_capacity();
+    let cap = pool.capacity();
+    let max_cpu = max.cpu.as_f64().max(f64::MIN_POSITIVE);
+    let pct = |x: f64| (x / max_cpu * 100.0).clamp(0.0, 100.0);
+    PoolBar {
+        id: pool.pool_id.clone(),
+        facts: format!(
+            "{} · {} · {} · {:?}",
+            pool.kind.as_str(),
+            pool.security_boundary.as_str(),
+            pool.region,
+            pool.state
+        ),
+        used: pct(pool.granted_cpu.as_f64()),
+        size: pct(cap.cpu.as_f64()),
+        min: pct(pool.slot.cpu.as_f64() * f64::from(pool.min_size)),
+        text: format!(
+            "{} of {} CPU granted ({} GB of {} GB) · size {} of {}..{} slots · {} leases",
+            pool.granted_cpu,
+            cap.cpu,
+            pool.granted_memory_gb,
+            cap.memory_gb,
+            pool.current_size,
+            pool.min_size,
+            pool.max_size,
+            pool.active_leases
+        ),
+        queued,
+    }
+}
+
+/// Bars of the pools the console's tenant may see.
+pub async fn pool_bars(console: &Console) -> Vec<PoolBar> {
+    console
+        .state
+        .capacity
+        .pools()
+        .iter()
+        .filter(|s| visible(console, &s.pool))
+        .map(|s| bar(&s.pool, s.queued))
+        .collect()
+}
+
+// ---- pools ------------------------------------------------------------------
+
+/// A pool with its queue.
+pub struct PoolPanel {
+    bar: PoolBar,
+    pool: WorkerPool,
+    queue: Vec<(usize, String, String, String)>,
+    held_back: String,
+}
+
+#[derive(Template)]
+#[template(path = "console/pools.html")]
+struct PoolsPage {
+    l: Layout,
+    live: PoolsLive,
+    can_set: bool,
+    profiles: Vec<String>,
+    tenants: Vec<String>,
+}
+
+/// The part of the pools page that updates live.
+#[derive(Template)]
+#[template(path = "console/pools_live.html")]
+pub struct PoolsLive {
+    panels: Vec<PoolPanel>,
+}
+
+/// Builds the live part of the pools page.
+pub async fn pools_live(console: &Console) -> Result<PoolsLive, PageError> {
+    let mut panels = Vec::new();
+    for snapshot in console.state.capacity.snapshots().await {
+        if !visible(console, &snapshot.pool) {
+            continue;
+        }
+        let queue = snapshot
+            .queue
+            .iter()
+            .map(|v| {
+                let mine = console.platform_admin() || v.lease.tenant_id == *console.viewing();
+                (
+                    v.queue_position.unwrap_or(0),
+                    if mine {
+                        format!(
+                            "{} {} ({})",
+                            v.lease.holder_kind.as_str(),
+                            v.lease.holder_id,
+                            v.lease.tenant_id
+                        )
+                    } else {
+                        "another tenant's request".to_string()
+                    },
+                    format!("{} CPU · {} GB", v.lease.cpu, v.lease.memory_gb),
+                    v.limit
+                        .as_ref()
+                        .map(|l| l.to_string())
+                        .unwrap_or_else(|| "waiting for the requests ahead".into()),
+                )
+            })
+            .collect();
+        panels.push(PoolPanel {
+            bar: bar(&snapshot.pool, snapshot.queue.len()),
+            held_back: format!(
+                "{} CPU · {} GB held back for the head of the queue",
+                snapshot.held_back.cpu, snapshot.held_back.memory_gb
+            ),
+            pool: snapshot.pool,
+            queue,
+        });
+    }
+    Ok(PoolsLive { panels })
+}
+
+/// `GET /pools`.
+pub async fn pools(console: Console) -> Result<Response, PageError> {
+    console.require(Scope::CapacityRead)?;
+    let live = pools_live(&console).await?;
+    let can_set = console.platform_admin() && console.can(Scope::CapacityAdmin);
+    render(&PoolsPage {
+        l: console.layout("Pools", "/pools"),
+        live,
+        can_set,
+        profiles: console
+            .state
+            .capacity
+            .node_profiles()
+            .keys()
+            .cloned()
+            .collect(),
+        tenants: console
+            .state
+            .capacity
+            .tenants()
+            .into_iter()
+            .map(|t| t.tenant_id.to_string())
+            .collect(),
+    })
+}
+
+fn pool_spec(fields: &Fields) -> Result<PoolSpec, ApiError> {
+    let number = |key: &str| -> Result<Value, ApiError> {
+        let text = fields.need(key)?;
+        text.parse::<u32>()
+            .map(Value::from)
+            .map_err(|_| ApiError::invalid(key, format!("{text:?} is not a whole number")))
+    };
+    let mut spec = json!({
+        "kind": fields.need("kind")?,
+        "securityBoundary": fields.need("securityBoundary")?,
+        "region": fields.need("region")?,
+        "nodeProfile": fields.need("nodeProfile")?,
+        "minSize": number("minSize")?,
+        "maxSize": number("maxSize")?,
+        "internetEgress": fields.get("internetEgress") == Some("on"),
+        "state": fields.get("state").unwrap_or("Active"),
+    });
+    if let Some(t) = fields.get("tenantId") {
+        spec["tenantId"] = json!(t);
+    }
+    if let Some(target) = fields.get("targetUtilisation") {
+        let target: f64 = target.parse().map_err(|_| {
+            ApiError::invalid("targetUtilisation", format!("{target:?} is not a number"))
+        })?;
+        spec["autoscaling"] = json!({ "enabled": true, "targetUtilisation": target });
+    }
+    serde_json::from_value(spec).map_err(|e| ApiError::invalid("pool", e.to_string()))
+}
+
+/// `POST /pools/{id}`: SetWorkerPool, for PlatformAdmins.
+pub async fn set_pool(
+    console: Console,
+    Path(pool_id): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::CapacityAdmin)?;
+    console.require(Scope::Platform)?;
+    let id = fields.get("poolId").unwrap_or(&pool_id).to_string();
+    let result = match pool_spec(&fields) {
+        Ok(spec) => console
+            .state
+            .capacity
+            .set_pool(&id, spec)
+            .await
+            .map(|p| {
+                tracing::info!(pool = %id, by = %console.by(), "SetWorkerPool");
+                format!(
+                    "pool {} saved: {} slots ({}..{})",
+                    p.pool_id, p.current_size, p.min_size, p.max_size
+                )
+            })
+            .map_err(ApiError::from),
+        Err(e) => Err(e),
+    };
+    Ok(console.done("/pools", result))
+}
+
+// ---- quotas -----------------------------------------------------------------
+
+/// One limit of one level, as the quotas page shows it.
+pub struct LimitRow {
+    field: &'static str,
+    own: String,
+    effective: String,
+    source: String,
+    usage: String,
+}
+
+/// One level: the tenant or a project.
+pub struct QuotaLevel {
+    title: String,
+    scope: String,
+    rows: Vec<LimitRow>,
+}
+
+#[derive(Template)]
+#[template(path = "console/quotas.html")]
+struct QuotasPage {
+    l: Layout,
+    edition: String,
+    edition_limits: Vec<(&'static str, String)>,
+    levels: Vec<QuotaLevel>,
+    can_set: bool,
+}
+
+fn show<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref()
+        .map(|x| x.to_string())
+        .unwrap_or_else(|| "—".into())
+}
+
+fn effective<T: std::fmt::Display>(e: &Effective<T>) -> (String, String) {
+    (
+        e.value
+            .as_ref()
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "unlimited".into()),
+        e.source
+            .as_ref()
+            .map(source_words)
+            .unwrap_or_else(|| "no level limits it".into()),
+    )
+}
+
+fn source_words(scope: &QuotaScope) -> String {
+    match scope {
+        QuotaScope::Edition { edition } => format!("edition {edition}"),
+        QuotaScope::Tenant { tenant_id } => format!("tenant {tenant_id}"),
+        QuotaScope::Project {
+            tenant_id,
+            project_id,
+        } => format!("project {tenant_id}/{project_id}"),
+    }
+}
+
+fn level(set: &crate::capacity::QuotaSet) -> QuotaLevel {
+    let e = &set.effective;
+    let o = &set.own;
+    let u = &set.usage;
+    let row = |field, own: String, (effective, source): (String, String), usage: String| LimitRow {
+        field,
+        own,
+        effective,
+        source,
+        usage,
+    };
+    let (title, scope) = match &set.project_id {
+        Some(p) => (
+            format!("Project {p}"),
+            format!("project.{}.{p}", set.tenant_id),
+        ),
+        None => (
+            format!("Tenant {}", set.tenant_id),
+            format!("tenant.{}", set.tenant_id),
+        ),
+    };
+    QuotaLevel {
+        title,
+        scope,
+        rows: vec![
+            row(
+                "concurrentRuns",
+                show(&o.concurrent_runs),
+                effective(&e.concurrent_runs),
+                u.concurrent_runs.to_string(),
+            ),
+            row(
+                "concurrentSandboxes",
+                show(&o.concurrent_sandboxes),
+                effective(&e.concurrent_sandboxes),
+                u.concurrent_sandboxes.to_string(),
+            ),
+            row(
+                "cpuPerAttempt",
+                show(&o.cpu_per_attempt),
+                effective(&e.cpu_per_attempt),
+                String::new(),
+            ),
+            row(
+                "memoryGbPerAttempt",
+                show(&o.memory_gb_per_attempt),
+                effective(&e.memory_gb_per_attempt),
+                String::new(),
+            ),
+            row(
+                "executionMinutesPerDay",
+                show(&o.execution_minutes_per_day),
+                effective(&e.execution_minutes_per_day),
+                format!("{} today", u.execution_minutes_today),
+            ),
+        ],
+    }
+}
+
+/// `GET /quotas`: edition, tenant and project limits with their source and
+/// usage.
+pub async fn quotas(console: Console) -> Result<Response, PageError> {
+    console.require(Scope::CapacityRead)?;
+    let scope = console.scope()?;
+    let q = console.state.capacity.quotas(&scope)?;
+    let el = &q.edition_limits;
+    let edition_limits = vec![
+        ("concurrentRuns", show(&el.concurrent_runs)),
+        ("concurrentSandboxes", show(&el.concurrent_sandboxes)),
+        ("cpuPerAttempt", show(&el.cpu_per_attempt)),
+        ("memoryGbPerAttempt", show(&el.memory_gb_per_attempt)),
+        (
+            "executionMinutesPerDay",
+            show(&el.execution_minutes_per_day),
+        ),
+    ];
+    let mut levels = vec![level(&q.tenant)];
+    levels.extend(q.projects.iter().map(level));
+    render(&QuotasPage {
+        l: console.layout("Quotas", "/quotas"),
+        edition: q.edition.clone(),
+        edition_limits,
+        levels,
+        can_set: console.can(Scope::CapacityAdmin),
+    })
+}
+
+/// The five limits of a quota.
+const LIMIT_FIELDS: [&str; 5] = [
+    "concurrentRuns",
+    "concurrentSandboxes",
+    "cpuPerAttempt",
+    "memoryGbPerAttempt",
+    "executionMinutesPerDay",
+];
+
+fn quota_patch(fields: &Fields) -> Result<QuotaPatch, ApiError> {
+    let mut patch = Map::new();
+    for key in LIMIT_FIELDS {
+        match fields.get(key) {
+            None => {}
+            Some("inherit") => {
+                patch.insert(key.into(), Value::Null);
+            }
+            Some(text) => {
+                let n: f64 = text.parse().map_err(|_| {
+                    ApiError::invalid(
+                        key,
+                        format!(
+                            "{text:?} is not a number (leave it blank to keep it, or write inherit)"
+                        ),
+                    )
+                })?;
+                let value = if n.fract() == 0.0 && !key.ends_with("PerAttempt") {
+                    json!(n as i64)
+                } else {
+                    json!(n)
+                };
+                patch.insert(key.into(), value);
+            }
+        }
+    }
+    if patch.is_empty() {
+        return Err(ApiError::invalid(
+            "quota",
+            "no limit given: fill in at least one field",
+        ));
+    }
+    serde_json::from_value(Value::Object(patch))
+        .map_err(|e| ApiError::invalid("quota", e.to_string()))
+}
+
+/// `POST /quotas`: SetQuota. A WorkspaceAdmin tightens its tenant's or a
+/// project's quota; a value that would loosen the parent's limit is refused
+/// with the field, the value and the bound.
+pub async fn set_quota(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::CapacityAdmin)?;
+    let result = async {
+        let scope = QuotaScope::parse(fields.need("scope")?)?;
+        match &scope {
+            QuotaScope::Edition { .. } => {
+                console.principal().platform_scope()?;
+            }
+            other => {
+                console.principal().scope_for(&other.tenant())?;
+            }
+        }
+        let patch = quota_patch(&fields)?;
+        console
+            .state
+            .capacity
+            .set_quota(scope.clone(), patch, &console.by())
+            .await?;
+        Ok::<_, ApiError>(format!(
+            "quota of {} saved; it applies to the next lease",
+            source_words(&scope)
+        ))
+    }
+    .await;
+    Ok(console.done("/quotas", result))
+}
+
+// ---- leases -----------------------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/leases.html")]
+struct LeasesPage {
+    l: Layout,
+    live: LeasesLive,
+}
+
+/// The part of the leases page that updates live.
+#[derive(Template)]
+#[template(path = "console/leases_live.html")]
+pub struct LeasesLive {
+    l: LiveCsrf,
+    t: Table,
+}
+
+/// The CSRF token of a live fragment's forms.
+pub struct LiveCsrf {
+    csrf: String,
+}
+
+fn lease_row(v: &LeaseView) -> Vec<Cell> {
+    let l = &v.lease;
+    let holder = match l.attempt_id {
+        Some(a) => Cell::link(
+            format!("{} {}", l.holder_kind.as_str(), super::short(&l.holder_id)),
+            format!("/attempts/{a}"),
+        ),
+        None => Cell::text(format!("{} {}", l.holder_kind.as_str(), l.holder_id)),
+    };
+    let why = match (&v.limit, &l.reason) {
+        (Some(limit), _) => limit.to_string(),
+        (None, Some(r)) => r.clone(),
+        _ => String::new(),
+    };
+    vec![
+        Cell::code(l.lease_id.to_string()),
+        holder,
+        Cell::text(l.project_id.as_str()),
+        Cell::text(&l.pool_id),
+        Cell::State(format!("{:?}", l.state)),
+        Cell::Num(l.cpu.as_f64(), l.cpu.to_string()),
+        Cell::Num(l.memory_gb.as_f64(), l.memory_gb.to_string()),
+        Cell::text(v.queue_position.map(|p| p.to_string()).unwrap_or_default()),
+        Cell::text(why),
+        Cell::text(super::when(&l.requested_at)),
+        Cell::text(when_opt(&l.expires_at)),
+    ]
+}
+
+/// Builds the live part of the leases page.
+pub async fn leases_live(console: &Console, q: &ListQuery) -> Result<LeasesLive, PageError> {
+    let scope = console.scope()?;
+    let mut filter = LeaseFilter::default();
+    if let Some(s) = q.get("state")
+        && let Some(state) = crate::domain::capacity::LeaseState::parse(s)
+    {
+        filter.states.push(state);
+    }
+    filter.pool_id = q.get("pool").map(str::to_string);
+    let leases = console
+        .state
+        .capacity
+        .leases(Some(&scope), &filter, 5000)
+        .await?;
+    let pools = console
+        .state
+        .capacity
+        .pools()
+        .into_iter()
+        .filter(|s| visible(console, &s.pool))
+        .map(|s| s.pool.pool_id)
+        .collect();
+    let states = [
+        "Requested",
+        "Granted",
+        "Active",
+        "Released",
+        "Expired",
+        "Denied",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let t = q.table(
+        "leases",
+        "/leases",
+        &[
+            "Lease",
+            "Holder",
+            "Project",
+            "Pool",
+            "State",
+            "CPU",
+            "GB",
+            "Queue",
+            "Why",
+            "Requested",
+            "Expires",
+        ],
+        leases.iter().map(lease_row).collect(),
+        vec![
+            q.filter("state", "state", states),
+            q.filter("pool", "pool", pools),
+        ],
+        "No leases match.",
+    );
+    Ok(LeasesLive {
+        l: LiveCsrf {
+            csrf: console.session.csrf.clone(),
+        },
+        t,
+    })
+}
+
+/// `GET /leases`: who uses what, who waits and why.
+pub async fn leases(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::CapacityRead)?;
+    let q = ListQuery::parse(&raw);
+    let live = leases_live(&console, &q).await?;
+    render(&LeasesPage {
+        l: console.layout("Leases", "/leases"),
+        live,
+    })
+}

@@ -1,0 +1,150 @@
+//! Sign-in, sign-out and the tenant a PlatformAdmin looks at.
+
+use askama::Template;
+use axum::extract::{RawForm, RawQuery, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+
+use super::table::ListQuery;
+use super::{Console, PageError, render};
+use crate::app::AppState;
+use crate::auth::AuthError;
+use crate::auth::session::COOKIE;
+use crate::auth::users;
+use crate::domain::TenantId;
+
+#[derive(Template)]
+#[template(path = "console/signin.html")]
+struct SignInPage<'a> {
+    error: Option<String>,
+    next: String,
+    username: String,
+    version: &'static str,
+    fingerprint: &'a str,
+    ca_fingerprint: Option<&'a str>,
+    schema_version: u32,
+}
+
+fn page(state: &AppState, error: Option<String>, next: String, username: String) -> SignInPage<'_> {
+    SignInPage {
+        error,
+        next,
+        username,
+        version: env!("CARGO_PKG_VERSION"),
+        fingerprint: &state.tls.fingerprint,
+        ca_fingerprint: state.tls.ca_fingerprint.as_deref(),
+        schema_version: state.store.schema_version(),
+    }
+}
+
+/// Only a path of this appliance is a place to go back to.
+fn safe_next(next: Option<&str>) -> String {
+    match next {
+        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_string(),
+        _ => "/".to_string(),
+    }
+}
+
+/// `GET /signin`.
+pub async fn form(State(state): State<AppState>, raw: RawQuery) -> Result<Response, PageError> {
+    let query = ListQuery::parse(&raw);
+    render(&page(
+        &state,
+        None,
+        safe_next(query.get("next")),
+        String::new(),
+    ))
+}
+
+/// `POST /signin`: checks the password (rate-limited per user name) and
+/// starts a session.
+pub async fn submit(State(state): State<AppState>, raw: RawForm) -> Result<Response, PageError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(&raw.0).unwrap_or_default();
+    let get = |k: &str| {
+        pairs
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_default()
+    };
+    let (username, password, next) = (
+        get("username").trim(),
+        get("password"),
+        safe_next(Some(get("next"))),
+    );
+    let refuse = |status: StatusCode, message: String| -> Result<Response, PageError> {
+        let mut response = render(&page(
+            &state,
+            Some(message),
+            next.clone(),
+            username.to_string(),
+        ))?;
+        *response.status_mut() = status;
+        Ok(response)
+    };
+    if username.is_empty() || password.is_empty() {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "user name and password are both required".into(),
+        );
+    }
+    match users::authenticate(&state.store, &state.auth, username, password).await {
+        Ok(user) => {
+            let cookie = state.sessions.start(&user);
+            tracing::info!(user = %user.username, tenant = %user.tenant_id, "console sign-in");
+            let mut response = Redirect::to(&next).into_response();
+            let value = format!("{COOKIE}={cookie}; Path=/; Secure; HttpOnly; SameSite=Strict");
+            response.headers_mut().insert(
+                header::SET_COOKIE,
+                HeaderValue::from_str(&value).map_err(crate::api::error::ApiError::internal)?,
+            );
+            Ok(response)
+        }
+        Err(AuthError::RateLimited(m)) => {
+            tracing::warn!(user = %username, "console sign-in rate-limited");
+            refuse(StatusCode::TOO_MANY_REQUESTS, m)
+        }
+        Err(e) => {
+            tracing::info!(user = %username, "console sign-in refused");
+            refuse(StatusCode::UNAUTHORIZED, e.to_string())
+        }
+    }
+}
+
+/// `POST /signout`: ends the session and clears the cookie.
+pub async fn signout(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    console.form(raw)?;
+    console.state.sessions.end(&console.cookie);
+    let mut response = Redirect::to("/signin").into_response();
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static(
+            "__Host-agentbay_session=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0",
+        ),
+    );
+    Ok(response)
+}
+
+/// `POST /view-tenant`: a PlatformAdmin looks at another tenant.
+pub async fn view_tenant(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    let tenant = TenantId::parse_field("tenant", fields.need("tenant")?)?;
+    console.principal().scope_for(&tenant)?;
+    if console.state.capacity.tenant(&tenant).is_none() {
+        return Ok(console.done(
+            "/",
+            Err::<String, _>(crate::domain::FieldError::new(
+                "tenant",
+                format!("tenant {tenant} is not registered"),
+            )),
+        ));
+    }
+    console
+        .state
+        .sessions
+        .view_tenant(&console.cookie, tenant.clone());
+    Ok(console.done(
+        "/",
+        Ok::<_, crate::api::error::ApiError>(format!("now showing tenant {tenant}")),
+    ))
+}

@@ -1,0 +1,350 @@
+//! Tables that sort, filter and page on the server, so they work without
+//! JavaScript: the state is in the query string (`sort`, `dir`, `q`, `page`
+//! plus each page's own filters) and every header and pager link keeps the
+//! rest of it.
+
+use axum::extract::RawQuery;
+
+/// Rows per page.
+pub const PAGE_SIZE: usize = 50;
+
+/// One cell.
+pub enum Cell {
+    /// Plain text.
+    Text(String),
+    /// Monospace text with its full value in the title.
+    Code {
+        /// Shown.
+        text: String,
+        /// Full value.
+        full: String,
+    },
+    /// A link.
+    Link {
+        /// Shown.
+        text: String,
+        /// Target.
+        href: String,
+    },
+    /// A state, shown as a badge coloured by its meaning.
+    State(String),
+    /// A number, right-aligned and sorted numerically.
+    Num(f64, String),
+    /// Buttons that post small forms.
+    Actions(Vec<Action>),
+}
+
+impl Cell {
+    /// Text cell.
+    pub fn text(s: impl Into<String>) -> Cell {
+        Cell::Text(s.into())
+    }
+
+    /// Monospace cell, shortened.
+    pub fn code(s: impl Into<String>) -> Cell {
+        let full = s.into();
+        Cell::Code {
+            text: super::short(&full),
+            full,
+        }
+    }
+
+    /// Link cell.
+    pub fn link(text: impl Into<String>, href: impl Into<String>) -> Cell {
+        Cell::Link {
+            text: text.into(),
+            href: href.into(),
+        }
+    }
+
+    /// Number cell.
+    pub fn num(n: impl Into<f64> + Copy + ToString) -> Cell {
+        Cell::Num(n.into(), n.to_string())
+    }
+
+    fn sort_key(&self) -> SortKey<'_> {
+        match self {
+            Cell::Num(n, _) => SortKey::Num(*n),
+            Cell::Text(s) | Cell::State(s) => SortKey::Text(s),
+            Cell::Code { full, .. } => SortKey::Text(full),
+            Cell::Link { text, .. } => SortKey::Text(text),
+            Cell::Actions(_) => SortKey::Text(""),
+        }
+    }
+
+    fn matches(&self, needle: &str) -> bool {
+        let hay = match self {
+            Cell::Text(s) | Cell::State(s) => s,
+            Cell::Code { full, .. } => full,
+            Cell::Link { text, .. } => text,
+            Cell::Num(_, s) => s,
+            Cell::Actions(_) => return false,
+        };
+        hay.to_lowercase().contains(needle)
+    }
+
+    /// CSS class of a state badge.
+    pub fn tone(state: &str) -> &'static str {
+        match state {
+            "Succeeded" | "Active" | "Granted" | "verified" | "approved" | "answered"
+            | "completed" | "active" | "Published" => "ok",
+            "Failed" | "TimedOut" | "Denied" | "rejected" | "failed" | "revoked" | "Expired"
+            | "expired" | "Revoked" | "disabled" | "Disabled" => "bad",
+            "Uncertain" | "uncertain" | "WaitingForDecision" | "pending" | "Requested"
+            | "Paused" | "Draining" | "Deprecated" => "warn",
+            _ => "",
+        }
+    }
+}
+
+#[derive(PartialEq, PartialOrd)]
+enum SortKey<'a> {
+    Num(f64),
+    Text(&'a str),
+}
+
+/// A button that posts a small form.
+pub struct Action {
+    /// Where it posts.
+    pub href: String,
+    /// Its label.
+    pub label: String,
+    /// Hidden fields besides the CSRF token.
+    pub fields: Vec<(String, String)>,
+    /// Whether it destroys or stops something.
+    pub danger: bool,
+}
+
+/// A column.
+pub struct Column {
+    /// Header text.
+    pub label: &'static str,
+    /// Link that sorts by it.
+    pub href: String,
+    /// ▲ or ▼ when sorted by it.
+    pub arrow: &'static str,
+}
+
+/// A filter of the table's filter bar.
+pub struct Filter {
+    /// Query key.
+    pub name: &'static str,
+    /// Label.
+    pub label: &'static str,
+    /// Choices (value, label); empty for a text input.
+    pub options: Vec<(String, String)>,
+    /// The current value.
+    pub value: String,
+}
+
+/// A rendered table: the rows of one page, sorted and filtered.
+pub struct Table {
+    /// Element id.
+    pub id: &'static str,
+    /// Columns.
+    pub columns: Vec<Column>,
+    /// The rows of this page.
+    pub rows: Vec<Vec<Cell>>,
+    /// Rows after filtering, all pages.
+    pub total: usize,
+    /// Page number, from 1.
+    pub page: usize,
+    /// Pages.
+    pub pages: usize,
+    /// Link to the previous page.
+    pub prev: Option<String>,
+    /// Link to the next page.
+    pub next: Option<String>,
+    /// Filters of the filter bar (without the free-text one).
+    pub filters: Vec<Filter>,
+    /// The free-text filter.
+    pub q: String,
+    /// The page's path.
+    pub path: String,
+    /// What an empty table says.
+    pub empty: &'static str,
+}
+
+/// The query string of a list page.
+pub struct ListQuery {
+    pairs: Vec<(String, String)>,
+}
+
+impl ListQuery {
+    /// Parses the query string; a malformed one counts as empty.
+    pub fn parse(raw: &RawQuery) -> ListQuery {
+        ListQuery {
+            pairs: serde_urlencoded::from_str(raw.0.as_deref().unwrap_or("")).unwrap_or_default(),
+        }
+    }
+
+    /// A value, trimmed; `None` when blank.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.trim())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn link(&self, path: &str, set: &[(&str, String)]) -> String {
+        let mut pairs: Vec<(String, String)> = self
+            .pairs
+            .iter()
+            .filter(|(k, v)| !v.is_empty() && !set.iter().any(|(s, _)| s == k))
+            .cloned()
+            .collect();
+        pairs.extend(set.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        match serde_urlencoded::to_string(&pairs) {
+            Ok(q) if !q.is_empty() => format!("{path}?{q}"),
+            _ => path.to_string(),
+        }
+    }
+
+    /// A filter of the bar with its current value.
+    pub fn filter(&self, name: &'static str, label: &'static str, options: Vec<String>) -> Filter {
+        Filter {
+            name,
+            label,
+            options: options.into_iter().map(|o| (o.clone(), o)).collect(),
+            value: self.get(name).unwrap_or_default().to_string(),
+        }
+    }
+
+    /// Sorts, filters and pages `rows` under `labels`. Without a `sort`
+    /// parameter the rows keep their given order.
+    pub fn table(
+        &self,
+        id: &'static str,
+        path: &str,
+        labels: &[&'static str],
+        mut rows: Vec<Vec<Cell>>,
+        filters: Vec<Filter>,
+        empty: &'static str,
+    ) -> Table {
+        let q = self.get("q").unwrap_or_default().to_lowercase();
+        if !q.is_empty() {
+            rows.retain(|row| row.iter().any(|c| c.matches(&q)));
+        }
+        let sort = self
+            .get("sort")
+            .and_then(|s| labels.iter().position(|l| l.eq_ignore_ascii_case(s)));
+        let desc = self.get("dir") == Some("desc");
+        if let Some(i) = sort {
+            rows.sort_by(|a, b| {
+                let (x, y) = (a[i].sort_key(), b[i].sort_key());
+                let o = x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal);
+                if desc { o.reverse() } else { o }
+            });
+        }
+        let total = rows.len();
+        let pages = total.div_ceil(PAGE_SIZE).max(1);
+        let page = self
+            .get("page")
+            .and_then(|p| p.parse::<usize>().ok())
+            .unwrap_or(1)
+            .clamp(1, pages);
+        let rows: Vec<Vec<Cell>> = rows
+            .into_iter()
+            .skip((page - 1) * PAGE_SIZE)
+            .take(PAGE_SIZE)
+            .collect();
+        let columns = labels
+            .iter()
+            .enumerate()
+            .map(|(i, label)| {
+                let this = sort == Some(i);
+                let dir = if this && !desc { "desc" } else { "asc" };
+                Column {
+                    label,
+                    href: self.link(
+                        path,
+                        &[
+                            ("sort", label.to_lowercase()),
+                            ("dir", dir.to_string()),
+                            ("page", String::new()),
+                        ],
+                    ),
+                    arrow: match (this, desc) {
+                        (true, false) => " ▲",
+                        (true, true) => " ▼",
+                        _ => "",
+                    },
+                }
+            })
+            .collect();
+        let page_link = |p: usize| self.link(path, &[("page", p.to_string())]);
+        Table {
+            id,
+            columns,
+            rows,
+            total,
+            page,
+            pages,
+            prev: (page > 1).then(|| page_link(page - 1)),
+            next: (page < pages).then(|| page_link(page + 1)),
+            filters,
+            q: self.get("q").unwrap_or_default().to_string(),
+            path: path.to_string(),
+            empty,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(q: &str) -> ListQuery {
+        ListQuery::parse(&RawQuery(Some(q.to_string())))
+    }
+
+    fn rows(n: usize) -> Vec<Vec<Cell>> {
+        (0..n)
+            .map(|i| {
+                vec![
+                    Cell::text(format!("row-{i:03}")),
+                    Cell::num(i as u32),
+                    Cell::State(if i % 2 == 0 { "Running" } else { "Failed" }.into()),
+                ]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tables_sort_filter_and_page() {
+        let t = query("sort=n&dir=desc&state=x").table(
+            "t",
+            "/x",
+            &["Name", "N", "State"],
+            rows(120),
+            vec![],
+            "",
+        );
+        assert_eq!((t.total, t.pages, t.page), (120, 3, 1));
+        assert!(matches!(&t.rows[0][1], Cell::Num(n, _) if *n == 119.0));
+        assert_eq!(t.columns[1].arrow, " ▼");
+        assert!(
+            t.columns[1].href.contains("dir=asc"),
+            "{}",
+            t.columns[1].href
+        );
+        assert!(
+            t.columns[1].href.contains("state=x"),
+            "other filters are kept"
+        );
+        assert_eq!(t.next.as_deref(), Some("/x?sort=n&dir=desc&state=x&page=2"));
+        assert!(t.prev.is_none());
+
+        let t = query("q=FAILED&page=9").table(
+            "t",
+            "/x",
+            &["Name", "N", "State"],
+            rows(120),
+            vec![],
+            "",
+        );
+        assert_eq!((t.total, t.page), (60, 2), "filtered, and the page clamped");
+        assert!(t.next.is_none());
+    }
+}

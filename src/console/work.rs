@@ -1,0 +1,1009 @@
+//! Work pages: the overview, runs, attempts and their timelines,
+//! checkpoints, the decision inbox and uncertain calls, with the actions of
+//! Requesters (submit, cancel), Reviewers (decide) and Operators (interrupt,
+//! settle).
+
+use std::collections::BTreeMap;
+
+use askama::Template;
+use axum::extract::{Path, RawForm, RawQuery};
+use axum::response::Response;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::capacity::{PoolBar, pool_bars};
+use super::table::{Action, Cell, ListQuery, Table};
+use super::{Console, Layout, PageError, render, short, when, when_opt};
+use crate::api::error::ApiError;
+use crate::domain::ProjectId;
+use crate::domain::access::Scope;
+use crate::domain::attempt::{
+    AttemptState, CallRecord, CallStatus, Checkpoint, DecisionRequest, DecisionStatus, Effect,
+    ExecutionAttempt, InterruptSource,
+};
+use crate::domain::release::{LoadState, canonical_json};
+use crate::domain::run::RunState;
+use crate::runs::{RunFilter, RunRequest};
+use crate::runtime::AttemptSummary;
+use crate::runtime::grain::AttemptView;
+use crate::store::TenantScope;
+
+fn parse_uuid(field: &str, text: &str) -> Result<Uuid, PageError> {
+    Uuid::parse_str(text).map_err(|_| PageError::bad(format!("{field}: {text:?} is not a UUID")))
+}
+
+// ---- overview ---------------------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/overview.html")]
+struct OverviewPage {
+    l: Layout,
+    live: OverviewLive,
+}
+
+/// The part of the overview that updates live.
+#[derive(Template)]
+#[template(path = "console/overview_live.html")]
+pub struct OverviewLive {
+    by_state: Vec<(String, usize, &'static str)>,
+    total: usize,
+    pools: Vec<PoolBar>,
+    waiting: Vec<Waiting>,
+    uncertain: Vec<(String, String, String)>,
+    rejections: Vec<(String, String, String, String)>,
+    can_pools: bool,
+}
+
+/// A decision waiting for a person.
+pub struct Waiting {
+    attempt: String,
+    kind: &'static str,
+    summary: String,
+    requested: String,
+}
+
+/// Builds the live part of the overview.
+pub async fn overview_live(console: &Console) -> Result<OverviewLive, PageError> {
+    let scope = console.scope()?;
+    let state = &console.state;
+    let summaries = state.runtime.summaries(&scope)?;
+    let mut counts: BTreeMap<AttemptState, usize> = BTreeMap::new();
+    for s in &summaries {
+        *counts.entry(s.state).or_default() += 1;
+    }
+    let by_state = AttemptState::ALL
+        .iter()
+        .map(|s| {
+            (
+                s.as_str().to_string(),
+                counts.get(s).copied().unwrap_or(0),
+                Cell::tone(s.as_str()),
+            )
+        })
+        .collect();
+    let waiting = pending_decisions(console, &scope, &summaries)?
+        .into_iter()
+        .take(8)
+        .map(|d| Waiting {
+            attempt: d.attempt_id.to_string(),
+            kind: d.kind.as_str(),
+            summary: d.summary,
+            requested: when(&d.requested_at),
+        })
+        .collect();
+    let uncertain = summaries
+        .iter()
+        .rev()
+        .filter(|s| s.state == AttemptState::Uncertain)
+        .take(8)
+        .map(|s| {
+            (
+                s.attempt_id.to_string(),
+                s.agent_id.clone(),
+                when_opt(&s.ended_at),
+            )
+        })
+        .collect();
+    let mut rejections: Vec<(String, String, String, String)> = state
+        .releases
+        .list(Some(&scope))?
+        .into_iter()
+        .filter(|r| r.state == LoadState::Rejected)
+        .map(|r| {
+            (
+                when(&r.imported_at),
+                "release rejected".to_string(),
+                r.release_id.clone(),
+                r.reason.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let denied = state
+        .capacity
+        .leases(
+            Some(&scope),
+            &crate::capacity::LeaseFilter {
+                states: vec![crate::domain::capacity::LeaseState::Denied],
+                ..Default::default()
+            },
+            8,
+        )
+        .await?;
+    rejections.extend(denied.into_iter().map(|v| {
+        (
+            when(&v.lease.requested_at),
+            "lease denied".to_string(),
+            format!("{} in {}", v.lease.holder_id, v.lease.pool_id),
+            v.lease.reason.clone().unwrap_or_default(),
+        )
+    }));
+    rejections.sort_by(|a, b| b.0.cmp(&a.0));
+    rejections.truncate(8);
+    Ok(OverviewLive {
+        total: summaries.len(),
+        by_state,
+        pools: if console.can(Scope::CapacityRead) {
+            pool_bars(console).await
+        } else {
+            Vec::new()
+        },
+        waiting,
+        uncertain,
+        rejections,
+        can_pools: console.can(Scope::CapacityRead),
+    })
+}
+
+/// Pending decisions of the tenant, oldest first.
+fn pending_decisions(
+    console: &Console,
+    scope: &TenantScope,
+    summaries: &[AttemptSummary],
+) -> Result<Vec<DecisionRequest>, PageError> {
+    let mut out = Vec::new();
+    for s in summaries
+        .iter()
+        .filter(|s| s.state == AttemptState::WaitingForDecision)
+    {
+        out.extend(
+            console
+                .state
+                .runtime
+                .decisions(scope, s.attempt_id)?
+                .into_iter()
+                .filter(|d| d.status == DecisionStatus::Pending),
+        );
+    }
+    out.sort_by_key(|d| d.requested_at);
+    Ok(out)
+}
+
+/// `GET /`: attempts by state, pool utilisation, decisions waiting, recent
+/// rejections and uncertain attempts.
+pub async fn overview(console: Console) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let live = overview_live(&console).await?;
+    render(&OverviewPage {
+        l: console.layout("Overview", "/"),
+        live,
+    })
+}
+
+// ---- runs -------------------------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/runs.html")]
+struct RunsPage {
+    l: Layout,
+    t: Table,
+    can_submit: bool,
+    releases: Vec<String>,
+    projects: Vec<String>,
+}
+
+/// `GET /runs`: runs with state, agent, release and project filters.
+pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let filter = RunFilter {
+        state: q.get("state").and_then(RunState::parse),
+        agent_id: q.get("agent").map(str::to_string),
+        release_id: q.get("release").map(str::to_string),
+        project_id: q.get("project").and_then(|p| ProjectId::parse(p).ok()),
+    };
+    let runs = console.state.runs.list(&scope, &filter, None, usize::MAX)?;
+    let (agents, releases, projects) = choices(&console, &scope)?;
+    let rows = runs
+        .iter()
+        .map(|r| {
+            let last = r
+                .steps
+                .iter()
+                .flat_map(|s| s.attempts.last())
+                .next_back()
+                .map(|a| Cell::link(short(&a.to_string()), format!("/attempts/{a}")))
+                .unwrap_or_else(|| Cell::text(""));
+            vec![
+                Cell::link(short(&r.run_id.to_string()), format!("/runs/{}", r.run_id)),
+                Cell::State(r.state.as_str().to_string()),
+                Cell::text(&r.agent_id),
+                Cell::text(&r.snapshot.release_id),
+                Cell::text(r.project_id.as_str()),
+                Cell::num(r.steps.iter().map(|s| s.attempts.len() as u32).sum::<u32>()),
+                last,
+                Cell::text(when(&r.created_at)),
+                Cell::text(r.reason.clone().unwrap_or_default()),
+            ]
+        })
+        .collect();
+    let run_states = [
+        "Running",
+        "Succeeded",
+        "Failed",
+        "TimedOut",
+        "Cancelled",
+        "Uncertain",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let filters = vec![
+        q.filter("state", "state", run_states),
+        q.filter("agent", "agent", agents),
+        q.filter("release", "release", releases.clone()),
+        q.filter("project", "project", projects.clone()),
+    ];
+    let t = q.table(
+        "runs",
+        "/runs",
+        &[
+            "Run",
+            "State",
+            "Agent",
+            "Release",
+            "Project",
+            "Attempts",
+            "Last attempt",
+            "Submitted",
+            "Reason",
+        ],
+        rows,
+        filters,
+        "No runs match.",
+    );
+    render(&RunsPage {
+        l: console.layout("Runs", "/runs"),
+        t,
+        can_submit: console.can(Scope::RunsWrite),
+        releases,
+        projects,
+    })
+}
+
+/// Agents, release ids and project ids, for filters.
+type Choices = (Vec<String>, Vec<String>, Vec<String>);
+
+/// Agents, releases and projects of the tenant, for filters.
+fn choices(console: &Console, scope: &TenantScope) -> Result<Choices, PageError> {
+    let releases = console.state.releases.list(Some(scope))?;
+    let mut agents: Vec<String> = releases.iter().map(|r| r.agent_id.clone()).collect();
+    agents.sort();
+    agents.dedup();
+    let release_ids = releases.iter().map(|r| r.release_id.clone()).collect();
+    let projects = console
+        .state
+        .capacity
+        .projects(scope)
+        .map_err(ApiError::from)?
+        .into_iter()
+        .map(|p| p.project_id.to_string())
+        .collect();
+    Ok((agents, release_ids, projects))
+}
+
+/// `POST /runs`: a Requester submits a run of a release with its input.
+pub async fn submit_run(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::RunsWrite)?;
+    let scope = console.scope()?;
+    let result = async {
+        let request = RunRequest {
+            project_id: ProjectId::parse_field("projectId", fields.need("projectId")?)?,
+            release_id: fields.need("releaseId")?.to_string(),
+            input: crate::api::runtime::parse_json(
+                "inputJson",
+                fields.get("inputJson").unwrap_or("{}"),
+            )?,
+            limits: None,
+            max_attempts: 0,
+            max_corrections: None,
+            request_id: fields.get("requestId").map(str::to_string),
+            environment_id: None,
+            submitted_by: console.by(),
+        };
+        let run = console.state.runs.submit(&scope, request).await?;
+        Ok::<_, ApiError>(run)
+    }
+    .await;
+    Ok(match result {
+        Ok(run) => {
+            let to = format!("/runs/{}", run.run_id);
+            console.done(
+                &to,
+                Ok::<_, ApiError>(format!("run {} submitted", run.run_id)),
+            )
+        }
+        Err(e) => console.done("/runs", Err::<String, _>(e)),
+    })
+}
+
+/// A step of a run: name, state and its attempts (id, state, number,
+/// failure).
+type StepRows = (String, String, Vec<(String, String, String, String)>);
+
+#[derive(Template)]
+#[template(path = "console/run.html")]
+struct RunPage {
+    l: Layout,
+    run: crate::domain::run::Run,
+    attempts: Vec<StepRows>,
+    can_cancel: bool,
+}
+
+/// `GET /runs/{id}`: a run with its steps and attempts.
+pub async fn run(console: Console, Path(run_id): Path<String>) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let scope = console.scope()?;
+    let run = console
+        .state
+        .runs
+        .get(&scope, parse_uuid("runId", &run_id)?)?;
+    let mut attempts = Vec::new();
+    for step in &run.steps {
+        let mut rows = Vec::new();
+        for id in &step.attempts {
+            let a = console.state.runtime.attempt(&scope, *id)?;
+            rows.push((
+                id.to_string(),
+                a.state.as_str().to_string(),
+                a.number.to_string(),
+                a.failure
+                    .as_ref()
+                    .map(|f| format!("{}: {}", f.class.as_str(), f.reason))
+                    .unwrap_or_default(),
+            ));
+        }
+        attempts.push((step.name.clone(), step.state.as_str().to_string(), rows));
+    }
+    render(&RunPage {
+        l: console.layout(format!("Run {}", short(&run_id)), "/runs"),
+        can_cancel: console.can(Scope::RunsWrite) && !run.state.is_terminal(),
+        run,
+        attempts,
+    })
+}
+
+/// `POST /runs/{id}/cancel`.
+pub async fn cancel_run(
+    console: Console,
+    Path(run_id): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::RunsWrite)?;
+    let scope = console.scope()?;
+    let id = parse_uuid("runId", &run_id)?;
+    let reason = fields.get("reason").unwrap_or_default();
+    let result = console
+        .state
+        .runs
+        .cancel(&scope, id, &console.by(), reason)
+        .await
+        .map(|r| {
+            format!(
+                "run {id} is {}; cancellation is observed at the next safe point",
+                r.state.as_str()
+            )
+        });
+    Ok(console.done(&format!("/runs/{id}"), result))
+}
+
+// ---- attempts ---------------------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/list.html")]
+struct ListPage {
+    l: Layout,
+    intro: String,
+    t: Table,
+}
+
+/// `GET /attempts`: every attempt with state, agent, release and project
+/// filters.
+pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let mut summaries = console.state.runtime.summaries(&scope)?;
+    summaries.reverse();
+    let state = q.get("state");
+    let agent = q.get("agent");
+    let release = q.get("release");
+    let project = q.get("project");
+    let rows = summaries
+        .iter()
+        .filter(|s| state.is_none_or(|v| s.state.as_str() == v))
+        .filter(|s| agent.is_none_or(|v| s.agent_id == v))
+        .filter(|s| release.is_none_or(|v| s.release_id == v))
+        .filter(|s| project.is_none_or(|v| s.project_id.as_str() == v))
+        .map(|s| {
+            vec![
+                Cell::link(
+                    short(&s.attempt_id.to_string()),
+                    format!("/attempts/{}", s.attempt_id),
+                ),
+                Cell::State(s.state.as_str().to_string()),
+                Cell::text(s.phase.as_str()),
+                Cell::text(&s.agent_id),
+                Cell::text(&s.release_id),
+                Cell::text(s.project_id.as_str()),
+                Cell::link(short(&s.run_id.to_string()), format!("/runs/{}", s.run_id)),
+                Cell::num(s.number),
+                Cell::text(when(&s.started_at)),
+                Cell::text(
+                    s.failure
+                        .as_ref()
+                        .map(|f| format!("{}: {}", f.class.as_str(), f.reason))
+                        .unwrap_or_default(),
+                ),
+            ]
+        })
+        .collect();
+    let (agents, releases, projects) = choices(&console, &scope)?;
+    let filters = vec![
+        q.filter(
+            "state",
+            "state",
+            AttemptState::ALL
+                .iter()
+                .map(|s| s.as_str().to_string())
+                .collect(),
+        ),
+        q.filter("agent", "agent", agents),
+        q.filter("release", "release", releases),
+        q.filter("project", "project", projects),
+    ];
+    let t = q.table(
+        "attempts",
+        "/attempts",
+        &[
+            "Attempt", "State", "Phase", "Agent", "Release", "Project", "Run", "No", "Started",
+            "Failure",
+        ],
+        rows,
+        filters,
+        "No attempts match.",
+    );
+    render(&ListPage {
+        l: console.layout("Attempts", "/attempts"),
+        intro: "Every attempt of the tenant, newest first. Open one for its timeline.".into(),
+        t,
+    })
+}
+
+// ---- timeline ---------------------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/timeline.html")]
+struct TimelinePage {
+    l: Layout,
+    id: String,
+    live: TimelineLive,
+}
+
+/// A phase segment of the timeline's strip.
+pub struct Segment {
+    x: f64,
+    width: f64,
+    title: String,
+    tone: &'static str,
+}
+
+/// The part of the timeline that updates live.
+#[derive(Template)]
+#[template(path = "console/timeline_live.html")]
+pub struct TimelineLive {
+    csrf: String,
+    a: ExecutionAttempt,
+    waiting: Option<String>,
+    queue_position: Option<usize>,
+    limiting_quota: Option<String>,
+    open_tool: Option<String>,
+    segments: Vec<Segment>,
+    phases: Vec<(String, String, String, String)>,
+    checkpoints: Vec<Checkpoint>,
+    checkpoint_count: usize,
+    calls: Vec<CallRecord>,
+    decisions: Vec<DecisionRequest>,
+    delegations: Vec<(String, String, String)>,
+    can_decide: bool,
+    can_operate: bool,
+}
+
+impl TimelineLive {
+    fn tone(s: &str) -> &'static str {
+        Cell::tone(s)
+    }
+}
+
+/// Builds the live part of a timeline.
+pub fn timeline_live(console: &Console, attempt_id: Uuid) -> Result<TimelineLive, PageError> {
+    let scope = console.scope()?;
+    let view: std::sync::Arc<AttemptView> = console.state.runtime.view(&scope, attempt_id)?;
+    timeline_of(console, &scope, &view)
+}
+
+/// Builds the live part of a timeline from a view of the attempt.
+pub fn timeline_of(
+    console: &Console,
+    scope: &TenantScope,
+    view: &AttemptView,
+) -> Result<TimelineLive, PageError> {
+    let runtime = &console.state.runtime;
+    let a = view.attempt.clone();
+    let now = console.state.clock.now();
+    let end = a.ended_at.unwrap_or(now);
+    let start = a.phases.first().map(|p| p.at).unwrap_or(a.started_at);
+    let span = (end - start).num_milliseconds().max(1) as f64;
+    let mut segments = Vec::new();
+    let mut phases = Vec::new();
+    for (i, p) in a.phases.iter().enumerate() {
+        let until = a.phases.get(i + 1).map(|n| n.at).unwrap_or(end);
+        let ms = (until - p.at).num_milliseconds().max(0);
+        let x = (p.at - start).num_milliseconds() as f64 / span * 1000.0;
+        let width = (ms as f64 / span * 1000.0).max(2.0);
+        segments.push(Segment {
+            x,
+            width,
+            title: format!("{} · {} · {} ms", p.state.as_str(), p.phase.as_str(), ms),
+            tone: Cell::tone(p.state.as_str()),
+        });
+        phases.push((
+            when(&p.at),
+            p.state.as_str().to_string(),
+            p.phase.as_str().to_string(),
+            format!("{ms} ms"),
+        ));
+    }
+    let checkpoints = runtime.checkpoints(scope, a.attempt_id)?;
+    let checkpoint_count = checkpoints.len();
+    let checkpoints = checkpoints.into_iter().rev().take(5).collect();
+    let calls = runtime.calls(scope, a.attempt_id)?;
+    let open_tool = calls
+        .iter()
+        .rev()
+        .find(|c| c.is_open())
+        .map(|c| format!("{} {}", c.kind.as_str(), c.target));
+    let delegations = runtime
+        .delegations(scope, a.attempt_id)?
+        .into_iter()
+        .map(|d| {
+            (
+                d.child_run_id.to_string(),
+                d.child_agent_id.clone(),
+                d.status.clone(),
+            )
+        })
+        .collect();
+    Ok(TimelineLive {
+        csrf: console.session.csrf.clone(),
+        waiting: view.waiting_reason(),
+        queue_position: view.queue_position,
+        limiting_quota: view.limiting_quota.clone(),
+        open_tool,
+        segments,
+        phases,
+        checkpoints,
+        checkpoint_count,
+        decisions: runtime.decisions(scope, a.attempt_id)?,
+        calls,
+        delegations,
+        can_decide: console.can(Scope::RunsDecide),
+        can_operate: console.can(Scope::RunsOperate),
+        a,
+    })
+}
+
+/// `GET /attempts/{id}`: phases over time, checkpoints, calls, decisions,
+/// outcome and why it waits now; live over SSE with JS.
+pub async fn timeline(
+    console: Console,
+    Path(attempt_id): Path<String>,
+) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let id = parse_uuid("attemptId", &attempt_id)?;
+    let live = timeline_live(&console, id)?;
+    render(&TimelinePage {
+        l: console.layout(format!("Attempt {}", short(&attempt_id)), "/attempts"),
+        id: id.to_string(),
+        live,
+    })
+}
+
+#[derive(Template)]
+#[template(path = "console/checkpoints.html")]
+struct CheckpointsPage {
+    l: Layout,
+    id: String,
+    a: ExecutionAttempt,
+    checkpoints: Vec<Checkpoint>,
+    resumable: Option<String>,
+}
+
+/// `GET /attempts/{id}/checkpoints`: every checkpoint, with whether the
+/// attempt could resume from the last one.
+pub async fn checkpoints(
+    console: Console,
+    Path(attempt_id): Path<String>,
+) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let scope = console.scope()?;
+    let id = parse_uuid("attemptId", &attempt_id)?;
+    let a = console.state.runtime.attempt(&scope, id)?;
+    let checkpoints = console.state.runtime.checkpoints(&scope, id)?;
+    let resumable = checkpoints.last().map(|c| {
+        if c.adapter_version == a.adapter_version && c.checkpoint_format == a.checkpoint_format {
+            format!(
+                "the last checkpoint (#{}) matches the attempt's adapter {} and format {}: a resume continues from it",
+                c.sequence, a.adapter_version, a.checkpoint_format
+            )
+        } else {
+            format!(
+                "the last checkpoint (#{}) was written by adapter {} format {}, the attempt runs {} format {}: a resume would fail (infrastructure) and start a new attempt from the step input",
+                c.sequence, c.adapter_version, c.checkpoint_format, a.adapter_version, a.checkpoint_format
+            )
+        }
+    });
+    render(&CheckpointsPage {
+        l: console.layout(
+            format!("Checkpoints of {}", short(&attempt_id)),
+            "/attempts",
+        ),
+        id: id.to_string(),
+        a,
+        checkpoints,
+        resumable,
+    })
+}
+
+/// `POST /attempts/{id}/interrupt` (Operator).
+pub async fn interrupt(
+    console: Console,
+    Path(attempt_id): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::RunsOperate)?;
+    let scope = console.scope()?;
+    let id = parse_uuid("attemptId", &attempt_id)?;
+    let result = console
+        .state
+        .runtime
+        .interrupt(
+            &scope,
+            id,
+            &console.by(),
+            fields.get("reason").unwrap_or_default(),
+            InterruptSource::Interrupt,
+        )
+        .await
+        .map(|a| {
+            format!(
+                "interrupt recorded; the attempt is {} and stops at its next safe point",
+                a.state.as_str()
+            )
+        });
+    Ok(console.done(&format!("/attempts/{id}"), result))
+}
+
+/// `POST /attempts/{id}/decisions/{decision}` (Reviewer): approve or reject
+/// an approval, answer a question, choose an escalation's option.
+pub async fn decide(
+    console: Console,
+    Path((attempt_id, decision_id)): Path<(String, String)>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::RunsDecide)?;
+    let scope = console.scope()?;
+    let id = parse_uuid("attemptId", &attempt_id)?;
+    let decision = parse_uuid("decisionId", &decision_id)?;
+    let back = fields
+        .get("back")
+        .filter(|b| *b == "/decisions")
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("/attempts/{id}"));
+    let runtime = &console.state.runtime;
+    let by = console.by();
+    let result = match fields.get("action") {
+        Some(action @ ("approve" | "reject")) => runtime
+            .decide(
+                &scope,
+                id,
+                decision,
+                action == "approve",
+                &by,
+                fields.get("reason").map(str::to_string),
+            )
+            .await
+            .map(|a| {
+                let done = if action == "approve" {
+                    "approved"
+                } else {
+                    "rejected"
+                };
+                format!("{done}; the attempt is {}", a.state.as_str())
+            })
+            .map_err(ApiError::from),
+        Some("answer") => {
+            let choice = fields.get("choice").map(str::to_string);
+            let answer = fields.get("answer").map(|text| {
+                let value = serde_json::from_str::<Value>(text)
+                    .unwrap_or_else(|_| Value::String(text.to_string()));
+                canonical_json(&value)
+            });
+            if choice.is_none() && answer.is_none() {
+                Err(ApiError::invalid(
+                    "answer",
+                    "give an answer or choose an option",
+                ))
+            } else {
+                runtime
+                    .answer(&scope, id, decision, &by, choice, answer)
+                    .await
+                    .map(|a| format!("answered; the attempt is {}", a.state.as_str()))
+                    .map_err(ApiError::from)
+            }
+        }
+        other => Err(ApiError::invalid(
+            "action",
+            format!(
+                "{:?} is not one of approve, reject, answer",
+                other.unwrap_or("")
+            ),
+        )),
+    };
+    Ok(console.done(&back, result))
+}
+
+/// `POST /attempts/{id}/calls/{call}/settle` (Operator): the effect of an
+/// uncertain call happened or did not, with the reason.
+pub async fn settle(
+    console: Console,
+    Path((attempt_id, call_id)): Path<(String, String)>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::RunsOperate)?;
+    let scope = console.scope()?;
+    let id = parse_uuid("attemptId", &attempt_id)?;
+    let call = parse_uuid("callId", &call_id)?;
+    let back = if fields.get("back") == Some("/uncertain") {
+        "/uncertain".to_string()
+    } else {
+        format!("/attempts/{id}")
+    };
+    let effect = match fields.get("effect") {
+        Some("happened") => Effect::Happened,
+        Some("did-not-happen") => Effect::DidNotHappen,
+        other => {
+            return Ok(console.done(
+                &back,
+                Err::<String, _>(ApiError::invalid(
+                    "effect",
+                    format!(
+                        "{:?} is not one of happened, did-not-happen",
+                        other.unwrap_or("")
+                    ),
+                )),
+            ));
+        }
+    };
+    let result = console
+        .state
+        .runs
+        .settle_call(
+            &scope,
+            id,
+            call,
+            effect,
+            fields.get("reason").unwrap_or_default(),
+            fields.get("retry") == Some("on"),
+            &console.by(),
+        )
+        .await
+        .map(|run| {
+            format!(
+                "call settled ({}); the run is {}",
+                effect.as_str(),
+                run.state.as_str()
+            )
+        });
+    Ok(console.done(&back, result))
+}
+
+// ---- decisions and uncertain calls -------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/decisions.html")]
+struct DecisionsPage {
+    l: Layout,
+    pending: Vec<DecisionRequest>,
+    t: Table,
+    can_decide: bool,
+}
+
+/// `GET /decisions`: the inbox of pending decisions, then the decided ones.
+pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let summaries = console.state.runtime.summaries(&scope)?;
+    let pending = pending_decisions(&console, &scope, &summaries)?;
+    let mut decided: Vec<DecisionRequest> = console.state.store.list(&scope)?;
+    decided.retain(|d| d.status != DecisionStatus::Pending);
+    decided.sort_by_key(|d| std::cmp::Reverse(d.requested_at));
+    let rows = decided
+        .iter()
+        .map(|d| {
+            vec![
+                Cell::link(
+                    short(&d.attempt_id.to_string()),
+                    format!("/attempts/{}", d.attempt_id),
+                ),
+                Cell::text(d.kind.as_str()),
+                Cell::text(&d.summary),
+                Cell::State(d.status.as_str().to_string()),
+                Cell::text(d.answered_by.clone().unwrap_or_default()),
+                Cell::text(
+                    d.choice
+                        .clone()
+                        .or_else(|| d.reason.clone())
+                        .unwrap_or_default(),
+                ),
+                Cell::text(when(&d.requested_at)),
+                Cell::text(when_opt(&d.answered_at)),
+            ]
+        })
+        .collect();
+    let t = q.table(
+        "decided",
+        "/decisions",
+        &[
+            "Attempt",
+            "Kind",
+            "Summary",
+            "Status",
+            "By",
+            "Choice or reason",
+            "Asked",
+            "Decided",
+        ],
+        rows,
+        vec![],
+        "Nothing decided yet.",
+    );
+    render(&DecisionsPage {
+        l: console.layout("Decisions", "/decisions"),
+        pending,
+        t,
+        can_decide: console.can(Scope::RunsDecide),
+    })
+}
+
+/// `GET /uncertain`: calls whose effect nobody could confirm, with their
+/// receipt, waiting for an operator's settlement.
+pub async fn uncertain(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let can_settle = console.can(Scope::RunsOperate);
+    let mut rows = Vec::new();
+    for s in console
+        .state
+        .runtime
+        .summaries(&scope)?
+        .iter()
+        .filter(|s| s.state == AttemptState::Uncertain)
+    {
+        for c in console.state.runtime.calls(&scope, s.attempt_id)? {
+            if c.status != CallStatus::Uncertain {
+                continue;
+            }
+            let settled = c
+                .settlement
+                .as_ref()
+                .map(|st| format!("{} by {}: {}", st.effect.as_str(), st.by, st.reason));
+            let actions = if can_settle && settled.is_none() {
+                let href = format!("/attempts/{}/calls/{}/settle", s.attempt_id, c.call_id);
+                Cell::Actions(vec![
+                    Action {
+                        href: href.clone(),
+                        label: "Effect happened".into(),
+                        fields: vec![
+                            ("effect".into(), "happened".into()),
+                            ("back".into(), "/uncertain".into()),
+                            (
+                                "reason".into(),
+                                format!("checked by {} from the receipt", console.session.username),
+                            ),
+                        ],
+                        danger: false,
+                    },
+                    Action {
+                        href,
+                        label: "Did not happen".into(),
+                        fields: vec![
+                            ("effect".into(), "did-not-happen".into()),
+                            ("back".into(), "/uncertain".into()),
+                            (
+                                "reason".into(),
+                                format!("checked by {} from the receipt", console.session.username),
+                            ),
+                        ],
+                        danger: false,
+                    },
+                ])
+            } else {
+                Cell::text(
+                    settled
+                        .clone()
+                        .unwrap_or_else(|| "waiting for an Operator".into()),
+                )
+            };
+            rows.push(vec![
+                Cell::link(
+                    short(&s.attempt_id.to_string()),
+                    format!("/attempts/{}", s.attempt_id),
+                ),
+                Cell::text(&s.agent_id),
+                Cell::text(format!("{} {}", c.kind.as_str(), c.target)),
+                Cell::text(c.side_effect_class.map(|x| x.as_str()).unwrap_or("")),
+                Cell::code(&c.request_hash),
+                Cell::code(
+                    c.receipt_ref
+                        .clone()
+                        .or(c.late_receipt_ref.clone())
+                        .unwrap_or_default(),
+                ),
+                Cell::text(c.error.clone().unwrap_or_default()),
+                Cell::text(when(&c.started_at)),
+                actions,
+            ]);
+        }
+    }
+    let t = q.table(
+        "uncertain",
+        "/uncertain",
+        &[
+            "Attempt",
+            "Agent",
+            "Call",
+            "Class",
+            "Request hash",
+            "Receipt",
+            "Why uncertain",
+            "Started",
+            "Settle",
+        ],
+        rows,
+        vec![],
+        "No uncertain calls: every call's effect is known.",
+    );
+    render(&ListPage {
+        l: console.layout("Uncertain calls", "/uncertain"),
+        intro: "A call in flight when its attempt stopped, whose effect could not be confirmed. It is never retried automatically: an Operator checks the receipt and the target system and settles it. The timeline's form also takes a reason and can start a new attempt when the effect did not happen.".into(),
+        t,
+    })
+}

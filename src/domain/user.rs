@@ -1,0 +1,301 @@
+//! Console users: people who sign in to the web console.
+//!
+//! A user belongs to one tenant and holds roles there; each role stands for
+//! a set of scopes ([`Role::scopes`]). Only a user of the platform tenant may
+//! hold PlatformAdmin, the one role that crosses tenants. User names are
+//! unique across the appliance, so signing in needs no tenant. The password
+//! is never stored, only its argon2id hash.
+
+use std::collections::BTreeSet;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::access::{Role, Scope};
+use super::error::{DomainError, FieldError};
+use super::events::{EventPayload, NewEvent};
+use super::ids::TenantId;
+
+/// A console user as stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct User {
+    /// The sign-in name, unique across the appliance.
+    pub username: String,
+    /// The tenant the user acts in.
+    pub tenant_id: TenantId,
+    /// Roles in that tenant.
+    pub roles: BTreeSet<Role>,
+    /// Name shown to people.
+    pub display_name: String,
+    /// argon2id PHC string of the password.
+    pub password_hash: String,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// Who created it.
+    pub created_by: String,
+    /// When it was disabled; a disabled user cannot sign in.
+    #[serde(default)]
+    pub disabled_at: Option<DateTime<Utc>>,
+}
+
+/// Payload of `agentbay.admin.v1.user-created`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserCreated<'a> {
+    /// The user.
+    pub username: &'a str,
+    /// Its tenant.
+    pub tenant_id: &'a TenantId,
+    /// Its roles.
+    pub roles: &'a BTreeSet<Role>,
+    /// Who created it.
+    pub created_by: &'a str,
+}
+
+impl EventPayload for UserCreated<'_> {
+    const TOPIC: &'static str = "agentbay.admin.v1.user-created";
+}
+
+/// Payload of `agentbay.admin.v1.user-disabled`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserDisabled<'a> {
+    /// The user.
+    pub username: &'a str,
+    /// Its tenant.
+    pub tenant_id: &'a TenantId,
+    /// Who disabled it.
+    pub by: &'a str,
+}
+
+impl EventPayload for UserDisabled<'_> {
+    const TOPIC: &'static str = "agentbay.admin.v1.user-disabled";
+}
+
+/// Shortest password accepted.
+pub const MIN_PASSWORD_LEN: usize = 12;
+/// Longest password accepted (argon2 takes any length; this bounds the work).
+pub const MAX_PASSWORD_LEN: usize = 256;
+
+/// Checks a user name: 3 to 64 of `a-z 0-9 . _ -`, starting with a letter or
+/// digit. Returns it trimmed and lower-cased.
+pub fn parse_username(name: &str) -> Result<String, FieldError> {
+    let name = name.trim().to_ascii_lowercase();
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'));
+    let ok_start = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric());
+    if !(3..=64).contains(&name.len()) || !ok_chars || !ok_start {
+        return Err(FieldError::new(
+            "username",
+            format!(
+                "{name:?} is not a user name: use 3 to 64 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit"
+            ),
+        ));
+    }
+    Ok(name)
+}
+
+/// Checks a new password's length.
+pub fn check_password(password: &str) -> Result<(), FieldError> {
+    let len = password.chars().count();
+    if len < MIN_PASSWORD_LEN {
+        return Err(FieldError::new(
+            "password",
+            format!("is {len} characters long; at least {MIN_PASSWORD_LEN} are required"),
+        ));
+    }
+    if len > MAX_PASSWORD_LEN {
+        return Err(FieldError::new(
+            "password",
+            format!("is longer than {MAX_PASSWORD_LEN} characters"),
+        ));
+    }
+    Ok(())
+}
+
+impl User {
+    /// A new user. Roles must not be empty; PlatformAdmin stays in the
+    /// platform tenant.
+    pub fn create(
+        tenant_id: TenantId,
+        username: &str,
+        display_name: &str,
+        roles: BTreeSet<Role>,
+        password_hash: String,
+        created_by: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(User, NewEvent), DomainError> {
+        let username = parse_username(username)?;
+        if roles.is_empty() {
+            return Err(FieldError::new("roles", "at least one role is required").into());
+        }
+        if roles.contains(&Role::PlatformAdmin) && !tenant_id.is_platform() {
+            return Err(FieldError::new(
+                "roles",
+                format!(
+                    "PlatformAdmin can only be held by users of the platform tenant, not of {tenant_id}"
+                ),
+            )
+            .into());
+        }
+        let display_name = display_name.trim();
+        if display_name.chars().count() > 100 {
+            return Err(FieldError::new("displayName", "is longer than 100 characters").into());
+        }
+        let user = User {
+            display_name: if display_name.is_empty() {
+                username.clone()
+            } else {
+                display_name.to_string()
+            },
+            username,
+            tenant_id,
+            roles,
+            password_hash,
+            created_at: now,
+            created_by: created_by.to_string(),
+            disabled_at: None,
+        };
+        let event = NewEvent::new(
+            &user.tenant_id,
+            now,
+            &UserCreated {
+                username: &user.username,
+                tenant_id: &user.tenant_id,
+                roles: &user.roles,
+                created_by,
+            },
+        );
+        Ok((user, event))
+    }
+
+    /// Disables the user. Disabling twice emits nothing the second time.
+    pub fn disable(&mut self, by: &str, now: DateTime<Utc>) -> Option<NewEvent> {
+        if self.disabled_at.is_some() {
+            return None;
+        }
+        self.disabled_at = Some(now);
+        Some(NewEvent::new(
+            &self.tenant_id,
+            now,
+            &UserDisabled {
+                username: &self.username,
+                tenant_id: &self.tenant_id,
+                by,
+            },
+        ))
+    }
+
+    /// The scopes the user's roles stand for.
+    pub fn scopes(&self) -> BTreeSet<Scope> {
+        self.roles.iter().flat_map(|r| r.scopes()).collect()
+    }
+}
+
+/// Parses role names (`Reviewer`, `reviewer`), naming the field on error.
+pub fn parse_roles<S: AsRef<str>>(names: &[S]) -> Result<BTreeSet<Role>, FieldError> {
+    names
+        .iter()
+        .map(|n| {
+            let n = n.as_ref().trim();
+            Role::ALL
+                .iter()
+                .copied()
+                .find(|r| r.as_str().eq_ignore_ascii_case(n))
+                .ok_or_else(|| {
+                    let known: Vec<&str> = Role::ALL.iter().map(|r| r.as_str()).collect();
+                    FieldError::new(
+                        "roles",
+                        format!("unknown role {n:?}; roles are {}", known.join(", ")),
+                    )
+                })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acme() -> TenantId {
+        TenantId::parse("acme").unwrap()
+    }
+
+    #[test]
+    fn user_names_are_checked_and_normalised() {
+        assert_eq!(parse_username(" Alice.B ").unwrap(), "alice.b");
+        for bad in ["ab", "-x-y", "a b c", "é-user", &"a".repeat(65)] {
+            let err = parse_username(bad).unwrap_err();
+            assert_eq!(err.field, "username", "{bad}");
+        }
+    }
+
+    #[test]
+    fn passwords_need_twelve_characters() {
+        let err = check_password("short").unwrap_err();
+        assert_eq!(err.field, "password");
+        assert!(err.reason.contains("at least 12"), "{}", err.reason);
+        assert!(check_password("correct horse battery").is_ok());
+    }
+
+    #[test]
+    fn platform_admin_stays_in_the_platform_tenant() {
+        let now = Utc::now();
+        let err = User::create(
+            acme(),
+            "mallory",
+            "",
+            [Role::PlatformAdmin].into(),
+            "h".into(),
+            "admin",
+            now,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("PlatformAdmin"), "{err}");
+        let (user, event) = User::create(
+            acme(),
+            "rita",
+            "Rita R.",
+            [Role::Reviewer, Role::Observer].into(),
+            "h".into(),
+            "admin",
+            now,
+        )
+        .unwrap();
+        assert_eq!(event.topic, "agentbay.admin.v1.user-created");
+        assert!(user.scopes().contains(&Scope::RunsDecide));
+        assert!(!user.scopes().contains(&Scope::CapacityAdmin));
+        let empty = User::create(acme(), "nobody", "", BTreeSet::new(), "h".into(), "a", now);
+        assert!(empty.unwrap_err().to_string().contains("roles"));
+    }
+
+    #[test]
+    fn roles_parse_by_name() {
+        let roles = parse_roles(&["reviewer", "Operator"]).unwrap();
+        assert_eq!(roles, [Role::Reviewer, Role::Operator].into());
+        let err = parse_roles(&["Boss"]).unwrap_err();
+        assert!(err.reason.contains("WorkspaceAdmin"), "{}", err.reason);
+    }
+
+    #[test]
+    fn disabling_twice_emits_once() {
+        let now = Utc::now();
+        let (mut user, _) = User::create(
+            acme(),
+            "otto",
+            "",
+            [Role::Operator].into(),
+            "h".into(),
+            "a",
+            now,
+        )
+        .unwrap();
+        assert!(user.disable("admin", now).is_some());
+        assert!(user.disable("admin", now).is_none());
+    }
+}
