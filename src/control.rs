@@ -239,6 +239,187 @@ pub async fn client_revoke(config: &Config, client_id: &str) -> anyhow::Result<(
     close(target)
 }
 
+/// What `agentbay user create` asks for.
+pub struct NewUserArgs<'a> {
+    /// Tenant.
+    pub tenant: &'a str,
+    /// Sign-in name.
+    pub username: &'a str,
+    /// Role names.
+    pub roles: &'a [String],
+    /// Display name.
+    pub name: &'a str,
+    /// The password; generated when `None`.
+    pub password: Option<String>,
+}
+
+/// `agentbay user create`.
+pub async fn user_create(config: &Config, args: NewUserArgs<'_>, json: bool) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    let (user, generated) = match &target {
+        Target::Running { client, .. } => {
+            let response = client
+                .create_user(pb::CreateUserRequest {
+                    tenant_id: args.tenant.to_string(),
+                    username: args.username.to_string(),
+                    display_name: args.name.to_string(),
+                    roles: args.roles.to_vec(),
+                    password: args.password.clone().unwrap_or_default(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(connect_error)?
+                .into_owned();
+            (
+                response.user.as_option().cloned().unwrap_or_default(),
+                response.generated_password,
+            )
+        }
+        Target::Offline(local) => {
+            let tenant = TenantId::parse_field("--tenant", args.tenant)?;
+            let roles = crate::domain::user::parse_roles(args.roles)?;
+            let password = args
+                .password
+                .clone()
+                .unwrap_or_else(crate::auth::users::generate_password);
+            let user = crate::auth::users::create(
+                &local.store,
+                crate::auth::users::NewUser {
+                    tenant: TenantScope::new(tenant),
+                    username: args.username,
+                    display_name: args.name,
+                    roles,
+                    password: &password,
+                    created_by: "command line",
+                },
+                chrono::Utc::now(),
+            )
+            .await?;
+            (
+                crate::api::rpc::admin::user_message(&user),
+                if args.password.is_none() {
+                    password
+                } else {
+                    String::new()
+                },
+            )
+        }
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "username": user.username, "tenant_id": user.tenant_id, "roles": user.roles,
+                "password": if generated.is_empty() { None } else { Some(&generated) },
+            })
+        );
+    } else {
+        println!(
+            "created user {} in tenant {} with roles {} ({})",
+            user.username,
+            user.tenant_id,
+            user.roles.join(", "),
+            target.describe()
+        );
+        if !generated.is_empty() {
+            println!("  password: {generated}   (shown once; only its hash is kept)");
+        }
+    }
+    close(target)
+}
+
+/// `agentbay user list`.
+pub async fn user_list(config: &Config, tenant: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    let users: Vec<pb::User> = match &target {
+        Target::Running { client, .. } => {
+            client
+                .list_users(pb::ListUsersRequest {
+                    tenant_id: tenant.unwrap_or_default().to_string(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(connect_error)?
+                .into_owned()
+                .users
+        }
+        Target::Offline(local) => {
+            let list = match tenant {
+                Some(t) => crate::auth::users::list(
+                    &local.store,
+                    &TenantScope::new(TenantId::parse_field("--tenant", t)?),
+                )?,
+                None => crate::auth::users::list_all(
+                    &local.store,
+                    &crate::store::PlatformScope::internal(),
+                )?,
+            };
+            list.iter()
+                .map(crate::api::rpc::admin::user_message)
+                .collect()
+        }
+    };
+    if json {
+        let rows: Vec<_> = users
+            .iter()
+            .map(|u| {
+                serde_json::json!({
+                    "username": u.username, "tenant_id": u.tenant_id, "roles": u.roles,
+                    "display_name": u.display_name, "created_at": u.created_at,
+                    "disabled_at": if u.disabled_at.is_empty() { None } else { Some(&u.disabled_at) },
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+    } else {
+        println!("{:<24} {:<12} {:<9} roles", "username", "tenant", "state");
+        for u in &users {
+            let state = if u.disabled_at.is_empty() {
+                "active"
+            } else {
+                "disabled"
+            };
+            println!(
+                "{:<24} {:<12} {:<9} {}",
+                u.username,
+                u.tenant_id,
+                state,
+                u.roles.join(" ")
+            );
+        }
+    }
+    close(target)
+}
+
+/// `agentbay user disable`.
+pub async fn user_disable(config: &Config, tenant: &str, username: &str) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    match &target {
+        Target::Running { client, .. } => {
+            client
+                .disable_user(pb::DisableUserRequest {
+                    tenant_id: tenant.to_string(),
+                    username: username.to_string(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(connect_error)?;
+        }
+        Target::Offline(local) => {
+            crate::auth::users::disable(
+                &local.store,
+                TenantScope::new(TenantId::parse_field("--tenant", tenant)?),
+                username,
+                "command line",
+                chrono::Utc::now(),
+            )
+            .await?;
+        }
+    }
+    println!("disabled {username} in {tenant} ({})", target.describe());
+    close(target)
+}
+
 /// `agentbay backup FILE`.
 pub async fn backup(config: &Config, file: &Path) -> anyhow::Result<()> {
     if file.exists() {

@@ -81,6 +81,11 @@ enum Command {
         /// Backup file to read.
         file: PathBuf,
     },
+    /// Manage console users (works whether or not the appliance runs).
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
     /// Manage client credentials (works whether or not the appliance runs).
     Client {
         #[command(subcommand)]
@@ -191,6 +196,56 @@ enum ProjectCommand {
         /// Name shown to people.
         #[arg(long)]
         name: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Create a console user; a generated password is printed once.
+    Create {
+        #[command(flatten)]
+        common: Common,
+        /// Tenant the user acts in.
+        #[arg(long)]
+        tenant: String,
+        /// Sign-in name, unique across the appliance.
+        #[arg(long)]
+        username: String,
+        /// Role to hold (repeat for several): Requester, Reviewer, Operator,
+        /// WorkspaceAdmin, PlatformAdmin (platform tenant only), Observer.
+        #[arg(long = "role", required = true, value_name = "ROLE")]
+        roles: Vec<String>,
+        /// Name shown to people.
+        #[arg(long, default_value = "")]
+        name: String,
+        /// Read the password from this file (first line) instead of
+        /// generating one; it never appears on a command line.
+        #[arg(long)]
+        password_file: Option<PathBuf>,
+        /// Print JSON for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List console users (never their password hashes).
+    List {
+        #[command(flatten)]
+        common: Common,
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Disable a user: it cannot sign in and its sessions end.
+    Disable {
+        #[command(flatten)]
+        common: Common,
+        /// The user's tenant.
+        #[arg(long)]
+        tenant: String,
+        /// The user name.
+        username: String,
     },
 }
 
@@ -332,6 +387,63 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 let config = load(&common, None)?;
                 quiet_logging(&config);
                 control::client_revoke(&config, &client_id).await
+            }
+        },
+        Command::User { command } => match command {
+            UserCommand::Create {
+                common,
+                tenant,
+                username,
+                roles,
+                name,
+                password_file,
+                json,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                let password = match password_file {
+                    Some(path) => Some(
+                        std::fs::read_to_string(&path)
+                            .map_err(|e| {
+                                anyhow::anyhow!("--password-file {}: {e}", path.display())
+                            })?
+                            .lines()
+                            .next()
+                            .unwrap_or_default()
+                            .to_string(),
+                    ),
+                    None => None,
+                };
+                control::user_create(
+                    &config,
+                    control::NewUserArgs {
+                        tenant: &tenant,
+                        username: &username,
+                        roles: &roles,
+                        name: &name,
+                        password,
+                    },
+                    json,
+                )
+                .await
+            }
+            UserCommand::List {
+                common,
+                tenant,
+                json,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::user_list(&config, tenant.as_deref(), json).await
+            }
+            UserCommand::Disable {
+                common,
+                tenant,
+                username,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::user_disable(&config, &tenant, &username).await
             }
         },
         Command::Tenant { command } => match command {

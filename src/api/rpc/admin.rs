@@ -14,10 +14,11 @@ use super::principal;
 use crate::api::error::{ApiError, ErrorCode, rpc};
 use crate::api::events::{event_stream, filter_for};
 use crate::app::AppState;
-use crate::auth::clients;
+use crate::auth::{clients, users};
 use crate::domain::access::parse_scopes;
 use crate::domain::credential::ClientCredential;
 use crate::domain::tenant::{Tenant, TenantSpec};
+use crate::domain::user::{User, parse_roles};
 use crate::domain::{ProjectId, TenantId};
 use crate::proto::agentbay::admin::v1 as pb;
 
@@ -42,6 +43,20 @@ pub fn client_message(c: &ClientCredential) -> pb::Client {
         description: c.description.clone(),
         created_at: c.created_at.to_rfc3339(),
         revoked_at: c.revoked_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// The wire form of a console user.
+pub fn user_message(u: &User) -> pb::User {
+    pb::User {
+        username: u.username.clone(),
+        tenant_id: u.tenant_id.to_string(),
+        roles: u.roles.iter().map(|r| r.to_string()).collect(),
+        display_name: u.display_name.clone(),
+        created_at: u.created_at.to_rfc3339(),
+        created_by: u.created_by.clone(),
+        disabled_at: u.disabled_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -183,6 +198,99 @@ impl pb::Admin for AdminService {
         tracing::info!(client = %revoked.client_id, by = %caller.subject, "revoked a client credential");
         Response::ok(pb::RevokeClientResponse {
             client: buffa::MessageField::some(client_message(&revoked)),
+            ..Default::default()
+        })
+    }
+
+    async fn create_user(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::CreateUserRequest>,
+    ) -> ServiceResult<pb::CreateUserResponse> {
+        let caller = principal(&ctx)?;
+        let tenant = TenantId::parse_field("tenantId", request.tenant_id).map_err(rpc)?;
+        let scope = caller.scope_for(&tenant).map_err(rpc)?;
+        let names: Vec<&str> = request.roles.iter().copied().collect();
+        let roles = parse_roles(&names).map_err(rpc)?;
+        // Nobody hands out more than they hold.
+        if let Some(role) = roles.iter().find(|r| !r.scopes().is_subset(&caller.scopes)) {
+            return Err(rpc(ApiError::new(
+                ErrorCode::PermissionDenied,
+                format!("cannot grant the role {role}: it holds scopes the caller does not"),
+            )));
+        }
+        let generated = request.password.is_empty();
+        let password = if generated {
+            users::generate_password()
+        } else {
+            request.password.to_string()
+        };
+        let user = users::create(
+            &self.state.store,
+            users::NewUser {
+                tenant: scope,
+                username: request.username,
+                display_name: request.display_name,
+                roles,
+                password: &password,
+                created_by: &caller.subject.to_string(),
+            },
+            self.state.clock.now(),
+        )
+        .await
+        .map_err(rpc)?;
+        tracing::info!(user = %user.username, tenant = %user.tenant_id, by = %caller.subject, "created a console user");
+        Response::ok(pb::CreateUserResponse {
+            user: buffa::MessageField::some(user_message(&user)),
+            generated_password: if generated { password } else { String::new() },
+            ..Default::default()
+        })
+    }
+
+    async fn list_users(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::ListUsersRequest>,
+    ) -> ServiceResult<pb::ListUsersResponse> {
+        let caller = principal(&ctx)?;
+        let list = if request.tenant_id.is_empty() && caller.is_platform_admin() {
+            users::list_all(&self.state.store, &caller.platform_scope().map_err(rpc)?)
+        } else {
+            let tenant = if request.tenant_id.is_empty() {
+                caller.tenant.clone()
+            } else {
+                TenantId::parse_field("tenantId", request.tenant_id).map_err(rpc)?
+            };
+            users::list(&self.state.store, &caller.scope_for(&tenant).map_err(rpc)?)
+        }
+        .map_err(rpc)?;
+        Response::ok(pb::ListUsersResponse {
+            users: list.iter().map(user_message).collect(),
+            ..Default::default()
+        })
+    }
+
+    async fn disable_user(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::DisableUserRequest>,
+    ) -> ServiceResult<pb::DisableUserResponse> {
+        let caller = principal(&ctx)?;
+        let tenant = TenantId::parse_field("tenantId", request.tenant_id).map_err(rpc)?;
+        let scope = caller.scope_for(&tenant).map_err(rpc)?;
+        let user = users::disable(
+            &self.state.store,
+            scope,
+            request.username,
+            &caller.subject.to_string(),
+            self.state.clock.now(),
+        )
+        .await
+        .map_err(rpc)?;
+        self.state.sessions.end_user(&user.username);
+        tracing::info!(user = %user.username, by = %caller.subject, "disabled a console user");
+        Response::ok(pb::DisableUserResponse {
+            user: buffa::MessageField::some(user_message(&user)),
             ..Default::default()
         })
     }

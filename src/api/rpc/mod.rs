@@ -50,6 +50,9 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
         ("agentbay.admin.v1.Admin/CreateClient", Needs(Scope::Admin)),
         ("agentbay.admin.v1.Admin/ListClients", Needs(Scope::Admin)),
         ("agentbay.admin.v1.Admin/RevokeClient", Needs(Scope::Admin)),
+        ("agentbay.admin.v1.Admin/CreateUser", Needs(Scope::Admin)),
+        ("agentbay.admin.v1.Admin/ListUsers", Needs(Scope::Admin)),
+        ("agentbay.admin.v1.Admin/DisableUser", Needs(Scope::Admin)),
         ("agentbay.admin.v1.Admin/Backup", Needs(Scope::Platform)),
         (
             "agentbay.admin.v1.Admin/WatchEvents",
