@@ -19,8 +19,8 @@ const RELEASE: &str = "triage-ext-1.0.0";
 /// An appliance with the demo tenant, an external-adapter release of the
 /// triage example, and clients for run control, the runtime and the
 /// adapter.
-struct Site {
-    a: Appliance,
+pub(crate) struct Site {
+    pub(crate) a: Appliance,
     /// The workspace administrator (capacity, releases).
     workspace: Credential,
     cred: Credential,
@@ -570,6 +570,37 @@ async fn a_gated_call_waits_for_approval_then_runs_and_a_rejection_fails_the_att
         "{}",
         a.failure_reason
     );
+}
+
+/// A site with an attempt of tenant `demo` interrupted during an approved
+/// tool call: the call is uncertain. Returns the attempt and call ids.
+pub(crate) async fn uncertain_call() -> (Site, String, String) {
+    let site = Site::start(false).await;
+    site.submit(json!({"ticket": "t"}), None).await;
+    let adapter = site.claim_and_start().await;
+    let page = json!({"message": "m"});
+    let ask = adapter
+        .begin("tool", "page-oncall", page.clone(), "")
+        .await
+        .unwrap();
+    site.decide(&ask.approval_id, true).await;
+    let go = adapter
+        .begin("tool", "page-oncall", page, &ask.approval_id)
+        .await
+        .unwrap();
+    let stopped = site
+        .runtime()
+        .interrupt(rt::InterruptRequest {
+            attempt_id: adapter.id(),
+            reason: "wrong customer".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(stopped.state, "Uncertain");
+    let attempt = adapter.id();
+    (site, attempt, go.call_id.to_string())
 }
 
 #[tokio::test]

@@ -1,0 +1,853 @@
+//! The web console over real HTTPS: sign-in, sessions, CSRF, every page and
+//! form for every role, and another tenant's data.
+
+use std::time::Duration;
+
+use agentbay::proto::agentbay::admin::v1 as pb;
+use reqwest::StatusCode;
+use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
+use serde_json::Value;
+
+use crate::common::Appliance;
+
+/// A browser-like client of one signed-in user: cookie, CSRF token, no
+/// redirects followed (so tests see them).
+pub(crate) struct Visitor {
+    client: reqwest::Client,
+    base: String,
+    cookie: String,
+    csrf: String,
+}
+
+pub(crate) fn client(a: &Appliance) -> reqwest::Client {
+    let mut tls = agentbay::tls::pinned_client_config(&a.fingerprint);
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+pub(crate) const PASSWORD: &str = "correct horse battery staple";
+
+impl Visitor {
+    /// Signs in; panics unless the sign-in succeeds.
+    pub(crate) async fn sign_in(a: &Appliance, username: &str) -> Visitor {
+        let client = client(a);
+        let response = client
+            .post(format!("{}/signin", a.url))
+            .form(&[
+                ("username", username),
+                ("password", PASSWORD),
+                ("next", "/"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::SEE_OTHER,
+            "sign-in of {username}"
+        );
+        let set = response.headers()[SET_COOKIE].to_str().unwrap().to_string();
+        for attribute in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/"] {
+            assert!(set.contains(attribute), "{set} lacks {attribute}");
+        }
+        let cookie = set.split(';').next().unwrap().to_string();
+        assert!(cookie.starts_with("__Host-agentbay_session="), "{cookie}");
+        let mut v = Visitor {
+            client,
+            base: a.url.clone(),
+            cookie,
+            csrf: String::new(),
+        };
+        let (status, body) = v.get("/runs").await;
+        assert!(status == 200 || status == 403, "{status}");
+        v.csrf = csrf_of(&body).expect("every page carries the CSRF token");
+        v
+    }
+
+    pub(crate) async fn get(&self, path: &str) -> (u16, String) {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .header(COOKIE, &self.cookie)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap())
+    }
+
+    /// Posts a form with the CSRF token; returns the status and the
+    /// redirect target.
+    pub(crate) async fn post(&self, path: &str, fields: &[(&str, &str)]) -> (u16, String) {
+        let mut form: Vec<(&str, &str)> = vec![("csrf", &self.csrf)];
+        form.extend_from_slice(fields);
+        self.post_raw(path, &form).await
+    }
+
+    async fn post_raw(&self, path: &str, form: &[(&str, &str)]) -> (u16, String) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header(COOKIE, &self.cookie)
+            .form(form)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let location = response
+            .headers()
+            .get(LOCATION)
+            .map(|l| l.to_str().unwrap().to_string());
+        let body = response.text().await.unwrap();
+        (status, location.unwrap_or(body))
+    }
+
+    /// Posts a form and returns the message the next page shows.
+    pub(crate) async fn act(&self, path: &str, fields: &[(&str, &str)]) -> (bool, String) {
+        let (status, location) = self.post(path, fields).await;
+        assert_eq!(status, 303, "{path}: {location}");
+        let (_, page) = self.get(&location).await;
+        flash_of(&page).unwrap_or_else(|| panic!("{path}: no message on {location}"))
+    }
+}
+
+fn csrf_of(page: &str) -> Option<String> {
+    let at = page.find("name=\"csrf\" value=\"")? + "name=\"csrf\" value=\"".len();
+    Some(page[at..].split('"').next()?.to_string())
+}
+
+/// The one-time message of a page: (ok, text).
+pub(crate) fn flash_of(page: &str) -> Option<(bool, String)> {
+    let at = page.find("<p class=\"flash ")?;
+    let rest = &page[at..];
+    let ok = rest.starts_with("<p class=\"flash ok");
+    let text = rest.split('>').nth(1)?.split('<').next()?.to_string();
+    Some((ok, html_unescape(&text)))
+}
+
+fn html_unescape(s: &str) -> String {
+    s.replace("&#34;", "\"")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// Creates a console user with [`PASSWORD`].
+pub(crate) async fn user(a: &Appliance, tenant: &str, name: &str, roles: &[&str]) {
+    let token = a.admin_token().await;
+    a.rpc_json(&token)
+        .create_user(pb::CreateUserRequest {
+            tenant_id: tenant.into(),
+            username: name.into(),
+            roles: roles.iter().map(|r| r.to_string()).collect(),
+            password: PASSWORD.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("create user {name}: {e:?}"));
+}
+
+/// The demo's attempts (id, run, state), once its three runs have settled.
+pub(crate) async fn demo_attempts(a: &Appliance) -> Vec<Value> {
+    let token = a.admin_token().await;
+    for _ in 0..400 {
+        let response = a
+            .http()
+            .post(format!("{}/agentbay.runs.v1.Runs/ListRuns", a.url))
+            .bearer_auth(&token)
+            .json(&serde_json::json!({"tenantId": "demo"}))
+            .send()
+            .await
+            .unwrap();
+        let v: Value = response.json().await.unwrap();
+        let attempts: Vec<Value> = v["runs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|run| {
+                let run_id = run["runId"].clone();
+                run["steps"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|s| s["attempts"].as_array().into_iter().flatten())
+                    .map(move |x| {
+                        serde_json::json!({"attemptId": x["attemptId"], "runId": run_id, "state": x["state"]})
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let states: Vec<&str> = attempts
+            .iter()
+            .filter_map(|x| x["state"].as_str())
+            .collect();
+        if states.len() == 3
+            && states.contains(&"WaitingForDecision")
+            && states.contains(&"Succeeded")
+            && states.contains(&"Failed")
+        {
+            return attempts;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the demo's runs did not settle");
+}
+
+pub(crate) fn demo() -> Appliance {
+    Appliance::start_with(&[], &[("AGENTBAY_DEMO__ENABLED", "true")])
+}
+
+fn id_of(list: &[Value], state: &str) -> String {
+    list.iter()
+        .find(|x| x["state"] == state)
+        .and_then(|x| x["attemptId"].as_str())
+        .unwrap_or_else(|| panic!("no {state} attempt in {list:?}"))
+        .to_string()
+}
+
+#[tokio::test]
+async fn signing_in_sessions_csrf_and_rate_limits() {
+    let a = demo();
+    user(&a, "demo", "olga", &["Observer"]).await;
+    let c = client(&a);
+
+    // Without a session every page sends the browser to sign in, with the
+    // page to come back to.
+    let r = c
+        .get(format!("{}/attempts?state=Failed", a.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(
+        r.headers()[LOCATION],
+        "/signin?next=%2Fattempts%3Fstate%3DFailed"
+    );
+    let r = c.get(format!("{}/signin", a.url)).send().await.unwrap();
+    let csp = r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains("default-src 'self'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    let page = r.text().await.unwrap();
+    assert!(
+        page.contains(&a.fingerprint),
+        "the sign-in page shows the certificate"
+    );
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "no asset from outside the appliance"
+    );
+
+    // A wrong password says nothing about whether the user exists.
+    let wrong = |name: &'static str| {
+        let c = c.clone();
+        let url = a.url.clone();
+        async move {
+            c.post(format!("{url}/signin"))
+                .form(&[("username", name), ("password", "not the password")])
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let r = wrong("olga").await;
+    assert_eq!(r.status(), 401);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("unknown user name or wrong password")
+    );
+    let r = wrong("nobody").await;
+    assert_eq!(r.status(), 401);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("unknown user name or wrong password")
+    );
+    // Ten failures in a minute lock the name, even for the right password.
+    for _ in 0..9 {
+        wrong("olga").await;
+    }
+    let r = c
+        .post(format!("{}/signin", a.url))
+        .form(&[("username", "olga"), ("password", PASSWORD)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.text().await.unwrap().contains("too many failed sign-ins"));
+
+    user(&a, "demo", "rita", &["Reviewer"]).await;
+    let rita = Visitor::sign_in(&a, "rita").await;
+    let attempts = demo_attempts(&a).await;
+    let waiting = id_of(&attempts, "WaitingForDecision");
+    let (_, page) = rita.get(&format!("/attempts/{waiting}")).await;
+    let action = page
+        .split("action=\"")
+        .find(|s| s.contains("/decisions/"))
+        .and_then(|s| s.split('"').next())
+        .expect("a pending approval has a form")
+        .to_string();
+
+    // A form without the token, or with another session's, is refused and
+    // changes nothing.
+    let (status, _) = rita.post_raw(&action, &[("action", "approve")]).await;
+    assert_eq!(status, 403);
+    user(&a, "demo", "rudi", &["Reviewer"]).await;
+    let rudi = Visitor::sign_in(&a, "rudi").await;
+    let (status, body) = rita
+        .post_raw(&action, &[("csrf", &rudi.csrf), ("action", "approve")])
+        .await;
+    assert_eq!(status, 403);
+    assert!(body.contains("CSRF"), "{body}");
+    let (_, page) = rita.get(&format!("/attempts/{waiting}")).await;
+    assert!(page.contains(">WaitingForDecision<"), "nothing was decided");
+
+    // Signing out ends the session on the server, not only in the browser.
+    let (status, to) = rita.post("/signout", &[]).await;
+    assert_eq!((status, to.as_str()), (303, "/signin"));
+    let (status, _) = rita.get("/").await;
+    assert_eq!(status, 303);
+
+    // Disabling a user ends its sessions at once and refuses its sign-in.
+    let admin_token = a.admin_token().await;
+    a.rpc_json(&admin_token)
+        .disable_user(pb::DisableUserRequest {
+            tenant_id: "demo".into(),
+            username: "rudi".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(rudi.get("/").await.0, 303);
+    let r = c
+        .post(format!("{}/signin", a.url))
+        .form(&[("username", "rudi"), ("password", PASSWORD)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await.unwrap().contains("disabled"));
+}
+
+/// Pages every signed-in reader of the tenant may open.
+const READ_PAGES: &[&str] = &[
+    "/",
+    "/runs",
+    "/attempts",
+    "/decisions",
+    "/uncertain",
+    "/pools",
+    "/quotas",
+    "/leases",
+    "/releases",
+];
+const ADMIN_PAGES: &[&str] = &["/tenants", "/users", "/clients"];
+
+#[tokio::test]
+async fn every_page_for_every_role_and_no_other_tenants_data() {
+    let a = demo();
+    for (name, role) in [
+        ("obs", "Observer"),
+        ("req", "Requester"),
+        ("rev", "Reviewer"),
+        ("ops", "Operator"),
+        ("wsa", "WorkspaceAdmin"),
+    ] {
+        user(&a, "demo", name, &[role]).await;
+    }
+    user(&a, "platform", "pla", &["PlatformAdmin"]).await;
+    a.tenant("acme", "team", &[], &["web"]).await;
+    user(&a, "acme", "acm", &["WorkspaceAdmin"]).await;
+    let attempts = demo_attempts(&a).await;
+    let attempt = id_of(&attempts, "Succeeded");
+    let run = attempts
+        .iter()
+        .find(|x| x["attemptId"] == attempt.as_str())
+        .unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let detail = [
+        format!("/attempts/{attempt}"),
+        format!("/attempts/{attempt}/checkpoints"),
+        format!("/runs/{run}"),
+    ];
+
+    for name in ["obs", "req", "rev", "ops", "wsa"] {
+        let v = Visitor::sign_in(&a, name).await;
+        for page in READ_PAGES
+            .iter()
+            .copied()
+            .chain(detail.iter().map(String::as_str))
+        {
+            let (status, body) = v.get(page).await;
+            assert_eq!(status, 200, "{name} {page}: {body}");
+            assert!(
+                body.contains("tenant demo"),
+                "{name} {page} shows its tenant"
+            );
+            assert!(
+                body.contains(&a.fingerprint),
+                "{name} {page} shows the certificate"
+            );
+        }
+        let (_, body) = v.get(&format!("/attempts/{attempt}")).await;
+        assert!(
+            body.contains(">Succeeded<") && body.contains("Phases over time"),
+            "{name}"
+        );
+        for page in ADMIN_PAGES {
+            let (status, body) = v.get(page).await;
+            let expected = if name == "wsa" { 200 } else { 403 };
+            assert_eq!(status, expected, "{name} {page}");
+            if expected == 403 {
+                assert!(
+                    body.contains("agentbay.admin") && body.contains("WorkspaceAdmin"),
+                    "the refusal names the scope and the roles: {body}"
+                );
+            }
+        }
+        // The navigation offers only what the role may open.
+        let (_, home) = v.get("/").await;
+        assert_eq!(home.contains("href=\"/users\""), name == "wsa", "{name}");
+    }
+
+    // Another tenant's user sees none of the demo's data, by id or in lists.
+    let acm = Visitor::sign_in(&a, "acm").await;
+    for page in &detail {
+        let (status, body) = acm.get(page).await;
+        assert_eq!(status, 404, "acme sees {page}: {body}");
+    }
+    let (_, list) = acm.get("/attempts").await;
+    assert!(
+        !list.contains(&attempt),
+        "acme's attempt list shows a demo attempt"
+    );
+    assert!(list.contains("No attempts match."));
+    let (status, body) = acm.post("/view-tenant", &[("tenant", "demo")]).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("cannot access tenant demo"), "{body}");
+    let (status, _) = acm.get("/tenants").await;
+    assert_eq!(
+        status, 200,
+        "a WorkspaceAdmin sees its own tenant and projects"
+    );
+    let (_, body) = acm.get("/tenants").await;
+    assert!(!body.contains(">demo<"), "and no other tenant");
+
+    // A PlatformAdmin switches to any tenant and sees it.
+    let pla = Visitor::sign_in(&a, "pla").await;
+    let (_, body) = pla.get("/attempts").await;
+    assert!(
+        !body.contains(&attempt),
+        "the platform tenant has no demo attempt"
+    );
+    let (ok, message) = pla.act("/view-tenant", &[("tenant", "demo")]).await;
+    assert!(ok, "{message}");
+    for page in READ_PAGES
+        .iter()
+        .copied()
+        .chain(ADMIN_PAGES.iter().copied())
+        .chain(detail.iter().map(String::as_str))
+    {
+        let (status, body) = pla.get(page).await;
+        assert_eq!(status, 200, "platform admin {page}: {body}");
+    }
+    let (_, body) = pla.get("/tenants").await;
+    assert!(body.contains(">acme<") && body.contains(">demo<"));
+
+    // Live parts answer as server-sent events of rendered HTML.
+    let response = client(&a)
+        .get(format!("{}/attempts/{attempt}/live", a.url))
+        .header(COOKIE, &pla.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let text = response.text().await.unwrap();
+    assert!(text.starts_with("event: html\ndata: <h1>Attempt"), "{text}");
+    assert!(
+        text.contains("event: end"),
+        "a terminal attempt's stream ends"
+    );
+}
+
+#[tokio::test]
+async fn forms_act_only_for_the_roles_that_may() {
+    let a = demo();
+    for (name, role) in [
+        ("obs", "Observer"),
+        ("req", "Requester"),
+        ("rev", "Reviewer"),
+        ("ops", "Operator"),
+        ("wsa", "WorkspaceAdmin"),
+    ] {
+        user(&a, "demo", name, &[role]).await;
+    }
+    user(&a, "platform", "pla", &["PlatformAdmin"]).await;
+    let attempts = demo_attempts(&a).await;
+    let waiting = id_of(&attempts, "WaitingForDecision");
+    let obs = Visitor::sign_in(&a, "obs").await;
+    let req = Visitor::sign_in(&a, "req").await;
+    let rev = Visitor::sign_in(&a, "rev").await;
+    let ops = Visitor::sign_in(&a, "ops").await;
+    let wsa = Visitor::sign_in(&a, "wsa").await;
+
+    // Decisions: an Observer and an Operator are refused; a Reviewer
+    // approves from the inbox and the attempt resumes to its outcome.
+    let (_, inbox) = rev.get("/decisions").await;
+    let action = inbox
+        .split("action=\"")
+        .find(|s| s.contains("/decisions/"))
+        .and_then(|s| s.split('"').next())
+        .unwrap()
+        .to_string();
+    let (_, obs_inbox) = obs.get("/decisions").await;
+    assert!(
+        obs_inbox.contains("A Reviewer decides this."),
+        "no form for an Observer"
+    );
+    for v in [&obs, &ops] {
+        let (status, body) = v.post(&action, &[("action", "approve")]).await;
+        assert_eq!(status, 403, "{body}");
+        assert!(body.contains("factory.runs.decide"), "{body}");
+    }
+    let (ok, message) = rev
+        .act(&action, &[("action", "approve"), ("back", "/decisions")])
+        .await;
+    assert!(ok && message.starts_with("approved"), "{message}");
+    let mut state = String::new();
+    for _ in 0..200 {
+        let (_, page) = rev.get(&format!("/attempts/{waiting}")).await;
+        if page.contains("id=\"attempt-state\">Succeeded<") {
+            state = "Succeeded".into();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        state, "Succeeded",
+        "the approved attempt resumed and finished"
+    );
+    let (ok, message) = rev.act(&action, &[("action", "approve")]).await;
+    assert!(
+        !ok && message.contains("no longer"),
+        "a decided approval is not decided twice: {message}"
+    );
+
+    // Quotas: only admins set them; loosening is refused with the bound.
+    let (status, _) = ops
+        .post(
+            "/quotas",
+            &[("scope", "tenant.demo"), ("concurrentRuns", "1")],
+        )
+        .await;
+    assert_eq!(status, 403);
+    let (ok, message) = wsa
+        .act(
+            "/quotas",
+            &[("scope", "project.demo.support"), ("concurrentRuns", "1")],
+        )
+        .await;
+    assert!(ok, "{message}");
+    let (ok, message) = wsa
+        .act(
+            "/quotas",
+            &[
+                ("scope", "project.demo.support"),
+                ("concurrentRuns", "100000"),
+            ],
+        )
+        .await;
+    assert!(!ok, "{message}");
+    assert!(
+        message.contains("concurrentRuns"),
+        "the refusal names the field: {message}"
+    );
+    let (ok, message) = wsa
+        .act(
+            "/quotas",
+            &[("scope", "tenant.demo"), ("cpuPerAttempt", "lots")],
+        )
+        .await;
+    assert!(!ok && message.starts_with("cpuPerAttempt:"), "{message}");
+    let (ok, message) = wsa.act("/quotas", &[("scope", "tenant.acme")]).await;
+    assert!(!ok, "another tenant's quota: {message}");
+    let (_, page) = wsa.get("/quotas").await;
+    assert!(
+        page.contains("project demo/support"),
+        "the source of the project's limit is shown"
+    );
+
+    // Runs: a Requester submits, an Observer cannot; an Operator interrupts.
+    let (status, _) = obs
+        .post(
+            "/runs",
+            &[
+                ("releaseId", "triage-1.0.0"),
+                ("projectId", "support"),
+                ("inputJson", "{}"),
+            ],
+        )
+        .await;
+    assert_eq!(status, 403);
+    let (ok, message) = req
+        .act(
+            "/runs",
+            &[
+                ("releaseId", "triage-1.0.0"),
+                ("projectId", "support"),
+                ("inputJson", "{not json"),
+            ],
+        )
+        .await;
+    assert!(!ok && message.starts_with("inputJson"), "{message}");
+    let (status, location) = req
+        .post(
+            "/runs",
+            &[
+                ("releaseId", "triage-approval-1.0.0"),
+                ("projectId", "support"),
+                ("inputJson", r#"{"ticket":"T-9","text":"database down"}"#),
+            ],
+        )
+        .await;
+    assert_eq!(status, 303, "{location}");
+    assert!(location.starts_with("/runs/"), "{location}");
+    let (_, run_page) = req.get(&location).await;
+    let new_attempt = run_page
+        .split("href=\"/attempts/")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap()
+        .to_string();
+    let path = format!("/attempts/{new_attempt}/interrupt");
+    let (status, _) = rev.post(&path, &[("reason", "no")]).await;
+    assert_eq!(status, 403);
+    let (ok, message) = ops.act(&path, &[("reason", "wrong ticket")]).await;
+    assert!(ok && message.contains("interrupt recorded"), "{message}");
+
+    // Pools: a WorkspaceAdmin cannot, a PlatformAdmin can.
+    let pool = [
+        ("poolId", "extra"),
+        ("kind", "sandbox"),
+        ("securityBoundary", "shared"),
+        ("region", "local"),
+        ("nodeProfile", "small"),
+        ("minSize", "1"),
+        ("maxSize", "2"),
+        ("state", "Active"),
+    ];
+    let (status, _) = wsa.post("/pools/new", &pool).await;
+    assert_eq!(status, 403);
+    let pla = Visitor::sign_in(&a, "pla").await;
+    let (ok, message) = pla.act("/pools/new", &pool).await;
+    assert!(ok, "{message}");
+    let mut bad = pool;
+    bad[6] = ("maxSize", "0");
+    let (ok, message) = pla.act("/pools/new", &bad).await;
+    assert!(!ok && message.contains("maxSize"), "{message}");
+    let (_, page) = wsa.get("/pools").await;
+    assert!(
+        page.contains("id=\"pool-extra\""),
+        "a shared pool is visible to tenants"
+    );
+    assert!(page.contains("<svg"), "utilisation drawn as inline SVG");
+
+    // Releases: only an AssetsAdmin deprecates or revokes.
+    let retire = "/releases/triage-corrections-1.0.0/retire";
+    let (status, _) = ops
+        .post(
+            retire,
+            &[("action", "deprecate"), ("inFlightPolicy", "drain")],
+        )
+        .await;
+    assert_eq!(status, 403);
+    let (ok, message) = wsa
+        .act(
+            retire,
+            &[("action", "deprecate"), ("inFlightPolicy", "drain")],
+        )
+        .await;
+    assert!(ok && message.contains("Deprecated"), "{message}");
+    let (ok, message) = wsa
+        .act(
+            retire,
+            &[("action", "revoke"), ("inFlightPolicy", "sometimes")],
+        )
+        .await;
+    assert!(!ok && message.contains("inFlightPolicy"), "{message}");
+
+    // Users: a WorkspaceAdmin creates users of its tenant with the roles it
+    // holds, a generated password shown once; never a PlatformAdmin.
+    let (status, page) = wsa
+        .post("/users", &[("username", "newbie"), ("roles", "Observer")])
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let password = page
+        .split("<p><code>")
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+        .expect("the generated password is shown")
+        .to_string();
+    assert_eq!(password.len(), 24);
+    let (_, again) = wsa.get("/users").await;
+    assert!(!again.contains(&password), "shown once only");
+    let r = client(&a)
+        .post(format!("{}/signin", a.url))
+        .form(&[("username", "newbie"), ("password", password.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303, "the new user signs in with it");
+    let (ok, message) = wsa
+        .act(
+            "/users",
+            &[
+                ("username", "boss"),
+                ("roles", "PlatformAdmin"),
+                ("password", PASSWORD),
+            ],
+        )
+        .await;
+    assert!(!ok && message.contains("PlatformAdmin"), "{message}");
+    let (ok, message) = wsa
+        .act(
+            "/users",
+            &[
+                ("username", "shorty"),
+                ("roles", "Observer"),
+                ("password", "short"),
+            ],
+        )
+        .await;
+    assert!(!ok && message.starts_with("password:"), "{message}");
+    let (ok, message) = wsa
+        .act("/users", &[("username", "newbie"), ("roles", "Observer")])
+        .await;
+    assert!(!ok && message.contains("taken"), "{message}");
+    let (status, _) = ops
+        .post("/users", &[("username", "x-ops"), ("roles", "Observer")])
+        .await;
+    assert_eq!(status, 403);
+    let (ok, message) = wsa.act("/users/newbie/disable", &[]).await;
+    assert!(ok, "{message}");
+
+    // Client credentials: the secret once, then revocation.
+    let (status, page) = wsa
+        .post(
+            "/clients",
+            &[("description", "ci"), ("scopes", "factory.runs.read")],
+        )
+        .await;
+    assert_eq!(status, 200);
+    let secret = page
+        .split("<p><code>")
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+        .unwrap()
+        .to_string();
+    assert!(secret.starts_with("abs_"), "{secret}");
+    let (ok, message) = wsa
+        .act("/clients", &[("scopes", "agentbay.platform")])
+        .await;
+    assert!(!ok && message.contains("agentbay.platform"), "{message}");
+    let (_, page) = wsa.get("/clients").await;
+    assert!(!page.contains(&secret));
+    let client_id = page
+        .split("action=\"/clients/")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .unwrap()
+        .to_string();
+    let (ok, message) = wsa.act(&format!("/clients/{client_id}/revoke"), &[]).await;
+    assert!(ok && message.contains("revoked"), "{message}");
+
+    // Tenants and projects: a WorkspaceAdmin registers projects of its own
+    // tenant only; tenants are a PlatformAdmin's.
+    let (ok, message) = wsa
+        .act("/tenants/demo/projects", &[("projectId", "billing")])
+        .await;
+    assert!(ok, "{message}");
+    let (status, _) = wsa
+        .post("/tenants", &[("tenantId", "evil"), ("edition", "team")])
+        .await;
+    assert_eq!(status, 403);
+    let (ok, message) = pla
+        .act("/tenants", &[("tenantId", "globex"), ("edition", "team")])
+        .await;
+    assert!(ok, "{message}");
+    let (ok, message) = pla
+        .act("/tenants", &[("tenantId", "Bad Id"), ("edition", "team")])
+        .await;
+    assert!(!ok && message.starts_with("tenantId"), "{message}");
+}
+
+#[tokio::test]
+async fn an_operator_settles_an_uncertain_call_from_the_console() {
+    // The external adapter flow of the runtime tests leaves a call in
+    // flight when its lease lapses; the reconciler makes it Uncertain.
+    let (site, attempt, call) = crate::runtime::uncertain_call().await;
+    let a = &site.a;
+    user(a, "demo", "ops", &["Operator"]).await;
+    user(a, "demo", "obs", &["Observer"]).await;
+    let obs = Visitor::sign_in(a, "obs").await;
+    let ops = Visitor::sign_in(a, "ops").await;
+    let (_, page) = obs.get("/uncertain").await;
+    assert!(
+        page.contains(&attempt[..12]) && page.contains("waiting for an Operator"),
+        "{page}"
+    );
+    let path = format!("/attempts/{attempt}/calls/{call}/settle");
+    let (status, _) = obs
+        .post(&path, &[("effect", "happened"), ("reason", "x")])
+        .await;
+    assert_eq!(status, 403);
+    let (ok, message) = ops.act(&path, &[("effect", "happened")]).await;
+    assert!(
+        !ok && message.starts_with("reason"),
+        "a reason is required: {message}"
+    );
+    let (ok, message) = ops
+        .act(
+            &path,
+            &[
+                ("effect", "happened"),
+                ("reason", "ticket exists"),
+                ("retry", "on"),
+            ],
+        )
+        .await;
+    assert!(
+        !ok && message.starts_with("retry"),
+        "no retry when it happened: {message}"
+    );
+    let (ok, message) = ops
+        .act(
+            &path,
+            &[
+                ("effect", "did-not-happen"),
+                ("reason", "no ticket in the tracker"),
+            ],
+        )
+        .await;
+    assert!(ok && message.contains("did-not-happen"), "{message}");
+    let (_, page) = ops.get(&format!("/attempts/{attempt}")).await;
+    assert!(
+        page.contains("settled: did-not-happen by user ops"),
+        "{page}"
+    );
+}
