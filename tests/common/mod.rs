@@ -525,3 +525,45 @@ pub async fn problem(response: reqwest::Response) -> (u16, Value) {
     assert_eq!(content_type, "application/problem+json", "status {status}");
     (status, response.json().await.unwrap())
 }
+
+/// A file of the npm package installed under `dir` (relative to the crate):
+/// `.ci/run` installs the packages, and the first test that needs one does
+/// when it is missing (`npm ci`, one installer at a time across test
+/// processes).
+pub fn npm_package(dir: &str, file: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let path = dir.join(file);
+    if !path.exists() {
+        let lock = dir.join(".installing");
+        if std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+            .is_ok()
+        {
+            let status = Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--prefix"])
+                .arg(&dir)
+                .status();
+            let _ = std::fs::remove_file(&lock);
+            assert!(
+                status.is_ok_and(|s| s.success()),
+                "installing the npm packages failed: npm ci --prefix {}",
+                dir.display()
+            );
+        }
+        for _ in 0..1200 {
+            if path.exists() && !lock.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+    assert!(
+        path.exists(),
+        "{} is missing: npm ci --prefix {}",
+        path.display(),
+        dir.display()
+    );
+    path
+}

@@ -586,37 +586,9 @@ async fn a_model_server_that_stays_slow_fails_the_attempt_as_transient_and_anoth
 /// The MCP test server from npm (`tests/mcp`; `.ci/run` installs it, and
 /// the first test that needs it does when it is missing).
 fn mcp_server() -> Vec<String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
-    let index = dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    if !index.exists() {
-        // One installer at a time, across test processes.
-        let lock = dir.join(".installing");
-        if std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&lock)
-            .is_ok()
-        {
-            let status = std::process::Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund", "--prefix"])
-                .arg(&dir)
-                .status();
-            let _ = std::fs::remove_file(&lock);
-            assert!(
-                status.is_ok_and(|s| s.success()),
-                "installing the MCP test server failed: npm ci --prefix tests/mcp"
-            );
-        }
-        for _ in 0..1200 {
-            if index.exists() && !lock.exists() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-    }
-    assert!(
-        index.exists(),
-        "the MCP test server is missing: npm ci --prefix tests/mcp"
+    let index = crate::common::npm_package(
+        "tests/mcp",
+        "node_modules/@modelcontextprotocol/server-everything/dist/index.js",
     );
     vec!["node".into(), index.display().to_string(), "stdio".into()]
 }

@@ -851,3 +851,59 @@ async fn an_operator_settles_an_uncertain_call_from_the_console() {
         "{page}"
     );
 }
+
+#[tokio::test]
+async fn the_console_in_a_real_browser() {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        std::path::Path::new(&chromium).exists(),
+        "the browser test needs Chromium at {chromium}: apt-get install -y chromium (.ci/run installs it)"
+    );
+    let script =
+        crate::common::npm_package("tests/browser", "node_modules/playwright-core/package.json")
+            .parent()
+            .and_then(|p| p.parent())
+            .and_then(|p| p.parent())
+            .unwrap()
+            .join("console.mjs");
+    let a = demo();
+    user(&a, "demo", "wendy", &["WorkspaceAdmin"]).await;
+    demo_attempts(&a).await;
+    let screenshots =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/screenshots");
+    let _ = std::fs::remove_dir_all(&screenshots);
+    let output = tokio::process::Command::new("node")
+        .arg(&script)
+        .env("AGENTBAY_URL", &a.url)
+        .env("AGENTBAY_USER", "wendy")
+        .env("AGENTBAY_PASSWORD", PASSWORD)
+        .env("SCREENSHOTS", &screenshots)
+        .env("CHROMIUM", &chromium)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let result: Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no result from the browser script:\n{stdout}\n{stderr}"));
+    assert_eq!(
+        result["ok"],
+        true,
+        "{result}\n{stderr}\nappliance log:\n{}",
+        a.log()
+    );
+    for step in result["steps"].as_array().unwrap() {
+        let file = screenshots.join(format!("{}.png", step.as_str().unwrap()));
+        let size = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+        assert!(
+            size > 10_000,
+            "screenshot {} is missing or empty",
+            file.display()
+        );
+    }
+    assert_eq!(result["steps"].as_array().unwrap().len(), 9, "{result}");
+}

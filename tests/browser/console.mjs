@@ -1,0 +1,155 @@
+// Drives the agentbay console in headless Chromium: signs in, opens an
+// attempt timeline that waits for an approval, approves it from the inbox in
+// a second tab and watches the first one resume live, tightens a quota,
+// submits a run and sees its lease wait with the quota named. Saves a
+// screenshot of every step. Prints one JSON line; exits non-zero on failure.
+//
+//   AGENTBAY_URL, AGENTBAY_USER, AGENTBAY_PASSWORD, SCREENSHOTS (directory),
+//   CHROMIUM (default /usr/bin/chromium)
+
+import { chromium } from "playwright-core";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+
+const url = process.env.AGENTBAY_URL;
+const user = process.env.AGENTBAY_USER;
+const password = process.env.AGENTBAY_PASSWORD;
+const shots = process.env.SCREENSHOTS;
+const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
+mkdirSync(shots, { recursive: true });
+
+const steps = [];
+const problems = [];
+const browser = await chromium.launch({ executablePath, args: ["--no-sandbox"] });
+const context = await browser.newContext({
+  // The appliance's certificate is self-signed on a fresh install; the Rust
+  // side of the test pins it, the browser only needs to reach the pages.
+  ignoreHTTPSErrors: true,
+  viewport: { width: 1366, height: 860 },
+});
+
+function watch(page) {
+  page.on("console", (m) => { if (m.type() === "error") problems.push(`console: ${m.text()}`); });
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+  page.on("requestfailed", (r) => {
+    // An EventSource closed by navigation is not a failure.
+    if (!r.url().includes("/live")) problems.push(`request failed: ${r.url()} ${r.failure()?.errorText}`);
+  });
+}
+
+async function shot(page, name) {
+  const path = join(shots, `${name}.png`);
+  await page.screenshot({ path, fullPage: true });
+  steps.push(name);
+}
+
+function expect(cond, message) {
+  if (!cond) throw new Error(message);
+}
+
+try {
+  const page = await context.newPage();
+  watch(page);
+
+  // 1. Sign in: an unauthenticated visit lands on the sign-in form.
+  await page.goto(`${url}/`);
+  expect(page.url().includes("/signin"), `not sent to sign in: ${page.url()}`);
+  await shot(page, "01-signin");
+  await page.fill("input[name=username]", user);
+  await page.fill("input[name=password]", password);
+  await page.click("button:has-text('Sign in')");
+  await page.waitForSelector("h1:has-text('Overview')");
+  const cookies = await context.cookies();
+  const session = cookies.find((c) => c.name === "__Host-agentbay_session");
+  expect(session && session.httpOnly && session.secure && session.sameSite === "Strict",
+    `session cookie attributes: ${JSON.stringify(session)}`);
+  await shot(page, "02-overview");
+
+  // 2. The attempt waiting for a decision, through the filter form.
+  await page.click("nav.main a:has-text('Attempts')");
+  await page.selectOption("form.filters select[name=state]", "WaitingForDecision");
+  await page.click("form.filters button:has-text('Filter')");
+  await page.waitForURL(/state=WaitingForDecision/);
+  await page.click("#attempts tbody a[href^='/attempts/']");
+  await page.waitForSelector("#waiting");
+  const why = await page.textContent("#waiting");
+  expect(/approval/.test(why), `the timeline does not say it waits for an approval: ${why}`);
+  expect((await page.textContent("#attempt-state")).trim() === "WaitingForDecision", "state badge");
+  await shot(page, "03-timeline-waiting");
+
+  // 3. Approve in a second tab; the first tab's timeline resumes live.
+  const inbox = await context.newPage();
+  watch(inbox);
+  await inbox.goto(`${url}/decisions`);
+  await inbox.fill(".decision form.decide input[name=reason]", "on-call confirmed");
+  await inbox.click(".decision form.decide button:has-text('Approve')");
+  await inbox.waitForSelector(".flash.ok");
+  const approved = await inbox.textContent(".flash.ok");
+  expect(/approved/.test(approved), `approval message: ${approved}`);
+  await shot(inbox, "04-decision-approved");
+  await inbox.close();
+  await page.waitForFunction(
+    () => document.querySelector("#attempt-state")?.textContent.trim() === "Succeeded",
+    null, { timeout: 15000 });
+  const updated = await page.getAttribute("#live", "data-updated");
+  expect(updated, "the timeline was updated over server-sent events, not reloaded");
+  await shot(page, "05-timeline-resumed-live");
+
+  // 4. Tighten the project's quota to one concurrent run.
+  await page.click("nav.main a:has-text('Quotas')");
+  await page.selectOption("#set-quota select[name=scope]", "project.demo.support");
+  await page.fill("#set-quota input[name=concurrentRuns]", "1");
+  await page.click("#set-quota button:has-text('Save quota')");
+  await page.waitForSelector(".flash");
+  const saved = await page.textContent(".flash");
+  expect(/saved/.test(saved), `quota not saved: ${saved}`);
+  // A value that loosens the parent is refused with the reason.
+  await page.selectOption("#set-quota select[name=scope]", "project.demo.support");
+  await page.fill("#set-quota input[name=concurrentRuns]", "100000");
+  await page.click("#set-quota button:has-text('Save quota')");
+  await page.waitForSelector(".flash.bad");
+  const refused = await page.textContent(".flash.bad");
+  expect(/concurrentRuns/.test(refused), `loosening not refused by name: ${refused}`);
+  await shot(page, "06-quota-tightened");
+
+  // 5. One run holds the project's only slot while it waits for a
+  // reviewer; the next one waits for capacity and says which quota holds it.
+  async function submit(release, input) {
+    await page.click("nav.main a:has-text('Runs')");
+    await page.click("details.panel summary:has-text('Submit a run')");
+    await page.selectOption("form[action='/runs'] select[name=releaseId]", release);
+    await page.selectOption("form[action='/runs'] select[name=projectId]", "support");
+    await page.fill("form[action='/runs'] textarea[name=inputJson]", input);
+    await page.click("form[action='/runs'] button:has-text('Submit')");
+    await page.waitForSelector("h1:has-text('Run')");
+    await page.click("table a[href^='/attempts/']");
+    await page.waitForSelector("#attempt-state");
+  }
+  await submit("triage-approval-1.0.0", '{"customer": "globex", "text": "Checkout is down again."}');
+  await page.waitForFunction(
+    () => document.querySelector("#attempt-state")?.textContent.trim() === "WaitingForDecision",
+    null, { timeout: 15000 });
+  await submit("triage-1.0.0", '{"customer": "initech", "text": "The printer is on fire."}');
+  await page.waitForSelector("#waiting");
+  const wait = await page.textContent("#waiting");
+  expect(/capacity/.test(wait) && /concurrentRuns/.test(wait), `no quota named in the wait: ${wait}`);
+  await shot(page, "07-lease-waits-with-reason");
+
+  await page.click("nav.main a:has-text('Leases')");
+  await page.waitForSelector("#leases");
+  const leases = await page.textContent("#leases");
+  expect(/Requested/.test(leases) && /concurrentRuns/.test(leases), `the waiting lease is not listed with its reason: ${leases}`);
+  await shot(page, "08-leases");
+
+  await page.click("nav.main a:has-text('Pools')");
+  await page.waitForSelector("svg.bar");
+  await shot(page, "09-pools");
+
+  expect(problems.length === 0, `browser problems: ${problems.join("; ")}`);
+  console.log(JSON.stringify({ ok: true, steps }));
+  await browser.close();
+} catch (e) {
+  console.log(JSON.stringify({ ok: false, steps, error: String(e), problems }));
+  await browser.close();
+  process.exit(1);
+}
