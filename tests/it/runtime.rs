@@ -1624,3 +1624,102 @@ async fn the_compactor_keeps_the_last_and_the_evidence_checkpoints() {
             .any(|c| c["checkpointId"] == after["lastCheckpointId"])
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_attempt_gives_back_its_capacity_even_before_it_heard_of_its_lease() {
+    // In-process, so that submissions and cancellations come faster than
+    // the answers to the attempts' capacity requests.
+    use agentbay::app::{self, Clocks};
+    use agentbay::domain::tenant::TenantSpec;
+    use agentbay::domain::{ProjectId, TenantId};
+    use agentbay::store::TenantScope;
+    let dir = tempfile::tempdir().unwrap();
+    let config = agentbay::config::Config {
+        data_dir: dir.path().join("data"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        demo: agentbay::config::DemoConfig { enabled: false },
+        ..Default::default()
+    };
+    let running = app::start(config, Clocks::system()).await.unwrap();
+    let state = running.state.clone();
+    let tenant = TenantId::parse("demo").unwrap();
+    state
+        .capacity
+        .put_tenant(
+            tenant.clone(),
+            TenantSpec {
+                edition: "platform".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let project = ProjectId::parse("support").unwrap();
+    state
+        .capacity
+        .put_project(tenant.clone(), project.clone(), None)
+        .await
+        .unwrap();
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("packaging/examples/releases/triage-external");
+    let bundle =
+        agentbay::releases::bundle::Bundle::from_dir(&example, &state.releases.limits).unwrap();
+    let report = state.releases.check(&bundle);
+    state.releases.record(bundle, report, "test").await.unwrap();
+    let scope = TenantScope::new(tenant);
+    let workers: Vec<_> = (0..16)
+        .map(|w| {
+            let (state, scope, project) = (state.clone(), scope.clone(), project.clone());
+            tokio::spawn(async move {
+                for i in 0..5 {
+                    let run = state
+                        .runs
+                        .submit(
+                            &scope,
+                            agentbay::runs::RunRequest {
+                                project_id: project.clone(),
+                                release_id: "triage-external-1.0.0".into(),
+                                input: json!({"customer": format!("c{w}-{i}"), "text": "t"}),
+                                limits: None,
+                                max_attempts: 0,
+                                max_corrections: None,
+                                request_id: None,
+                                environment_id: None,
+                                submitted_by: "test".into(),
+                            },
+                        )
+                        .await
+                        .unwrap();
+                    state
+                        .runs
+                        .cancel(&scope, run.run_id, "test", "changed my mind")
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let mut live = usize::MAX;
+    for _ in 0..200 {
+        let leases = state
+            .capacity
+            .leases(Some(&scope), &Default::default(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(leases.len(), 80, "one lease request per attempt");
+        live = leases
+            .iter()
+            .filter(|l| !l.lease.state.is_terminal())
+            .count();
+        if live == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(live, 0, "every cancelled attempt gave its capacity back");
+    drop(state);
+    running.stop().await.unwrap();
+}

@@ -346,13 +346,7 @@ impl Grain {
     ) -> Result<(), RuntimeError> {
         let now = self.now();
         match result {
-            Ok(view)
-                if self.attempt.state.is_terminal()
-                    || self.attempt.state != AttemptState::Claimed =>
-            {
-                let _ = view;
-                Ok(())
-            }
+            Ok(_) if self.attempt.state != AttemptState::Claimed => Ok(()),
             Ok(view) if view.lease.state.holds_capacity() => {
                 self.queue_position = None;
                 self.limiting_quota = None;
@@ -418,4 +412,18 @@ impl Grain {
             }
         }
     }
+}
+
+/// Releases a capacity lease in the background, logging a failure.
+pub(super) fn release_lease(
+    capacity: &std::sync::Arc<crate::capacity::Capacity>,
+    scope: &crate::store::TenantScope,
+    lease_id: uuid::Uuid,
+) {
+    let (capacity, scope) = (capacity.clone(), scope.clone());
+    tokio::spawn(async move {
+        if let Err(e) = capacity.release(&scope, lease_id).await {
+            tracing::warn!(lease = %lease_id, error = %e, "releasing an ended attempt's capacity lease");
+        }
+    });
 }

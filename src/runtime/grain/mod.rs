@@ -404,7 +404,18 @@ impl Grain {
             runtime.forget(self.attempt.attempt_id);
         }
         // Messages that raced with the end are answered from the store by
-        // their senders (their reply channels close here).
+        // their senders (their reply channels close here), except the
+        // answer to the capacity request, which nobody waits for: a lease
+        // granted to an attempt that has ended goes back now rather than at
+        // the end of its TTL.
+        rx.close();
+        while let Ok(msg) = rx.try_recv() {
+            if let Msg::Capacity(Ok(view)) = msg
+                && !view.lease.state.is_terminal()
+            {
+                lifecycle::release_lease(&self.shared.capacity, &self.scope, view.lease.lease_id);
+            }
+        }
     }
 
     async fn init(&mut self) -> Result<(), RuntimeError> {
@@ -557,6 +568,7 @@ impl Grain {
         let capacity = self.shared.capacity.clone();
         let me = self.me.clone();
         let mut shutdown = self.shared.shutdown.clone();
+        let scope = self.scope.clone();
         tokio::spawn(async move {
             // The first answer comes at once (granted, or queued with its
             // position and limit); then the position is refreshed every few
@@ -580,7 +592,20 @@ impl Grain {
                     Err(_) => false,
                 };
                 let retry_later = result.is_err() && !done;
-                if me.send(Msg::Capacity(result)).is_err() || done {
+                let live_lease = result
+                    .as_ref()
+                    .ok()
+                    .filter(|v| !v.lease.state.is_terminal())
+                    .map(|v| v.lease.lease_id);
+                if me.send(Msg::Capacity(result)).is_err() {
+                    // The grain is gone (its attempt ended): nobody will use
+                    // or release this lease but us.
+                    if let Some(lease_id) = live_lease {
+                        lifecycle::release_lease(&capacity, &scope, lease_id);
+                    }
+                    return;
+                }
+                if done {
                     return;
                 }
                 if retry_later {
@@ -855,13 +880,7 @@ impl Grain {
             metrics::counter!(names::UNCERTAIN_OUTCOMES, "tenant" => tenant).increment(1);
         }
         if let Some(lease_id) = a.capacity_lease_id {
-            let capacity = self.shared.capacity.clone();
-            let scope = self.scope.clone();
-            tokio::spawn(async move {
-                if let Err(e) = capacity.release(&scope, lease_id).await {
-                    tracing::warn!(lease = %lease_id, error = %e, "releasing an ended attempt's capacity lease");
-                }
-            });
+            lifecycle::release_lease(&self.shared.capacity, &self.scope, lease_id);
         }
         if let Some(runtime) = self.shared.runtime() {
             let scope = self.scope.clone();
