@@ -54,6 +54,14 @@ ID=$($SUDO python3 -c 'import json; print(json.load(open("/etc/agentbay/bootstra
 SECRET=$($SUDO python3 -c 'import json; print(json.load(open("/etc/agentbay/bootstrap-credential.json"))["client_secret"])')
 TOKEN=$(token "$URL" "$TMP/ca.pem" "$ID" "$SECRET")
 [ -n "$TOKEN" ] || fail "no token"
+# The console's admin signs in with the password from the same file.
+PASSWORD=$($SUDO python3 -c 'import json; print(json.load(open("/etc/agentbay/bootstrap-credential.json"))["console_password"])')
+SIGNIN=$(curl -sS --cacert "$TMP/ca.pem" -o /dev/null -w '%{http_code} %header{set-cookie}' \
+    --data-urlencode username=admin --data-urlencode "password=$PASSWORD" "$URL/signin")
+case "$SIGNIN" in
+    "303 __Host-agentbay_session="*HttpOnly*) ;;
+    *) fail "the console's admin cannot sign in: $SIGNIN" ;;
+esac
 curl -fsS --cacert "$TMP/ca.pem" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
     -d '{"tenantId":"site","edition":"team"}' "$URL/agentbay.admin.v1.Admin/PutTenant" >/dev/null
 $SUDO kill -TERM "$(cat "$TMP/pid1")"; wait "$(cat "$TMP/pid1")" 2>/dev/null || true
