@@ -85,11 +85,16 @@ pub async fn pool_bars(console: &Console) -> Vec<PoolBar> {
 
 // ---- pools ------------------------------------------------------------------
 
-/// A pool with its queue.
+/// Requests of a pool's queue the pools page lists; the leases page lists
+/// every waiting one.
+const QUEUE_SHOWN: usize = 50;
+
+/// A pool with the head of its queue.
 pub struct PoolPanel {
     bar: PoolBar,
     pool: WorkerPool,
     queue: Vec<(usize, String, String, String)>,
+    more: usize,
     held_back: String,
 }
 
@@ -120,6 +125,7 @@ pub async fn pools_live(console: &Console) -> Result<PoolsLive, PageError> {
         let queue = snapshot
             .queue
             .iter()
+            .take(QUEUE_SHOWN)
             .map(|v| {
                 let mine = console.platform_admin() || v.lease.tenant_id == *console.viewing();
                 (
@@ -143,6 +149,7 @@ pub async fn pools_live(console: &Console) -> Result<PoolsLive, PageError> {
             })
             .collect();
         panels.push(PoolPanel {
+            more: snapshot.queue.len().saturating_sub(QUEUE_SHOWN),
             bar: bar(&snapshot.pool, snapshot.queue.len()),
             held_back: format!(
                 "{} CPU · {} GB held back for the head of the queue",

@@ -22,8 +22,7 @@ use crate::domain::attempt::{
     ExecutionAttempt, InterruptSource,
 };
 use crate::domain::release::{LoadState, canonical_json};
-use crate::domain::run::RunState;
-use crate::runs::{RunFilter, RunRequest};
+use crate::runs::RunRequest;
 use crate::runtime::AttemptSummary;
 use crate::runtime::grain::AttemptView;
 use crate::store::TenantScope;
@@ -206,13 +205,20 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
     console.require(Scope::RunsRead)?;
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
-    let filter = RunFilter {
-        state: q.get("state").and_then(RunState::parse),
-        agent_id: q.get("agent").map(str::to_string),
-        release_id: q.get("release").map(str::to_string),
-        project_id: q.get("project").and_then(|p| ProjectId::parse(p).ok()),
-    };
-    let runs = console.state.runs.list(&scope, &filter, None, usize::MAX)?;
+    let (state, agent, release, project) = (
+        q.get("state"),
+        q.get("agent"),
+        q.get("release"),
+        q.get("project"),
+    );
+    let mut runs = console.state.runs.summaries(&scope)?;
+    runs.reverse();
+    runs.retain(|r| {
+        state.is_none_or(|v| r.state.as_str() == v)
+            && agent.is_none_or(|v| r.agent_id == v)
+            && release.is_none_or(|v| r.snapshot.release_id == v)
+            && project.is_none_or(|v| r.project_id.as_str() == v)
+    });
     let (agents, releases, projects) = choices(&console, &scope)?;
     let rows = runs
         .iter()

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -38,6 +39,45 @@ impl Record for Run {
     fn id(&self) -> String {
         self.run_id.to_string()
     }
+}
+
+/// The fields of a run that lists need, read from the store without
+/// decoding the rest of the record.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunSummary {
+    /// The run.
+    pub run_id: Uuid,
+    /// Its state.
+    pub state: RunState,
+    /// Its agent.
+    pub agent_id: String,
+    /// Its project.
+    pub project_id: ProjectId,
+    /// Its release.
+    pub snapshot: SnapshotSummary,
+    /// Its steps' attempts.
+    pub steps: Vec<StepSummary>,
+    /// Why it ended as it did.
+    pub reason: Option<String>,
+    /// When it was submitted.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The release of a run's snapshot.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotSummary {
+    /// Release.
+    pub release_id: String,
+}
+
+/// The attempts of a step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepSummary {
+    /// Attempts, oldest first.
+    pub attempts: Vec<Uuid>,
 }
 
 /// What a submission asks for, validated.
@@ -560,6 +600,14 @@ impl RunControl {
             .filter(|r| filter.admits(r))
             .take(limit)
             .collect())
+    }
+
+    /// Every run of a tenant, oldest first, as lists need them.
+    pub fn summaries(&self, scope: &TenantScope) -> Result<Vec<RunSummary>, RuntimeError> {
+        Ok(self
+            .runtime
+            .store()
+            .list_projected::<Run, RunSummary>(scope)?)
     }
 
     /// `CancelRun`: records the request, interrupts the live attempt and

@@ -907,3 +907,50 @@ async fn the_console_in_a_real_browser() {
     }
     assert_eq!(result["steps"].as_array().unwrap().len(), 9, "{result}");
 }
+
+#[tokio::test]
+async fn a_reviewer_answers_questions_and_escalations_from_the_console() {
+    for kind in ["escalation", "input"] {
+        let (site, attempt) = crate::runtime::waiting_for(kind).await;
+        let a = &site.a;
+        user(a, "demo", "rev", &["Reviewer"]).await;
+        let rev = Visitor::sign_in(a, "rev").await;
+        let (_, page) = rev.get(&format!("/attempts/{attempt}")).await;
+        assert!(page.contains("Which priority?"), "{page}");
+        let action = page
+            .split("action=\"")
+            .find(|s| s.contains("/decisions/"))
+            .and_then(|s| s.split('"').next())
+            .unwrap()
+            .to_string();
+        if kind == "escalation" {
+            assert!(
+                page.contains("recommended <b>p1</b>"),
+                "the recommendation is shown"
+            );
+            let (ok, message) = rev
+                .act(&action, &[("action", "answer"), ("choice", "p9")])
+                .await;
+            assert!(!ok && message.contains("p9"), "{message}");
+            let (ok, message) = rev
+                .act(&action, &[("action", "answer"), ("choice", "p2")])
+                .await;
+            assert!(ok && message.contains("Running"), "{message}");
+        } else {
+            let (ok, message) = rev.act(&action, &[("action", "answer")]).await;
+            assert!(!ok && message.starts_with("answer"), "{message}");
+            let (ok, message) = rev
+                .act(
+                    &action,
+                    &[("action", "answer"), ("answer", "p1, the shop is down")],
+                )
+                .await;
+            assert!(ok && message.contains("Running"), "{message}");
+        }
+        let (_, page) = rev.get(&format!("/attempts/{attempt}")).await;
+        assert!(
+            page.contains("by user rev"),
+            "the answer names who gave it: {page}"
+        );
+    }
+}

@@ -853,6 +853,40 @@ async fn each_limit_fails_the_attempt_naming_it() {
     assert_eq!(code(&e), ErrorCode::Aborted);
 }
 
+/// A site with an attempt of tenant `demo` waiting for a decision of
+/// `kind` ("escalation" with options p1 and p2, p1 recommended, or "input"
+/// with none). Returns the attempt id.
+pub(crate) async fn waiting_for(kind: &str) -> (Site, String) {
+    let site = Site::start(false).await;
+    site.submit(json!({}), None).await;
+    let adapter = site.claim_and_start().await;
+    let escalation = kind == "escalation";
+    adapter
+        .client
+        .request_decision(ad::RequestDecisionRequest {
+            attempt_id: adapter.id(),
+            fencing_token: adapter.ticket.fencing_token,
+            kind: kind.into(),
+            question_json: json!({"q": "which priority?"}).to_string(),
+            summary: "Which priority?".into(),
+            options: if escalation {
+                vec!["p1".into(), "p2".into()]
+            } else {
+                vec![]
+            },
+            recommendation: if escalation {
+                "p1".into()
+            } else {
+                String::new()
+            },
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let id = adapter.id();
+    (site, id)
+}
+
 #[tokio::test]
 async fn an_unanswered_decision_expires_on_the_clock_and_an_answer_resumes() {
     let mut site = Site::start(true).await;
