@@ -3,7 +3,7 @@
 //! # Layout
 //!
 //! ```text
-//! main.rs        CLI: serve, init, backup, restore, client, version
+//! main.rs        CLI: serve, init, backup, restore, user, client, tenant, release, version
 //! app.rs         wiring: data dir + store + TLS + workers + router, ordered shutdown
 //! config.rs      one Config from TOML file < AGENTBAY_* environment < CLI flags
 //! control.rs     administration from the CLI: through the running appliance, or offline
@@ -15,11 +15,13 @@
 //! winservice.rs  the Windows service of the MSI install (Windows only)
 //! domain/        the rules, pure: types and transitions, no IO, no async
 //! store/         sled behind a typed facade: tenant-first keys, group commit, outbox, backup
-//! auth/          client credentials, bearer tokens, principals and scope extractors
+//! auth/          client credentials, console users and sessions, bearer tokens, principals,
+//!                scope extractors
 //! runs/          run control: submit, status, cancel, approvals, settlement, outcomes
 //! runtime/       the AttemptGrain per live attempt, adapter operations, claim queue, workers
 //! api/           REST routes, Connect RPC services, SSE events, errors, OpenAPI
-//! console/       server-rendered pages (askama)
+//! console/       server-rendered pages (askama): a `Console` extractor (session, CSRF,
+//!                roles), server-side tables, live parts over SSE
 //! ```
 //!
 //! # How a request flows
@@ -42,6 +44,12 @@
 //!    does the call return.
 //! 6. The handler answers; errors become problem+json or Connect errors from
 //!    one table (`api::error`). Committed events reach `/events` subscribers.
+//!
+//! A console page takes the same path with a session instead of a token:
+//! the `console::Console` extractor finds the signed-in user (or redirects
+//! to sign in), a form's CSRF token is checked before anything else, the
+//! page requires its scope from the user's roles, and the services answer
+//! in the tenant the session looks at.
 
 pub mod api;
 pub mod app;

@@ -121,12 +121,23 @@ pub struct LeaseFilter {
 }
 
 impl LeaseFilter {
-    fn admits(&self, l: &CapacityLease) -> bool {
+    fn admits(&self, l: &LeaseKeys) -> bool {
         self.holder_id.as_ref().is_none_or(|h| *h == l.holder_id)
             && self.pool_id.as_ref().is_none_or(|p| *p == l.pool_id)
             && (self.states.is_empty() || self.states.contains(&l.state))
             && self.project_id.as_ref().is_none_or(|p| *p == l.project_id)
     }
+}
+
+/// The fields of a lease a [`LeaseFilter`] looks at, read without decoding
+/// the rest of the record.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeaseKeys {
+    holder_id: String,
+    pool_id: String,
+    state: LeaseState,
+    project_id: ProjectId,
 }
 
 /// Effective quotas of a tenant or a project, with their levels.
@@ -1097,17 +1108,32 @@ impl Capacity {
     ) -> Result<Vec<LeaseView>, CapacityError> {
         let store = self.store().clone();
         let scope_owned = scope.cloned();
-        let mut leases: Vec<CapacityLease> =
-            tokio::task::spawn_blocking(move || match scope_owned {
-                Some(s) => store.list::<CapacityLease>(&s),
-                None => store.scan_all::<CapacityLease>(&PlatformScope::internal()),
-            })
-            .await
-            .map_err(|e| CapacityError::Unavailable(e.to_string()))??;
-        leases.retain(|l| filter.admits(l));
-        // UUIDv7: newest first by id.
-        leases.sort_by_key(|l| std::cmp::Reverse(l.lease_id));
-        leases.truncate(limit);
+        let filter_owned = filter.clone();
+        let leases: Vec<CapacityLease> = tokio::task::spawn_blocking(move || {
+            let filter = filter_owned;
+            match scope_owned {
+                // UUIDv7 ids: the tenant's keys run oldest to newest.
+                Some(s) => {
+                    store.newest::<CapacityLease, LeaseKeys>(&s, limit, |l| filter.admits(l))
+                }
+                None => {
+                    let mut all = store.scan_all::<CapacityLease>(&PlatformScope::internal())?;
+                    all.retain(|l| {
+                        filter.admits(&LeaseKeys {
+                            holder_id: l.holder_id.clone(),
+                            pool_id: l.pool_id.clone(),
+                            state: l.state,
+                            project_id: l.project_id.clone(),
+                        })
+                    });
+                    all.sort_by_key(|l| std::cmp::Reverse(l.lease_id));
+                    all.truncate(limit);
+                    Ok(all)
+                }
+            }
+        })
+        .await
+        .map_err(|e| CapacityError::Unavailable(e.to_string()))??;
         let waiting_pools: BTreeSet<String> = leases
             .iter()
             .filter(|l| l.state == LeaseState::Requested)

@@ -643,3 +643,138 @@ pub async fn revoke_client(
     });
     Ok(console.done("/clients", result))
 }
+
+// ---- system -----------------------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/system.html")]
+struct SystemPage {
+    l: Layout,
+    facts: Vec<(&'static str, String)>,
+    t: Table,
+}
+
+/// `GET /system`: the appliance itself (PlatformAdmin): version, store,
+/// certificate, sessions and every background worker with its last pass.
+pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::Platform)?;
+    console.principal().platform_scope()?;
+    let state = &console.state;
+    let q = ListQuery::parse(&raw);
+    let stats = state.store.commit_stats();
+    let disk = state.store.size_on_disk().unwrap_or(0);
+    let records: usize = state.store.table_sizes().values().sum();
+    let facts = vec![
+        (
+            "Version",
+            format!(
+                "{} (store schema {})",
+                env!("CARGO_PKG_VERSION"),
+                state.store.schema_version()
+            ),
+        ),
+        ("Started", when(&state.started_at)),
+        (
+            "Data directory",
+            state.config.data_dir.display().to_string(),
+        ),
+        (
+            "Store",
+            format!(
+                "{:.1} MiB on disk, {records} records",
+                disk as f64 / 1_048_576.0
+            ),
+        ),
+        (
+            "Durable commits",
+            format!(
+                "{} in {} groups, {} flushes",
+                stats.commits, stats.groups, stats.flushes
+            ),
+        ),
+        ("Certificate", state.tls.fingerprint.clone()),
+        (
+            "Local CA",
+            state
+                .tls
+                .ca_fingerprint
+                .clone()
+                .unwrap_or_else(|| "none (configured certificate)".into()),
+        ),
+        ("Console sessions", state.sessions.count().to_string()),
+        ("Live attempts", state.runtime.live().len().to_string()),
+    ];
+    let rows = state
+        .workers
+        .statuses()
+        .into_iter()
+        .map(|w| {
+            vec![
+                Cell::text(w.name),
+                Cell::State(
+                    if !w.alive {
+                        "Failed"
+                    } else if w.last_ok {
+                        "Active"
+                    } else {
+                        "failed"
+                    }
+                    .into(),
+                ),
+                Cell::num(w.interval_seconds as u32),
+                Cell::num(w.runs as u32),
+                Cell::num(w.failures as u32),
+                Cell::text(when_opt(&w.last_run_at)),
+                Cell::text(w.last_message.unwrap_or_default()),
+                Cell::Actions(vec![Action {
+                    href: "/system/workers".into(),
+                    label: "Run now".into(),
+                    fields: vec![("worker".into(), w.name.into())],
+                    danger: false,
+                }]),
+            ]
+        })
+        .collect();
+    let t = q.table(
+        "workers",
+        "/system",
+        &[
+            "Worker",
+            "State",
+            "Every s",
+            "Passes",
+            "Failures",
+            "Last pass",
+            "Last message",
+            "Actions",
+        ],
+        rows,
+        vec![],
+        "No workers.",
+    );
+    render(&SystemPage {
+        l: console.layout("System", "/system"),
+        facts,
+        t,
+    })
+}
+
+/// `POST /system/workers`: one pass of a worker now.
+pub async fn run_worker(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::Platform)?;
+    console.principal().platform_scope()?;
+    let name = fields.need("worker")?.to_string();
+    let result = match console.state.workers.run_now(&name).await {
+        Some(status) => Ok(format!(
+            "{} ran: {}",
+            status.name,
+            status.last_message.unwrap_or_else(|| "done".into())
+        )),
+        None => Err(ApiError::invalid(
+            "worker",
+            format!("no worker is called {name:?}"),
+        )),
+    };
+    Ok(console.done("/system", result))
+}

@@ -76,6 +76,8 @@ pub fn router() -> Router<AppState> {
         .route("/users/{username}/disable", post(admin::disable_user))
         .route("/clients", get(admin::clients).post(admin::create_client))
         .route("/clients/{client_id}/revoke", post(admin::revoke_client))
+        .route("/system", get(admin::system))
+        .route("/system/workers", post(admin::run_worker))
 }
 
 /// What every page shows around its content.
@@ -134,6 +136,7 @@ const NAV: &[(&str, &str, Scope)] = &[
     ("/tenants", "Tenants", Scope::Admin),
     ("/users", "Users", Scope::Admin),
     ("/clients", "Clients", Scope::Admin),
+    ("/system", "System", Scope::Platform),
 ];
 
 /// A signed-in user's request.

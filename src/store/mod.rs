@@ -533,6 +533,37 @@ impl Store {
             .collect()
     }
 
+    /// Up to `limit` records of the scope's tenant, last key first (newest
+    /// first for UUIDv7 ids), that `keep` admits. `keep` sees the projection
+    /// `P`, so records it refuses are never decoded whole, and the scan
+    /// stops at the `limit`-th match.
+    pub fn newest<R, P>(
+        &self,
+        scope: &TenantScope,
+        limit: usize,
+        mut keep: impl FnMut(&P) -> bool,
+    ) -> Result<Vec<R>, StoreError>
+    where
+        R: Record + Serialize,
+        P: DeserializeOwned,
+    {
+        let mut out = Vec::new();
+        for item in self
+            .tree(R::TABLE)
+            .scan_prefix(tenant_prefix(scope.tenant()))
+            .rev()
+        {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item?;
+            if keep(&project::<R, P>(&k, &v)?) {
+                out.push(decode::<R>(&k, &v)?);
+            }
+        }
+        Ok(out)
+    }
+
     /// Records of the scope's tenant whose ids start with `id_prefix` (the
     /// entities of one attempt: `<attempt>/`), in key order.
     pub fn list_under<R: Record>(

@@ -310,6 +310,52 @@ async fn pages_continue_after_the_last_id() {
 }
 
 #[tokio::test]
+async fn projections_read_some_fields_and_newest_stops_at_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let scope = tenant("acme");
+    let other = tenant("acmecorp");
+    let (s, o) = (scope.clone(), other.clone());
+    store
+        .transact(move |tx: &mut Tx| {
+            for i in 0..10 {
+                let text = if i % 2 == 0 { "even" } else { "odd" };
+                tx.put(&s, &note(&s, &format!("n{i:02}"), text))?;
+            }
+            tx.put(&o, &note(&o, "n99", "even"))?;
+            Ok::<_, StoreError>(())
+        })
+        .await
+        .unwrap();
+    // A v1 record is upgraded before it is projected.
+    let mut old = 1u16.to_be_bytes().to_vec();
+    rmp_serde::encode::write_named(
+        &mut old,
+        &serde_json::json!({"tenant": "acme", "id": "n10", "body": "even"}),
+    )
+    .unwrap();
+    store.tree(Table::Clients).insert("acme/n10", old).unwrap();
+
+    #[derive(Deserialize)]
+    struct Text {
+        text: String,
+    }
+    let texts: Vec<Text> = store.list_projected::<Note, Text>(&scope).unwrap();
+    assert_eq!(
+        texts.len(),
+        11,
+        "only the scope's tenant, whose name prefixes another's"
+    );
+    assert_eq!(texts[10].text, "even");
+
+    let newest: Vec<Note> = store
+        .newest::<Note, Text>(&scope, 3, |t| t.text == "even")
+        .unwrap();
+    let ids: Vec<&str> = newest.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(ids, ["n10", "n08", "n06"]);
+}
+
+#[tokio::test]
 async fn backup_restores_every_record_and_file() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());

@@ -420,6 +420,8 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
                 );
             }
         }
+        let (status, _) = v.get("/system").await;
+        assert_eq!(status, 403, "{name} /system is a PlatformAdmin's");
         // The navigation offers only what the role may open.
         let (_, home) = v.get("/").await;
         assert_eq!(home.contains("href=\"/users\""), name == "wsa", "{name}");
@@ -468,6 +470,18 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
     }
     let (_, body) = pla.get("/tenants").await;
     assert!(body.contains(">acme<") && body.contains(">demo<"));
+    let (status, body) = pla.get("/system").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("LeaseExpirer") && body.contains("Durable commits"),
+        "{body}"
+    );
+    let (ok, message) = pla
+        .act("/system/workers", &[("worker", "LeaseExpirer")])
+        .await;
+    assert!(ok && message.starts_with("LeaseExpirer ran"), "{message}");
+    let (ok, message) = pla.act("/system/workers", &[("worker", "Nope")]).await;
+    assert!(!ok && message.starts_with("worker"), "{message}");
 
     // Live parts answer as server-sent events of rendered HTML.
     let response = client(&a)
