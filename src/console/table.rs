@@ -32,6 +32,9 @@ pub enum Cell {
     Num(f64, String),
     /// Buttons that post small forms.
     Actions(Vec<Action>),
+    /// The form that settles an uncertain call, posting to the URL: the
+    /// effect, what was checked, and whether to try again.
+    Settle(String),
 }
 
 impl Cell {
@@ -68,7 +71,7 @@ impl Cell {
             Cell::Text(s) | Cell::State(s) => SortKey::Text(s),
             Cell::Code { full, .. } => SortKey::Text(full),
             Cell::Link { text, .. } => SortKey::Text(text),
-            Cell::Actions(_) => SortKey::Text(""),
+            Cell::Actions(_) | Cell::Settle(_) => SortKey::Text(""),
         }
     }
 
@@ -78,7 +81,7 @@ impl Cell {
             Cell::Code { full, .. } => full,
             Cell::Link { text, .. } => text,
             Cell::Num(_, s) => s,
-            Cell::Actions(_) => return false,
+            Cell::Actions(_) | Cell::Settle(_) => return false,
         };
         hay.to_lowercase().contains(needle)
     }

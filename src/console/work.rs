@@ -12,7 +12,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::capacity::{PoolBar, pool_bars};
-use super::table::{Action, Cell, ListQuery, Table};
+use super::table::{Cell, ListQuery, Table};
 use super::{Console, Layout, PageError, render, short, when, when_opt};
 use crate::api::error::ApiError;
 use crate::domain::ProjectId;
@@ -932,35 +932,10 @@ pub async fn uncertain(console: Console, raw: RawQuery) -> Result<Response, Page
                 .as_ref()
                 .map(|st| format!("{} by {}: {}", st.effect.as_str(), st.by, st.reason));
             let actions = if can_settle && settled.is_none() {
-                let href = format!("/attempts/{}/calls/{}/settle", s.attempt_id, c.call_id);
-                Cell::Actions(vec![
-                    Action {
-                        href: href.clone(),
-                        label: "Effect happened".into(),
-                        fields: vec![
-                            ("effect".into(), "happened".into()),
-                            ("back".into(), "/uncertain".into()),
-                            (
-                                "reason".into(),
-                                format!("checked by {} from the receipt", console.session.username),
-                            ),
-                        ],
-                        danger: false,
-                    },
-                    Action {
-                        href,
-                        label: "Did not happen".into(),
-                        fields: vec![
-                            ("effect".into(), "did-not-happen".into()),
-                            ("back".into(), "/uncertain".into()),
-                            (
-                                "reason".into(),
-                                format!("checked by {} from the receipt", console.session.username),
-                            ),
-                        ],
-                        danger: false,
-                    },
-                ])
+                Cell::Settle(format!(
+                    "/attempts/{}/calls/{}/settle",
+                    s.attempt_id, c.call_id
+                ))
             } else {
                 Cell::text(
                     settled

@@ -825,7 +825,17 @@ async fn an_operator_settles_an_uncertain_call_from_the_console() {
         page.contains(&attempt[..12]) && page.contains("waiting for an Operator"),
         "{page}"
     );
+    assert!(
+        !page.contains("class=\"inline settle\""),
+        "no settle form for an Observer"
+    );
+    let (_, page) = ops.get("/uncertain").await;
     let path = format!("/attempts/{attempt}/calls/{call}/settle");
+    assert!(
+        page.contains(&format!("action=\"{path}\" class=\"inline settle\"")),
+        "{page}"
+    );
+    assert!(page.contains("name=\"reason\" placeholder=\"what you checked\" size=\"18\" required"));
     let (status, _) = obs
         .post(&path, &[("effect", "happened"), ("reason", "x")])
         .await;
