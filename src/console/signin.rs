@@ -2,7 +2,7 @@
 
 use askama::Template;
 use axum::extract::{RawForm, RawQuery, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 
 use super::table::ListQuery;
@@ -57,8 +57,21 @@ pub async fn form(State(state): State<AppState>, raw: RawQuery) -> Result<Respon
 }
 
 /// `POST /signin`: checks the password (rate-limited per user name) and
-/// starts a session.
-pub async fn submit(State(state): State<AppState>, raw: RawForm) -> Result<Response, PageError> {
+/// starts a session. A browser's cross-site post is refused: the sign-in
+/// form has no session to carry a CSRF token yet, and another site must not
+/// sign a visitor in as someone else.
+pub async fn submit(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok())
+        && !matches!(site, "same-origin" | "none")
+    {
+        return Err(PageError::forbidden(format!(
+            "sign-in forms are accepted from this appliance's own pages only (Sec-Fetch-Site: {site})"
+        )));
+    }
     let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(&raw.0).unwrap_or_default();
     let get = |k: &str| {
         pairs

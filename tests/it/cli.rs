@@ -14,6 +14,9 @@ fn every_command_has_help() {
         vec!["client", "create", "--help"],
         vec!["client", "list", "--help"],
         vec!["client", "revoke", "--help"],
+        vec!["user", "create", "--help"],
+        vec!["user", "list", "--help"],
+        vec!["user", "disable", "--help"],
         vec!["version", "--help"],
         vec!["tenant", "put", "--help"],
         vec!["tenant", "list", "--help"],
@@ -157,4 +160,142 @@ fn init_twice_keeps_the_first_credential() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["already_initialised"], true);
     assert!(v.get("client_secret").is_none());
+}
+
+#[tokio::test]
+async fn console_users_are_made_on_the_command_line_offline_and_online() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = run(agentbay().args(["init", "--json", "--data-dir"]).arg(&data));
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["console_username"], "admin");
+    let admin_password = v["console_password"].as_str().unwrap().to_string();
+    assert_eq!(admin_password.len(), 24);
+    let admin = Credential {
+        id: v["client_id"].as_str().unwrap().into(),
+        secret: v["client_secret"].as_str().unwrap().into(),
+    };
+
+    // Offline: the store is opened directly; the password comes from a file
+    // so that it never shows on a command line.
+    let password_file = dir.path().join("pw");
+    std::fs::write(&password_file, "a long enough password\n").unwrap();
+    let out = run(agentbay()
+        .args([
+            "user",
+            "create",
+            "--tenant",
+            "platform",
+            "--username",
+            "pat",
+            "--role",
+            "PlatformAdmin",
+            "--password-file",
+        ])
+        .arg(&password_file)
+        .arg("--data-dir")
+        .arg(&data));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("password:"),
+        "a given password is not printed"
+    );
+    let out = run(agentbay()
+        .args([
+            "user",
+            "create",
+            "--tenant",
+            "platform",
+            "--username",
+            "bad",
+            "--role",
+            "Boss",
+            "--data-dir",
+        ])
+        .arg(&data));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown role \"Boss\""));
+
+    // Online: through the running appliance.
+    let a = Appliance::serve(dir.path(), &data, admin);
+    let token = a.admin_token().await;
+    let (status, _) = a
+        .put(
+            &token,
+            "/platform/tenants/acme",
+            serde_json::json!({"edition": "team"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let out = run(agentbay()
+        .args([
+            "user",
+            "create",
+            "--tenant",
+            "acme",
+            "--username",
+            "rita",
+            "--role",
+            "Reviewer",
+            "--json",
+            "--data-dir",
+        ])
+        .arg(&data));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rita_password = v["password"].as_str().unwrap().to_string();
+    assert_eq!(v["roles"], serde_json::json!(["Reviewer"]));
+    let out = run(agentbay()
+        .args(["user", "list", "--json", "--data-dir"])
+        .arg(&data));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["username"].as_str().unwrap())
+        .collect();
+    for name in ["admin", "pat", "rita"] {
+        assert!(names.contains(&name), "{names:?}");
+    }
+
+    // Every one of them signs in to the console.
+    let client = crate::console::client(&a);
+    for (name, password) in [
+        ("admin", admin_password.as_str()),
+        ("pat", "a long enough password"),
+        ("rita", rita_password.as_str()),
+    ] {
+        let r = client
+            .post(format!("{}/signin", a.url))
+            .form(&[("username", name), ("password", password)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303, "{name} signs in");
+    }
+    let out = run(agentbay()
+        .args(["user", "disable", "--tenant", "acme", "rita", "--data-dir"])
+        .arg(&data));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = client
+        .post(format!("{}/signin", a.url))
+        .form(&[("username", "rita"), ("password", rita_password.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "a disabled user cannot sign in");
 }

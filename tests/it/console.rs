@@ -248,6 +248,17 @@ async fn signing_in_sessions_csrf_and_rate_limits() {
         "no asset from outside the appliance"
     );
 
+    // Another site cannot sign a visitor in (login CSRF).
+    let r = c
+        .post(format!("{}/signin", a.url))
+        .header("sec-fetch-site", "cross-site")
+        .form(&[("username", "olga"), ("password", PASSWORD)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get(SET_COOKIE).is_none());
+
     // A wrong password says nothing about whether the user exists.
     let wrong = |name: &'static str| {
         let c = c.clone();
