@@ -89,9 +89,76 @@ pub async fn pool_bars(console: &Console) -> Vec<PoolBar> {
 /// every waiting one.
 const QUEUE_SHOWN: usize = 50;
 
+/// Minutes of history the pools page draws.
+const HISTORY_MINUTES: usize = 60;
+
+/// The fields of a lease the utilisation history needs.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeaseSpan {
+    pool_id: String,
+    cpu: crate::domain::amount::Amount,
+    granted_at: Option<chrono::DateTime<chrono::Utc>>,
+    released_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Average granted CPU of each pool in each of the last
+/// [`HISTORY_MINUTES`] minutes, from the lease records (so it survives a
+/// restart and counts every tenant's leases, without naming them).
+fn cpu_history(
+    console: &Console,
+) -> Result<std::collections::HashMap<String, Vec<f64>>, PageError> {
+    let now = console.state.clock.now();
+    let start = now - chrono::Duration::minutes(HISTORY_MINUTES as i64);
+    let spans: Vec<LeaseSpan> = console
+        .state
+        .store
+        .scan_all_projected::<crate::domain::capacity::CapacityLease, LeaseSpan>(
+            &crate::store::PlatformScope::internal(),
+        )?;
+    let mut out: std::collections::HashMap<String, Vec<f64>> = std::collections::HashMap::new();
+    for span in spans {
+        let Some(from) = span.granted_at else {
+            continue;
+        };
+        let until = span.released_at.unwrap_or(now).min(now);
+        if until <= start || from >= until {
+            continue;
+        }
+        let buckets = out
+            .entry(span.pool_id)
+            .or_insert_with(|| vec![0.0; HISTORY_MINUTES]);
+        let cpu = span.cpu.as_f64();
+        for (i, bucket) in buckets.iter_mut().enumerate() {
+            let b0 = start + chrono::Duration::minutes(i as i64);
+            let b1 = b0 + chrono::Duration::minutes(1);
+            let overlap = (until.min(b1) - from.max(b0)).num_milliseconds();
+            if overlap > 0 {
+                *bucket += cpu * overlap as f64 / 60_000.0;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The history as an SVG path over a 1000 x 60 box scaled to `max`.
+fn history_path(history: &[f64], max: f64) -> String {
+    let max = max.max(f64::MIN_POSITIVE);
+    let step = 1000.0 / (history.len().max(2) - 1) as f64;
+    let mut path = String::from("M0,60");
+    for (i, v) in history.iter().enumerate() {
+        let y = 60.0 - (v / max).clamp(0.0, 1.0) * 58.0;
+        path.push_str(&format!(" L{:.1},{:.1}", i as f64 * step, y));
+    }
+    path.push_str(" L1000,60 Z");
+    path
+}
+
 /// A pool with the head of its queue.
 pub struct PoolPanel {
     bar: PoolBar,
+    history: String,
+    peak: String,
     pool: WorkerPool,
     queue: Vec<(usize, String, String, String)>,
     more: usize,
@@ -118,6 +185,7 @@ pub struct PoolsLive {
 /// Builds the live part of the pools page.
 pub async fn pools_live(console: &Console) -> Result<PoolsLive, PageError> {
     let mut panels = Vec::new();
+    let mut histories = cpu_history(console)?;
     for snapshot in console.state.capacity.snapshots().await {
         if !visible(console, &snapshot.pool) {
             continue;
@@ -148,7 +216,14 @@ pub async fn pools_live(console: &Console) -> Result<PoolsLive, PageError> {
                 )
             })
             .collect();
+        let history = histories
+            .remove(&snapshot.pool.pool_id)
+            .unwrap_or_else(|| vec![0.0; HISTORY_MINUTES]);
+        let max_cpu = snapshot.pool.max_capacity().cpu.as_f64();
+        let peak = history.iter().copied().fold(0.0, f64::max);
         panels.push(PoolPanel {
+            history: history_path(&history, max_cpu),
+            peak: format!("peak {peak:.2} of {max_cpu} CPU, averaged per minute"),
             more: snapshot.queue.len().saturating_sub(QUEUE_SHOWN),
             bar: bar(&snapshot.pool, snapshot.queue.len()),
             held_back: format!(
@@ -592,4 +667,15 @@ pub async fn leases(console: Console, raw: RawQuery) -> Result<Response, PageErr
         l: console.layout("Leases", "/leases"),
         live,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_history_path_spans_the_box_and_clamps() {
+        let path = history_path(&[0.0, 1.0, 4.0], 2.0);
+        assert_eq!(path, "M0,60 L0.0,60.0 L500.0,31.0 L1000.0,2.0 L1000,60 Z");
+    }
 }

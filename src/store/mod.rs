@@ -581,6 +581,21 @@ impl Store {
             .collect()
     }
 
+    /// A projection of every record of the table, of every tenant (see
+    /// [`Store::list_projected`]).
+    pub fn scan_all_projected<R: Record + Serialize, P: DeserializeOwned>(
+        &self,
+        _platform: &PlatformScope,
+    ) -> Result<Vec<P>, StoreError> {
+        self.tree(R::TABLE)
+            .iter()
+            .map(|item| {
+                let (k, v) = item?;
+                project::<R, P>(&k, &v)
+            })
+            .collect()
+    }
+
     /// Every record of the table, of every tenant, for PlatformAdmins and
     /// the appliance's workers.
     pub fn scan_all<R: Record>(&self, _platform: &PlatformScope) -> Result<Vec<R>, StoreError> {
