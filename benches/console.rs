@@ -13,16 +13,13 @@
 //! `cargo bench --bench console`; `AGENTBAY_BENCH_ROUNDS` sets the requests
 //! per page (default 40).
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentbay::app::{self, AppState, Clocks};
 use agentbay::config::Config;
 use agentbay::domain::access::Role;
-use agentbay::domain::tenant::TenantSpec;
 use agentbay::domain::{ProjectId, TenantId};
-use agentbay::releases::bundle::Bundle;
 use agentbay::runs::RunRequest;
 use agentbay::store::TenantScope;
 use axum::body::Body;
@@ -31,7 +28,7 @@ use tower::ServiceExt;
 
 mod common;
 
-use common::big_pool;
+use common::external_site;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -62,39 +59,7 @@ fn request(release: &str, project: &ProjectId, i: usize) -> RunRequest {
 /// Fills the store; returns the id of a claimed, checkpointed attempt and
 /// of its run.
 async fn fill(state: &AppState) -> (String, String) {
-    let tenant = TenantId::parse("demo").unwrap();
-    state
-        .capacity
-        .put_tenant(
-            tenant.clone(),
-            TenantSpec {
-                edition: "platform".into(),
-                ..TenantSpec::default()
-            },
-        )
-        .await
-        .unwrap();
-    let project = ProjectId::parse("load").unwrap();
-    state
-        .capacity
-        .put_project(tenant.clone(), project.clone(), None)
-        .await
-        .unwrap();
-    state
-        .capacity
-        .set_pool("bench-agents", big_pool())
-        .await
-        .unwrap();
-    let example =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage-external");
-    let bundle = Bundle::from_dir(&example, &state.releases.limits).unwrap();
-    let report = state.releases.check(&bundle);
-    state
-        .releases
-        .record(bundle, report, "bench")
-        .await
-        .unwrap();
-    let scope = TenantScope::new(tenant);
+    let (scope, project) = external_site(state).await;
 
     let started = Instant::now();
     // History first: submitted and cancelled again, 32 at a time.

@@ -17,11 +17,9 @@ use std::time::{Duration, Instant};
 
 use agentbay::app::{self, AppState, Clocks};
 use agentbay::config::Config;
+use agentbay::domain::TenantId;
 use agentbay::domain::attempt::DecisionKind;
-use agentbay::domain::tenant::TenantSpec;
-use agentbay::domain::{ProjectId, TenantId};
 use agentbay::proto::agentbay::adapter::v1 as pb;
-use agentbay::releases::bundle::Bundle;
 use agentbay::runs::RunRequest;
 use agentbay::runtime::{DecisionAsk, Ticket};
 use agentbay::store::TenantScope;
@@ -32,7 +30,7 @@ const ATTEMPTS: usize = 32;
 
 mod common;
 
-use common::{Row, big_pool, seconds};
+use common::{Row, external_site, seconds};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -48,39 +46,7 @@ async fn site(dir: &Path) -> (app::Running, Vec<Ticket>) {
     };
     let running = app::start(config, Clocks::system()).await.unwrap();
     let state = running.state.clone();
-    let tenant = TenantId::parse("demo").unwrap();
-    state
-        .capacity
-        .put_tenant(
-            tenant.clone(),
-            TenantSpec {
-                edition: "platform".into(),
-                ..TenantSpec::default()
-            },
-        )
-        .await
-        .unwrap();
-    let project = ProjectId::parse("load").unwrap();
-    state
-        .capacity
-        .put_project(tenant.clone(), project.clone(), None)
-        .await
-        .unwrap();
-    state
-        .capacity
-        .set_pool("bench-agents", big_pool())
-        .await
-        .unwrap();
-    let example =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage-external");
-    let bundle = Bundle::from_dir(&example, &state.releases.limits).unwrap();
-    let report = state.releases.check(&bundle);
-    state
-        .releases
-        .record(bundle, report, "bench")
-        .await
-        .unwrap();
-    let scope = TenantScope::new(tenant);
+    let (scope, project) = external_site(&state).await;
     for i in 0..ATTEMPTS {
         state
             .runs

@@ -4,7 +4,12 @@
 
 use std::time::Duration;
 
+use agentbay::app::AppState;
 use agentbay::domain::capacity::{PoolKind, PoolSpec, SecurityBoundary};
+use agentbay::domain::tenant::TenantSpec;
+use agentbay::domain::{ProjectId, TenantId};
+use agentbay::releases::bundle::Bundle;
+use agentbay::store::TenantScope;
 
 /// Time per row: `AGENTBAY_BENCH_SECONDS` (default 5).
 pub fn seconds() -> Duration {
@@ -60,4 +65,43 @@ pub fn big_pool() -> PoolSpec {
         autoscaling: None,
         state: None,
     }
+}
+
+/// Tenant `demo` (platform edition: no quota holds it back) with project
+/// `load`, a [`big_pool`] and the example external triage release
+/// (`triage-external-1.0.0`), whose attempts wait for an adapter.
+pub async fn external_site(state: &AppState) -> (TenantScope, ProjectId) {
+    let tenant = TenantId::parse("demo").unwrap();
+    state
+        .capacity
+        .put_tenant(
+            tenant.clone(),
+            TenantSpec {
+                edition: "platform".into(),
+                ..TenantSpec::default()
+            },
+        )
+        .await
+        .unwrap();
+    let project = ProjectId::parse("load").unwrap();
+    state
+        .capacity
+        .put_project(tenant.clone(), project.clone(), None)
+        .await
+        .unwrap();
+    state
+        .capacity
+        .set_pool("bench-agents", big_pool())
+        .await
+        .unwrap();
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("packaging/examples/releases/triage-external");
+    let bundle = Bundle::from_dir(&example, &state.releases.limits).unwrap();
+    let report = state.releases.check(&bundle);
+    state
+        .releases
+        .record(bundle, report, "bench")
+        .await
+        .unwrap();
+    (TenantScope::new(tenant), project)
 }

@@ -203,6 +203,23 @@ pub(crate) fn demo() -> Appliance {
     Appliance::start_with(&[], &[("AGENTBAY_DEMO__ENABLED", "true")])
 }
 
+/// The demo with a user of every role of tenant `demo` (obs, req, rev,
+/// ops, wsa) and a PlatformAdmin (pla).
+async fn demo_with_every_role() -> Appliance {
+    let a = demo();
+    for (name, role) in [
+        ("obs", "Observer"),
+        ("req", "Requester"),
+        ("rev", "Reviewer"),
+        ("ops", "Operator"),
+        ("wsa", "WorkspaceAdmin"),
+    ] {
+        user(&a, "demo", name, &[role]).await;
+    }
+    user(&a, "platform", "pla", &["PlatformAdmin"]).await;
+    a
+}
+
 fn id_of(list: &[Value], state: &str) -> String {
     list.iter()
         .find(|x| x["state"] == state)
@@ -369,17 +386,7 @@ const ADMIN_PAGES: &[&str] = &["/tenants", "/users", "/clients"];
 
 #[tokio::test]
 async fn every_page_for_every_role_and_no_other_tenants_data() {
-    let a = demo();
-    for (name, role) in [
-        ("obs", "Observer"),
-        ("req", "Requester"),
-        ("rev", "Reviewer"),
-        ("ops", "Operator"),
-        ("wsa", "WorkspaceAdmin"),
-    ] {
-        user(&a, "demo", name, &[role]).await;
-    }
-    user(&a, "platform", "pla", &["PlatformAdmin"]).await;
+    let a = demo_with_every_role().await;
     a.tenant("acme", "team", &[], &["web"]).await;
     user(&a, "acme", "acm", &["WorkspaceAdmin"]).await;
     let attempts = demo_attempts(&a).await;
@@ -512,17 +519,7 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
 
 #[tokio::test]
 async fn forms_act_only_for_the_roles_that_may() {
-    let a = demo();
-    for (name, role) in [
-        ("obs", "Observer"),
-        ("req", "Requester"),
-        ("rev", "Reviewer"),
-        ("ops", "Operator"),
-        ("wsa", "WorkspaceAdmin"),
-    ] {
-        user(&a, "demo", name, &[role]).await;
-    }
-    user(&a, "platform", "pla", &["PlatformAdmin"]).await;
+    let a = demo_with_every_role().await;
     let attempts = demo_attempts(&a).await;
     let waiting = id_of(&attempts, "WaitingForDecision");
     let obs = Visitor::sign_in(&a, "obs").await;
