@@ -531,8 +531,10 @@ pub struct TimelineLive {
     checkpoints: Vec<Checkpoint>,
     checkpoint_count: usize,
     calls: Vec<CallRecord>,
-    decisions: Vec<DecisionRequest>,
+    decisions: Vec<DecisionView>,
     delegations: Vec<(String, String, String)>,
+    output: Option<String>,
+    feedback: Option<String>,
     can_decide: bool,
     can_operate: bool,
 }
@@ -541,6 +543,39 @@ impl TimelineLive {
     fn tone(s: &str) -> &'static str {
         Cell::tone(s)
     }
+}
+
+/// A decision with its question and answer, as stored in the artifact
+/// store.
+pub struct DecisionView {
+    d: DecisionRequest,
+    question: Option<String>,
+    answer: Option<String>,
+}
+
+/// Largest artifact the timeline shows inline.
+const SHOWN_BYTES: usize = 16 * 1024;
+
+/// An artifact of the tenant as text for the page: JSON pretty-printed,
+/// cut at [`SHOWN_BYTES`] with a note.
+fn artifact_text(console: &Console, scope: &TenantScope, r: Option<&String>) -> Option<String> {
+    let bytes = console.state.store.read_artifact(scope, r?).ok()??;
+    let text = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_default(),
+        Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+    };
+    if text.len() <= SHOWN_BYTES {
+        return Some(text);
+    }
+    let mut cut = SHOWN_BYTES;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Some(format!(
+        "{}\n… ({} bytes in all; the API serves the whole artifact)",
+        &text[..cut],
+        text.len()
+    ))
 }
 
 /// Builds the live part of a timeline.
@@ -602,7 +637,22 @@ pub fn timeline_of(
             )
         })
         .collect();
+    let decisions = runtime
+        .decisions(scope, a.attempt_id)?
+        .into_iter()
+        .map(|d| DecisionView {
+            question: artifact_text(console, scope, d.question_ref.as_ref()),
+            answer: artifact_text(console, scope, d.answer_ref.as_ref()),
+            d,
+        })
+        .collect();
     Ok(TimelineLive {
+        output: artifact_text(console, scope, a.output_ref.as_ref()),
+        feedback: artifact_text(
+            console,
+            scope,
+            a.failure.as_ref().and_then(|f| f.feedback_ref.as_ref()),
+        ),
         csrf: console.session.csrf.clone(),
         waiting: view.waiting_reason(),
         queue_position: view.queue_position,
@@ -612,7 +662,7 @@ pub fn timeline_of(
         phases,
         checkpoints,
         checkpoint_count,
-        decisions: runtime.decisions(scope, a.attempt_id)?,
+        decisions,
         calls,
         delegations,
         can_decide: console.can(Scope::RunsDecide),

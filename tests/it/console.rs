@@ -391,6 +391,7 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
     user(&a, "acme", "acm", &["WorkspaceAdmin"]).await;
     let attempts = demo_attempts(&a).await;
     let attempt = id_of(&attempts, "Succeeded");
+    let failed = id_of(&attempts, "Failed");
     let run = attempts
         .iter()
         .find(|x| x["attemptId"] == attempt.as_str())
@@ -426,6 +427,15 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
         assert!(
             body.contains(">Succeeded<") && body.contains("Phases over time"),
             "{name}"
+        );
+        assert!(
+            body.contains("<pre class=\"artifact\">{"),
+            "the output is shown: {body}"
+        );
+        let (_, body) = v.get(&format!("/attempts/{failed}")).await;
+        assert!(
+            body.contains("Validator feedback") && body.contains("violations"),
+            "{body}"
         );
         for page in ADMIN_PAGES {
             let (status, body) = v.get(page).await;
