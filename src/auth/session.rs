@@ -169,6 +169,14 @@ impl Sessions {
         self.live.lock().remove(&key(cookie));
     }
 
+    /// Ends every session of a user but the one of `cookie`.
+    pub fn end_user_except(&self, username: &str, cookie: &str) {
+        let keep = key(cookie);
+        self.live
+            .lock()
+            .retain(|k, e| *k == keep || e.session.username != username);
+    }
+
     /// Ends every session of a user.
     pub fn end_user(&self, username: &str) {
         self.live

@@ -245,6 +245,32 @@ pub async fn disable(
         .await
 }
 
+/// Sets a user's password (its own change, or an administrator's reset).
+pub async fn set_password(
+    store: &Store,
+    tenant: TenantScope,
+    username: &str,
+    password: &str,
+    by: &str,
+    now: DateTime<Utc>,
+) -> Result<User, UserError> {
+    let name = parse_username(username)?;
+    check_password(password)?;
+    let password_hash = hash(password).await;
+    let by = by.to_string();
+    store
+        .transact(move |tx: &mut Tx| {
+            let mut user: User = tx
+                .get(&tenant, &name)?
+                .ok_or_else(|| DomainError::not_found("user", &name))?;
+            let event = user.set_password(password_hash, &by, now);
+            tx.put(&tenant, &user)?;
+            tx.emit(event)?;
+            Ok::<_, UserError>(user)
+        })
+        .await
+}
+
 /// The console's bootstrap PlatformAdmin, made with the bootstrap credential.
 pub(super) async fn bootstrap_user(password: &str, now: DateTime<Utc>) -> Result<User, UserError> {
     let (user, _) = User::create(

@@ -311,6 +311,12 @@ fn users_table(console: &Console, q: &ListQuery) -> Result<Table, PageError> {
             let mut actions = Vec::new();
             if u.disabled_at.is_none() && u.username != console.session.username {
                 actions.push(Action {
+                    href: format!("/users/{}/reset", u.username),
+                    label: "Reset password".into(),
+                    fields: vec![],
+                    danger: false,
+                });
+                actions.push(Action {
                     href: format!("/users/{}/disable", u.username),
                     label: "Disable".into(),
                     fields: vec![],
@@ -446,6 +452,58 @@ pub async fn create_user(console: Console, raw: RawForm) -> Result<Response, Pag
             "/users",
             Ok::<_, ApiError>(format!("user {username} created")),
         )),
+        Err(e) => Ok(console.done("/users", Err::<String, _>(e))),
+    }
+}
+
+/// `POST /users/{name}/reset`: a new generated password, shown once; the
+/// user's sessions end.
+pub async fn reset_password(
+    console: Console,
+    Path(username): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    console.form(raw)?;
+    console.require(Scope::Admin)?;
+    let scope = console.scope()?;
+    if username == console.session.username {
+        return Ok(console.done(
+            "/users",
+            Err::<String, _>(ApiError::invalid(
+                "username",
+                "change your own password on the Account page",
+            )),
+        ));
+    }
+    let password = users::generate_password();
+    let result = users::set_password(
+        &console.state.store,
+        scope,
+        &username,
+        &password,
+        &console.by(),
+        console.state.clock.now(),
+    )
+    .await;
+    match result {
+        Ok(user) => {
+            console.state.sessions.end_user(&user.username);
+            let t = users_table(&console, &ListQuery::parse(&RawQuery(None)))?;
+            let mut l = console.layout("Users", "/users");
+            l.flash = Some(crate::auth::session::Flash {
+                ok: true,
+                text: format!(
+                    "password of {} reset; its sessions ended; the new password is shown once below",
+                    user.username
+                ),
+            });
+            render(&UsersPage {
+                l,
+                t,
+                roles: assignable_roles(&console),
+                created: Some((user.username, password)),
+            })
+        }
         Err(e) => Ok(console.done("/users", Err::<String, _>(e))),
     }
 }

@@ -161,3 +161,92 @@ pub async fn view_tenant(console: Console, raw: RawForm) -> Result<Response, Pag
         Ok::<_, crate::api::error::ApiError>(format!("now showing tenant {tenant}")),
     ))
 }
+
+#[derive(Template)]
+#[template(path = "console/account.html")]
+struct AccountPage {
+    l: super::Layout,
+    facts: Vec<(&'static str, String)>,
+}
+
+/// `GET /account`: who is signed in, with which roles, until when; the
+/// form to change one's password.
+pub async fn account(console: Console) -> Result<Response, PageError> {
+    let s = &console.session;
+    let config = &console.state.config.auth;
+    let idle_end = s.seen_at + chrono::Duration::minutes(config.session_idle_minutes as i64);
+    let hard_end = s.created_at + chrono::Duration::hours(config.session_max_hours as i64);
+    let facts = vec![
+        ("User", format!("{} ({})", s.username, s.display_name)),
+        ("Tenant", s.tenant.to_string()),
+        (
+            "Roles",
+            s.roles
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        (
+            "Scopes",
+            s.scopes
+                .iter()
+                .map(|x| x.as_str())
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        ("Signed in", super::when(&s.created_at)),
+        (
+            "Session ends",
+            format!(
+                "{} UTC, or after {} idle minutes",
+                super::when(&idle_end.min(hard_end)),
+                config.session_idle_minutes
+            ),
+        ),
+    ];
+    render(&AccountPage {
+        l: console.layout("Account", ""),
+        facts,
+    })
+}
+
+/// `POST /account/password`: the user changes its own password, proving the
+/// current one (rate-limited like sign-in); its other sessions end.
+pub async fn change_password(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    let result = async {
+        let current = fields.need("current")?;
+        let new = fields.need("password")?;
+        if fields.get("repeat") != Some(new) {
+            return Err(crate::api::error::ApiError::invalid(
+                "repeat",
+                "does not match the new password",
+            ));
+        }
+        let state = &console.state;
+        users::authenticate(
+            &state.store,
+            &state.auth,
+            &console.session.username,
+            current,
+        )
+        .await
+        .map_err(|e| crate::api::error::ApiError::invalid("current", e.to_string()))?;
+        users::set_password(
+            &state.store,
+            crate::store::TenantScope::new(console.session.tenant.clone()),
+            &console.session.username,
+            new,
+            &console.by(),
+            state.clock.now(),
+        )
+        .await?;
+        state
+            .sessions
+            .end_user_except(&console.session.username, &console.cookie);
+        Ok("password changed; your other sessions have ended".to_string())
+    }
+    .await;
+    Ok(console.done("/account", result))
+}

@@ -73,6 +73,22 @@ impl EventPayload for UserDisabled<'_> {
     const TOPIC: &'static str = "agentbay.admin.v1.user-disabled";
 }
 
+/// Payload of `agentbay.admin.v1.user-password-changed`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserPasswordChanged<'a> {
+    /// The user.
+    pub username: &'a str,
+    /// Its tenant.
+    pub tenant_id: &'a TenantId,
+    /// Who changed it: the user, or an administrator who reset it.
+    pub by: &'a str,
+}
+
+impl EventPayload for UserPasswordChanged<'_> {
+    const TOPIC: &'static str = "agentbay.admin.v1.user-password-changed";
+}
+
 /// Shortest password accepted.
 pub const MIN_PASSWORD_LEN: usize = 12;
 /// Longest password accepted (argon2 takes any length; this bounds the work).
@@ -189,6 +205,21 @@ impl User {
                 by,
             },
         ))
+    }
+
+    /// Replaces the password hash. A disabled user keeps its password: it
+    /// cannot sign in anyway.
+    pub fn set_password(&mut self, hash: String, by: &str, now: DateTime<Utc>) -> NewEvent {
+        self.password_hash = hash;
+        NewEvent::new(
+            &self.tenant_id,
+            now,
+            &UserPasswordChanged {
+                username: &self.username,
+                tenant_id: &self.tenant_id,
+                by,
+            },
+        )
     }
 
     /// The scopes the user's roles stand for.

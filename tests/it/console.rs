@@ -996,3 +996,102 @@ async fn a_reviewer_answers_questions_and_escalations_from_the_console() {
         );
     }
 }
+
+#[tokio::test]
+async fn users_change_their_password_and_admins_reset_others() {
+    let a = demo();
+    user(&a, "demo", "wsa", &["WorkspaceAdmin"]).await;
+    user(&a, "demo", "obs", &["Observer"]).await;
+    let obs = Visitor::sign_in(&a, "obs").await;
+    let other = Visitor::sign_in(&a, "obs").await;
+    let (status, page) = obs.get("/account").await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("Observer") && page.contains("factory.runs.read"),
+        "{page}"
+    );
+
+    let new = "a brand new passphrase";
+    let (ok, message) = obs
+        .act(
+            "/account/password",
+            &[("current", "wrong"), ("password", new), ("repeat", new)],
+        )
+        .await;
+    assert!(!ok && message.starts_with("current"), "{message}");
+    let (ok, message) = obs
+        .act(
+            "/account/password",
+            &[("current", PASSWORD), ("password", new), ("repeat", "typo")],
+        )
+        .await;
+    assert!(!ok && message.starts_with("repeat"), "{message}");
+    let (ok, message) = obs
+        .act(
+            "/account/password",
+            &[
+                ("current", PASSWORD),
+                ("password", "short"),
+                ("repeat", "short"),
+            ],
+        )
+        .await;
+    assert!(!ok && message.starts_with("password"), "{message}");
+    let (ok, message) = obs
+        .act(
+            "/account/password",
+            &[("current", PASSWORD), ("password", new), ("repeat", new)],
+        )
+        .await;
+    assert!(ok, "{message}");
+    assert_eq!(obs.get("/account").await.0, 200, "this session goes on");
+    assert_eq!(
+        other.get("/account").await.0,
+        303,
+        "the other session ended"
+    );
+    let signin = |password: &'static str| {
+        let c = client(&a);
+        let url = a.url.clone();
+        async move {
+            c.post(format!("{url}/signin"))
+                .form(&[("username", "obs"), ("password", password)])
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(signin(PASSWORD).await, 401);
+    assert_eq!(signin(new).await, 303);
+
+    // An administrator resets it: a new password, shown once, and the
+    // user's sessions end. An Observer cannot.
+    let (status, _) = obs.post("/users/wsa/reset", &[]).await;
+    assert_eq!(status, 403);
+    let wsa = Visitor::sign_in(&a, "wsa").await;
+    let (status, page) = wsa.post("/users/obs/reset", &[]).await;
+    assert_eq!(status, 200);
+    let password = page
+        .split("<p><code>")
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        obs.get("/account").await.0,
+        303,
+        "the reset ended the user's session"
+    );
+    assert_eq!(signin(new).await, 401);
+    let r = client(&a)
+        .post(format!("{}/signin", a.url))
+        .form(&[("username", "obs"), ("password", password.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let (ok, message) = wsa.act("/users/wsa/reset", &[]).await;
+    assert!(!ok && message.contains("Account page"), "{message}");
+}
