@@ -352,6 +352,8 @@ type StepRows = (String, String, Vec<(String, String, String, String)>);
 #[template(path = "console/run.html")]
 struct RunPage {
     l: Layout,
+    input: Option<String>,
+    output: Option<String>,
     run: crate::domain::run::Run,
     attempts: Vec<StepRows>,
     can_cancel: bool,
@@ -383,6 +385,8 @@ pub async fn run(console: Console, Path(run_id): Path<String>) -> Result<Respons
         attempts.push((step.name.clone(), step.state.as_str().to_string(), rows));
     }
     render(&RunPage {
+        input: artifact_text(&console, &scope, Some(&run.input_ref)),
+        output: artifact_text(&console, &scope, run.output_ref.as_ref()),
         l: console.layout(format!("Run {}", short(&run_id)), "/runs"),
         can_cancel: console.can(Scope::RunsWrite) && !run.state.is_terminal(),
         run,

@@ -432,6 +432,11 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
             body.contains("<pre class=\"artifact\">{"),
             "the output is shown: {body}"
         );
+        let (_, body) = v.get(&format!("/runs/{run}")).await;
+        assert!(
+            body.contains("acme-corp") && body.contains("<summary>output</summary>"),
+            "{body}"
+        );
         let (_, body) = v.get(&format!("/attempts/{failed}")).await;
         assert!(
             body.contains("Validator feedback") && body.contains("violations"),
@@ -461,6 +466,11 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
         let (status, body) = acm.get(page).await;
         assert_eq!(status, 404, "acme sees {page}: {body}");
     }
+    let (_, run_page) = acm.get(&format!("/runs/{run}")).await;
+    assert!(
+        !run_page.contains("acme-corp"),
+        "no demo input leaks to acme"
+    );
     let (_, list) = acm.get("/attempts").await;
     assert!(
         !list.contains(&attempt),
