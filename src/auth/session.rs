@@ -142,6 +142,17 @@ impl Sessions {
         Some(entry.session.clone())
     }
 
+    /// Whether the session of a cookie is still live, without counting as
+    /// activity: a page left open with live updates does not keep its
+    /// session from ending.
+    pub fn is_live(&self, cookie: &str) -> bool {
+        let now = self.clock.now();
+        self.live
+            .lock()
+            .get(&key(cookie))
+            .is_some_and(|e| self.alive(&e.session, now))
+    }
+
     /// Takes the message waiting for the session's next page.
     pub fn take_flash(&self, cookie: &str) -> Option<Flash> {
         self.live.lock().get_mut(&key(cookie))?.flash.take()
@@ -246,7 +257,9 @@ mod tests {
         sessions.flash(&cookie, true, "done");
         assert_eq!(sessions.take_flash(&cookie).unwrap().text, "done");
         assert!(sessions.take_flash(&cookie).is_none());
+        assert!(sessions.is_live(&cookie));
         sessions.end_user("otto");
+        assert!(!sessions.is_live(&cookie));
         assert!(sessions.get(&cookie).is_none());
         assert_eq!(sessions.count(), 0);
     }

@@ -1,6 +1,8 @@
 //! Live updates: server-sent events whose data is the server-rendered HTML
 //! of a page's live part. `static/console.js` swaps it in; without
 //! JavaScript the pages are complete as served and a reload shows the same.
+//! A stream ends when its session does (sign-out, disabled user, expiry);
+//! it never counts as activity that would keep the session alive.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -50,7 +52,7 @@ where
     let mut shutdown = console.state.shutdown.clone();
     sse(async_stream(move |tx| async move {
         let mut last = String::new();
-        loop {
+        while console.signed_in() {
             let body = render(console.clone()).await;
             let changed = body.as_ref().map(|b| *b != last).unwrap_or(true);
             if changed {
@@ -117,7 +119,7 @@ pub async fn timeline(
     let mut rx = console.state.runtime.watch(&scope, id)?;
     let mut shutdown = console.state.shutdown.clone();
     Ok(sse(async_stream(move |tx| async move {
-        loop {
+        while console.signed_in() {
             let view = rx.borrow_and_update().clone();
             let done = view.attempt.state.is_terminal();
             let part = work::timeline_of(&console, &scope, &view);
@@ -130,16 +132,23 @@ pub async fn timeline(
                     .await;
                 return;
             }
-            tokio::select! {
-                changed = rx.changed() => if changed.is_err() {
-                    // The grain ended: the stored attempt is the last word.
-                    let part = work::timeline_live(&console, id);
-                    let _ = tx.send(html(fragment(part))).await;
-                    let _ = tx.send(Event::default().event("end").data("terminal")).await;
-                    return;
-                },
-                _ = shutdown.changed() => return,
-                _ = tx.closed() => return,
+            // Wait for the next change, looking at the session meanwhile.
+            loop {
+                tokio::select! {
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            // The grain ended: the stored attempt is the last word.
+                            let part = work::timeline_live(&console, id);
+                            let _ = tx.send(html(fragment(part))).await;
+                            let _ = tx.send(Event::default().event("end").data("terminal")).await;
+                            return;
+                        }
+                        break;
+                    }
+                    _ = tokio::time::sleep(PERIOD) => if !console.signed_in() { return },
+                    _ = shutdown.changed() => return,
+                    _ = tx.closed() => return,
+                }
             }
         }
     })))

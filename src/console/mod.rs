@@ -221,6 +221,12 @@ impl Console {
         format!("user {}", self.session.username)
     }
 
+    /// Whether the session is still live (not signed out, disabled or
+    /// expired): live updates stop when it is not.
+    pub fn signed_in(&self) -> bool {
+        self.state.sessions.is_live(&self.cookie)
+    }
+
     /// Whether the user holds `scope`.
     pub fn can(&self, scope: Scope) -> bool {
         self.session.scopes.contains(&scope)

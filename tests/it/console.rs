@@ -349,7 +349,15 @@ async fn signing_in_sessions_csrf_and_rate_limits() {
     let (status, _) = rita.get("/").await;
     assert_eq!(status, 303);
 
-    // Disabling a user ends its sessions at once and refuses its sign-in.
+    // Disabling a user ends its sessions at once, live streams included,
+    // and refuses its sign-in.
+    let stream = client(&a)
+        .get(format!("{}/live/overview", a.url))
+        .header(COOKIE, &rudi.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
     let admin_token = a.admin_token().await;
     a.rpc_json(&admin_token)
         .disable_user(pb::DisableUserRequest {
@@ -360,6 +368,11 @@ async fn signing_in_sessions_csrf_and_rate_limits() {
         .await
         .unwrap();
     assert_eq!(rudi.get("/").await.0, 303);
+    let body = tokio::time::timeout(Duration::from_secs(10), stream.text())
+        .await
+        .expect("the live stream ends with the session")
+        .unwrap();
+    assert!(body.starts_with("event: html"), "{body}");
     let r = c
         .post(format!("{}/signin", a.url))
         .form(&[("username", "rudi"), ("password", PASSWORD)])
