@@ -1118,3 +1118,109 @@ async fn users_change_their_password_and_admins_reset_others() {
     let (ok, message) = wsa.act("/users/wsa/reset", &[]).await;
     assert!(!ok && message.contains("Account page"), "{message}");
 }
+
+#[tokio::test]
+async fn every_form_for_every_role() {
+    use agentbay::domain::access::{Role, Scope};
+    let a = demo_with_every_role().await;
+    let nobody = "01a22b2b-afd4-7580-afb3-860720888a9b";
+    let form = |path: String, fields: &[(&'static str, &'static str)], needs: &[Scope]| {
+        (path, fields.to_vec(), needs.to_vec())
+    };
+    // Inputs that the services refuse (unknown ids, bad values), so that an
+    // allowed role gets its answer without changing the demo.
+    let forms = [
+        form(
+            "/runs".into(),
+            &[("releaseId", "nope-1.0.0"), ("projectId", "support")],
+            &[Scope::RunsWrite],
+        ),
+        form(format!("/runs/{nobody}/cancel"), &[], &[Scope::RunsWrite]),
+        form(
+            format!("/attempts/{nobody}/interrupt"),
+            &[],
+            &[Scope::RunsOperate],
+        ),
+        form(
+            format!("/attempts/{nobody}/decisions/{nobody}"),
+            &[("action", "approve")],
+            &[Scope::RunsDecide],
+        ),
+        form(
+            format!("/attempts/{nobody}/calls/{nobody}/settle"),
+            &[("effect", "happened"), ("reason", "x")],
+            &[Scope::RunsOperate],
+        ),
+        form(
+            "/pools/new".into(),
+            &[("poolId", "x"), ("kind", "nope")],
+            &[Scope::CapacityAdmin, Scope::Platform],
+        ),
+        form(
+            "/quotas".into(),
+            &[("scope", "tenant.demo")],
+            &[Scope::CapacityAdmin],
+        ),
+        form(
+            "/releases/nope-1.0.0/retire".into(),
+            &[("action", "deprecate"), ("inFlightPolicy", "drain")],
+            &[Scope::AssetsAdmin],
+        ),
+        form(
+            "/tenants".into(),
+            &[("tenantId", "Bad Id"), ("edition", "team")],
+            &[Scope::Platform],
+        ),
+        form(
+            "/tenants/demo/projects".into(),
+            &[("projectId", "Bad Id")],
+            &[Scope::Admin],
+        ),
+        form("/users".into(), &[("username", "x")], &[Scope::Admin]),
+        form("/users/nobody/disable".into(), &[], &[Scope::Admin]),
+        form("/users/nobody/reset".into(), &[], &[Scope::Admin]),
+        form("/clients".into(), &[("description", "x")], &[Scope::Admin]),
+        form(
+            "/clients/demo.00000000000000000000000000000000/revoke".into(),
+            &[],
+            &[Scope::Admin],
+        ),
+        form(
+            "/system/workers".into(),
+            &[("worker", "Nope")],
+            &[Scope::Platform],
+        ),
+        form(
+            "/account/password".into(),
+            &[("current", "wrong"), ("password", "x"), ("repeat", "x")],
+            &[],
+        ),
+        form("/view-tenant".into(), &[("tenant", "demo")], &[]),
+    ];
+    for (name, role) in [
+        ("obs", Role::Observer),
+        ("req", Role::Requester),
+        ("rev", Role::Reviewer),
+        ("ops", Role::Operator),
+        ("wsa", Role::WorkspaceAdmin),
+        ("pla", Role::PlatformAdmin),
+    ] {
+        let v = Visitor::sign_in(&a, name).await;
+        let scopes = role.scopes();
+        for (path, fields, needs) in &forms {
+            let allowed = needs.iter().all(|s| scopes.contains(s));
+            let (status, answer) = v.post(path, fields).await;
+            if allowed {
+                assert_eq!(status, 303, "{role:?} {path}: {answer}");
+                let (_, page) = v.get(&answer).await;
+                assert!(
+                    flash_of(&page).is_some(),
+                    "{role:?} {path}: the answer says what happened"
+                );
+            } else {
+                assert_eq!(status, 403, "{role:?} {path} must be refused");
+                assert!(answer.contains("held by"), "{role:?} {path}: {answer}");
+            }
+        }
+    }
+}
