@@ -1,8 +1,9 @@
 // Drives the agentbay console in headless Chromium: signs in, opens an
 // attempt timeline that waits for an approval, approves it from the inbox in
 // a second tab and watches the first one resume live, tightens a quota,
-// submits a run and sees its lease wait with the quota named. Saves a
-// screenshot of every step. Prints one JSON line; exits non-zero on failure.
+// submits a run and sees its lease wait with the quota named; then, with
+// JavaScript off, sorts, filters and reads a timeline. Saves a screenshot
+// of every step. Prints one JSON line; exits non-zero on failure.
 //
 //   AGENTBAY_URL, AGENTBAY_USER, AGENTBAY_PASSWORD, SCREENSHOTS (directory),
 //   CHROMIUM (default /usr/bin/chromium)
@@ -144,6 +145,28 @@ try {
   await page.click("nav.main a:has-text('Pools')");
   await page.waitForSelector("svg.bar");
   await shot(page, "09-pools");
+
+  // 6. Without JavaScript: sign in, sort and filter a table, read a
+  // timeline — everything is in the served HTML.
+  const plain = await browser.newContext({ ignoreHTTPSErrors: true, javaScriptEnabled: false, viewport: { width: 1366, height: 860 } });
+  const nojs = await plain.newPage();
+  watch(nojs);
+  await nojs.goto(`${url}/signin`);
+  await nojs.fill("input[name=username]", user);
+  await nojs.fill("input[name=password]", password);
+  await nojs.click("button:has-text('Sign in')");
+  await nojs.waitForSelector("h1:has-text('Overview')");
+  await nojs.goto(`${url}/attempts`);
+  await nojs.click("#attempts thead a:has-text('State')");
+  await nojs.waitForURL(/sort=state&dir=asc/);
+  await nojs.fill("form.filters input[name=q]", "WaitingForDecision");
+  await nojs.click("form.filters button:has-text('Filter')");
+  await nojs.waitForURL(/q=WaitingForDecision/);
+  await nojs.click("#attempts tbody a[href^='/attempts/']");
+  await nojs.waitForSelector("#waiting");
+  expect(/approval/.test(await nojs.textContent("#waiting")), "the timeline without JavaScript says why it waits");
+  await shot(nojs, "10-without-javascript");
+  await plain.close();
 
   expect(problems.length === 0, `browser problems: ${problems.join("; ")}`);
   console.log(JSON.stringify({ ok: true, steps }));

@@ -970,7 +970,7 @@ async fn the_console_in_a_real_browser() {
             file.display()
         );
     }
-    assert_eq!(result["steps"].as_array().unwrap().len(), 9, "{result}");
+    assert_eq!(result["steps"].as_array().unwrap().len(), 10, "{result}");
 }
 
 #[tokio::test]
