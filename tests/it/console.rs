@@ -585,7 +585,7 @@ async fn forms_act_only_for_the_roles_that_may() {
         .await;
     assert!(ok && message.starts_with("approved"), "{message}");
     let mut state = String::new();
-    for _ in 0..200 {
+    for _ in 0..400 {
         let (_, page) = rev.get(&format!("/attempts/{waiting}")).await;
         if page.contains("id=\"attempt-state\">Succeeded<") {
             state = "Succeeded".into();

@@ -1737,7 +1737,7 @@ async fn a_cancelled_attempt_gives_back_its_capacity_even_before_it_heard_of_its
         w.await.unwrap();
     }
     let mut live = usize::MAX;
-    for _ in 0..200 {
+    for _ in 0..400 {
         let leases = state
             .capacity
             .leases(Some(&scope), &Default::default(), usize::MAX)
