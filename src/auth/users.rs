@@ -123,14 +123,15 @@ pub async fn create(
 /// Writes a new user and its name in the login index, refusing a taken name.
 pub(super) fn insert(tx: &mut Tx, tenant: &TenantScope, user: &User) -> Result<(), UserError> {
     let platform = TenantScope::new(TenantId::platform());
-    if let Some(owner) = tx
+    // The owner's tenant is not named: the caller may not see that tenant.
+    if !tx
         .index_ids(&platform, LOGIN_INDEX, &user.username)?
-        .first()
+        .is_empty()
     {
         return Err(FieldError::new(
             "username",
             format!(
-                "{} is taken (in tenant {owner}); user names are unique across the appliance",
+                "{} is taken; user names are unique across the appliance",
                 user.username
             ),
         )

@@ -794,6 +794,14 @@ async fn forms_act_only_for_the_roles_that_may() {
         .act("/users", &[("username", "newbie"), ("roles", "Observer")])
         .await;
     assert!(!ok && message.contains("taken"), "{message}");
+    let (ok, message) = wsa
+        .act("/users", &[("username", "pla"), ("roles", "Observer")])
+        .await;
+    assert!(!ok && message.contains("taken"), "{message}");
+    assert!(
+        !message.contains("platform"),
+        "another tenant is not named: {message}"
+    );
     let (status, _) = ops
         .post("/users", &[("username", "x-ops"), ("roles", "Observer")])
         .await;
