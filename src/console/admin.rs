@@ -6,7 +6,7 @@ use axum::extract::{Path, RawForm, RawQuery};
 use axum::response::Response;
 
 use super::table::{Action, Cell, ListQuery, Table};
-use super::{Console, Layout, PageError, render, when, when_opt};
+use super::{Console, Layout, ListPage, PageError, render, when, when_opt};
 use crate::api::error::ApiError;
 use crate::auth::{clients, users};
 use crate::domain::access::{Role, Scope, parse_scopes};
@@ -14,14 +14,6 @@ use crate::domain::release::{InFlightPolicy, LoadState, parse_release_id};
 use crate::domain::tenant::TenantSpec;
 use crate::domain::user::parse_roles;
 use crate::domain::{ProjectId, TenantId};
-
-#[derive(Template)]
-#[template(path = "console/list.html")]
-struct ListPage {
-    l: Layout,
-    intro: String,
-    t: Table,
-}
 
 // ---- releases ---------------------------------------------------------------
 
@@ -376,6 +368,28 @@ fn assignable_roles(console: &Console) -> Vec<&'static str> {
         .collect()
 }
 
+/// The users page with a generated password shown once, in the answer to
+/// the form that made it (never in a redirect or a later page).
+fn users_page_with_password(
+    console: &Console,
+    message: String,
+    username: String,
+    password: String,
+) -> Result<Response, PageError> {
+    let t = users_table(console, &ListQuery::parse(&RawQuery(None)))?;
+    let mut l = console.layout("Users", "/users");
+    l.flash = Some(crate::auth::session::Flash {
+        ok: true,
+        text: message,
+    });
+    render(&UsersPage {
+        l,
+        t,
+        roles: assignable_roles(console),
+        created: Some((username, password)),
+    })
+}
+
 /// `GET /users`: the tenant's console users (WorkspaceAdmin, PlatformAdmin).
 pub async fn users(console: Console, raw: RawQuery) -> Result<Response, PageError> {
     console.require(Scope::Admin)?;
@@ -431,23 +445,12 @@ pub async fn create_user(console: Console, raw: RawForm) -> Result<Response, Pag
     }
     .await;
     match result {
-        Ok((username, Some(password))) => {
-            let q = ListQuery::parse(&RawQuery(None));
-            let t = users_table(&console, &q)?;
-            let mut l = console.layout("Users", "/users");
-            l.flash = Some(crate::auth::session::Flash {
-                ok: true,
-                text: format!(
-                    "user {username} created; the generated password is shown once below"
-                ),
-            });
-            render(&UsersPage {
-                l,
-                t,
-                roles: assignable_roles(&console),
-                created: Some((username, password)),
-            })
-        }
+        Ok((username, Some(password))) => users_page_with_password(
+            &console,
+            format!("user {username} created; the generated password is shown once below"),
+            username,
+            password,
+        ),
         Ok((username, None)) => Ok(console.done(
             "/users",
             Ok::<_, ApiError>(format!("user {username} created")),
@@ -488,21 +491,15 @@ pub async fn reset_password(
     match result {
         Ok(user) => {
             console.state.sessions.end_user(&user.username);
-            let t = users_table(&console, &ListQuery::parse(&RawQuery(None)))?;
-            let mut l = console.layout("Users", "/users");
-            l.flash = Some(crate::auth::session::Flash {
-                ok: true,
-                text: format!(
+            users_page_with_password(
+                &console,
+                format!(
                     "password of {} reset; its sessions ended; the new password is shown once below",
                     user.username
                 ),
-            });
-            render(&UsersPage {
-                l,
-                t,
-                roles: assignable_roles(&console),
-                created: Some((user.username, password)),
-            })
+                user.username,
+                password,
+            )
         }
         Err(e) => Ok(console.done("/users", Err::<String, _>(e))),
     }

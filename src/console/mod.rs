@@ -35,6 +35,7 @@ use crate::auth::session::{COOKIE, Flash, Session};
 use crate::domain::TenantId;
 use crate::domain::access::{Role, Scope};
 use crate::store::TenantScope;
+use table::Cell;
 
 /// Routes of the console.
 pub fn router() -> Router<AppState> {
@@ -457,6 +458,18 @@ impl IntoResponse for PageError {
         let body = page.render().unwrap_or_else(|_| self.message.clone());
         (self.status, Html(body)).into_response()
     }
+}
+
+/// A page that is one table with a sentence above it.
+#[derive(Template)]
+#[template(path = "console/list.html")]
+pub(crate) struct ListPage {
+    /// The frame.
+    pub l: Layout,
+    /// What the table is.
+    pub intro: String,
+    /// The table.
+    pub t: table::Table,
 }
 
 /// Renders a page with headers that keep it out of caches.

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::capacity::{PoolBar, pool_bars};
 use super::table::{Cell, ListQuery, Table};
-use super::{Console, Layout, PageError, render, short, when, when_opt};
+use super::{Console, Layout, ListPage, PageError, render, short, when, when_opt};
 use crate::api::error::ApiError;
 use crate::domain::ProjectId;
 use crate::domain::access::Scope;
@@ -420,14 +420,6 @@ pub async fn cancel_run(
 }
 
 // ---- attempts ---------------------------------------------------------------
-
-#[derive(Template)]
-#[template(path = "console/list.html")]
-struct ListPage {
-    l: Layout,
-    intro: String,
-    t: Table,
-}
 
 /// `GET /attempts`: every attempt with state, agent, release and project
 /// filters.
