@@ -433,6 +433,15 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
     let agent = q.get("agent");
     let release = q.get("release");
     let project = q.get("project");
+    // Why the live ones wait, from their grains' views.
+    let waiting: std::collections::HashMap<Uuid, String> = console
+        .state
+        .runtime
+        .live()
+        .iter()
+        .filter(|v| v.attempt.tenant_id == *console.viewing())
+        .filter_map(|v| Some((v.attempt.attempt_id, v.waiting_reason()?)))
+        .collect();
     let rows = summaries
         .iter()
         .filter(|s| state.is_none_or(|v| s.state.as_str() == v))
@@ -454,9 +463,14 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
                 Cell::num(s.number),
                 Cell::text(when(&s.started_at)),
                 Cell::text(
-                    s.failure
-                        .as_ref()
-                        .map(|f| format!("{}: {}", f.class.as_str(), f.reason))
+                    waiting
+                        .get(&s.attempt_id)
+                        .cloned()
+                        .or_else(|| {
+                            s.failure
+                                .as_ref()
+                                .map(|f| format!("{}: {}", f.class.as_str(), f.reason))
+                        })
                         .unwrap_or_default(),
                 ),
             ]
@@ -481,7 +495,7 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
         "/attempts",
         &[
             "Attempt", "State", "Phase", "Agent", "Release", "Project", "Run", "No", "Started",
-            "Failure",
+            "Why",
         ],
         rows,
         filters,
@@ -489,7 +503,7 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
     );
     render(&ListPage {
         l: console.layout("Attempts", "/attempts"),
-        intro: "Every attempt of the tenant, newest first. Open one for its timeline.".into(),
+        intro: "Every attempt of the tenant, newest first, with why a live one waits or why an ended one failed. Open one for its timeline.".into(),
         t,
     })
 }

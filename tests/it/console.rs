@@ -469,6 +469,11 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
         let (status, _) = v.get("/system").await;
         assert_eq!(status, 403, "{name} /system is a PlatformAdmin's");
         // The navigation offers only what the role may open.
+        let (_, list) = v.get("/attempts?state=WaitingForDecision").await;
+        assert!(
+            list.contains("waiting for a human approval"),
+            "why it waits, in the list: {list}"
+        );
         let (_, home) = v.get("/").await;
         assert_eq!(home.contains("href=\"/users\""), name == "wsa", "{name}");
     }
