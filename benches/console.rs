@@ -172,14 +172,14 @@ async fn fill(state: &AppState) -> (String, String) {
 
 /// A session of a PlatformAdmin looking at tenant `demo`.
 async fn session(state: &AppState) -> String {
-    let user = agentbay::auth::users::create(
+    let (user, _) = agentbay::auth::users::create(
         &state.store,
         agentbay::auth::users::NewUser {
             tenant: TenantScope::new(TenantId::platform()),
             username: "bench",
             display_name: "",
             roles: [Role::PlatformAdmin].into(),
-            password: "bench password 123",
+            password: None,
             created_by: "bench",
         },
         state.clock.now(),

@@ -278,18 +278,14 @@ pub async fn user_create(config: &Config, args: NewUserArgs<'_>, json: bool) -> 
         Target::Offline(local) => {
             let tenant = TenantId::parse_field("--tenant", args.tenant)?;
             let roles = crate::domain::user::parse_roles(args.roles)?;
-            let password = args
-                .password
-                .clone()
-                .unwrap_or_else(crate::auth::users::generate_password);
-            let user = crate::auth::users::create(
+            let (user, generated) = crate::auth::users::create(
                 &local.store,
                 crate::auth::users::NewUser {
                     tenant: TenantScope::new(tenant),
                     username: args.username,
                     display_name: args.name,
                     roles,
-                    password: &password,
+                    password: args.password.as_deref(),
                     created_by: "command line",
                 },
                 chrono::Utc::now(),
@@ -297,11 +293,7 @@ pub async fn user_create(config: &Config, args: NewUserArgs<'_>, json: bool) -> 
             .await?;
             (
                 crate::api::rpc::admin::user_message(&user),
-                if args.password.is_none() {
-                    password
-                } else {
-                    String::new()
-                },
+                generated.unwrap_or_default(),
             )
         }
     };

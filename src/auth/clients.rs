@@ -51,7 +51,16 @@ impl From<super::users::UserError> for ClientError {
 /// Prefix of client secrets, so that a leaked one is recognisable.
 const SECRET_PREFIX: &str = "abs_";
 
-pub(super) fn hash_secret(secret: &str) -> String {
+/// The argon2id hash of a secret or password, computed off the executor:
+/// argon2id takes tens of milliseconds by design.
+pub(super) async fn hash_secret(secret: &str) -> String {
+    let secret = secret.to_string();
+    tokio::task::spawn_blocking(move || hash_now(&secret))
+        .await
+        .expect("hashing does not panic")
+}
+
+fn hash_now(secret: &str) -> String {
     let mut salt = [0u8; 16];
     getrandom::fill(&mut salt).expect("the OS random source works");
     let salt = SaltString::encode_b64(&salt).expect("16 bytes make a valid salt");
@@ -80,13 +89,7 @@ pub async fn create(
     now: DateTime<Utc>,
 ) -> Result<(ClientCredential, String), ClientError> {
     let secret = format!("{SECRET_PREFIX}{}", super::token::random_token());
-    let hash = {
-        let secret = secret.clone();
-        // argon2id takes tens of milliseconds by design: off the executor.
-        tokio::task::spawn_blocking(move || hash_secret(&secret))
-            .await
-            .expect("hashing does not panic")
-    };
+    let hash = hash_secret(&secret).await;
     let (credential, event) =
         ClientCredential::create(tenant.tenant().clone(), scopes, description, hash, now)?;
     let stored = credential.clone();
@@ -124,12 +127,7 @@ pub async fn bootstrap(
     now: DateTime<Utc>,
 ) -> Result<Option<Bootstrapped>, ClientError> {
     let secret = format!("{SECRET_PREFIX}{}", super::token::random_token());
-    let hash = {
-        let secret = secret.clone();
-        tokio::task::spawn_blocking(move || hash_secret(&secret))
-            .await
-            .expect("hashing does not panic")
-    };
+    let hash = hash_secret(&secret).await;
     let (credential, event) = ClientCredential::create(
         TenantId::platform(),
         Scope::ALL.iter().copied().collect(),
@@ -273,7 +271,7 @@ mod tests {
 
     #[test]
     fn secrets_verify_only_against_their_hash() {
-        let hash = hash_secret("abs_right");
+        let hash = hash_now("abs_right");
         assert!(hash.starts_with("$argon2id$"));
         assert!(verify_secret("abs_right", &hash));
         assert!(!verify_secret("abs_wrong", &hash));

@@ -101,6 +101,24 @@ impl Principal {
         }
     }
 
+    /// Refuses to hand out scopes the principal does not hold itself (a
+    /// credential's scopes, a user's roles), naming them.
+    pub fn check_grant(&self, scopes: &BTreeSet<Scope>, what: &str) -> Result<(), AuthError> {
+        let beyond: Vec<&str> = scopes
+            .difference(&self.scopes)
+            .map(|s| s.as_str())
+            .collect();
+        if beyond.is_empty() {
+            Ok(())
+        } else {
+            Err(AuthError::Forbidden(format!(
+                "cannot grant {what}: it needs scopes {} does not hold: {}",
+                self.subject,
+                beyond.join(", ")
+            )))
+        }
+    }
+
     /// Whether the principal may act across tenants.
     pub fn is_platform_admin(&self) -> bool {
         self.tenant.is_platform() && self.has(Scope::Platform)

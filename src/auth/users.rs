@@ -57,14 +57,6 @@ pub fn generate_password() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
-async fn hash(password: &str) -> String {
-    let password = password.to_string();
-    // argon2id takes tens of milliseconds by design: off the executor.
-    tokio::task::spawn_blocking(move || hash_secret(&password))
-        .await
-        .expect("hashing does not panic")
-}
-
 /// What a new user is.
 pub struct NewUser<'a> {
     /// Its tenant.
@@ -75,21 +67,24 @@ pub struct NewUser<'a> {
     pub display_name: &'a str,
     /// Roles in the tenant.
     pub roles: BTreeSet<Role>,
-    /// The password; checked for length.
-    pub password: &'a str,
+    /// The password, checked for length; generated when `None`.
+    pub password: Option<&'a str>,
     /// Who creates it.
     pub created_by: &'a str,
 }
 
 /// Creates a user in a registered tenant, refusing a name already taken in
-/// any tenant.
+/// any tenant. Returns the user and the password when it was generated (to
+/// show once).
 pub async fn create(
     store: &Store,
     new: NewUser<'_>,
     now: DateTime<Utc>,
-) -> Result<User, UserError> {
-    check_password(new.password)?;
-    let password_hash = hash(new.password).await;
+) -> Result<(User, Option<String>), UserError> {
+    let generated = new.password.is_none().then(generate_password);
+    let password = new.password.or(generated.as_deref()).unwrap_or_default();
+    check_password(password)?;
+    let password_hash = hash_secret(password).await;
     let (user, event) = User::create(
         new.tenant.tenant().clone(),
         new.username,
@@ -117,7 +112,7 @@ pub async fn create(
             Ok(())
         })
         .await?;
-    Ok(user)
+    Ok((user, generated))
 }
 
 /// Writes a new user and its name in the login index, refusing a taken name.
@@ -257,7 +252,7 @@ pub async fn set_password(
 ) -> Result<User, UserError> {
     let name = parse_username(username)?;
     check_password(password)?;
-    let password_hash = hash(password).await;
+    let password_hash = hash_secret(password).await;
     let by = by.to_string();
     store
         .transact(move |tx: &mut Tx| {
@@ -279,7 +274,7 @@ pub(super) async fn bootstrap_user(password: &str, now: DateTime<Utc>) -> Result
         BOOTSTRAP_USER,
         "Platform administrator",
         [Role::PlatformAdmin].into(),
-        hash(password).await,
+        hash_secret(password).await,
         "bootstrap",
         now,
     )?;

@@ -121,11 +121,17 @@ pub struct LeaseFilter {
 }
 
 impl LeaseFilter {
-    fn admits(&self, l: &LeaseKeys) -> bool {
-        self.holder_id.as_ref().is_none_or(|h| *h == l.holder_id)
-            && self.pool_id.as_ref().is_none_or(|p| *p == l.pool_id)
-            && (self.states.is_empty() || self.states.contains(&l.state))
-            && self.project_id.as_ref().is_none_or(|p| *p == l.project_id)
+    fn admits(
+        &self,
+        holder_id: &str,
+        pool_id: &str,
+        state: LeaseState,
+        project: &ProjectId,
+    ) -> bool {
+        self.holder_id.as_ref().is_none_or(|h| h == holder_id)
+            && self.pool_id.as_ref().is_none_or(|p| p == pool_id)
+            && (self.states.is_empty() || self.states.contains(&state))
+            && self.project_id.as_ref().is_none_or(|p| p == project)
     }
 }
 
@@ -1113,19 +1119,12 @@ impl Capacity {
             let filter = filter_owned;
             match scope_owned {
                 // UUIDv7 ids: the tenant's keys run oldest to newest.
-                Some(s) => {
-                    store.newest::<CapacityLease, LeaseKeys>(&s, limit, |l| filter.admits(l))
-                }
+                Some(s) => store.newest::<CapacityLease, LeaseKeys>(&s, limit, |l| {
+                    filter.admits(&l.holder_id, &l.pool_id, l.state, &l.project_id)
+                }),
                 None => {
                     let mut all = store.scan_all::<CapacityLease>(&PlatformScope::internal())?;
-                    all.retain(|l| {
-                        filter.admits(&LeaseKeys {
-                            holder_id: l.holder_id.clone(),
-                            pool_id: l.pool_id.clone(),
-                            state: l.state,
-                            project_id: l.project_id.clone(),
-                        })
-                    });
+                    all.retain(|l| filter.admits(&l.holder_id, &l.pool_id, l.state, &l.project_id));
                     all.sort_by_key(|l| std::cmp::Reverse(l.lease_id));
                     all.truncate(limit);
                     Ok(all)

@@ -411,37 +411,24 @@ pub async fn create_user(console: Console, raw: RawForm) -> Result<Response, Pag
     let scope = console.scope()?;
     let result = async {
         let roles = parse_roles(&fields.all("roles"))?;
-        if roles.is_empty() {
-            return Err(ApiError::invalid("roles", "choose at least one role"));
-        }
-        // Nobody hands out more than they hold.
-        for role in &roles {
-            if !role.scopes().is_subset(&console.session.scopes) {
-                return Err(ApiError::invalid(
-                    "roles",
-                    format!("you cannot grant {role}: it holds scopes you do not"),
-                ));
-            }
-        }
-        let generated = fields.get("password").is_none();
-        let password = match fields.get("password") {
-            Some(p) => p.to_string(),
-            None => users::generate_password(),
-        };
-        let user = users::create(
+        let granted = roles.iter().flat_map(|r| r.scopes()).collect();
+        console
+            .principal()
+            .check_grant(&granted, &format!("roles {:?}", fields.all("roles")))?;
+        let (user, generated) = users::create(
             &console.state.store,
             users::NewUser {
                 tenant: scope.clone(),
                 username: fields.need("username")?,
                 display_name: fields.get("displayName").unwrap_or_default(),
                 roles,
-                password: &password,
+                password: fields.get("password"),
                 created_by: &console.by(),
             },
             console.state.clock.now(),
         )
         .await?;
-        Ok((user.username, generated.then_some(password)))
+        Ok::<_, ApiError>((user.username, generated))
     }
     .await;
     match result {
@@ -634,12 +621,7 @@ pub async fn create_client(console: Console, raw: RawForm) -> Result<Response, P
     let scope = console.scope()?;
     let result = async {
         let scopes = parse_scopes(&fields.all("scopes"))?;
-        if let Some(s) = scopes.iter().find(|s| !console.can(**s)) {
-            return Err(ApiError::invalid(
-                "scopes",
-                format!("you cannot grant {s}: you do not hold it"),
-            ));
-        }
+        console.principal().check_grant(&scopes, "these scopes")?;
         let (credential, secret) = clients::create(
             &console.state.store,
             scope,

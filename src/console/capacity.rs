@@ -484,18 +484,19 @@ fn quota_patch(fields: &Fields) -> Result<QuotaPatch, ApiError> {
                 patch.insert(key.into(), Value::Null);
             }
             Some(text) => {
-                let n: f64 = text.parse().map_err(|_| {
-                    ApiError::invalid(
-                        key,
-                        format!(
-                            "{text:?} is not a number (leave it blank to keep it, or write inherit)"
-                        ),
-                    )
-                })?;
-                let value = if n.fract() == 0.0 && !key.ends_with("PerAttempt") {
-                    json!(n as i64)
-                } else {
-                    json!(n)
+                // Whole numbers go as integers, so that the integer limits
+                // (concurrentRuns, ...) accept them; serde names the field
+                // and the type when a fraction is given to one of those.
+                let value = match text.parse::<u64>() {
+                    Ok(n) => json!(n),
+                    Err(_) => json!(text.parse::<f64>().map_err(|_| {
+                        ApiError::invalid(
+                            key,
+                            format!(
+                                "{text:?} is not a number (leave it blank to keep it, or write inherit)"
+                            ),
+                        )
+                    })?),
                 };
                 patch.insert(key.into(), value);
             }

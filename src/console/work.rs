@@ -719,16 +719,14 @@ pub async fn checkpoints(
     let a = console.state.runtime.attempt(&scope, id)?;
     let checkpoints = console.state.runtime.checkpoints(&scope, id)?;
     let resumable = checkpoints.last().map(|c| {
-        if c.adapter_version == a.adapter_version && c.checkpoint_format == a.checkpoint_format {
-            format!(
+        match c.compatible_with(&a.adapter_version, a.checkpoint_format) {
+            Ok(()) => format!(
                 "the last checkpoint (#{}) matches the attempt's adapter {} and format {}: a resume continues from it",
                 c.sequence, a.adapter_version, a.checkpoint_format
-            )
-        } else {
-            format!(
-                "the last checkpoint (#{}) was written by adapter {} format {}, the attempt runs {} format {}: a resume would fail (infrastructure) and start a new attempt from the step input",
-                c.sequence, c.adapter_version, c.checkpoint_format, a.adapter_version, a.checkpoint_format
-            )
+            ),
+            Err(why) => format!(
+                "{why}: a resume would fail (infrastructure) and start a new attempt from the step input"
+            ),
         }
     });
     render(&CheckpointsPage {
@@ -915,10 +913,15 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
     console.require(Scope::RunsRead)?;
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
-    let summaries = console.state.runtime.summaries(&scope)?;
-    let pending = pending_decisions(&console, &scope, &summaries)?;
-    let mut decided: Vec<DecisionRequest> = console.state.store.list(&scope)?;
-    decided.retain(|d| d.status != DecisionStatus::Pending);
+    // A decision is pending only while its attempt waits for it (an ended
+    // attempt cancels its own), so one read of the decisions serves both.
+    let (mut pending, mut decided): (Vec<DecisionRequest>, Vec<DecisionRequest>) = console
+        .state
+        .store
+        .list::<DecisionRequest>(&scope)?
+        .into_iter()
+        .partition(|d| d.status == DecisionStatus::Pending);
+    pending.sort_by_key(|d| d.requested_at);
     decided.sort_by_key(|d| std::cmp::Reverse(d.requested_at));
     let rows = decided
         .iter()

@@ -1,7 +1,6 @@
 //! `agentbay.admin.v1.Admin`: version, client credentials, backup and the
 //! event stream.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use connectrpc::{
@@ -116,21 +115,7 @@ impl pb::Admin for AdminService {
         let scope = caller.scope_for(&tenant).map_err(rpc)?;
         let names: Vec<&str> = request.scopes.iter().copied().collect();
         let scopes = parse_scopes(&names).map_err(rpc)?;
-        // Nobody hands out more than they hold.
-        let beyond: BTreeSet<_> = scopes.difference(&caller.scopes).collect();
-        if !beyond.is_empty() {
-            return Err(rpc(ApiError::new(
-                ErrorCode::PermissionDenied,
-                format!(
-                    "cannot grant scopes the caller does not hold: {}",
-                    beyond
-                        .iter()
-                        .map(|s| s.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )));
-        }
+        caller.check_grant(&scopes, "these scopes").map_err(rpc)?;
         let description = request.description.to_string();
         let (credential, secret) = clients::create(
             &self.state.store,
@@ -212,27 +197,18 @@ impl pb::Admin for AdminService {
         let scope = caller.scope_for(&tenant).map_err(rpc)?;
         let names: Vec<&str> = request.roles.iter().copied().collect();
         let roles = parse_roles(&names).map_err(rpc)?;
-        // Nobody hands out more than they hold.
-        if let Some(role) = roles.iter().find(|r| !r.scopes().is_subset(&caller.scopes)) {
-            return Err(rpc(ApiError::new(
-                ErrorCode::PermissionDenied,
-                format!("cannot grant the role {role}: it holds scopes the caller does not"),
-            )));
-        }
-        let generated = request.password.is_empty();
-        let password = if generated {
-            users::generate_password()
-        } else {
-            request.password.to_string()
-        };
-        let user = users::create(
+        let granted = roles.iter().flat_map(|r| r.scopes()).collect();
+        caller
+            .check_grant(&granted, &format!("roles {names:?}"))
+            .map_err(rpc)?;
+        let (user, generated) = users::create(
             &self.state.store,
             users::NewUser {
                 tenant: scope,
                 username: request.username,
                 display_name: request.display_name,
                 roles,
-                password: &password,
+                password: (!request.password.is_empty()).then_some(request.password),
                 created_by: &caller.subject.to_string(),
             },
             self.state.clock.now(),
@@ -242,7 +218,7 @@ impl pb::Admin for AdminService {
         tracing::info!(user = %user.username, tenant = %user.tenant_id, by = %caller.subject, "created a console user");
         Response::ok(pb::CreateUserResponse {
             user: buffa::MessageField::some(user_message(&user)),
-            generated_password: if generated { password } else { String::new() },
+            generated_password: generated.unwrap_or_default(),
             ..Default::default()
         })
     }
