@@ -86,6 +86,9 @@ pub mod names {
     pub const STORE_FLUSHES: &str = "agentbay_store_flushes_total";
     /// Bytes the store occupies on disk.
     pub const STORE_DISK_BYTES: &str = "agentbay_store_disk_bytes";
+    /// Writes of an aggregate refused because they were derived from an
+    /// older version than the stored one (table).
+    pub const STORE_STALE_WRITES: &str = "agentbay_store_stale_writes_total";
     /// Tokens issued.
     pub const TOKENS_ISSUED: &str = "agentbay_auth_tokens_issued_total";
     /// Failed authentications.
@@ -138,6 +141,10 @@ fn describe() {
         names::STORE_DISK_BYTES,
         metrics::Unit::Bytes,
         "Size of the store on disk"
+    );
+    describe_counter!(
+        names::STORE_STALE_WRITES,
+        "Aggregate writes refused as derived from an older version than the stored one"
     );
     describe_counter!(names::TOKENS_ISSUED, "Access tokens issued");
     describe_counter!(names::AUTH_FAILURES, "Failed authentications by reason");

@@ -275,6 +275,10 @@ impl From<StoreError> for ApiError {
                 ErrorCode::Unavailable,
                 format!("the store cannot accept writes: {e}"),
             ),
+            StoreError::Stale { .. } => ApiError::new(ErrorCode::Aborted, e.to_string()),
+            StoreError::Invariant { .. } => {
+                ApiError::new(ErrorCode::FailedPrecondition, e.to_string())
+            }
             other => ApiError::internal(other),
         }
     }

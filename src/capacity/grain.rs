@@ -236,6 +236,16 @@ impl Effects {
     fn then(&mut self, f: impl FnOnce(Result<(), CapacityError>) + Send + 'static) {
         self.after.push(Box::new(f));
     }
+
+    /// Queues a write of `lease` as it is now and moves the grain's copy to
+    /// the version that write will store (the write's place in the commit
+    /// order is fixed when the effects are committed, and a grain's writes
+    /// commit in the order it made them). Returns the copy.
+    fn write_lease(&mut self, lease: &mut CapacityLease) -> CapacityLease {
+        self.leases.push(lease.clone());
+        lease.version += 1;
+        lease.clone()
+    }
 }
 
 fn zero() -> SlotSize {
@@ -418,13 +428,18 @@ impl PoolGrain {
             return;
         }
         let pool = pool_dirty.then(|| self.pool.clone());
+        if pool_dirty {
+            // As for leases (see `Effects::write_lease`).
+            self.pool.version += 1;
+        }
         let now = self.now();
+        let mut leases = leases;
         let write = self.shared.store.submit(move |tx: &mut Tx| {
-            for lease in &leases {
-                tx.put(&TenantScope::new(lease.tenant_id.clone()), lease)?;
+            for lease in &mut leases {
+                tx.save(&TenantScope::new(lease.tenant_id.clone()), lease)?;
             }
-            if let Some(pool) = &pool {
-                tx.put(&TenantScope::new(pool.tenant_id.clone()), pool)?;
+            if let Some(mut pool) = pool {
+                tx.save(&TenantScope::new(pool.tenant_id.clone()), &mut pool)?;
             }
             for (tenant, project, day, seconds) in &minutes {
                 let scope = TenantScope::new(tenant.clone());
@@ -529,7 +544,7 @@ impl PoolGrain {
                 let waiter = &mut self.queue[index];
                 waiter.persisted = true;
                 let _ = waiter.lease.wait(limit.to_string(), limit.quota_field());
-                fx.leases.push(waiter.lease.clone());
+                fx.write_lease(&mut waiter.lease);
                 if let Some(event) = quota_event(waiter, &limit, now) {
                     fx.events.push(event);
                 }
@@ -557,7 +572,7 @@ impl PoolGrain {
             .lease
             .deny(limit.to_string(), limit.quota_field(), now);
         self.forget_holder(&waiter.lease);
-        fx.leases.push(waiter.lease.clone());
+        fx.write_lease(&mut waiter.lease);
         if let Some(event) = quota_event(waiter, &limit, now) {
             fx.events.push(event);
         }
@@ -591,7 +606,7 @@ impl PoolGrain {
         self.pool.take(waiter.lease.cpu, waiter.lease.memory_gb);
         fx.pool_dirty = true;
         fx.events.push(event);
-        fx.leases.push(waiter.lease.clone());
+        fx.write_lease(&mut waiter.lease);
         let waited = (now - waiter.lease.requested_at).num_milliseconds().max(0) as f64 / 1000.0;
         metrics::histogram!(names::LEASE_WAIT, "tenant" => waiter.lease.tenant_id.to_string(), "holderKind" => waiter.lease.holder_kind.as_str())
             .record(waited);
@@ -718,9 +733,11 @@ impl PoolGrain {
         let now = self.now();
         let ttl = self.shared.ttl;
         let lease = if let Some(lease) = self.live.get_mut(&lease_id) {
-            lease.renew(now, ttl).map(|()| lease.clone())
+            lease.renew(now, ttl).map(|()| fx.write_lease(lease))
         } else if let Some(w) = self.queue.iter_mut().find(|w| w.lease.lease_id == lease_id) {
-            w.lease.renew(now, ttl).map(|()| w.lease.clone())
+            w.lease
+                .renew(now, ttl)
+                .map(|()| fx.write_lease(&mut w.lease))
         } else {
             let _ = reply.send(Err(CapacityError::NotHere));
             return;
@@ -728,7 +745,6 @@ impl PoolGrain {
         match lease {
             Ok(lease) => {
                 let view = self.view(&lease);
-                fx.leases.push(lease);
                 fx.then(move |durable| {
                     let _ = reply.send(durable.map(|()| view));
                 });
@@ -742,7 +758,7 @@ impl PoolGrain {
     /// Gives a lease's capacity back and charges its minutes.
     fn end(
         &mut self,
-        lease: &CapacityLease,
+        lease: &mut CapacityLease,
         ended: crate::domain::capacity::lease::Ended,
         fx: &mut Effects,
     ) {
@@ -750,7 +766,7 @@ impl PoolGrain {
         self.pool.give_back(lease.cpu, lease.memory_gb);
         fx.pool_dirty = true;
         fx.events.push(ended.event);
-        fx.leases.push(lease.clone());
+        fx.write_lease(lease);
         if let Some(granted) = lease.granted_at {
             for (day, seconds) in seconds_by_day(granted, now) {
                 fx.minutes.push((
@@ -770,7 +786,7 @@ impl PoolGrain {
         let now = self.now();
         if let Some(mut lease) = self.live.remove(&lease_id) {
             let ended = lease.release(now).expect("a live lease can be released");
-            self.end(&lease, ended, fx);
+            self.end(&mut lease, ended, fx);
             self.drain(fx);
             let view = self.view(&lease);
             fx.then(move |durable| {
@@ -780,7 +796,7 @@ impl PoolGrain {
             let mut waiter = self.queue.remove(i).expect("index is valid");
             waiter.lease.release(now);
             self.forget_holder(&waiter.lease);
-            fx.leases.push(waiter.lease.clone());
+            fx.write_lease(&mut waiter.lease);
             let view = LeaseView {
                 lease: waiter.lease.clone(),
                 queue_position: None,
@@ -812,7 +828,7 @@ impl PoolGrain {
             let mut lease = self.live.remove(&id).expect("collected from live");
             if let Ok(Some(ended)) = lease.expire(now) {
                 tracing::info!(lease = %id, pool = %self.pool.pool_id, holder = %lease.holder_id, "lease expired: its heartbeat stopped");
-                self.end(&lease, ended, fx);
+                self.end(&mut lease, ended, fx);
                 count += 1;
             }
         }
@@ -822,7 +838,7 @@ impl PoolGrain {
                 let mut waiter = self.queue.remove(i).expect("index is valid");
                 let _ = waiter.lease.expire(now);
                 self.forget_holder(&waiter.lease);
-                fx.leases.push(waiter.lease.clone());
+                fx.write_lease(&mut waiter.lease);
                 count += 1;
             } else {
                 i += 1;

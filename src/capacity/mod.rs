@@ -515,12 +515,13 @@ impl Capacity {
                 .await?;
             return result;
         }
-        let (pool, events) = WorkerPool::set(None, pool_id, spec, slot, self.now())?;
-        let stored = pool.clone();
-        self.store()
+        let (mut pool, events) = WorkerPool::set(None, pool_id, spec, slot, self.now())?;
+        let pool = self
+            .store()
             .transact(move |tx: &mut Tx| {
-                tx.put(&TenantScope::new(stored.tenant_id.clone()), &stored)?;
-                tx.emit_all(events)
+                tx.save(&TenantScope::new(pool.tenant_id.clone()), &mut pool)?;
+                tx.emit_all(events)?;
+                Ok::<_, StoreError>(pool)
             })
             .await?;
         let handle = PoolGrain::spawn(pool.clone(), Vec::new(), self.shared.clone());
@@ -1296,9 +1297,9 @@ async fn create_default_pools(
                 return Ok::<_, StoreError>(());
             }
             let scope = TenantScope::new(TenantId::platform());
-            for (pool, events) in made {
+            for (mut pool, events) in made {
                 if tx.get::<WorkerPool>(&scope, &pool.pool_id)?.is_none() {
-                    tx.put(&scope, &pool)?;
+                    tx.save(&scope, &mut pool)?;
                     tx.emit_all(events)?;
                 }
             }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::capacity::{CapacityLease, Quota, WorkerPool};
 use crate::domain::tenant::{Project, Tenant};
 use crate::domain::{ProjectId, TenantId};
-use crate::store::{Record, Table};
+use crate::store::{Record, Table, Versioned};
 
 impl Record for Tenant {
     const TABLE: Table = Table::Tenants;
@@ -38,11 +38,21 @@ impl Record for Project {
 impl Record for WorkerPool {
     const TABLE: Table = Table::WorkerPools;
     const VERSION: u16 = 1;
+    const VERSIONED: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         self.pool_id.clone()
+    }
+}
+
+impl Versioned for WorkerPool {
+    fn version(&self) -> u64 {
+        self.version
+    }
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
     }
 }
 
@@ -70,11 +80,24 @@ fn platform() -> &'static TenantId {
 impl Record for CapacityLease {
     const TABLE: Table = Table::CapacityLeases;
     const VERSION: u16 = 1;
+    const VERSIONED: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         self.lease_id.to_string()
+    }
+}
+
+impl Versioned for CapacityLease {
+    fn version(&self) -> u64 {
+        self.version
+    }
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
+    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
+        stored.check_successor(next)
     }
 }
 

@@ -19,3 +19,9 @@ pub mod user;
 
 pub use error::{DomainError, FieldError};
 pub use ids::{ProjectId, TenantId};
+
+/// The version a stored aggregate reads as when it was written before
+/// aggregates carried versions: it exists, so it is not new (0).
+pub fn stored_before_versions() -> u64 {
+    1
+}

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::attempt::{AttemptState, ExecutionAttempt, FailureClass};
+use super::error::DomainError;
 use super::events::{EventPayload, NewEvent};
 use super::ids::{ProjectId, TenantId};
 use super::release::{AdapterKind, AttemptLimits};
@@ -190,7 +191,9 @@ pub struct Run {
     pub created_at: DateTime<Utc>,
     /// Ended at.
     pub ended_at: Option<DateTime<Utc>>,
-    /// Bumped by every change.
+    /// The number of the stored state this value is (0: not stored yet);
+    /// the store numbers every write and refuses one derived from an older
+    /// state.
     pub version: u64,
 }
 
@@ -229,20 +232,93 @@ impl Run {
         step.attempts.push(attempt_id);
         step.fencing_token = fencing_token;
         step.state = RunState::Running;
-        self.version += 1;
     }
 
-    /// Records the single outcome of `attempt` (the current step's latest)
-    /// and decides what follows.
+    /// The rules between a stored run and any state written over it: an
+    /// ended run stays ended with its output and gets no new attempt; a
+    /// step's attempts are never removed and its fencing token never goes
+    /// back.
+    pub fn check_successor(&self, next: &Run) -> Result<(), String> {
+        if self.state.is_terminal()
+            && (next.state != self.state || next.output_ref != self.output_ref)
+        {
+            return Err(format!(
+                "run {} ended {}; it cannot become {}",
+                self.run_id, self.state, next.state
+            ));
+        }
+        if next.steps.len() != self.steps.len() {
+            return Err(format!(
+                "run {} has {} steps; its steps are fixed at submission",
+                self.run_id,
+                self.steps.len()
+            ));
+        }
+        for (old, new) in self.steps.iter().zip(&next.steps) {
+            if !new.attempts.starts_with(&old.attempts) {
+                return Err(format!(
+                    "the attempts of step {} of run {} are never removed or replaced",
+                    old.name, self.run_id
+                ));
+            }
+            if self.state.is_terminal() && new.attempts.len() > old.attempts.len() {
+                return Err(format!(
+                    "run {} ended {}; it gets no new attempt",
+                    self.run_id, self.state
+                ));
+            }
+            if new.fencing_token < old.fencing_token {
+                return Err(format!(
+                    "the fencing token of step {} of run {} is {}; it cannot go back to {}",
+                    old.name, self.run_id, old.fencing_token, new.fencing_token
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A live attempt of the current step is leased again (resumed by a new
+    /// holder) with a new fencing token: the token must be above every
+    /// token the step has issued, so none is ever reused.
+    pub fn lease_again(&mut self, attempt: &ExecutionAttempt) -> Result<(), DomainError> {
+        let Some(step) = self.steps.iter_mut().find(|s| s.step_id == attempt.step_id) else {
+            return Err(DomainError::FailedPrecondition(format!(
+                "attempt {} belongs to no step of run {}",
+                attempt.attempt_id, self.run_id
+            )));
+        };
+        if attempt.fencing_token <= step.fencing_token {
+            return Err(DomainError::Aborted(format!(
+                "fencing token {} for attempt {} is not above {}, the latest its step issued; tokens are never reused",
+                attempt.fencing_token, attempt.attempt_id, step.fencing_token
+            )));
+        }
+        step.fencing_token = attempt.fencing_token;
+        Ok(())
+    }
+
+    /// Whether the run still waits for the outcome of this attempt: it is
+    /// live and the attempt is its current step's latest.
+    pub fn awaits_outcome_of(&self, attempt_id: Uuid) -> bool {
+        !self.state.is_terminal() && self.step().attempts.last() == Some(&attempt_id)
+    }
+
+    /// Records the single outcome of `attempt` and decides what follows.
+    /// Only the outcome of the current step's latest attempt of a live run
+    /// counts: an ended run decides nothing again (it never gets a second
+    /// attempt after it succeeded), and an older attempt's end changes
+    /// nothing.
     pub fn on_attempt_ended(
         &mut self,
         attempt: &ExecutionAttempt,
         now: DateTime<Utc>,
     ) -> (Next, Vec<NewEvent>) {
+        if !self.awaits_outcome_of(attempt.attempt_id) {
+            return (Next::Done, Vec::new());
+        }
         let index = self.current_step as usize;
         let step_attempts = self.steps[index].attempts.len() as u32;
         let token = self.steps[index].fencing_token;
-        self.version += 1;
         match attempt.state {
             AttemptState::Succeeded => {
                 let step = &mut self.steps[index];
@@ -334,7 +410,6 @@ impl Run {
             return (Next::Done, Vec::new());
         }
         self.state = RunState::Running;
-        self.version += 1;
         let index = self.current_step as usize;
         let step = &self.steps[index];
         if retry
@@ -372,7 +447,6 @@ impl Run {
             return false;
         }
         self.cancel_requested = Some(why);
-        self.version += 1;
         true
     }
 
@@ -666,5 +740,54 @@ mod tests {
         );
         assert_eq!(r.on_attempt_ended(&a, now()).0, Next::Done);
         assert_eq!(r.state, RunState::Cancelled);
+    }
+    #[test]
+    fn an_ended_run_decides_nothing_again_and_gets_no_new_attempt() {
+        let mut r = run(1, 3);
+        let a = ended(&mut r, 1, AttemptState::Succeeded, None);
+        r.on_attempt_ended(&a, now());
+        assert_eq!(r.state, RunState::Succeeded);
+        let before = r.clone();
+        // The same attempt read back later as Cancelled (infrastructure),
+        // which would otherwise earn a retry.
+        let mut again = a.clone();
+        again.state = AttemptState::Cancelled;
+        again.failure = Some(AttemptFailure {
+            class: FailureClass::Infrastructure,
+            reason: "lease-lost".into(),
+            feedback_ref: None,
+        });
+        assert!(!r.awaits_outcome_of(again.attempt_id));
+        let (next, events) = r.on_attempt_ended(&again, now());
+        assert_eq!(next, Next::Done);
+        assert!(events.is_empty());
+        assert_eq!(r, before);
+        // Whoever writes it, an ended run keeps its state and gets no
+        // attempt.
+        let mut forged = before.clone();
+        forged.add_attempt(Uuid::now_v7(), 2);
+        let rule = before.check_successor(&forged).unwrap_err();
+        assert!(rule.contains("no new attempt"), "{rule}");
+        let mut reopened = before.clone();
+        reopened.state = RunState::Running;
+        assert!(before.check_successor(&reopened).is_err());
+    }
+
+    #[test]
+    fn a_resume_takes_a_token_above_every_token_the_step_issued() {
+        let mut r = run(1, 3);
+        let mut a = ended(&mut r, 1, AttemptState::Running, None);
+        a.fencing_token = 2;
+        r.lease_again(&a).unwrap();
+        assert_eq!(r.steps[0].fencing_token, 2);
+        // The same token again, or an older one, is refused.
+        let e = r.lease_again(&a).unwrap_err();
+        assert!(e.to_string().contains("never reused"), "{e}");
+        a.fencing_token = 1;
+        assert!(r.lease_again(&a).is_err());
+        // A step's token never goes back, whoever writes the run.
+        let mut back = r.clone();
+        back.steps[0].fencing_token = 1;
+        assert!(r.check_successor(&back).is_err());
     }
 }

@@ -28,16 +28,29 @@ use crate::domain::run::{Next, ParentLink, Run, RunState, RunSubmitted, Snapshot
 use crate::domain::{DomainError, FieldError, ProjectId, TenantId};
 use crate::releases::{ReleaseError, Releases};
 use crate::runtime::{Runtime, RuntimeError};
-use crate::store::{Record, StoreError, Table, TenantScope, Tx};
+use crate::store::{Record, StoreError, Table, TenantScope, Tx, Versioned};
 
 impl Record for Run {
     const TABLE: Table = Table::Runs;
     const VERSION: u16 = 1;
+    const VERSIONED: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         self.run_id.to_string()
+    }
+}
+
+impl Versioned for Run {
+    fn version(&self) -> u64 {
+        self.version
+    }
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
+    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
+        stored.check_successor(next)
     }
 }
 
@@ -282,7 +295,7 @@ pub fn plan_run(
         submitted_by: request.submitted_by.clone(),
         created_at: now,
         ended_at: None,
-        version: 1,
+        version: 0,
     };
     Ok(NewRun { run, input })
 }
@@ -333,12 +346,12 @@ pub fn create_run(
 ) -> Result<(Run, ExecutionAttempt), StoreError> {
     let NewRun { mut run, input } = new;
     tx.put_artifact(scope, &input, "application/json", Some(retain_until), now)?;
-    let attempt = next_attempt(&mut run, 1, 1, now);
+    let mut attempt = next_attempt(&mut run, 1, 1, now);
     if let Some(key) = &run.request_id {
         tx.index_put(scope, "run-request", key, &run.run_id.to_string())?;
     }
-    tx.put(scope, &run)?;
-    tx.put(scope, &attempt)?;
+    tx.save(scope, &mut run)?;
+    tx.save(scope, &mut attempt)?;
     tx.emit(NewEvent::new(
         scope.tenant(),
         now,
@@ -401,17 +414,17 @@ pub fn record_outcome(
     now: DateTime<Utc>,
 ) -> Result<Followup, StoreError> {
     let mut run = load_run(tx, scope, attempt.run_id)?;
-    if run.step().attempts.last() != Some(&attempt.attempt_id) {
-        // Not the step's latest attempt: nothing for the run to decide.
+    if !run.awaits_outcome_of(attempt.attempt_id) {
+        // An older attempt, or a run that ended: nothing to decide.
         return Ok(Followup::default());
     }
     let (next, events) = run.on_attempt_ended(attempt, now);
     tx.emit_all(events)?;
-    let next_attempt = apply_next(&mut run, next, now);
-    if let Some(a) = &next_attempt {
-        tx.put(scope, a)?;
+    let mut next_attempt = apply_next(&mut run, next, now);
+    if let Some(a) = &mut next_attempt {
+        tx.save(scope, a)?;
     }
-    tx.put(scope, &run)?;
+    tx.save(scope, &mut run)?;
     Ok(Followup {
         next_attempt,
         child_ended: ended_child(&run),
@@ -571,7 +584,7 @@ impl RunControl {
             })
             .await?;
         if let Some(attempt) = attempt {
-            self.runtime.adopt(attempt);
+            self.runtime.adopt(scope, attempt.attempt_id)?;
         }
         Ok(run)
     }
@@ -632,7 +645,7 @@ impl RunControl {
             .transact(move |tx: &mut Tx| {
                 let mut run = load_run(tx, &s, run_id)?;
                 if run.request_cancel(w) {
-                    tx.put(&s, &run)?;
+                    tx.save(&s, &mut run)?;
                 }
                 Ok::<_, RuntimeError>(run)
             })
@@ -787,11 +800,11 @@ impl RunControl {
                     let (next, events) = run.on_settled(retry, &why, now);
                     tx.emit_all(events)?;
                     followup.next_attempt = apply_next(&mut run, next, now);
-                    if let Some(a) = &followup.next_attempt {
-                        tx.put(&s, a)?;
+                    if let Some(a) = &mut followup.next_attempt {
+                        tx.save(&s, a)?;
                     }
                     followup.child_ended = ended_child(&run);
-                    tx.put(&s, &run)?;
+                    tx.save(&s, &mut run)?;
                 }
                 Ok::<_, RuntimeError>((run, followup))
             })

@@ -37,16 +37,29 @@ use crate::domain::release::{AdapterKind, InFlightPolicy};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::releases::{InFlight, InFlightReport, Releases};
 use crate::runs::{ChildEnded, Followup};
-use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope};
+use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Versioned};
 
 impl Record for ExecutionAttempt {
     const TABLE: Table = Table::Attempts;
     const VERSION: u16 = 1;
+    const VERSIONED: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         self.attempt_id.to_string()
+    }
+}
+
+impl Versioned for ExecutionAttempt {
+    fn version(&self) -> u64 {
+        self.version
+    }
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
+    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
+        stored.check_successor(next)
     }
 }
 
@@ -137,6 +150,17 @@ pub enum RuntimeError {
     /// The store.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl RuntimeError {
+    /// Whether a write was refused because it was derived from an older
+    /// state than the stored one (or broke a rule between the two).
+    pub fn is_stale(&self) -> bool {
+        matches!(
+            self,
+            RuntimeError::Store(StoreError::Stale { .. } | StoreError::Invariant { .. })
+        )
+    }
 }
 
 impl From<FieldError> for RuntimeError {
@@ -450,7 +474,8 @@ impl Runtime {
             .filter(|a| !a.state.is_terminal())
             .collect();
         for attempt in live {
-            runtime.adopt(attempt);
+            let scope = TenantScope::new(attempt.tenant_id.clone());
+            runtime.adopt(&scope, attempt.attempt_id)?;
         }
         Ok(runtime)
     }
@@ -465,21 +490,42 @@ impl Runtime {
         &self.shared.config
     }
 
-    /// Starts the grain of a live attempt (once).
-    pub fn adopt(&self, attempt: ExecutionAttempt) {
-        if attempt.state.is_terminal() {
-            return;
-        }
+    /// Starts a grain for a live attempt that has none, from the attempt
+    /// as stored now; true when it started one. Whoever names the attempt
+    /// holds a snapshot (a list, the copy a transaction returned), and an
+    /// attempt whose grain ended it and went away in between must not come
+    /// back from that snapshot. So the record is read again under the
+    /// registry's lock: a grain leaves the registry only after its last
+    /// write was acknowledged, which is after that write is visible to
+    /// reads.
+    pub fn adopt(&self, scope: &TenantScope, attempt_id: Uuid) -> Result<bool, RuntimeError> {
         let mut grains = self.shared.grains.lock();
-        if grains.contains_key(&attempt.attempt_id) {
-            return;
+        if grains.contains_key(&attempt_id) {
+            return Ok(false);
         }
-        let handle = grain::spawn(self.shared.clone(), attempt.clone());
-        grains.insert(attempt.attempt_id, handle);
+        let Some(attempt) = self
+            .shared
+            .store
+            .get::<ExecutionAttempt>(scope, &attempt_id.to_string())?
+            .filter(|a| !a.state.is_terminal())
+        else {
+            return Ok(false);
+        };
+        let handle = grain::spawn(self.shared.clone(), attempt);
+        grains.insert(attempt_id, handle);
+        Ok(true)
     }
 
-    pub(crate) fn forget(&self, attempt_id: Uuid) {
-        self.shared.grains.lock().remove(&attempt_id);
+    /// Removes a grain that stopped from the registry, unless another grain
+    /// has taken its place.
+    pub(crate) fn forget(&self, attempt_id: Uuid, grain: &mpsc::UnboundedSender<Msg>) {
+        let mut grains = self.shared.grains.lock();
+        if grains
+            .get(&attempt_id)
+            .is_some_and(|g| g.tx.same_channel(grain))
+        {
+            grains.remove(&attempt_id);
+        }
     }
 
     /// Live attempts.
@@ -596,7 +642,9 @@ impl Runtime {
         }
     }
 
-    /// Refuses a call on an ended attempt, checking the token first.
+    /// Refuses a call on an ended attempt, checking the token first. A
+    /// stale token is recorded on the stored attempt, read and written in
+    /// one transaction.
     async fn ended_refusal(
         &self,
         scope: &TenantScope,
@@ -604,14 +652,24 @@ impl Runtime {
         token: u64,
         operation: &str,
     ) -> RuntimeError {
-        let mut attempt = attempt;
         let now = self.shared.clock.now();
-        if let Err(e) = attempt.check_fencing(token, operation, now) {
-            let s = scope.clone();
+        if let Err(e) = attempt.clone().check_fencing(token, operation, now) {
+            let (s, id, op) = (
+                scope.clone(),
+                attempt.attempt_id.to_string(),
+                operation.to_string(),
+            );
             let _ = self
                 .shared
                 .store
-                .transact(move |tx| tx.put(&s, &attempt))
+                .transact(move |tx| {
+                    if let Some(mut stored) = tx.get::<ExecutionAttempt>(&s, &id)?
+                        && stored.check_fencing(token, &op, now).is_err()
+                    {
+                        tx.save(&s, &mut stored)?;
+                    }
+                    Ok::<_, StoreError>(())
+                })
                 .await
                 .map_err(|e: StoreError| tracing::warn!(error = %e, "recording a stale token"));
             return e.into();
@@ -1104,8 +1162,10 @@ impl Runtime {
     /// Acts on what followed an attempt's end: starts the next attempt and
     /// tells a supervisor its child run ended.
     pub async fn follow(&self, scope: &TenantScope, followup: Followup) {
-        if let Some(next) = followup.next_attempt {
-            self.adopt(next);
+        if let Some(next) = followup.next_attempt
+            && let Err(e) = self.adopt(scope, next.attempt_id)
+        {
+            tracing::error!(attempt = %next.attempt_id, error = %e, "starting the next attempt's grain; the reconciler will retry");
         }
         if let Some(child) = followup.child_ended {
             self.child_ended(scope, child).await;
@@ -1178,8 +1238,9 @@ impl Runtime {
             .filter(|a| !a.state.is_terminal())
             .collect();
         for attempt in stored {
-            if !self.shared.grains.lock().contains_key(&attempt.attempt_id) {
-                self.adopt(attempt);
+            let scope = TenantScope::new(attempt.tenant_id.clone());
+            if self.adopt(&scope, attempt.attempt_id)? {
+                tracing::warn!(attempt = %attempt.attempt_id, "a live attempt had no grain; one was started from its stored state");
             }
         }
         Ok(settled)

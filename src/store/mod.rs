@@ -26,6 +26,32 @@
 //! disk". sled's own `flush_async` is never used (it deadlocks with many
 //! concurrent callers in 0.34). See `commit.rs` for the measurements behind
 //! this shape.
+//!
+//! # What readers and writers can rely on
+//!
+//! - **Inside a transaction** reads are linearizable: a [`Tx`] runs on the
+//!   writer thread and reads through every write ordered before it, applied
+//!   to sled or still queued in the group. A read-modify-write inside one
+//!   closure can never lose an update.
+//! - **Outside a transaction** ([`Store::get`], lists, scans) a read sees
+//!   every write acknowledged before the read began: the writer applies a
+//!   group to sled before the flusher syncs it, and the reply goes out only
+//!   after the sync. It never sees part of a transaction. It may also see a
+//!   write whose sync is still under way, and it does not see writes still
+//!   queued in the writer. [`Store::get_latest`] reads through the writer
+//!   instead, and returns once everything ordered before it is durable.
+//! - **A value read outside a transaction is a snapshot**, stale as soon as
+//!   it is read. An aggregate that more than one path writes (attempts,
+//!   runs, capacity leases, pools) is [`Versioned`]: it carries the version
+//!   of the stored state it was derived from, and [`Tx::save`] refuses a
+//!   write whose version is not the stored one ([`StoreError::Stale`],
+//!   counted in `agentbay_store_stale_writes_total` and logged), and one
+//!   that breaks a rule every successor must keep
+//!   ([`Versioned::check_successor`]: an ended attempt stays ended, a
+//!   fencing token never goes back). So a writer holding an old copy fails
+//!   loudly and must read again; it can never replace a newer acknowledged
+//!   state with an older one. Versioned records cannot be written with
+//!   [`Tx::put`] at all: the compiler refuses it.
 
 pub mod artifacts;
 mod backup;
@@ -175,6 +201,29 @@ pub trait Record: Serialize + DeserializeOwned + Send + Sync + 'static {
         let _ = bytes;
         Err(format!("no upgrade from version {version}"))
     }
+    /// Whether the record is a [`Versioned`] aggregate, written only with
+    /// [`Tx::save`]. Set it together with implementing [`Versioned`].
+    const VERSIONED: bool = false;
+}
+
+/// An aggregate that more than one path writes (an actor, a worker, run
+/// control, an operator's command). Its value carries the version of the
+/// stored state it was derived from; 0 for one never stored. [`Tx::save`]
+/// writes it only over exactly that version and numbers the new state,
+/// so no writer can replace a newer state with one derived from an older.
+pub trait Versioned: Record {
+    /// The stored version this value was derived from (0: new).
+    fn version(&self) -> u64;
+    /// Sets the version; only [`Tx::save`] calls it.
+    fn set_version(&mut self, version: u64);
+    /// The rules that hold between a stored state and any state written
+    /// over it, whoever writes it (the domain's invariants: what has ended
+    /// stays ended, what is monotonic never goes back). A violation names
+    /// the rule; the write is refused.
+    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
+        let _ = (stored, next);
+        Ok(())
+    }
 }
 
 /// Proof that the caller has established which tenant's data it touches.
@@ -296,6 +345,32 @@ pub enum StoreError {
         path: PathBuf,
         /// Who holds it, as far as known.
         holder: String,
+    },
+    /// A write of a versioned aggregate was derived from another version
+    /// than the stored one: someone else wrote it since.
+    #[error(
+        "{table} record {key} changed concurrently: this write was derived from {expected}, but the stored record is at {found}; read it again and retry"
+    )]
+    Stale {
+        /// Tree name.
+        table: &'static str,
+        /// Key as text.
+        key: String,
+        /// The version the write was derived from, in words.
+        expected: String,
+        /// The stored version, in words.
+        found: String,
+    },
+    /// A write of a versioned aggregate breaks a rule every successor of
+    /// the stored state keeps.
+    #[error("{table} record {key}: {rule}; the write was refused")]
+    Invariant {
+        /// Tree name.
+        table: &'static str,
+        /// Key as text.
+        key: String,
+        /// The rule, in words.
+        rule: String,
     },
     /// The store was closed or its writer stopped.
     #[error("the store is closed")]
@@ -469,6 +544,20 @@ impl Store {
         let rx = self.inner.committer.submit(f)?;
         rx.blocking_recv()
             .map_err(|_| E::from(StoreError::Closed))?
+    }
+
+    /// Reads one record through the writer: the newest version, with every
+    /// write ordered before this call (acknowledged or still queued)
+    /// applied, returned once those writes are durable. For a writer that
+    /// found its copy stale and must start again from the current state.
+    pub async fn get_latest<R: Record>(
+        &self,
+        scope: &TenantScope,
+        id: &str,
+    ) -> Result<Option<R>, StoreError> {
+        let (scope, id) = (scope.clone(), id.to_string());
+        self.transact(move |tx: &mut Tx| tx.get::<R>(&scope, &id))
+            .await
     }
 
     /// Reads one record of the scope's tenant.

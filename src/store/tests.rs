@@ -47,6 +47,69 @@ impl Record for Note {
     }
 }
 
+/// A versioned aggregate for the optimistic-concurrency tests: a counter
+/// that never goes down and that stops for good at `done`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Tally {
+    tenant: TenantId,
+    id: String,
+    count: u64,
+    done: bool,
+    version: u64,
+}
+
+impl Record for Tally {
+    // The runs tree doubles as a scratch table here.
+    const TABLE: Table = Table::Runs;
+    const VERSION: u16 = 1;
+    const VERSIONED: bool = true;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+    fn id(&self) -> String {
+        self.id.clone()
+    }
+}
+
+impl Versioned for Tally {
+    fn version(&self) -> u64 {
+        self.version
+    }
+    fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
+    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
+        if next.count < stored.count {
+            return Err(format!("the count is {}; it never goes down", stored.count));
+        }
+        if stored.done && !next.done {
+            return Err("a finished tally stays finished".into());
+        }
+        Ok(())
+    }
+}
+
+fn tally(scope: &TenantScope, id: &str) -> Tally {
+    Tally {
+        tenant: scope.tenant().clone(),
+        id: id.into(),
+        count: 0,
+        done: false,
+        version: 0,
+    }
+}
+
+/// Saves `t` in its own transaction; the saved record or the error.
+async fn save(store: &Store, scope: &TenantScope, t: &Tally) -> Result<Tally, StoreError> {
+    let (scope, mut t) = (scope.clone(), t.clone());
+    store
+        .transact(move |tx: &mut Tx| {
+            tx.save(&scope, &mut t)?;
+            Ok(t)
+        })
+        .await
+}
+
 fn tenant(name: &str) -> TenantScope {
     TenantScope::new(TenantId::parse(name).unwrap())
 }
@@ -482,4 +545,152 @@ fn artifacts_chunk_key(hash: &str, index: u32) -> Vec<u8> {
     key.push(b'/');
     key.extend_from_slice(&index.to_be_bytes());
     key
+}
+
+#[tokio::test]
+async fn a_versioned_write_derived_from_an_older_version_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let acme = tenant("acme");
+    let fresh = tally(&acme, "t");
+    let v1 = save(&store, &acme, &fresh).await.unwrap();
+    assert_eq!(v1.version, 1, "a new record is stored as version 1");
+    // Creating it again from a new copy is refused: it exists.
+    let again = save(&store, &acme, &fresh).await.unwrap_err();
+    assert!(matches!(again, StoreError::Stale { .. }), "{again}");
+    assert!(again.to_string().contains("version 1"), "{again}");
+
+    let mut a = v1.clone();
+    a.count = 5;
+    let v2 = save(&store, &acme, &a).await.unwrap();
+    assert_eq!(v2.version, 2);
+    // A writer still holding version 1 cannot replace version 2.
+    let mut stale = v1.clone();
+    stale.count = 7;
+    let err = save(&store, &acme, &stale).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Stale { .. }),
+        "a stale write must fail loudly: {err}"
+    );
+    assert!(
+        err.to_string().contains("derived from version 1") && err.to_string().contains("version 2"),
+        "{err}"
+    );
+    assert_eq!(store.get::<Tally>(&acme, "t").unwrap().unwrap(), v2);
+    // The writer reads again and succeeds from the current state.
+    let mut current = store
+        .get_latest::<Tally>(&acme, "t")
+        .await
+        .unwrap()
+        .unwrap();
+    current.count = 7;
+    assert_eq!(save(&store, &acme, &current).await.unwrap().version, 3);
+}
+
+#[tokio::test]
+async fn a_write_that_breaks_a_successor_rule_is_refused_whoever_makes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let acme = tenant("acme");
+    let mut t = save(&store, &acme, &tally(&acme, "t")).await.unwrap();
+    t.count = 3;
+    t.done = true;
+    let t = save(&store, &acme, &t).await.unwrap();
+    let mut back = t.clone();
+    back.done = false;
+    let err = save(&store, &acme, &back).await.unwrap_err();
+    assert!(matches!(err, StoreError::Invariant { .. }), "{err}");
+    assert!(err.to_string().contains("stays finished"), "{err}");
+    let mut down = t.clone();
+    down.count = 2;
+    let err = save(&store, &acme, &down).await.unwrap_err();
+    assert!(err.to_string().contains("never goes down"), "{err}");
+    assert_eq!(store.get::<Tally>(&acme, "t").unwrap().unwrap(), t);
+}
+
+#[tokio::test]
+async fn of_concurrent_writers_from_one_version_exactly_one_wins_even_within_one_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let acme = tenant("acme");
+    let base = save(&store, &acme, &tally(&acme, "t")).await.unwrap();
+    // Queued back to back, so they land in the same group: the later one
+    // reads the earlier one's write through the group's overlay.
+    let mut pending = Vec::new();
+    for n in 1..=32u64 {
+        let (scope, mut t) = (acme.clone(), base.clone());
+        t.count = n;
+        pending.push(store.submit(move |tx: &mut Tx| {
+            tx.save(&scope, &mut t)?;
+            Ok::<_, StoreError>(t)
+        }));
+    }
+    let results = futures::future::join_all(pending).await;
+    let won: Vec<&Tally> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(won.len(), 1, "one write from version 1 wins");
+    assert!(
+        results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .all(|e| matches!(e, StoreError::Stale { .. }))
+    );
+    assert_eq!(won[0].count, 1, "the first in commit order");
+    assert_eq!(store.get::<Tally>(&acme, "t").unwrap().unwrap(), *won[0]);
+}
+
+#[tokio::test]
+async fn get_latest_sees_a_queued_write_and_plain_reads_never_go_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let acme = tenant("acme");
+    let mut t = save(&store, &acme, &tally(&acme, "t")).await.unwrap();
+    // A write queued but not awaited: get_latest is ordered after it.
+    t.count = 1;
+    let (scope, queued) = (acme.clone(), t.clone());
+    let write = store.submit(move |tx: &mut Tx| {
+        let mut queued = queued;
+        tx.save(&scope, &mut queued)?;
+        Ok::<_, StoreError>(())
+    });
+    let latest = store
+        .get_latest::<Tally>(&acme, "t")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((latest.count, latest.version), (1, 2));
+    write.await.unwrap();
+
+    // Readers on other threads never see a version older than one
+    // acknowledged before their read began.
+    let acked = Arc::new(std::sync::atomic::AtomicU64::new(2));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (store, acme, acked, stop) =
+                (store.clone(), acme.clone(), acked.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let floor = acked.load(std::sync::atomic::Ordering::Acquire);
+                    let seen = store.get::<Tally>(&acme, "t").unwrap().unwrap().version;
+                    assert!(
+                        seen >= floor,
+                        "read version {seen} after {floor} was acknowledged"
+                    );
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    let mut current = latest;
+    for n in 2..200u64 {
+        current.count = n;
+        current = save(&store, &acme, &current).await.unwrap();
+        acked.store(current.version, std::sync::atomic::Ordering::Release);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
 }

@@ -11,9 +11,11 @@ use std::sync::Arc;
 
 use super::outbox::StoredEvent;
 use super::{
-    Record, StoreError, Table, TenantScope, decode, encode, index_prefix, record_key, tenant_prefix,
+    Record, StoreError, Table, TenantScope, Versioned, decode, encode, index_prefix, record_key,
+    tenant_prefix,
 };
 use crate::domain::events::NewEvent;
+use crate::telemetry::names;
 
 /// Pending writes by (tree position, key); `None` deletes.
 #[derive(Default)]
@@ -161,13 +163,90 @@ impl<'a> Tx<'a> {
             .collect()
     }
 
-    /// Writes a record, which must belong to the scope's tenant.
+    /// Writes a record, which must belong to the scope's tenant. Versioned
+    /// aggregates go through [`Tx::save`]; the compiler refuses them here.
     pub fn put<R: Record>(&mut self, scope: &TenantScope, record: &R) -> Result<(), StoreError> {
+        const {
+            assert!(
+                !R::VERSIONED,
+                "a versioned aggregate is written with Tx::save, which checks its version"
+            )
+        };
         check_scope(scope, record)?;
         let key = record_key(scope.tenant(), &record.id());
         let value = encode(record)?;
         self.write(R::TABLE, key, Some(value));
         Ok(())
+    }
+
+    /// Writes a versioned aggregate over the stored state it was derived
+    /// from: `record.version()` must be the stored version (0: nothing is
+    /// stored under its id yet), and the new state must keep the rules of
+    /// [`Versioned::check_successor`]. On success the record carries its
+    /// new version. A stale or rule-breaking write is refused, counted and
+    /// logged, and leaves the record as it was.
+    pub fn save<R: Versioned>(
+        &mut self,
+        scope: &TenantScope,
+        record: &mut R,
+    ) -> Result<(), StoreError> {
+        const {
+            assert!(
+                R::VERSIONED,
+                "Tx::save is for records that declare VERSIONED = true"
+            )
+        };
+        check_scope(scope, record)?;
+        let id = record.id();
+        let key = record_key(scope.tenant(), &id);
+        let stored = self
+            .read(R::TABLE, &key)?
+            .map(|bytes| decode::<R>(&key, &bytes))
+            .transpose()?;
+        let base = record.version();
+        match &stored {
+            Some(s) if s.version() == base && base != 0 => {}
+            None if base == 0 => {}
+            _ => {
+                let words = |v: Option<u64>| match v {
+                    Some(0) => "a new record".to_string(),
+                    Some(v) => format!("version {v}"),
+                    None => "nothing (no such record)".to_string(),
+                };
+                let e = StoreError::Stale {
+                    table: R::TABLE.name(),
+                    key: format!("{}/{id}", scope.tenant()),
+                    expected: words(Some(base)),
+                    found: words(stored.as_ref().map(Versioned::version)),
+                };
+                metrics::counter!(names::STORE_STALE_WRITES, "table" => R::TABLE.name())
+                    .increment(1);
+                tracing::warn!(error = %e, "a stale write was refused");
+                return Err(e);
+            }
+        }
+        if let Some(s) = &stored {
+            R::check_successor(s, record).map_err(|rule| {
+                let e = StoreError::Invariant {
+                    table: R::TABLE.name(),
+                    key: format!("{}/{id}", scope.tenant()),
+                    rule,
+                };
+                tracing::error!(error = %e, "a write that breaks an invariant was refused");
+                e
+            })?;
+        }
+        record.set_version(base + 1);
+        match encode(record) {
+            Ok(value) => {
+                self.write(R::TABLE, key, Some(value));
+                Ok(())
+            }
+            Err(e) => {
+                record.set_version(base);
+                Err(e)
+            }
+        }
     }
 
     /// Deletes a record of the scope's tenant.

@@ -499,7 +499,9 @@ pub struct ExecutionAttempt {
     pub started_at: DateTime<Utc>,
     /// Ended at.
     pub ended_at: Option<DateTime<Utc>>,
-    /// Bumped by every change.
+    /// The number of the stored state this value is (0: not stored yet);
+    /// the store numbers every write and refuses one derived from an older
+    /// state.
     pub version: u64,
 
     /// 1 for the first attempt of its step.
@@ -753,7 +755,7 @@ impl ExecutionAttempt {
             cancellation_observed_at: None,
             started_at: now,
             ended_at: None,
-            version: 1,
+            version: 0,
             number: spec.number,
             adapter: spec.adapter,
             adapter_version: spec.adapter_version,
@@ -782,6 +784,51 @@ impl ExecutionAttempt {
             stale_refusals: Vec::new(),
             resume_refused: None,
         }
+    }
+
+    /// The rules between a stored attempt and any state written over it,
+    /// whoever writes it: an ended attempt never leaves its end and keeps
+    /// its one outcome; the fencing token never goes back; checkpoints and
+    /// call records are never unwritten (their sequences never go back).
+    /// A write that breaks one is refused, so no path can resurrect an
+    /// attempt or replace its outcome, whatever copy it holds.
+    pub fn check_successor(&self, next: &ExecutionAttempt) -> Result<(), String> {
+        if self.state.is_terminal()
+            && (next.state != self.state || next.outcome_hash != self.outcome_hash)
+        {
+            return Err(format!(
+                "attempt {} ended {} with outcome {}; it cannot become {} with outcome {}",
+                self.attempt_id,
+                self.state,
+                self.outcome_hash.as_deref().unwrap_or("(none)"),
+                next.state,
+                next.outcome_hash.as_deref().unwrap_or("(none)")
+            ));
+        }
+        if self.outcome_hash.is_some() && next.outcome_hash != self.outcome_hash {
+            return Err(format!(
+                "attempt {} reported outcome {}; a second outcome is refused",
+                self.attempt_id,
+                self.outcome_hash.as_deref().unwrap_or_default()
+            ));
+        }
+        if next.fencing_token < self.fencing_token {
+            return Err(format!(
+                "the fencing token of attempt {} is {}; it cannot go back to {}",
+                self.attempt_id, self.fencing_token, next.fencing_token
+            ));
+        }
+        if next.usage.checkpoints < self.usage.checkpoints || next.usage.calls < self.usage.calls {
+            return Err(format!(
+                "attempt {} has {} checkpoints and {} call records; a state with {} and {} would unwrite them",
+                self.attempt_id,
+                self.usage.checkpoints,
+                self.usage.calls,
+                next.usage.checkpoints,
+                next.usage.calls
+            ));
+        }
+        Ok(())
     }
 
     fn illegal(&self, command: impl Into<String>) -> IllegalTransition {
@@ -927,7 +974,6 @@ impl ExecutionAttempt {
         }
         self.lease.holder = Some(holder.to_string());
         self.lease.expires_at = Some(now + ttl);
-        self.version += 1;
         Ok(())
     }
 
@@ -938,7 +984,6 @@ impl ExecutionAttempt {
             return false;
         }
         self.capacity_lease_id = Some(lease_id);
-        self.version += 1;
         true
     }
 
@@ -947,7 +992,6 @@ impl ExecutionAttempt {
     pub fn capacity_granted(&mut self, lease_id: Uuid, now: DateTime<Utc>) -> Vec<NewEvent> {
         self.use_capacity_lease(lease_id);
         self.capacity_granted = true;
-        self.version += 1;
         self.set_phase(AttemptPhase::LoadingRelease, now)
     }
 
@@ -1014,7 +1058,6 @@ impl ExecutionAttempt {
                 },
             ),
         );
-        self.version += 1;
         Ok(events)
     }
 
@@ -1137,7 +1180,6 @@ impl ExecutionAttempt {
             side_effect_class: call.side_effect_class,
         });
         self.usage.calls_since_checkpoint += 1;
-        self.version += 1;
         let record = self.call_record(call, sequence, None, now);
         Ok((record, events))
     }
@@ -1147,7 +1189,6 @@ impl ExecutionAttempt {
     /// nothing counted against the limits.
     pub fn refuse_call(&mut self, call: CallStart, reason: &str, now: DateTime<Utc>) -> CallRecord {
         let sequence = self.next_call_sequence();
-        self.version += 1;
         let mut record = self.call_record(call, sequence, Some(reason), now);
         record.pre_checkpoint_id = None;
         record
@@ -1225,7 +1266,6 @@ impl ExecutionAttempt {
         record.receipt_ref = result.receipt_ref;
         record.error = result.error;
         record.ended_at = Some(now);
-        self.version += 1;
         Ok(events)
     }
 
@@ -1268,7 +1308,6 @@ impl ExecutionAttempt {
         checkpoint.hash = checkpoint.compute_hash();
         self.last_checkpoint_id = Some(checkpoint_id);
         self.adapter_state_ref = Some(adapter_state_ref);
-        self.version += 1;
         let mut events = vec![NewEvent::new(
             &self.tenant_id,
             now,
@@ -1295,7 +1334,6 @@ impl ExecutionAttempt {
     pub fn renewal_failed(&mut self, why: String) {
         if !self.state.is_terminal() {
             self.renewal_failure = Some(why);
-            self.version += 1;
         }
     }
 
@@ -1307,7 +1345,6 @@ impl ExecutionAttempt {
             self.pause_reason = None;
             self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
         }
-        self.version += 1;
         Ok(events)
     }
 
@@ -1334,7 +1371,6 @@ impl ExecutionAttempt {
         self.move_to(AttemptState::WaitingForDecision, phase, now, &mut events)?;
         self.pending_decision = Some(decision_id);
         self.usage.decisions += 1;
-        self.version += 1;
         let proposal_hash = proposal.as_ref().map(ProposedCall::hash);
         let request = DecisionRequest {
             decision_id,
@@ -1459,7 +1495,6 @@ impl ExecutionAttempt {
             None => {
                 let phase = self.phase;
                 self.move_to(AttemptState::Running, phase, now, &mut events)?;
-                self.version += 1;
             }
             Some(failure) => {
                 events.extend(self.finish(AttemptState::Failed, Some(failure), None, now)?);
@@ -1491,7 +1526,6 @@ impl ExecutionAttempt {
             },
         );
         self.interrupt = Some(request);
-        self.version += 1;
         vec![event]
     }
 
@@ -1559,7 +1593,6 @@ impl ExecutionAttempt {
             record.error = Some(format!(
                 "in flight when the attempt stopped ({why}); its effect cannot be confirmed: an operator must settle it"
             ));
-            self.version += 1;
             return Ok(true);
         }
         record.status = CallStatus::Abandoned;
@@ -1599,7 +1632,6 @@ impl ExecutionAttempt {
         } else {
             self.expire_lease(now);
         }
-        self.version += 1;
         Ok((true, events))
     }
 
@@ -1607,7 +1639,6 @@ impl ExecutionAttempt {
     pub fn expire_lease(&mut self, now: DateTime<Utc>) {
         if self.lease.holder.is_some() {
             self.lease.expires_at = Some(now);
-            self.version += 1;
         }
     }
 
@@ -1664,7 +1695,6 @@ impl ExecutionAttempt {
         if self.correction_count < self.max_corrections {
             self.correction_count += 1;
             events.extend(self.set_phase(AttemptPhase::Correcting, now));
-            self.version += 1;
             let left = self.max_corrections - self.correction_count;
             return Ok((Verdict::Correct { feedback, left }, events));
         }
@@ -1728,7 +1758,6 @@ impl ExecutionAttempt {
             self.failure.as_ref(),
         );
         self.outcome_hash = Some(hash.clone());
-        self.version += 1;
         events.push(NewEvent::new(
             &self.tenant_id,
             now,

@@ -473,6 +473,7 @@ proptest! {
         let mut reported = 0;
         let mut interrupted_at: Option<DateTime<Utc>> = None;
         for cmd in cmds {
+            let prior = a.clone();
             let before = a.state;
             let open_index = a
                 .open_call
@@ -556,9 +557,54 @@ proptest! {
             prop_assert!(reported <= 1, "two outcomes");
             prop_assert_eq!(reported == 1, a.state.is_terminal());
             check_invariants(&a, &calls);
+            // Every transition's result is a state the store accepts over
+            // the one before.
+            if let Err(rule) = prior.check_successor(&a) {
+                prop_assert!(false, "{rule}");
+            }
             if let Some(at) = interrupted_at {
                 prop_assert!(calls.iter().filter(|c| c.started_at > at).all(|c| c.status == CallStatus::Failed));
             }
         }
     }
+}
+
+#[test]
+fn an_ended_attempt_accepts_no_successor_that_leaves_its_end_or_changes_its_outcome() {
+    let mut a = running();
+    a.report_success("sha256:out".into(), &[], None, "sha256:report".into(), t0())
+        .unwrap();
+    assert_eq!(a.state, AttemptState::Succeeded);
+    // The stale copy a lost update would write: Running, an earlier token.
+    let mut stale = running();
+    stale.attempt_id = a.attempt_id;
+    let rule = a.check_successor(&stale).unwrap_err();
+    assert!(rule.contains("ended Succeeded"), "{rule}");
+    // A second, different outcome.
+    let mut other = a.clone();
+    other.outcome_hash = Some("sha256:other".into());
+    assert!(a.check_successor(&other).is_err());
+    // Recording a stale token on the ended attempt is fine.
+    let mut refused = a.clone();
+    assert!(refused.check_fencing(0, "Heartbeat", t0()).is_err());
+    a.check_successor(&refused).unwrap();
+    // A token never goes back, and checkpoints are never unwritten.
+    let live = running();
+    let mut back = live.clone();
+    back.fencing_token = 0;
+    assert!(
+        live.check_successor(&back)
+            .unwrap_err()
+            .contains("fencing token")
+    );
+    let mut cp = live.clone();
+    cp.checkpoint(
+        Uuid::now_v7(),
+        CheckpointReason::Cadence,
+        "s".into(),
+        None,
+        t0(),
+    )
+    .unwrap();
+    assert!(cp.check_successor(&live).unwrap_err().contains("unwrite"));
 }

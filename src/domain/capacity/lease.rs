@@ -228,6 +228,11 @@ pub struct CapacityLease {
     pub limiting_quota: Option<String>,
     /// Seconds it held capacity (grant to end).
     pub execution_seconds: u64,
+    /// The number of the stored state this value is (0: not stored yet);
+    /// the store numbers every write and refuses one derived from an older
+    /// state.
+    #[serde(default = "crate::domain::stored_before_versions")]
+    pub version: u64,
 }
 
 /// Payload of `capacity.leases.v1.capacity-lease-granted`.
@@ -317,7 +322,20 @@ impl CapacityLease {
             reason: None,
             limiting_quota: None,
             execution_seconds: 0,
+            version: 0,
         }
+    }
+
+    /// The rule between a stored lease and any state written over it: a
+    /// lease that ended (released, expired, denied) stays ended.
+    pub fn check_successor(&self, next: &CapacityLease) -> Result<(), String> {
+        if self.state.is_terminal() && next.state != self.state {
+            return Err(format!(
+                "capacity lease {} ended {:?}; it cannot become {:?}",
+                self.lease_id, self.state, next.state
+            ));
+        }
+        Ok(())
     }
 
     fn illegal(&self, command: &'static str) -> IllegalTransition {

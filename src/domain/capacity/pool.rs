@@ -156,6 +156,11 @@ pub struct WorkerPool {
     pub created_at: DateTime<Utc>,
     /// Last changed.
     pub updated_at: DateTime<Utc>,
+    /// The number of the stored state this value is (0: not stored yet);
+    /// the store numbers every write and refuses one derived from an older
+    /// state.
+    #[serde(default = "crate::domain::stored_before_versions")]
+    pub version: u64,
 }
 
 /// What `SetWorkerPool` carries.
@@ -363,6 +368,7 @@ impl WorkerPool {
                 utilisation: 0.0,
                 created_at: now,
                 updated_at: now,
+                version: 0,
             };
             // On one node provisioning the slots is immediate.
             pool.state = state;

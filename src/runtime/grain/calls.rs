@@ -380,8 +380,9 @@ impl Grain {
         let child_run_id = child_attempt.as_ref().map(|c| c.run_id);
         if let Some(attempt) = child_attempt
             && let Some(runtime) = self.shared.runtime()
+            && let Err(e) = runtime.adopt(&self.scope, attempt.attempt_id)
         {
-            runtime.adopt(attempt);
+            tracing::error!(attempt = %attempt.attempt_id, error = %e, "starting a child run's attempt; the reconciler will retry");
         }
         Ok(Begun {
             outcome: BeginOutcome::Started,

@@ -18,15 +18,16 @@ impl Grain {
         }
         let new_token = resumed.then_some(a.fencing_token + 1);
         a.claim(&holder, new_token, self.lease_ttl(), now)?;
-        let (run_id, token) = (a.run_id, a.fencing_token);
+        let claimed = a.clone();
         self.save(a, Vec::new(), move |tx, s| {
             if resumed {
-                // The step's token moves on with the lease.
-                if let Some(mut run) = tx.get::<crate::domain::run::Run>(s, &run_id.to_string())? {
-                    let i = run.current_step as usize;
-                    run.steps[i].fencing_token = run.steps[i].fencing_token.max(token);
-                    tx.put(s, &run)?;
-                }
+                // The step's token moves on with the lease, strictly.
+                let id = claimed.run_id.to_string();
+                let mut run = tx
+                    .get::<crate::domain::run::Run>(s, &id)?
+                    .ok_or_else(|| DomainError::not_found("run", &id))?;
+                run.lease_again(&claimed)?;
+                tx.save(s, &mut run)?;
             }
             Ok(())
         })

@@ -401,7 +401,7 @@ impl Grain {
         }
         self.publish();
         if let Some(runtime) = self.shared.runtime() {
-            runtime.forget(self.attempt.attempt_id);
+            runtime.forget(self.attempt.attempt_id, &self.me);
         }
         // Messages that raced with the end are answered from the store by
         // their senders (their reply channels close here), except the
@@ -418,18 +418,69 @@ impl Grain {
         }
     }
 
-    async fn init(&mut self) -> Result<(), RuntimeError> {
+    /// Reads the open call and the pending decision the attempt names.
+    fn load_entities(&mut self) -> Result<(), RuntimeError> {
         let id = self.attempt.attempt_id;
-        if let Some(open) = &self.attempt.open_call {
-            let calls: Vec<CallRecord> = self
+        self.open = match &self.attempt.open_call {
+            Some(open) => self
                 .shared
                 .store
-                .list_under(&self.scope, &format!("{id}/"))?;
-            self.open = calls.into_iter().find(|c| c.call_id == open.call_id);
+                .list_under::<CallRecord>(&self.scope, &format!("{id}/"))?
+                .into_iter()
+                .find(|c| c.call_id == open.call_id),
+            None => None,
+        };
+        self.pending = match self.attempt.pending_decision {
+            Some(d) => self.shared.store.get(&self.scope, &decision_key(id, d))?,
+            None => None,
+        };
+        Ok(())
+    }
+
+    /// The grain's copy turned out older than the stored attempt (a write
+    /// of it was refused as stale): someone else wrote the attempt. The
+    /// grain takes the stored state, read through the writer so that no
+    /// queued write is missed, and goes on from there; when that state has
+    /// ended, the grain stops without writing anything.
+    async fn resync(&mut self) {
+        let id = self.attempt.attempt_id;
+        let stored = match self
+            .shared
+            .store
+            .get_latest::<ExecutionAttempt>(&self.scope, &id.to_string())
+            .await
+        {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(attempt = %id, error = %e, "reading the attempt after a stale write");
+                return;
+            }
+        };
+        tracing::warn!(
+            attempt = %id,
+            held = self.attempt.version,
+            stored = stored.version,
+            state = %stored.state,
+            "the attempt's grain held a stale copy; it goes on from the stored state"
+        );
+        let before = self.attempt.state;
+        self.attempt = stored;
+        if before != self.attempt.state {
+            self.gauge(before, -1.0);
+            self.gauge(self.attempt.state, 1.0);
         }
-        if let Some(d) = self.attempt.pending_decision {
-            self.pending = self.shared.store.get(&self.scope, &decision_key(id, d))?;
+        if let Err(e) = self.load_entities() {
+            tracing::error!(attempt = %id, error = %e, "reading the attempt's open call and decision");
         }
+        if self.attempt.state.is_terminal() {
+            self.shared.set_claimable(&self.attempt, false);
+        }
+    }
+
+    async fn init(&mut self) -> Result<(), RuntimeError> {
+        let id = self.attempt.attempt_id;
+        self.load_entities()?;
         match self
             .shared
             .release_info(&self.scope, &self.attempt.release_id)
@@ -453,13 +504,10 @@ impl Grain {
                 return Err(e);
             }
         }
-        // After a restart, an adapter holding the attempt gets a full
-        // lease to come back with its token.
-        if self.attempt.lease.holder.is_some() && self.attempt.adapter == AdapterKind::External {
-            let mut a = self.attempt.clone();
-            a.renew_lease(self.lease_ttl(), self.now());
-            self.save(a, Vec::new(), |_, _| Ok(())).await?;
-        }
+        // An external adapter's lease counts from its last renewal by the
+        // adapter, across restarts: renewing it here would keep an orphaned
+        // attempt alive for ever under a crash loop. A live adapter renews
+        // it with its next heartbeat.
         // A builtin loop that ran in an earlier run of the appliance is
         // gone: a call it had out without an effect is abandoned and the
         // attempt resumes from its last checkpoint; one whose effect cannot
@@ -790,22 +838,34 @@ impl Grain {
     {
         let ended = next.state.is_terminal() && !self.attempt.state.is_terminal();
         let scope = self.scope.clone();
-        let record = next.clone();
+        let mut record = next.clone();
         let now = self.now();
-        let followup = self
+        let written = self
             .shared
             .store
             .transact(move |tx: &mut Tx| {
                 extra(tx, &scope)?;
-                tx.put(&scope, &record)?;
+                tx.save(&scope, &mut record)?;
                 tx.emit_all(events)?;
-                if ended {
-                    Ok::<_, RuntimeError>(crate::runs::record_outcome(tx, &scope, &record, now)?)
+                let followup = if ended {
+                    crate::runs::record_outcome(tx, &scope, &record, now)?
                 } else {
-                    Ok(Followup::default())
-                }
+                    Followup::default()
+                };
+                Ok::<_, RuntimeError>((record.version, followup))
             })
-            .await?;
+            .await;
+        let (version, followup) = match written {
+            Ok(written) => written,
+            Err(e) => {
+                if e.is_stale() {
+                    self.resync().await;
+                }
+                return Err(e);
+            }
+        };
+        let mut next = next;
+        next.version = version;
         let before = self.attempt.state;
         self.attempt = next;
         if before != self.attempt.state {
@@ -830,10 +890,10 @@ impl Grain {
         F: FnOnce(&mut Tx, &TenantScope) -> Result<(), RuntimeError> + Send + 'static,
     {
         let scope = self.scope.clone();
-        let record = next.clone();
+        let mut record = next.clone();
         let durable = self.shared.store.submit(move |tx: &mut Tx| {
             extra(tx, &scope)?;
-            tx.put(&scope, &record)?;
+            tx.save(&scope, &mut record)?;
             tx.emit_all(events)?;
             Ok::<_, RuntimeError>(())
         });
@@ -843,6 +903,11 @@ impl Grain {
                 tracing::error!(attempt = %attempt_id, error = %e, "a queued write of the attempt failed");
             }
         });
+        // The write's place in the order is fixed: the version it will
+        // carry is known. Should it fail, the next write is refused as
+        // stale and the grain reads the attempt again.
+        let mut next = next;
+        next.version += 1;
         let before = self.attempt.state;
         self.attempt = next;
         if before != self.attempt.state {
