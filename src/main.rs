@@ -252,13 +252,15 @@ enum UserCommand {
 #[derive(Subcommand)]
 enum ClientCommand {
     /// Create a credential; its secret is printed once.
+    #[command(after_help = agentbay::domain::access::scope_help())]
     Create {
         #[command(flatten)]
         common: Common,
         /// Tenant the client acts for.
         #[arg(long)]
         tenant: String,
-        /// Scope to grant (repeat for several), e.g. factory.capacity.lease.
+        /// Scope to grant (repeat for several), e.g. factory.capacity.lease;
+        /// every scope is listed below.
         #[arg(long = "scope", required = true, value_name = "SCOPE")]
         scopes: Vec<String>,
         /// What the client is for.

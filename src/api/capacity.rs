@@ -258,9 +258,10 @@ pub async fn set_quota(
         ("state" = Option<String>, Query, description = "Only these states (repeatable): Requested, Granted, Active, Released, Expired, Denied"),
         ("projectId" = Option<String>, Query, description = "Only this project"),
         ("limit" = Option<usize>, Query, description = "At most this many, newest first (default 200, at most 5000)"),
+        ("before" = Option<String>, Query, description = "Only leases older than this lease id: the `nextBefore` of the previous page"),
         ("tenant" = Option<String>, Query, description = "PlatformAdmins: one tenant; all when absent"),
     ),
-    responses((status = 200, description = "Leases, each waiting one with its reason and queue position", body = Object)),
+    responses((status = 200, description = "Leases, each waiting one with its reason and queue position; `nextBefore`, when the page is full, continues the list", body = Object)),
     security(("bearer" = [])))]
 pub async fn list_leases(
     State(state): State<AppState>,
@@ -275,6 +276,7 @@ pub async fn list_leases(
             "state",
             "projectId",
             "limit",
+            "before",
             "tenant",
         ],
     )?;
@@ -298,6 +300,12 @@ pub async fn list_leases(
     if let Some(p) = first(&pairs, "projectId") {
         filter.project_id = Some(ProjectId::parse(p)?);
     }
+    if let Some(b) = first(&pairs, "before") {
+        filter.before = Some(
+            Uuid::parse_str(b)
+                .map_err(|_| ApiError::invalid("before", format!("{b:?} is not a lease id")))?,
+        );
+    }
     let limit = match first(&pairs, "limit") {
         Some(l) => l
             .parse::<usize>()
@@ -317,9 +325,13 @@ pub async fn list_leases(
         .capacity
         .leases(scope.as_ref(), &filter, limit)
         .await?;
-    Ok(Json(
-        json!({ "leases": leases.iter().map(lease_json).collect::<Vec<_>>() }),
-    ))
+    let next_before = (leases.len() == limit)
+        .then(|| leases.last().map(|v| v.lease.lease_id.to_string()))
+        .flatten();
+    Ok(Json(json!({
+        "leases": leases.iter().map(lease_json).collect::<Vec<_>>(),
+        "nextBefore": next_before,
+    })))
 }
 
 /// The caller's waiting requests across pools, with position and reason.

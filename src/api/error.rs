@@ -239,9 +239,56 @@ impl IntoResponse for ApiError {
 }
 
 impl From<ApiError> for ConnectError {
+    /// The same error a REST caller gets as problem+json: the detail as the
+    /// message, the problem's extra members (a denied lease's `leaseId`,
+    /// the `limitingQuota`, a queue `position`, ...) as a
+    /// `google.rpc.ErrorInfo` detail (its `debug` holds them as JSON for
+    /// Connect JSON clients), and a wrong input field as a
+    /// `google.rpc.BadRequest` detail.
     fn from(e: ApiError) -> Self {
+        use crate::proto::google::rpc::{BadRequest, ErrorInfo, bad_request::FieldViolation};
         let e = e.finish();
-        ConnectError::new(e.code.spec().connect, e.0.detail)
+        let spec = e.code.spec();
+        let mut error = ConnectError::new(spec.connect, e.detail.clone());
+        let mut facts = e.extensions.clone();
+        if let Some(field) = &e.field {
+            facts.insert("field".into(), Value::String(field.clone()));
+        }
+        if !facts.is_empty() {
+            let info = ErrorInfo {
+                reason: spec.slug.replace('-', "_").to_uppercase(),
+                domain: "agentbay".into(),
+                metadata: facts
+                    .iter()
+                    .map(|(k, v)| {
+                        let text = match v {
+                            Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        };
+                        (k.clone(), text)
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            let mut detail = connectrpc::ErrorDetail::from_message("google.rpc.ErrorInfo", &info);
+            detail.debug = Some(Value::Object(facts));
+            error = error.with_detail(detail);
+        }
+        if let Some(field) = &e.field {
+            let bad = BadRequest {
+                field_violations: vec![FieldViolation {
+                    field: field.clone(),
+                    description: e.detail.clone(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            error = error.with_detail(connectrpc::ErrorDetail::from_message(
+                "google.rpc.BadRequest",
+                &bad,
+            ));
+        }
+        error
     }
 }
 
@@ -355,6 +402,39 @@ mod tests {
         let connect: ConnectError = ApiError::from(FieldError::new("scopes", "unknown")).into();
         assert_eq!(connect.code, connectrpc::ErrorCode::InvalidArgument);
         assert!(connect.message.as_deref().unwrap_or("").contains("scopes"));
+    }
+
+    #[test]
+    fn problem_members_travel_as_error_details() {
+        use buffa::Message as _;
+        let e = ApiError::new(ErrorCode::ResourceExhausted, "quota concurrentSandboxes")
+            .with("leaseId", "0190")
+            .with("limitingQuota", "concurrentSandboxes")
+            .with("position", 3);
+        let connect: ConnectError = e.into();
+        let detail = connect
+            .details
+            .iter()
+            .find(|d| d.type_url == "google.rpc.ErrorInfo")
+            .expect("an ErrorInfo detail");
+        assert_eq!(detail.debug.as_ref().unwrap()["leaseId"], "0190");
+        assert_eq!(detail.debug.as_ref().unwrap()["position"], 3);
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD_NO_PAD
+            .decode(detail.value.as_deref().unwrap())
+            .unwrap();
+        let info = crate::proto::google::rpc::ErrorInfo::decode_from_slice(&bytes).unwrap();
+        assert_eq!(info.reason, "RESOURCE_EXHAUSTED");
+        assert_eq!(info.domain, "agentbay");
+        assert_eq!(info.metadata["limitingQuota"], "concurrentSandboxes");
+        assert_eq!(info.metadata["position"], "3");
+        let field: ConnectError = ApiError::invalid("cpu", "must be above 0").into();
+        assert!(
+            field
+                .details
+                .iter()
+                .any(|d| d.type_url == "google.rpc.BadRequest")
+        );
     }
 
     #[test]

@@ -7,6 +7,12 @@
 //! topics starting with one of the given prefixes. A caller sees its own
 //! tenant's events; a PlatformAdmin sees every tenant's, or one with
 //! `?tenant=`. The same stream backs the `Admin/WatchEvents` RPC.
+//!
+//! To know when it has caught up, a reader asks for the head: the sequence
+//! of the last durable event (`GET /events/head`, also sent as the
+//! `Agentbay-Events-Head` header of every stream), and reads with
+//! `?until=<head>`: the stream then ends once it has delivered every event
+//! the reader may see up to that sequence.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -40,6 +46,9 @@ pub struct EventsQuery {
     pub topic: Vec<String>,
     /// PlatformAdmins only: one tenant's events.
     pub tenant: Option<String>,
+    /// End the stream once every event up to this sequence (at most the
+    /// head) is delivered, instead of following live events.
+    pub until: Option<u64>,
 }
 
 impl EventsQuery {
@@ -65,10 +74,18 @@ impl EventsQuery {
                 }
                 "topic" => query.topic.push(value),
                 "tenant" => query.tenant = Some(value),
+                "until" => {
+                    query.until = Some(value.parse().map_err(|_| {
+                        ApiError::invalid(
+                            "until",
+                            format!("{value:?} is not an event sequence number"),
+                        )
+                    })?)
+                }
                 other => {
                     return Err(ApiError::invalid(
                         other,
-                        "is not a parameter of /events (after, topic, tenant)",
+                        "is not a parameter of /events (after, topic, tenant, until)",
                     ));
                 }
             }
@@ -95,12 +112,27 @@ pub fn filter_for(
     Ok(EventFilter { tenant, topics })
 }
 
+/// Checks an `until` sequence: it may not lie beyond the head, whose
+/// events are all durable and readable.
+pub fn check_until(store: &Store, field: &str, until: Option<u64>) -> Result<(), ApiError> {
+    let head = store.events_head();
+    match until {
+        Some(u) if u > head => Err(ApiError::invalid(
+            field,
+            format!("{u} is beyond the last event, {head}; read the head first (GET /events/head)"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Events after `after` that pass `filter`, then live ones, until the client
-/// goes away or the appliance shuts down.
+/// goes away or the appliance shuts down; with `until` (checked by
+/// [`check_until`]), only those up to that sequence, then the stream ends.
 pub fn event_stream(
     store: Store,
     filter: EventFilter,
     after: u64,
+    until: Option<u64>,
     mut shutdown: watch::Receiver<bool>,
 ) -> impl Stream<Item = Arc<StoredEvent>> + Send + 'static {
     let (tx, rx) = mpsc::channel::<Arc<StoredEvent>>(256);
@@ -110,8 +142,11 @@ pub fn event_stream(
         let mut live = store.subscribe();
         let mut last = after;
         loop {
-            // Catch up from the store.
+            // Catch up from the store, up to the head: an event stored but
+            // not yet durable could still be lost (and its number given to
+            // another); it arrives live once it is durable.
             loop {
+                let head = store.events_head();
                 let batch = match store.events_after(&filter, last, 500) {
                     Ok(b) => b,
                     Err(e) => {
@@ -119,8 +154,15 @@ pub fn event_stream(
                         return;
                     }
                 };
-                let done = batch.len() < 500;
+                let mut done = batch.len() < 500;
                 for event in batch {
+                    if until.is_some_and(|u| event.sequence > u) {
+                        return;
+                    }
+                    if event.sequence > head {
+                        done = true;
+                        break;
+                    }
                     last = event.sequence;
                     if tx.send(event).await.is_err() {
                         return;
@@ -129,6 +171,11 @@ pub fn event_stream(
                 if done {
                     break;
                 }
+            }
+            // Every event up to `until` was durable, so stored, when the
+            // stream began: the backlog held all of them.
+            if until.is_some() {
+                return;
             }
             // Then follow live events until this reader falls behind.
             loop {
@@ -157,6 +204,29 @@ pub fn event_stream(
     ReceiverStream::new(rx)
 }
 
+/// The sequence of the last durable event: read up to it to catch up.
+#[utoipa::path(
+    get,
+    path = "/events/head",
+    tag = "events",
+    responses(
+        (status = 200, description = "`{\"sequence\": N}`: the last durable event's sequence (0: none yet)", body = Object),
+        (status = 401, description = "No valid token", content_type = "application/problem+json"),
+        (status = 403, description = "Missing agentbay.events.read", content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn head(
+    State(state): State<AppState>,
+    _auth: Authorized<need::EventsRead>,
+) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({ "sequence": state.store.events_head() }))
+}
+
+/// The header that tells a stream's reader where the head was when it
+/// opened.
+pub const HEAD_HEADER: &str = "agentbay-events-head";
+
 /// Streams events as server-sent events.
 #[utoipa::path(
     get,
@@ -164,7 +234,7 @@ pub fn event_stream(
     tag = "events",
     params(EventsQuery, ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this sequence")),
     responses(
-        (status = 200, description = "text/event-stream of outbox events", content_type = "text/event-stream"),
+        (status = 200, description = "text/event-stream of outbox events; header Agentbay-Events-Head: the last durable event's sequence when it opened", content_type = "text/event-stream"),
         (status = 401, description = "No valid token", content_type = "application/problem+json"),
         (status = 403, description = "Missing agentbay.events.read, or another tenant", content_type = "application/problem+json"),
     ),
@@ -175,7 +245,13 @@ pub async fn sse(
     auth: Authorized<need::EventsRead>,
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+) -> Result<
+    (
+        [(&'static str, String); 1],
+        Sse<impl Stream<Item = Result<Event, Infallible>>>,
+    ),
+    ApiError,
+> {
     let query = EventsQuery::parse(raw.as_deref())?;
     let filter = filter_for(&auth.principal, query.tenant.as_deref(), query.topic)?;
     let last_event_id = headers
@@ -191,12 +267,23 @@ pub async fn sse(
         })
         .transpose()?;
     let after = last_event_id.or(query.after).unwrap_or(0);
-    let stream = event_stream(state.store.clone(), filter, after, state.shutdown.clone());
+    check_until(&state.store, "until", query.until)?;
+    let head = state.store.events_head();
+    let stream = event_stream(
+        state.store.clone(),
+        filter,
+        after,
+        query.until,
+        state.shutdown.clone(),
+    );
     let events = futures::StreamExt::map(stream, |event| {
         Ok(Event::default()
             .id(event.sequence.to_string())
             .event(event.topic.clone())
             .data(serde_json::to_string(&*event).expect("events serialise")))
     });
-    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    Ok((
+        [(HEAD_HEADER, head.to_string())],
+        Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))),
+    ))
 }

@@ -45,6 +45,7 @@ pub fn router(state: AppState) -> Router {
     let api = Router::new()
         .route("/oauth/token", post(oauth::token))
         .route("/events", get(events::sse))
+        .route("/events/head", get(events::head))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))

@@ -20,7 +20,7 @@ use super::{capacity, events, health, oauth, releases, runtime, tenants};
         license(name = "Apache-2.0")
     ),
     paths(
-        oauth::token, events::sse, health::healthz, health::readyz, health::metrics,
+        oauth::token, events::sse, events::head, health::healthz, health::readyz, health::metrics,
         capacity::list_pools, capacity::set_pool, capacity::pool_queue, capacity::get_quotas, capacity::set_quota,
         capacity::list_leases, capacity::get_lease, capacity::my_queue, capacity::accounting,
         tenants::list, tenants::get, tenants::put, tenants::put_project,

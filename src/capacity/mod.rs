@@ -118,6 +118,9 @@ pub struct LeaseFilter {
     pub states: Vec<LeaseState>,
     /// Only this project.
     pub project_id: Option<ProjectId>,
+    /// Only leases older than this one (the paging cursor: the last lease
+    /// of the previous page).
+    pub before: Option<Uuid>,
 }
 
 impl LeaseFilter {
@@ -1120,12 +1123,18 @@ impl Capacity {
             let filter = filter_owned;
             match scope_owned {
                 // UUIDv7 ids: the tenant's keys run oldest to newest.
-                Some(s) => store.newest::<CapacityLease, LeaseKeys>(&s, limit, |l| {
-                    filter.admits(&l.holder_id, &l.pool_id, l.state, &l.project_id)
-                }),
+                Some(s) => {
+                    let before = filter.before.map(|id| id.to_string());
+                    store.newest::<CapacityLease, LeaseKeys>(&s, before.as_deref(), limit, |l| {
+                        filter.admits(&l.holder_id, &l.pool_id, l.state, &l.project_id)
+                    })
+                }
                 None => {
                     let mut all = store.scan_all::<CapacityLease>(&PlatformScope::internal())?;
-                    all.retain(|l| filter.admits(&l.holder_id, &l.pool_id, l.state, &l.project_id));
+                    all.retain(|l| {
+                        filter.before.is_none_or(|b| l.lease_id < b)
+                            && filter.admits(&l.holder_id, &l.pool_id, l.state, &l.project_id)
+                    });
                     all.sort_by_key(|l| std::cmp::Reverse(l.lease_id));
                     all.truncate(limit);
                     Ok(all)

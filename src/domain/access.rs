@@ -14,11 +14,11 @@ use serde::{Deserialize, Serialize};
 use super::error::FieldError;
 
 macro_rules! scopes {
-    ($($(#[$doc:meta])* $variant:ident = $text:literal),* $(,)?) => {
+    ($(#[doc = $doc:literal] $variant:ident = $text:literal),* $(,)?) => {
         /// One permission an access token can carry.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         pub enum Scope {
-            $($(#[$doc])* #[serde(rename = $text)] $variant,)*
+            $(#[doc = $doc] #[serde(rename = $text)] $variant,)*
         }
 
         impl Scope {
@@ -31,8 +31,30 @@ macro_rules! scopes {
                     $(Scope::$variant => $text,)*
                 }
             }
+
+            /// What the scope allows, in one line.
+            pub fn summary(self) -> &'static str {
+                match self {
+                    $(Scope::$variant => $doc.trim_ascii(),)*
+                }
+            }
         }
     };
+}
+
+/// Every scope with what it allows, and what makes a credential a
+/// PlatformAdmin: for help texts.
+pub fn scope_help() -> String {
+    let mut text = String::from("Scopes:\n");
+    for scope in Scope::ALL {
+        text.push_str(&format!("  {:<24} {}\n", scope.as_str(), scope.summary()));
+    }
+    text.push_str(&format!(
+        "\nA client of tenant {} holding {} acts as PlatformAdmin: it crosses tenants, manages\npools, tenants and editions. Only the platform tenant's clients can hold it.",
+        crate::domain::TenantId::platform(),
+        Scope::Platform.as_str()
+    ));
+    text
 }
 
 scopes! {

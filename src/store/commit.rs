@@ -76,6 +76,8 @@ pub struct CommitStats {
 
 struct Shared {
     healthy: AtomicBool,
+    /// Sequence of the last durable event (0: none yet).
+    head: AtomicU64,
     last_error: Mutex<Option<String>>,
     commits: AtomicU64,
     groups: AtomicU64,
@@ -118,6 +120,7 @@ impl Committer {
             .map_err(StoreError::io(format!("opening {}", data_file.display())))?;
         let shared = Arc::new(Shared {
             healthy: AtomicBool::new(true),
+            head: AtomicU64::new(next_seq.saturating_sub(1)),
             last_error: Mutex::new(None),
             commits: AtomicU64::new(0),
             groups: AtomicU64::new(0),
@@ -217,6 +220,11 @@ impl Committer {
         } else {
             Err(self.shared.failure().to_string())
         }
+    }
+
+    /// Sequence of the last durable event.
+    pub(super) fn head(&self) -> u64 {
+        self.shared.head.load(Ordering::Acquire)
     }
 
     pub(super) fn stats(&self) -> CommitStats {
@@ -416,6 +424,9 @@ fn flusher_loop(
             // Subscribers hear of a durable event before its writer's call
             // returns, so whoever saw the write can find the event.
             if failure.is_none() {
+                if let Some(last) = group_events.last() {
+                    shared.head.fetch_max(last.sequence, Ordering::AcqRel);
+                }
                 for event in group_events {
                     // No subscriber is not an error.
                     let _ = events.send(event);

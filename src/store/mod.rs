@@ -622,13 +622,14 @@ impl Store {
             .collect()
     }
 
-    /// Up to `limit` records of the scope's tenant, last key first (newest
-    /// first for UUIDv7 ids), that `keep` admits. `keep` sees the projection
-    /// `P`, so records it refuses are never decoded whole, and the scan
-    /// stops at the `limit`-th match.
+    /// Up to `limit` records of the scope's tenant with ids before `before`
+    /// (all when `None`), last key first (newest first for UUIDv7 ids), that
+    /// `keep` admits. `keep` sees the projection `P`, so records it refuses
+    /// are never decoded whole, and the scan stops at the `limit`-th match.
     pub fn newest<R, P>(
         &self,
         scope: &TenantScope,
+        before: Option<&str>,
         limit: usize,
         mut keep: impl FnMut(&P) -> bool,
     ) -> Result<Vec<R>, StoreError>
@@ -636,12 +637,17 @@ impl Store {
         R: Record + Serialize,
         P: DeserializeOwned,
     {
+        let start = tenant_prefix(scope.tenant());
+        let end = match before {
+            Some(id) => record_key(scope.tenant(), id),
+            None => {
+                let mut end = start.clone();
+                *end.last_mut().expect("prefix ends with '/'") += 1;
+                end
+            }
+        };
         let mut out = Vec::new();
-        for item in self
-            .tree(R::TABLE)
-            .scan_prefix(tenant_prefix(scope.tenant()))
-            .rev()
-        {
+        for item in self.tree(R::TABLE).range(start..end).rev() {
             if out.len() >= limit {
                 break;
             }
@@ -746,6 +752,14 @@ impl Store {
         })
         .await?;
         Ok(count)
+    }
+
+    /// The sequence of the last durable event (0 when there is none): a
+    /// reader that has seen every event it may see up to here has caught
+    /// up. Events become visible to [`Store::events_after`] no later than
+    /// they count here.
+    pub fn events_head(&self) -> u64 {
+        self.inner.committer.head()
     }
 
     /// Live events as they become durable.

@@ -412,10 +412,16 @@ async fn projections_read_some_fields_and_newest_stops_at_the_limit() {
     assert_eq!(texts[10].text, "even");
 
     let newest: Vec<Note> = store
-        .newest::<Note, Text>(&scope, 3, |t| t.text == "even")
+        .newest::<Note, Text>(&scope, None, 3, |t| t.text == "even")
         .unwrap();
     let ids: Vec<&str> = newest.iter().map(|n| n.id.as_str()).collect();
     assert_eq!(ids, ["n10", "n08", "n06"]);
+    // The next page starts before the last id of this one.
+    let next: Vec<Note> = store
+        .newest::<Note, Text>(&scope, Some("n06"), 3, |t| t.text == "even")
+        .unwrap();
+    let ids: Vec<&str> = next.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(ids, ["n04", "n02", "n00"]);
 }
 
 #[tokio::test]

@@ -211,6 +211,22 @@ async fn every_denial_names_its_limit_in_the_error_the_event_and_the_lease_list(
     assert_eq!(denied["leases"][0]["state"], "Denied");
     assert_eq!(denied["leases"][0]["reason"], message);
     assert_eq!(denied["leases"][0]["limitingQuota"], "concurrentRuns");
+    // The Connect error carries the same facts as the problem document, as
+    // a google.rpc.ErrorInfo detail.
+    let err = a
+        .capacity(&token)
+        .acquire_lease(acquire("web", "r4", 0.5, 1.0))
+        .await
+        .expect_err("a denial");
+    let info = err
+        .details
+        .iter()
+        .find(|d| d.type_url == "google.rpc.ErrorInfo")
+        .unwrap_or_else(|| panic!("an ErrorInfo detail: {err:?}"));
+    let facts = info.debug.as_ref().expect("the facts as JSON");
+    assert_eq!(facts["limitingQuota"], "concurrentRuns");
+    let r4 = a.get(&token, "/factory/capacity/leases?holderId=r4").await;
+    assert_eq!(facts["leaseId"], r4["leases"][0]["leaseId"]);
 
     // memoryGbPerAttempt of the tenant: never fits, denied even when waiting.
     let (s, _) = a
@@ -1002,4 +1018,53 @@ async fn a_large_request_is_passed_over_a_bounded_number_of_times() {
     ] {
         assert!(metrics.contains(name), "{name} missing from /metrics");
     }
+}
+
+#[tokio::test]
+async fn the_lease_list_pages_with_a_cursor_past_its_limit() {
+    let a = Appliance::start_manual_clock();
+    let acme = a.tenant("acme", "team", &[], &["web"]).await;
+    let token = a.token(&acme).await;
+    let mut made = BTreeSet::new();
+    for i in 0..7 {
+        let l = lease(&a, &token, acquire("web", &format!("h{i}"), 0.1, 0.1)).await;
+        made.insert(l.lease_id.clone());
+    }
+    let mut seen = Vec::new();
+    let mut path = "/factory/capacity/leases?limit=3".to_string();
+    loop {
+        let page = a.get(&token, &path).await;
+        let leases = page["leases"].as_array().unwrap();
+        assert!(leases.len() <= 3);
+        seen.extend(
+            leases
+                .iter()
+                .map(|l| l["leaseId"].as_str().unwrap().to_string()),
+        );
+        match page["nextBefore"].as_str() {
+            Some(cursor) => {
+                assert_eq!(leases.len(), 3, "a cursor only after a full page");
+                path = format!("/factory/capacity/leases?limit=3&before={cursor}");
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 7, "every lease once: {seen:?}");
+    assert!(
+        seen.windows(2).all(|w| w[0] > w[1]),
+        "newest first: {seen:?}"
+    );
+    assert_eq!(seen.iter().cloned().collect::<BTreeSet<_>>(), made);
+    let bad = a
+        .http()
+        .get(format!(
+            "{}/factory/capacity/leases?before=yesterday",
+            a.url
+        ))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let (status, problem) = crate::common::problem(bad).await;
+    assert_eq!((status, problem["field"].as_str()), (400, Some("before")));
 }

@@ -31,6 +31,17 @@ fn every_command_has_help() {
     }
     let out = run(agentbay().arg("version"));
     assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+    // Creating a credential says which scopes exist and which one makes a
+    // platform client a PlatformAdmin.
+    let out = run(agentbay().args(["client", "create", "--help"]));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for scope in agentbay::domain::access::Scope::ALL {
+        assert!(help.contains(scope.as_str()), "{scope} missing: {help}");
+    }
+    assert!(
+        help.contains("tenant platform holding agentbay.platform acts as PlatformAdmin"),
+        "{help}"
+    );
 }
 
 fn create_json(data_dir: &std::path::Path, tenant: &str, scope: &str) -> (Credential, String) {

@@ -135,3 +135,72 @@ async fn events_resume_after_the_last_id_and_filter_by_topic_and_tenant() {
         .unwrap();
     assert_eq!(bad.status(), 400);
 }
+
+#[tokio::test]
+async fn a_reader_catches_up_to_the_head_and_its_stream_ends_there() {
+    use agentbay::proto::agentbay::admin::v1 as pb;
+    let a = Appliance::start();
+    for tenant in ["acme", "globex", "acme"] {
+        a.create_client(tenant, &["factory.runs.read"]).await;
+    }
+    let admin = a.admin_token().await;
+    let head = a.get(&admin, "/events/head").await["sequence"]
+        .as_u64()
+        .unwrap();
+    assert!(head >= 3, "{head}");
+    // The stream up to the head ends by itself, having delivered every
+    // event up to it and none after.
+    let response = a
+        .http()
+        .get(format!("{}/events?until={head}", a.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["agentbay-events-head"], head.to_string());
+    let body = tokio::time::timeout(Duration::from_secs(10), response.text())
+        .await
+        .expect("the stream ends at the head")
+        .unwrap();
+    let ids: Vec<u64> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_eq!(ids, (1..=head).collect::<Vec<_>>());
+    // Past the head is refused, naming the field.
+    let beyond = a
+        .http()
+        .get(format!("{}/events?until={}", a.url, head + 1000))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    let (status, problem) = crate::common::problem(beyond).await;
+    assert_eq!((status, problem["field"].as_str()), (400, Some("until")));
+    // The same over RPC: the head, then a stream that ends there.
+    let rpc = a.rpc_json(&admin);
+    let rpc_head = rpc
+        .get_events_head(pb::GetEventsHeadRequest::default())
+        .await
+        .unwrap()
+        .into_owned()
+        .sequence;
+    assert!(rpc_head >= head);
+    let mut stream = rpc
+        .watch_events(pb::WatchEventsRequest {
+            until_sequence: rpc_head,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut last = 0;
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("the stream ends at the head")
+        .unwrap()
+    {
+        last = event.to_owned_message().sequence;
+    }
+    assert_eq!(last, rpc_head);
+}

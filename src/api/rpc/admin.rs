@@ -11,7 +11,7 @@ use tokio::io::AsyncReadExt;
 
 use super::principal;
 use crate::api::error::{ApiError, ErrorCode, rpc};
-use crate::api::events::{event_stream, filter_for};
+use crate::api::events::{check_until, event_stream, filter_for};
 use crate::app::AppState;
 use crate::auth::{clients, users};
 use crate::domain::access::parse_scopes;
@@ -330,6 +330,17 @@ impl pb::Admin for AdminService {
         ))
     }
 
+    async fn get_events_head(
+        &self,
+        _ctx: RequestContext,
+        _request: ServiceRequest<'_, pb::GetEventsHeadRequest>,
+    ) -> ServiceResult<pb::GetEventsHeadResponse> {
+        Ok(Response::new(pb::GetEventsHeadResponse {
+            sequence: self.state.store.events_head(),
+            ..Default::default()
+        }))
+    }
+
     async fn watch_events(
         &self,
         ctx: RequestContext,
@@ -338,10 +349,13 @@ impl pb::Admin for AdminService {
         let caller = principal(&ctx)?;
         let topics: Vec<String> = request.topics.iter().map(|t| t.to_string()).collect();
         let filter = filter_for(&caller, None, topics).map_err(rpc)?;
+        let until = (request.until_sequence > 0).then_some(request.until_sequence);
+        check_until(&self.state.store, "untilSequence", until).map_err(rpc)?;
         let stream = event_stream(
             self.state.store.clone(),
             filter,
             request.after_sequence,
+            until,
             self.state.shutdown.clone(),
         )
         .map(|event| {

@@ -58,6 +58,10 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
             "agentbay.admin.v1.Admin/WatchEvents",
             Needs(Scope::EventsRead),
         ),
+        (
+            "agentbay.admin.v1.Admin/GetEventsHead",
+            Needs(Scope::EventsRead),
+        ),
         ("agentbay.admin.v1.Admin/PutTenant", Needs(Scope::Platform)),
         (
             "agentbay.admin.v1.Admin/ListTenants",
