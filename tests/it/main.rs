@@ -10,6 +10,7 @@ mod backup;
 mod builtin;
 mod capacity;
 mod cli;
+mod consistency;
 mod console;
 mod durability;
 mod events;

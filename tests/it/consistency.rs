@@ -1,0 +1,907 @@
+//! Exactly one outcome under concurrency, checked from the outside.
+//!
+//! External adapters, lease clients and a submitter drive the real
+//! appliance over HTTPS with short attempt leases and fast reconciliation,
+//! the way a busy site does: adapters claim, start, checkpoint, call tools,
+//! report outcomes (valid, failed, invalid then valid, repeated), and now
+//! and then walk away mid-attempt so that others resume it or the
+//! reconciler settles it. Every acknowledged reply is journaled. Then the
+//! appliance's state is read back and compared with the journal:
+//!
+//! - every acknowledged checkpoint is still there;
+//! - every acknowledged outcome is the attempt's stored state and hash;
+//! - no attempt has two `attempt-outcome-reported` events, and every
+//!   acknowledged outcome has its one event;
+//! - fencing tokens only increase (per attempt across resumes, per step
+//!   across attempts);
+//! - no step has an attempt after one that Succeeded, nor two Succeeded;
+//! - every acknowledged lease release is stored as released, and every
+//!   pool's counters equal the sums over its leases.
+//!
+//! CI runs a short load; `CONSISTENCY_LOAD_SECONDS=300` runs a long one.
+//! The second test kills the appliance with SIGKILL in the middle of the
+//! load and restarts it on the same data directory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use agentbay::control::{Transport, pinned_transport};
+use agentbay::proto::agentbay::adapter::v1 as ad;
+use agentbay::proto::agentbay::capacity::v1 as cap;
+use agentbay::proto::agentbay::runs::v1 as rn;
+use connectrpc::ErrorCode;
+use connectrpc::client::ClientConfig;
+use parking_lot::{Mutex, RwLock};
+use serde_json::{Value, json};
+
+use crate::common::{Appliance, Credential};
+use crate::releases::{demo_key, pack, upload, variant};
+
+const RELEASE: &str = "triage-load-1.0.0";
+const ADAPTERS: usize = 8;
+const LEASE_CLIENTS: usize = 6;
+const LIVE_RUNS: usize = 10;
+
+/// The appliance's settings under test: leases short enough that lapses,
+/// resumes and reconciliation happen every few seconds.
+const ENV: &[(&str, &str)] = &[
+    ("AGENTBAY_RUNTIME__ATTEMPT_LEASE_SECONDS", "3"),
+    ("AGENTBAY_RUNTIME__HEARTBEAT_SECONDS", "1"),
+    ("AGENTBAY_RUNTIME__RECONCILE_INTERVAL_SECONDS", "1"),
+    ("AGENTBAY_RUNTIME__INTERRUPT_GRACE_SECONDS", "2"),
+    ("AGENTBAY_CAPACITY__LEASE_TTL_SECONDS", "5"),
+    ("AGENTBAY_CAPACITY__EXPIRE_INTERVAL_SECONDS", "1"),
+];
+
+fn load_seconds() -> u64 {
+    std::env::var("CONSISTENCY_LOAD_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30)
+}
+
+/// A small deterministic generator per client: runs differ, reruns repeat
+/// the same plans.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// 0..100.
+    fn pct(&mut self) -> u64 {
+        self.next() % 100
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Where the appliance answers now: it moves when it restarts.
+struct Endpoint {
+    url: String,
+    fingerprint: String,
+    generation: u64,
+}
+
+/// What every client shares.
+struct Ctx {
+    endpoint: RwLock<Endpoint>,
+    token: RwLock<String>,
+    credential: Credential,
+    journal: Mutex<Journal>,
+    stop: AtomicBool,
+    acknowledged: AtomicU64,
+}
+
+/// Clients for the current endpoint, rebuilt when it moves.
+struct Clients {
+    generation: u64,
+    adapter: ad::AdapterClient<Transport>,
+    runs: rn::RunsClient<Transport>,
+    capacity: cap::CapacityClient<Transport>,
+}
+
+impl Ctx {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn ack(&self) {
+        self.acknowledged.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn clients(&self) -> Clients {
+        let e = self.endpoint.read();
+        let config = ClientConfig::new(e.url.parse().unwrap())
+            .with_codec_format(connectrpc::CodecFormat::Json)
+            .with_default_header("authorization", format!("Bearer {}", self.token.read()));
+        Clients {
+            generation: e.generation,
+            adapter: ad::AdapterClient::new(pinned_transport(&e.fingerprint), config.clone()),
+            runs: rn::RunsClient::new(pinned_transport(&e.fingerprint), config.clone()),
+            capacity: cap::CapacityClient::new(pinned_transport(&e.fingerprint), config),
+        }
+    }
+
+    /// The clients to use now: the same ones while the endpoint stays.
+    fn refresh(&self, clients: &mut Clients) {
+        if clients.generation != self.endpoint.read().generation {
+            *clients = self.clients();
+        }
+    }
+
+    /// After a failed call: while the appliance restarts, wait a little.
+    async fn after_error(&self, e: &connectrpc::ConnectError) {
+        if matches!(e.code, ErrorCode::Unavailable | ErrorCode::Unknown) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// One acknowledged claim of an attempt.
+#[derive(Clone, Debug)]
+struct Claim {
+    attempt: String,
+    token: u64,
+    at: Instant,
+}
+
+/// One acknowledged outcome report that ended an attempt.
+#[derive(Clone, Debug)]
+struct Ended {
+    attempt: String,
+    state: String,
+    hash: String,
+}
+
+/// Every acknowledged reply that later state must honour.
+#[derive(Default)]
+struct Journal {
+    runs: BTreeSet<String>,
+    claims: Vec<Claim>,
+    /// (attempt, checkpoint sequence).
+    checkpoints: BTreeSet<(String, u32)>,
+    outcomes: Vec<Ended>,
+    repeats: usize,
+    leases_granted: BTreeSet<String>,
+    leases_released: BTreeSet<String>,
+    findings: Vec<String>,
+}
+
+impl Journal {
+    fn finding(&mut self, what: String) {
+        eprintln!("FINDING: {what}");
+        self.findings.push(what);
+    }
+}
+
+fn good_output(rng: &mut Rng) -> Value {
+    let severity = ["low", "medium", "high"][rng.below(3) as usize];
+    json!({"severity": severity, "summary": format!("ticket {}", rng.below(1000)), "paged": false})
+}
+
+/// An adapter: claims attempts of the agent and drives each as far as its
+/// plan says, until the load stops.
+async fn adapter(ctx: Arc<Ctx>, n: usize) {
+    let mut rng = Rng::new(1000 + n as u64);
+    let mut clients = ctx.clients();
+    let mut session = 0;
+    while !ctx.stopped() {
+        ctx.refresh(&mut clients);
+        session += 1;
+        let claimed = clients
+            .adapter
+            .claim_attempt(ad::ClaimAttemptRequest {
+                agent_id: "triage".into(),
+                session: format!("adapter-{n}-{session}"),
+                wait_seconds: 1,
+                ..Default::default()
+            })
+            .await;
+        let ticket = match claimed {
+            Ok(r) => match r.into_owned().attempt.into_option() {
+                Some(t) => t,
+                None => continue,
+            },
+            Err(e) => {
+                ctx.after_error(&e).await;
+                continue;
+            }
+        };
+        ctx.ack();
+        ctx.journal.lock().claims.push(Claim {
+            attempt: ticket.attempt_id.clone(),
+            token: ticket.fencing_token,
+            at: Instant::now(),
+        });
+        if let Err(e) = drive(&ctx, &clients.adapter, &ticket, &mut rng).await {
+            ctx.after_error(&e).await;
+        }
+    }
+}
+
+/// One adapter's hold on one attempt. Returns early (walking away from
+/// the attempt) at the points its plan picks, and at the first error.
+async fn drive(
+    ctx: &Ctx,
+    client: &ad::AdapterClient<Transport>,
+    t: &ad::AttemptTicket,
+    rng: &mut Rng,
+) -> Result<(), connectrpc::ConnectError> {
+    let (id, token) = (t.attempt_id.clone(), t.fencing_token);
+    client
+        .start_attempt(ad::StartAttemptRequest {
+            attempt_id: id.clone(),
+            fencing_token: token,
+            adapter_version: t.adapter_version.clone(),
+            checkpoint_format: t.checkpoint_format,
+            ..Default::default()
+        })
+        .await?;
+    ctx.ack();
+    if rng.pct() < 5 {
+        return Ok(()); // walks away before doing anything
+    }
+    let checkpoint = |step: u64| {
+        let id = id.clone();
+        async move {
+            let cp = client
+                .checkpoint(ad::CheckpointRequest {
+                    attempt_id: id.clone(),
+                    fencing_token: token,
+                    state_json: json!({"step": step}).to_string(),
+                    ..Default::default()
+                })
+                .await?
+                .into_owned();
+            ctx.ack();
+            ctx.journal.lock().checkpoints.insert((id, cp.sequence));
+            Ok::<_, connectrpc::ConnectError>(())
+        }
+    };
+    for step in 0..=rng.below(3) {
+        checkpoint(step).await?;
+    }
+    if rng.pct() < 30 {
+        client
+            .heartbeat(ad::HeartbeatRequest {
+                attempt_id: id.clone(),
+                fencing_token: token,
+                ..Default::default()
+            })
+            .await?;
+        ctx.ack();
+    }
+    let write = rng.pct() < 50;
+    let begun = client
+        .begin_call(ad::BeginCallRequest {
+            attempt_id: id.clone(),
+            fencing_token: token,
+            kind: "tool".into(),
+            target: if write {
+                "update-ticket"
+            } else {
+                "lookup-ticket"
+            }
+            .into(),
+            request_json: json!({"customer": "acme"}).to_string(),
+            state_json: json!({"calling": write}).to_string(),
+            ..Default::default()
+        })
+        .await?
+        .into_owned();
+    ctx.ack();
+    if rng.pct() < 4 {
+        return Ok(()); // walks away with the call out
+    }
+    tokio::time::sleep(Duration::from_millis(rng.below(150))).await;
+    if begun.outcome == ad::BeginOutcome::STARTED {
+        let done = client
+            .complete_call(ad::CompleteCallRequest {
+                attempt_id: id.clone(),
+                fencing_token: token,
+                call_id: begun.call_id.clone(),
+                ok: true,
+                result_json: json!({"tickets": rng.below(9)}).to_string(),
+                receipt_json: json!({"receipt": begun.call_id}).to_string(),
+                state_json: json!({"observed": begun.call_id}).to_string(),
+                ..Default::default()
+            })
+            .await?
+            .into_owned();
+        ctx.ack();
+        if done.checkpoint_sequence > 0 {
+            ctx.journal
+                .lock()
+                .checkpoints
+                .insert((id.clone(), done.checkpoint_sequence));
+        }
+    }
+    checkpoint(9).await?;
+    if rng.pct() < 6 {
+        return Ok(()); // walks away at a checkpoint: resumable
+    }
+    let plan = rng.pct();
+    let report = |succeeded: bool, output: Value| ad::ReportOutcomeRequest {
+        attempt_id: id.clone(),
+        fencing_token: token,
+        succeeded,
+        output_json: if succeeded {
+            output.to_string()
+        } else {
+            String::new()
+        },
+        failure_class: if succeeded { "" } else { "transient" }.into(),
+        reason: if succeeded {
+            ""
+        } else {
+            "the ticket system timed out"
+        }
+        .into(),
+        ..Default::default()
+    };
+    let request = if plan < 10 {
+        report(false, Value::Null)
+    } else {
+        if plan < 15 {
+            // Invalid first: the validator asks for a correction.
+            let r = client
+                .report_outcome(report(true, json!({"severity": "catastrophic"})))
+                .await?
+                .into_owned();
+            ctx.ack();
+            if r.verdict != ad::Verdict::CORRECT {
+                ctx.journal.lock().finding(format!(
+                    "attempt {id}: an invalid output got {:?}, not a correction",
+                    r.verdict
+                ));
+            }
+        }
+        report(true, good_output(rng))
+    };
+    let r = client.report_outcome(request.clone()).await?.into_owned();
+    ctx.ack();
+    {
+        let mut j = ctx.journal.lock();
+        if r.acknowledged {
+            j.finding(format!(
+                "attempt {id}: a first report was acknowledged as a repeat"
+            ));
+        }
+        j.outcomes.push(Ended {
+            attempt: id.clone(),
+            state: r.state.clone(),
+            hash: r.outcome_hash.clone(),
+        });
+    }
+    if rng.pct() < 15 {
+        // The same report again is a repeat of the one outcome.
+        let again = client.report_outcome(request).await?.into_owned();
+        ctx.ack();
+        let mut j = ctx.journal.lock();
+        j.repeats += 1;
+        if !again.acknowledged || again.outcome_hash != r.outcome_hash {
+            j.finding(format!(
+                "attempt {id}: the same report again answered acknowledged={} hash {} (first {})",
+                again.acknowledged, again.outcome_hash, r.outcome_hash
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A lease client: acquires sandbox or build capacity, renews it a few
+/// times, releases it or lets it expire.
+async fn lease_client(ctx: Arc<Ctx>, n: usize) {
+    let mut rng = Rng::new(2000 + n as u64);
+    let mut clients = ctx.clients();
+    let (kind, pool) = if n.is_multiple_of(2) {
+        ("sandbox", "sandboxes")
+    } else {
+        ("build", "builds")
+    };
+    let mut k = 0;
+    while !ctx.stopped() {
+        ctx.refresh(&mut clients);
+        k += 1;
+        let granted = clients
+            .capacity
+            .acquire_lease(cap::AcquireLeaseRequest {
+                project_id: "support".into(),
+                holder_kind: kind.into(),
+                holder_id: format!("lease-client-{n}-{k}"),
+                pool_id: pool.into(),
+                cpu: 0.25,
+                memory_gb: 0.25,
+                ..Default::default()
+            })
+            .await;
+        let lease = match granted {
+            Ok(r) => {
+                ctx.ack();
+                r.into_owned().lease.into_option().expect("a lease")
+            }
+            Err(e) => {
+                ctx.after_error(&e).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        ctx.journal
+            .lock()
+            .leases_granted
+            .insert(lease.lease_id.clone());
+        let mut alive = true;
+        for _ in 0..rng.below(4) {
+            tokio::time::sleep(Duration::from_millis(200 + rng.below(600))).await;
+            let renewed = clients
+                .capacity
+                .renew_lease(cap::RenewLeaseRequest {
+                    lease_id: lease.lease_id.clone(),
+                    ..Default::default()
+                })
+                .await;
+            if renewed.is_err() {
+                alive = false;
+                break;
+            }
+            ctx.ack();
+        }
+        if alive && rng.pct() >= 15 {
+            let released = clients
+                .capacity
+                .release_lease(cap::ReleaseLeaseRequest {
+                    lease_id: lease.lease_id.clone(),
+                    ..Default::default()
+                })
+                .await;
+            if released.is_ok() {
+                ctx.ack();
+                ctx.journal
+                    .lock()
+                    .leases_released
+                    .insert(lease.lease_id.clone());
+            }
+        }
+    }
+}
+
+/// Keeps about [`LIVE_RUNS`] runs going.
+async fn submitter(ctx: Arc<Ctx>) {
+    let mut clients = ctx.clients();
+    let mut live: Vec<String> = Vec::new();
+    let mut n = 0;
+    while !ctx.stopped() {
+        ctx.refresh(&mut clients);
+        let mut still = Vec::new();
+        for run_id in live {
+            let state = clients
+                .runs
+                .get_run(rn::GetRunRequest {
+                    run_id: run_id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .map(|r| r.into_owned().run.as_option().unwrap().state.clone());
+            if state.is_err() || state.is_ok_and(|s| s == "Running") {
+                still.push(run_id);
+            }
+        }
+        live = still;
+        while live.len() < LIVE_RUNS && !ctx.stopped() {
+            n += 1;
+            match clients
+                .runs
+                .submit_run(rn::SubmitRunRequest {
+                    project_id: "support".into(),
+                    release_id: RELEASE.into(),
+                    input_json: json!({"ticket": format!("load {n}")}).to_string(),
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(r) => {
+                    ctx.ack();
+                    let run_id = r.into_owned().run.as_option().unwrap().run_id.clone();
+                    ctx.journal.lock().runs.insert(run_id.clone());
+                    live.push(run_id);
+                }
+                Err(e) => {
+                    ctx.after_error(&e).await;
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The appliance with the load's tenant, release and pools.
+async fn site() -> (Appliance, Credential) {
+    let a = Appliance::start_with(&[], ENV);
+    let workspace = a.tenant("demo", "team", &[], &["support"]).await;
+    let cred = a
+        .create_client(
+            "demo",
+            &[
+                "factory.runs.read",
+                "factory.runs.write",
+                "factory.runs.execute",
+                "factory.capacity.lease",
+                "factory.capacity.read",
+                "agentbay.events.read",
+            ],
+        )
+        .await;
+    let token = a.token(&workspace).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = variant(dir.path(), "load", &demo_key(), |_, m| {
+        m["releaseId"] = json!(RELEASE);
+        m["adapter"] = json!({"kind": "external", "version": "1"});
+        let mut write_tool = m["tools"][0].clone();
+        write_tool["id"] = json!("update-ticket");
+        write_tool["description"] = json!("Adds a note to a ticket.");
+        write_tool["sideEffectClass"] = json!("workspace-write");
+        m["tools"].as_array_mut().unwrap().push(write_tool);
+    });
+    let (status, body) = upload(&a, &token, pack(&bundle, |_| {})).await;
+    assert_eq!(status, 201, "{body}");
+    let admin = a.admin_token().await;
+    let pools = a.get(&admin, "/factory/capacity/pools").await;
+    let region = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["poolId"] == "sandboxes")
+        .map(|p| p["region"].clone())
+        .expect("the default sandbox pool");
+    let (status, body) = a
+        .put(
+            &admin,
+            "/factory/capacity/pools/builds",
+            json!({"kind": "build-runner", "securityBoundary": "shared", "region": region,
+                   "nodeProfile": "small", "minSize": 1, "maxSize": 4}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    (a, cred)
+}
+
+/// Runs the load for `seconds`; with `kill_at`, kills the appliance with
+/// SIGKILL that far into it and restarts it.
+async fn load(a: &mut Appliance, cred: Credential, seconds: u64, kill_at: Option<u64>) -> Arc<Ctx> {
+    let token = a.token(&cred).await;
+    let ctx = Arc::new(Ctx {
+        endpoint: RwLock::new(Endpoint {
+            url: a.url.clone(),
+            fingerprint: a.fingerprint.clone(),
+            generation: 0,
+        }),
+        token: RwLock::new(token),
+        credential: cred,
+        journal: Mutex::new(Journal::default()),
+        stop: AtomicBool::new(false),
+        acknowledged: AtomicU64::new(0),
+    });
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(submitter(ctx.clone())));
+    for n in 0..ADAPTERS {
+        tasks.push(tokio::spawn(adapter(ctx.clone(), n)));
+    }
+    for n in 0..LEASE_CLIENTS {
+        tasks.push(tokio::spawn(lease_client(ctx.clone(), n)));
+    }
+    let started = Instant::now();
+    if let Some(at) = kill_at {
+        tokio::time::sleep(Duration::from_secs(at)).await;
+        a.kill9();
+        a.restart();
+        let token = a.token(&ctx.credential).await;
+        *ctx.token.write() = token;
+        let mut e = ctx.endpoint.write();
+        e.url = a.url.clone();
+        e.fingerprint = a.fingerprint.clone();
+        e.generation += 1;
+        eprintln!(
+            "killed with SIGKILL and restarted at {:?}",
+            started.elapsed()
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(seconds).saturating_sub(started.elapsed())).await;
+    ctx.stop.store(true, Ordering::Release);
+    for t in tasks {
+        t.await.expect("a load client panicked");
+    }
+    ctx
+}
+
+/// Reads the appliance back and compares it with the journal; returns the
+/// findings.
+async fn check(a: &Appliance, ctx: &Ctx) -> Vec<String> {
+    let token = a.token(&ctx.credential).await;
+    let clients = ctx.clients();
+    let mut j = std::mem::take(&mut *ctx.journal.lock());
+    let mut findings = std::mem::take(&mut j.findings);
+
+    // Every run's attempts, as stored.
+    struct Stored {
+        state: String,
+        token: u64,
+        hash: String,
+    }
+    let mut attempts: BTreeMap<String, Stored> = BTreeMap::new();
+    let mut succeeded_runs = 0;
+    for run_id in &j.runs {
+        let run = clients
+            .runs
+            .get_run(rn::GetRunRequest {
+                run_id: run_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("get run")
+            .into_owned();
+        let run = run.run.as_option().unwrap();
+        if run.state == "Succeeded" {
+            succeeded_runs += 1;
+        }
+        for step in &run.steps {
+            let mut succeeded_at = None;
+            for (i, at) in step.attempts.iter().enumerate() {
+                if let Some(s) = &succeeded_at {
+                    findings.push(format!(
+                        "run {run_id}: attempt {} follows attempt {s}, which Succeeded",
+                        at.attempt_id
+                    ));
+                }
+                if at.state == "Succeeded" {
+                    succeeded_at = Some(at.attempt_id.clone());
+                }
+                if i > 0 && at.fencing_token <= step.attempts[i - 1].fencing_token {
+                    findings.push(format!(
+                        "run {run_id}: attempt {} has token {}, not above the step's previous attempt's {}",
+                        at.attempt_id,
+                        at.fencing_token,
+                        step.attempts[i - 1].fencing_token
+                    ));
+                }
+                attempts.insert(
+                    at.attempt_id.clone(),
+                    Stored {
+                        state: at.state.clone(),
+                        token: at.fencing_token,
+                        hash: at.outcome_hash.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    // Acknowledged outcomes are the stored ones.
+    for o in &j.outcomes {
+        match attempts.get(&o.attempt) {
+            Some(s) if s.state == o.state && s.hash == o.hash => {}
+            Some(s) => findings.push(format!(
+                "attempt {}: acknowledged {} ({}), stored {} ({})",
+                o.attempt, o.state, o.hash, s.state, s.hash
+            )),
+            None => findings.push(format!("attempt {}: acknowledged, not stored", o.attempt)),
+        }
+    }
+
+    // Tokens only increase, per attempt, in the order the claims were
+    // acknowledged.
+    let mut claims = j.claims.clone();
+    claims.sort_by_key(|c| c.at);
+    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+    for c in &claims {
+        if let Some(prev) = last.insert(&c.attempt, c.token)
+            && c.token <= prev
+        {
+            findings.push(format!(
+                "attempt {}: claimed with token {} after token {prev}",
+                c.attempt, c.token
+            ));
+        }
+    }
+    for (attempt, token) in &last {
+        if let Some(s) = attempts.get(*attempt)
+            && s.token < *token
+        {
+            findings.push(format!(
+                "attempt {attempt}: stored token {} is below the acknowledged {token}",
+                s.token
+            ));
+        }
+    }
+
+    // Acknowledged checkpoints are all there.
+    let mut by_attempt: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for (attempt, seq) in &j.checkpoints {
+        by_attempt.entry(attempt).or_default().push(*seq);
+    }
+    for (attempt, seqs) in &by_attempt {
+        let stored = a
+            .get(&token, &format!("/runtime/attempts/{attempt}/checkpoints"))
+            .await;
+        let have: BTreeSet<u64> = stored["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["sequence"].as_u64().unwrap())
+            .collect();
+        for seq in seqs {
+            if !have.contains(&u64::from(*seq)) {
+                findings.push(format!(
+                    "attempt {attempt}: acknowledged checkpoint {seq} is gone (stored: {have:?})"
+                ));
+            }
+        }
+    }
+
+    // One outcome event per attempt, the acknowledged one.
+    let head = a.get(&token, "/events/head").await["sequence"]
+        .as_u64()
+        .unwrap();
+    let stream = a
+        .http()
+        .get(format!(
+            "{}/events?topic=execution.attempts.v1.attempt-outcome-reported&until={head}",
+            a.url
+        ))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut outcome_events: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for line in stream.lines() {
+        if let Some(data) = line.strip_prefix("data: ") {
+            let e: Value = serde_json::from_str(data).unwrap();
+            let p = &e["payload"];
+            outcome_events
+                .entry(p["attemptId"].as_str().unwrap().to_string())
+                .or_default()
+                .push((
+                    p["state"].as_str().unwrap().to_string(),
+                    p["outcomeHash"].as_str().unwrap().to_string(),
+                ));
+        }
+    }
+    for (attempt, events) in &outcome_events {
+        if events.len() > 1 {
+            findings.push(format!(
+                "attempt {attempt}: {} outcome events: {events:?}",
+                events.len()
+            ));
+        }
+    }
+    for o in &j.outcomes {
+        if outcome_events.get(&o.attempt).and_then(|e| e.first())
+            != Some(&(o.state.clone(), o.hash.clone()))
+        {
+            findings.push(format!(
+                "attempt {}: acknowledged {} ({}) has no such outcome event: {:?}",
+                o.attempt,
+                o.state,
+                o.hash,
+                outcome_events.get(&o.attempt)
+            ));
+        }
+    }
+
+    // Released leases stay released; granted ones are there; accounting
+    // adds up.
+    for lease in &j.leases_granted {
+        let stored = a
+            .http()
+            .get(format!("{}/factory/capacity/leases/{lease}", a.url))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        if stored.status() != 200 {
+            findings.push(format!("lease {lease}: acknowledged granted, not stored"));
+            continue;
+        }
+        let stored: Value = stored.json().await.unwrap();
+        let state = stored["state"].as_str().unwrap_or_default().to_string();
+        let released = j.leases_released.contains(lease);
+        let fine = if released {
+            state == "Released"
+        } else {
+            matches!(
+                state.as_str(),
+                "Granted" | "Active" | "Expired" | "Released"
+            )
+        };
+        if !fine {
+            findings.push(format!(
+                "lease {lease}: acknowledged {}, stored {state}",
+                if released { "released" } else { "granted" }
+            ));
+        }
+    }
+    let admin = a.admin_token().await;
+    let accounting = a.get(&admin, "/factory/capacity/accounting").await;
+    for pool in accounting["pools"].as_array().unwrap() {
+        if pool["consistent"] != true {
+            findings.push(format!("pool accounting differs from its leases: {pool}"));
+        }
+    }
+    let metrics = a
+        .http()
+        .get(format!("{}/metrics", a.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let stale: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("agentbay_store_stale_writes_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum();
+
+    let resumed = {
+        let mut per: BTreeMap<&str, usize> = BTreeMap::new();
+        for c in &j.claims {
+            *per.entry(&c.attempt).or_default() += 1;
+        }
+        per.values().filter(|n| **n > 1).count()
+    };
+    eprintln!(
+        "consistency: {} acknowledged operations; {} runs ({} succeeded), {} attempts, {} claims ({} attempts resumed), {} checkpoints, {} outcomes ({} repeats), {} outcome events, {} leases ({} released); {} stale writes refused; {} findings",
+        ctx.acknowledged.load(Ordering::Relaxed),
+        j.runs.len(),
+        succeeded_runs,
+        attempts.len(),
+        j.claims.len(),
+        resumed,
+        j.checkpoints.len(),
+        j.outcomes.len(),
+        j.repeats,
+        outcome_events.values().map(Vec::len).sum::<usize>(),
+        j.leases_granted.len(),
+        j.leases_released.len(),
+        stale,
+        findings.len()
+    );
+    assert!(
+        j.outcomes.len() > 20 && resumed > 0,
+        "the load must end attempts and resume some: {} outcomes, {resumed} resumed",
+        j.outcomes.len()
+    );
+    findings
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_adapters_never_lose_or_replace_an_acknowledged_write() {
+    let (mut a, cred) = site().await;
+    let ctx = load(&mut a, cred, load_seconds(), None).await;
+    let findings = check(&a, &ctx).await;
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_in_the_middle_of_the_load_loses_or_replaces_nothing() {
+    let (mut a, cred) = site().await;
+    let seconds = load_seconds();
+    let ctx = load(&mut a, cred, seconds, Some(seconds / 2)).await;
+    let findings = check(&a, &ctx).await;
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+}
