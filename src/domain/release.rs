@@ -750,6 +750,11 @@ pub struct LoadedRelease {
     /// The set of trusted keys it was verified under.
     #[serde(default)]
     pub trust_fingerprint: String,
+    /// The number of the stored state this value is (0: not stored yet);
+    /// the store numbers every write and refuses one derived from an older
+    /// state (a re-verification must never undo a revocation).
+    #[serde(default = "crate::domain::stored_before_versions")]
+    pub revision: u64,
 }
 
 /// Payload of `execution.releases.v1.release-loaded`.
@@ -807,6 +812,24 @@ impl EventPayload for ReleaseLifecycleChanged<'_> {
 }
 
 impl LoadedRelease {
+    /// The rule between a stored release and any state written over it:
+    /// its lifecycle only moves forward (Published, Deprecated, Revoked), so
+    /// nothing brings a withdrawn release back.
+    pub fn check_successor(&self, next: &LoadedRelease) -> Result<(), String> {
+        let rank = |l: Lifecycle| match l {
+            Lifecycle::Published => 0,
+            Lifecycle::Deprecated => 1,
+            Lifecycle::Revoked => 2,
+        };
+        if rank(next.lifecycle) < rank(self.lifecycle) {
+            return Err(format!(
+                "release {} is {:?}; it cannot become {:?} again",
+                self.release_id, self.lifecycle, next.lifecycle
+            ));
+        }
+        Ok(())
+    }
+
     /// The event that announces a verification or rejection.
     pub fn load_event(&self, now: DateTime<Utc>) -> NewEvent {
         match self.state {

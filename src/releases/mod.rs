@@ -37,17 +37,30 @@ use crate::domain::release::{
 };
 use crate::domain::tenant::Tenant;
 use crate::domain::{DomainError, TenantId};
-use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
+use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx, Versioned};
 use crate::telemetry::names;
 
 impl Record for LoadedRelease {
     const TABLE: Table = Table::LoadedReleases;
     const VERSION: u16 = 1;
+    const VERSIONED: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         self.release_id.clone()
+    }
+}
+
+impl Versioned for LoadedRelease {
+    fn version(&self) -> u64 {
+        self.revision
+    }
+    fn set_version(&mut self, version: u64) {
+        self.revision = version;
+    }
+    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
+        stored.check_successor(next)
     }
 }
 
@@ -225,6 +238,7 @@ impl Releases {
             imported_at: now,
             imported_by: by.to_string(),
             trust_fingerprint: self.trust_fingerprint.clone(),
+            revision: 0,
         };
         if let Some(r) = &report.rejection {
             release.state = LoadState::Rejected;
@@ -279,11 +293,13 @@ impl Releases {
                     }
                     _ => {}
                 }
+                // A rejected release of the same id is replaced.
                 let mut release = stored;
+                release.revision = existing.map_or(0, |e| e.revision);
                 if release.state == LoadState::Verified {
                     release.content_refs = store_contents(tx, &scope, &bundle, &canonical, now)?;
                 }
-                tx.put(&scope, &release)?;
+                tx.save(&scope, &mut release)?;
                 tx.emit(event)?;
                 Ok(release)
             })
@@ -398,11 +414,16 @@ impl Releases {
                 .increment(1);
         }
         let event = updated.load_event(now);
-        let (s, u) = (scope.clone(), updated.clone());
-        self.store
+        // Written over the version that was verified: a release revoked or
+        // replaced meanwhile refuses this write as stale, and the next pass
+        // verifies what is stored then.
+        let s = scope.clone();
+        let updated = self
+            .store
             .transact(move |tx: &mut Tx| {
-                tx.put(&s, &u)?;
-                tx.emit(event)
+                tx.save(&s, &mut updated)?;
+                tx.emit(event)?;
+                Ok::<_, StoreError>(updated)
             })
             .await?;
         Ok(updated)
@@ -447,7 +468,7 @@ impl Releases {
                 } else {
                     release.deprecate(policy, now)?
                 };
-                tx.put(&s, &release)?;
+                tx.save(&s, &mut release)?;
                 tx.emit(event)?;
                 Ok(release)
             })
@@ -650,5 +671,36 @@ mod tests {
         assert_eq!(calls[0].2, InFlightPolicy::Drain);
         assert_eq!(calls[1].2, InFlightPolicy::Interrupt);
         assert_eq!(calls[1].1, "triage-1.0.0");
+    }
+    #[tokio::test]
+    async fn a_re_verification_of_an_older_copy_never_undoes_a_revocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = demo_store(dir.path()).await;
+        let releases = Releases::new(store, SystemClock::shared(), &ReleasesConfig::default());
+        releases.set_in_flight(Arc::new(Recorder::default()));
+        let example =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage");
+        let bundle = Bundle::from_dir(&example, &releases.limits).unwrap();
+        let report = releases.check(&bundle);
+        let listed = releases.record(bundle, report, "test").await.unwrap();
+        let scope = TenantScope::new(listed.tenant_id.clone());
+        // The warmer listed the release; an operator revokes it before the
+        // warmer writes its new verdict.
+        let (revoked, _) = releases
+            .retire(&scope, "triage-1.0.0", true, InFlightPolicy::Interrupt)
+            .await
+            .unwrap();
+        let err = releases.reverify(&scope, &listed).await.unwrap_err();
+        assert!(
+            matches!(err, ReleaseError::Store(StoreError::Stale { .. })),
+            "{err}"
+        );
+        let stored = releases.get(&scope, "triage-1.0.0").unwrap().unwrap();
+        assert_eq!(stored.lifecycle, Lifecycle::Revoked);
+        assert_eq!(stored.revision, revoked.revision);
+        // From the current state it goes through and stays revoked.
+        let again = releases.reverify(&scope, &stored).await.unwrap();
+        assert_eq!(again.lifecycle, Lifecycle::Revoked);
+        assert_eq!(again.revision, stored.revision + 1);
     }
 }

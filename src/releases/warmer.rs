@@ -14,9 +14,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
-use super::Releases;
+use super::{ReleaseError, Releases};
 use crate::domain::release::LoadState;
-use crate::store::TenantScope;
+use crate::store::{StoreError, TenantScope};
 use crate::worker::Worker;
 
 /// The worker.
@@ -46,16 +46,20 @@ impl Worker for ReleaseCacheWarmer {
                 .into_iter()
                 .filter(|r| r.state == LoadState::Verified && !self.releases.is_current(r))
                 .collect();
-            let (mut verified, mut rejected) = (0, 0);
+            let (mut verified, mut rejected, mut changed) = (0, 0, 0);
             for release in &stale {
                 let scope = TenantScope::new(release.tenant_id.clone());
-                match self.releases.reverify(&scope, release).await?.state {
-                    LoadState::Verified => verified += 1,
-                    LoadState::Rejected => rejected += 1,
+                match self.releases.reverify(&scope, release).await {
+                    Ok(r) if r.state == LoadState::Verified => verified += 1,
+                    Ok(_) => rejected += 1,
+                    // Revoked or replaced since it was listed: the next
+                    // pass verifies what is stored then.
+                    Err(ReleaseError::Store(StoreError::Stale { .. })) => changed += 1,
+                    Err(e) => return Err(e.into()),
                 }
             }
             Ok(format!(
-                "{} releases re-verified: {verified} verified, {rejected} rejected",
+                "{} releases re-verified: {verified} verified, {rejected} rejected, {changed} changed meanwhile (next pass)",
                 stale.len()
             ))
         })

@@ -223,7 +223,7 @@ async fn adapter(ctx: Arc<Ctx>, n: usize) {
             token: ticket.fencing_token,
             at: Instant::now(),
         });
-        if let Err(e) = drive(&ctx, &clients.adapter, &ticket, &mut rng).await {
+        if let Err(e) = drive(&ctx, &clients, &ticket, &mut rng).await {
             ctx.after_error(&e).await;
         }
     }
@@ -233,10 +233,11 @@ async fn adapter(ctx: Arc<Ctx>, n: usize) {
 /// the attempt) at the points its plan picks, and at the first error.
 async fn drive(
     ctx: &Ctx,
-    client: &ad::AdapterClient<Transport>,
+    clients: &Clients,
     t: &ad::AttemptTicket,
     rng: &mut Rng,
 ) -> Result<(), connectrpc::ConnectError> {
+    let client = &clients.adapter;
     let (id, token) = (t.attempt_id.clone(), t.fencing_token);
     client
         .start_attempt(ad::StartAttemptRequest {
@@ -382,6 +383,31 @@ async fn drive(
             state: r.state.clone(),
             hash: r.outcome_hash.clone(),
         });
+    }
+    // Whoever was told can read it back at once.
+    let run = clients
+        .runs
+        .get_run(rn::GetRunRequest {
+            run_id: t.run_id.clone(),
+            ..Default::default()
+        })
+        .await?
+        .into_owned();
+    let read = run
+        .run
+        .as_option()
+        .and_then(|run| {
+            run.steps
+                .iter()
+                .flat_map(|s| s.attempts.iter())
+                .find(|a| a.attempt_id == id)
+        })
+        .map(|a| (a.state.clone(), a.outcome_hash.clone()));
+    if read != Some((r.state.clone(), r.outcome_hash.clone())) {
+        ctx.journal.lock().finding(format!(
+            "attempt {id}: acknowledged {} ({}), read right after as {read:?}",
+            r.state, r.outcome_hash
+        ));
     }
     if rng.pct() < 15 {
         // The same report again is a repeat of the one outcome.
@@ -729,10 +755,20 @@ async fn check(a: &Appliance, ctx: &Ctx) -> Vec<String> {
     for (attempt, seq) in &j.checkpoints {
         by_attempt.entry(attempt).or_default().push(*seq);
     }
+    let http = a.http();
+    let get = |path: String| {
+        let request = http.get(format!("{}{path}", a.url)).bearer_auth(&token);
+        async move {
+            let response = request.send().await.unwrap();
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
     for (attempt, seqs) in &by_attempt {
-        let stored = a
-            .get(&token, &format!("/runtime/attempts/{attempt}/checkpoints"))
-            .await;
+        let (status, stored) = get(format!("/runtime/attempts/{attempt}/checkpoints")).await;
+        assert_eq!(status, 200, "{stored}");
         let have: BTreeSet<u64> = stored["checkpoints"]
             .as_array()
             .unwrap()
@@ -804,18 +840,11 @@ async fn check(a: &Appliance, ctx: &Ctx) -> Vec<String> {
     // Released leases stay released; granted ones are there; accounting
     // adds up.
     for lease in &j.leases_granted {
-        let stored = a
-            .http()
-            .get(format!("{}/factory/capacity/leases/{lease}", a.url))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .unwrap();
-        if stored.status() != 200 {
+        let (status, stored) = get(format!("/factory/capacity/leases/{lease}")).await;
+        if status != 200 {
             findings.push(format!("lease {lease}: acknowledged granted, not stored"));
             continue;
         }
-        let stored: Value = stored.json().await.unwrap();
         let state = stored["state"].as_str().unwrap_or_default().to_string();
         let released = j.leases_released.contains(lease);
         let fine = if released {

@@ -464,18 +464,14 @@ impl Grain {
             state = %stored.state,
             "the attempt's grain held a stale copy; it goes on from the stored state"
         );
-        let before = self.attempt.state;
-        self.attempt = stored;
-        if before != self.attempt.state {
-            self.gauge(before, -1.0);
-            self.gauge(self.attempt.state, 1.0);
-        }
+        self.become_current(stored);
         if let Err(e) = self.load_entities() {
             tracing::error!(attempt = %id, error = %e, "reading the attempt's open call and decision");
         }
         if self.attempt.state.is_terminal() {
             self.shared.set_claimable(&self.attempt, false);
         }
+        self.publish();
     }
 
     async fn init(&mut self) -> Result<(), RuntimeError> {
@@ -866,16 +862,25 @@ impl Grain {
         };
         let mut next = next;
         next.version = version;
+        self.become_current(next);
+        // Readers of a live attempt read its view: it shows the write
+        // before the writer hears it is done, so whoever was told can read
+        // it back.
+        self.publish();
+        if ended {
+            self.ended(followup).await;
+        }
+        Ok(())
+    }
+
+    /// Makes `next` the grain's copy of the attempt.
+    fn become_current(&mut self, next: ExecutionAttempt) {
         let before = self.attempt.state;
         self.attempt = next;
         if before != self.attempt.state {
             self.gauge(before, -1.0);
             self.gauge(self.attempt.state, 1.0);
         }
-        if ended {
-            self.ended(followup).await;
-        }
-        Ok(())
     }
 
     /// [`Grain::save`] for a write nobody outside the appliance waits for:
@@ -908,12 +913,7 @@ impl Grain {
         // stale and the grain reads the attempt again.
         let mut next = next;
         next.version += 1;
-        let before = self.attempt.state;
-        self.attempt = next;
-        if before != self.attempt.state {
-            self.gauge(before, -1.0);
-            self.gauge(self.attempt.state, 1.0);
-        }
+        self.become_current(next);
     }
 
     async fn save_with_open(
