@@ -35,6 +35,15 @@ impl Site {
         } else {
             Appliance::start()
         };
+        Site::on(a).await
+    }
+
+    /// A site whose appliance runs with extra environment.
+    async fn start_with(env: &[(&str, &str)]) -> Site {
+        Site::on(Appliance::start_with(&[], env)).await
+    }
+
+    async fn on(a: Appliance) -> Site {
         let workspace = a.tenant("demo", "team", &[], &["support"]).await;
         let cred = a
             .create_client(
@@ -1271,6 +1280,51 @@ async fn a_lapsed_adapter_is_fenced_off_and_resuming_needs_a_compatible_checkpoi
         serde_json::from_str::<Value>(&fresh.ticket.input_json).unwrap(),
         json!({"ticket": "t"})
     );
+}
+
+#[tokio::test]
+async fn an_orphaned_attempt_is_settled_even_when_the_appliance_restarts_faster_than_its_lease() {
+    let mut site = Site::start_with(&[
+        ("AGENTBAY_RUNTIME__ATTEMPT_LEASE_SECONDS", "6"),
+        ("AGENTBAY_RUNTIME__HEARTBEAT_SECONDS", "1"),
+        ("AGENTBAY_RUNTIME__RECONCILE_INTERVAL_SECONDS", "1"),
+    ])
+    .await;
+    let run = site.submit(json!({"ticket": "t"}), None).await;
+    let adapter = site.claim_and_start().await;
+    let last_contact = std::time::Instant::now();
+    // The adapter is gone; the appliance crashes every second and a half,
+    // for longer than the adapter's lease.
+    while last_contact.elapsed() < std::time::Duration::from_secs(7) {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        site.a.kill9();
+        site.a.restart();
+    }
+    let restarted = std::time::Instant::now();
+    // The lease counts from the adapter's last contact, not from a
+    // restart: it has lapsed, and the reconciler settles the attempt within
+    // a pass or two, long before a lease renewed by the restart would end.
+    site.token = site.a.token(&site.cred).await;
+    loop {
+        let run = site.run(&run.run_id).await;
+        let first = &run.steps[0].attempts[0];
+        assert_eq!(first.attempt_id, adapter.id());
+        if first.state == "Cancelled" {
+            assert!(
+                first.failure_reason.contains("lapsed"),
+                "{}",
+                first.failure_reason
+            );
+            break;
+        }
+        assert!(
+            restarted.elapsed() < std::time::Duration::from_secs(5),
+            "attempt still {} {:?} after the last restart",
+            first.state,
+            restarted.elapsed()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test]
