@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::capacity::{CapacityLease, Quota, WorkerPool};
 use crate::domain::tenant::{Project, Tenant};
 use crate::domain::{ProjectId, TenantId};
-use crate::store::{Record, Table, Versioned};
+use crate::store::{Record, Table};
 
 impl Record for Tenant {
     const TABLE: Table = Table::Tenants;
@@ -47,14 +47,7 @@ impl Record for WorkerPool {
     }
 }
 
-impl Versioned for WorkerPool {
-    fn version(&self) -> u64 {
-        self.version
-    }
-    fn set_version(&mut self, version: u64) {
-        self.version = version;
-    }
-}
+crate::versioned!(WorkerPool, version, no_rule);
 
 impl Record for Quota {
     const TABLE: Table = Table::Quotas;
@@ -89,17 +82,7 @@ impl Record for CapacityLease {
     }
 }
 
-impl Versioned for CapacityLease {
-    fn version(&self) -> u64 {
-        self.version
-    }
-    fn set_version(&mut self, version: u64) {
-        self.version = version;
-    }
-    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
-        stored.check_successor(next)
-    }
-}
+crate::versioned!(CapacityLease, version);
 
 /// Lease seconds charged to a tenant and its projects on one UTC day.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

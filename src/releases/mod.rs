@@ -37,7 +37,7 @@ use crate::domain::release::{
 };
 use crate::domain::tenant::Tenant;
 use crate::domain::{DomainError, TenantId};
-use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx, Versioned};
+use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
 use crate::telemetry::names;
 
 impl Record for LoadedRelease {
@@ -52,17 +52,7 @@ impl Record for LoadedRelease {
     }
 }
 
-impl Versioned for LoadedRelease {
-    fn version(&self) -> u64 {
-        self.revision
-    }
-    fn set_version(&mut self, version: u64) {
-        self.revision = version;
-    }
-    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
-        stored.check_successor(next)
-    }
-}
+crate::versioned!(LoadedRelease, revision);
 
 /// What applying an in-flight policy did to running attempts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

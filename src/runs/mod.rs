@@ -28,7 +28,7 @@ use crate::domain::run::{Next, ParentLink, Run, RunState, RunSubmitted, Snapshot
 use crate::domain::{DomainError, FieldError, ProjectId, TenantId};
 use crate::releases::{ReleaseError, Releases};
 use crate::runtime::{Runtime, RuntimeError};
-use crate::store::{Record, StoreError, Table, TenantScope, Tx, Versioned};
+use crate::store::{Record, StoreError, Table, TenantScope, Tx};
 
 impl Record for Run {
     const TABLE: Table = Table::Runs;
@@ -42,17 +42,7 @@ impl Record for Run {
     }
 }
 
-impl Versioned for Run {
-    fn version(&self) -> u64 {
-        self.version
-    }
-    fn set_version(&mut self, version: u64) {
-        self.version = version;
-    }
-    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
-        stored.check_successor(next)
-    }
-}
+crate::versioned!(Run, version);
 
 /// The fields of a run that lists need, read from the store without
 /// decoding the rest of the record.

@@ -37,7 +37,7 @@ use crate::domain::release::{AdapterKind, InFlightPolicy};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::releases::{InFlight, InFlightReport, Releases};
 use crate::runs::{ChildEnded, Followup};
-use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Versioned};
+use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope};
 
 impl Record for ExecutionAttempt {
     const TABLE: Table = Table::Attempts;
@@ -51,17 +51,7 @@ impl Record for ExecutionAttempt {
     }
 }
 
-impl Versioned for ExecutionAttempt {
-    fn version(&self) -> u64 {
-        self.version
-    }
-    fn set_version(&mut self, version: u64) {
-        self.version = version;
-    }
-    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
-        stored.check_successor(next)
-    }
-}
+crate::versioned!(ExecutionAttempt, version);
 
 /// The fields of an attempt that lists and counts need, read from the
 /// store without decoding the rest of the record.

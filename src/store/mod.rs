@@ -226,6 +226,37 @@ pub trait Versioned: Record {
     }
 }
 
+/// Implements [`Versioned`] for a record whose stored version is the `u64`
+/// field `$field` and whose successor rule is its own
+/// `check_successor(&self, &Self) -> Result<(), String>` (written in the
+/// domain, where the rule is decided); `no_rule` for a record without one.
+#[macro_export]
+macro_rules! versioned {
+    ($record:ty, $field:ident) => {
+        impl $crate::store::Versioned for $record {
+            fn version(&self) -> u64 {
+                self.$field
+            }
+            fn set_version(&mut self, version: u64) {
+                self.$field = version;
+            }
+            fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
+                stored.check_successor(next)
+            }
+        }
+    };
+    ($record:ty, $field:ident, no_rule) => {
+        impl $crate::store::Versioned for $record {
+            fn version(&self) -> u64 {
+                self.$field
+            }
+            fn set_version(&mut self, version: u64) {
+                self.$field = version;
+            }
+        }
+    };
+}
+
 /// Proof that the caller has established which tenant's data it touches.
 ///
 /// Built by `auth` from an authenticated principal (for its own tenant, or
