@@ -362,7 +362,7 @@ pub fn create_run(
 #[derive(Clone, Debug, Default)]
 pub struct Followup {
     /// The run's next attempt, written in the same transaction.
-    pub next_attempt: Option<ExecutionAttempt>,
+    pub next_attempt: Option<Uuid>,
     /// A child run that ended: its supervisor's call completes.
     pub child_ended: Option<ChildEnded>,
 }
@@ -416,7 +416,7 @@ pub fn record_outcome(
     }
     tx.save(scope, &mut run)?;
     Ok(Followup {
-        next_attempt,
+        next_attempt: next_attempt.map(|a| a.attempt_id),
         child_ended: ended_child(&run),
     })
 }
@@ -789,9 +789,9 @@ impl RunControl {
                     let why = format!("{} by {by}: {reason}", effect.as_str());
                     let (next, events) = run.on_settled(retry, &why, now);
                     tx.emit_all(events)?;
-                    followup.next_attempt = apply_next(&mut run, next, now);
-                    if let Some(a) = &mut followup.next_attempt {
-                        tx.save(&s, a)?;
+                    if let Some(mut a) = apply_next(&mut run, next, now) {
+                        tx.save(&s, &mut a)?;
+                        followup.next_attempt = Some(a.attempt_id);
                     }
                     followup.child_ended = ended_child(&run);
                     tx.save(&s, &mut run)?;

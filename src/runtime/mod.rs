@@ -1153,9 +1153,9 @@ impl Runtime {
     /// tells a supervisor its child run ended.
     pub async fn follow(&self, scope: &TenantScope, followup: Followup) {
         if let Some(next) = followup.next_attempt
-            && let Err(e) = self.adopt(scope, next.attempt_id)
+            && let Err(e) = self.adopt(scope, next)
         {
-            tracing::error!(attempt = %next.attempt_id, error = %e, "starting the next attempt's grain; the reconciler will retry");
+            tracing::error!(attempt = %next, error = %e, "starting the next attempt's grain; the reconciler will retry");
         }
         if let Some(child) = followup.child_ended {
             self.child_ended(scope, child).await;
