@@ -47,7 +47,7 @@ impl Record for WorkerPool {
     }
 }
 
-crate::versioned!(WorkerPool, version, no_rule);
+crate::versioned!(WorkerPool, version);
 
 impl Record for Quota {
     const TABLE: Table = Table::Quotas;
@@ -82,7 +82,11 @@ impl Record for CapacityLease {
     }
 }
 
-crate::versioned!(CapacityLease, version);
+crate::versioned!(
+    CapacityLease,
+    version,
+    crate::domain::capacity::lease::StoredLease
+);
 
 /// Lease seconds charged to a tenant and its projects on one UTC day.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -811,10 +811,23 @@ impl EventPayload for ReleaseLifecycleChanged<'_> {
     const TOPIC: &'static str = "execution.releases.v1.release-lifecycle-changed";
 }
 
-impl LoadedRelease {
-    /// The rule between a stored release and any state written over it:
-    /// its lifecycle only moves forward (Published, Deprecated, Revoked), so
-    /// nothing brings a withdrawn release back.
+/// What the rule between a stored release and any state written over it
+/// reads of the stored one.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredRelease {
+    /// The release.
+    pub release_id: String,
+    /// Its stored version.
+    #[serde(default = "crate::domain::stored_before_versions")]
+    pub revision: u64,
+    /// Its lifecycle.
+    pub lifecycle: Lifecycle,
+}
+
+impl StoredRelease {
+    /// A release's lifecycle only moves forward (Published, Deprecated,
+    /// Revoked), so nothing brings a withdrawn release back.
     pub fn check_successor(&self, next: &LoadedRelease) -> Result<(), String> {
         let rank = |l: Lifecycle| match l {
             Lifecycle::Published => 0,
@@ -829,7 +842,9 @@ impl LoadedRelease {
         }
         Ok(())
     }
+}
 
+impl LoadedRelease {
     /// The event that announces a verification or rejection.
     pub fn load_event(&self, now: DateTime<Utc>) -> NewEvent {
         match self.state {

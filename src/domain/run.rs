@@ -220,20 +220,36 @@ pub enum Next {
     Done,
 }
 
-impl Run {
-    /// The step being worked on.
-    pub fn step(&self) -> &Step {
-        &self.steps[self.current_step as usize]
-    }
+/// What the rules between a stored run and any state written over it read
+/// of the stored one; the store decodes just this from the stored record.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredRun {
+    /// The run.
+    pub run_id: Uuid,
+    /// Its stored version.
+    pub version: u64,
+    /// Its state.
+    pub state: RunState,
+    /// Its output.
+    pub output_ref: Option<String>,
+    /// Its steps.
+    pub steps: Vec<StoredStep>,
+}
 
-    /// Records a new attempt for the current step.
-    pub fn add_attempt(&mut self, attempt_id: Uuid, fencing_token: u64) {
-        let step = &mut self.steps[self.current_step as usize];
-        step.attempts.push(attempt_id);
-        step.fencing_token = fencing_token;
-        step.state = RunState::Running;
-    }
+/// A stored step, as the successor rules read it.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredStep {
+    /// Its name.
+    pub name: String,
+    /// Its attempts.
+    pub attempts: Vec<Uuid>,
+    /// Its latest fencing token.
+    pub fencing_token: u64,
+}
 
+impl StoredRun {
     /// The rules between a stored run and any state written over it: an
     /// ended run stays ended with its output and gets no new attempt; a
     /// step's attempts are never removed and its fencing token never goes
@@ -275,6 +291,46 @@ impl Run {
             }
         }
         Ok(())
+    }
+}
+
+impl Run {
+    /// The step being worked on.
+    pub fn step(&self) -> &Step {
+        &self.steps[self.current_step as usize]
+    }
+
+    /// Records a new attempt for the current step.
+    pub fn add_attempt(&mut self, attempt_id: Uuid, fencing_token: u64) {
+        let step = &mut self.steps[self.current_step as usize];
+        step.attempts.push(attempt_id);
+        step.fencing_token = fencing_token;
+        step.state = RunState::Running;
+    }
+
+    /// What the rules between this state and a successor read of it.
+    pub fn stored(&self) -> StoredRun {
+        StoredRun {
+            run_id: self.run_id,
+            version: self.version,
+            state: self.state,
+            output_ref: self.output_ref.clone(),
+            steps: self
+                .steps
+                .iter()
+                .map(|s| StoredStep {
+                    name: s.name.clone(),
+                    attempts: s.attempts.clone(),
+                    fencing_token: s.fencing_token,
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether `next` may be written over this state (see
+    /// [`StoredRun::check_successor`]).
+    pub fn check_successor(&self, next: &Run) -> Result<(), String> {
+        self.stored().check_successor(next)
     }
 
     /// A live attempt of the current step is leased again (resumed by a new

@@ -52,7 +52,11 @@ impl Record for LoadedRelease {
     }
 }
 
-crate::versioned!(LoadedRelease, revision);
+crate::versioned!(
+    LoadedRelease,
+    revision,
+    crate::domain::release::StoredRelease
+);
 
 /// What applying an in-flight policy did to running attempts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

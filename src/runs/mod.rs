@@ -42,7 +42,7 @@ impl Record for Run {
     }
 }
 
-crate::versioned!(Run, version);
+crate::versioned!(Run, version, crate::domain::run::StoredRun);
 
 /// The fields of a run that lists need, read from the store without
 /// decoding the rest of the record.

@@ -51,7 +51,11 @@ impl Record for ExecutionAttempt {
     }
 }
 
-crate::versioned!(ExecutionAttempt, version);
+crate::versioned!(
+    ExecutionAttempt,
+    version,
+    crate::domain::attempt::StoredAttempt
+);
 
 /// The fields of an attempt that lists and counts need, read from the
 /// store without decoding the rest of the record.

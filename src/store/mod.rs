@@ -212,6 +212,10 @@ pub trait Record: Serialize + DeserializeOwned + Send + Sync + 'static {
 /// writes it only over exactly that version and numbers the new state,
 /// so no writer can replace a newer state with one derived from an older.
 pub trait Versioned: Record {
+    /// What the successor rules read of a stored state, with its version:
+    /// decoded from the stored bytes alone, the rest of the record skipped,
+    /// so that checking a write costs little on the writer thread.
+    type Stored: DeserializeOwned + StoredVersion;
     /// The stored version this value was derived from (0: new).
     fn version(&self) -> u64;
     /// Sets the version; only [`Tx::save`] calls it.
@@ -220,38 +224,68 @@ pub trait Versioned: Record {
     /// over it, whoever writes it (the domain's invariants: what has ended
     /// stays ended, what is monotonic never goes back). A violation names
     /// the rule; the write is refused.
-    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
-        let _ = (stored, next);
-        Ok(())
+    fn check_successor(stored: &Self::Stored, next: &Self) -> Result<(), String>;
+}
+
+/// The version of a stored aggregate, as its [`Versioned::Stored`] part
+/// carries it.
+pub trait StoredVersion {
+    /// The stored version.
+    fn version(&self) -> u64;
+}
+
+/// The stored part of an aggregate without successor rules: its version.
+#[derive(Debug, serde::Deserialize)]
+pub struct VersionOnly {
+    /// The stored version.
+    #[serde(default = "crate::domain::stored_before_versions")]
+    pub version: u64,
+}
+
+impl StoredVersion for VersionOnly {
+    fn version(&self) -> u64 {
+        self.version
     }
 }
 
 /// Implements [`Versioned`] for a record whose stored version is the `u64`
-/// field `$field` and whose successor rule is its own
-/// `check_successor(&self, &Self) -> Result<(), String>` (written in the
-/// domain, where the rule is decided); `no_rule` for a record without one.
+/// field `$field`, with `$stored` the part of it its successor rules read
+/// (a domain type with the same version field and a
+/// `check_successor(&self, &Record) -> Result<(), String>`, written in the
+/// domain, where the rule is decided); without `$stored`, a record with no
+/// rule but the version.
 #[macro_export]
 macro_rules! versioned {
-    ($record:ty, $field:ident) => {
+    ($record:ty, $field:ident, $stored:ty) => {
         impl $crate::store::Versioned for $record {
+            type Stored = $stored;
             fn version(&self) -> u64 {
                 self.$field
             }
             fn set_version(&mut self, version: u64) {
                 self.$field = version;
             }
-            fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
+            fn check_successor(stored: &$stored, next: &Self) -> Result<(), String> {
                 stored.check_successor(next)
             }
         }
+        impl $crate::store::StoredVersion for $stored {
+            fn version(&self) -> u64 {
+                self.$field
+            }
+        }
     };
-    ($record:ty, $field:ident, no_rule) => {
+    ($record:ty, $field:ident) => {
         impl $crate::store::Versioned for $record {
+            type Stored = $crate::store::VersionOnly;
             fn version(&self) -> u64 {
                 self.$field
             }
             fn set_version(&mut self, version: u64) {
                 self.$field = version;
+            }
+            fn check_successor(_: &$crate::store::VersionOnly, _: &Self) -> Result<(), String> {
+                Ok(())
             }
         }
     };
@@ -904,7 +938,7 @@ pub(crate) fn decode<R: Record>(key: &[u8], bytes: &[u8]) -> Result<R, StoreErro
 }
 
 /// Decodes the projection `P` of a record of table `R`.
-fn project<R: Record + Serialize, P: DeserializeOwned>(
+pub(crate) fn project<R: Record + Serialize, P: DeserializeOwned>(
     key: &[u8],
     bytes: &[u8],
 ) -> Result<P, StoreError> {

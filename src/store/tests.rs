@@ -71,23 +71,27 @@ impl Record for Tally {
     }
 }
 
-impl Versioned for Tally {
-    fn version(&self) -> u64 {
-        self.version
-    }
-    fn set_version(&mut self, version: u64) {
-        self.version = version;
-    }
-    fn check_successor(stored: &Self, next: &Self) -> Result<(), String> {
-        if next.count < stored.count {
-            return Err(format!("the count is {}; it never goes down", stored.count));
+/// What the tally's rules read of its stored state.
+#[derive(Deserialize)]
+struct StoredTally {
+    count: u64,
+    done: bool,
+    version: u64,
+}
+
+impl StoredTally {
+    fn check_successor(&self, next: &Tally) -> Result<(), String> {
+        if next.count < self.count {
+            return Err(format!("the count is {}; it never goes down", self.count));
         }
-        if stored.done && !next.done {
+        if self.done && !next.done {
             return Err("a finished tally stays finished".into());
         }
         Ok(())
     }
 }
+
+crate::versioned!(Tally, version, StoredTally);
 
 fn tally(scope: &TenantScope, id: &str) -> Tally {
     Tally {

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use super::outbox::StoredEvent;
 use super::{
-    Record, StoreError, Table, TenantScope, Versioned, decode, encode, index_prefix, record_key,
-    tenant_prefix,
+    Record, StoreError, StoredVersion, Table, TenantScope, Versioned, decode, encode, index_prefix,
+    project, record_key, tenant_prefix,
 };
 use crate::domain::events::NewEvent;
 use crate::telemetry::names;
@@ -201,7 +201,7 @@ impl<'a> Tx<'a> {
         let key = record_key(scope.tenant(), &id);
         let stored = self
             .read(R::TABLE, &key)?
-            .map(|bytes| decode::<R>(&key, &bytes))
+            .map(|bytes| project::<R, R::Stored>(&key, &bytes))
             .transpose()?;
         let base = record.version();
         match &stored {
@@ -217,7 +217,7 @@ impl<'a> Tx<'a> {
                     table: R::TABLE.name(),
                     key: format!("{}/{id}", scope.tenant()),
                     expected: words(Some(base)),
-                    found: words(stored.as_ref().map(Versioned::version)),
+                    found: words(stored.as_ref().map(StoredVersion::version)),
                 };
                 metrics::counter!(names::STORE_STALE_WRITES, "table" => R::TABLE.name())
                     .increment(1);

@@ -729,6 +729,73 @@ pub fn report_hash(
     }))
 }
 
+/// What the rules between a stored attempt and any state written over it
+/// read of the stored one; the store decodes just this from the stored
+/// record to check a write.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredAttempt {
+    /// The attempt.
+    pub attempt_id: Uuid,
+    /// Its stored version.
+    pub version: u64,
+    /// Its state.
+    pub state: AttemptState,
+    /// Its outcome's hash.
+    pub outcome_hash: Option<String>,
+    /// Its fencing token.
+    pub fencing_token: u64,
+    /// Its counters (checkpoint and call sequences).
+    pub usage: AttemptUsage,
+}
+
+impl StoredAttempt {
+    /// The rules between a stored attempt and any state written over it,
+    /// whoever writes it: an ended attempt never leaves its end and keeps
+    /// its one outcome; the fencing token never goes back; checkpoints and
+    /// call records are never unwritten (their sequences never go back).
+    /// A write that breaks one is refused, so no path can resurrect an
+    /// attempt or replace its outcome, whatever copy it holds.
+    pub fn check_successor(&self, next: &ExecutionAttempt) -> Result<(), String> {
+        if self.state.is_terminal()
+            && (next.state != self.state || next.outcome_hash != self.outcome_hash)
+        {
+            return Err(format!(
+                "attempt {} ended {} with outcome {}; it cannot become {} with outcome {}",
+                self.attempt_id,
+                self.state,
+                self.outcome_hash.as_deref().unwrap_or("(none)"),
+                next.state,
+                next.outcome_hash.as_deref().unwrap_or("(none)")
+            ));
+        }
+        if self.outcome_hash.is_some() && next.outcome_hash != self.outcome_hash {
+            return Err(format!(
+                "attempt {} reported outcome {}; a second outcome is refused",
+                self.attempt_id,
+                self.outcome_hash.as_deref().unwrap_or_default()
+            ));
+        }
+        if next.fencing_token < self.fencing_token {
+            return Err(format!(
+                "the fencing token of attempt {} is {}; it cannot go back to {}",
+                self.attempt_id, self.fencing_token, next.fencing_token
+            ));
+        }
+        if next.usage.checkpoints < self.usage.checkpoints || next.usage.calls < self.usage.calls {
+            return Err(format!(
+                "attempt {} has {} checkpoints and {} call records; a state with {} and {} would unwrite them",
+                self.attempt_id,
+                self.usage.checkpoints,
+                self.usage.calls,
+                next.usage.checkpoints,
+                next.usage.calls
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl ExecutionAttempt {
     /// A dispatched attempt: Claimed, Resolving.
     pub fn new(spec: NewAttempt, now: DateTime<Utc>) -> ExecutionAttempt {
@@ -786,49 +853,22 @@ impl ExecutionAttempt {
         }
     }
 
-    /// The rules between a stored attempt and any state written over it,
-    /// whoever writes it: an ended attempt never leaves its end and keeps
-    /// its one outcome; the fencing token never goes back; checkpoints and
-    /// call records are never unwritten (their sequences never go back).
-    /// A write that breaks one is refused, so no path can resurrect an
-    /// attempt or replace its outcome, whatever copy it holds.
+    /// What the rules between this state and a successor read of it.
+    pub fn stored(&self) -> StoredAttempt {
+        StoredAttempt {
+            attempt_id: self.attempt_id,
+            version: self.version,
+            state: self.state,
+            outcome_hash: self.outcome_hash.clone(),
+            fencing_token: self.fencing_token,
+            usage: self.usage,
+        }
+    }
+
+    /// Whether `next` may be written over this state (see
+    /// [`StoredAttempt::check_successor`]).
     pub fn check_successor(&self, next: &ExecutionAttempt) -> Result<(), String> {
-        if self.state.is_terminal()
-            && (next.state != self.state || next.outcome_hash != self.outcome_hash)
-        {
-            return Err(format!(
-                "attempt {} ended {} with outcome {}; it cannot become {} with outcome {}",
-                self.attempt_id,
-                self.state,
-                self.outcome_hash.as_deref().unwrap_or("(none)"),
-                next.state,
-                next.outcome_hash.as_deref().unwrap_or("(none)")
-            ));
-        }
-        if self.outcome_hash.is_some() && next.outcome_hash != self.outcome_hash {
-            return Err(format!(
-                "attempt {} reported outcome {}; a second outcome is refused",
-                self.attempt_id,
-                self.outcome_hash.as_deref().unwrap_or_default()
-            ));
-        }
-        if next.fencing_token < self.fencing_token {
-            return Err(format!(
-                "the fencing token of attempt {} is {}; it cannot go back to {}",
-                self.attempt_id, self.fencing_token, next.fencing_token
-            ));
-        }
-        if next.usage.checkpoints < self.usage.checkpoints || next.usage.calls < self.usage.calls {
-            return Err(format!(
-                "attempt {} has {} checkpoints and {} call records; a state with {} and {} would unwrite them",
-                self.attempt_id,
-                self.usage.checkpoints,
-                self.usage.calls,
-                next.usage.checkpoints,
-                next.usage.calls
-            ));
-        }
-        Ok(())
+        self.stored().check_successor(next)
     }
 
     fn illegal(&self, command: impl Into<String>) -> IllegalTransition {

@@ -291,6 +291,33 @@ pub struct Ended {
     pub freed: bool,
 }
 
+/// What the rule between a stored lease and any state written over it
+/// reads of the stored one.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredLease {
+    /// The lease.
+    pub lease_id: Uuid,
+    /// Its stored version.
+    #[serde(default = "crate::domain::stored_before_versions")]
+    pub version: u64,
+    /// Its state.
+    pub state: LeaseState,
+}
+
+impl StoredLease {
+    /// A lease that ended (released, expired, denied) stays ended.
+    pub fn check_successor(&self, next: &CapacityLease) -> Result<(), String> {
+        if self.state.is_terminal() && next.state != self.state {
+            return Err(format!(
+                "capacity lease {} ended {:?}; it cannot become {:?}",
+                self.lease_id, self.state, next.state
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl CapacityLease {
     /// A new request, placed in `pool_id`. An unattended request lapses
     /// after `ttl` unless its holder asks again.
@@ -324,18 +351,6 @@ impl CapacityLease {
             execution_seconds: 0,
             version: 0,
         }
-    }
-
-    /// The rule between a stored lease and any state written over it: a
-    /// lease that ended (released, expired, denied) stays ended.
-    pub fn check_successor(&self, next: &CapacityLease) -> Result<(), String> {
-        if self.state.is_terminal() && next.state != self.state {
-            return Err(format!(
-                "capacity lease {} ended {:?}; it cannot become {:?}",
-                self.lease_id, self.state, next.state
-            ));
-        }
-        Ok(())
     }
 
     fn illegal(&self, command: &'static str) -> IllegalTransition {

@@ -50,6 +50,15 @@ mod lifecycle;
 
 type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
 
+/// How a handled message is answered, once the grain's view shows it.
+type Answer = Option<Box<dyn FnOnce() + Send>>;
+
+fn reply_with<T: Send + 'static>(reply: Reply<T>, result: Result<T, RuntimeError>) -> Answer {
+    Some(Box::new(move || {
+        let _ = reply.send(result);
+    }))
+}
+
 /// A message to a grain. Messages are few and short-lived; their size
 /// does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -386,9 +395,16 @@ impl Grain {
             tokio::select! {
                 msg = rx.recv() => match msg {
                     Some(msg) => {
-                        self.handle(msg).await;
+                        let answer = self.handle(msg).await;
                         if self.claimable() {
                             self.shared.set_claimable(&self.attempt, true);
+                        }
+                        // Readers of a live attempt read this view: it
+                        // shows a write before its writer is answered, so
+                        // whoever was told can read it back.
+                        self.publish();
+                        if let Some(send) = answer {
+                            send();
                         }
                     }
                     None => break,
@@ -471,7 +487,6 @@ impl Grain {
         if self.attempt.state.is_terminal() {
             self.shared.set_claimable(&self.attempt, false);
         }
-        self.publish();
     }
 
     async fn init(&mut self) -> Result<(), RuntimeError> {
@@ -719,11 +734,11 @@ impl Grain {
         }
     }
 
-    async fn handle(&mut self, msg: Msg) {
+    /// Applies a message; returns how to answer it, which the caller does
+    /// once the grain's view shows the result (see [`Grain::run`]).
+    async fn handle(&mut self, msg: Msg) -> Answer {
         match msg {
-            Msg::Claim { holder, reply } => {
-                let _ = reply.send(self.claim(holder).await);
-            }
+            Msg::Claim { holder, reply } => reply_with(reply, self.claim(holder).await),
             Msg::Start {
                 token,
                 adapter_version,
@@ -739,31 +754,25 @@ impl Grain {
                         context_snapshot_ref,
                     )
                     .await;
-                let _ = reply.send(r);
+                reply_with(reply, r)
             }
-            Msg::Heartbeat { token, reply } => {
-                let _ = reply.send(self.heartbeat(token).await);
-            }
+            Msg::Heartbeat { token, reply } => reply_with(reply, self.heartbeat(token).await),
             Msg::BeginCall { token, call, reply } => {
-                let _ = reply.send(self.begin_call(token, call).await);
+                reply_with(reply, self.begin_call(token, call).await)
             }
             Msg::CompleteCall {
                 token,
                 completion,
                 reply,
-            } => {
-                let _ = reply.send(self.complete_call(token, completion).await);
-            }
+            } => reply_with(reply, self.complete_call(token, completion).await),
             Msg::Checkpoint {
                 token,
                 state,
                 phase,
                 reply,
-            } => {
-                let _ = reply.send(self.adapter_checkpoint(token, state, phase).await);
-            }
+            } => reply_with(reply, self.adapter_checkpoint(token, state, phase).await),
             Msg::RequestDecision { token, ask, reply } => {
-                let _ = reply.send(self.request_decision(token, ask).await);
+                reply_with(reply, self.request_decision(token, ask).await)
             }
             Msg::Answer {
                 decision_id,
@@ -771,37 +780,23 @@ impl Grain {
                 choice,
                 answer,
                 reply,
-            } => {
-                let _ = reply.send(self.answer(decision_id, by, choice, answer).await);
-            }
+            } => reply_with(reply, self.answer(decision_id, by, choice, answer).await),
             Msg::Decide {
                 decision_id,
                 approve,
                 by,
                 reason,
                 reply,
-            } => {
-                let _ = reply.send(self.decide(decision_id, approve, by, reason).await);
-            }
-            Msg::Interrupt { request, reply } => {
-                let _ = reply.send(self.interrupt(request).await);
-            }
+            } => reply_with(reply, self.decide(decision_id, approve, by, reason).await),
+            Msg::Interrupt { request, reply } => reply_with(reply, self.interrupt(request).await),
             Msg::Report {
                 token,
                 report,
                 reply,
-            } => {
-                let _ = reply.send(self.report(token, report).await);
-            }
-            Msg::ChildEnded { child, reply } => {
-                let _ = reply.send(self.child_ended(*child).await);
-            }
-            Msg::Renew { reply } => {
-                let _ = reply.send(self.renew().await);
-            }
-            Msg::Reconcile { reply } => {
-                let _ = reply.send(self.reconcile().await);
-            }
+            } => reply_with(reply, self.report(token, report).await),
+            Msg::ChildEnded { child, reply } => reply_with(reply, self.child_ended(*child).await),
+            Msg::Renew { reply } => reply_with(reply, self.renew().await),
+            Msg::Reconcile { reply } => reply_with(reply, self.reconcile().await),
             Msg::Fail { failure, reply } => {
                 let r = async {
                     let mut a = self.attempt.clone();
@@ -810,12 +805,13 @@ impl Grain {
                     Ok(self.attempt.clone())
                 }
                 .await;
-                let _ = reply.send(r);
+                reply_with(reply, r)
             }
             Msg::Capacity(result) => {
                 if let Err(e) = self.on_capacity(result).await {
                     tracing::warn!(attempt = %self.attempt.attempt_id, error = %e, "recording a capacity lease");
                 }
+                None
             }
         }
     }
@@ -863,10 +859,6 @@ impl Grain {
         let mut next = next;
         next.version = version;
         self.become_current(next);
-        // Readers of a live attempt read its view: it shows the write
-        // before the writer hears it is done, so whoever was told can read
-        // it back.
-        self.publish();
         if ended {
             self.ended(followup).await;
         }
