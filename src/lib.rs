@@ -14,7 +14,8 @@
 //! demo.rs        the demo tenant a zero-config start seeds
 //! winservice.rs  the Windows service of the MSI install (Windows only)
 //! domain/        the rules, pure: types and transitions, no IO, no async
-//! store/         sled behind a typed facade: tenant-first keys, group commit, outbox, backup
+//! store/         sled behind a typed facade: tenant-first keys, versioned aggregates,
+//!                group commit, outbox, backup
 //! auth/          client credentials, console users and sessions, bearer tokens, principals,
 //!                scope extractors
 //! runs/          run control: submit, status, cancel, approvals, settlement, outcomes
@@ -39,9 +40,12 @@
 //!    current state and calls a `domain` transition, which returns the new
 //!    state and its events, or a typed error.
 //! 5. One [`store::Store::transact`] closure writes the aggregate, its
-//!    indexes and its events; the store's writer applies it with the other
-//!    writes that queued up, the flusher syncs them to disk, and only then
-//!    does the call return.
+//!    indexes and its events; an aggregate that more than one path writes
+//!    is [`store::Versioned`] and goes in only over the stored version it
+//!    was derived from ([`store::Tx::save`]), so no path can replace a
+//!    newer state with an older one. The store's writer applies the closure
+//!    with the other writes that queued up, the flusher syncs them to disk,
+//!    and only then does the call return.
 //! 6. The handler answers; errors become problem+json or Connect errors from
 //!    one table (`api::error`). Committed events reach `/events` subscribers.
 //!
