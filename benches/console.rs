@@ -174,13 +174,13 @@ async fn fill(state: &AppState) -> (String, String) {
 async fn session(state: &AppState) -> String {
     let (user, _) = agentbay::auth::users::create(
         &state.store,
+        &agentbay::domain::access::Actor::owner("bench"),
         agentbay::auth::users::NewUser {
             tenant: TenantScope::new(TenantId::platform()),
             username: "bench",
             display_name: "",
             roles: [Role::PlatformAdmin].into(),
             password: None,
-            created_by: "bench",
         },
         state.clock.now(),
     )

@@ -190,6 +190,7 @@ pub struct Running {
 
 /// Starts the appliance: returns once it listens.
 pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
+    crate::store::datadir::private_files();
     let clock = clocks.clock.clone();
     let config = Arc::new(config);
     let Local { datadir, store } = open_local(&config)?;

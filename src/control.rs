@@ -128,6 +128,7 @@ pub async fn client_create(
             let scopes = parse_scopes(scopes)?;
             let (c, secret) = clients::create(
                 &local.store,
+                &owner(),
                 TenantScope::new(tenant),
                 scopes,
                 description,
@@ -228,6 +229,7 @@ pub async fn client_revoke(config: &Config, client_id: &str) -> anyhow::Result<(
             clients::revoke(
                 &local.store,
                 None,
+                &owner(),
                 TenantScope::new(tenant),
                 client_id,
                 chrono::Utc::now(),
@@ -280,13 +282,13 @@ pub async fn user_create(config: &Config, args: NewUserArgs<'_>, json: bool) -> 
             let roles = crate::domain::user::parse_roles(args.roles)?;
             let (user, generated) = crate::auth::users::create(
                 &local.store,
+                &owner(),
                 crate::auth::users::NewUser {
                     tenant: TenantScope::new(tenant),
                     username: args.username,
                     display_name: args.name,
                     roles,
                     password: args.password.as_deref(),
-                    created_by: "command line",
                 },
                 chrono::Utc::now(),
             )
@@ -400,9 +402,9 @@ pub async fn user_disable(config: &Config, tenant: &str, username: &str) -> anyh
         Target::Offline(local) => {
             crate::auth::users::disable(
                 &local.store,
+                &owner(),
                 TenantScope::new(TenantId::parse_field("--tenant", tenant)?),
                 username,
-                "command line",
                 chrono::Utc::now(),
             )
             .await?;
@@ -410,6 +412,96 @@ pub async fn user_disable(config: &Config, tenant: &str, username: &str) -> anyh
     }
     println!("disabled {username} in {tenant} ({})", target.describe());
     close(target)
+}
+
+/// `agentbay user enable`.
+pub async fn user_enable(config: &Config, tenant: &str, username: &str) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    match &target {
+        Target::Running { client, .. } => {
+            client
+                .enable_user(pb::EnableUserRequest {
+                    tenant_id: tenant.to_string(),
+                    username: username.to_string(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(connect_error)?;
+        }
+        Target::Offline(local) => {
+            crate::auth::users::enable(
+                &local.store,
+                &owner(),
+                TenantScope::new(TenantId::parse_field("--tenant", tenant)?),
+                username,
+                chrono::Utc::now(),
+            )
+            .await?;
+        }
+    }
+    println!("enabled {username} in {tenant} ({})", target.describe());
+    close(target)
+}
+
+/// `agentbay user reset-password`: a password from a file, or a generated
+/// one printed once.
+pub async fn user_reset_password(
+    config: &Config,
+    tenant: &str,
+    username: &str,
+    password: Option<String>,
+) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    let generated = match &target {
+        Target::Running { client, .. } => {
+            client
+                .reset_user_password(pb::ResetUserPasswordRequest {
+                    tenant_id: tenant.to_string(),
+                    username: username.to_string(),
+                    password: password.unwrap_or_default(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(connect_error)?
+                .into_owned()
+                .generated_password
+        }
+        Target::Offline(local) => {
+            let generated = password
+                .is_none()
+                .then(crate::auth::users::generate_password);
+            crate::auth::users::set_password(
+                &local.store,
+                &owner(),
+                TenantScope::new(TenantId::parse_field("--tenant", tenant)?),
+                username,
+                password
+                    .as_deref()
+                    .or(generated.as_deref())
+                    .unwrap_or_default(),
+                chrono::Utc::now(),
+            )
+            .await?;
+            generated.unwrap_or_default()
+        }
+    };
+    if generated.is_empty() {
+        println!(
+            "password of {username} in {tenant} set ({})",
+            target.describe()
+        );
+    } else {
+        println!(
+            "password of {username} in {tenant} reset ({}); the new password, shown once:\n  {generated}",
+            target.describe()
+        );
+    }
+    close(target)
+}
+
+/// The appliance's owner at the machine: what the offline CLI acts as.
+fn owner() -> crate::domain::access::Actor {
+    crate::domain::access::Actor::owner("the appliance's owner (agentbay command line)")
 }
 
 /// `agentbay backup FILE`.
@@ -422,8 +514,7 @@ pub async fn backup(config: &Config, file: &Path) -> anyhow::Result<()> {
     let result = async {
         match &target {
             Target::Running { client, .. } => {
-                let mut out = std::fs::File::create(&partial)
-                    .with_context(|| format!("creating {}", partial.display()))?;
+                let mut out = crate::store::datadir::create_private_file(&partial)?;
                 let mut stream = client
                     .backup(pb::BackupRequest::default())
                     .await
@@ -437,8 +528,7 @@ pub async fn backup(config: &Config, file: &Path) -> anyhow::Result<()> {
                 Ok::<_, anyhow::Error>(format!("{bytes} bytes"))
             }
             Target::Offline(local) => {
-                let out = std::fs::File::create(&partial)
-                    .with_context(|| format!("creating {}", partial.display()))?;
+                let out = crate::store::datadir::create_private_file(&partial)?;
                 let files = crate::tls::backup_files(&local.datadir.tls_dir());
                 let summary = local.store.backup(out, files).await?;
                 std::fs::File::open(&partial)?.sync_all()?;

@@ -247,6 +247,30 @@ enum UserCommand {
         /// The user name.
         username: String,
     },
+    /// Enable a disabled user: it may sign in again.
+    Enable {
+        #[command(flatten)]
+        common: Common,
+        /// The user's tenant.
+        #[arg(long)]
+        tenant: String,
+        /// The user name.
+        username: String,
+    },
+    /// Reset a user's password (a generated one is printed once); its
+    /// sessions end.
+    ResetPassword {
+        #[command(flatten)]
+        common: Common,
+        /// The user's tenant.
+        #[arg(long)]
+        tenant: String,
+        /// The user name.
+        username: String,
+        /// Read the new password from this file instead of generating one.
+        #[arg(long, value_name = "FILE")]
+        password_file: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -334,6 +358,19 @@ async fn shutdown_signal() {
 }
 
 async fn execute(command: Command) -> anyhow::Result<()> {
+    // Every command but the release tools (which write the user's bundles
+    // and public keys) touches a data directory or writes a backup: what it
+    // creates is private, whatever the umask it was started with.
+    if !matches!(
+        command,
+        Command::Release {
+            command: ReleaseCommand::Keygen { .. }
+                | ReleaseCommand::Sign { .. }
+                | ReleaseCommand::Verify { .. }
+        } | Command::Version
+    ) {
+        agentbay::store::datadir::private_files();
+    }
     match command {
         Command::Serve {
             common,
@@ -403,19 +440,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             } => {
                 let config = load(&common, None)?;
                 quiet_logging(&config);
-                let password = match password_file {
-                    Some(path) => Some(
-                        std::fs::read_to_string(&path)
-                            .map_err(|e| {
-                                anyhow::anyhow!("--password-file {}: {e}", path.display())
-                            })?
-                            .lines()
-                            .next()
-                            .unwrap_or_default()
-                            .to_string(),
-                    ),
-                    None => None,
-                };
+                let password = password_file.map(|f| read_password(&f)).transpose()?;
                 control::user_create(
                     &config,
                     control::NewUserArgs {
@@ -446,6 +471,26 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 let config = load(&common, None)?;
                 quiet_logging(&config);
                 control::user_disable(&config, &tenant, &username).await
+            }
+            UserCommand::Enable {
+                common,
+                tenant,
+                username,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::user_enable(&config, &tenant, &username).await
+            }
+            UserCommand::ResetPassword {
+                common,
+                tenant,
+                username,
+                password_file,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                let password = password_file.map(|f| read_password(&f)).transpose()?;
+                control::user_reset_password(&config, &tenant, &username, password).await
             }
         },
         Command::Tenant { command } => match command {
@@ -547,4 +592,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The first line of a `--password-file`: passwords stay off command lines.
+fn read_password(path: &std::path::Path) -> anyhow::Result<String> {
+    Ok(std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--password-file {}: {e}", path.display()))?
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string())
 }

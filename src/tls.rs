@@ -18,7 +18,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use sha2::{Digest, Sha256};
 
 use crate::config::TlsConfig;
-use crate::store::datadir::write_private;
+use crate::store::datadir::{write_private, write_public};
 
 /// A TLS problem, with the file or setting named.
 #[derive(Debug, thiserror::Error)]
@@ -183,7 +183,9 @@ fn generate(tls_dir: &Path, extra_names: &[String]) -> Result<(), TlsError> {
         write_private(&tls_dir.join(name), data.as_bytes())
             .map_err(|e| TlsError::File(e.to_string()))
     };
-    write("ca.pem", &ca_cert.pem())?;
+    // The CA certificate is public: clients need it to trust the appliance.
+    write_public(&tls_dir.join("ca.pem"), ca_cert.pem().as_bytes())
+        .map_err(|e| TlsError::File(e.to_string()))?;
     write("ca.key", &issuer.key().serialize_pem())?;
     write("server.key", &leaf_key.serialize_pem())?;
     // The chain: leaf first, then the CA, so clients that trust ca.pem can

@@ -213,12 +213,12 @@ pub async fn get_quotas(
     ))
 }
 
-/// `SetQuota`: tighten a tenant's or a project's quota (WorkspaceAdmin), or
-/// set an edition's defaults (PlatformAdmin).
+/// `SetQuota`: set an edition's defaults or a tenant's limits
+/// (PlatformAdmin), or tighten a project's (WorkspaceAdmin of its tenant).
 #[utoipa::path(put, path = "/factory/capacity/quotas/{scope}", tag = "capacity",
     params(("scope" = String, Path, description = "edition.<name>, tenant.<tenantId> or project.<tenantId>.<projectId>")),
     request_body(content = Object, description = "Any of concurrentRuns, concurrentSandboxes, cpuPerAttempt, memoryGbPerAttempt, executionMinutesPerDay: a value, or null to leave it to the parent"),
-    responses((status = 200, description = "The quota and the effective limits now", body = Object), (status = 400, description = "A value would loosen the parent's limit: the field, the value and the bound are named")),
+    responses((status = 200, description = "The quota and the effective limits now", body = Object), (status = 400, description = "A value would loosen the parent's limit: the field, the value and the bound are named"), (status = 403, description = "The caller may not set this level: tenant limits and editions are PlatformAdmins'")),
     security(("bearer" = [])))]
 pub async fn set_quota(
     State(state): State<AppState>,
@@ -227,17 +227,9 @@ pub async fn set_quota(
     ApiJson(patch): ApiJson<QuotaPatch>,
 ) -> Result<Json<Value>, ApiError> {
     let scope = QuotaScope::parse(&scope)?;
-    match &scope {
-        QuotaScope::Edition { .. } => {
-            auth.principal.platform_scope()?;
-        }
-        other => {
-            auth.principal.scope_for(&other.tenant())?;
-        }
-    }
     let quota = state
         .capacity
-        .set_quota(scope.clone(), patch, &auth.principal.subject.to_string())
+        .set_quota(scope.clone(), patch, &auth.principal.actor())
         .await?;
     let effective = match &scope {
         QuotaScope::Edition { .. } => None,

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::api::error::{ApiError, ErrorCode};
 use crate::app::AppState;
 use crate::auth::extract::{Authorized, need};
 use crate::telemetry::names;
@@ -65,18 +66,33 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     (status, Json(body)).into_response()
 }
 
-/// Prometheus metrics.
+/// Prometheus metrics: the appliance's, which describe every tenant, so
+/// scraping is for principals of the platform tenant holding
+/// `agentbay.metrics.read` (a scope only the platform tenant's credentials
+/// can hold).
 #[utoipa::path(
     get,
     path = "/metrics",
     tag = "operations",
-    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain")),
-    security(("bearer" = []))
+    responses(
+        (status = 200, description = "Prometheus text exposition", content_type = "text/plain"),
+        (status = 403, description = "Not a principal of the platform tenant holding agentbay.metrics.read", content_type = "application/problem+json"),
+    ),
+    security(("bearer" = ["agentbay.metrics.read"]))
 )]
 pub async fn metrics(
     State(state): State<AppState>,
-    _auth: Authorized<need::MetricsRead>,
-) -> Response {
+    auth: Authorized<need::MetricsRead>,
+) -> Result<Response, ApiError> {
+    if !auth.principal.tenant.is_platform() {
+        return Err(ApiError::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "the metrics describe every tenant: only principals of the platform tenant may scrape them, not {} of tenant {}",
+                auth.principal.subject, auth.principal.tenant
+            ),
+        ));
+    }
     let stats = state.store.commit_stats();
     metrics::counter!(names::STORE_COMMITS).absolute(stats.commits);
     metrics::counter!(names::STORE_FLUSHES).absolute(stats.flushes);
@@ -88,5 +104,5 @@ pub async fn metrics(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
-    response
+    Ok(response)
 }

@@ -168,10 +168,14 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 /// Counts and times every request by route, and logs failures.
 async fn observe(State(_state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
+    // Label values come from fixed sets only, whatever the request: the
+    // template of a matched route, a method of the contract, or
+    // `unmatched`. A path chosen by a caller never becomes a label.
     let route = match request.extensions().get::<MatchedPath>() {
         Some(p) => p.as_str().to_string(),
-        None if is_rpc_path(request.uri().path()) => request.uri().path().to_string(),
-        None => "unmatched".to_string(),
+        None => rpc::method_of(request.uri().path())
+            .unwrap_or("unmatched")
+            .to_string(),
     };
     let method = request.method().clone();
     let response = next.run(request).await;

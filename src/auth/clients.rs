@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 
 use super::{Auth, AuthError};
 use crate::capacity::records::TENANT_RECORD;
-use crate::domain::access::Scope;
+use crate::domain::access::{Actor, Scope};
 use crate::domain::credential::ClientCredential;
 use crate::domain::tenant::Tenant;
 use crate::domain::{DomainError, FieldError, TenantId};
@@ -80,18 +80,31 @@ pub(super) fn verify_secret(secret: &str, hash: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Creates a credential; returns it with its secret, which is shown once.
+/// Creates a credential, refusing scopes beyond the actor's authority;
+/// returns it with its secret, which is shown once.
 pub async fn create(
     store: &Store,
+    actor: &Actor,
     tenant: TenantScope,
     scopes: BTreeSet<Scope>,
     description: &str,
     now: DateTime<Utc>,
 ) -> Result<(ClientCredential, String), ClientError> {
+    let names: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+    actor.may_manage(
+        &scopes,
+        &format!("create a credential with the scopes {}", names.join(", ")),
+    )?;
     let secret = format!("{SECRET_PREFIX}{}", super::token::random_token());
     let hash = hash_secret(&secret).await;
-    let (credential, event) =
-        ClientCredential::create(tenant.tenant().clone(), scopes, description, hash, now)?;
+    let (credential, event) = ClientCredential::create(
+        tenant.tenant().clone(),
+        scopes,
+        description,
+        hash,
+        &actor.name,
+        now,
+    )?;
     let stored = credential.clone();
     store
         .transact(move |tx: &mut Tx| {
@@ -133,6 +146,7 @@ pub async fn bootstrap(
         Scope::ALL.iter().copied().collect(),
         "bootstrap PlatformAdmin credential",
         hash,
+        "bootstrap",
         now,
     )?;
     let password = super::users::generate_password();
@@ -229,21 +243,38 @@ pub fn list_all(
     store.scan_all(platform)
 }
 
-/// Revokes a credential of the scope's tenant. Idempotent.
+/// Revokes a credential of the scope's tenant, if the actor may manage it;
+/// the last active PlatformAdmin credential cannot be revoked. Idempotent.
 pub async fn revoke(
     store: &Store,
     auth: Option<&Auth>,
+    actor: &Actor,
     tenant: TenantScope,
     client_id: &str,
     now: DateTime<Utc>,
 ) -> Result<ClientCredential, ClientError> {
     let id = client_id.to_string();
+    let actor = actor.clone();
     let revoked = store
         .transact(move |tx: &mut Tx| {
             let mut credential: ClientCredential = tx
                 .get(&tenant, &id)?
                 .ok_or_else(|| DomainError::not_found("client", &id))?;
-            if let Some(event) = credential.revoke(now) {
+            actor.may_manage(&credential.scopes, &format!("revoke client {id}"))?;
+            if credential.is_active_platform_admin() {
+                let others = tx
+                    .list::<ClientCredential>(&TenantScope::new(TenantId::platform()))?
+                    .into_iter()
+                    .filter(|c| c.client_id != id && c.is_active_platform_admin())
+                    .count();
+                if others == 0 {
+                    return Err(DomainError::FailedPrecondition(format!(
+                        "client {id} is the last active PlatformAdmin credential; create another one first (agentbay client create --tenant platform --scope agentbay.platform ...)"
+                    ))
+                    .into());
+                }
+            }
+            if let Some(event) = credential.revoke(&actor.name, now) {
                 tx.put(&tenant, &credential)?;
                 tx.emit(event)?;
             }

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::clock::SharedClock;
 use crate::domain::TenantId;
-use crate::domain::access::Scope;
+use crate::domain::access::{Actor, Scope};
 use crate::store::{PlatformScope, Store, StoreError, TenantScope};
 
 pub use token::IssuedToken;
@@ -101,21 +101,12 @@ impl Principal {
         }
     }
 
-    /// Refuses to hand out scopes the principal does not hold itself (a
-    /// credential's scopes, a user's roles), naming them.
-    pub fn check_grant(&self, scopes: &BTreeSet<Scope>, what: &str) -> Result<(), AuthError> {
-        let beyond: Vec<&str> = scopes
-            .difference(&self.scopes)
-            .map(|s| s.as_str())
-            .collect();
-        if beyond.is_empty() {
-            Ok(())
-        } else {
-            Err(AuthError::Forbidden(format!(
-                "cannot grant {what}: it needs scopes {} does not hold: {}",
-                self.subject,
-                beyond.join(", ")
-            )))
+    /// The principal as the actor of a change to users or credentials.
+    pub fn actor(&self) -> Actor {
+        Actor {
+            name: self.subject.to_string(),
+            tenant: self.tenant.clone(),
+            scopes: self.scopes.clone(),
         }
     }
 

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use super::clients::{hash_secret, verify_secret};
 use super::{Auth, AuthError};
 use crate::capacity::records::TENANT_RECORD;
-use crate::domain::access::Role;
+use crate::domain::access::{Actor, Role, Scope};
 use crate::domain::tenant::Tenant;
 use crate::domain::user::{User, check_password, parse_username};
 use crate::domain::{DomainError, FieldError, TenantId};
@@ -69,18 +69,27 @@ pub struct NewUser<'a> {
     pub roles: BTreeSet<Role>,
     /// The password, checked for length; generated when `None`.
     pub password: Option<&'a str>,
-    /// Who creates it.
-    pub created_by: &'a str,
+}
+
+/// The scopes a set of roles stands for.
+fn scopes_of(roles: &BTreeSet<Role>) -> BTreeSet<Scope> {
+    roles.iter().flat_map(|r| r.scopes()).collect()
 }
 
 /// Creates a user in a registered tenant, refusing a name already taken in
-/// any tenant. Returns the user and the password when it was generated (to
-/// show once).
+/// any tenant and roles beyond the actor's authority. Returns the user and
+/// the password when it was generated (to show once).
 pub async fn create(
     store: &Store,
+    actor: &Actor,
     new: NewUser<'_>,
     now: DateTime<Utc>,
 ) -> Result<(User, Option<String>), UserError> {
+    let roles: Vec<&str> = new.roles.iter().map(|r| r.as_str()).collect();
+    actor.may_manage(
+        &scopes_of(&new.roles),
+        &format!("create a user with the roles {}", roles.join(", ")),
+    )?;
     let generated = new.password.is_none().then(generate_password);
     let password = new.password.or(generated.as_deref()).unwrap_or_default();
     check_password(password)?;
@@ -91,7 +100,7 @@ pub async fn create(
         new.display_name,
         new.roles,
         password_hash,
-        new.created_by,
+        &actor.name,
         now,
     )?;
     let stored = user.clone();
@@ -217,22 +226,72 @@ pub fn list_all(store: &Store, platform: &PlatformScope) -> Result<Vec<User>, St
     store.scan_all(platform)
 }
 
-/// Disables a user of the scope's tenant. Idempotent.
+/// Reads a user of the scope's tenant inside a transaction and checks that
+/// the actor may manage it (see [`Actor::may_manage`]).
+fn managed(
+    tx: &Tx,
+    actor: &Actor,
+    tenant: &TenantScope,
+    name: &str,
+    what: &str,
+) -> Result<User, UserError> {
+    let user: User = tx
+        .get(tenant, name)?
+        .ok_or_else(|| DomainError::not_found("user", name))?;
+    actor.may_manage(&user.scopes(), &format!("{what} user {name}"))?;
+    Ok(user)
+}
+
+/// Disables a user of the scope's tenant; the last active PlatformAdmin
+/// user cannot be disabled. Idempotent.
 pub async fn disable(
     store: &Store,
+    actor: &Actor,
     tenant: TenantScope,
     username: &str,
-    by: &str,
     now: DateTime<Utc>,
 ) -> Result<User, UserError> {
     let name = parse_username(username)?;
-    let by = by.to_string();
+    let actor = actor.clone();
     store
         .transact(move |tx: &mut Tx| {
-            let mut user: User = tx
-                .get(&tenant, &name)?
-                .ok_or_else(|| DomainError::not_found("user", &name))?;
-            if let Some(event) = user.disable(&by, now) {
+            let mut user = managed(tx, &actor, &tenant, &name, "disable")?;
+            if user.is_active_platform_admin() {
+                let others = tx
+                    .list::<User>(&TenantScope::new(TenantId::platform()))?
+                    .into_iter()
+                    .filter(|u| u.username != user.username && u.is_active_platform_admin())
+                    .count();
+                if others == 0 {
+                    return Err(DomainError::FailedPrecondition(format!(
+                        "user {name} is the last active PlatformAdmin user; create or enable another PlatformAdmin user first"
+                    ))
+                    .into());
+                }
+            }
+            if let Some(event) = user.disable(&actor.name, now) {
+                tx.put(&tenant, &user)?;
+                tx.emit(event)?;
+            }
+            Ok::<_, UserError>(user)
+        })
+        .await
+}
+
+/// Enables a disabled user of the scope's tenant again. Idempotent.
+pub async fn enable(
+    store: &Store,
+    actor: &Actor,
+    tenant: TenantScope,
+    username: &str,
+    now: DateTime<Utc>,
+) -> Result<User, UserError> {
+    let name = parse_username(username)?;
+    let actor = actor.clone();
+    store
+        .transact(move |tx: &mut Tx| {
+            let mut user = managed(tx, &actor, &tenant, &name, "enable")?;
+            if let Some(event) = user.enable(&actor.name, now) {
                 tx.put(&tenant, &user)?;
                 tx.emit(event)?;
             }
@@ -244,22 +303,28 @@ pub async fn disable(
 /// Sets a user's password (its own change, or an administrator's reset).
 pub async fn set_password(
     store: &Store,
+    actor: &Actor,
     tenant: TenantScope,
     username: &str,
     password: &str,
-    by: &str,
     now: DateTime<Utc>,
 ) -> Result<User, UserError> {
     let name = parse_username(username)?;
     check_password(password)?;
+    // Refused before the costly hash when the actor may not.
+    let target = store
+        .get::<User>(&tenant, &name)?
+        .ok_or_else(|| DomainError::not_found("user", &name))?;
+    actor.may_manage(
+        &target.scopes(),
+        &format!("set the password of user {name}"),
+    )?;
     let password_hash = hash_secret(password).await;
-    let by = by.to_string();
+    let actor = actor.clone();
     store
         .transact(move |tx: &mut Tx| {
-            let mut user: User = tx
-                .get(&tenant, &name)?
-                .ok_or_else(|| DomainError::not_found("user", &name))?;
-            let event = user.set_password(password_hash, &by, now);
+            let mut user = managed(tx, &actor, &tenant, &name, "set the password of")?;
+            let event = user.set_password(password_hash, &actor.name, now);
             tx.put(&tenant, &user)?;
             tx.emit(event)?;
             Ok::<_, UserError>(user)

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use tokio::sync::oneshot;
@@ -35,6 +35,7 @@ use self::holders::{Claim, HolderKey, Holders};
 use self::records::{ExecutionMinutes, TENANT_RECORD};
 use crate::clock::SharedClock;
 use crate::config::CapacityConfig;
+use crate::domain::access::Actor;
 use crate::domain::amount::Amount;
 use crate::domain::capacity::quota::quota_changed;
 use crate::domain::capacity::{
@@ -163,6 +164,12 @@ pub struct QuotaSet {
     pub quota_id: Option<Uuid>,
     /// What this level sets itself.
     pub own: QuotaLimits,
+    /// Who set this level last (absent while it sets nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set_by: Option<String>,
+    /// When.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set_at: Option<DateTime<Utc>>,
     /// What applies, each with the level it comes from.
     pub effective: EffectiveLimits,
     /// Leases holding capacity now and minutes used today.
@@ -199,6 +206,12 @@ pub struct TenantQuotas {
     pub edition: String,
     /// What the edition sets.
     pub edition_limits: QuotaLimits,
+    /// Who set the edition's limits: `configuration` for the configured
+    /// defaults, else the PlatformAdmin who changed them.
+    pub edition_set_by: String,
+    /// When, for a change made through the API.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub edition_set_at: Option<DateTime<Utc>>,
     /// The tenant level.
     pub tenant: QuotaSet,
     /// Each registered project.
@@ -558,14 +571,17 @@ impl Capacity {
 
     // ---- quotas -----------------------------------------------------------
 
-    /// `SetQuota`: tightens a tenant's or a project's quota, or sets an
-    /// edition's defaults. The caller's authority is checked by the API.
+    /// `SetQuota`: sets an edition's defaults or a tenant's limits
+    /// (PlatformAdmins), or tightens a project's (its tenant's
+    /// administrators); see [`QuotaScope::check_authority`].
     pub async fn set_quota(
         &self,
         scope: QuotaScope,
         patch: QuotaPatch,
-        by: &str,
+        actor: &Actor,
     ) -> Result<Quota, CapacityError> {
+        scope.check_authority(actor)?;
+        let by = actor.name.as_str();
         let _serial = self.admin.lock().await;
         let now = self.now();
         let (existing, parent, affected) = {
@@ -720,6 +736,8 @@ impl Capacity {
                 tenant_id: tenant_id.clone(),
                 project_id: Some(p.project_id.clone()),
                 quota_id: quota.as_ref().map(|q| q.quota_id),
+                set_by: quota.as_ref().map(|q| q.updated_by.clone()),
+                set_at: quota.as_ref().map(|q| q.updated_at),
                 own: quota.map(|q| q.limits).unwrap_or_default(),
                 effective,
                 usage: usage
@@ -729,13 +747,24 @@ impl Capacity {
                     .into(),
             });
         }
+        let edition_quota = book
+            .quota(&QuotaScope::Edition {
+                edition: record.edition.clone(),
+            })
+            .cloned();
         Ok(TenantQuotas {
             edition_limits: book.edition(&record.edition).unwrap_or_default(),
+            edition_set_by: edition_quota
+                .as_ref()
+                .map_or_else(|| "configuration".to_string(), |q| q.updated_by.clone()),
+            edition_set_at: edition_quota.map(|q| q.updated_at),
             edition: record.edition,
             tenant: QuotaSet {
                 tenant_id: tenant_id.clone(),
                 project_id: None,
                 quota_id: tenant_quota.as_ref().map(|q| q.quota_id),
+                set_by: tenant_quota.as_ref().map(|q| q.updated_by.clone()),
+                set_at: tenant_quota.as_ref().map(|q| q.updated_at),
                 own: tenant_quota.map(|q| q.limits).unwrap_or_default(),
                 effective: tenant_limits,
                 usage: usage.get(&None).copied().unwrap_or_default().into(),

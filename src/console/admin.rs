@@ -297,11 +297,24 @@ struct UsersPage {
 fn users_table(console: &Console, q: &ListQuery) -> Result<Table, PageError> {
     let scope = console.scope()?;
     let list = users::list(&console.state.store, &scope)?;
+    let actor = console.principal().actor();
     let rows = list
         .iter()
         .map(|u| {
             let mut actions = Vec::new();
-            if u.disabled_at.is_none() && u.username != console.session.username {
+            // Only what the viewer may do to this user is offered (the
+            // services refuse the rest anyway, naming the scopes lacking).
+            let manageable = actor.may_manage(&u.scopes(), "manage").is_ok()
+                && u.username != console.session.username;
+            if manageable && u.disabled_at.is_some() {
+                actions.push(Action {
+                    href: format!("/users/{}/enable", u.username),
+                    label: "Enable".into(),
+                    fields: vec![],
+                    danger: false,
+                });
+            }
+            if manageable && u.disabled_at.is_none() {
                 actions.push(Action {
                     href: format!("/users/{}/reset", u.username),
                     label: "Reset password".into(),
@@ -411,19 +424,15 @@ pub async fn create_user(console: Console, raw: RawForm) -> Result<Response, Pag
     let scope = console.scope()?;
     let result = async {
         let roles = parse_roles(&fields.all("roles"))?;
-        let granted = roles.iter().flat_map(|r| r.scopes()).collect();
-        console
-            .principal()
-            .check_grant(&granted, &format!("roles {:?}", fields.all("roles")))?;
         let (user, generated) = users::create(
             &console.state.store,
+            &console.principal().actor(),
             users::NewUser {
                 tenant: scope.clone(),
                 username: fields.need("username")?,
                 display_name: fields.get("displayName").unwrap_or_default(),
                 roles,
                 password: fields.get("password"),
-                created_by: &console.by(),
             },
             console.state.clock.now(),
         )
@@ -468,10 +477,10 @@ pub async fn reset_password(
     let password = users::generate_password();
     let result = users::set_password(
         &console.state.store,
+        &console.principal().actor(),
         scope,
         &username,
         &password,
-        &console.by(),
         console.state.clock.now(),
     )
     .await;
@@ -510,9 +519,9 @@ pub async fn disable_user(
     }
     let result = users::disable(
         &console.state.store,
+        &console.principal().actor(),
         scope,
         &username,
-        &console.by(),
         console.state.clock.now(),
     )
     .await
@@ -520,6 +529,27 @@ pub async fn disable_user(
         console.state.sessions.end_user(&u.username);
         format!("user {} disabled; its sessions ended", u.username)
     });
+    Ok(console.done("/users", result))
+}
+
+/// `POST /users/{name}/enable`: a disabled user may sign in again.
+pub async fn enable_user(
+    console: Console,
+    Path(username): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    console.form(raw)?;
+    console.require(Scope::Admin)?;
+    let scope = console.scope()?;
+    let result = users::enable(
+        &console.state.store,
+        &console.principal().actor(),
+        scope,
+        &username,
+        console.state.clock.now(),
+    )
+    .await
+    .map(|u| format!("user {} enabled; it may sign in again", u.username));
     Ok(console.done("/users", result))
 }
 
@@ -537,10 +567,12 @@ struct ClientsPage {
 fn clients_table(console: &Console) -> Result<Table, PageError> {
     let scope = console.scope()?;
     let list = clients::list(&console.state.store, &scope)?;
+    let actor = console.principal().actor();
     let rows = list
         .iter()
         .map(|c| {
-            let actions = if c.revoked_at.is_none() {
+            let actions = if c.revoked_at.is_none() && actor.may_manage(&c.scopes, "revoke").is_ok()
+            {
                 vec![Action {
                     href: format!("/clients/{}/revoke", c.client_id),
                     label: "Revoke".into(),
@@ -621,9 +653,9 @@ pub async fn create_client(console: Console, raw: RawForm) -> Result<Response, P
     let scope = console.scope()?;
     let result = async {
         let scopes = parse_scopes(&fields.all("scopes"))?;
-        console.principal().check_grant(&scopes, "these scopes")?;
         let (credential, secret) = clients::create(
             &console.state.store,
+            &console.principal().actor(),
             scope,
             scopes,
             fields.get("description").unwrap_or_default(),
@@ -667,6 +699,7 @@ pub async fn revoke_client(
     let result = clients::revoke(
         &console.state.store,
         Some(&console.state.auth),
+        &console.principal().actor(),
         scope,
         &client_id,
         console.state.clock.now(),

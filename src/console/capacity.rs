@@ -336,6 +336,10 @@ pub struct LimitRow {
 pub struct QuotaLevel {
     title: String,
     scope: String,
+    /// Who set it and when, in words.
+    set_by: String,
+    /// Whether the viewer may set this level.
+    settable: bool,
     rows: Vec<LimitRow>,
 }
 
@@ -345,8 +349,17 @@ struct QuotasPage {
     l: Layout,
     edition: String,
     edition_limits: Vec<(&'static str, String)>,
+    edition_set_by: String,
     levels: Vec<QuotaLevel>,
     can_set: bool,
+}
+
+fn set_by_words(by: Option<&str>, at: Option<&chrono::DateTime<chrono::Utc>>) -> String {
+    match (by, at) {
+        (Some(by), Some(at)) => format!("set by {by}, {}", at.format("%Y-%m-%d %H:%M UTC")),
+        (Some(by), None) => format!("set by {by}"),
+        _ => "sets nothing of its own".into(),
+    }
 }
 
 fn show<T: std::fmt::Display>(v: &Option<T>) -> String {
@@ -379,7 +392,7 @@ fn source_words(scope: &QuotaScope) -> String {
     }
 }
 
-fn level(set: &crate::capacity::QuotaSet) -> QuotaLevel {
+fn level(set: &crate::capacity::QuotaSet, actor: &crate::domain::access::Actor) -> QuotaLevel {
     let e = &set.effective;
     let o = &set.own;
     let u = &set.usage;
@@ -390,19 +403,28 @@ fn level(set: &crate::capacity::QuotaSet) -> QuotaLevel {
         source,
         usage,
     };
-    let (title, scope) = match &set.project_id {
+    let (title, scope, level) = match &set.project_id {
         Some(p) => (
             format!("Project {p}"),
             format!("project.{}.{p}", set.tenant_id),
+            QuotaScope::Project {
+                tenant_id: set.tenant_id.clone(),
+                project_id: p.clone(),
+            },
         ),
         None => (
             format!("Tenant {}", set.tenant_id),
             format!("tenant.{}", set.tenant_id),
+            QuotaScope::Tenant {
+                tenant_id: set.tenant_id.clone(),
+            },
         ),
     };
     QuotaLevel {
         title,
         scope,
+        set_by: set_by_words(set.set_by.as_deref(), set.set_at.as_ref()),
+        settable: level.check_authority(actor).is_ok(),
         rows: vec![
             row(
                 "concurrentRuns",
@@ -455,14 +477,16 @@ pub async fn quotas(console: Console) -> Result<Response, PageError> {
             show(&el.execution_minutes_per_day),
         ),
     ];
-    let mut levels = vec![level(&q.tenant)];
-    levels.extend(q.projects.iter().map(level));
+    let actor = console.principal().actor();
+    let mut levels = vec![level(&q.tenant, &actor)];
+    levels.extend(q.projects.iter().map(|p| level(p, &actor)));
     render(&QuotasPage {
         l: console.layout("Quotas", "/quotas"),
         edition: q.edition.clone(),
         edition_limits,
+        edition_set_by: set_by_words(Some(&q.edition_set_by), q.edition_set_at.as_ref()),
+        can_set: levels.iter().any(|l| l.settable),
         levels,
-        can_set: console.can(Scope::CapacityAdmin),
     })
 }
 
@@ -512,27 +536,20 @@ fn quota_patch(fields: &Fields) -> Result<QuotaPatch, ApiError> {
         .map_err(|e| ApiError::invalid("quota", e.to_string()))
 }
 
-/// `POST /quotas`: SetQuota. A WorkspaceAdmin tightens its tenant's or a
-/// project's quota; a value that would loosen the parent's limit is refused
-/// with the field, the value and the bound.
+/// `POST /quotas`: SetQuota. A WorkspaceAdmin tightens its projects'
+/// quotas, a PlatformAdmin also tenants' and editions'; a value that would
+/// loosen the parent's limit is refused with the field, the value and the
+/// bound.
 pub async fn set_quota(console: Console, raw: RawForm) -> Result<Response, PageError> {
     let fields = console.form(raw)?;
     console.require(Scope::CapacityAdmin)?;
     let result = async {
         let scope = QuotaScope::parse(fields.need("scope")?)?;
-        match &scope {
-            QuotaScope::Edition { .. } => {
-                console.principal().platform_scope()?;
-            }
-            other => {
-                console.principal().scope_for(&other.tenant())?;
-            }
-        }
         let patch = quota_patch(&fields)?;
         console
             .state
             .capacity
-            .set_quota(scope.clone(), patch, &console.by())
+            .set_quota(scope.clone(), patch, &console.principal().actor())
             .await?;
         Ok::<_, ApiError>(format!(
             "quota of {} saved; it applies to the next lease",

@@ -77,6 +77,7 @@ pub fn router() -> Router<AppState> {
         .route("/tenants/{tenant_id}/projects", post(admin::put_project))
         .route("/users", get(admin::users).post(admin::create_user))
         .route("/users/{username}/disable", post(admin::disable_user))
+        .route("/users/{username}/enable", post(admin::enable_user))
         .route("/users/{username}/reset", post(admin::reset_password))
         .route("/clients", get(admin::clients).post(admin::create_client))
         .route("/clients/{client_id}/revoke", post(admin::revoke_client))

@@ -235,10 +235,10 @@ pub async fn change_password(console: Console, raw: RawForm) -> Result<Response,
         .map_err(|e| crate::api::error::ApiError::invalid("current", e.to_string()))?;
         users::set_password(
             &state.store,
+            &console.principal().actor(),
             crate::store::TenantScope::new(console.session.tenant.clone()),
             &console.session.username,
             new,
-            &console.by(),
             state.clock.now(),
         )
         .await?;

@@ -11,7 +11,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::FieldError;
+use super::error::{DomainError, FieldError};
+use super::ids::TenantId;
 
 macro_rules! scopes {
     ($(#[doc = $doc:literal] $variant:ident = $text:literal),* $(,)?) => {
@@ -30,6 +31,13 @@ macro_rules! scopes {
                 match self {
                     $(Scope::$variant => $text,)*
                 }
+            }
+
+            /// Whether only principals of the platform tenant may hold it:
+            /// crossing tenants, and scraping the appliance's metrics (which
+            /// describe every tenant).
+            pub fn platform_only(self) -> bool {
+                matches!(self, Scope::Platform | Scope::MetricsRead)
             }
 
             /// What the scope allows, in one line.
@@ -124,6 +132,55 @@ pub fn parse_scopes<S: AsRef<str>>(names: &[S]) -> Result<BTreeSet<Scope>, Field
         return Err(FieldError::new("scopes", "at least one scope is required"));
     }
     names.iter().map(|n| n.as_ref().parse()).collect()
+}
+
+/// Who acts on the appliance's principals (users and credentials): the
+/// principal a request runs as, or the appliance's owner at the machine
+/// (the offline CLI, the first start), who holds every scope.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Actor {
+    /// Who, as records and events name it.
+    pub name: String,
+    /// The tenant it acts for.
+    pub tenant: TenantId,
+    /// What it may do.
+    pub scopes: BTreeSet<Scope>,
+}
+
+impl Actor {
+    /// The appliance's owner at the machine: every scope, platform tenant.
+    pub fn owner(name: &str) -> Actor {
+        Actor {
+            name: name.to_string(),
+            tenant: TenantId::platform(),
+            scopes: Scope::ALL.iter().copied().collect(),
+        }
+    }
+
+    /// Whether it acts across tenants.
+    pub fn is_platform_admin(&self) -> bool {
+        self.tenant.is_platform() && self.scopes.contains(&Scope::Platform)
+    }
+
+    /// The one rule of who manages whom: an actor may create, change,
+    /// reset, disable, enable or revoke a user or credential only when
+    /// every scope the target holds (or would hold) is one it holds itself.
+    /// `what` says what was asked, for the refusal, which names the scopes
+    /// the actor lacks.
+    pub fn may_manage(&self, target: &BTreeSet<Scope>, what: &str) -> Result<(), DomainError> {
+        let lacking: Vec<&str> = target
+            .difference(&self.scopes)
+            .map(|s| s.as_str())
+            .collect();
+        if lacking.is_empty() {
+            return Ok(());
+        }
+        Err(DomainError::Refused(format!(
+            "{} cannot {what}: that needs the scopes {}, which it does not hold",
+            self.name,
+            lacking.join(", ")
+        )))
+    }
 }
 
 /// A console role within a tenant.

@@ -31,9 +31,15 @@ pub struct ClientCredential {
     pub secret_hash: String,
     /// When it was created.
     pub created_at: DateTime<Utc>,
+    /// Who created it.
+    #[serde(default)]
+    pub created_by: String,
     /// When it was revoked; a revoked credential never works again.
     #[serde(default)]
     pub revoked_at: Option<DateTime<Utc>>,
+    /// Who revoked it.
+    #[serde(default)]
+    pub revoked_by: Option<String>,
 }
 
 /// Payload of `agentbay.admin.v1.client-created`.
@@ -46,6 +52,8 @@ pub struct ClientCreated<'a> {
     pub tenant_id: &'a TenantId,
     /// Its scopes.
     pub scopes: &'a BTreeSet<Scope>,
+    /// Who created it.
+    pub by: &'a str,
 }
 
 impl EventPayload for ClientCreated<'_> {
@@ -60,6 +68,8 @@ pub struct ClientRevoked<'a> {
     pub client_id: &'a str,
     /// Its tenant.
     pub tenant_id: &'a TenantId,
+    /// Who revoked it.
+    pub by: &'a str,
 }
 
 impl EventPayload for ClientRevoked<'_> {
@@ -70,25 +80,26 @@ impl EventPayload for ClientRevoked<'_> {
 pub const MAX_DESCRIPTION_LEN: usize = 200;
 
 impl ClientCredential {
-    /// A new credential. Only the platform tenant may hold the platform
-    /// scope, so that no tenant can mint itself a way into another.
+    /// A new credential. Only the platform tenant may hold the scopes that
+    /// reach beyond one tenant ([`Scope::platform_only`]), so that no tenant
+    /// can mint itself a way into another or a view of every tenant.
     pub fn create(
         tenant_id: TenantId,
         scopes: BTreeSet<Scope>,
         description: &str,
         secret_hash: String,
+        by: &str,
         now: DateTime<Utc>,
     ) -> Result<(ClientCredential, NewEvent), DomainError> {
         if scopes.is_empty() {
             return Err(FieldError::new("scopes", "at least one scope is required").into());
         }
-        if scopes.contains(&Scope::Platform) && !tenant_id.is_platform() {
+        if let Some(scope) = scopes.iter().find(|s| s.platform_only())
+            && !tenant_id.is_platform()
+        {
             return Err(FieldError::new(
                 "scopes",
-                format!(
-                    "{} can only be granted to the platform tenant, not to {tenant_id}",
-                    Scope::Platform
-                ),
+                format!("{scope} can only be granted to the platform tenant, not to {tenant_id}"),
             )
             .into());
         }
@@ -107,7 +118,9 @@ impl ClientCredential {
             description: description.trim().to_string(),
             secret_hash,
             created_at: now,
+            created_by: by.to_string(),
             revoked_at: None,
+            revoked_by: None,
         };
         let event = NewEvent::new(
             &credential.tenant_id,
@@ -116,24 +129,34 @@ impl ClientCredential {
                 client_id: &credential.client_id,
                 tenant_id: &credential.tenant_id,
                 scopes: &credential.scopes,
+                by,
             },
         );
         Ok((credential, event))
     }
 
+    /// Whether it is an active PlatformAdmin credential.
+    pub fn is_active_platform_admin(&self) -> bool {
+        self.revoked_at.is_none()
+            && self.tenant_id.is_platform()
+            && self.scopes.contains(&Scope::Platform)
+    }
+
     /// Revokes the credential. Revoking twice changes nothing and emits
     /// nothing the second time.
-    pub fn revoke(&mut self, now: DateTime<Utc>) -> Option<NewEvent> {
+    pub fn revoke(&mut self, by: &str, now: DateTime<Utc>) -> Option<NewEvent> {
         if self.revoked_at.is_some() {
             return None;
         }
         self.revoked_at = Some(now);
+        self.revoked_by = Some(by.to_string());
         Some(NewEvent::new(
             &self.tenant_id,
             now,
             &ClientRevoked {
                 client_id: &self.client_id,
                 tenant_id: &self.tenant_id,
+                by,
             },
         ))
     }
@@ -164,37 +187,43 @@ mod tests {
             [Scope::CapacityRead].into(),
             "ci runner",
             "hash".into(),
+            "user rita",
             now(),
         )
         .unwrap();
         assert_eq!(ClientCredential::tenant_of(&cred.client_id), Some(tenant));
         assert_eq!(event.topic, "agentbay.admin.v1.client-created");
         assert_eq!(event.payload["clientId"], cred.client_id.as_str());
+        assert_eq!(event.payload["by"], "user rita");
         assert_eq!(ClientCredential::tenant_of("acme"), None);
         assert_eq!(ClientCredential::tenant_of("acme.xyz"), None);
     }
 
     #[test]
-    fn platform_scope_stays_in_the_platform_tenant() {
-        let err = ClientCredential::create(
-            TenantId::parse("acme").unwrap(),
-            [Scope::Platform].into(),
-            "",
-            "hash".into(),
-            now(),
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("agentbay.platform"), "{err}");
-        assert!(
-            ClientCredential::create(
-                TenantId::platform(),
-                [Scope::Platform].into(),
+    fn platform_only_scopes_stay_in_the_platform_tenant() {
+        for scope in [Scope::Platform, Scope::MetricsRead] {
+            let err = ClientCredential::create(
+                TenantId::parse("acme").unwrap(),
+                [scope].into(),
                 "",
-                "h".into(),
-                now()
+                "hash".into(),
+                "t",
+                now(),
             )
-            .is_ok()
-        );
+            .unwrap_err();
+            assert!(err.to_string().contains(scope.as_str()), "{err}");
+            assert!(
+                ClientCredential::create(
+                    TenantId::platform(),
+                    [scope].into(),
+                    "",
+                    "h".into(),
+                    "t",
+                    now()
+                )
+                .is_ok()
+            );
+        }
     }
 
     #[test]
@@ -204,12 +233,15 @@ mod tests {
             [Scope::RunsRead].into(),
             "",
             "h".into(),
+            "t",
             now(),
         )
         .unwrap();
-        assert!(cred.revoke(now()).is_some());
+        let event = cred.revoke("user wes", now()).unwrap();
+        assert_eq!(event.payload["by"], "user wes");
+        assert_eq!(cred.revoked_by.as_deref(), Some("user wes"));
         let first = cred.revoked_at;
-        assert!(cred.revoke(now()).is_none());
+        assert!(cred.revoke("user wes", now()).is_none());
         assert_eq!(cred.revoked_at, first);
     }
 }

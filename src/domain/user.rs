@@ -73,6 +73,22 @@ impl EventPayload for UserDisabled<'_> {
     const TOPIC: &'static str = "agentbay.admin.v1.user-disabled";
 }
 
+/// Payload of `agentbay.admin.v1.user-enabled`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserEnabled<'a> {
+    /// The user.
+    pub username: &'a str,
+    /// Its tenant.
+    pub tenant_id: &'a TenantId,
+    /// Who enabled it again.
+    pub by: &'a str,
+}
+
+impl EventPayload for UserEnabled<'_> {
+    const TOPIC: &'static str = "agentbay.admin.v1.user-enabled";
+}
+
 /// Payload of `agentbay.admin.v1.user-password-changed`.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -205,6 +221,27 @@ impl User {
                 by,
             },
         ))
+    }
+
+    /// Enables a disabled user again. Enabling an enabled user emits
+    /// nothing.
+    pub fn enable(&mut self, by: &str, now: DateTime<Utc>) -> Option<NewEvent> {
+        self.disabled_at?;
+        self.disabled_at = None;
+        Some(NewEvent::new(
+            &self.tenant_id,
+            now,
+            &UserEnabled {
+                username: &self.username,
+                tenant_id: &self.tenant_id,
+                by,
+            },
+        ))
+    }
+
+    /// Whether it is an active PlatformAdmin user.
+    pub fn is_active_platform_admin(&self) -> bool {
+        self.disabled_at.is_none() && self.roles.contains(&Role::PlatformAdmin)
     }
 
     /// Replaces the password hash. A disabled user keeps its password: it

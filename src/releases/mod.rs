@@ -237,9 +237,6 @@ impl Releases {
         if let Some(r) = &report.rejection {
             release.state = LoadState::Rejected;
             release.reason = Some(r.reason.clone());
-            metrics::counter!(names::RELEASE_LOAD_REJECTED, "tenant" => manifest.tenant_id.to_string(), "reason" => r.category)
-                .increment(1);
-            tracing::warn!(release = %release.release_id, tenant = %release.tenant_id, reason = %r.reason, "release rejected at load");
         }
         let stored = release.clone();
         let event = release.load_event(now);
@@ -298,7 +295,12 @@ impl Releases {
                 Ok(release)
             })
             .await?;
-        if report.rejection.is_some() {
+        if let Some(r) = &report.rejection {
+            // Counted once the tenant is known to be registered: metric
+            // labels only ever name registered tenants.
+            metrics::counter!(names::RELEASE_LOAD_REJECTED, "tenant" => outcome.tenant_id.to_string(), "reason" => r.category)
+                .increment(1);
+            tracing::warn!(release = %outcome.release_id, tenant = %outcome.tenant_id, reason = %r.reason, "release rejected at load");
             return Err(ReleaseError::Rejected(Box::new(LoadedRelease {
                 state: LoadState::Rejected,
                 ..outcome

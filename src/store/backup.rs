@@ -27,7 +27,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::datadir::{MARKER, MARKER_TEXT, create_private_dir, write_private};
+use super::datadir::{MARKER, MARKER_TEXT, create_private_dir, secure_tree, write_private};
 use super::schema::{FORMAT_KEY, FORMAT_VALUE, SCHEMA_VERSION, VERSION_KEY};
 use super::{Store, StoreError};
 
@@ -305,6 +305,7 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
             write_private(&staging.join(path), bytes)?;
         }
         write_private(&staging.join(MARKER), MARKER_TEXT.as_bytes())?;
+        secure_tree(&staging)?;
         Ok(summary)
     })();
     match result {

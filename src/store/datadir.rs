@@ -84,6 +84,7 @@ impl DataDir {
             .and_then(|()| lock.write_all(format!("{}\n", std::process::id()).as_bytes()))
             .map_err(StoreError::io("writing the lock file"))?;
         create_private_dir(&root.join("run"))?;
+        secure_tree(root)?;
         Ok(DataDir {
             root: root.to_path_buf(),
             _lock: lock,
@@ -208,6 +209,73 @@ fn ensure_agentbay_dir(root: &Path) -> Result<(), StoreError> {
     write_private(&marker, MARKER_TEXT.as_bytes())
 }
 
+/// The one file of the data directory others may read: the CA certificate,
+/// which clients need to trust the appliance.
+pub const PUBLIC_FILE: &str = "tls/ca.pem";
+
+/// Makes every file this process creates from now on private (umask 077),
+/// whatever umask it was started with: sled's store files, backups, restored
+/// data directories, generated keys. Called by every command that touches a
+/// data directory or writes a backup, and by [`crate::app::start`].
+pub fn private_files() {
+    #[cfg(unix)]
+    // SAFETY: umask only sets the process's file mode creation mask; it
+    // cannot fail and touches no memory.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
+
+/// Brings the modes of a data directory to what they must be, whatever
+/// created its files (sled, an older agentbay, a restore, a copy): every
+/// directory 0700, every file 0600, [`PUBLIC_FILE`] 0644.
+pub fn secure_tree(root: &Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fn walk(root: &Path, dir: &Path) -> Result<(), StoreError> {
+            set_mode(dir, 0o700)?;
+            for entry in
+                fs::read_dir(dir).map_err(StoreError::io(format!("reading {}", dir.display())))?
+            {
+                let entry = entry.map_err(StoreError::io(format!("reading {}", dir.display())))?;
+                let path = entry.path();
+                let kind = entry
+                    .file_type()
+                    .map_err(StoreError::io(format!("reading {}", path.display())))?;
+                if kind.is_dir() {
+                    walk(root, &path)?;
+                } else if kind.is_file() {
+                    let public = path
+                        .strip_prefix(root)
+                        .is_ok_and(|p| p == Path::new(PUBLIC_FILE));
+                    set_mode(&path, if public { 0o644 } else { 0o600 })?;
+                }
+            }
+            Ok(())
+        }
+        fn set_mode(path: &Path, mode: u32) -> Result<(), StoreError> {
+            let current = fs::metadata(path)
+                .map_err(StoreError::io(format!("reading {}", path.display())))?
+                .permissions()
+                .mode()
+                & 0o777;
+            if current != mode {
+                fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(
+                    StoreError::io(format!("setting the mode of {}", path.display())),
+                )?;
+            }
+            Ok(())
+        }
+        walk(root, root)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = root;
+        Ok(())
+    }
+}
+
 /// Creates a directory only its owner can enter.
 pub fn create_private_dir(path: &Path) -> Result<(), StoreError> {
     let mut builder = fs::DirBuilder::new();
@@ -225,6 +293,15 @@ pub fn create_private_dir(path: &Path) -> Result<(), StoreError> {
 /// Writes a file readable by its owner only, atomically: a crash leaves the
 /// old content or the new, never a torn file.
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    write_file(path, bytes, 0o600)
+}
+
+/// Writes a file others may read (a certificate), atomically.
+pub fn write_public(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    write_file(path, bytes, 0o644)
+}
+
+fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StoreError> {
     if let Some(parent) = path.parent() {
         create_private_dir(parent)?;
     }
@@ -234,8 +311,10 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
+        options.mode(mode);
     }
+    #[cfg(not(unix))]
+    let _ = mode;
     let context = format!("writing {}", path.display());
     let mut file = options
         .open(&tmp)
@@ -243,8 +322,30 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .map_err(StoreError::io(context.clone()))?;
+    // The mode given, not the umask's version of it.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))
+            .map_err(StoreError::io(context.clone()))?;
+    }
     fs::rename(&tmp, path).map_err(StoreError::io(context))?;
     Ok(())
+}
+
+/// Creates a new file readable by its owner only (a backup): it fails if
+/// the file exists.
+pub fn create_private_file(path: &Path) -> Result<File, StoreError> {
+    let mut options = File::options();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options
+        .open(path)
+        .map_err(StoreError::io(format!("creating {}", path.display())))
 }
 
 #[cfg(test)]

@@ -64,6 +64,7 @@ async fn quotas_resolve_edition_tenant_project_and_only_tighten() {
     let a = Appliance::start();
     let acme = a.tenant("acme", "starter", &[], &["web"]).await;
     let token = a.token(&acme).await;
+    let admin = a.admin_token().await;
 
     let q = a.get(&token, "/factory/capacity/quotas").await;
     assert_eq!(q["edition"], "starter");
@@ -75,7 +76,7 @@ async fn quotas_resolve_edition_tenant_project_and_only_tighten() {
 
     let (status, p) = a
         .put(
-            &token,
+            &admin,
             "/factory/capacity/quotas/tenant.acme",
             json!({"concurrentRuns": 30}),
         )
@@ -90,13 +91,42 @@ async fn quotas_resolve_edition_tenant_project_and_only_tighten() {
 
     let (status, p) = a
         .put(
-            &token,
+            &admin,
             "/factory/capacity/quotas/tenant.acme",
             json!({"concurrentRuns": 3}),
         )
         .await;
     assert_eq!(status, 200, "{p}");
     assert_eq!(p["effective"]["concurrentRuns"]["value"], 3);
+    // Tenant limits follow authority: the tenant's own administrator can
+    // neither raise nor clear what a PlatformAdmin set.
+    for patch in [
+        json!({"concurrentRuns": 5}),
+        json!({"concurrentRuns": null}),
+    ] {
+        let (status, p) = a
+            .put(&token, "/factory/capacity/quotas/tenant.acme", patch)
+            .await;
+        assert_eq!(status, 403, "{p}");
+        assert!(
+            p["detail"]
+                .as_str()
+                .unwrap()
+                .contains("tenant limits are set by PlatformAdmins"),
+            "{p}"
+        );
+    }
+    let q = a.get(&token, "/factory/capacity/quotas").await;
+    assert_eq!(q["tenant"]["effective"]["concurrentRuns"]["value"], 3);
+    assert!(
+        q["tenant"]["setBy"]
+            .as_str()
+            .unwrap()
+            .starts_with("client platform."),
+        "{q}"
+    );
+    assert!(q["tenant"]["setAt"].as_str().is_some(), "{q}");
+    assert_eq!(q["editionSetBy"], "configuration");
 
     let (status, p) = a
         .put(
@@ -231,7 +261,7 @@ async fn every_denial_names_its_limit_in_the_error_the_event_and_the_lease_list(
     // memoryGbPerAttempt of the tenant: never fits, denied even when waiting.
     let (s, _) = a
         .put(
-            &token,
+            &admin,
             "/factory/capacity/quotas/tenant.acme",
             json!({"memoryGbPerAttempt": 4}),
         )
@@ -280,9 +310,10 @@ async fn every_denial_names_its_limit_in_the_error_the_event_and_the_lease_list(
     assert_eq!(queue["queue"][0]["reason"], queued.reason);
 
     // executionMinutesPerDay: one minute, used up by a running lease.
+    let admin = a.admin_token().await;
     let (s, _) = a
         .put(
-            &token,
+            &admin,
             "/factory/capacity/quotas/tenant.acme",
             json!({"executionMinutesPerDay": 1}),
         )
@@ -308,9 +339,10 @@ async fn lowering_a_quota_never_revokes_and_new_grants_wait_until_use_drops() {
         (0..3).map(|i| lease(&a, &token, acquire("web", &format!("h{i}"), 0.5, 0.5))),
     )
     .await;
+    let admin = a.admin_token().await;
     let (s, _) = a
         .put(
-            &token,
+            &admin,
             "/factory/capacity/quotas/tenant.acme",
             json!({"concurrentRuns": 1}),
         )
@@ -702,7 +734,7 @@ async fn sixty_four_clients_never_exceed_a_pool_or_a_quota() {
         let token = a.token(&c).await;
         let (s, _) = a
             .put(
-                &token,
+                &admin,
                 &format!("/factory/capacity/quotas/tenant.{t}"),
                 json!({"concurrentRuns": 3 + i}),
             )

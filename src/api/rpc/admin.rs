@@ -115,10 +115,10 @@ impl pb::Admin for AdminService {
         let scope = caller.scope_for(&tenant).map_err(rpc)?;
         let names: Vec<&str> = request.scopes.iter().copied().collect();
         let scopes = parse_scopes(&names).map_err(rpc)?;
-        caller.check_grant(&scopes, "these scopes").map_err(rpc)?;
         let description = request.description.to_string();
         let (credential, secret) = clients::create(
             &self.state.store,
+            &caller.actor(),
             scope,
             scopes,
             &description,
@@ -174,6 +174,7 @@ impl pb::Admin for AdminService {
         let revoked = clients::revoke(
             &self.state.store,
             Some(&self.state.auth),
+            &caller.actor(),
             scope,
             &client_id,
             self.state.clock.now(),
@@ -197,19 +198,15 @@ impl pb::Admin for AdminService {
         let scope = caller.scope_for(&tenant).map_err(rpc)?;
         let names: Vec<&str> = request.roles.iter().copied().collect();
         let roles = parse_roles(&names).map_err(rpc)?;
-        let granted = roles.iter().flat_map(|r| r.scopes()).collect();
-        caller
-            .check_grant(&granted, &format!("roles {names:?}"))
-            .map_err(rpc)?;
         let (user, generated) = users::create(
             &self.state.store,
+            &caller.actor(),
             users::NewUser {
                 tenant: scope,
                 username: request.username,
                 display_name: request.display_name,
                 roles,
                 password: (!request.password.is_empty()).then_some(request.password),
-                created_by: &caller.subject.to_string(),
             },
             self.state.clock.now(),
         )
@@ -256,9 +253,9 @@ impl pb::Admin for AdminService {
         let scope = caller.scope_for(&tenant).map_err(rpc)?;
         let user = users::disable(
             &self.state.store,
+            &caller.actor(),
             scope,
             request.username,
-            &caller.subject.to_string(),
             self.state.clock.now(),
         )
         .await
@@ -267,6 +264,59 @@ impl pb::Admin for AdminService {
         tracing::info!(user = %user.username, by = %caller.subject, "disabled a console user");
         Response::ok(pb::DisableUserResponse {
             user: buffa::MessageField::some(user_message(&user)),
+            ..Default::default()
+        })
+    }
+
+    async fn enable_user(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::EnableUserRequest>,
+    ) -> ServiceResult<pb::EnableUserResponse> {
+        let caller = principal(&ctx)?;
+        let tenant = TenantId::parse_field("tenantId", request.tenant_id).map_err(rpc)?;
+        let scope = caller.scope_for(&tenant).map_err(rpc)?;
+        let user = users::enable(
+            &self.state.store,
+            &caller.actor(),
+            scope,
+            request.username,
+            self.state.clock.now(),
+        )
+        .await
+        .map_err(rpc)?;
+        tracing::info!(user = %user.username, by = %caller.subject, "enabled a console user");
+        Response::ok(pb::EnableUserResponse {
+            user: buffa::MessageField::some(user_message(&user)),
+            ..Default::default()
+        })
+    }
+
+    async fn reset_user_password(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::ResetUserPasswordRequest>,
+    ) -> ServiceResult<pb::ResetUserPasswordResponse> {
+        let caller = principal(&ctx)?;
+        let tenant = TenantId::parse_field("tenantId", request.tenant_id).map_err(rpc)?;
+        let scope = caller.scope_for(&tenant).map_err(rpc)?;
+        let generated = request.password.is_empty().then(users::generate_password);
+        let password = generated.as_deref().unwrap_or(request.password);
+        let user = users::set_password(
+            &self.state.store,
+            &caller.actor(),
+            scope,
+            request.username,
+            password,
+            self.state.clock.now(),
+        )
+        .await
+        .map_err(rpc)?;
+        self.state.sessions.end_user(&user.username);
+        tracing::info!(user = %user.username, by = %caller.subject, "reset a console user's password");
+        Response::ok(pb::ResetUserPasswordResponse {
+            user: buffa::MessageField::some(user_message(&user)),
+            generated_password: generated.unwrap_or_default(),
             ..Default::default()
         })
     }
@@ -285,16 +335,8 @@ impl pb::Admin for AdminService {
             "backup-{}.partial",
             crate::domain::ids::new_id().simple()
         ));
-        let file = std::fs::File::options()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| {
-                rpc(ApiError::internal(format!(
-                    "creating {}: {e}",
-                    path.display()
-                )))
-            })?;
+        let file = crate::store::datadir::create_private_file(&path)
+            .map_err(|e| rpc(ApiError::internal(e)))?;
         let guard = TempFile(path.clone());
         let files = crate::tls::backup_files(&self.state.config.data_dir.join("tls"));
         let summary = self.state.store.backup(file, files).await.map_err(rpc)?;

@@ -53,6 +53,11 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
         ("agentbay.admin.v1.Admin/CreateUser", Needs(Scope::Admin)),
         ("agentbay.admin.v1.Admin/ListUsers", Needs(Scope::Admin)),
         ("agentbay.admin.v1.Admin/DisableUser", Needs(Scope::Admin)),
+        ("agentbay.admin.v1.Admin/EnableUser", Needs(Scope::Admin)),
+        (
+            "agentbay.admin.v1.Admin/ResetUserPassword",
+            Needs(Scope::Admin),
+        ),
         ("agentbay.admin.v1.Admin/Backup", Needs(Scope::Platform)),
         (
             "agentbay.admin.v1.Admin/WatchEvents",
@@ -180,6 +185,16 @@ impl RpcMethod {
 
 /// Every RPC method of the contract.
 pub const RPC_METHODS: &[RpcMethod] = include!(concat!(env!("OUT_DIR"), "/rpc_methods.rs"));
+
+/// The method of the contract a request path names (`package.Service/Method`),
+/// as a static string: for labels, which must come from a fixed set.
+pub fn method_of(path: &str) -> Option<&'static str> {
+    let path = path.strip_prefix('/').unwrap_or(path);
+    METHOD_ACCESS
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(p, _)| *p)
+}
 
 /// The access a method requires, if it is known.
 pub fn access_of(path: &str) -> Option<Access> {

@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use uuid::Uuid;
 
+use crate::domain::access::{Actor, Scope};
 use crate::domain::amount::Amount;
 use crate::domain::error::{DomainError, FieldError};
 use crate::domain::events::{EventPayload, NewEvent};
@@ -44,12 +45,12 @@ pub struct QuotaLimits {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "level", rename_all = "camelCase")]
 pub enum QuotaScope {
-    /// The defaults of an edition (PlatformAdmin).
+    /// The defaults of an edition (PlatformAdmins).
     Edition {
         /// Edition name.
         edition: String,
     },
-    /// A tenant (WorkspaceAdmin).
+    /// A tenant (PlatformAdmins).
     #[serde(rename_all = "camelCase")]
     Tenant {
         /// The tenant.
@@ -66,6 +67,37 @@ pub enum QuotaScope {
 }
 
 impl QuotaScope {
+    /// Who may set the limits of this level: edition defaults and tenant
+    /// limits are the platform's (PlatformAdmins); a project's limits are
+    /// its tenant's (a principal of that tenant holding
+    /// `factory.capacity.admin`, such as a WorkspaceAdmin) or the
+    /// platform's. Tighten-only holds on top of this, across levels.
+    pub fn check_authority(&self, actor: &Actor) -> Result<(), DomainError> {
+        if actor.is_platform_admin() {
+            return Ok(());
+        }
+        let refused =
+            |why: String| Err(DomainError::Refused(format!("{} cannot {why}", actor.name)));
+        match self {
+            QuotaScope::Edition { edition } => refused(format!(
+                "set the defaults of edition {edition}: that is a PlatformAdmin's"
+            )),
+            QuotaScope::Tenant { tenant_id } => refused(format!(
+                "set the limits of tenant {tenant_id}: tenant limits are set by PlatformAdmins; a WorkspaceAdmin sets its projects' limits, within the tenant's"
+            )),
+            QuotaScope::Project { tenant_id, .. } if *tenant_id != actor.tenant => {
+                refused(format!("set the limits of tenant {tenant_id}'s projects"))
+            }
+            QuotaScope::Project { .. } if !actor.scopes.contains(&Scope::CapacityAdmin) => {
+                refused(format!(
+                    "set project limits without the scope {}",
+                    Scope::CapacityAdmin
+                ))
+            }
+            QuotaScope::Project { .. } => Ok(()),
+        }
+    }
+
     /// Parses the `{scope}` of `PUT /factory/capacity/quotas/{scope}`:
     /// `edition.<name>`, `tenant.<tenantId>` or `project.<tenantId>.<projectId>`.
     pub fn parse(text: &str) -> Result<QuotaScope, FieldError> {
