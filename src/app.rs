@@ -322,16 +322,24 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
 
     let app = crate::api::router(state.clone());
     let handle = axum_server::Handle::new();
-    // TCP_NODELAY: small RPC answers must not wait for Nagle's algorithm
-    // and the client's delayed ACK (tens of milliseconds per request).
+    let http = &config.http;
+    let bounds = crate::api::conn::Bounds::from_config(http);
     let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(
         axum_server::tls_rustls::RustlsConfig::from_config(material.server_config.clone()),
     )
-    .acceptor(axum_server::accept::NoDelayAcceptor::new());
-    let server = axum_server::from_tcp(listener)?
+    .handshake_timeout(bounds.header_read)
+    .acceptor(crate::api::conn::BoundedAcceptor::new(bounds));
+    let mut server = axum_server::from_tcp(listener)?
         .acceptor(acceptor)
         .handle(handle.clone());
-    let server = tokio::spawn(server.serve(app.into_make_service()));
+    server
+        .http_builder()
+        .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Some(seconds(http.http2_keepalive_interval_seconds)))
+        .keep_alive_timeout(seconds(http.http2_keepalive_timeout_seconds));
+    let server =
+        tokio::spawn(server.serve(app.into_make_service_with_connect_info::<SocketAddr>()));
 
     let admin_token = auth.issue_local_admin_token();
     datadir.write_admin_token(&admin_token)?;

@@ -131,6 +131,17 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// How long a shutdown waits for requests in flight, in seconds.
     pub drain_seconds: u64,
+    /// Concurrent connections accepted; one over the limit is closed at once.
+    pub max_connections: usize,
+    /// Time a client has to finish the TLS handshake and send a complete
+    /// request head, counted from its first byte, in seconds.
+    pub header_read_timeout_seconds: u64,
+    /// Time a connection may stay open with no request in flight, in seconds.
+    pub idle_timeout_seconds: u64,
+    /// Interval of HTTP/2 keep-alive pings, in seconds.
+    pub http2_keepalive_interval_seconds: u64,
+    /// Time an HTTP/2 peer has to answer a ping before it is dropped, in seconds.
+    pub http2_keepalive_timeout_seconds: u64,
 }
 
 impl Default for HttpConfig {
@@ -138,6 +149,11 @@ impl Default for HttpConfig {
         HttpConfig {
             max_body_bytes: 1024 * 1024,
             drain_seconds: 20,
+            max_connections: 1024,
+            header_read_timeout_seconds: 10,
+            idle_timeout_seconds: 30,
+            http2_keepalive_interval_seconds: 30,
+            http2_keepalive_timeout_seconds: 10,
         }
     }
 }
@@ -569,6 +585,36 @@ impl Config {
             256 * 1024 * 1024,
         )?;
         range("http.drain_seconds", self.http.drain_seconds, 0, 600)?;
+        range(
+            "http.max_connections",
+            self.http.max_connections as u64,
+            8,
+            1_000_000,
+        )?;
+        range(
+            "http.header_read_timeout_seconds",
+            self.http.header_read_timeout_seconds,
+            1,
+            300,
+        )?;
+        range(
+            "http.idle_timeout_seconds",
+            self.http.idle_timeout_seconds,
+            1,
+            3600,
+        )?;
+        range(
+            "http.http2_keepalive_interval_seconds",
+            self.http.http2_keepalive_interval_seconds,
+            1,
+            3600,
+        )?;
+        range(
+            "http.http2_keepalive_timeout_seconds",
+            self.http.http2_keepalive_timeout_seconds,
+            1,
+            300,
+        )?;
         range("store.cache_mb", self.store.cache_mb, 8, 1024 * 1024)?;
         range(
             "events.retention_days",

@@ -8,6 +8,7 @@
 
 pub mod assets;
 pub mod capacity;
+pub mod conn;
 pub mod error;
 pub mod events;
 pub mod health;

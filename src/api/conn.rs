@@ -1,0 +1,353 @@
+//! Connections: how many, and how long each may take.
+//!
+//! The acceptor sits under TLS, so a refused connection costs no handshake.
+//! It caps concurrent connections (the one over the cap is closed at once,
+//! with a log line at most every ten seconds), and watches each one:
+//!
+//! - a connection must send a complete request head within
+//!   `http.header_read_timeout_seconds` of its first byte (or of its
+//!   accept, for the first request; the TLS handshake counts),
+//! - an HTTP/1.1 connection with no request in flight is closed after
+//!   `http.idle_timeout_seconds` without a byte,
+//! - an HTTP/2 connection with no stream open is closed after
+//!   `http.idle_timeout_seconds` since its last stream ended; a peer that
+//!   stops answering keep-alive pings is dropped by hyper.
+//!
+//! A request in flight (a long poll, a server stream) is never cut by these
+//! timers. The watcher sees requests through a service wrapper that shares
+//! the connection's state, and sees bytes by wrapping the TCP stream.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, Response, Version};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+use crate::config::HttpConfig;
+
+/// Connection bounds, from `[http]`.
+#[derive(Clone, Debug)]
+pub struct Bounds {
+    /// Concurrent connections accepted.
+    pub max_connections: usize,
+    /// Time to send a complete request head (and to finish the handshake).
+    pub header_read: Duration,
+    /// Time a connection may sit with no request in flight.
+    pub idle: Duration,
+}
+
+impl Bounds {
+    /// The bounds `[http]` configures.
+    pub fn from_config(http: &HttpConfig) -> Bounds {
+        Bounds {
+            max_connections: http.max_connections,
+            header_read: Duration::from_secs(http.header_read_timeout_seconds),
+            idle: Duration::from_secs(http.idle_timeout_seconds),
+        }
+    }
+}
+
+/// Accepts TCP connections under [`Bounds`], below the TLS acceptor.
+#[derive(Clone)]
+pub struct BoundedAcceptor {
+    bounds: Arc<Bounds>,
+    slots: Arc<Semaphore>,
+    epoch: Instant,
+    /// Milliseconds since `epoch` of the last "limit reached" log line.
+    last_refusal_log: Arc<AtomicU64>,
+}
+
+impl BoundedAcceptor {
+    /// An acceptor with `bounds`.
+    pub fn new(bounds: Bounds) -> Self {
+        BoundedAcceptor {
+            slots: Arc::new(Semaphore::new(bounds.max_connections)),
+            bounds: Arc::new(bounds),
+            epoch: Instant::now(),
+            last_refusal_log: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn log_refusal(&self) {
+        const EVERY_MS: u64 = 10_000;
+        let now = self.epoch.elapsed().as_millis() as u64 + EVERY_MS;
+        let last = self.last_refusal_log.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= EVERY_MS
+            && self
+                .last_refusal_log
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                max_connections = self.bounds.max_connections,
+                "the connection limit (http.max_connections) is reached; new connections are closed until others end"
+            );
+        }
+        metrics::counter!("agentbay_http_connections_refused_total").increment(1);
+    }
+}
+
+impl<S> axum_server::accept::Accept<TcpStream, S> for BoundedAcceptor {
+    type Stream = Watched;
+    type Service = Tracked<S>;
+    type Future = std::future::Ready<io::Result<(Watched, Tracked<S>)>>;
+
+    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            self.log_refusal();
+            return std::future::ready(Err(io::Error::other("connection limit reached")));
+        };
+        // TCP_NODELAY: small RPC answers must not wait for Nagle's
+        // algorithm and the client's delayed ACK.
+        if let Err(e) = stream.set_nodelay(true) {
+            return std::future::ready(Err(e));
+        }
+        let state = Arc::new(ConnState::new());
+        let watched = Watched {
+            stream,
+            state: state.clone(),
+            bounds: self.bounds.clone(),
+            timer: Box::pin(tokio::time::sleep(self.bounds.header_read)),
+            _permit: permit,
+        };
+        std::future::ready(Ok((
+            watched,
+            Tracked {
+                inner: service,
+                state,
+            },
+        )))
+    }
+}
+
+/// What the stream and the service wrappers of one connection share.
+struct ConnState {
+    /// Requests (HTTP/2: streams) whose response has not ended.
+    in_flight: AtomicUsize,
+    /// The connection has carried an HTTP/2 request.
+    h2: AtomicBool,
+    /// When the connection last became idle, or when the current request
+    /// head started: `None` while a request is in flight.
+    since: Mutex<Clock>,
+    /// The reader to wake when the deadline changes.
+    reader: Mutex<Option<Waker>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Clock {
+    /// Waiting for a request head whose first byte came at this instant
+    /// (or the connection's accept).
+    Head(Instant),
+    /// Idle since this instant.
+    Idle(Instant),
+    /// A request is in flight.
+    Busy,
+}
+
+impl ConnState {
+    fn new() -> Self {
+        ConnState {
+            in_flight: AtomicUsize::new(0),
+            h2: AtomicBool::new(false),
+            since: Mutex::new(Clock::Head(Instant::now())),
+            reader: Mutex::new(None),
+        }
+    }
+
+    fn request_started(&self, version: Version) {
+        if version == Version::HTTP_2 {
+            self.h2.store(true, Ordering::Relaxed);
+        }
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        *self.since.lock().expect("connection state") = Clock::Busy;
+    }
+
+    fn request_ended(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let mut since = self.since.lock().expect("connection state");
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                *since = Clock::Idle(Instant::now());
+            }
+            drop(since);
+            if let Some(waker) = self.reader.lock().expect("connection state").take() {
+                waker.wake();
+            }
+        }
+    }
+
+    /// Bytes arrived: an idle HTTP/1.1 connection starts reading a head.
+    fn bytes_read(&self) {
+        let mut since = self.since.lock().expect("connection state");
+        match *since {
+            Clock::Idle(_) if !self.h2.load(Ordering::Relaxed) => {
+                *since = Clock::Head(Instant::now());
+            }
+            Clock::Idle(_) | Clock::Head(_) | Clock::Busy => {}
+        }
+    }
+
+    fn deadline(&self, bounds: &Bounds) -> Option<Instant> {
+        match *self.since.lock().expect("connection state") {
+            Clock::Head(at) => Some(at + bounds.header_read),
+            Clock::Idle(at) => Some(at + bounds.idle),
+            Clock::Busy => None,
+        }
+    }
+}
+
+/// A TCP stream closed (read error `TimedOut`) when its connection's
+/// deadline passes; holds the connection's slot.
+pub struct Watched {
+    stream: TcpStream,
+    state: Arc<ConnState>,
+    bounds: Arc<Bounds>,
+    timer: Pin<Box<Sleep>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.state.bytes_read();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                *this.state.reader.lock().expect("connection state") = Some(cx.waker().clone());
+                let Some(deadline) = this.state.deadline(&this.bounds) else {
+                    return Poll::Pending;
+                };
+                if this.timer.deadline() != deadline {
+                    this.timer.as_mut().reset(deadline);
+                }
+                match this.timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the connection sent no complete request in time",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// The connection's service: counts requests in flight until their
+/// response body ends (or is dropped).
+#[derive(Clone)]
+pub struct Tracked<S> {
+    inner: S,
+    state: Arc<ConnState>,
+}
+
+impl<S, B> tower::Service<Request<B>> for Tracked<S>
+where
+    S: tower::Service<Request<B>, Response = Response<Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        self.state.request_started(request.version());
+        let guard = InFlight(self.state.clone());
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|body| {
+                Body::new(GuardedBody {
+                    body,
+                    _guard: guard,
+                })
+            }))
+        })
+    }
+}
+
+/// Ends its request when dropped.
+struct InFlight(Arc<ConnState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.request_ended();
+    }
+}
+
+/// A response body that keeps its request in flight until it is dropped.
+struct GuardedBody {
+    body: Body,
+    _guard: InFlight,
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
