@@ -181,6 +181,7 @@ async fn over_https(codec: CodecFormat) -> Row {
         &state.auth,
         &client,
         &created.client_secret,
+        std::net::Ipv4Addr::LOCALHOST.into(),
     )
     .await
     .unwrap();

@@ -267,6 +267,7 @@ async fn bench_token(running: &app::Running, scopes: &[&str]) -> String {
         &state.auth,
         &id,
         &created.client_secret,
+        std::net::Ipv4Addr::LOCALHOST.into(),
     )
     .await
     .unwrap();

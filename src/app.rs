@@ -197,7 +197,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     let material: TlsMaterial = tls::load_or_generate(&config.tls, &datadir.tls_dir())
         .context("loading the TLS certificate")?;
     let auth = Arc::new(
-        Auth::open(&store, clock.clone(), config.auth.token_ttl_seconds)
+        Auth::open(&store, clock.clone(), &config.auth)
             .await
             .context("loading credentials")?,
     );

@@ -111,6 +111,18 @@ pub struct AuthConfig {
     /// A console session ends this many hours after sign-in, however busy
     /// (1 to 168).
     pub session_max_hours: u64,
+    /// Memory for concurrent secret checks, in MiB: each argon2id check
+    /// holds 19 MiB, so this sizes how many run at once (16 to 4096).
+    pub hash_memory_mb: u64,
+    /// Failed checks of one name (client id, user name) from one source per
+    /// minute before that pair is refused until the minute passes.
+    pub failures_per_name_and_source: u64,
+    /// Failed checks from one source per minute before its checks go one at
+    /// a time, each after a second.
+    pub failures_per_source: u64,
+    /// Failed checks of one name per minute before each of its checks waits
+    /// a second (never refused: nobody can lock an owner out).
+    pub failures_per_name: u64,
 }
 
 impl Default for AuthConfig {
@@ -119,6 +131,10 @@ impl Default for AuthConfig {
             token_ttl_seconds: 900,
             session_idle_minutes: 30,
             session_max_hours: 12,
+            hash_memory_mb: 128,
+            failures_per_name_and_source: 5,
+            failures_per_source: 20,
+            failures_per_name: 10,
         }
     }
 }
@@ -577,6 +593,25 @@ impl Config {
             self.auth.session_max_hours,
             1,
             168,
+        )?;
+        range("auth.hash_memory_mb", self.auth.hash_memory_mb, 16, 4096)?;
+        range(
+            "auth.failures_per_name_and_source",
+            self.auth.failures_per_name_and_source,
+            1,
+            1000,
+        )?;
+        range(
+            "auth.failures_per_source",
+            self.auth.failures_per_source,
+            1,
+            100_000,
+        )?;
+        range(
+            "auth.failures_per_name",
+            self.auth.failures_per_name,
+            1,
+            100_000,
         )?;
         range(
             "http.max_body_bytes",

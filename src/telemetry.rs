@@ -78,6 +78,8 @@ pub fn metrics_handle() -> PrometheusHandle {
 pub mod names {
     /// HTTP and RPC requests by route and status.
     pub const HTTP_REQUESTS: &str = "agentbay_http_requests_total";
+    /// Connections closed at accept because `http.max_connections` was reached.
+    pub const HTTP_CONNECTIONS_REFUSED: &str = "agentbay_http_connections_refused_total";
     /// Request latency by route.
     pub const HTTP_LATENCY: &str = "agentbay_http_request_duration_seconds";
     /// Durable commits of the store.
@@ -93,6 +95,9 @@ pub mod names {
     pub const TOKENS_ISSUED: &str = "agentbay_auth_tokens_issued_total";
     /// Failed authentications.
     pub const AUTH_FAILURES: &str = "agentbay_auth_failures_total";
+    /// Secret checks slowed or refused by the throttle, by key (`name`,
+    /// `source`, `busy`).
+    pub const AUTH_THROTTLED: &str = "agentbay_auth_throttled_total";
     /// `connectsoft.factory.capacity.pool_utilisation` (gauge; poolId, kind).
     pub const POOL_UTILISATION: &str = "connectsoft_factory_capacity_pool_utilisation";
     /// `connectsoft.factory.capacity.leases_active` (updown; tenant, holderKind).
@@ -127,6 +132,10 @@ fn describe() {
         names::HTTP_REQUESTS,
         "HTTP and RPC requests by route and status"
     );
+    describe_counter!(
+        names::HTTP_CONNECTIONS_REFUSED,
+        "Connections closed at accept because http.max_connections was reached"
+    );
     describe_histogram!(
         names::HTTP_LATENCY,
         metrics::Unit::Seconds,
@@ -148,6 +157,10 @@ fn describe() {
     );
     describe_counter!(names::TOKENS_ISSUED, "Access tokens issued");
     describe_counter!(names::AUTH_FAILURES, "Failed authentications by reason");
+    describe_counter!(
+        names::AUTH_THROTTLED,
+        "Secret checks delayed or refused by the throttle, by key"
+    );
     describe_gauge!(names::POOL_UTILISATION, "Pool utilisation (0 to 1)");
     describe_gauge!(names::LEASES_ACTIVE, "Capacity leases holding capacity");
     describe_histogram!(

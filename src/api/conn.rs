@@ -92,7 +92,7 @@ impl BoundedAcceptor {
                 "the connection limit (http.max_connections) is reached; new connections are closed until others end"
             );
         }
-        metrics::counter!("agentbay_http_connections_refused_total").increment(1);
+        metrics::counter!(crate::telemetry::names::HTTP_CONNECTIONS_REFUSED).increment(1);
     }
 }
 
@@ -349,5 +349,28 @@ impl http_body::Body for GuardedBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// The address a request came from (the TCP peer: the appliance terminates
+/// TLS itself, so no forwarding header is trusted). A router called in
+/// process, without a connection, sees the unspecified address.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub std::net::IpAddr);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Peer(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|info| info.0.ip())
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
+        ))
     }
 }

@@ -337,7 +337,11 @@ impl From<AuthError> for ApiError {
             AuthError::Unauthenticated(m) => ApiError::new(ErrorCode::Unauthenticated, m)
                 .with_header(header::WWW_AUTHENTICATE, "Bearer realm=\"agentbay\""),
             AuthError::Forbidden(m) => ApiError::new(ErrorCode::PermissionDenied, m),
-            AuthError::RateLimited(m) => ApiError::new(ErrorCode::RateLimited, m),
+            AuthError::RateLimited {
+                message,
+                retry_after,
+            } => ApiError::new(ErrorCode::RateLimited, message)
+                .with_header(axum::http::header::RETRY_AFTER, &retry_after.to_string()),
         }
     }
 }

@@ -103,11 +103,12 @@ fn basic_credentials(headers: &HeaderMap) -> Result<Option<(String, String)>, Ap
         (status = 200, description = "A bearer token", body = TokenResponse),
         (status = 400, description = "Malformed request, unsupported grant or unknown scope", content_type = "application/problem+json"),
         (status = 401, description = "Unknown client or wrong secret", content_type = "application/problem+json"),
-        (status = 429, description = "Too many failed attempts for this client", content_type = "application/problem+json"),
+        (status = 429, description = "Too many failed attempts for this client from this address, or too many checks at once; Retry-After says when to try again", content_type = "application/problem+json"),
     )
 )]
 pub async fn token(
     State(state): State<AppState>,
+    super::conn::Peer(source): super::conn::Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -178,24 +179,29 @@ pub async fn token(
         }
     };
 
-    let credential = match clients::authenticate(&state.store, &state.auth, &client_id, &secret)
-        .await
-    {
-        Ok(c) => c,
-        Err(AuthError::RateLimited(m)) => {
-            metrics::counter!(names::AUTH_FAILURES, "reason" => "rate_limited").increment(1);
-            let retry = state.auth.limiter.retry_after(&client_id).unwrap_or(60);
-            return Err(oauth_error(ErrorCode::RateLimited, "invalid_client", m)
-                .with_header(RETRY_AFTER, &retry.to_string()));
-        }
-        Err(e) => {
-            metrics::counter!(names::AUTH_FAILURES, "reason" => "invalid_client").increment(1);
-            return Err(
-                oauth_error(ErrorCode::Unauthenticated, "invalid_client", e.to_string())
-                    .with_header(WWW_AUTHENTICATE, "Basic realm=\"agentbay\""),
-            );
-        }
-    };
+    let credential =
+        match clients::authenticate(&state.store, &state.auth, &client_id, &secret, source).await {
+            Ok(c) => c,
+            Err(AuthError::RateLimited {
+                message,
+                retry_after,
+            }) => {
+                metrics::counter!(names::AUTH_FAILURES, "reason" => "rate_limited").increment(1);
+                return Err(
+                    oauth_error(ErrorCode::RateLimited, "invalid_client", message)
+                        .with_header(RETRY_AFTER, &retry_after.to_string()),
+                );
+            }
+            Err(e) => {
+                metrics::counter!(names::AUTH_FAILURES, "reason" => "invalid_client").increment(1);
+                return Err(oauth_error(
+                    ErrorCode::Unauthenticated,
+                    "invalid_client",
+                    e.to_string(),
+                )
+                .with_header(WWW_AUTHENTICATE, "Basic realm=\"agentbay\""));
+            }
+        };
 
     let scopes: BTreeSet<Scope> = match form
         .scope

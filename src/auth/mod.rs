@@ -69,9 +69,14 @@ pub enum AuthError {
     /// Authenticated, but not allowed: 403.
     #[error("{0}")]
     Forbidden(String),
-    /// Too many failed attempts: 429.
-    #[error("{0}")]
-    RateLimited(String),
+    /// Too many failed attempts, or too many checks at once: 429.
+    #[error("{message}")]
+    RateLimited {
+        /// What to tell the caller.
+        message: String,
+        /// Seconds until trying again can succeed.
+        retry_after: u64,
+    },
 }
 
 impl Principal {
@@ -155,8 +160,8 @@ pub struct Auth {
     revoked: RwLock<HashSet<String>>,
     /// SHA-256 of the local administration token, when one was issued.
     local_admin: RwLock<Option<[u8; 32]>>,
-    /// Failed secret checks per client id.
-    pub limiter: limiter::FailureLimiter,
+    /// Failed secret checks and the hashing gate.
+    pub throttle: limiter::Throttle,
 }
 
 impl Auth {
@@ -164,17 +169,13 @@ impl Auth {
     pub async fn open(
         store: &Store,
         clock: SharedClock,
-        token_ttl_seconds: u64,
+        config: &crate::config::AuthConfig,
     ) -> Result<Auth, StoreError> {
-        let tokens = token::TokenKeys::load_or_create(store, token_ttl_seconds).await?;
+        let tokens = token::TokenKeys::load_or_create(store, config.token_ttl_seconds).await?;
         let revoked = clients::revoked_ids(store)?;
         Ok(Auth {
             tokens,
-            limiter: limiter::FailureLimiter::new(
-                clock.clone(),
-                10,
-                std::time::Duration::from_secs(60),
-            ),
+            throttle: limiter::Throttle::new(clock.clone(), limiter::Limits::from_config(config)),
             clock,
             revoked: RwLock::new(revoked),
             local_admin: RwLock::new(None),

@@ -6,6 +6,7 @@
 //! in needs only a name and a password.
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 
 use chrono::{DateTime, Utc};
 
@@ -170,24 +171,23 @@ pub fn find(store: &Store, username: &str) -> Result<Option<User>, StoreError> {
     store.get(&TenantScope::new(tenant), &name)
 }
 
-/// Checks a user name and password. Failures are rate-limited per name and
-/// reported without saying whether the name exists.
+/// Checks a user name and password from `source`. Checks are throttled
+/// (see [`super::limiter`]) and a failure does not say whether the name
+/// exists.
 pub async fn authenticate(
     store: &Store,
     auth: &Auth,
     username: &str,
     password: &str,
+    source: IpAddr,
 ) -> Result<User, AuthError> {
     let key = format!("user:{}", username.trim().to_ascii_lowercase());
-    if let Some(seconds) = auth.limiter.retry_after(&key) {
-        return Err(AuthError::RateLimited(format!(
-            "too many failed sign-ins for this user name; try again in {seconds} s"
-        )));
-    }
+    let turn = auth.throttle.turn(&key, source).await?;
     let refused = || AuthError::Unauthenticated("unknown user name or wrong password".into());
     let found = find(store, username).ok().flatten();
     // Without a user, a dummy check keeps the timing of both answers alike.
     let hash_of = found.as_ref().map(|u| u.password_hash.clone());
+    let slot = turn.hash_slot().await?;
     let ok = {
         let password = password.to_string();
         tokio::task::spawn_blocking(move || match hash_of {
@@ -200,8 +200,9 @@ pub async fn authenticate(
         .await
         .unwrap_or(false)
     };
+    drop((slot, turn));
     let Some(user) = found.filter(|_| ok) else {
-        auth.limiter.record_failure(&key);
+        auth.throttle.failed(&key, source);
         return Err(refused());
     };
     if user.disabled_at.is_some() {

@@ -62,6 +62,7 @@ pub async fn form(State(state): State<AppState>, raw: RawQuery) -> Result<Respon
 /// sign a visitor in as someone else.
 pub async fn submit(
     State(state): State<AppState>,
+    crate::api::conn::Peer(source): crate::api::conn::Peer,
     headers: HeaderMap,
     raw: RawForm,
 ) -> Result<Response, PageError> {
@@ -101,7 +102,7 @@ pub async fn submit(
             "user name and password are both required".into(),
         );
     }
-    match users::authenticate(&state.store, &state.auth, username, password).await {
+    match users::authenticate(&state.store, &state.auth, username, password, source).await {
         Ok(user) => {
             let cookie = state.sessions.start(&user);
             tracing::info!(user = %user.username, tenant = %user.tenant_id, "console sign-in");
@@ -113,9 +114,16 @@ pub async fn submit(
             );
             Ok(response)
         }
-        Err(AuthError::RateLimited(m)) => {
-            tracing::warn!(user = %username, "console sign-in rate-limited");
-            refuse(StatusCode::TOO_MANY_REQUESTS, m)
+        Err(AuthError::RateLimited {
+            message,
+            retry_after,
+        }) => {
+            tracing::debug!(user = %username, "console sign-in throttled");
+            let mut response = refuse(StatusCode::TOO_MANY_REQUESTS, message)?;
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+            Ok(response)
         }
         Err(e) => {
             tracing::info!(user = %username, "console sign-in refused");
@@ -213,7 +221,11 @@ pub async fn account(console: Console) -> Result<Response, PageError> {
 
 /// `POST /account/password`: the user changes its own password, proving the
 /// current one (rate-limited like sign-in); its other sessions end.
-pub async fn change_password(console: Console, raw: RawForm) -> Result<Response, PageError> {
+pub async fn change_password(
+    console: Console,
+    crate::api::conn::Peer(source): crate::api::conn::Peer,
+    raw: RawForm,
+) -> Result<Response, PageError> {
     let fields = console.form(raw)?;
     let result = async {
         let current = fields.need("current")?;
@@ -230,6 +242,7 @@ pub async fn change_password(console: Console, raw: RawForm) -> Result<Response,
             &state.auth,
             &console.session.username,
             current,
+            source,
         )
         .await
         .map_err(|e| crate::api::error::ApiError::invalid("current", e.to_string()))?;

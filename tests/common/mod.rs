@@ -482,13 +482,26 @@ pub fn wait_for_runtime_info(data_dir: &Path, pid: u32) -> RuntimeInfo {
 
 /// An HTTPS client pinned to a certificate fingerprint.
 pub fn https_client(fingerprint: &str) -> reqwest::Client {
+    https_client_builder(fingerprint, None).build().unwrap()
+}
+
+/// An HTTPS client pinned to a certificate fingerprint that does not follow
+/// redirects, connecting from a given loopback address (127.0.0.2, …:
+/// another source to the appliance) or the default one.
+pub fn https_client_at(fingerprint: &str, source: Option<&str>) -> reqwest::Client {
+    https_client_builder(fingerprint, source)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+fn https_client_builder(fingerprint: &str, source: Option<&str>) -> reqwest::ClientBuilder {
     let mut tls = agentbay::tls::pinned_client_config(fingerprint);
     // HTTP/2 when the server offers it, as browsers and agents do.
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
-        .build()
-        .unwrap()
+        .local_address(source.map(|s| s.parse::<std::net::IpAddr>().unwrap()))
 }
 
 /// The payloads of the first `n` events of a topic, from the start.

@@ -129,24 +129,25 @@ async fn a_wrong_secret_is_refused_with_401_and_then_rate_limited() {
     assert_eq!(status, 401);
     assert_eq!(p2["detail"], p["detail"]);
 
-    // Ten failures in a minute: the eleventh attempt is not even checked.
-    for _ in 0..9 {
-        let r = http
-            .post(&url)
-            .basic_auth(&a.admin.id, Some("abs_wrong"))
-            .form(&[("grant_type", "client_credentials")])
-            .send()
-            .await
-            .unwrap();
+    // Five failures of one client id from one address in a minute: the
+    // sixth attempt from there is not even checked.
+    let attempt = |http: reqwest::Client, secret: String| {
+        let url = url.clone();
+        let id = a.admin.id.clone();
+        async move {
+            http.post(&url)
+                .basic_auth(&id, Some(secret))
+                .form(&[("grant_type", "client_credentials")])
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    for _ in 0..4 {
+        let r = attempt(http.clone(), "abs_wrong".into()).await;
         assert_eq!(r.status(), 401);
     }
-    let limited = http
-        .post(&url)
-        .basic_auth(&a.admin.id, Some(&a.admin.secret))
-        .form(&[("grant_type", "client_credentials")])
-        .send()
-        .await
-        .unwrap();
+    let limited = attempt(http.clone(), a.admin.secret.clone()).await;
     assert!(limited.headers().contains_key("retry-after"));
     let (status, p) = problem(limited).await;
     assert_eq!(status, 429);
@@ -154,8 +155,31 @@ async fn a_wrong_secret_is_refused_with_401_and_then_rate_limited() {
         p["detail"]
             .as_str()
             .unwrap()
-            .contains("too many failed attempts"),
+            .contains("too many failed attempts for this name from your address"),
         "{p}"
+    );
+    // Nobody elsewhere can lock the client out: failures from many other
+    // addresses slow its checks down (a second each) but the right secret
+    // still gets a token.
+    for source in 2..5 {
+        let other =
+            crate::common::https_client_at(&a.fingerprint, Some(&format!("127.0.0.{source}")));
+        for _ in 0..2 {
+            let r = attempt(other.clone(), "abs_wrong".into()).await;
+            assert_eq!(r.status(), 401);
+        }
+    }
+    let owner = crate::common::https_client_at(&a.fingerprint, Some("127.0.0.9"));
+    let started = std::time::Instant::now();
+    let r = attempt(owner, a.admin.secret.clone()).await;
+    assert_eq!(
+        r.status(),
+        200,
+        "the right secret from elsewhere still works"
+    );
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(1),
+        "a name over its failure limit is checked after a delay"
     );
 }
 
