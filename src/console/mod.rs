@@ -195,6 +195,23 @@ impl FromRequestParts<AppState> for Console {
     }
 }
 
+/// `target` when it is a path of this appliance that is safe to send a
+/// browser to (a redirect's `Location`): it starts with a single `/`, holds
+/// no control character, whitespace or backslash (browsers drop or rewrite
+/// those, so `/\t/evil.example` becomes `//evil.example`), and resolves to
+/// the appliance's own origin.
+pub fn local_path(target: &str) -> Option<&str> {
+    const HERE: &str = "https://appliance.invalid/";
+    let shaped = target.starts_with('/')
+        && !target.starts_with("//")
+        && !target
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || c == '\\');
+    let base = url::Url::parse(HERE).expect("a valid base");
+    let stays = base.join(target).is_ok_and(|u| u.origin() == base.origin());
+    (shaped && stays).then_some(target)
+}
+
 /// Percent-encodes a query value.
 pub fn urlencode(s: &str) -> String {
     serde_urlencoded::to_string([("", s)])
@@ -334,7 +351,7 @@ impl Console {
             Err(e) => (false, describe(&e.into())),
         };
         self.state.sessions.flash(&self.cookie, ok, text);
-        Redirect::to(to).into_response()
+        Redirect::to(local_path(to).unwrap_or("/")).into_response()
     }
 }
 
@@ -502,4 +519,41 @@ pub fn when(t: &chrono::DateTime<chrono::Utc>) -> String {
 /// A time if there is one.
 pub fn when_opt(t: &Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.as_ref().map(when).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_path;
+
+    #[test]
+    fn only_paths_of_the_appliance_are_redirect_targets() {
+        for good in [
+            "/",
+            "/attempts?state=Failed",
+            "/runs/abc#top",
+            "/%09/x",
+            "/a/../b",
+        ] {
+            assert_eq!(local_path(good), Some(good), "{good:?}");
+        }
+        for bad in [
+            "",
+            "x",
+            "//evil.example/x",
+            "/\t/evil.example/x",
+            "/\n/evil.example",
+            "/\r\nSet-Cookie: a=b",
+            "/\\evil.example",
+            "/\\\\evil.example",
+            "/ /evil.example",
+            "/\u{0}x",
+            "/\u{85}x",
+            "/\u{2028}x",
+            "https://evil.example/",
+            "javascript:alert(1)",
+            "\t//evil.example",
+        ] {
+            assert_eq!(local_path(bad), None, "{bad:?}");
+        }
+    }
 }

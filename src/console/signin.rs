@@ -37,12 +37,10 @@ fn page(state: &AppState, error: Option<String>, next: String, username: String)
     }
 }
 
-/// Only a path of this appliance is a place to go back to.
+/// Only a path of this appliance is a place to go back to; anything else
+/// goes to the overview.
 fn safe_next(next: Option<&str>) -> String {
-    match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n.to_string(),
-        _ => "/".to_string(),
-    }
+    next.and_then(super::local_path).unwrap_or("/").to_string()
 }
 
 /// `GET /signin`.
