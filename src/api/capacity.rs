@@ -14,9 +14,7 @@ use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::capacity::grain::{PoolSnapshot, PoolStatus};
 use crate::capacity::{CapacityError, LeaseFilter, LeaseView};
-use crate::domain::capacity::{
-    LeaseState, PoolSpec, QuotaPatch, QuotaScope, SecurityBoundary, WorkerPool,
-};
+use crate::domain::capacity::{LeaseState, PoolSpec, QuotaPatch, QuotaScope, WorkerPool};
 use crate::domain::{ProjectId, TenantId};
 use crate::store::TenantScope;
 
@@ -79,9 +77,7 @@ fn tenant_of(principal: &Principal, pairs: &[(String, String)]) -> Result<Tenant
 
 /// Whether the caller may see a pool: shared pools and its own.
 fn visible(principal: &Principal, pool: &WorkerPool) -> bool {
-    principal.is_platform_admin()
-        || pool.security_boundary == SecurityBoundary::Shared
-        || pool.tenant_id == principal.tenant
+    principal.is_platform_admin() || pool.visible_to(&principal.tenant)
 }
 
 /// A pool as the API shows it.

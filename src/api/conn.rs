@@ -374,3 +374,71 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
         ))
     }
 }
+
+/// Gives every request body a reader to the end: a body a handler stops
+/// reading (refused as too large, or not needed) is read on and discarded,
+/// up to 16 MiB and ten seconds, so that the client finishes sending and
+/// receives the answer. Without it an HTTP/2 client still uploading saw
+/// its stream reset instead of the 413.
+pub async fn drain_unread_bodies(request: axum::extract::Request) -> axum::extract::Request {
+    request.map(|body| Body::new(Drained(Some(body))))
+}
+
+/// A request body drained when dropped unfinished.
+struct Drained(Option<Body>);
+
+impl http_body::Body for Drained {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        match self.0.as_mut() {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.0
+            .as_ref()
+            .map(|b| b.size_hint())
+            .unwrap_or_else(|| http_body::SizeHint::with_exact(0))
+    }
+}
+
+impl Drop for Drained {
+    fn drop(&mut self) {
+        const MAX_BYTES: u64 = 16 * 1024 * 1024;
+        const MAX_TIME: Duration = Duration::from_secs(10);
+        let Some(body) = self.0.take() else { return };
+        if http_body::Body::is_end_stream(&body) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            use http_body_util::BodyExt;
+            let mut body = body;
+            let mut read = 0u64;
+            let _ = tokio::time::timeout(MAX_TIME, async {
+                while read <= MAX_BYTES {
+                    match body.frame().await {
+                        Some(Ok(frame)) => {
+                            read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                        }
+                        Some(Err(_)) | None => break,
+                    }
+                }
+            })
+            .await;
+        });
+    }
+}

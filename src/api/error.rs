@@ -179,7 +179,7 @@ impl ApiError {
 
     /// Logs internals and fills a reference into the detail of an internal
     /// error. Called once, by whichever protocol renders the error.
-    fn finish(mut self) -> Self {
+    pub fn finish(mut self) -> Self {
         if let Some(internal) = &self.internal {
             let reference = crate::domain::ids::new_id().simple().to_string();
             let reference = &reference[reference.len() - 12..];
@@ -326,6 +326,12 @@ impl From<StoreError> for ApiError {
             StoreError::Invariant { .. } => {
                 ApiError::new(ErrorCode::FailedPrecondition, e.to_string())
             }
+            // A record grown past the store's limit by what the caller
+            // sent (free text, a list): nothing was written.
+            StoreError::TooLarge { .. } => ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("{e}; shorten the text or lists of the request"),
+            ),
             other => ApiError::internal(other),
         }
     }

@@ -62,8 +62,25 @@ pub fn body_error(rejection: axum::extract::rejection::BytesRejection) -> ApiErr
     }
 }
 
-/// Parses JSON, telling syntax errors from field errors.
+/// Parses a JSON object, telling syntax errors from field errors. Every
+/// body of the API is an object: anything else (`[]`, `"x"`, `1`) is
+/// refused before serde could read a sequence into a struct.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        None => {
+            return Err(ApiError::new(
+                ErrorCode::MalformedJson,
+                "the request body is empty; send a JSON object",
+            ));
+        }
+        Some(_) => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidArgument,
+                "the request body must be a JSON object ({...})",
+            ));
+        }
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

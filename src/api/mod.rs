@@ -43,6 +43,7 @@ connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-ac
 /// The whole HTTP surface.
 pub fn router(state: AppState) -> Router {
     let connect = rpc::service(&state);
+    let auth = state.auth.clone();
     let api = Router::new()
         .route("/oauth/token", post(oauth::token))
         .route("/events", get(events::sse))
@@ -114,8 +115,14 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(move |req: Request| {
             let connect = connect.clone();
+            let auth = auth.clone();
             async move {
                 if is_rpc_path(req.uri().path()) {
+                    if let Some(refusal) =
+                        rpc::refuse_unary_call_to_stream(&auth, req.headers(), req.uri().path())
+                    {
+                        return refusal;
+                    }
                     match connect.oneshot(req).await {
                         Ok(response) => response.into_response(),
                         Err(never) => match never {},
@@ -130,6 +137,7 @@ pub fn router(state: AppState) -> Router {
             }
         });
     api.layer(DefaultBodyLimit::max(state.config.http.max_body_bytes))
+        .layer(middleware::map_request(conn::drain_unread_bodies))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(header_layer(
             header::STRICT_TRANSPORT_SECURITY,

@@ -844,14 +844,17 @@ impl Capacity {
         let request = &acquire.request;
         let mut candidates: Vec<PoolStatus> = Vec::new();
         let mut refusals = Vec::new();
+        let mut named_pool_seen = false;
         for status in self.pools() {
             if acquire
                 .pool_id
                 .as_ref()
                 .is_some_and(|p| *p != status.pool.pool_id)
+                || !status.pool.visible_to(&request.tenant_id)
             {
                 continue;
             }
+            named_pool_seen = true;
             match placement(request, tenant, &status.pool) {
                 Ok(()) if status.pool.state == PoolState::Active => candidates.push(status),
                 Ok(()) => refusals.push(format!(
@@ -864,14 +867,17 @@ impl Capacity {
         if let Some(pool_id) = &acquire.pool_id
             && candidates.is_empty()
         {
-            if self.grain(pool_id).is_none() {
+            if !named_pool_seen {
                 return Err(DomainError::not_found("pool", pool_id).into());
             }
             return Err(DomainError::FailedPrecondition(refusals.join("; ")).into());
         }
         if candidates.is_empty() {
             let kind = request.holder_kind.pool_kind();
-            let of_kind = self.pools().iter().any(|s| s.pool.kind == kind);
+            let of_kind = self
+                .pools()
+                .iter()
+                .any(|s| s.pool.kind == kind && s.pool.visible_to(&request.tenant_id));
             let why = if of_kind {
                 // Only the pools that could have served it are worth naming.
                 let relevant: Vec<String> = refusals
@@ -991,16 +997,16 @@ impl Capacity {
                 reply,
             })
             .await?;
-        let view = match current {
-            Ok(v) => v,
-            Err(CapacityError::NotHere) => {
-                return Err(DomainError::Aborted(format!(
-                    "lease {lease_id} ended while it was being looked up; ask again"
-                ))
-                .into());
-            }
-            Err(e) => return Err(e),
+        // The lease can leave its pool between two polls (released,
+        // expired, denied): the caller asks again.
+        let ended = |e: CapacityError| match e {
+            CapacityError::NotHere => DomainError::Aborted(format!(
+                "lease {lease_id} ended while it was being looked up; ask again"
+            ))
+            .into(),
+            e => e,
         };
+        let view = current.map_err(ended)?;
         if let Some(asked) = asked
             && (asked.cpu != view.lease.cpu
                 || asked.memory_gb != view.lease.memory_gb
@@ -1042,7 +1048,7 @@ impl Capacity {
                 }
                 Ok(view)
             }
-            Ok(Ok(Err(e))) | Ok(Err(e)) => Err(e),
+            Ok(Ok(Err(e))) | Ok(Err(e)) => Err(ended(e)),
             // Still waiting: the current position and reason.
             Err(_) => self
                 .ask(pool_id, |reply| Msg::Poll {
@@ -1051,7 +1057,7 @@ impl Capacity {
                     reply,
                 })
                 .await?
-                .or(Ok(view)),
+                .map_err(ended),
         }
     }
 

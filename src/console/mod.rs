@@ -348,7 +348,7 @@ impl Console {
     pub fn done<E: Into<ApiError>>(&self, to: &str, result: Result<String, E>) -> Response {
         let (ok, text) = match result {
             Ok(text) => (true, text),
-            Err(e) => (false, describe(&e.into())),
+            Err(e) => (false, describe(&e.into().finish())),
         };
         self.state.sessions.flash(&self.cookie, ok, text);
         Redirect::to(local_path(to).unwrap_or("/")).into_response()
@@ -442,17 +442,11 @@ impl PageError {
 
 impl<E: Into<ApiError>> From<E> for PageError {
     fn from(e: E) -> Self {
-        let e: ApiError = e.into();
-        let status = e.code.spec().status;
-        let message = if e.detail.is_empty() {
-            "an internal error occurred; the appliance log has the details".to_string()
-        } else {
-            describe(&e)
-        };
-        if status.is_server_error() {
-            tracing::warn!(error = %e.detail, internal = ?e.internal, "console page failed");
+        let e: ApiError = e.into().finish();
+        PageError {
+            status: e.code.spec().status,
+            message: describe(&e),
         }
-        PageError { status, message }
     }
 }
 

@@ -47,7 +47,24 @@ impl Amount {
         if value < 0.0 {
             return Err(FieldError::new(field, format!("{value} is negative")));
         }
-        let thousandths = (value * 1000.0).round();
+        let scaled = value * 1000.0;
+        let thousandths = scaled.round();
+        // Amounts are whole thousandths: a value that is not one would be
+        // stored as another (1e-300 as 0), so it is refused instead.
+        if value > 0.0 && thousandths == 0.0 {
+            return Err(FieldError::new(
+                field,
+                format!("{value} is smaller than 0.001, the smallest amount"),
+            ));
+        }
+        if (scaled - thousandths).abs() > 1e-6 * thousandths.max(1.0) {
+            return Err(FieldError::new(
+                field,
+                format!(
+                    "{value} has more than three decimal places; amounts are counted in thousandths"
+                ),
+            ));
+        }
         if thousandths > MAX_THOUSANDTHS as f64 {
             return Err(FieldError::new(
                 field,
@@ -155,6 +172,18 @@ mod tests {
             float += 0.1;
         }
         assert_ne!(float, 1000.0, "the reason this type exists");
+    }
+
+    #[test]
+    fn values_that_are_not_whole_thousandths_are_refused() {
+        let e = Amount::parse("limit", 1e-300).unwrap_err();
+        assert_eq!(e.field, "limit");
+        assert!(e.reason.contains("smaller than 0.001"), "{}", e.reason);
+        let e = Amount::parse("cpu", 0.0015).unwrap_err();
+        assert!(e.reason.contains("three decimal places"), "{}", e.reason);
+        for fine in [0.0, 0.001, 0.1, 0.3, 2.675, 999_999.999, 1e6] {
+            assert!(Amount::parse("cpu", fine).is_ok(), "{fine}");
+        }
     }
 
     #[test]

@@ -16,6 +16,12 @@ pub struct FieldError {
     pub reason: String,
 }
 
+/// Longest free text (a reason, a summary) a record keeps, in characters.
+pub const MAX_TEXT_CHARS: usize = 2000;
+
+/// Longest key a caller chooses (a request id, an environment id).
+pub const MAX_KEY_CHARS: usize = 128;
+
 impl FieldError {
     /// A rejected field.
     pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
@@ -23,6 +29,34 @@ impl FieldError {
             field: field.into(),
             reason: reason.into(),
         }
+    }
+
+    /// Refuses free text longer than [`MAX_TEXT_CHARS`].
+    pub fn check_text(field: &str, value: &str) -> Result<(), FieldError> {
+        let n = value.chars().count();
+        if n > MAX_TEXT_CHARS {
+            return Err(FieldError::new(
+                field,
+                format!("is {n} characters long; at most {MAX_TEXT_CHARS} are kept"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a caller-chosen key that is empty, longer than
+    /// [`MAX_KEY_CHARS`], or holds `/` or a control character (keys name
+    /// index entries).
+    pub fn check_key(field: &str, value: &str) -> Result<(), FieldError> {
+        let n = value.chars().count();
+        if n == 0 || n > MAX_KEY_CHARS || value.chars().any(|c| c == '/' || c.is_control()) {
+            return Err(FieldError::new(
+                field,
+                format!(
+                    "must be 1 to {MAX_KEY_CHARS} characters without '/' or control characters"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -126,6 +126,7 @@ impl Bundle {
     }
 
     /// Reads a gzip-compressed tar archive.
+    #[allow(clippy::too_many_lines)]
     pub fn from_archive(bytes: &[u8], limits: &Limits) -> Result<Bundle, BundleError> {
         if bytes.len() < 2 || bytes[0] != 0x1f || bytes[1] != 0x8b {
             return Err(err("not a gzip-compressed tar archive (.tar.gz)"));
@@ -133,11 +134,28 @@ impl Bundle {
         // Decompressed bytes are capped: tar headers and padding add at most
         // one 512-byte block per file plus two, above the files' own bytes.
         let cap = limits.max_bundle_bytes + 512 * (limits.max_files as u64 + 2) + 1024 * 10;
-        let decoder = flate2::read::GzDecoder::new(bytes).take(cap);
+        let capped = std::rc::Rc::new(std::cell::Cell::new(false));
+        let decoder = Capped {
+            inner: flate2::read::GzDecoder::new(bytes),
+            left: cap,
+            hit: capped.clone(),
+        };
         let mut archive = tar::Archive::new(decoder);
         let mut bundle = Bundle::default();
         let mut total = 0u64;
-        let damaged = |e: std::io::Error| err(format!("the archive is truncated or damaged: {e}"));
+        let over_cap = || {
+            err(format!(
+                "the archive decompresses to more than {cap} bytes (releases.max_bundle_bytes, {} bytes, plus tar headers for releases.max_files, {} files)",
+                limits.max_bundle_bytes, limits.max_files
+            ))
+        };
+        let damaged = |e: std::io::Error| {
+            if capped.get() {
+                over_cap()
+            } else {
+                err(format!("the archive is truncated or damaged: {e}"))
+            }
+        };
         for entry in archive.entries().map_err(damaged)? {
             let mut entry = entry.map_err(damaged)?;
             let raw_path = String::from_utf8(entry.path_bytes().into_owned())
@@ -191,6 +209,9 @@ impl Bundle {
                 .read_to_end(&mut bytes)
                 .map_err(damaged)?;
             if (bytes.len() as u64) < declared {
+                if capped.get() {
+                    return Err(over_cap());
+                }
                 return Err(err(format!("the archive is truncated inside {path}")));
             }
             bundle.add(path, bytes, limits, &mut total)?;
@@ -297,6 +318,32 @@ fn walk(
     Ok(())
 }
 
+/// A reader that stops after `left` bytes and remembers that it did, so
+/// that hitting the cap is told apart from a truncated archive.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    hit: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            // One byte more than the cap means the archive is over it.
+            let mut probe = [0u8; 1];
+            if self.inner.read(&mut probe)? > 0 {
+                self.hit.set(true);
+                return Err(std::io::Error::other("decompression cap reached"));
+            }
+            return Ok(0);
+        }
+        let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,6 +367,29 @@ mod tests {
             b.append(&h, *data).unwrap();
         }
         b.into_inner().unwrap().finish().unwrap()
+    }
+
+    #[test]
+    fn an_archive_over_the_decompression_cap_names_the_cap() {
+        let limits = Limits {
+            max_bundle_bytes: 1_000,
+            max_file_bytes: 1_000,
+            max_files: 2,
+        };
+        // Directory entries add no file but decompressed bytes.
+        let names: Vec<String> = (0..200).map(|i| format!("d{i}/")).collect();
+        let entries: Vec<(&str, tar::EntryType, &[u8])> = names
+            .iter()
+            .map(|n| (n.as_str(), tar::EntryType::Directory, &b""[..]))
+            .collect();
+        let e = Bundle::from_archive(&archive(&entries), &limits).unwrap_err();
+        assert!(
+            e.0.contains("decompresses to more than")
+                && e.0.contains("releases.max_bundle_bytes")
+                && !e.0.contains("truncated"),
+            "{}",
+            e.0
+        );
     }
 
     #[test]

@@ -198,6 +198,12 @@ pub fn plan_run(
     parent: Option<(ParentLink, u32)>,
     now: DateTime<Utc>,
 ) -> Result<NewRun, DomainError> {
+    if let Some(key) = &request.request_id {
+        FieldError::check_key("requestId", key)?;
+    }
+    if let Some(environment) = &request.environment_id {
+        FieldError::check_key("environmentId", environment)?;
+    }
     let limits = effective_limits(&manifest.contract.limits, request.limits.as_ref(), config)?;
     let release_attempts = manifest.contract.max_attempts.max(1);
     let max_attempts = match request.max_attempts {
@@ -622,6 +628,7 @@ impl RunControl {
         by: &str,
         reason: &str,
     ) -> Result<Run, RuntimeError> {
+        FieldError::check_text("reason", reason)?;
         let why = if reason.is_empty() {
             format!("cancelled by {by}")
         } else {
@@ -633,7 +640,9 @@ impl RunControl {
             .runtime
             .store()
             .transact(move |tx: &mut Tx| {
-                let mut run = load_run(tx, &s, run_id)?;
+                let mut run = tx
+                    .get::<Run>(&s, &run_id.to_string())?
+                    .ok_or_else(|| DomainError::not_found("run", run_id))?;
                 if run.request_cancel(w) {
                     tx.save(&s, &mut run)?;
                 }
@@ -682,6 +691,9 @@ impl RunControl {
         by: &str,
         reason: Option<String>,
     ) -> Result<ExecutionAttempt, RuntimeError> {
+        if let Some(reason) = &reason {
+            FieldError::check_text("reason", reason)?;
+        }
         let ids = self
             .runtime
             .store()
@@ -724,6 +736,7 @@ impl RunControl {
         if reason.trim().is_empty() {
             return Err(FieldError::new("reason", "is required: say what was checked").into());
         }
+        FieldError::check_text("reason", reason)?;
         if retry && effect == Effect::Happened {
             return Err(FieldError::new(
                 "retry",

@@ -1010,6 +1010,9 @@ impl Runtime {
         by: &str,
         reason: Option<String>,
     ) -> Result<ExecutionAttempt, RuntimeError> {
+        if let Some(reason) = &reason {
+            crate::domain::FieldError::check_text("reason", reason)?;
+        }
         let by = by.to_string();
         self.ask(
             scope,
@@ -1041,6 +1044,7 @@ impl Runtime {
         reason: &str,
         source: InterruptSource,
     ) -> Result<ExecutionAttempt, RuntimeError> {
+        crate::domain::FieldError::check_text("reason", reason)?;
         let request = InterruptRequest {
             requested_at: self.shared.clock.now(),
             by: by.to_string(),

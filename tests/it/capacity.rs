@@ -618,7 +618,8 @@ async fn placement_keeps_boundaries_egress_and_residency() {
     assert_eq!(s, 200, "{p}");
     let l = lease(&a, &acme_token, browser("b1")).await;
     assert_eq!(l.pool_id, "acme-browsers");
-    // The dedicated pool serves acme only.
+    // The dedicated pool serves acme only, and does not exist for others:
+    // no answer tells globex who owns it.
     let mut other = browser("gb1");
     other.pool_id = "acme-browsers".into();
     let err = a
@@ -626,7 +627,13 @@ async fn placement_keeps_boundaries_egress_and_residency() {
         .acquire_lease(other)
         .await
         .unwrap_err();
-    assert!(err.message.unwrap().contains("is dedicated to tenant acme"));
+    assert_eq!(err.code, ErrorCode::NotFound);
+    let message = err.message.unwrap();
+    assert!(
+        message.contains("pool acme-browsers not found"),
+        "{message}"
+    );
+    assert!(!message.contains("acme "), "{message}");
     // And nobody else sees it.
     let pools = a.get(&globex_token, "/factory/capacity/pools").await;
     assert!(

@@ -196,6 +196,66 @@ pub fn method_of(path: &str) -> Option<&'static str> {
         .map(|(p, _)| *p)
 }
 
+/// A call whose content type cannot reach its method, answered here with
+/// 415 and a Connect error naming what to send: a server-streaming method
+/// called with a unary content type (`application/json`, `application/proto`)
+/// would otherwise look like a method that does not exist.
+///
+/// The caller is authenticated first, so that an anonymous call is 401
+/// whatever its content type.
+pub fn refuse_unary_call_to_stream(
+    auth: &Auth,
+    headers: &http::HeaderMap,
+    path: &str,
+) -> Option<axum::response::Response> {
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let name = path.strip_prefix('/').unwrap_or(path);
+    RPC_METHODS
+        .iter()
+        .find(|m| m.server_streaming && m.path() == name)?;
+    let base = content_type?.split(';').next()?.trim().to_ascii_lowercase();
+    let codec = match base.as_str() {
+        "application/json" => "json",
+        "application/proto" => "proto",
+        _ => return None,
+    };
+    let message = format!(
+        "{name} streams its responses: send Content-Type application/connect+{codec} \
+         (a Connect streaming call, with an enveloped request), or use gRPC; \
+         {base} is for unary methods",
+    );
+    let authorization = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if let Err(e) = auth.authenticate(authorization) {
+        let e = ApiError::from(e);
+        return Some(unary_error(e.code.spec().status, &e.code, &e.detail));
+    }
+    Some(unary_error(
+        http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        &ErrorCode::InvalidArgument,
+        &message,
+    ))
+}
+
+/// A Connect unary error: JSON `code` and `message` with an HTTP status.
+fn unary_error(
+    status: http::StatusCode,
+    code: &ErrorCode,
+    message: &str,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let code = code.spec().connect.as_str();
+    (
+        status,
+        [(http::header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({ "code": code, "message": message }).to_string(),
+    )
+        .into_response()
+}
+
 /// The access a method requires, if it is known.
 pub fn access_of(path: &str) -> Option<Access> {
     let path = path.strip_prefix('/').unwrap_or(path);

@@ -181,14 +181,6 @@ impl pb::Runs for RunsService {
             });
             let request_id =
                 (!request.request_id.is_empty()).then(|| request.request_id.to_string());
-            if let Some(key) = &request_id
-                && (key.len() > 128 || key.contains('/'))
-            {
-                return Err(FieldError::new(
-                    "requestId",
-                    "must be at most 128 characters without '/'",
-                ));
-            }
             Ok(RunRequest {
                 project_id: ProjectId::parse_field("projectId", request.project_id)?,
                 release_id: request.release_id.to_string(),

@@ -219,6 +219,13 @@ impl EventPayload for WorkerPoolStateChanged<'_> {
 pub const MAX_POOL_SIZE: u32 = 10_000;
 
 impl WorkerPool {
+    /// Whether `tenant` may know of this pool at all: shared pools and its
+    /// own. Another tenant's dedicated pool does not exist for it (lists,
+    /// lookups and placement answer as for an unknown pool).
+    pub fn visible_to(&self, tenant: &TenantId) -> bool {
+        self.security_boundary == SecurityBoundary::Shared || self.tenant_id == *tenant
+    }
+
     /// Capacity at the current size.
     pub fn capacity(&self) -> SlotSize {
         SlotSize {
@@ -377,14 +384,25 @@ impl WorkerPool {
             return Ok((pool, vec![event]));
         };
 
+        if old.tenant_id != tenant {
+            // The owner is part of where the pool is stored and of every
+            // lease record of it: another owner is another pool.
+            return Err(FieldError::new(
+                "tenantId",
+                format!(
+                    "pool {pool_id} belongs to {}; an owner cannot change: retire this pool and create one for the other owner",
+                    old.tenant_id
+                ),
+            )
+            .into());
+        }
         let live = old.active_leases > 0;
         let changes_identity = old.kind != spec.kind
             || old.security_boundary != spec.security_boundary
-            || old.tenant_id != tenant
             || old.node_profile != spec.node_profile;
         if live && changes_identity {
             return Err(DomainError::FailedPrecondition(format!(
-                "pool {pool_id} has {} live leases; its kind, boundary, owner and node profile can change only when it is empty (drain it first)",
+                "pool {pool_id} has {} live leases; its kind, boundary and node profile can change only when it is empty (drain it first)",
                 old.active_leases
             )));
         }
