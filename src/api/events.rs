@@ -212,15 +212,36 @@ pub fn event_stream(
     responses(
         (status = 200, description = "`{\"sequence\": N}`: the last durable event's sequence (0: none yet)", body = Object),
         (status = 401, description = "No valid token", content_type = "application/problem+json"),
-        (status = 403, description = "Missing agentbay.events.read", content_type = "application/problem+json"),
+        (status = 403, description = "Missing agentbay.events.read, or another tenant", content_type = "application/problem+json"),
     ),
+    params(("tenant" = Option<String>, Query, description = "PlatformAdmins: one tenant's stream")),
     security(("bearer" = []))
 )]
 pub async fn head(
     State(state): State<AppState>,
-    _auth: Authorized<need::EventsRead>,
-) -> axum::Json<serde_json::Value> {
-    axum::Json(serde_json::json!({ "sequence": state.store.events_head() }))
+    auth: Authorized<need::EventsRead>,
+    RawQuery(raw): RawQuery,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    // The same parameters and the same tenant rule as the stream itself:
+    // the head is where a reader of that stream would catch up to.
+    let query = EventsQuery::parse(raw.as_deref())?;
+    if let Some(key) = [
+        ("after", query.after.is_some()),
+        ("topic", !query.topic.is_empty()),
+        ("until", query.until.is_some()),
+    ]
+    .iter()
+    .find_map(|(k, present)| present.then_some(*k))
+    {
+        return Err(ApiError::invalid(
+            key,
+            "is not a parameter of /events/head (tenant)",
+        ));
+    }
+    filter_for(&auth.principal, query.tenant.as_deref(), Vec::new())?;
+    Ok(axum::Json(
+        serde_json::json!({ "sequence": state.store.events_head() }),
+    ))
 }
 
 /// The header that tells a stream's reader where the head was when it

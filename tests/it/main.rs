@@ -18,3 +18,4 @@ mod http;
 mod releases;
 mod rpc;
 mod runtime;
+mod security;
