@@ -95,6 +95,25 @@ impl Target {
     }
 }
 
+/// `agentbay rotate-token-key`: a new token signing key, offline only.
+pub async fn rotate_token_key(config: &Config) -> anyhow::Result<()> {
+    match Target::of(config)? {
+        Target::Running { info, .. } => bail!(
+            "the appliance runs (pid {}, {}); stop it first (systemctl stop agentbay): it keeps the key in memory",
+            info.pid,
+            info.url
+        ),
+        Target::Offline(local) => {
+            crate::auth::token::TokenKeys::rotate(&local.store).await?;
+            println!(
+                "The token signing key of {} is new: every token issued before is refused from the next start; clients ask for new ones with their credentials.",
+                local.datadir.root().display()
+            );
+            Ok(())
+        }
+    }
+}
+
 fn connect_error(e: connectrpc::ConnectError) -> anyhow::Error {
     anyhow!(e.message.unwrap_or_else(|| format!("{:?}", e.code)))
 }

@@ -74,6 +74,13 @@ enum Command {
         /// Backup file to create.
         file: PathBuf,
     },
+    /// Replace the token signing key (the appliance must be stopped):
+    /// every bearer token issued before stops working; clients get new ones
+    /// with their unchanged credentials.
+    RotateTokenKey {
+        #[command(flatten)]
+        common: Common,
+    },
     /// Fill an empty data directory from a backup FILE.
     Restore {
         #[command(flatten)]
@@ -399,6 +406,11 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             let config = load(&common, None)?;
             quiet_logging(&config);
             control::backup(&config, &file).await
+        }
+        Command::RotateTokenKey { common } => {
+            let config = load(&common, None)?;
+            quiet_logging(&config);
+            control::rotate_token_key(&config).await
         }
         Command::Restore { common, file } => {
             let config = load(&common, None)?;

@@ -56,7 +56,7 @@ pub fn random_token() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
-pub(super) struct TokenKeys {
+pub(crate) struct TokenKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
     validation: Validation,
@@ -64,6 +64,21 @@ pub(super) struct TokenKeys {
 }
 
 impl TokenKeys {
+    /// Replaces the signing key with a new random one: every token issued
+    /// before stops verifying. Clients ask for a new token with their
+    /// unchanged credentials. Only while the appliance is stopped (the
+    /// running one holds its key in memory).
+    pub async fn rotate(store: &Store) -> Result<(), StoreError> {
+        let mut fresh = [0u8; 32];
+        getrandom::fill(&mut fresh).expect("the OS random source works");
+        store
+            .transact(move |tx: &mut Tx| {
+                tx.meta_put(SIGNING_KEY, &fresh);
+                Ok::<_, StoreError>(())
+            })
+            .await
+    }
+
     pub(super) async fn load_or_create(
         store: &Store,
         ttl_seconds: u64,

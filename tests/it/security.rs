@@ -1377,3 +1377,42 @@ async fn metrics_are_a_platform_scrape() {
             .contains("agentbay_http_requests_total")
     );
 }
+
+#[tokio::test]
+async fn a_rotated_token_key_refuses_every_earlier_token() {
+    let mut a = Appliance::start();
+    let old = a.admin_token().await;
+    let rotate = |a: &Appliance| {
+        common::run(
+            common::agentbay()
+                .args(["rotate-token-key", "--data-dir"])
+                .arg(&a.data_dir),
+        )
+    };
+    let out = rotate(&a);
+    assert!(!out.status.success(), "refused while the appliance runs");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stop it first"));
+    a.terminate().await;
+    let out = rotate(&a);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    a.restart();
+    let status = |token: String| {
+        let http = a.http();
+        let url = format!("{}/factory/capacity/pools", a.url);
+        async move {
+            http.get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(status(old).await, 401);
+    assert_eq!(status(a.admin_token().await).await, 200);
+}
