@@ -27,8 +27,10 @@
 //!
 //! # How a request flows
 //!
-//! 1. `api::router` receives it over HTTPS; REST routes go to handlers, RPC
-//!    paths (`/agentbay.x.v1.Service/Method`) to the Connect service.
+//! 1. `api::conn` accepts the connection under its bounds (a cap, then
+//!    header-read and idle timeouts, below TLS); `api::router` receives the
+//!    request; REST routes go to handlers, RPC paths
+//!    (`/agentbay.x.v1.Service/Method`) to the Connect service.
 //! 2. Authentication happens before the handler: the `Authorized<need::X>`
 //!    extractor (REST) or the `AuthInterceptor` (RPC) turns the bearer token
 //!    into a [`auth::Principal`] holding the required scope, or answers 401 /
