@@ -52,7 +52,7 @@ pub fn body_error(rejection: axum::extract::rejection::BytesRejection) -> ApiErr
     if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
             ErrorCode::PayloadTooLarge,
-            "the request body is larger than this appliance accepts (http.max_body_bytes)",
+            "the request body is larger than this route accepts (http.max_body_bytes; for release bundles, releases.max_bundle_bytes)",
         )
     } else {
         ApiError::new(

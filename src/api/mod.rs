@@ -44,6 +44,7 @@ connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-ac
 pub fn router(state: AppState) -> Router {
     let connect = rpc::service(&state);
     let auth = state.auth.clone();
+    let max_body_bytes = state.config.http.max_body_bytes;
     let api = Router::new()
         .route("/oauth/token", post(oauth::token))
         .route("/events", get(events::sse))
@@ -118,11 +119,10 @@ pub fn router(state: AppState) -> Router {
             let auth = auth.clone();
             async move {
                 if is_rpc_path(req.uri().path()) {
-                    if let Some(refusal) =
-                        rpc::refuse_unary_call_to_stream(&auth, req.headers(), req.uri().path())
-                    {
-                        return refusal;
-                    }
+                    let req = match rpc::precheck(&auth, max_body_bytes, req).await {
+                        Ok(req) => req,
+                        Err(refusal) => return refusal,
+                    };
                     match connect.oneshot(req).await {
                         Ok(response) => response.into_response(),
                         Err(never) => match never {},

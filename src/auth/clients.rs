@@ -390,7 +390,7 @@ pub async fn revoke(
                     .count();
                 if others == 0 {
                     return Err(DomainError::FailedPrecondition(format!(
-                        "client {id} is the last active PlatformAdmin credential; create another one first (agentbay client create --tenant platform --scope agentbay.platform ...)"
+                        "client {id} is the last active PlatformAdmin credential (of tenant platform, with every scope); create another one first (agentbay client create --tenant platform with every --scope that --help lists)"
                     ))
                     .into());
                 }

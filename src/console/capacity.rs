@@ -511,16 +511,20 @@ fn quota_patch(fields: &Fields) -> Result<QuotaPatch, ApiError> {
                 // Whole numbers go as integers, so that the integer limits
                 // (concurrentRuns, ...) accept them; serde names the field
                 // and the type when a fraction is given to one of those.
+                // A number that is not finite (NaN, inf, 1e400) would
+                // become JSON null, which means "inherit": refused here.
                 let value = match text.parse::<u64>() {
                     Ok(n) => json!(n),
-                    Err(_) => json!(text.parse::<f64>().map_err(|_| {
-                        ApiError::invalid(
-                            key,
-                            format!(
-                                "{text:?} is not a number (leave it blank to keep it, or write inherit)"
-                            ),
-                        )
-                    })?),
+                    Err(_) => json!(text.parse::<f64>().ok().filter(|v| v.is_finite()).ok_or_else(
+                        || {
+                            ApiError::invalid(
+                                key,
+                                format!(
+                                    "{text:?} is not a finite number (leave it blank to keep it, or write inherit)"
+                                ),
+                            )
+                        }
+                    )?),
                 };
                 patch.insert(key.into(), value);
             }
@@ -695,5 +699,16 @@ mod tests {
     fn the_history_path_spans_the_box_and_clamps() {
         let path = history_path(&[0.0, 1.0, 4.0], 2.0);
         assert_eq!(path, "M0,60 L0.0,60.0 L500.0,31.0 L1000.0,2.0 L1000,60 Z");
+    }
+
+    #[test]
+    fn a_limit_that_is_not_a_finite_number_is_refused_not_inherited() {
+        for text in ["NaN", "inf", "-inf", "1e400", "five"] {
+            let fields = Fields(vec![("cpuPerAttempt".into(), text.into())]);
+            let e = quota_patch(&fields).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("cpuPerAttempt"), "{text}");
+        }
+        let fields = Fields(vec![("cpuPerAttempt".into(), "inherit".into())]);
+        assert!(quota_patch(&fields).is_ok());
     }
 }

@@ -54,7 +54,7 @@ impl Amount {
         if value > 0.0 && thousandths == 0.0 {
             return Err(FieldError::new(
                 field,
-                format!("{value} is smaller than 0.001, the smallest amount"),
+                format!("{value:e} is smaller than 0.001, the smallest amount"),
             ));
         }
         if (scaled - thousandths).abs() > 1e-6 * thousandths.max(1.0) {

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::access::Scope;
+use super::access::{Role, Scope};
 use super::error::{DomainError, FieldError};
 use super::events::{EventPayload, NewEvent};
 use super::ids::{TenantId, new_id};
@@ -135,11 +135,14 @@ impl ClientCredential {
         Ok((credential, event))
     }
 
-    /// Whether it is an active PlatformAdmin credential.
+    /// Whether it is an active PlatformAdmin credential: one of the
+    /// platform tenant holding every scope of the PlatformAdmin role (a
+    /// credential with `agentbay.platform` alone cannot manage anything,
+    /// so it does not keep the appliance manageable).
     pub fn is_active_platform_admin(&self) -> bool {
         self.revoked_at.is_none()
             && self.tenant_id.is_platform()
-            && self.scopes.contains(&Scope::Platform)
+            && Role::PlatformAdmin.scopes().is_subset(&self.scopes)
     }
 
     /// Revokes the credential. Revoking twice changes nothing and emits

@@ -767,6 +767,16 @@ async fn management_follows_the_callers_scopes_for_every_pair_of_roles() {
     );
     let (_, v) = as_admin("RevokeClient", json!({"clientId": a.admin.id})).await;
     assert_eq!(v["code"], "failed_precondition", "{v}");
+    // A credential with agentbay.platform alone manages nothing: it does
+    // not count as another PlatformAdmin.
+    let (s, v) = as_admin(
+        "CreateClient",
+        json!({"tenantId": "platform", "scopes": ["agentbay.platform"]}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = as_admin("RevokeClient", json!({"clientId": a.admin.id})).await;
+    assert_eq!(v["code"], "failed_precondition", "{v}");
     assert!(
         v["message"]
             .as_str()
@@ -1290,6 +1300,22 @@ async fn client_mistakes_are_4xx_with_the_reason_never_5xx() {
             .contains("application/connect+json"),
         "{v}"
     );
+    // An RPC body that is not an object (the decoder would read an array
+    // positionally).
+    for body in [
+        json!([]),
+        json!(["0190e5a0-0000-7000-8000-0000000000ff", "acme"]),
+    ] {
+        let (code, status) = connect_call(
+            &http,
+            &a.url,
+            "agentbay.runs.v1.Runs/GetRun",
+            Some(&admin),
+            &body,
+        )
+        .await;
+        assert_eq!((code.as_str(), status), ("invalid_argument", 400), "{body}");
+    }
     // A quota that is not a whole number of thousandths.
     let (s, p) = a
         .put(

@@ -196,48 +196,80 @@ pub fn method_of(path: &str) -> Option<&'static str> {
         .map(|(p, _)| *p)
 }
 
-/// A call whose content type cannot reach its method, answered here with
-/// 415 and a Connect error naming what to send: a server-streaming method
-/// called with a unary content type (`application/json`, `application/proto`)
-/// would otherwise look like a method that does not exist.
+/// Checks the shape of a call before the Connect service decodes it, and
+/// answers what it would get wrong:
+///
+/// - a server-streaming method called with a unary content type
+///   (`application/json`, `application/proto`) is 415 naming what to send
+///   (the service would answer as if the method did not exist);
+/// - a unary JSON call whose body is not an object is 400 (the decoder
+///   would read `[]` as an empty message and an array positionally).
 ///
 /// The caller is authenticated first, so that an anonymous call is 401
-/// whatever its content type.
-pub fn refuse_unary_call_to_stream(
+/// whatever its shape. Calls of other shapes pass through untouched.
+pub async fn precheck(
     auth: &Auth,
-    headers: &http::HeaderMap,
-    path: &str,
-) -> Option<axum::response::Response> {
-    let content_type = headers
+    max_body_bytes: usize,
+    request: axum::extract::Request,
+) -> Result<axum::extract::Request, axum::response::Response> {
+    let name = request.uri().path().trim_start_matches('/');
+    let Some(method) = RPC_METHODS.iter().find(|m| m.path() == name) else {
+        return Ok(request);
+    };
+    let base = request
+        .headers()
         .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    let name = path.strip_prefix('/').unwrap_or(path);
-    RPC_METHODS
-        .iter()
-        .find(|m| m.server_streaming && m.path() == name)?;
-    let base = content_type?.split(';').next()?.trim().to_ascii_lowercase();
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .unwrap_or_default();
     let codec = match base.as_str() {
         "application/json" => "json",
-        "application/proto" => "proto",
-        _ => return None,
+        "application/proto" if method.server_streaming => "proto",
+        _ => return Ok(request),
     };
-    let message = format!(
-        "{name} streams its responses: send Content-Type application/connect+{codec} \
-         (a Connect streaming call, with an enveloped request), or use gRPC; \
-         {base} is for unary methods",
-    );
-    let authorization = headers
+    let authorization = request
+        .headers()
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     if let Err(e) = auth.authenticate(authorization) {
         let e = ApiError::from(e);
-        return Some(unary_error(e.code.spec().status, &e.code, &e.detail));
+        return Err(unary_error(e.code.spec().status, &e.code, &e.detail));
     }
-    Some(unary_error(
-        http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        &ErrorCode::InvalidArgument,
-        &message,
-    ))
+    if method.server_streaming {
+        return Err(unary_error(
+            http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &ErrorCode::InvalidArgument,
+            &format!(
+                "{name} streams its responses: send Content-Type application/connect+{codec} \
+                 (a Connect streaming call, with an enveloped request), or use gRPC; \
+                 {base} is for unary methods",
+            ),
+        ));
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, max_body_bytes)
+        .await
+        .map_err(|_| {
+            unary_error(
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                &ErrorCode::PayloadTooLarge,
+                &format!(
+                    "the request body is larger than this appliance accepts ({max_body_bytes} bytes, http.max_body_bytes)"
+                ),
+            )
+        })?;
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        None | Some(b'{') => Ok(axum::extract::Request::from_parts(
+            parts,
+            axum::body::Body::from(bytes),
+        )),
+        Some(_) => Err(unary_error(
+            http::StatusCode::BAD_REQUEST,
+            &ErrorCode::InvalidArgument,
+            "the request body must be a JSON object ({...})",
+        )),
+    }
 }
 
 /// A Connect unary error: JSON `code` and `message` with an HTTP status.
