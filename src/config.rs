@@ -154,6 +154,8 @@ pub struct HttpConfig {
     pub header_read_timeout_seconds: u64,
     /// Time a connection may stay open with no request in flight, in seconds.
     pub idle_timeout_seconds: u64,
+    /// Time a request body has to arrive, from its request head, in seconds.
+    pub body_read_timeout_seconds: u64,
     /// Interval of HTTP/2 keep-alive pings, in seconds.
     pub http2_keepalive_interval_seconds: u64,
     /// Time an HTTP/2 peer has to answer a ping before it is dropped, in seconds.
@@ -168,6 +170,7 @@ impl Default for HttpConfig {
             max_connections: 1024,
             header_read_timeout_seconds: 10,
             idle_timeout_seconds: 30,
+            body_read_timeout_seconds: 120,
             http2_keepalive_interval_seconds: 30,
             http2_keepalive_timeout_seconds: 10,
         }
@@ -635,6 +638,12 @@ impl Config {
         range(
             "http.idle_timeout_seconds",
             self.http.idle_timeout_seconds,
+            1,
+            3600,
+        )?;
+        range(
+            "http.body_read_timeout_seconds",
+            self.http.body_read_timeout_seconds,
             1,
             3600,
         )?;

@@ -43,6 +43,8 @@ pub struct Bounds {
     pub header_read: Duration,
     /// Time a connection may sit with no request in flight.
     pub idle: Duration,
+    /// Time a request body has to arrive.
+    pub body_read: Duration,
 }
 
 impl Bounds {
@@ -52,6 +54,7 @@ impl Bounds {
             max_connections: http.max_connections,
             header_read: Duration::from_secs(http.header_read_timeout_seconds),
             idle: Duration::from_secs(http.idle_timeout_seconds),
+            body_read: Duration::from_secs(http.body_read_timeout_seconds),
         }
     }
 }
@@ -124,6 +127,7 @@ impl<S> axum_server::accept::Accept<TcpStream, S> for BoundedAcceptor {
             Tracked {
                 inner: service,
                 state,
+                bounds: self.bounds.clone(),
             },
         )))
     }
@@ -281,17 +285,21 @@ impl AsyncWrite for Watched {
 }
 
 /// The connection's service: counts requests in flight until their
-/// response body ends (or is dropped).
+/// response body ends (or is dropped), and gives each request body its
+/// deadline.
 #[derive(Clone)]
 pub struct Tracked<S> {
     inner: S,
     state: Arc<ConnState>,
+    bounds: Arc<Bounds>,
 }
 
 impl<S, B> tower::Service<Request<B>> for Tracked<S>
 where
-    S: tower::Service<Request<B>, Response = Response<Body>>,
+    S: tower::Service<Request<Body>, Response = Response<Body>>,
     S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<axum::BoxError>,
 {
     type Response = Response<Body>;
     type Error = S::Error;
@@ -304,6 +312,14 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         self.state.request_started(request.version());
         let guard = InFlight(self.state.clone());
+        let limit = self.bounds.body_read;
+        let request = request.map(|body| {
+            Body::new(Timed {
+                body,
+                deadline: Box::pin(tokio::time::sleep(limit)),
+                limit,
+            })
+        });
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
@@ -314,6 +330,54 @@ where
                 })
             }))
         })
+    }
+}
+
+/// A request body that must arrive within `http.body_read_timeout_seconds`
+/// of its request: a body trickled in a byte at a time would otherwise hold
+/// its connection (and its slot) for as long as the client likes. Only a
+/// body still arriving is cut; reading a complete one is never refused.
+struct Timed<B> {
+    body: B,
+    deadline: Pin<Box<Sleep>>,
+    limit: Duration,
+}
+
+impl<B> http_body::Body for Timed<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = bytes::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the request body did not arrive within {} s (http.body_read_timeout_seconds)",
+                        this.limit.as_secs()
+                    ),
+                )
+                .into()))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -993,6 +993,39 @@ async fn slow_idle_and_surplus_connections_are_closed_while_requests_go_on() {
 }
 
 #[tokio::test]
+async fn a_trickled_body_is_cut_at_its_deadline() {
+    let a = Appliance::start_with(&[], &[("AGENTBAY_HTTP__BODY_READ_TIMEOUT_SECONDS", "2")]);
+    let mut conn = tls(&a, &[b"http/1.1"]).await;
+    let started = Instant::now();
+    conn.write_all(
+        b"POST /oauth/token HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 200\r\n\r\ngrant_type=",
+    )
+    .await
+    .unwrap();
+    // A byte every 300 ms: the body would take a minute.
+    let (mut read, mut write) = tokio::io::split(conn);
+    let trickle = tokio::spawn(async move {
+        for _ in 0..200 {
+            if write.write_all(b"a").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), read.read_to_end(&mut answer)).await;
+    let took = started.elapsed().as_secs_f64();
+    trickle.abort();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("http.body_read_timeout_seconds"),
+        "{answer}"
+    );
+    assert!((1.5..15.0).contains(&took), "cut after {took:.1} s");
+}
+
+#[tokio::test]
 async fn a_connection_over_the_cap_is_closed_at_once_and_logged() {
     let a = Appliance::start_with(&[], &[("AGENTBAY_HTTP__MAX_CONNECTIONS", "8")]);
     let addr = a.url.trim_start_matches("https://").to_string();

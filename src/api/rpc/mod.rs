@@ -250,14 +250,23 @@ pub async fn precheck(
     let (parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, max_body_bytes)
         .await
-        .map_err(|_| {
-            unary_error(
-                http::StatusCode::PAYLOAD_TOO_LARGE,
-                &ErrorCode::PayloadTooLarge,
-                &format!(
-                    "the request body is larger than this appliance accepts ({max_body_bytes} bytes, http.max_body_bytes)"
-                ),
-            )
+        .map_err(|e| {
+            let e = e.into_inner();
+            if e.is::<http_body_util::LengthLimitError>() {
+                unary_error(
+                    http::StatusCode::PAYLOAD_TOO_LARGE,
+                    &ErrorCode::PayloadTooLarge,
+                    &format!(
+                        "the request body is larger than this appliance accepts ({max_body_bytes} bytes, http.max_body_bytes)"
+                    ),
+                )
+            } else {
+                unary_error(
+                    http::StatusCode::BAD_REQUEST,
+                    &ErrorCode::InvalidArgument,
+                    &format!("the request body could not be read: {e}"),
+                )
+            }
         })?;
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         None | Some(b'{') => Ok(axum::extract::Request::from_parts(
