@@ -382,18 +382,9 @@ pub async fn revoke(
                 .get(&tenant, &id)?
                 .ok_or_else(|| DomainError::not_found("client", &id))?;
             actor.may_manage(&credential.scopes, &format!("revoke client {id}"))?;
-            if credential.is_active_platform_admin() {
-                let others = tx
-                    .list::<ClientCredential>(&TenantScope::new(TenantId::platform()))?
-                    .into_iter()
-                    .filter(|c| c.client_id != id && c.is_active_platform_admin())
-                    .count();
-                if others == 0 {
-                    return Err(DomainError::FailedPrecondition(format!(
-                        "client {id} is the last active PlatformAdmin credential (of tenant platform, with every scope); create another one first (agentbay client create --tenant platform with every --scope that --help lists)"
-                    ))
-                    .into());
-                }
+            if credential.tenant_id.is_platform() {
+                let platform = tx.list::<ClientCredential>(&tenant)?;
+                credential.check_revocable(&platform)?;
             }
             if let Some(event) = credential.revoke(&actor.name, now) {
                 tx.put(&tenant, &credential)?;

@@ -257,18 +257,9 @@ pub async fn disable(
     store
         .transact(move |tx: &mut Tx| {
             let mut user = managed(tx, &actor, &tenant, &name, "disable")?;
-            if user.is_active_platform_admin() {
-                let others = tx
-                    .list::<User>(&TenantScope::new(TenantId::platform()))?
-                    .into_iter()
-                    .filter(|u| u.username != user.username && u.is_active_platform_admin())
-                    .count();
-                if others == 0 {
-                    return Err(DomainError::FailedPrecondition(format!(
-                        "user {name} is the last active PlatformAdmin user; create or enable another PlatformAdmin user first"
-                    ))
-                    .into());
-                }
+            if user.tenant_id.is_platform() {
+                let platform = tx.list::<User>(&tenant)?;
+                user.check_disablable(&platform)?;
             }
             if let Some(event) = user.disable(&actor.name, now) {
                 tx.put(&tenant, &user)?;

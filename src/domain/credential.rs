@@ -145,6 +145,23 @@ impl ClientCredential {
             && Role::PlatformAdmin.scopes().is_subset(&self.scopes)
     }
 
+    /// Refuses to revoke the last active PlatformAdmin credential, so that
+    /// the appliance stays manageable. `platform` holds the credentials of
+    /// the platform tenant.
+    pub fn check_revocable(&self, platform: &[ClientCredential]) -> Result<(), DomainError> {
+        let others = platform
+            .iter()
+            .filter(|c| c.client_id != self.client_id && c.is_active_platform_admin())
+            .count();
+        if self.is_active_platform_admin() && others == 0 {
+            return Err(DomainError::FailedPrecondition(format!(
+                "client {} is the last active PlatformAdmin credential (of tenant platform, with every scope); create another one first (agentbay client create --tenant platform with every --scope that --help lists)",
+                self.client_id
+            )));
+        }
+        Ok(())
+    }
+
     /// Revokes the credential. Revoking twice changes nothing and emits
     /// nothing the second time.
     pub fn revoke(&mut self, by: &str, now: DateTime<Utc>) -> Option<NewEvent> {

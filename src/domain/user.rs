@@ -244,6 +244,23 @@ impl User {
         self.disabled_at.is_none() && self.roles.contains(&Role::PlatformAdmin)
     }
 
+    /// Refuses to disable the last active PlatformAdmin user, so that the
+    /// console stays manageable. `platform` holds the users of the platform
+    /// tenant.
+    pub fn check_disablable(&self, platform: &[User]) -> Result<(), DomainError> {
+        let others = platform
+            .iter()
+            .filter(|u| u.username != self.username && u.is_active_platform_admin())
+            .count();
+        if self.is_active_platform_admin() && others == 0 {
+            return Err(DomainError::FailedPrecondition(format!(
+                "user {} is the last active PlatformAdmin user; create or enable another PlatformAdmin user first",
+                self.username
+            )));
+        }
+        Ok(())
+    }
+
     /// Replaces the password hash. A disabled user keeps its password: it
     /// cannot sign in anyway.
     pub fn set_password(&mut self, hash: String, by: &str, now: DateTime<Utc>) -> NewEvent {
