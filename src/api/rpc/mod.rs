@@ -213,7 +213,13 @@ pub async fn precheck(
     request: axum::extract::Request,
 ) -> Result<axum::extract::Request, axum::response::Response> {
     let name = request.uri().path().trim_start_matches('/');
-    let Some(method) = RPC_METHODS.iter().find(|m| m.path() == name) else {
+    let Some((service, method_name)) = name.split_once('/') else {
+        return Ok(request);
+    };
+    let Some(method) = RPC_METHODS
+        .iter()
+        .find(|m| m.service == service && m.method == method_name)
+    else {
         return Ok(request);
     };
     let base = request
