@@ -134,7 +134,6 @@ async fn fill(state: &AppState) -> (String, String) {
         }
         claimed = Some((a.attempt_id.to_string(), a.run_id.to_string()));
     }
-    let summaries = state.runtime.summaries(&scope).unwrap();
     // Cancelled attempts give their leases back in the background.
     let (mut leases, mut live) = (Vec::new(), usize::MAX);
     for _ in 0..100 {
@@ -157,12 +156,12 @@ async fn fill(state: &AppState) -> (String, String) {
         *by_state.entry(format!("{:?}", l.lease.state)).or_insert(0) += 1;
     }
     let mut attempts_by_state = std::collections::BTreeMap::new();
-    for a in &summaries {
-        *attempts_by_state.entry(a.state.as_str()).or_insert(0) += 1;
+    for s in agentbay::domain::attempt::AttemptState::ALL {
+        attempts_by_state.insert(s.as_str(), state.runtime.count(&scope, Some(s)).unwrap());
     }
     println!(
         "store: {} attempts {attempts_by_state:?}, {} lease records ({} live: {by_state:?}) in {:.1} s",
-        summaries.len(),
+        state.runtime.count(&scope, None).unwrap(),
         leases.len(),
         live,
         started.elapsed().as_secs_f64()

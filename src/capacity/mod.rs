@@ -139,15 +139,45 @@ impl LeaseFilter {
     }
 }
 
-/// The fields of a lease a [`LeaseFilter`] looks at, read without decoding
-/// the rest of the record.
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct LeaseKeys {
-    holder_id: String,
-    pool_id: String,
-    state: LeaseState,
-    project_id: ProjectId,
+/// A page of a tenant's leases, newest first, read through the index that
+/// narrows the filter most (a state, else a pool; several states merge a
+/// page of each).
+fn tenant_leases(
+    store: &Store,
+    scope: &TenantScope,
+    filter: &LeaseFilter,
+    limit: usize,
+) -> Result<Vec<CapacityLease>, StoreError> {
+    let before = filter.before.map(|id| id.to_string());
+    let keep = |l: &CapacityLease| filter.admits(&l.holder_id, &l.pool_id, l.state, &l.project_id);
+    if filter.states.len() > 1 && filter.pool_id.is_none() {
+        let mut all = Vec::new();
+        for st in &filter.states {
+            let value = st.to_string();
+            all.extend(store.page(
+                scope,
+                Some((records::index::STATE, &value)),
+                before.as_deref(),
+                limit,
+                keep,
+            )?);
+        }
+        all.sort_by_key(|l| std::cmp::Reverse(l.lease_id));
+        all.truncate(limit);
+        return Ok(all);
+    }
+    let by = match (filter.states.as_slice(), &filter.pool_id) {
+        ([one], _) => Some((records::index::STATE, one.to_string())),
+        (_, Some(p)) => Some((records::index::POOL, p.clone())),
+        _ => None,
+    };
+    store.page(
+        scope,
+        by.as_ref().map(|(i, v)| (*i, v.as_str())),
+        before.as_deref(),
+        limit,
+        keep,
+    )
 }
 
 /// Effective quotas of a tenant or a project, with their levels.
@@ -278,14 +308,30 @@ impl Capacity {
         let (tenants, projects, quotas, pools, leases, minutes) = {
             let store = store.clone();
             let platform = platform.clone();
+            // Configuration-sized tables whole; of the leases and minutes
+            // only what is live: the leases not yet ended (their index)
+            // and today's minutes of each tenant.
+            let today = now.date_naive().to_string();
             tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+                let tenants = store.scan_all::<Tenant>(&platform)?;
+                let mut leases = Vec::new();
+                for (tenant, id) in store.global_ids(&platform, records::index::LIVE, "_")? {
+                    if let Some(l) = store.get::<CapacityLease>(&TenantScope::new(tenant), &id)? {
+                        leases.push(l);
+                    }
+                }
+                let mut minutes = Vec::new();
+                for t in &tenants {
+                    let scope = TenantScope::new(t.tenant_id.clone());
+                    minutes.extend(store.get::<ExecutionMinutes>(&scope, &today)?);
+                }
                 Ok((
-                    store.scan_all::<Tenant>(&platform)?,
+                    tenants,
                     store.scan_all::<Project>(&platform)?,
                     store.scan_all::<Quota>(&platform)?,
                     store.scan_all::<WorkerPool>(&platform)?,
-                    store.scan_all::<CapacityLease>(&platform)?,
-                    store.scan_all::<ExecutionMinutes>(&platform)?,
+                    leases,
+                    minutes,
                 ))
             })
             .await
@@ -1157,19 +1203,14 @@ impl Capacity {
         let leases: Vec<CapacityLease> = tokio::task::spawn_blocking(move || {
             let filter = filter_owned;
             match scope_owned {
-                // UUIDv7 ids: the tenant's keys run oldest to newest.
-                Some(s) => {
-                    let before = filter.before.map(|id| id.to_string());
-                    store.newest::<CapacityLease, LeaseKeys>(&s, before.as_deref(), limit, |l| {
-                        filter.admits(&l.holder_id, &l.pool_id, l.state, &l.project_id)
-                    })
-                }
+                Some(s) => tenant_leases(&store, &s, &filter, limit),
                 None => {
-                    let mut all = store.scan_all::<CapacityLease>(&PlatformScope::internal())?;
-                    all.retain(|l| {
-                        filter.before.is_none_or(|b| l.lease_id < b)
-                            && filter.admits(&l.holder_id, &l.pool_id, l.state, &l.project_id)
-                    });
+                    // Every tenant's newest page, merged: tenants are few.
+                    let mut all = Vec::new();
+                    for t in store.scan_all::<Tenant>(&PlatformScope::internal())? {
+                        let s = TenantScope::new(t.tenant_id);
+                        all.extend(tenant_leases(&store, &s, &filter, limit)?);
+                    }
                     all.sort_by_key(|l| std::cmp::Reverse(l.lease_id));
                     all.truncate(limit);
                     Ok(all)

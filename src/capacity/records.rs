@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::capacity::{CapacityLease, Quota, WorkerPool};
 use crate::domain::tenant::{Project, Tenant};
 use crate::domain::{ProjectId, TenantId};
-use crate::store::{Record, Table};
+use crate::store::{Derived, Record, Table, time_value};
 
 impl Record for Tenant {
     const TABLE: Table = Table::Tenants;
@@ -70,15 +70,40 @@ fn platform() -> &'static TenantId {
     PLATFORM.get_or_init(TenantId::platform)
 }
 
+/// Names of the indexes leases derive (see `store/derived.rs`).
+pub mod index {
+    /// Leases of a tenant by state.
+    pub const STATE: &str = "lease-state";
+    /// Leases of a tenant by pool.
+    pub const POOL: &str = "lease-pool";
+    /// Leases not yet ended, of every tenant (global, value `_`).
+    pub const LIVE: &str = "lease-live";
+    /// Ended leases of a tenant by end time.
+    pub const ENDED: &str = "lease-ended";
+}
+
 impl Record for CapacityLease {
     const TABLE: Table = Table::CapacityLeases;
     const VERSION: u16 = 1;
     const VERSIONED: bool = true;
+    const DERIVES: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         self.lease_id.to_string()
+    }
+    fn derive(&self, d: &mut Derived) {
+        d.index(index::STATE, self.state.to_string())
+            .index(index::POOL, &*self.pool_id);
+        if self.state.is_terminal() {
+            d.index(
+                index::ENDED,
+                time_value(self.released_at.unwrap_or(self.requested_at)),
+            );
+        } else {
+            d.global(index::LIVE, "_");
+        }
     }
 }
 

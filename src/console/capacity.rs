@@ -92,14 +92,30 @@ const QUEUE_SHOWN: usize = 50;
 /// Minutes of history the pools page draws.
 const HISTORY_MINUTES: usize = 60;
 
-/// The fields of a lease the utilisation history needs.
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct LeaseSpan {
-    pool_id: String,
-    cpu: crate::domain::amount::Amount,
-    granted_at: Option<chrono::DateTime<chrono::Utc>>,
-    released_at: Option<chrono::DateTime<chrono::Utc>>,
+/// Leases that held capacity at some point since `start`: the live ones
+/// (their index) and those that ended since (each tenant's end index).
+fn recent_spans(
+    store: &crate::store::Store,
+    start: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<crate::domain::capacity::CapacityLease>, crate::store::StoreError> {
+    use crate::capacity::records::index;
+    use crate::store::{PlatformScope, TenantScope};
+    let platform = PlatformScope::internal();
+    let mut out = Vec::new();
+    for (tenant, id) in store.global_ids(&platform, index::LIVE, "_")? {
+        out.extend(store.get(&TenantScope::new(tenant), &id)?);
+    }
+    let from = crate::store::time_value(start);
+    for t in store.scan_all::<crate::domain::tenant::Tenant>(&platform)? {
+        let scope = TenantScope::new(t.tenant_id);
+        let ids: Vec<String> = store
+            .index_range(&scope, index::ENDED, Some(&from), None, usize::MAX)?
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        out.extend(store.get_many(&scope, &ids)?);
+    }
+    Ok(out)
 }
 
 /// Average granted CPU of each pool in each of the last
@@ -110,12 +126,7 @@ fn cpu_history(
 ) -> Result<std::collections::HashMap<String, Vec<f64>>, PageError> {
     let now = console.state.clock.now();
     let start = now - chrono::Duration::minutes(HISTORY_MINUTES as i64);
-    let spans: Vec<LeaseSpan> = console
-        .state
-        .store
-        .scan_all_projected::<crate::domain::capacity::CapacityLease, LeaseSpan>(
-            &crate::store::PlatformScope::internal(),
-        )?;
+    let spans = recent_spans(&console.state.store, start)?;
     let mut out: std::collections::HashMap<String, Vec<f64>> = std::collections::HashMap::new();
     for span in spans {
         let Some(from) = span.granted_at else {

@@ -148,12 +148,10 @@ pub struct Table {
     pub columns: Vec<Column>,
     /// The rows of this page.
     pub rows: Vec<Vec<Cell>>,
-    /// Rows after filtering, all pages.
-    pub total: usize,
-    /// Page number, from 1.
-    pub page: usize,
-    /// Pages.
-    pub pages: usize,
+    /// What the count says, e.g. "12 shown" or "50 of 1,204, newest first".
+    pub count: String,
+    /// Where the page is, e.g. "page 2 of 3"; empty on a single page.
+    pub position: String,
     /// Link to the previous page.
     pub prev: Option<String>,
     /// Link to the next page.
@@ -166,6 +164,13 @@ pub struct Table {
     pub path: String,
     /// What an empty table says.
     pub empty: &'static str,
+}
+
+impl Table {
+    /// Whether the pager counts pages (else it walks a history by cursor).
+    pub fn page_numbers(&self) -> bool {
+        self.position.starts_with("page")
+    }
 }
 
 /// The query string of a list page.
@@ -252,7 +257,98 @@ impl ListQuery {
             .skip((page - 1) * PAGE_SIZE)
             .take(PAGE_SIZE)
             .collect();
-        let columns = labels
+        let columns = self.columns(path, labels, sort, desc);
+        let page_link = |p: usize| self.link(path, &[("page", p.to_string())]);
+        Table {
+            id,
+            columns,
+            rows,
+            count: match pages {
+                1 => format!("{total} shown"),
+                _ => format!("{total} shown · page {page} of {pages}"),
+            },
+            position: if pages > 1 {
+                format!("page {page} of {pages}")
+            } else {
+                String::new()
+            },
+            prev: (page > 1).then(|| page_link(page - 1)),
+            next: (page < pages).then(|| page_link(page + 1)),
+            filters,
+            q: self.get("q").unwrap_or_default().to_string(),
+            path: path.to_string(),
+            empty,
+        }
+    }
+
+    /// A page of a history too long to hold at once: `rows` are one page,
+    /// newest first, read through an index from the `before` cursor of the
+    /// query; `older` is the cursor of the next page, `total` how many
+    /// records the filter has in all when known. Sorting and the free-text
+    /// filter apply within the page.
+    #[allow(clippy::too_many_arguments)]
+    pub fn history_table(
+        &self,
+        id: &'static str,
+        path: &str,
+        labels: &[&'static str],
+        mut rows: Vec<Vec<Cell>>,
+        filters: Vec<Filter>,
+        empty: &'static str,
+        total: Option<u64>,
+        older: Option<String>,
+    ) -> Table {
+        let q = self.get("q").unwrap_or_default().to_lowercase();
+        if !q.is_empty() {
+            rows.retain(|row| row.iter().any(|c| c.matches(&q)));
+        }
+        let sort = self
+            .get("sort")
+            .and_then(|s| labels.iter().position(|l| l.eq_ignore_ascii_case(s)));
+        let desc = self.get("dir") == Some("desc");
+        if let Some(i) = sort {
+            rows.sort_by(|a, b| {
+                let (x, y) = (a[i].sort_key(), b[i].sort_key());
+                let o = x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal);
+                if desc { o.reverse() } else { o }
+            });
+        }
+        let shown = rows.len();
+        let first = self.get("before").is_none();
+        let count = match (total, first && older.is_none()) {
+            (_, true) => format!("{shown} shown"),
+            (Some(t), false) => format!("{shown} shown of {t}, newest first"),
+            (None, false) => format!("{shown} shown, newest first"),
+        };
+        Table {
+            id,
+            columns: self.columns(path, labels, sort, desc),
+            rows,
+            count,
+            position: if first && older.is_none() {
+                String::new()
+            } else if first {
+                "newest".into()
+            } else {
+                "older".into()
+            },
+            prev: (!first).then(|| self.link(path, &[("before", String::new())])),
+            next: older.map(|o| self.link(path, &[("before", o)])),
+            filters,
+            q: self.get("q").unwrap_or_default().to_string(),
+            path: path.to_string(),
+            empty,
+        }
+    }
+
+    fn columns(
+        &self,
+        path: &str,
+        labels: &[&'static str],
+        sort: Option<usize>,
+        desc: bool,
+    ) -> Vec<Column> {
+        labels
             .iter()
             .enumerate()
             .map(|(i, label)| {
@@ -275,22 +371,7 @@ impl ListQuery {
                     },
                 }
             })
-            .collect();
-        let page_link = |p: usize| self.link(path, &[("page", p.to_string())]);
-        Table {
-            id,
-            columns,
-            rows,
-            total,
-            page,
-            pages,
-            prev: (page > 1).then(|| page_link(page - 1)),
-            next: (page < pages).then(|| page_link(page + 1)),
-            filters,
-            q: self.get("q").unwrap_or_default().to_string(),
-            path: path.to_string(),
-            empty,
-        }
+            .collect()
     }
 }
 
@@ -324,7 +405,7 @@ mod tests {
             vec![],
             "",
         );
-        assert_eq!((t.total, t.pages, t.page), (120, 3, 1));
+        assert_eq!(t.count, "120 shown · page 1 of 3");
         assert!(matches!(&t.rows[0][1], Cell::Num(n, _) if *n == 119.0));
         assert_eq!(t.columns[1].arrow, " ▼");
         assert!(
@@ -347,7 +428,10 @@ mod tests {
             vec![],
             "",
         );
-        assert_eq!((t.total, t.page), (60, 2), "filtered, and the page clamped");
+        assert_eq!(
+            t.count, "60 shown · page 2 of 2",
+            "filtered, and the page clamped"
+        );
         assert!(t.next.is_none());
     }
 }

@@ -3,8 +3,6 @@
 //! Requesters (submit, cancel), Reviewers (decide) and Operators (interrupt,
 //! settle).
 
-use std::collections::BTreeMap;
-
 use askama::Template;
 use axum::extract::{Path, RawForm, RawQuery};
 use axum::response::Response;
@@ -12,18 +10,18 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::capacity::{PoolBar, pool_bars};
-use super::table::{Cell, ListQuery, Table};
+use super::table::{Cell, ListQuery, PAGE_SIZE, Table};
 use super::{Console, Layout, ListPage, PageError, render, short, when, when_opt};
 use crate::api::error::ApiError;
 use crate::domain::ProjectId;
 use crate::domain::access::Scope;
 use crate::domain::attempt::{
-    AttemptState, CallRecord, CallStatus, Checkpoint, DecisionRequest, DecisionStatus, Effect,
+    AttemptState, CallRecord, Checkpoint, DecisionRequest, DecisionStatus, Effect,
     ExecutionAttempt, InterruptSource,
 };
 use crate::domain::release::{LoadState, canonical_json};
+use crate::domain::run::RunState;
 use crate::runs::RunRequest;
-use crate::runtime::AttemptSummary;
 use crate::runtime::grain::AttemptView;
 use crate::store::TenantScope;
 
@@ -65,24 +63,17 @@ pub struct Waiting {
 pub async fn overview_live(console: &Console) -> Result<OverviewLive, PageError> {
     let scope = console.scope()?;
     let state = &console.state;
-    let summaries = state.runtime.summaries(&scope)?;
-    let mut counts: BTreeMap<AttemptState, usize> = BTreeMap::new();
-    for s in &summaries {
-        *counts.entry(s.state).or_default() += 1;
+    let mut total = 0;
+    let mut by_state = Vec::new();
+    for st in AttemptState::ALL {
+        let n = state.runtime.count(&scope, Some(st))?;
+        total += n;
+        by_state.push((st.as_str().to_string(), n as usize, Cell::tone(st.as_str())));
     }
-    let by_state = AttemptState::ALL
-        .iter()
-        .map(|s| {
-            (
-                s.as_str().to_string(),
-                counts.get(s).copied().unwrap_or(0),
-                Cell::tone(s.as_str()),
-            )
-        })
-        .collect();
-    let waiting = pending_decisions(console, &scope, &summaries)?
+    let waiting = state
+        .runtime
+        .pending_decisions(&scope, 8)?
         .into_iter()
-        .take(8)
         .map(|d| Waiting {
             attempt: d.attempt_id.to_string(),
             kind: d.kind.as_str(),
@@ -90,11 +81,10 @@ pub async fn overview_live(console: &Console) -> Result<OverviewLive, PageError>
             requested: when(&d.requested_at),
         })
         .collect();
-    let uncertain = summaries
-        .iter()
-        .rev()
-        .filter(|s| s.state == AttemptState::Uncertain)
-        .take(8)
+    let uncertain = state
+        .runtime
+        .page(&scope, Some(AttemptState::Uncertain), None, 8, |_| true)?
+        .into_iter()
         .map(|s| {
             (
                 s.attempt_id.to_string(),
@@ -139,7 +129,7 @@ pub async fn overview_live(console: &Console) -> Result<OverviewLive, PageError>
     rejections.sort_by(|a, b| b.0.cmp(&a.0));
     rejections.truncate(8);
     Ok(OverviewLive {
-        total: summaries.len(),
+        total: total as usize,
         by_state,
         pools: if console.can(Scope::CapacityRead) {
             pool_bars(console).await
@@ -151,30 +141,6 @@ pub async fn overview_live(console: &Console) -> Result<OverviewLive, PageError>
         rejections,
         can_pools: console.can(Scope::CapacityRead),
     })
-}
-
-/// Pending decisions of the tenant, oldest first.
-fn pending_decisions(
-    console: &Console,
-    scope: &TenantScope,
-    summaries: &[AttemptSummary],
-) -> Result<Vec<DecisionRequest>, PageError> {
-    let mut out = Vec::new();
-    for s in summaries
-        .iter()
-        .filter(|s| s.state == AttemptState::WaitingForDecision)
-    {
-        out.extend(
-            console
-                .state
-                .runtime
-                .decisions(scope, s.attempt_id)?
-                .into_iter()
-                .filter(|d| d.status == DecisionStatus::Pending),
-        );
-    }
-    out.sort_by_key(|d| d.requested_at);
-    Ok(out)
 }
 
 /// `GET /`: attempts by state, pool utilisation, decisions waiting, recent
@@ -211,14 +177,24 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
         q.get("release"),
         q.get("project"),
     );
-    let mut runs = console.state.runs.summaries(&scope)?;
-    runs.reverse();
-    runs.retain(|r| {
-        state.is_none_or(|v| r.state.as_str() == v)
-            && agent.is_none_or(|v| r.agent_id == v)
-            && release.is_none_or(|v| r.snapshot.release_id == v)
-            && project.is_none_or(|v| r.project_id.as_str() == v)
+    let filter = crate::runs::RunFilter {
+        state: state.and_then(RunState::parse),
+        agent_id: agent.map(str::to_string),
+        release_id: release.map(str::to_string),
+        project_id: project.and_then(|p| ProjectId::parse(p).ok()),
+    };
+    let before = q.get("before").and_then(|b| Uuid::parse_str(b).ok());
+    let mut runs = console
+        .state
+        .runs
+        .list(&scope, &filter, before, PAGE_SIZE + 1)?;
+    let older = (runs.len() > PAGE_SIZE).then(|| {
+        runs.truncate(PAGE_SIZE);
+        runs.last()
+            .map(|r| r.run_id.to_string())
+            .unwrap_or_default()
     });
+    let total = console.state.runs.count(&scope, &filter)?;
     let (agents, releases, projects) = choices(&console, &scope)?;
     let rows = runs
         .iter()
@@ -260,7 +236,7 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
         q.filter("release", "release", releases.clone()),
         q.filter("project", "project", projects.clone()),
     ];
-    let t = q.table(
+    let t = q.history_table(
         "runs",
         "/runs",
         &[
@@ -277,6 +253,8 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
         rows,
         filters,
         "No runs match.",
+        total,
+        older,
     );
     render(&RunsPage {
         l: console.layout("Runs", "/runs"),
@@ -427,12 +405,33 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
     console.require(Scope::RunsRead)?;
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
-    let mut summaries = console.state.runtime.summaries(&scope)?;
-    summaries.reverse();
-    let state = q.get("state");
+    let state = q.get("state").and_then(AttemptState::parse);
     let agent = q.get("agent");
     let release = q.get("release");
     let project = q.get("project");
+    let before = q.get("before");
+    let mut summaries = console.state.runtime.page(
+        &scope,
+        state,
+        before,
+        PAGE_SIZE + 1,
+        |a: &ExecutionAttempt| {
+            agent.is_none_or(|v| a.agent_id == v)
+                && release.is_none_or(|v| a.release_id == v)
+                && project.is_none_or(|v| a.project_id.as_str() == v)
+        },
+    )?;
+    let older = (summaries.len() > PAGE_SIZE).then(|| {
+        summaries.truncate(PAGE_SIZE);
+        summaries
+            .last()
+            .map(|a| a.attempt_id.to_string())
+            .unwrap_or_default()
+    });
+    let total = match (agent, release, project) {
+        (None, None, None) => Some(console.state.runtime.count(&scope, state)?),
+        _ => None,
+    };
     // Why the live ones wait, from their grains' views.
     let waiting: std::collections::HashMap<Uuid, String> = console
         .state
@@ -444,10 +443,6 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
         .collect();
     let rows = summaries
         .iter()
-        .filter(|s| state.is_none_or(|v| s.state.as_str() == v))
-        .filter(|s| agent.is_none_or(|v| s.agent_id == v))
-        .filter(|s| release.is_none_or(|v| s.release_id == v))
-        .filter(|s| project.is_none_or(|v| s.project_id.as_str() == v))
         .map(|s| {
             vec![
                 Cell::link(
@@ -490,7 +485,7 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
         q.filter("release", "release", releases),
         q.filter("project", "project", projects),
     ];
-    let t = q.table(
+    let t = q.history_table(
         "attempts",
         "/attempts",
         &[
@@ -500,6 +495,8 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
         rows,
         filters,
         "No attempts match.",
+        total,
+        older,
     );
     render(&ListPage {
         l: console.layout("Attempts", "/attempts"),
@@ -913,16 +910,25 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
     console.require(Scope::RunsRead)?;
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
-    // A decision is pending only while its attempt waits for it (an ended
-    // attempt cancels its own), so one read of the decisions serves both.
-    let (mut pending, mut decided): (Vec<DecisionRequest>, Vec<DecisionRequest>) = console
+    let pending = console
         .state
-        .store
-        .list::<DecisionRequest>(&scope)?
-        .into_iter()
-        .partition(|d| d.status == DecisionStatus::Pending);
-    pending.sort_by_key(|d| d.requested_at);
-    decided.sort_by_key(|d| std::cmp::Reverse(d.requested_at));
+        .runtime
+        .pending_decisions(&scope, usize::MAX)?;
+    let before = q.get("before");
+    let mut decided: Vec<DecisionRequest> = console.state.store.page(
+        &scope,
+        None,
+        before,
+        PAGE_SIZE + 1,
+        |d: &DecisionRequest| d.status != DecisionStatus::Pending,
+    )?;
+    let older = (decided.len() > PAGE_SIZE).then(|| {
+        decided.truncate(PAGE_SIZE);
+        decided
+            .last()
+            .map(|d| crate::runtime::decision_key(d.attempt_id, d.decision_id))
+            .unwrap_or_default()
+    });
     let rows = decided
         .iter()
         .map(|d| {
@@ -946,7 +952,7 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
             ]
         })
         .collect();
-    let t = q.table(
+    let t = q.history_table(
         "decided",
         "/decisions",
         &[
@@ -962,6 +968,8 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
         rows,
         vec![],
         "Nothing decided yet.",
+        None,
+        older,
     );
     render(&DecisionsPage {
         l: console.layout("Decisions", "/decisions"),
@@ -979,17 +987,14 @@ pub async fn uncertain(console: Console, raw: RawQuery) -> Result<Response, Page
     let q = ListQuery::parse(&raw);
     let can_settle = console.can(Scope::RunsOperate);
     let mut rows = Vec::new();
-    for s in console
-        .state
-        .runtime
-        .summaries(&scope)?
-        .iter()
-        .filter(|s| s.state == AttemptState::Uncertain)
-    {
-        for c in console.state.runtime.calls(&scope, s.attempt_id)? {
-            if c.status != CallStatus::Uncertain {
-                continue;
-            }
+    for c in console.state.runtime.unsettled_calls(&scope)? {
+        {
+            let agent = console
+                .state
+                .runtime
+                .attempt(&scope, c.attempt_id)
+                .map(|a| a.agent_id)
+                .unwrap_or_default();
             let settled = c
                 .settlement
                 .as_ref()
@@ -997,7 +1002,7 @@ pub async fn uncertain(console: Console, raw: RawQuery) -> Result<Response, Page
             let actions = if can_settle && settled.is_none() {
                 Cell::Settle(format!(
                     "/attempts/{}/calls/{}/settle",
-                    s.attempt_id, c.call_id
+                    c.attempt_id, c.call_id
                 ))
             } else {
                 Cell::text(
@@ -1008,10 +1013,10 @@ pub async fn uncertain(console: Console, raw: RawQuery) -> Result<Response, Page
             };
             rows.push(vec![
                 Cell::link(
-                    short(&s.attempt_id.to_string()),
-                    format!("/attempts/{}", s.attempt_id),
+                    short(&c.attempt_id.to_string()),
+                    format!("/attempts/{}", c.attempt_id),
                 ),
-                Cell::text(&s.agent_id),
+                Cell::text(agent),
                 Cell::text(format!("{} {}", c.kind.as_str(), c.target)),
                 Cell::text(c.side_effect_class.map(|x| x.as_str()).unwrap_or("")),
                 Cell::code(&c.request_hash),

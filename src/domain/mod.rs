@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod ids;
 pub mod release;
+pub mod retention;
 pub mod run;
 pub mod tenant;
 pub mod user;

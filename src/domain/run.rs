@@ -40,6 +40,16 @@ pub enum RunState {
 }
 
 impl RunState {
+    /// Every state, in the order lists show them.
+    pub const ALL: &'static [RunState] = &[
+        RunState::Running,
+        RunState::Uncertain,
+        RunState::Succeeded,
+        RunState::Failed,
+        RunState::TimedOut,
+        RunState::Cancelled,
+    ];
+
     /// The name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -195,6 +205,13 @@ pub struct Run {
     /// the store numbers every write and refuses one derived from an older
     /// state.
     pub version: u64,
+    /// A legal hold: nothing of the run is purged while it is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<crate::domain::retention::Hold>,
+    /// Where purged content was: the references above stay (hashes and
+    /// contracts still hold), the content is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purged: Option<crate::domain::retention::Tombstone>,
 }
 
 /// What Run Control does after an attempt's outcome.
@@ -654,6 +671,8 @@ mod tests {
             created_at: now(),
             ended_at: None,
             version: 1,
+            hold: None,
+            purged: None,
         }
     }
 

@@ -28,17 +28,65 @@ use crate::domain::run::{Next, ParentLink, Run, RunState, RunSubmitted, Snapshot
 use crate::domain::{DomainError, FieldError, ProjectId, TenantId};
 use crate::releases::{ReleaseError, Releases};
 use crate::runtime::{Runtime, RuntimeError};
-use crate::store::{Record, StoreError, Table, TenantScope, Tx};
+use crate::store::{Derived, Record, StoreError, Table, TenantScope, Tx, time_value};
+
+/// Names of the indexes runs derive (see `store/derived.rs`).
+pub mod index {
+    /// Runs of a tenant by state.
+    pub const STATE: &str = "run-state";
+    /// Runs of a tenant by project.
+    pub const PROJECT: &str = "run-project";
+    /// Runs of a tenant by project and state (`<project> <state>`).
+    pub const PROJECT_STATE: &str = "run-project-state";
+    /// Runs of a tenant by agent.
+    pub const AGENT: &str = "run-agent";
+    /// Runs of a tenant by release.
+    pub const RELEASE: &str = "run-release";
+    /// Runs on legal hold (value `_`).
+    pub const HELD: &str = "run-held";
+    /// Ended runs, not held, whose payloads are still there, by end time.
+    pub const PAYLOAD_DUE: &str = "run-payload-due";
+    /// Ended runs, not held, by end time.
+    pub const HISTORY_DUE: &str = "run-history-due";
+}
 
 impl Record for Run {
     const TABLE: Table = Table::Runs;
     const VERSION: u16 = 1;
     const VERSIONED: bool = true;
+    const DERIVES: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         self.run_id.to_string()
+    }
+    fn derive(&self, d: &mut Derived) {
+        let state = self.state.as_str();
+        d.index(index::STATE, state)
+            .index(index::PROJECT, self.project_id.as_str())
+            .index(
+                index::PROJECT_STATE,
+                format!("{} {state}", self.project_id.as_str()),
+            )
+            .index(index::AGENT, &*self.agent_id)
+            .index(index::RELEASE, &*self.snapshot.release_id);
+        if self.hold.is_some() {
+            d.index(index::HELD, "_");
+        } else if let (true, Some(ended)) = (self.state.is_terminal(), self.ended_at) {
+            d.index(index::HISTORY_DUE, time_value(ended));
+            if self.purged.is_none() {
+                d.index(index::PAYLOAD_DUE, time_value(ended));
+            }
+        }
+        if self.purged.is_none() {
+            d.reference(Some(&self.input_ref))
+                .reference(self.output_ref.as_deref());
+            for step in &self.steps {
+                d.reference(step.input_ref.as_deref())
+                    .reference(step.output_ref.as_deref());
+            }
+        }
     }
 }
 
@@ -292,6 +340,8 @@ pub fn plan_run(
         created_at: now,
         ended_at: None,
         version: 0,
+        hold: None,
+        purged: None,
     };
     Ok(NewRun { run, input })
 }
@@ -462,6 +512,27 @@ pub struct RunFilter {
 }
 
 impl RunFilter {
+    /// The index that serves the filter best: the one that narrows it most
+    /// directly (none: the table in id order).
+    fn index_value(&self) -> Option<(&'static str, String)> {
+        match (
+            &self.project_id,
+            self.state,
+            &self.release_id,
+            &self.agent_id,
+        ) {
+            (Some(p), Some(s), _, _) => Some((
+                index::PROJECT_STATE,
+                format!("{} {}", p.as_str(), s.as_str()),
+            )),
+            (_, _, Some(r), _) => Some((index::RELEASE, r.clone())),
+            (_, Some(s), _, _) => Some((index::STATE, s.as_str().to_string())),
+            (Some(p), _, _, _) => Some((index::PROJECT, p.as_str().to_string())),
+            (_, _, _, Some(a)) => Some((index::AGENT, a.clone())),
+            _ => None,
+        }
+    }
+
     fn admits(&self, run: &Run) -> bool {
         self.state.is_none_or(|s| s == run.state)
             && self.agent_id.as_ref().is_none_or(|a| *a == run.agent_id)
@@ -593,7 +664,8 @@ impl RunControl {
             .ok_or_else(|| DomainError::not_found("run", run_id).into())
     }
 
-    /// `ListRuns`: newest first, after `after` (a run id), at most `limit`.
+    /// `ListRuns`: newest first, after `after` (a run id), at most `limit`,
+    /// read through the index of the filter's most selective field.
     pub fn list(
         &self,
         scope: &TenantScope,
@@ -601,22 +673,47 @@ impl RunControl {
         after: Option<Uuid>,
         limit: usize,
     ) -> Result<Vec<Run>, RuntimeError> {
-        let mut runs: Vec<Run> = self.runtime.store().list(scope)?;
-        runs.reverse();
-        Ok(runs
-            .into_iter()
-            .filter(|r| after.is_none_or(|a| r.run_id < a))
-            .filter(|r| filter.admits(r))
-            .take(limit)
-            .collect())
+        let by = filter.index_value();
+        let after = after.map(|a| a.to_string());
+        Ok(self.runtime.store().page(
+            scope,
+            by.as_ref().map(|(i, v)| (*i, v.as_str())),
+            after.as_deref(),
+            limit,
+            |r| filter.admits(r),
+        )?)
     }
 
-    /// Every run of a tenant, oldest first, as lists need them.
-    pub fn summaries(&self, scope: &TenantScope) -> Result<Vec<RunSummary>, RuntimeError> {
-        Ok(self
-            .runtime
-            .store()
-            .list_projected::<Run, RunSummary>(scope)?)
+    /// How many runs the filter admits, when its index alone decides it
+    /// (counts are kept per index value); `None` otherwise.
+    pub fn count(
+        &self,
+        scope: &TenantScope,
+        filter: &RunFilter,
+    ) -> Result<Option<u64>, RuntimeError> {
+        let store = self.runtime.store();
+        let fields = [
+            filter.state.is_some(),
+            filter.agent_id.is_some(),
+            filter.release_id.is_some(),
+            filter.project_id.is_some(),
+        ]
+        .iter()
+        .filter(|f| **f)
+        .count();
+        let exact = fields == 0
+            || fields == 1
+            || (fields == 2 && filter.state.is_some() && filter.project_id.is_some());
+        if !exact {
+            return Ok(None);
+        }
+        Ok(Some(match filter.index_value() {
+            Some((index, value)) => store.index_count(scope, index, &value)?,
+            None => RunState::ALL
+                .iter()
+                .map(|s| store.index_count(scope, index::STATE, s.as_str()))
+                .sum::<Result<u64, _>>()?,
+        }))
     }
 
     /// `CancelRun`: records the request, interrupts the live attempt and

@@ -37,17 +37,58 @@ use crate::domain::release::{AdapterKind, InFlightPolicy};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::releases::{InFlight, InFlightReport, Releases};
 use crate::runs::{ChildEnded, Followup};
-use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope};
+use crate::store::{
+    Derived, PlatformScope, Record, Store, StoreError, Table, TenantScope, time_value,
+};
+
+/// Names of the indexes the runtime's records derive (see
+/// `store/derived.rs`).
+pub mod index {
+    /// Attempts of a tenant by state (value: the state).
+    pub const ATTEMPT_STATE: &str = "attempt-state";
+    /// Ended attempts of a tenant by end time.
+    pub const ATTEMPT_ENDED: &str = "attempt-ended";
+    /// Live attempts of every tenant (global, value `_`).
+    pub const ATTEMPT_LIVE: &str = "attempt-live";
+    /// Pending decisions of a tenant (value `_`).
+    pub const DECISION_PENDING: &str = "decision-pending";
+    /// Uncertain calls of a tenant that wait for settlement (value `_`).
+    pub const CALL_UNSETTLED: &str = "call-unsettled";
+    /// The one value of single-list indexes.
+    pub const ALL: &str = "_";
+}
 
 impl Record for ExecutionAttempt {
     const TABLE: Table = Table::Attempts;
     const VERSION: u16 = 1;
     const VERSIONED: bool = true;
+    const DERIVES: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         self.attempt_id.to_string()
+    }
+    fn derive(&self, d: &mut Derived) {
+        d.index(index::ATTEMPT_STATE, self.state.as_str());
+        if self.state.is_terminal() {
+            d.index(
+                index::ATTEMPT_ENDED,
+                time_value(self.ended_at.unwrap_or(self.started_at)),
+            );
+        } else {
+            d.global(index::ATTEMPT_LIVE, index::ALL);
+        }
+        if self.purged.is_none() {
+            d.reference(self.context_snapshot_ref.as_deref())
+                .reference(self.output_ref.as_deref())
+                .reference(self.adapter_state_ref.as_deref())
+                .reference(
+                    self.failure
+                        .as_ref()
+                        .and_then(|f| f.feedback_ref.as_deref()),
+                );
+        }
     }
 }
 
@@ -57,65 +98,66 @@ crate::versioned!(
     crate::domain::attempt::StoredAttempt
 );
 
-/// The fields of an attempt that lists and counts need, read from the
-/// store without decoding the rest of the record.
-#[derive(Clone, Debug, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AttemptSummary {
-    /// The attempt.
-    pub attempt_id: Uuid,
-    /// Its run.
-    pub run_id: Uuid,
-    /// Its number within the step.
-    pub number: u32,
-    /// Its project.
-    pub project_id: crate::domain::ProjectId,
-    /// Its release.
-    pub release_id: String,
-    /// Its agent.
-    pub agent_id: String,
-    /// Its state.
-    pub state: AttemptState,
-    /// Its phase.
-    pub phase: crate::domain::attempt::AttemptPhase,
-    /// When it was created.
-    pub started_at: DateTime<Utc>,
-    /// When it ended.
-    pub ended_at: Option<DateTime<Utc>>,
-    /// Why it failed.
-    pub failure: Option<crate::domain::attempt::AttemptFailure>,
-}
-
 impl Record for Checkpoint {
     const TABLE: Table = Table::Checkpoints;
     const VERSION: u16 = 1;
+    const DERIVES: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         Checkpoint::key(self.attempt_id, self.sequence)
     }
+    fn derive(&self, d: &mut Derived) {
+        if self.purged.is_none() {
+            d.reference(Some(&self.adapter_state_ref))
+                .reference(self.context_snapshot_ref.as_deref());
+        }
+    }
 }
 
 impl Record for CallRecord {
     const TABLE: Table = Table::CallRecords;
     const VERSION: u16 = 1;
+    const DERIVES: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         CallRecord::key(self.attempt_id, self.sequence)
     }
+    fn derive(&self, d: &mut Derived) {
+        if self.status == CallStatus::Uncertain && self.settlement.is_none() {
+            d.index(index::CALL_UNSETTLED, index::ALL);
+        }
+        if self.purged.is_none() {
+            d.reference(Some(&self.request_hash))
+                .reference(self.receipt_ref.as_deref())
+                .reference(self.result_hash.as_deref())
+                .reference(self.late_receipt_ref.as_deref());
+        }
+    }
 }
 
 impl Record for DecisionRequest {
     const TABLE: Table = Table::Decisions;
     const VERSION: u16 = 1;
+    const DERIVES: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         decision_key(self.attempt_id, self.decision_id)
+    }
+    fn derive(&self, d: &mut Derived) {
+        if self.status == DecisionStatus::Pending {
+            d.index(index::DECISION_PENDING, index::ALL);
+        }
+        if self.purged.is_none() {
+            d.reference(self.question_ref.as_deref())
+                .reference(self.answer_ref.as_deref())
+                .reference(self.proposal.as_ref().map(|p| p.request_hash.as_str()));
+        }
     }
 }
 
@@ -462,14 +504,13 @@ impl Runtime {
         let (builtin_tx, builtin_rx) = mpsc::unbounded_channel();
         *runtime.shared.builtin.lock() = Some(builtin_tx);
         builtin::start(runtime.clone(), builtin_rx);
-        let live: Vec<ExecutionAttempt> = store
-            .scan_all::<ExecutionAttempt>(&PlatformScope::internal())?
-            .into_iter()
-            .filter(|a| !a.state.is_terminal())
-            .collect();
-        for attempt in live {
-            let scope = TenantScope::new(attempt.tenant_id.clone());
-            runtime.adopt(&scope, attempt.attempt_id)?;
+        for (tenant, id) in
+            store.global_ids(&PlatformScope::internal(), index::ATTEMPT_LIVE, index::ALL)?
+        {
+            let Ok(attempt_id) = Uuid::parse_str(&id) else {
+                continue;
+            };
+            runtime.adopt(&TenantScope::new(tenant), attempt_id)?;
         }
         Ok(runtime)
     }
@@ -1098,12 +1139,70 @@ impl Runtime {
         })
     }
 
-    /// Every attempt of a tenant, oldest first, as lists need them.
-    pub fn summaries(&self, scope: &TenantScope) -> Result<Vec<AttemptSummary>, RuntimeError> {
-        Ok(self
-            .shared
-            .store
-            .list_projected::<ExecutionAttempt, AttemptSummary>(scope)?)
+    /// Up to `limit` attempts of a tenant, newest first, before `before`,
+    /// in `state` when given (through its index), that `keep` admits.
+    pub fn page(
+        &self,
+        scope: &TenantScope,
+        state: Option<AttemptState>,
+        before: Option<&str>,
+        limit: usize,
+        keep: impl FnMut(&ExecutionAttempt) -> bool,
+    ) -> Result<Vec<ExecutionAttempt>, RuntimeError> {
+        Ok(self.shared.store.page(
+            scope,
+            state.map(|s| (index::ATTEMPT_STATE, s.as_str())),
+            before,
+            limit,
+            keep,
+        )?)
+    }
+
+    /// How many attempts of a tenant are in `state` (all when `None`).
+    pub fn count(
+        &self,
+        scope: &TenantScope,
+        state: Option<AttemptState>,
+    ) -> Result<u64, RuntimeError> {
+        let store = &self.shared.store;
+        let states = match state {
+            Some(s) => vec![s],
+            None => AttemptState::ALL.to_vec(),
+        };
+        let mut n = 0;
+        for s in states {
+            n += store.index_count(scope, index::ATTEMPT_STATE, s.as_str())?;
+        }
+        Ok(n)
+    }
+
+    /// Pending decisions of a tenant, oldest first, at most `limit`.
+    pub fn pending_decisions(
+        &self,
+        scope: &TenantScope,
+        limit: usize,
+    ) -> Result<Vec<DecisionRequest>, RuntimeError> {
+        let store = &self.shared.store;
+        let ids: Vec<String> = store
+            .index_range(scope, index::DECISION_PENDING, None, None, usize::MAX)?
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        let mut d: Vec<DecisionRequest> = store.get_many(scope, &ids)?;
+        d.sort_by_key(|d| d.requested_at);
+        d.truncate(limit);
+        Ok(d)
+    }
+
+    /// Uncertain calls of a tenant that wait for an operator's settlement.
+    pub fn unsettled_calls(&self, scope: &TenantScope) -> Result<Vec<CallRecord>, RuntimeError> {
+        let store = &self.shared.store;
+        let ids: Vec<String> = store
+            .index_range(scope, index::CALL_UNSETTLED, None, None, usize::MAX)?
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        Ok(store.get_many(scope, &ids)?)
     }
 
     /// Checkpoints of an attempt, in order.
@@ -1228,17 +1327,17 @@ impl Runtime {
         }
         // An attempt the store says is live but that has no grain (its
         // grain stopped on an error): start one, which resumes or settles it.
-        let stored: Vec<ExecutionAttempt> = self
-            .shared
-            .store
-            .scan_all::<ExecutionAttempt>(&PlatformScope::internal())?
-            .into_iter()
-            .filter(|a| !a.state.is_terminal())
-            .collect();
-        for attempt in stored {
-            let scope = TenantScope::new(attempt.tenant_id.clone());
-            if self.adopt(&scope, attempt.attempt_id)? {
-                tracing::warn!(attempt = %attempt.attempt_id, "a live attempt had no grain; one was started from its stored state");
+        let live = self.shared.store.global_ids(
+            &PlatformScope::internal(),
+            index::ATTEMPT_LIVE,
+            index::ALL,
+        )?;
+        for (tenant, id) in live {
+            let Ok(attempt_id) = Uuid::parse_str(&id) else {
+                continue;
+            };
+            if self.adopt(&TenantScope::new(tenant), attempt_id)? {
+                tracing::warn!(attempt = %attempt_id, "a live attempt had no grain; one was started from its stored state");
             }
         }
         Ok(settled)

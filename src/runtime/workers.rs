@@ -7,9 +7,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
-use super::Runtime;
+use super::{Runtime, index};
 use crate::domain::attempt::{Checkpoint, ExecutionAttempt};
-use crate::store::{PlatformScope, TenantScope, Tx};
+use crate::domain::run::Run;
+use crate::domain::tenant::Tenant;
+use crate::store::{PlatformScope, TenantScope, Tx, time_value};
 use crate::worker::Worker;
 
 /// Renews the capacity lease of every live attempt; a failed renewal
@@ -91,36 +93,82 @@ impl Worker for CheckpointCompactor {
     fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
         Box::pin(async move {
             let store = self.runtime.store().clone();
-            let cutoff = now - self.retention;
-            let ended: Vec<ExecutionAttempt> = store
-                .scan_all::<ExecutionAttempt>(&PlatformScope::internal())?
-                .into_iter()
-                .filter(|a| a.state.is_terminal() && a.ended_at.is_some_and(|t| t <= cutoff))
-                .collect();
+            let up_to = time_value(now - self.retention);
+            let platform = PlatformScope::internal();
             let mut deleted = 0usize;
-            for attempt in ended {
-                let scope = TenantScope::new(attempt.tenant_id.clone());
-                let checkpoints: Vec<Checkpoint> =
-                    store.list_under(&scope, &format!("{}/", attempt.attempt_id))?;
-                let doomed: Vec<String> = checkpoints
-                    .iter()
-                    .filter(|c| Some(c.checkpoint_id) != attempt.last_checkpoint_id && !c.evidence)
-                    .map(|c| Checkpoint::key(c.attempt_id, c.sequence))
-                    .collect();
-                if doomed.is_empty() {
-                    continue;
+            for tenant in store.scan_all::<Tenant>(&platform)? {
+                let scope = TenantScope::new(tenant.tenant_id);
+                // Ended attempts in end order from where the last pass
+                // stopped: each pass reads only what ended since.
+                let cursor_key = format!("checkpoint-compactor/{}", scope.tenant());
+                loop {
+                    let cursor = store
+                        .meta_get(&cursor_key)?
+                        .map(|c| String::from_utf8_lossy(&c).into_owned());
+                    let from = cursor.as_deref().and_then(|c| c.split_once('/'));
+                    let due: Vec<(String, String)> = store
+                        .index_range(
+                            &scope,
+                            index::ATTEMPT_ENDED,
+                            from.map(|(v, _)| v),
+                            Some(&up_to),
+                            COMPACT_BATCH,
+                        )?
+                        .into_iter()
+                        .filter(|(v, id)| {
+                            from.is_none_or(|(cv, cid)| (v.as_str(), id.as_str()) > (cv, cid))
+                        })
+                        .collect();
+                    let Some((last_value, last_id)) = due.last().cloned() else {
+                        break;
+                    };
+                    let s = scope.clone();
+                    let key = cursor_key.clone();
+                    deleted += store
+                        .transact(move |tx: &mut Tx| {
+                            let mut n = 0;
+                            for (_, id) in &due {
+                                n += compact_one(tx, &s, id)?;
+                            }
+                            tx.meta_put(&key, format!("{last_value}/{last_id}").as_bytes());
+                            Ok::<_, crate::store::StoreError>(n)
+                        })
+                        .await?;
                 }
-                deleted += doomed.len();
-                store
-                    .transact(move |tx: &mut Tx| {
-                        for key in &doomed {
-                            tx.delete::<Checkpoint>(&scope, key)?;
-                        }
-                        Ok::<_, crate::store::StoreError>(())
-                    })
-                    .await?;
             }
             Ok(format!("{deleted} superseded checkpoints deleted"))
         })
     }
+}
+
+/// Ended attempts one compaction transaction handles.
+const COMPACT_BATCH: usize = 64;
+
+/// Deletes the superseded checkpoints of one ended attempt (their blobs go
+/// with their last reference); keeps the last one, the evidence, and
+/// everything of a run on hold. Returns how many it deleted.
+fn compact_one(
+    tx: &mut Tx,
+    scope: &TenantScope,
+    attempt_id: &str,
+) -> Result<usize, crate::store::StoreError> {
+    let Some(attempt) = tx.get::<ExecutionAttempt>(scope, attempt_id)? else {
+        return Ok(0);
+    };
+    let held = tx
+        .get::<Run>(scope, &attempt.run_id.to_string())?
+        .is_some_and(|r| r.hold.is_some());
+    if held || !attempt.state.is_terminal() {
+        return Ok(0);
+    }
+    let doomed: Vec<String> = tx
+        .list_under::<Checkpoint>(scope, &format!("{attempt_id}/"))?
+        .iter()
+        .filter(|c| Some(c.checkpoint_id) != attempt.last_checkpoint_id && !c.evidence)
+        .map(|c| Checkpoint::key(c.attempt_id, c.sequence))
+        .collect();
+    for key in &doomed {
+        tx.delete::<Checkpoint>(scope, key)?;
+    }
+    Ok(doomed.len())
 }

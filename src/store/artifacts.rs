@@ -9,12 +9,31 @@
 //! Because chunks are ordinary store values, an artifact commits in the
 //! same transaction as the record that refers to it, is flushed and synced
 //! like everything else, and is part of every backup.
+//!
+//! # When content goes
+//!
+//! Reference counting, kept in the same transaction as the references: a
+//! record type that refers to artifacts names them in its
+//! [`Record::derive`], and every write of such a record moves the counts
+//! (`refs` of the tenant's [`Artifact`]) by the difference. A count that
+//! drops to zero marks the artifact expired at once. The Purger then
+//! deletes artifacts whose count is zero and whose `retain_until` has
+//! passed ([`Tx::sweep_artifact`]), checking both again inside its
+//! transaction: since every transaction runs on the one writer thread, a
+//! reference written concurrently either committed before (count above
+//! zero: kept) or commits after the artifact is gone (and counts nothing).
+//! Counting beat mark-and-sweep here because the references are spread
+//! over six tables and millions of records: a sweep would have to read all
+//! of them, and be paused against writers, to free one blob.
+//!
+//! Content is shared across tenants: the chunks carry an owner count (how
+//! many tenants hold a record of the hash) and go with the last owner.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::{Record, Store, StoreError, Table, TenantScope, Tx};
+use super::{Derived, Record, Store, StoreError, Table, TenantScope, Tx, time_value};
 use crate::domain::TenantId;
 
 /// Size of one chunk.
@@ -44,18 +63,42 @@ pub struct Artifact {
     /// Kept at least until then; `None` while something refers to it for
     /// good (a release).
     pub retain_until: Option<DateTime<Utc>>,
+    /// How many references stored records hold.
+    #[serde(default)]
+    pub refs: u64,
 }
+
+impl Artifact {
+    /// Whether the Purger may delete it at `now`.
+    pub fn sweepable(&self, now: DateTime<Utc>) -> bool {
+        self.refs == 0 && self.retain_until.is_some_and(|t| t <= now)
+    }
+}
+
+/// The index of unreferenced artifacts, by the time they may go.
+pub const SWEEP_INDEX: &str = "artifact-sweep";
 
 impl Record for Artifact {
     const TABLE: Table = Table::Artifacts;
     const VERSION: u16 = 1;
+    const DERIVES: bool = true;
     fn tenant(&self) -> &TenantId {
         &self.tenant_id
     }
     fn id(&self) -> String {
         self.hash.clone()
     }
+    fn derive(&self, d: &mut Derived) {
+        if let (0, Some(until)) = (self.refs, self.retain_until) {
+            d.index(SWEEP_INDEX, time_value(until));
+        }
+    }
 }
+
+/// Chunk index of the chunk count; its presence means the content is whole.
+const COUNT_INDEX: u32 = u32::MAX;
+/// Chunk index of the owner count (tenants holding a record of the hash).
+const OWNERS_INDEX: u32 = u32::MAX - 1;
 
 fn chunk_key(hash: &str, index: u32) -> Vec<u8> {
     let mut key = hash.as_bytes().to_vec();
@@ -86,20 +129,20 @@ impl Tx<'_> {
         let hash = content_hash(bytes);
         // The chunk count is stored under index u32::MAX: present means the
         // content is complete (it is written in the same transaction).
-        let count_key = chunk_key(&hash, u32::MAX);
+        let count_key = chunk_key(&hash, COUNT_INDEX);
         if self.raw_get(Table::ArtifactChunks, &count_key)?.is_none() {
             let chunks: Vec<&[u8]> = bytes.chunks(CHUNK_BYTES).collect();
             for (i, chunk) in chunks.iter().enumerate() {
-                self.raw_put(
+                self.raw_write(
                     Table::ArtifactChunks,
                     chunk_key(&hash, i as u32),
-                    chunk.to_vec(),
+                    Some(chunk.to_vec()),
                 );
             }
-            self.raw_put(
+            self.raw_write(
                 Table::ArtifactChunks,
                 count_key,
-                (chunks.len() as u32).to_be_bytes().to_vec(),
+                Some((chunks.len() as u32).to_be_bytes().to_vec()),
             );
         }
         let existing: Option<Artifact> = self.get(scope, &hash)?;
@@ -112,18 +155,123 @@ impl Tx<'_> {
                 };
                 a
             }
-            None => Artifact {
-                tenant_id: scope.tenant().clone(),
-                hash: hash.clone(),
-                size: bytes.len() as u64,
-                media_type: media_type.to_string(),
-                created_at: now,
-                retain_until,
-            },
+            None => {
+                self.add_owner(&hash, 1);
+                Artifact {
+                    tenant_id: scope.tenant().clone(),
+                    hash: hash.clone(),
+                    size: bytes.len() as u64,
+                    media_type: media_type.to_string(),
+                    created_at: now,
+                    retain_until,
+                    refs: 0,
+                }
+            }
         };
         self.put(scope, &record)?;
         Ok(hash)
     }
+
+    /// Moves the reference count of an artifact of the scope's tenant by
+    /// `delta`. A count that reaches zero makes the artifact due at once
+    /// (unless it is kept for good). A reference to content the tenant
+    /// does not hold (already swept, or never stored) counts nothing.
+    pub(super) fn adjust_refs(
+        &mut self,
+        scope: &TenantScope,
+        hash: &str,
+        delta: i64,
+    ) -> Result<(), StoreError> {
+        let Some(mut a) = self.get::<Artifact>(scope, hash)? else {
+            return Ok(());
+        };
+        a.refs = a.refs.saturating_add_signed(delta);
+        if a.refs == 0 && delta < 0 {
+            a.retain_until = a.retain_until.map(|_| a.created_at);
+        }
+        self.put(scope, &a)
+    }
+
+    /// Deletes an artifact of the scope's tenant if nothing refers to it
+    /// and its retention has passed at `now`, with its content when no
+    /// other tenant holds it. Returns the bytes freed (0: kept).
+    pub fn sweep_artifact(
+        &mut self,
+        scope: &TenantScope,
+        hash: &str,
+        now: DateTime<Utc>,
+    ) -> Result<u64, StoreError> {
+        let Some(a) = self.get::<Artifact>(scope, hash)? else {
+            return Ok(0);
+        };
+        if !a.sweepable(now) {
+            return Ok(0);
+        }
+        self.delete::<Artifact>(scope, hash)?;
+        if self.add_owner(hash, -1) == 0 {
+            let count = self.chunk_count(hash)?;
+            for i in 0..count as u32 {
+                self.raw_write(Table::ArtifactChunks, chunk_key(hash, i), None);
+            }
+            self.raw_write(Table::ArtifactChunks, chunk_key(hash, COUNT_INDEX), None);
+            self.raw_write(Table::ArtifactChunks, chunk_key(hash, OWNERS_INDEX), None);
+            return Ok(a.size);
+        }
+        Ok(0)
+    }
+
+    fn chunk_count(&self, hash: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .raw_get(Table::ArtifactChunks, &chunk_key(hash, COUNT_INDEX))?
+            .and_then(|b| <[u8; 4]>::try_from(b.as_slice()).ok())
+            .map_or(0, |b| u32::from_be_bytes(b) as u64))
+    }
+
+    /// Moves the owner count of content; returns the new count.
+    fn add_owner(&mut self, hash: &str, delta: i64) -> u64 {
+        let key = chunk_key(hash, OWNERS_INDEX);
+        let now = self
+            .raw_get(Table::ArtifactChunks, &key)
+            .ok()
+            .flatten()
+            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+            .map_or(0, u64::from_be_bytes);
+        let next = now.saturating_add_signed(delta);
+        self.raw_write(
+            Table::ArtifactChunks,
+            key,
+            (next > 0).then(|| next.to_be_bytes().to_vec()),
+        );
+        next
+    }
+}
+
+/// Recounts what the artifact store derives, for a store written before
+/// reference counts: `refs` of every artifact record from `counts`
+/// (tenant, hash -> references) and the owner count of all content.
+pub(super) fn recount(
+    db: &sled::Db,
+    rebuild: &mut super::derived::Rebuild,
+) -> Result<(), StoreError> {
+    let counts = std::mem::take(&mut rebuild.refs);
+    let artifacts = db.open_tree(Table::Artifacts.name())?;
+    let chunks = db.open_tree(Table::ArtifactChunks.name())?;
+    let mut owners: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    for item in artifacts.iter() {
+        let (k, v) = item?;
+        let mut a: Artifact = super::decode(&k, &v)?;
+        a.refs = counts
+            .get(&(a.tenant_id.to_string(), a.hash.clone()))
+            .copied()
+            .unwrap_or(0);
+        *owners.entry(a.hash.clone()).or_default() += 1;
+        rebuild.entries_of(&a)?;
+        artifacts.insert(&k, super::encode(&a)?)?;
+    }
+    for (hash, n) in owners {
+        chunks.insert(chunk_key(&hash, OWNERS_INDEX), &n.to_be_bytes())?;
+    }
+    Ok(())
 }
 
 impl Store {
@@ -143,7 +291,7 @@ impl Store {
             reason,
         };
         let count = tree
-            .get(chunk_key(hash, u32::MAX))?
+            .get(chunk_key(hash, COUNT_INDEX))?
             .ok_or_else(|| corrupt("the content is missing".into()))?;
         let count = u32::from_be_bytes(
             count

@@ -57,6 +57,7 @@ pub mod artifacts;
 mod backup;
 mod commit;
 pub mod datadir;
+mod derived;
 mod outbox;
 mod schema;
 mod tx;
@@ -74,6 +75,7 @@ use crate::domain::TenantId;
 
 pub use backup::{BackupSummary, restore_into};
 pub use datadir::DataDir;
+pub use derived::{Derived, time_value};
 pub use outbox::{EventFilter, StoredEvent};
 pub use schema::SCHEMA_VERSION;
 pub use tx::Tx;
@@ -204,6 +206,14 @@ pub trait Record: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// Whether the record is a [`Versioned`] aggregate, written only with
     /// [`Tx::save`]. Set it together with implementing [`Versioned`].
     const VERSIONED: bool = false;
+    /// Whether the record derives index entries or artifact references
+    /// ([`Record::derive`]); every write then keeps them in step.
+    const DERIVES: bool = false;
+    /// The index entries and artifact references of this state (see
+    /// `derived.rs`). Only read when [`Record::DERIVES`] is set.
+    fn derive(&self, derived: &mut Derived) {
+        let _ = derived;
+    }
 }
 
 /// An aggregate that more than one path writes (an actor, a worker, run
@@ -668,62 +678,6 @@ impl Store {
             .collect()
     }
 
-    /// A projection of every record of the table in the scope's tenant, in
-    /// key order: `P` holds the few fields a list needs and is decoded from
-    /// the same bytes, skipping the rest, which costs a fraction of decoding
-    /// whole records. A record of an older version is read whole, upgraded
-    /// and projected.
-    pub fn list_projected<R: Record + Serialize, P: DeserializeOwned>(
-        &self,
-        scope: &TenantScope,
-    ) -> Result<Vec<P>, StoreError> {
-        let prefix = tenant_prefix(scope.tenant());
-        self.tree(R::TABLE)
-            .scan_prefix(&prefix)
-            .map(|item| {
-                let (k, v) = item?;
-                project::<R, P>(&k, &v)
-            })
-            .collect()
-    }
-
-    /// Up to `limit` records of the scope's tenant with ids before `before`
-    /// (all when `None`), last key first (newest first for UUIDv7 ids), that
-    /// `keep` admits. `keep` sees the projection `P`, so records it refuses
-    /// are never decoded whole, and the scan stops at the `limit`-th match.
-    pub fn newest<R, P>(
-        &self,
-        scope: &TenantScope,
-        before: Option<&str>,
-        limit: usize,
-        mut keep: impl FnMut(&P) -> bool,
-    ) -> Result<Vec<R>, StoreError>
-    where
-        R: Record + Serialize,
-        P: DeserializeOwned,
-    {
-        let start = tenant_prefix(scope.tenant());
-        let end = match before {
-            Some(id) => record_key(scope.tenant(), id),
-            None => {
-                let mut end = start.clone();
-                *end.last_mut().expect("prefix ends with '/'") += 1;
-                end
-            }
-        };
-        let mut out = Vec::new();
-        for item in self.tree(R::TABLE).range(start..end).rev() {
-            if out.len() >= limit {
-                break;
-            }
-            let (k, v) = item?;
-            if keep(&project::<R, P>(&k, &v)?) {
-                out.push(decode::<R>(&k, &v)?);
-            }
-        }
-        Ok(out)
-    }
-
     /// Records of the scope's tenant whose ids start with `id_prefix` (the
     /// entities of one attempt: `<attempt>/`), in key order.
     pub fn list_under<R: Record>(
@@ -737,21 +691,6 @@ impl Store {
             .map(|item| {
                 let (k, v) = item?;
                 decode::<R>(&k, &v)
-            })
-            .collect()
-    }
-
-    /// A projection of every record of the table, of every tenant (see
-    /// [`Store::list_projected`]).
-    pub fn scan_all_projected<R: Record + Serialize, P: DeserializeOwned>(
-        &self,
-        _platform: &PlatformScope,
-    ) -> Result<Vec<P>, StoreError> {
-        self.tree(R::TABLE)
-            .iter()
-            .map(|item| {
-                let (k, v) = item?;
-                project::<R, P>(&k, &v)
             })
             .collect()
     }
@@ -783,6 +722,192 @@ impl Store {
                 Ok(String::from_utf8_lossy(&k[prefix.len()..]).into_owned())
             })
             .collect()
+    }
+
+    /// Ids of the tenant's derived entries `index`/`value`, last first
+    /// (newest first for UUIDv7 ids), before `before` when given, at most
+    /// `limit`: a page reads `limit` keys whatever the history.
+    pub fn index_page(
+        &self,
+        scope: &TenantScope,
+        index: &str,
+        value: &str,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let prefix = derived::tenant_prefix(scope.tenant(), index, value);
+        let end = match before {
+            Some(id) => {
+                let mut k = prefix.clone();
+                k.extend_from_slice(id.as_bytes());
+                k
+            }
+            None => prefix_end(&prefix),
+        };
+        self.tree(Table::Index)
+            .range(prefix.clone()..end)
+            .rev()
+            .take(limit)
+            .map(|item| {
+                let (k, _) = item?;
+                Ok(String::from_utf8_lossy(&k[prefix.len()..]).into_owned())
+            })
+            .collect()
+    }
+
+    /// How many derived entries `index`/`value` the tenant has.
+    pub fn index_count(
+        &self,
+        scope: &TenantScope,
+        index: &str,
+        value: &str,
+    ) -> Result<u64, StoreError> {
+        let key = derived::count_key(scope.tenant(), index, value);
+        Ok(tx::read_u64(self.tree(Table::Index).get(key)?.as_deref()))
+    }
+
+    /// The tenant's derived entries of `index` with a value from `from`
+    /// (when given) up to `up_to` inclusive (when given), lowest value
+    /// first, at most `limit`, as (value, id): what is due by a
+    /// time-valued index, or what ended since a time.
+    pub fn index_range(
+        &self,
+        scope: &TenantScope,
+        index: &str,
+        from: Option<&str>,
+        up_to: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut prefix = tenant_prefix(scope.tenant());
+        prefix.extend_from_slice(index.as_bytes());
+        prefix.push(b'/');
+        let mut start = prefix.clone();
+        if let Some(f) = from {
+            start.extend_from_slice(derived::escape(f).as_bytes());
+        }
+        let end = match up_to {
+            Some(u) => {
+                let mut end = prefix.clone();
+                end.extend_from_slice(derived::escape(u).as_bytes());
+                end.push(b'/' + 1);
+                end
+            }
+            None => prefix_end(&prefix),
+        };
+        let mut out = Vec::new();
+        for item in self.tree(Table::Index).range(start..end) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, _) = item?;
+            let rest = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+            if let Some((value, id)) = rest.split_once('/') {
+                out.push((value.to_string(), id.to_string()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` records of the tenant, newest first, before `before`
+    /// when given, that `keep` admits: read through the derived index
+    /// `by` (index, value) when given, else the table itself. Each step
+    /// reads one page of keys, so a page costs `limit` records when the
+    /// index is the caller's whole filter.
+    pub fn page<R: Record>(
+        &self,
+        scope: &TenantScope,
+        by: Option<(&str, &str)>,
+        before: Option<&str>,
+        limit: usize,
+        mut keep: impl FnMut(&R) -> bool,
+    ) -> Result<Vec<R>, StoreError> {
+        let mut out = Vec::new();
+        let mut cursor = before.map(str::to_string);
+        let step = limit.clamp(1, 200);
+        while out.len() < limit {
+            let ids = match by {
+                Some((index, value)) => {
+                    self.index_page(scope, index, value, cursor.as_deref(), step)?
+                }
+                None => self.table_page::<R>(scope, cursor.as_deref(), step)?,
+            };
+            let Some(last) = ids.last().cloned() else {
+                break;
+            };
+            for r in self.get_many::<R>(scope, &ids)? {
+                if out.len() < limit && keep(&r) {
+                    out.push(r);
+                }
+            }
+            if ids.len() < step {
+                break;
+            }
+            cursor = Some(last);
+        }
+        Ok(out)
+    }
+
+    /// Ids of the tenant's records of `R`, last first, before `before`.
+    fn table_page<R: Record>(
+        &self,
+        scope: &TenantScope,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let prefix = tenant_prefix(scope.tenant());
+        let end = match before {
+            Some(id) => record_key(scope.tenant(), id),
+            None => prefix_end(&prefix),
+        };
+        self.tree(R::TABLE)
+            .range(prefix.clone()..end)
+            .rev()
+            .take(limit)
+            .map(|item| {
+                let (k, _) = item?;
+                Ok(String::from_utf8_lossy(&k[prefix.len()..]).into_owned())
+            })
+            .collect()
+    }
+
+    /// Every entry of the appliance-wide index `index`/`value`, as
+    /// (tenant, id): for the appliance's workers (live work at startup).
+    pub fn global_ids(
+        &self,
+        _platform: &PlatformScope,
+        index: &str,
+        value: &str,
+    ) -> Result<Vec<(TenantId, String)>, StoreError> {
+        let all = derived::global_prefix(index, None);
+        let prefix = derived::global_prefix(index, Some(value));
+        self.tree(Table::Index)
+            .scan_prefix(&prefix)
+            .filter_map(|item| match item {
+                Ok((k, _)) => derived::split_global(&k[all.len()..]).map(|(_, t, id)| Ok((t, id))),
+                Err(e) => Some(Err(e.into())),
+            })
+            .collect()
+    }
+
+    /// Records of the tenant by id, in the order given, skipping ids with
+    /// no record (deleted since the index was read).
+    pub fn get_many<R: Record>(
+        &self,
+        scope: &TenantScope,
+        ids: &[String],
+    ) -> Result<Vec<R>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(r) = self.get(scope, id)? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads an appliance-level value of the meta tree (a worker's cursor).
+    pub fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.tree(Table::Meta).get(key)?.map(|v| v.to_vec()))
     }
 
     /// Events after `after` that the filter admits, at most `limit`.
@@ -861,6 +986,18 @@ impl Store {
     pub fn close(&self) -> Result<(), StoreError> {
         self.inner.committer.stop()
     }
+}
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![u8::MAX; prefix.len() + 1]
 }
 
 pub(crate) fn tenant_prefix(tenant: &TenantId) -> Vec<u8> {

@@ -12,7 +12,7 @@ use std::path::Path;
 use super::StoreError;
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 pub(super) const FORMAT_KEY: &str = "format";
 pub(super) const FORMAT_VALUE: &[u8] = b"agentbay-store";
@@ -29,7 +29,29 @@ pub(super) struct Migration {
 }
 
 /// The migrations of this binary, in order. Version 1 is the first schema.
-pub(super) const MIGRATIONS: &[Migration] = &[];
+pub(super) const MIGRATIONS: &[Migration] = &[Migration {
+    from: 1,
+    description: "write the index entries, counts and artifact reference counts records derive",
+    apply: derive_everything,
+}];
+
+/// Version 2: records derive index entries and artifact references (see
+/// `derived.rs`). Writes them for every stored record. Safe to run again
+/// after a crash: every value it writes is recomputed from the records.
+fn derive_everything(db: &sled::Db) -> Result<(), StoreError> {
+    use crate::domain::attempt::{CallRecord, Checkpoint, DecisionRequest, ExecutionAttempt};
+    use crate::domain::capacity::CapacityLease;
+    use crate::domain::run::Run;
+    let mut rebuild = super::derived::Rebuild::new(db)?;
+    rebuild.table::<ExecutionAttempt>(db)?;
+    rebuild.table::<Run>(db)?;
+    rebuild.table::<Checkpoint>(db)?;
+    rebuild.table::<CallRecord>(db)?;
+    rebuild.table::<DecisionRequest>(db)?;
+    rebuild.table::<CapacityLease>(db)?;
+    super::artifacts::recount(db, &mut rebuild)?;
+    rebuild.finish()
+}
 
 /// Checks the marker and version, initialises a fresh store and migrates an
 /// older one. Returns the version the store is at afterwards.
@@ -161,24 +183,28 @@ mod tests {
             )?;
             Ok(())
         }
+        let v = SCHEMA_VERSION;
         let steps = [
             Migration {
-                from: 1,
+                from: v,
                 description: "add greeting",
                 apply: add_greeting,
             },
             Migration {
-                from: 2,
+                from: v + 1,
                 description: "shout it",
                 apply: shout_greeting,
             },
         ];
         let dir = tempfile::tempdir().unwrap();
         let (db, meta) = open(dir.path());
-        assert_eq!(prepare(&db, &meta, dir.path(), true, &[]).unwrap(), 1);
-        assert_eq!(prepare(&db, &meta, dir.path(), false, &steps).unwrap(), 3);
+        assert_eq!(prepare(&db, &meta, dir.path(), true, &[]).unwrap(), v);
+        assert_eq!(
+            prepare(&db, &meta, dir.path(), false, &steps).unwrap(),
+            v + 2
+        );
         assert_eq!(meta.get("greeting").unwrap().unwrap().as_ref(), b"HELLO");
-        assert_eq!(read_version(&meta, dir.path()).unwrap(), 3);
+        assert_eq!(read_version(&meta, dir.path()).unwrap(), v + 2);
     }
 
     #[test]

@@ -376,8 +376,45 @@ async fn pages_continue_after_the_last_id() {
     assert_eq!(second[0].id, "n04");
 }
 
+/// A record that derives an index entry and artifact references.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Doc {
+    tenant: TenantId,
+    id: String,
+    kind: String,
+    refs: Vec<String>,
+}
+
+impl Record for Doc {
+    // The users tree doubles as a scratch table here.
+    const TABLE: Table = Table::Users;
+    const VERSION: u16 = 1;
+    const DERIVES: bool = true;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant
+    }
+    fn id(&self) -> String {
+        self.id.clone()
+    }
+    fn derive(&self, d: &mut Derived) {
+        d.index("kind", &*self.kind);
+        for r in &self.refs {
+            d.reference(Some(r));
+        }
+    }
+}
+
+fn doc(scope: &TenantScope, id: &str, kind: &str, refs: &[&str]) -> Doc {
+    Doc {
+        tenant: scope.tenant().clone(),
+        id: id.into(),
+        kind: kind.into(),
+        refs: refs.iter().map(|r| r.to_string()).collect(),
+    }
+}
+
 #[tokio::test]
-async fn projections_read_some_fields_and_newest_stops_at_the_limit() {
+async fn indexes_follow_their_records_and_page_newest_first() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let scope = tenant("acme");
@@ -386,46 +423,131 @@ async fn projections_read_some_fields_and_newest_stops_at_the_limit() {
     store
         .transact(move |tx: &mut Tx| {
             for i in 0..10 {
-                let text = if i % 2 == 0 { "even" } else { "odd" };
-                tx.put(&s, &note(&s, &format!("n{i:02}"), text))?;
+                let kind = if i % 2 == 0 { "even" } else { "odd/x" };
+                tx.put(&s, &doc(&s, &format!("d{i:02}"), kind, &[]))?;
             }
-            tx.put(&o, &note(&o, "n99", "even"))?;
+            tx.put(&o, &doc(&o, "d99", "even", &[]))?;
             Ok::<_, StoreError>(())
         })
         .await
         .unwrap();
-    // A v1 record is upgraded before it is projected.
-    let mut old = 1u16.to_be_bytes().to_vec();
-    rmp_serde::encode::write_named(
-        &mut old,
-        &serde_json::json!({"tenant": "acme", "id": "n10", "body": "even"}),
-    )
-    .unwrap();
-    store.tree(Table::Clients).insert("acme/n10", old).unwrap();
+    assert_eq!(store.index_count(&scope, "kind", "even").unwrap(), 5);
+    assert_eq!(store.index_count(&scope, "kind", "odd/x").unwrap(), 5);
+    let page: Vec<Doc> = store
+        .page(&scope, Some(("kind", "even")), None, 3, |_| true)
+        .unwrap();
+    let ids: Vec<&str> = page.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["d08", "d06", "d04"], "only the scope's tenant");
+    let next: Vec<Doc> = store
+        .page(&scope, Some(("kind", "even")), Some("d04"), 3, |_| true)
+        .unwrap();
+    let ids: Vec<&str> = next.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["d02", "d00"]);
+    // The table itself, newest first, with a filter.
+    let all: Vec<Doc> = store
+        .page(&scope, None, None, 4, |d: &Doc| d.kind != "even")
+        .unwrap();
+    let ids: Vec<&str> = all.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["d09", "d07", "d05", "d03"]);
 
-    #[derive(Deserialize)]
-    struct Text {
-        text: String,
-    }
-    let texts: Vec<Text> = store.list_projected::<Note, Text>(&scope).unwrap();
+    // A change moves the entry and the counts; a delete removes it.
+    let s = scope.clone();
+    store
+        .transact(move |tx: &mut Tx| {
+            tx.put(&s, &doc(&s, "d00", "odd/x", &[]))?;
+            tx.delete::<Doc>(&s, "d02")
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.index_count(&scope, "kind", "even").unwrap(), 3);
+    assert_eq!(store.index_count(&scope, "kind", "odd/x").unwrap(), 6);
     assert_eq!(
-        texts.len(),
-        11,
-        "only the scope's tenant, whose name prefixes another's"
+        store.index_page(&scope, "kind", "even", None, 10).unwrap(),
+        ["d08", "d06", "d04"]
     );
-    assert_eq!(texts[10].text, "even");
+}
 
-    let newest: Vec<Note> = store
-        .newest::<Note, Text>(&scope, None, 3, |t| t.text == "even")
+#[tokio::test]
+async fn shared_artifacts_go_with_their_last_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let scope = tenant("acme");
+    let other = tenant("globex");
+    let now = chrono::Utc::now();
+    let later = now + chrono::Duration::days(30);
+    let (s, o) = (scope.clone(), other.clone());
+    let hash = store
+        .transact(move |tx: &mut Tx| {
+            let h = tx.put_artifact(&s, b"shared prompt", "text/plain", Some(later), now)?;
+            tx.put(&s, &doc(&s, "a", "k", &[&h]))?;
+            tx.put(&s, &doc(&s, "b", "k", &[&h]))?;
+            // Another tenant stores the same content.
+            tx.put_artifact(&o, b"shared prompt", "text/plain", Some(later), now)?;
+            Ok::<_, StoreError>(h)
+        })
+        .await
         .unwrap();
-    let ids: Vec<&str> = newest.iter().map(|n| n.id.as_str()).collect();
-    assert_eq!(ids, ["n10", "n08", "n06"]);
-    // The next page starts before the last id of this one.
-    let next: Vec<Note> = store
-        .newest::<Note, Text>(&scope, Some("n06"), 3, |t| t.text == "even")
+    let refs = |store: &Store| {
+        store
+            .get::<super::artifacts::Artifact>(&scope, &hash)
+            .unwrap()
+            .map(|a| a.refs)
+    };
+    assert_eq!(refs(&store), Some(2));
+    let sweep = |store: &Store, scope: &TenantScope, at| {
+        let (s, h) = (scope.clone(), hash.clone());
+        let store = store.clone();
+        async move {
+            store
+                .transact(move |tx: &mut Tx| tx.sweep_artifact(&s, &h, at))
+                .await
+                .unwrap()
+        }
+    };
+    let s = scope.clone();
+    store
+        .transact(move |tx: &mut Tx| tx.delete::<Doc>(&s, "a"))
+        .await
         .unwrap();
-    let ids: Vec<&str> = next.iter().map(|n| n.id.as_str()).collect();
-    assert_eq!(ids, ["n04", "n02", "n00"]);
+    assert_eq!(refs(&store), Some(1));
+    assert_eq!(sweep(&store, &scope, later).await, 0, "still referred to");
+    let s = scope.clone();
+    store
+        .transact(move |tx: &mut Tx| tx.delete::<Doc>(&s, "b"))
+        .await
+        .unwrap();
+    assert_eq!(refs(&store), Some(0));
+    // No reference left: due at once, and listed in the sweep index.
+    let due = store
+        .index_range(
+            &scope,
+            super::artifacts::SWEEP_INDEX,
+            None,
+            Some(&time_value(now)),
+            10,
+        )
+        .unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(
+        sweep(&store, &scope, now).await,
+        0,
+        "the content stays for globex"
+    );
+    assert!(store.read_artifact(&scope, &hash).unwrap().is_none());
+    assert_eq!(
+        store.read_artifact(&other, &hash).unwrap().as_deref(),
+        Some(&b"shared prompt"[..])
+    );
+    // Globex's copy is unreferenced and expires with its retention.
+    assert_eq!(sweep(&store, &other, now).await, 0, "not expired yet");
+    assert_eq!(sweep(&store, &other, later).await, 13);
+    assert!(store.tree(Table::ArtifactChunks).is_empty(), "content gone");
+    assert!(
+        store
+            .index_range(&other, super::artifacts::SWEEP_INDEX, None, None, 10)
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]

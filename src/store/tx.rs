@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::derived::{self, Change, Derived};
 use super::outbox::StoredEvent;
 use super::{
     Record, StoreError, StoredVersion, Table, TenantScope, Versioned, decode, encode, index_prefix,
@@ -130,9 +131,9 @@ impl<'a> Tx<'a> {
         self.read(table, key)
     }
 
-    /// Writes a raw value (for the artifact store's own keys).
-    pub(super) fn raw_put(&mut self, table: Table, key: Vec<u8>, value: Vec<u8>) {
-        self.write(table, key, Some(value));
+    /// Writes or deletes a raw value (for the artifact store's own keys).
+    pub(super) fn raw_write(&mut self, table: Table, key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.write(table, key, value);
     }
 
     /// Reads a record of the scope's tenant.
@@ -173,8 +174,10 @@ impl<'a> Tx<'a> {
             )
         };
         check_scope(scope, record)?;
-        let key = record_key(scope.tenant(), &record.id());
+        let id = record.id();
+        let key = record_key(scope.tenant(), &id);
         let value = encode(record)?;
+        self.rederive(scope, &id, &key, Some(record))?;
         self.write(R::TABLE, key, Some(value));
         Ok(())
     }
@@ -237,22 +240,105 @@ impl<'a> Tx<'a> {
             })?;
         }
         record.set_version(base + 1);
-        match encode(record) {
-            Ok(value) => {
-                self.write(R::TABLE, key, Some(value));
-                Ok(())
-            }
+        let value = match encode(record) {
+            Ok(value) => value,
             Err(e) => {
                 record.set_version(base);
-                Err(e)
+                return Err(e);
             }
+        };
+        if let Err(e) = self.rederive(scope, &id, &key, Some(&*record)) {
+            record.set_version(base);
+            return Err(e);
         }
+        self.write(R::TABLE, key, Some(value));
+        Ok(())
     }
 
-    /// Deletes a record of the scope's tenant.
+    /// Deletes a record of the scope's tenant, with its index entries and
+    /// artifact references.
     pub fn delete<R: Record>(&mut self, scope: &TenantScope, id: &str) -> Result<(), StoreError> {
-        self.write(R::TABLE, record_key(scope.tenant(), id), None);
+        let key = record_key(scope.tenant(), id);
+        self.rederive::<R>(scope, id, &key, None)?;
+        self.write(R::TABLE, key, None);
         Ok(())
+    }
+
+    /// Moves the derived entries, counts and artifact references of record
+    /// `id` from its stored state to `next` (`None`: deleted).
+    fn rederive<R: Record>(
+        &mut self,
+        scope: &TenantScope,
+        id: &str,
+        key: &[u8],
+        next: Option<&R>,
+    ) -> Result<(), StoreError> {
+        if !R::DERIVES {
+            return Ok(());
+        }
+        let mut before = Derived::default();
+        if let Some(bytes) = self.read(R::TABLE, key)? {
+            decode::<R>(key, &bytes)?.derive(&mut before);
+        }
+        let mut after = Derived::default();
+        if let Some(n) = next {
+            n.derive(&mut after);
+        }
+        if before == after {
+            return Ok(());
+        }
+        let change = Change::between(&before, &after);
+        let tenant = scope.tenant();
+        for e in &change.removed {
+            self.write(Table::Index, derived::entry_key(tenant, id, e), None);
+            if !e.global {
+                self.add_count(tenant, e.index, &e.value, -1)?;
+            }
+        }
+        for e in &change.added {
+            self.write(
+                Table::Index,
+                derived::entry_key(tenant, id, e),
+                Some(Vec::new()),
+            );
+            if !e.global {
+                self.add_count(tenant, e.index, &e.value, 1)?;
+            }
+        }
+        for (hash, delta) in change.refs {
+            self.adjust_refs(scope, &hash, delta)?;
+        }
+        Ok(())
+    }
+
+    fn add_count(
+        &mut self,
+        tenant: &crate::domain::TenantId,
+        index: &str,
+        value: &str,
+        delta: i64,
+    ) -> Result<(), StoreError> {
+        let key = derived::count_key(tenant, index, value);
+        let now = read_u64(self.read(Table::Index, &key)?.as_deref());
+        let next = now.saturating_add_signed(delta);
+        self.write(
+            Table::Index,
+            key,
+            (next > 0).then(|| next.to_be_bytes().to_vec()),
+        );
+        Ok(())
+    }
+
+    /// How many tenant entries `index`/`value` has, including this
+    /// transaction's.
+    pub fn index_count(
+        &self,
+        scope: &TenantScope,
+        index: &str,
+        value: &str,
+    ) -> Result<u64, StoreError> {
+        let key = derived::count_key(scope.tenant(), index, value);
+        Ok(read_u64(self.read(Table::Index, &key)?.as_deref()))
     }
 
     /// Adds `id` under `<tenant>/<index>/<value>/`.
@@ -347,4 +433,11 @@ impl<'a> Tx<'a> {
     pub(crate) fn meta_put(&mut self, key: &str, value: &[u8]) {
         self.write(Table::Meta, key.as_bytes().to_vec(), Some(value.to_vec()));
     }
+}
+
+/// A stored big-endian u64 (0 when absent or malformed).
+pub(super) fn read_u64(bytes: Option<&[u8]>) -> u64 {
+    bytes
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(0, u64::from_be_bytes)
 }

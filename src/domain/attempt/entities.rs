@@ -85,6 +85,10 @@ pub struct Checkpoint {
     pub call_id: Option<Uuid>,
     /// Referenced by evidence (a gated call): kept by the compactor.
     pub evidence: bool,
+    /// Where purged content was: the references above stay (hashes and
+    /// contracts still hold), the content is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purged: Option<crate::domain::retention::Tombstone>,
 }
 
 impl Checkpoint {
@@ -274,6 +278,10 @@ pub struct CallRecord {
     pub late_receipt_ref: Option<String>,
     /// An operator's settlement of an uncertain call.
     pub settlement: Option<Settlement>,
+    /// Where purged content was: the references above stay (hashes and
+    /// contracts still hold), the content is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purged: Option<crate::domain::retention::Tombstone>,
 }
 
 impl CallRecord {
@@ -428,6 +436,10 @@ pub struct DecisionRequest {
     pub reason: Option<String>,
     /// For an approval: whether the approved call has been issued.
     pub consumed: bool,
+    /// Where purged content was: the references above stay (hashes and
+    /// contracts still hold), the content is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purged: Option<crate::domain::retention::Tombstone>,
 }
 
 impl DecisionRequest {

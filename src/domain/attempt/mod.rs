@@ -551,6 +551,10 @@ pub struct ExecutionAttempt {
     pub stale_refusals: Vec<StaleRefusal>,
     /// A checkpoint was found incompatible when resuming.
     pub resume_refused: Option<String>,
+    /// Where purged content was: the references above stay (hashes and
+    /// contracts still hold), the content is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purged: Option<crate::domain::retention::Tombstone>,
 }
 
 /// An illegal move, named.
@@ -850,6 +854,7 @@ impl ExecutionAttempt {
             }],
             stale_refusals: Vec::new(),
             resume_refused: None,
+            purged: None,
         }
     }
 
@@ -1268,6 +1273,7 @@ impl ExecutionAttempt {
             started_at: now,
             ended_at: refused.map(|_| now),
             late_receipt_ref: None,
+            purged: None,
             settlement: None,
         }
     }
@@ -1344,6 +1350,7 @@ impl ExecutionAttempt {
             reason,
             call_id,
             evidence: reason == CheckpointReason::BeforeGatedCall,
+            purged: None,
         };
         checkpoint.hash = checkpoint.compute_hash();
         self.last_checkpoint_id = Some(checkpoint_id);
@@ -1434,6 +1441,7 @@ impl ExecutionAttempt {
             answer_ref: None,
             reason: None,
             consumed: false,
+            purged: None,
         };
         events.push(NewEvent::new(
             &self.tenant_id,
