@@ -53,9 +53,13 @@ if grep -qx x86_64-pc-windows-gnu <<<"$TARGETS" \
     && command -v x86_64-w64-mingw32-gcc >/dev/null && command -v wixl >/dev/null; then
     cargo build --release --locked --target x86_64-pc-windows-gnu --bin agentbay
     MSI="$OUT/agentbay-${VERSION}-x64.msi"
+    # The same configuration, with the backup directory where Windows keeps
+    # program data.
+    WINCONF="$OUT/agentbay-windows.toml"
+    sed "s#^dir = \"/var/lib/agentbay-backups\"#dir = 'C:\\\\ProgramData\\\\agentbay\\\\backups'#" packaging/agentbay.toml > "$WINCONF"
     wixl --arch x64 -D Version="$VERSION" \
         -D Binary=target/x86_64-pc-windows-gnu/release/agentbay.exe \
-        -D Config=packaging/agentbay.toml -D Readme=README.md \
+        -D Config="$WINCONF" -D Readme=README.md \
         -o "$MSI" packaging/windows/agentbay.wxs
     echo "built $MSI ($(du -h "$MSI" | cut -f1))"
 else

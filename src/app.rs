@@ -31,7 +31,7 @@ use crate::runtime::workers::{CheckpointCompactor, LeaseHeartbeat, OrphanedAttem
 use crate::store::datadir::RuntimeInfo;
 use crate::store::{DataDir, Store, StoreOptions};
 use crate::tls::{self, TlsMaterial};
-use crate::worker::{self, OutboxPruner, WorkerRegistry};
+use crate::worker::{self, WorkerRegistry};
 
 /// What clients need to know of the served certificate.
 #[derive(Clone, Debug)]
@@ -105,6 +105,8 @@ pub struct AppState {
     pub shutdown: watch::Receiver<bool>,
     /// When the appliance started.
     pub started_at: DateTime<Utc>,
+    /// Scheduled backups, when `backup.dir` is set.
+    pub backups: Option<Arc<crate::store::scheduled::Backups>>,
 }
 
 /// The data directory and the store, opened and locked.
@@ -269,6 +271,24 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         metrics: crate::telemetry::metrics_handle(),
         shutdown: shutdown_rx.clone(),
         started_at: clock.now(),
+        backups: match &config.backup.dir {
+            Some(dir) => Some(
+                crate::store::scheduled::Backups::new(
+                    store.clone(),
+                    config.data_dir.clone(),
+                    dir.clone(),
+                    config.backup.interval_minutes,
+                    config.backup.keep,
+                )
+                .with_context(|| {
+                    format!(
+                        "preparing the backup directory {} (backup.dir)",
+                        dir.display()
+                    )
+                })?,
+            ),
+            None => None,
+        },
     };
 
     let demo = if config.demo.enabled {
@@ -280,11 +300,8 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     };
 
     let seconds = Duration::from_secs;
-    let background: Vec<Arc<dyn worker::Worker>> = vec![
-        Arc::new(OutboxPruner {
-            store: store.clone(),
-            retention: chrono::Duration::days(config.events.retention_days.into()),
-        }),
+    let mut background: Vec<Arc<dyn worker::Worker>> = vec![
+        crate::runs::purge::worker(store.clone(), config.retention.clone()),
         Arc::new(LeaseExpirer {
             capacity: capacity.clone(),
             every: seconds(config.capacity.expire_interval_seconds),
@@ -315,6 +332,11 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
             retention: chrono::Duration::days(config.runtime.checkpoint_retention_days.into()),
         }),
     ];
+    if let Some(backups) = &state.backups {
+        background.push(Arc::new(crate::store::scheduled::ScheduledBackup {
+            backups: backups.clone(),
+        }));
+    }
     let worker_tasks = background
         .into_iter()
         .map(|w| worker::spawn(w, clock.clone(), workers.clone(), shutdown_rx.clone()))

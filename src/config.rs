@@ -19,6 +19,17 @@ use serde::{Deserialize, Serialize};
 
 /// Prefix of environment overrides.
 pub const ENV_PREFIX: &str = "AGENTBAY_";
+/// Keys of earlier versions and where they went: an old configuration is
+/// refused with the new key named, never half-applied (a retention silently
+/// shortened would delete data).
+const MOVED: &[(&str, &str)] = &[
+    ("runtime.payload_retention_days", "retention.payload_days"),
+    (
+        "events.retention_days",
+        "retention.history_days (events are history)",
+    ),
+];
+
 /// Environment variables with the prefix that are not config keys.
 const RESERVED_ENV: &[&str] = &["AGENTBAY_CONFIG"];
 
@@ -42,6 +53,10 @@ pub struct Config {
     pub store: StoreConfig,
     /// The event stream.
     pub events: EventsConfig,
+    /// How long payloads and history are kept, and the Purger.
+    pub retention: RetentionConfig,
+    /// Scheduled backups.
+    pub backup: BackupConfig,
     /// Pools, quotas and leases (`RuntimeCloud:Capacity`).
     pub capacity: CapacityConfig,
     /// Release bundles and the publishers trusted to sign them.
@@ -78,6 +93,8 @@ impl Default for Config {
             log: LogConfig::default(),
             store: StoreConfig::default(),
             events: EventsConfig::default(),
+            retention: RetentionConfig::default(),
+            backup: BackupConfig::default(),
             capacity: CapacityConfig::default(),
             releases: ReleasesConfig::default(),
             runtime: RuntimeConfig::default(),
@@ -218,21 +235,77 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { cache_mb: 256 }
+        StoreConfig { cache_mb: 32 }
     }
 }
 
-/// The outbox and its stream.
+/// The outbox and its stream. Events are history: they are kept for the
+/// longest history retention of any tenant (`[retention]`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsConfig {}
+
+/// Retention defaults (a PlatformAdmin may override them per tenant) and
+/// the Purger that applies them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct EventsConfig {
-    /// Days an event stays readable from `/events` before it is pruned.
-    pub retention_days: u32,
+pub struct RetentionConfig {
+    /// Days artifacts (prompts, responses, tool payloads, adapter state,
+    /// outputs) are kept after their run ended.
+    pub payload_days: u32,
+    /// Days finished runs (with attempts, checkpoints, calls, decisions),
+    /// ended leases, per-day minutes and events are kept.
+    pub history_days: u32,
+    /// Seconds between Purger passes.
+    pub purge_interval_seconds: u64,
+    /// Records one purge transaction touches at most.
+    pub purge_batch_records: u32,
+    /// Milliseconds the Purger pauses between two batches, so writers
+    /// always get the store between them.
+    pub purge_pause_ms: u64,
 }
 
-impl Default for EventsConfig {
+impl Default for RetentionConfig {
     fn default() -> Self {
-        EventsConfig { retention_days: 30 }
+        RetentionConfig {
+            payload_days: 30,
+            history_days: 90,
+            purge_interval_seconds: 300,
+            purge_batch_records: 500,
+            purge_pause_ms: 20,
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The defaults as the domain reads them.
+    pub fn defaults(&self) -> crate::domain::retention::Retention {
+        crate::domain::retention::Retention {
+            payload_days: self.payload_days,
+            history_days: self.history_days,
+        }
+    }
+}
+
+/// Scheduled backups (off unless `dir` is set).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackupConfig {
+    /// Where backups are written; unset: no scheduled backups.
+    pub dir: Option<PathBuf>,
+    /// Minutes between backups (the recovery point objective).
+    pub interval_minutes: u64,
+    /// How many backups are kept; older ones are deleted.
+    pub keep: u32,
+}
+
+impl Default for BackupConfig {
+    fn default() -> Self {
+        BackupConfig {
+            dir: None,
+            interval_minutes: 15,
+            keep: 96,
+        }
     }
 }
 
@@ -405,8 +478,6 @@ pub struct RuntimeConfig {
     pub checkpoint_retention_days: u32,
     /// Seconds between CheckpointCompactor passes.
     pub compact_interval_seconds: u64,
-    /// Days call payloads, receipts and adapter state are kept.
-    pub payload_retention_days: u32,
     /// Longest one ClaimAttempt or Await call waits, in seconds.
     pub max_wait_seconds: u64,
     /// API keys of site model servers, by the name a release's model
@@ -447,7 +518,6 @@ impl Default for RuntimeConfig {
             reconcile_interval_seconds: 120,
             checkpoint_retention_days: 7,
             compact_interval_seconds: 86_400,
-            payload_retention_days: 30,
             max_wait_seconds: 60,
             model_api_keys: std::collections::BTreeMap::new(),
         }
@@ -553,6 +623,10 @@ impl Config {
                     Some(field) if key == "." => field,
                     Some(field) if !key.ends_with(&field) => format!("{key}.{field}"),
                     _ => key,
+                };
+                let reason = match MOVED.iter().find(|(old, _)| *old == key) {
+                    Some((_, new)) => format!("{reason}; this key moved to {new}"),
+                    None => reason,
                 };
                 ConfigError::new(key, reason, origin)
             })?;
@@ -660,12 +734,39 @@ impl Config {
             300,
         )?;
         range("store.cache_mb", self.store.cache_mb, 8, 1024 * 1024)?;
+        let r = &self.retention;
+        range("retention.payload_days", r.payload_days.into(), 1, 36_500)?;
+        range("retention.history_days", r.history_days.into(), 1, 36_500)?;
+        if r.payload_days > r.history_days {
+            return Err(ConfigError::new(
+                "retention.payload_days",
+                format!(
+                    "{} days is longer than retention.history_days ({}): content cannot outlive the records that refer to it",
+                    r.payload_days, r.history_days
+                ),
+                "",
+            ));
+        }
         range(
-            "events.retention_days",
-            self.events.retention_days.into(),
+            "retention.purge_interval_seconds",
+            r.purge_interval_seconds,
             1,
-            3650,
+            86_400,
         )?;
+        range(
+            "retention.purge_batch_records",
+            r.purge_batch_records.into(),
+            10,
+            100_000,
+        )?;
+        range("retention.purge_pause_ms", r.purge_pause_ms, 0, 60_000)?;
+        range(
+            "backup.interval_minutes",
+            self.backup.interval_minutes,
+            1,
+            10_080,
+        )?;
+        range("backup.keep", self.backup.keep.into(), 1, 100_000)?;
         match (&self.tls.cert, &self.tls.key) {
             (Some(_), None) => {
                 return Err(ConfigError::new(
@@ -852,12 +953,6 @@ impl Config {
             rt.compact_interval_seconds,
             1,
             604_800,
-        )?;
-        range(
-            "runtime.payload_retention_days",
-            rt.payload_retention_days.into(),
-            1,
-            3650,
         )?;
         range("runtime.max_wait_seconds", rt.max_wait_seconds, 0, 300)?;
         crate::domain::tenant::check_region("capacity.default_region", &c.default_region)

@@ -654,6 +654,7 @@ pub async fn tenant_put(
     edition: &str,
     display_name: Option<&str>,
     regions: &[String],
+    retention: Option<crate::domain::retention::RetentionOverride>,
 ) -> anyhow::Result<()> {
     let target = Target::of(config)?;
     let (id, edition, regions) = match &target {
@@ -664,6 +665,8 @@ pub async fn tenant_put(
                     display_name: display_name.unwrap_or_default().to_string(),
                     edition: edition.to_string(),
                     residency_regions: regions.to_vec(),
+                    payload_retention_days: retention.map(|r| r.payload_days.unwrap_or(0)),
+                    history_retention_days: retention.map(|r| r.history_days.unwrap_or(0)),
                     ..Default::default()
                 })
                 .await
@@ -681,6 +684,7 @@ pub async fn tenant_put(
                         display_name: display_name.map(str::to_string),
                         edition: edition.to_string(),
                         residency_regions: regions.to_vec(),
+                        retention,
                     },
                 )
                 .await?;

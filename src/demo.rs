@@ -65,6 +65,7 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
                 display_name: Some("Demo".into()),
                 edition: "team".into(),
                 residency_regions: Vec::new(),
+                retention: None,
             },
         )
         .await?;

@@ -68,11 +68,14 @@ enum Command {
     },
     /// Write a consistent backup of the store and the certificate to FILE,
     /// through the running appliance or, when none runs, directly.
+    #[command(args_conflicts_with_subcommands = true)]
     Backup {
         #[command(flatten)]
         common: Common,
         /// Backup file to create.
-        file: PathBuf,
+        file: Option<PathBuf>,
+        #[command(subcommand)]
+        command: Option<BackupCommand>,
     },
     /// Replace the token signing key (the appliance must be stopped):
     /// every bearer token issued before stops working; clients get new ones
@@ -179,6 +182,15 @@ enum TenantCommand {
         /// for any region).
         #[arg(long = "region", value_name = "REGION")]
         regions: Vec<String>,
+        /// Days artifacts (prompts, responses, tool payloads, outputs) are
+        /// kept after their run ended; 0 inherits `retention.payload_days`.
+        /// Not given (nor --history-days): the tenant keeps its overrides.
+        #[arg(long, value_name = "DAYS")]
+        payload_days: Option<u32>,
+        /// Days finished runs, leases, minutes and events are kept; 0
+        /// inherits `retention.history_days`.
+        #[arg(long, value_name = "DAYS")]
+        history_days: Option<u32>,
     },
     /// List tenants.
     List {
@@ -203,6 +215,17 @@ enum ProjectCommand {
         /// Name shown to people.
         #[arg(long)]
         name: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum BackupCommand {
+    /// Check a backup FILE as the scheduled backups do: every byte against
+    /// its checksum, and that the store it restores opens (in a scratch
+    /// directory beside the file, removed afterwards).
+    Verify {
+        /// Backup file to check.
+        file: PathBuf,
     },
 }
 
@@ -402,9 +425,33 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             quiet_logging(&config);
             control::init(&config, json).await
         }
-        Command::Backup { common, file } => {
+        Command::Backup {
+            command: Some(BackupCommand::Verify { file }),
+            ..
+        } => {
+            let scratch = file
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."))
+                .to_path_buf();
+            let summary = agentbay::store::scheduled::verify(&file, &scratch)?;
+            println!(
+                "{}: verified: checksum matches, {} records and {} files, the store opens (schema version {})",
+                file.display(),
+                summary.records,
+                summary.files,
+                summary.schema_version
+            );
+            Ok(())
+        }
+        Command::Backup { common, file, .. } => {
             let config = load(&common, None)?;
             quiet_logging(&config);
+            let Some(file) = file else {
+                anyhow::bail!(
+                    "agentbay backup FILE writes a backup; agentbay backup verify FILE checks one"
+                );
+            };
             control::backup(&config, &file).await
         }
         Command::RotateTokenKey { common } => {
@@ -512,10 +559,26 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 edition,
                 name,
                 regions,
+                payload_days,
+                history_days,
             } => {
                 let config = load(&common, None)?;
                 quiet_logging(&config);
-                control::tenant_put(&config, &tenant, &edition, name.as_deref(), &regions).await
+                let retention = (payload_days.is_some() || history_days.is_some()).then(|| {
+                    agentbay::domain::retention::RetentionOverride {
+                        payload_days: payload_days.filter(|d| *d > 0),
+                        history_days: history_days.filter(|d| *d > 0),
+                    }
+                });
+                control::tenant_put(
+                    &config,
+                    &tenant,
+                    &edition,
+                    name.as_deref(),
+                    &regions,
+                    retention,
+                )
+                .await
             }
             TenantCommand::List { common, json } => {
                 let config = load(&common, None)?;

@@ -91,6 +91,14 @@ pub mod names {
     /// Writes of an aggregate refused because they were derived from an
     /// older version than the stored one (table).
     pub const STORE_STALE_WRITES: &str = "agentbay_store_stale_writes_total";
+    /// Records and artifacts the Purger deleted or tombstoned (`what`).
+    pub const PURGED: &str = "agentbay_purge_records_total";
+    /// Items due for purge that the last Purger pass left (0: caught up).
+    pub const PURGE_BACKLOG: &str = "agentbay_purge_backlog";
+    /// Seconds since the last verified scheduled backup.
+    pub const BACKUP_AGE: &str = "agentbay_backup_age_seconds";
+    /// Scheduled backups that failed.
+    pub const BACKUP_FAILURES: &str = "agentbay_backup_failures_total";
     /// Tokens issued.
     pub const TOKENS_ISSUED: &str = "agentbay_auth_tokens_issued_total";
     /// Failed authentications.

@@ -21,7 +21,6 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::clock::SharedClock;
-use crate::store::Store;
 
 /// A periodic job.
 pub trait Worker: Send + Sync + 'static {
@@ -194,39 +193,6 @@ pub fn spawn(
         }
         registry.update(name, |s| s.alive = false);
     })
-}
-
-/// Deletes events older than the retention from the outbox.
-pub struct OutboxPruner {
-    /// The store.
-    pub store: Store,
-    /// How long events stay readable.
-    pub retention: chrono::Duration,
-}
-
-impl Worker for OutboxPruner {
-    fn name(&self) -> &'static str {
-        "OutboxPruner"
-    }
-
-    fn interval(&self) -> Duration {
-        Duration::from_secs(3600)
-    }
-
-    fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
-        Box::pin(async move {
-            let cutoff = now - self.retention;
-            let mut total = 0;
-            loop {
-                let pruned = self.store.prune_events(cutoff, 5_000).await?;
-                total += pruned;
-                if pruned < 5_000 {
-                    break;
-                }
-            }
-            Ok(format!("pruned {total} events older than {cutoff}"))
-        })
-    }
 }
 
 #[cfg(test)]

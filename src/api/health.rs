@@ -38,6 +38,11 @@ pub struct Readiness {
     /// Every background worker.
     #[schema(value_type = Vec<Object>)]
     pub workers: Vec<WorkerStatus>,
+    /// Scheduled backups (absent when `backup.dir` is not set): the last
+    /// one, its age and size, and the last failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub backup: Option<crate::store::scheduled::BackupReport>,
 }
 
 /// Readiness: store, workers, shutdown.
@@ -57,6 +62,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         store: store.err().unwrap_or_else(|| "ok".into()),
         shutting_down,
         workers: state.workers.statuses(),
+        backup: state.backups.as_ref().map(|b| b.report(state.clock.now())),
     };
     let status = if ready {
         StatusCode::OK
@@ -98,6 +104,9 @@ pub async fn metrics(
     metrics::counter!(names::STORE_FLUSHES).absolute(stats.flushes);
     if let Ok(bytes) = state.store.size_on_disk() {
         metrics::gauge!(names::STORE_DISK_BYTES).set(bytes as f64);
+    }
+    if let Some(b) = &state.backups {
+        b.report(state.clock.now());
     }
     let mut response = state.metrics.render().into_response();
     response.headers_mut().insert(

@@ -130,7 +130,22 @@ fn checkpoint_json(c: &Checkpoint) -> Value {
         "callId": c.call_id,
         "evidence": c.evidence,
         "createdAt": c.created_at,
+        "purged": tombstone_json(c.purged.as_ref()),
     })
+}
+
+/// Where retention removed content: when, by whose retention, in words.
+/// `null` while the content is there.
+pub fn tombstone_json(t: Option<&crate::domain::retention::Tombstone>) -> Value {
+    match t {
+        None => Value::Null,
+        Some(t) => json!({
+            "purgedAt": t.purged_at,
+            "tenantId": t.tenant_id,
+            "payloadDays": t.payload_days,
+            "description": t.describe(),
+        }),
+    }
 }
 
 fn call_json(c: &crate::domain::attempt::CallRecord) -> Value {
@@ -154,6 +169,7 @@ fn call_json(c: &crate::domain::attempt::CallRecord) -> Value {
         "endedAt": c.ended_at,
         "lateReceiptRef": c.late_receipt_ref,
         "settlement": c.settlement,
+        "purged": tombstone_json(c.purged.as_ref()),
     })
 }
 
@@ -216,6 +232,7 @@ pub fn timeline(
         "endedAt": a.ended_at,
         "phases": a.phases,
         "staleRefusals": a.stale_refusals,
+        "purged": tombstone_json(a.purged.as_ref()),
         "checkpoints": checkpoints,
         "calls": calls.iter().map(call_json).collect::<Vec<_>>(),
         "decisions": decisions,

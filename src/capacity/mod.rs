@@ -1326,6 +1326,7 @@ pub async fn ensure_platform_tenant(
             display_name: Some("Platform".into()),
             edition: "platform".into(),
             residency_regions: Vec::new(),
+            retention: None,
         },
         editions,
         now,

@@ -13,7 +13,7 @@ use crate::domain::access::{Role, Scope, parse_scopes};
 use crate::domain::release::{InFlightPolicy, LoadState, parse_release_id};
 use crate::domain::tenant::TenantSpec;
 use crate::domain::user::parse_roles;
-use crate::domain::{ProjectId, TenantId};
+use crate::domain::{FieldError, ProjectId, TenantId};
 
 // ---- releases ---------------------------------------------------------------
 
@@ -149,6 +149,8 @@ struct TenantsPage {
     projects: Table,
     editions: Vec<String>,
     platform: bool,
+    payload_default: u32,
+    history_default: u32,
 }
 
 /// `GET /tenants`: tenants (PlatformAdmin) and the projects of the tenant
@@ -158,6 +160,7 @@ pub async fn tenants(console: Console, raw: RawQuery) -> Result<Response, PageEr
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
     let platform = console.platform_admin();
+    let defaults = console.state.config.retention.defaults();
     let tenants = if platform {
         console.state.capacity.tenants()
     } else {
@@ -180,6 +183,7 @@ pub async fn tenants(console: Console, raw: RawQuery) -> Result<Response, PageEr
                 } else {
                     t.residency_regions.join(", ")
                 }),
+                Cell::text(retention_text(t, defaults)),
                 Cell::text(when(&t.created_at)),
             ]
         })
@@ -187,7 +191,14 @@ pub async fn tenants(console: Console, raw: RawQuery) -> Result<Response, PageEr
     let t = q.table(
         "tenants",
         "/tenants",
-        &["Tenant", "Name", "Edition", "Regions", "Registered"],
+        &[
+            "Tenant",
+            "Name",
+            "Edition",
+            "Regions",
+            "Retention",
+            "Registered",
+        ],
         rows,
         vec![],
         "No tenants.",
@@ -220,7 +231,48 @@ pub async fn tenants(console: Console, raw: RawQuery) -> Result<Response, PageEr
         projects,
         editions: console.state.capacity.editions(),
         platform,
+        payload_default: defaults.payload_days,
+        history_default: defaults.history_days,
     })
+}
+
+/// A tenant's retention in words: days, and whether they are its own.
+fn retention_text(
+    t: &crate::domain::tenant::Tenant,
+    defaults: crate::domain::retention::Retention,
+) -> String {
+    let r = t.retention.resolve(defaults);
+    let own = |o: Option<u32>| if o.is_some() { "" } else { " (default)" };
+    format!(
+        "payload {} d{} · history {} d{}",
+        r.payload_days,
+        own(t.retention.payload_days),
+        r.history_days,
+        own(t.retention.history_days)
+    )
+}
+
+/// The retention fields of the tenant form: blank inherits the
+/// configuration; a form without them keeps the tenant's overrides.
+fn retention_fields(
+    fields: &super::Fields,
+) -> Result<Option<crate::domain::retention::RetentionOverride>, FieldError> {
+    if !fields.has("payloadDays") && !fields.has("historyDays") {
+        return Ok(None);
+    }
+    let days = |name: &str| -> Result<Option<u32>, FieldError> {
+        match fields.get(name) {
+            None => Ok(None),
+            Some(v) => v
+                .parse::<u32>()
+                .map(Some)
+                .map_err(|_| FieldError::new(name, format!("{v:?} is not a whole number of days"))),
+        }
+    };
+    Ok(Some(crate::domain::retention::RetentionOverride {
+        payload_days: days("payloadDays")?,
+        history_days: days("historyDays")?,
+    }))
 }
 
 /// `POST /tenants`: registers or changes a tenant (PlatformAdmin).
@@ -242,6 +294,7 @@ pub async fn put_tenant(console: Console, raw: RawForm) -> Result<Response, Page
                         .collect()
                 })
                 .unwrap_or_default(),
+            retention: retention_fields(&fields)?,
         };
         let tenant = console.state.capacity.put_tenant(id, spec).await?;
         Ok::<_, ApiError>(format!(
@@ -734,6 +787,37 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
     let stats = state.store.commit_stats();
     let disk = state.store.size_on_disk().unwrap_or(0);
     let records: usize = state.store.table_sizes().values().sum();
+    let retention = state.config.retention.defaults();
+    let backup = match &state.backups {
+        None => "off: no backup.dir is configured (the packaged configuration backs up every 15 minutes)".to_string(),
+        Some(b) => {
+            let r = b.report(state.clock.now());
+            let last = match (&r.last, r.age_seconds) {
+                (Some(l), Some(age)) => format!(
+                    "last {} ({:.1} MiB, {} ago, {})",
+                    l.file.display(),
+                    l.size_bytes as f64 / 1_048_576.0,
+                    crate::console::ago(age),
+                    match l.verified {
+                        Some(true) => "verified",
+                        Some(false) => "NOT verified",
+                        None => "from before this start, not verified since",
+                    }
+                ),
+                _ => "none yet".to_string(),
+            };
+            let failure = r
+                .error
+                .map(|e| format!("; the last attempt FAILED: {e}"))
+                .unwrap_or_default();
+            format!(
+                "every {} min into {}, keeping {}; {last}{failure}",
+                r.interval_minutes,
+                r.dir.display(),
+                r.keep
+            )
+        }
+    };
     let facts = vec![
         (
             "Version",
@@ -770,6 +854,14 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
                 .ca_fingerprint
                 .clone()
                 .unwrap_or_else(|| "none (configured certificate)".into()),
+        ),
+        ("Backups", backup),
+        (
+            "Retention (defaults)",
+            format!(
+                "payloads {} days, history {} days after a run ends; per-tenant overrides on the Tenants page",
+                retention.payload_days, retention.history_days
+            ),
         ),
         ("Console sessions", state.sessions.count().to_string()),
         ("Live attempts", state.runtime.live().len().to_string()),

@@ -50,6 +50,7 @@ pub fn router() -> Router<AppState> {
         .route("/runs", get(work::runs).post(work::submit_run))
         .route("/runs/{run_id}", get(work::run))
         .route("/runs/{run_id}/cancel", post(work::cancel_run))
+        .route("/runs/{run_id}/hold", post(work::hold_run))
         .route("/attempts", get(work::attempts))
         .route("/attempts/{attempt_id}", get(work::timeline))
         .route("/attempts/{attempt_id}/live", get(live::timeline))
@@ -382,6 +383,16 @@ fn scope_words(scope: Scope) -> &'static str {
     }
 }
 
+/// A duration in seconds, in the largest unit that fits ("3 min", "2 h").
+pub fn ago(seconds: i64) -> String {
+    match seconds {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7_200 => format!("{} min", s / 60),
+        s if s < 172_800 => format!("{} h", s / 3_600),
+        s => format!("{} days", s / 86_400),
+    }
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -397,6 +408,11 @@ impl Fields {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.trim())
             .filter(|v| !v.is_empty())
+    }
+
+    /// Whether the form has `key` at all (blank or not).
+    pub fn has(&self, key: &str) -> bool {
+        self.0.iter().any(|(k, _)| k == key)
     }
 
     /// The value of a required field, or an error naming it.

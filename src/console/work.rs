@@ -335,6 +335,7 @@ struct RunPage {
     run: crate::domain::run::Run,
     attempts: Vec<StepRows>,
     can_cancel: bool,
+    can_hold: bool,
 }
 
 /// `GET /runs/{id}`: a run with its steps and attempts.
@@ -367,6 +368,7 @@ pub async fn run(console: Console, Path(run_id): Path<String>) -> Result<Respons
         output: artifact_text(&console, &scope, run.output_ref.as_ref()),
         l: console.layout(format!("Run {}", short(&run_id)), "/runs"),
         can_cancel: console.can(Scope::RunsWrite) && !run.state.is_terminal(),
+        can_hold: console.can(Scope::RunsOperate),
         run,
         attempts,
     })
@@ -393,6 +395,32 @@ pub async fn cancel_run(
                 "run {id} is {}; cancellation is observed at the next safe point",
                 r.state.as_str()
             )
+        });
+    Ok(console.done(&format!("/runs/{id}"), result))
+}
+
+/// `POST /runs/{id}/hold`: places or releases a legal hold.
+pub async fn hold_run(
+    console: Console,
+    Path(run_id): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::RunsOperate)?;
+    let scope = console.scope()?;
+    let id = parse_uuid("runId", &run_id)?;
+    let reason = match fields.get("release") {
+        Some(_) => None,
+        None => Some(fields.get("reason").unwrap_or_default()),
+    };
+    let result = console
+        .state
+        .runs
+        .hold(&scope, id, &console.by(), reason)
+        .await
+        .map(|r| match r.hold {
+            Some(h) => format!("run {id} is on legal hold: {}", h.reason),
+            None => format!("run {id} is no longer held; retention applies again"),
         });
     Ok(console.done(&format!("/runs/{id}"), result))
 }
@@ -648,17 +676,32 @@ pub fn timeline_of(
         .decisions(scope, a.attempt_id)?
         .into_iter()
         .map(|d| DecisionView {
-            question: artifact_text(console, scope, d.question_ref.as_ref()),
-            answer: artifact_text(console, scope, d.answer_ref.as_ref()),
+            question: artifact_text(
+                console,
+                scope,
+                d.question_ref.as_ref().filter(|_| d.purged.is_none()),
+            ),
+            answer: artifact_text(
+                console,
+                scope,
+                d.answer_ref.as_ref().filter(|_| d.purged.is_none()),
+            ),
             d,
         })
         .collect();
     Ok(TimelineLive {
-        output: artifact_text(console, scope, a.output_ref.as_ref()),
+        output: artifact_text(
+            console,
+            scope,
+            a.output_ref.as_ref().filter(|_| a.purged.is_none()),
+        ),
         feedback: artifact_text(
             console,
             scope,
-            a.failure.as_ref().and_then(|f| f.feedback_ref.as_ref()),
+            a.failure
+                .as_ref()
+                .and_then(|f| f.feedback_ref.as_ref())
+                .filter(|_| a.purged.is_none()),
         ),
         csrf: console.session.csrf.clone(),
         waiting: view.waiting_reason(),

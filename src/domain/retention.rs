@@ -47,11 +47,13 @@ pub struct RetentionOverride {
 
 impl RetentionOverride {
     /// Checks the days: at least 1, at most [`MAX_DAYS`], and payload not
-    /// longer than history once both are resolved against `defaults`.
-    pub fn check(&self, defaults: Retention) -> Result<Retention, FieldError> {
+    /// longer than history when both are set. (Against inherited defaults
+    /// the shorter history wins: content cannot outlive the records that
+    /// refer to it.)
+    pub fn check(&self) -> Result<(), FieldError> {
         for (field, days) in [
-            ("payloadDays", self.payload_days),
-            ("historyDays", self.history_days),
+            ("retention.payloadDays", self.payload_days),
+            ("retention.historyDays", self.history_days),
         ] {
             if let Some(d) = days
                 && !(1..=MAX_DAYS).contains(&d)
@@ -62,24 +64,28 @@ impl RetentionOverride {
                 ));
             }
         }
-        let r = self.resolve(defaults);
-        if r.payload_days > r.history_days {
+        if let (Some(p), Some(h)) = (self.payload_days, self.history_days)
+            && p > h
+        {
             return Err(FieldError::new(
-                "payloadDays",
+                "retention.payloadDays",
                 format!(
-                    "payload retention ({} days) cannot be longer than history retention ({} days): content cannot outlive the records that refer to it",
-                    r.payload_days, r.history_days
+                    "payload retention ({p} days) cannot be longer than history retention ({h} days): content cannot outlive the records that refer to it"
                 ),
             ));
         }
-        Ok(r)
+        Ok(())
     }
 
     /// The retention in force.
     pub fn resolve(&self, defaults: Retention) -> Retention {
+        let history_days = self.history_days.unwrap_or(defaults.history_days);
         Retention {
-            payload_days: self.payload_days.unwrap_or(defaults.payload_days),
-            history_days: self.history_days.unwrap_or(defaults.history_days),
+            payload_days: self
+                .payload_days
+                .unwrap_or(defaults.payload_days)
+                .min(history_days),
+            history_days,
         }
     }
 }
@@ -166,8 +172,9 @@ mod tests {
             payload_days: Some(7),
             history_days: None,
         };
+        o.check().unwrap();
         assert_eq!(
-            o.check(DEFAULTS).unwrap(),
+            o.resolve(DEFAULTS),
             Retention {
                 payload_days: 7,
                 history_days: 90
@@ -177,16 +184,22 @@ mod tests {
             payload_days: Some(0),
             history_days: None,
         }
-        .check(DEFAULTS)
+        .check()
         .unwrap_err();
-        assert_eq!(e.field, "payloadDays");
+        assert_eq!(e.field, "retention.payloadDays");
         let e = RetentionOverride {
-            payload_days: None,
+            payload_days: Some(20),
             history_days: Some(10),
         }
-        .check(DEFAULTS)
+        .check()
         .unwrap_err();
         assert!(e.reason.contains("cannot be longer"), "{e}");
+        // A short history caps an inherited payload retention.
+        let short = RetentionOverride {
+            payload_days: None,
+            history_days: Some(10),
+        };
+        assert_eq!(short.resolve(DEFAULTS).payload_days, 10);
     }
 
     #[test]

@@ -214,6 +214,56 @@ pub struct Run {
     pub purged: Option<crate::domain::retention::Tombstone>,
 }
 
+impl Run {
+    /// Places (`Some`) or releases (`None`) a legal hold; the event of the
+    /// change, or `None` when nothing changed (the same hold again, or no
+    /// hold to release).
+    pub fn set_hold(
+        &mut self,
+        hold: Option<crate::domain::retention::Hold>,
+        by: &str,
+        now: DateTime<Utc>,
+    ) -> Option<NewEvent> {
+        let same = match (&self.hold, &hold) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.reason == b.reason,
+            _ => false,
+        };
+        if same {
+            return None;
+        }
+        self.hold = hold;
+        Some(NewEvent::new(
+            &self.tenant_id,
+            now,
+            &RunHoldChanged {
+                run_id: self.run_id,
+                held: self.hold.is_some(),
+                reason: self.hold.as_ref().map(|h| h.reason.as_str()),
+                by,
+            },
+        ))
+    }
+}
+
+/// Payload of `agentbay.runs.v1.run-hold-changed`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunHoldChanged<'a> {
+    /// The run.
+    pub run_id: Uuid,
+    /// Whether it is held now.
+    pub held: bool,
+    /// The hold's reason.
+    pub reason: Option<&'a str>,
+    /// Who changed it.
+    pub by: &'a str,
+}
+
+impl EventPayload for RunHoldChanged<'_> {
+    const TOPIC: &'static str = "agentbay.runs.v1.run-hold-changed";
+}
+
 /// What Run Control does after an attempt's outcome.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Next {

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{DomainError, FieldError};
 use super::events::{EventPayload, NewEvent};
 use super::ids::{ProjectId, TenantId};
+use super::retention::RetentionOverride;
 
 /// A registered tenant.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -28,6 +29,9 @@ pub struct Tenant {
     pub created_at: DateTime<Utc>,
     /// When it last changed.
     pub updated_at: DateTime<Utc>,
+    /// Its overrides of the configured retention.
+    #[serde(default)]
+    pub retention: RetentionOverride,
 }
 
 /// A project of a tenant.
@@ -56,6 +60,10 @@ pub struct TenantSpec {
     /// Allowed regions; empty for any.
     #[serde(default)]
     pub residency_regions: Vec<String>,
+    /// Retention overrides (days; `null` inherits the configuration's).
+    /// Absent: the tenant keeps the overrides it has.
+    #[serde(default)]
+    pub retention: Option<RetentionOverride>,
 }
 
 /// Payload of `agentbay.platform.v1.tenant-changed`.
@@ -154,7 +162,14 @@ impl Tenant {
                 regions.push(region.clone());
             }
         }
+        if let Some(r) = &spec.retention {
+            r.check()?;
+        }
         let tenant = Tenant {
+            retention: spec
+                .retention
+                .or(existing.map(|t| t.retention))
+                .unwrap_or_default(),
             display_name: display_name("displayName", spec.display_name, tenant_id.as_str())?,
             tenant_id,
             edition: spec.edition,
@@ -222,6 +237,7 @@ mod tests {
             display_name: Some("Acme".into()),
             edition: "starter".into(),
             residency_regions: vec!["eu-west".into(), "eu-west".into()],
+            retention: None,
         };
         let (t, event) = Tenant::put(
             None,

@@ -30,6 +30,8 @@ use crate::releases::{ReleaseError, Releases};
 use crate::runtime::{Runtime, RuntimeError};
 use crate::store::{Derived, Record, StoreError, Table, TenantScope, Tx, time_value};
 
+pub mod purge;
+
 /// Names of the indexes runs derive (see `store/derived.rs`).
 pub mod index {
     /// Runs of a tenant by state.
@@ -42,6 +44,8 @@ pub mod index {
     pub const AGENT: &str = "run-agent";
     /// Runs of a tenant by release.
     pub const RELEASE: &str = "run-release";
+    /// Runs by the caller's idempotency key.
+    pub const REQUEST: &str = "run-request";
     /// Runs on legal hold (value `_`).
     pub const HELD: &str = "run-held";
     /// Ended runs, not held, whose payloads are still there, by end time.
@@ -71,6 +75,9 @@ impl Record for Run {
             )
             .index(index::AGENT, &*self.agent_id)
             .index(index::RELEASE, &*self.snapshot.release_id);
+        if let Some(key) = &self.request_id {
+            d.index(index::REQUEST, &**key);
+        }
         if self.hold.is_some() {
             d.index(index::HELD, "_");
         } else if let (true, Some(ended)) = (self.state.is_terminal(), self.ended_at) {
@@ -393,9 +400,6 @@ pub fn create_run(
     let NewRun { mut run, input } = new;
     tx.put_artifact(scope, &input, "application/json", Some(retain_until), now)?;
     let mut attempt = next_attempt(&mut run, 1, 1, now);
-    if let Some(key) = &run.request_id {
-        tx.index_put(scope, "run-request", key, &run.run_id.to_string())?;
-    }
     tx.save(scope, &mut run)?;
     tx.save(scope, &mut attempt)?;
     tx.emit(NewEvent::new(
@@ -597,7 +601,7 @@ impl RunControl {
     ) -> Result<Run, RuntimeError> {
         if let Some(key) = &request.request_id {
             let store = self.runtime.store();
-            if let Some(id) = store.index_ids(scope, "run-request", key)?.first()
+            if let Some(id) = store.index_ids(scope, index::REQUEST, key)?.first()
                 && let Some(run) = store.get::<Run>(scope, id)?
             {
                 return Ok(run);
@@ -633,7 +637,7 @@ impl RunControl {
             None,
             now,
         )?;
-        let retain = now + chrono::Duration::days(self.config.payload_retention_days.into());
+        let retain = crate::store::artifacts::unreferenced_until(now);
         let s = scope.clone();
         let key = request.request_id.clone();
         let (run, attempt) = self
@@ -641,7 +645,7 @@ impl RunControl {
             .store()
             .transact(move |tx: &mut Tx| {
                 if let Some(key) = &key
-                    && let Some(id) = tx.index_ids(&s, "run-request", key)?.first()
+                    && let Some(id) = tx.index_ids(&s, index::REQUEST, key)?.first()
                     && let Some(run) = tx.get::<Run>(&s, id)?
                 {
                     return Ok::<_, RuntimeError>((run, None));
@@ -779,6 +783,36 @@ impl RunControl {
         self.get(scope, run_id)
     }
 
+    /// `HoldRun`: places a legal hold with a reason (`Some`) or releases it
+    /// (`None`). Idempotent; the change is an event naming who did it.
+    pub async fn hold(
+        &self,
+        scope: &TenantScope,
+        run_id: Uuid,
+        by: &str,
+        reason: Option<&str>,
+    ) -> Result<Run, RuntimeError> {
+        let now = self.clock.now();
+        let hold = reason
+            .map(|r| crate::domain::retention::Hold::new(r, by, now))
+            .transpose()?;
+        let s = scope.clone();
+        let by = by.to_string();
+        self.runtime
+            .store()
+            .transact(move |tx: &mut Tx| {
+                let mut run = tx
+                    .get::<Run>(&s, &run_id.to_string())?
+                    .ok_or_else(|| DomainError::not_found("run", run_id))?;
+                if let Some(event) = run.set_hold(hold, &by, now) {
+                    tx.save(&s, &mut run)?;
+                    tx.emit(event)?;
+                }
+                Ok::<_, RuntimeError>(run)
+            })
+            .await
+    }
+
     /// `DecideApproval`.
     pub async fn decide_approval(
         &self,
@@ -791,10 +825,11 @@ impl RunControl {
         if let Some(reason) = &reason {
             FieldError::check_text("reason", reason)?;
         }
-        let ids = self
-            .runtime
-            .store()
-            .index_ids(scope, "approval", &approval_id.to_string())?;
+        let ids = self.runtime.store().index_ids(
+            scope,
+            crate::runtime::index::APPROVAL,
+            &approval_id.to_string(),
+        )?;
         let Some(key) = ids.first() else {
             return Err(DomainError::not_found("approval", approval_id).into());
         };

@@ -54,6 +54,8 @@ pub mod index {
     pub const DECISION_PENDING: &str = "decision-pending";
     /// Uncertain calls of a tenant that wait for settlement (value `_`).
     pub const CALL_UNSETTLED: &str = "call-unsettled";
+    /// Decisions by the Run Control approval they carry.
+    pub const APPROVAL: &str = "approval";
     /// The one value of single-list indexes.
     pub const ALL: &str = "_";
 }
@@ -152,6 +154,9 @@ impl Record for DecisionRequest {
     fn derive(&self, d: &mut Derived) {
         if self.status == DecisionStatus::Pending {
             d.index(index::DECISION_PENDING, index::ALL);
+        }
+        if let Some(a) = self.approval_id {
+            d.index(index::APPROVAL, a.to_string());
         }
         if self.purged.is_none() {
             d.reference(self.question_ref.as_deref())
@@ -873,7 +878,7 @@ impl Runtime {
         let (s, attempt_id, call_id) = (scope.clone(), attempt.attempt_id, late.call_id);
         let receipt = late.receipt.clone().or_else(|| late.result.clone());
         let now = self.shared.clock.now();
-        let retain = now + chrono::Duration::days(self.shared.config.payload_retention_days.into());
+        let retain = crate::store::artifacts::unreferenced_until(now);
         self.shared
             .store
             .transact(move |tx| {

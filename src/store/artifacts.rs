@@ -36,6 +36,16 @@ use sha2::{Digest, Sha256};
 use super::{Derived, Record, Store, StoreError, Table, TenantScope, Tx, time_value};
 use crate::domain::TenantId;
 
+/// How long content nothing refers to is kept: an adapter may store content
+/// in one call and refer to it in the next. Content something refers to is
+/// kept as long as the reference (records follow the tenant's retention).
+pub const UNREFERENCED_GRACE_HOURS: i64 = 24;
+
+/// The `retain_until` of content stored at `now`.
+pub fn unreferenced_until(now: DateTime<Utc>) -> DateTime<Utc> {
+    now + chrono::Duration::hours(UNREFERENCED_GRACE_HOURS)
+}
+
 /// Size of one chunk.
 pub const CHUNK_BYTES: usize = 32 * 1024;
 /// Largest artifact accepted.
@@ -194,18 +204,18 @@ impl Tx<'_> {
 
     /// Deletes an artifact of the scope's tenant if nothing refers to it
     /// and its retention has passed at `now`, with its content when no
-    /// other tenant holds it. Returns the bytes freed (0: kept).
+    /// other tenant holds it. Returns whether it was deleted.
     pub fn sweep_artifact(
         &mut self,
         scope: &TenantScope,
         hash: &str,
         now: DateTime<Utc>,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<bool, StoreError> {
         let Some(a) = self.get::<Artifact>(scope, hash)? else {
-            return Ok(0);
+            return Ok(false);
         };
         if !a.sweepable(now) {
-            return Ok(0);
+            return Ok(false);
         }
         self.delete::<Artifact>(scope, hash)?;
         if self.add_owner(hash, -1) == 0 {
@@ -215,9 +225,8 @@ impl Tx<'_> {
             }
             self.raw_write(Table::ArtifactChunks, chunk_key(hash, COUNT_INDEX), None);
             self.raw_write(Table::ArtifactChunks, chunk_key(hash, OWNERS_INDEX), None);
-            return Ok(a.size);
         }
-        Ok(0)
+        Ok(true)
     }
 
     fn chunk_count(&self, hash: &str) -> Result<u64, StoreError> {
@@ -312,4 +321,71 @@ impl Store {
         }
         Ok(Some(bytes))
     }
+}
+
+/// Compares what is stored of the artifact store's derived state with what
+/// the records say (see [`Store::audit`]); appends every difference.
+pub(super) fn audit(
+    db: &sled::Db,
+    rebuild: &mut super::derived::Rebuild,
+    problems: &mut Vec<String>,
+) -> Result<(), StoreError> {
+    let artifacts = db.open_tree(Table::Artifacts.name())?;
+    let chunks = db.open_tree(Table::ArtifactChunks.name())?;
+    let mut owners: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let mut expected = std::mem::take(&mut rebuild.refs);
+    for item in artifacts.iter() {
+        let (k, v) = item?;
+        let a: Artifact = super::decode(&k, &v)?;
+        rebuild.entries_of(&a)?;
+        *owners.entry(a.hash.clone()).or_default() += 1;
+        let want = expected
+            .remove(&(a.tenant_id.to_string(), a.hash.clone()))
+            .unwrap_or(0);
+        if a.refs != want {
+            problems.push(format!(
+                "artifact {} of tenant {} counts {} references, the records hold {want}",
+                a.hash, a.tenant_id, a.refs
+            ));
+        }
+        if chunks.get(chunk_key(&a.hash, COUNT_INDEX))?.is_none() {
+            problems.push(format!(
+                "artifact {} of tenant {} has no content",
+                a.hash, a.tenant_id
+            ));
+        }
+    }
+    for ((tenant, hash), n) in expected {
+        problems.push(format!(
+            "{n} references of tenant {tenant} to {hash}, which the tenant does not hold (dangling)"
+        ));
+    }
+    for item in chunks.iter() {
+        let (k, v) = item?;
+        // `<hash>/<u32 index>`: the index is the last four bytes.
+        if k.len() < 5 {
+            continue;
+        }
+        let slash = k.len() - 5;
+        let hash = String::from_utf8_lossy(&k[..slash]).into_owned();
+        let index = <[u8; 4]>::try_from(&k[slash + 1..])
+            .map(u32::from_be_bytes)
+            .ok();
+        let held = owners.get(&hash).copied().unwrap_or(0);
+        if held == 0 {
+            problems.push(format!(
+                "content {hash} is stored but no tenant holds it (orphan)"
+            ));
+            continue;
+        }
+        if index == Some(OWNERS_INDEX) {
+            let n = <[u8; 8]>::try_from(v.as_ref()).map_or(0, u64::from_be_bytes);
+            if n != held {
+                problems.push(format!(
+                    "content {hash} counts {n} owners, {held} tenants hold it"
+                ));
+            }
+        }
+    }
+    Ok(())
 }

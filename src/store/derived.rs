@@ -181,22 +181,38 @@ impl Change {
     }
 }
 
-/// Writes what every record derives, for a store whose records were written
-/// before they derived it (the migration to schema version 2).
+/// Computes what every record derives: written for a store whose records
+/// were written before they derived it (the migration to schema version
+/// 2), or kept to compare with what is stored ([`super::Store::audit`]).
 pub(crate) struct Rebuild {
-    index: sled::Tree,
-    counts: BTreeMap<Vec<u8>, u64>,
+    index: Option<sled::Tree>,
+    /// Every entry key expected (when auditing).
+    pub keys: std::collections::BTreeSet<Vec<u8>>,
+    /// Expected counts by count key.
+    pub counts: BTreeMap<Vec<u8>, u64>,
     /// References per (tenant, hash), for the artifact store's recount.
     pub refs: std::collections::HashMap<(String, String), u64>,
 }
 
 impl Rebuild {
-    pub(crate) fn new(db: &sled::Db) -> Result<Rebuild, super::StoreError> {
+    /// A rebuild that writes entries into the index tree.
+    pub(crate) fn writing(db: &sled::Db) -> Result<Rebuild, super::StoreError> {
         Ok(Rebuild {
-            index: db.open_tree(super::Table::Index.name())?,
+            index: Some(db.open_tree(super::Table::Index.name())?),
+            keys: Default::default(),
             counts: BTreeMap::new(),
             refs: Default::default(),
         })
+    }
+
+    /// A rebuild that only computes.
+    pub(crate) fn computing() -> Rebuild {
+        Rebuild {
+            index: None,
+            keys: Default::default(),
+            counts: BTreeMap::new(),
+            refs: Default::default(),
+        }
     }
 
     /// Derives every record of `R`'s table.
@@ -215,7 +231,7 @@ impl Rebuild {
         Ok(n)
     }
 
-    /// Writes the entries of one record and notes its references.
+    /// The entries of one record, and its references.
     pub(crate) fn entries_of<R: super::Record>(
         &mut self,
         record: &R,
@@ -224,7 +240,15 @@ impl Rebuild {
         record.derive(&mut d);
         let id = record.id();
         for e in &d.entries {
-            self.index.insert(entry_key(record.tenant(), &id, e), &[])?;
+            let key = entry_key(record.tenant(), &id, e);
+            match &self.index {
+                Some(tree) => {
+                    tree.insert(&key, &[])?;
+                }
+                None => {
+                    self.keys.insert(key);
+                }
+            }
             if !e.global {
                 *self
                     .counts
@@ -243,11 +267,30 @@ impl Rebuild {
 
     /// Writes the counts.
     pub(crate) fn finish(self) -> Result<(), super::StoreError> {
-        for (k, n) in self.counts {
-            self.index.insert(k, &n.to_be_bytes())?;
+        if let Some(tree) = &self.index {
+            for (k, n) in &self.counts {
+                tree.insert(k, &n.to_be_bytes())?;
+            }
         }
         Ok(())
     }
+}
+
+/// Whether an index key is a count (`<tenant>/#/...`).
+pub(crate) fn is_count_key(key: &[u8]) -> bool {
+    !key.starts_with(GLOBAL) && String::from_utf8_lossy(key).split('/').nth(1) == Some(COUNTS)
+}
+
+/// Whether an index key is one records derive (not a hand-kept index such
+/// as the login names).
+pub(crate) fn is_derived_key(key: &[u8]) -> bool {
+    if key.starts_with(GLOBAL) {
+        return true;
+    }
+    let text = String::from_utf8_lossy(key);
+    let mut parts = text.splitn(3, '/');
+    let (_, index) = (parts.next(), parts.next());
+    !matches!(index, Some("user"))
 }
 
 #[cfg(test)]

@@ -39,18 +39,28 @@ pub(super) const MIGRATIONS: &[Migration] = &[Migration {
 /// `derived.rs`). Writes them for every stored record. Safe to run again
 /// after a crash: every value it writes is recomputed from the records.
 fn derive_everything(db: &sled::Db) -> Result<(), StoreError> {
+    let mut rebuild = super::derived::Rebuild::writing(db)?;
+    derive_tables(db, &mut rebuild)?;
+    super::artifacts::recount(db, &mut rebuild)?;
+    rebuild.finish()
+}
+
+/// Derives every table whose records derive entries or references (the
+/// artifacts themselves aside).
+pub(super) fn derive_tables(
+    db: &sled::Db,
+    rebuild: &mut super::derived::Rebuild,
+) -> Result<(), StoreError> {
     use crate::domain::attempt::{CallRecord, Checkpoint, DecisionRequest, ExecutionAttempt};
     use crate::domain::capacity::CapacityLease;
     use crate::domain::run::Run;
-    let mut rebuild = super::derived::Rebuild::new(db)?;
     rebuild.table::<ExecutionAttempt>(db)?;
     rebuild.table::<Run>(db)?;
     rebuild.table::<Checkpoint>(db)?;
     rebuild.table::<CallRecord>(db)?;
     rebuild.table::<DecisionRequest>(db)?;
     rebuild.table::<CapacityLease>(db)?;
-    super::artifacts::recount(db, &mut rebuild)?;
-    rebuild.finish()
+    Ok(())
 }
 
 /// Checks the marker and version, initialises a fresh store and migrates an

@@ -510,7 +510,7 @@ async fn shared_artifacts_go_with_their_last_reference() {
         .await
         .unwrap();
     assert_eq!(refs(&store), Some(1));
-    assert_eq!(sweep(&store, &scope, later).await, 0, "still referred to");
+    assert!(!sweep(&store, &scope, later).await, "still referred to");
     let s = scope.clone();
     store
         .transact(move |tx: &mut Tx| tx.delete::<Doc>(&s, "b"))
@@ -528,19 +528,15 @@ async fn shared_artifacts_go_with_their_last_reference() {
         )
         .unwrap();
     assert_eq!(due.len(), 1);
-    assert_eq!(
-        sweep(&store, &scope, now).await,
-        0,
-        "the content stays for globex"
-    );
+    assert!(sweep(&store, &scope, now).await, "acme's record goes");
     assert!(store.read_artifact(&scope, &hash).unwrap().is_none());
     assert_eq!(
         store.read_artifact(&other, &hash).unwrap().as_deref(),
         Some(&b"shared prompt"[..])
     );
     // Globex's copy is unreferenced and expires with its retention.
-    assert_eq!(sweep(&store, &other, now).await, 0, "not expired yet");
-    assert_eq!(sweep(&store, &other, later).await, 13);
+    assert!(!sweep(&store, &other, now).await, "not expired yet");
+    assert!(sweep(&store, &other, later).await);
     assert!(store.tree(Table::ArtifactChunks).is_empty(), "content gone");
     assert!(
         store

@@ -378,7 +378,7 @@ impl<'a> Tx<'a> {
         index: &str,
         value: &str,
     ) -> Result<Vec<String>, StoreError> {
-        let prefix = index_prefix(scope.tenant(), index, value);
+        let prefix = derived::tenant_prefix(scope.tenant(), index, value);
         Ok(self
             .scan_prefix(Table::Index, &prefix)?
             .keys()

@@ -1811,3 +1811,153 @@ async fn a_cancelled_attempt_gives_back_its_capacity_even_before_it_heard_of_its
     drop(state);
     running.stop().await.unwrap();
 }
+
+/// Retention over the real binary on the manual clock: payloads past
+/// retention become tombstones that the API and timelines show; a held
+/// run's, a live attempt's and content another run still refers to stay;
+/// history goes after its own retention; and afterwards the store's
+/// derived state (indexes, counts, reference counts, content owners) is
+/// exactly what its records say.
+#[tokio::test]
+async fn retention_purges_what_expired_and_spares_the_held_the_live_and_the_shared() {
+    let a = Appliance::start_with(
+        &["--manual-clock"],
+        // A decision can wait longer than the payload retention.
+        &[("AGENTBAY_RUNTIME__INPUT_TIMEOUT_MINUTES", "200000")],
+    );
+    let mut site = Site::on(a).await;
+    let input = json!({"ticket": "retained?"});
+    // Two finished runs with the same input and output: shared content.
+    let mut finished = Vec::new();
+    for _ in 0..2 {
+        let run = site.submit(input.clone(), None).await;
+        let adapter = site.claim_and_start().await;
+        adapter.think_and_look().await;
+        adapter.report(good_output()).await.expect("report");
+        finished.push((run.run_id.clone(), adapter.id()));
+    }
+    let (plain, plain_attempt) = finished[0].clone();
+    let (held, _) = finished[1].clone();
+    let hold = site
+        .runs()
+        .hold_run(rn::HoldRunRequest {
+            run_id: held.clone(),
+            reason: "case 4711".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("hold")
+        .into_owned();
+    assert_eq!(hold.run.as_option().unwrap().hold.reason, "case 4711");
+    let no_reason = site
+        .runs()
+        .hold_run(rn::HoldRunRequest {
+            run_id: plain.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(no_reason.message.unwrap_or_default().contains("reason"));
+    // A live attempt waiting for a person, with the same input.
+    let live = site.submit(input.clone(), None).await;
+    let waiting = site.claim_and_start().await;
+    waiting.think_and_look().await;
+    waiting
+        .client
+        .request_decision(ad::RequestDecisionRequest {
+            attempt_id: waiting.id(),
+            fencing_token: waiting.ticket.fencing_token,
+            kind: "input".into(),
+            question_json: json!({"q": "which customer?"}).to_string(),
+            summary: "Which customer?".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("ask");
+    let output_before = site.run(&plain).await.output_json;
+    assert!(!output_before.is_empty());
+
+    // 31 days on: past the 30-day payload retention.
+    site.advance(31 * 86_400).await;
+    let pass = site.a.run_worker("Purger").await;
+    assert!(pass.ok, "{}", pass.message);
+    let purged = site.run(&plain).await;
+    assert!(
+        purged
+            .purged
+            .contains("by the payload retention of tenant demo (30 days)"),
+        "{}",
+        purged.purged
+    );
+    assert!(purged.output_json.is_empty(), "the content is gone");
+    assert!(purged.output_ref.starts_with("sha256:"), "the hash stays");
+    let timeline = site.timeline(&plain_attempt).await;
+    assert!(
+        timeline
+            .to_string()
+            .contains("payload retention of tenant demo"),
+        "{timeline}"
+    );
+    // The held run keeps everything, including the output it shares.
+    let kept = site.run(&held).await;
+    assert!(kept.purged.is_empty());
+    assert_eq!(kept.output_json, output_before, "shared content survives");
+    // The live attempt is untouched and goes on with its state.
+    let live_now = site.run(&live.run_id).await;
+    assert!(live_now.purged.is_empty());
+    assert_eq!(live_now.state, "Running");
+
+    // Released, the held run's payloads go at the next pass, and with them
+    // the last reference to the shared output.
+    site.runs()
+        .hold_run(rn::HoldRunRequest {
+            run_id: held.clone(),
+            release: true,
+            ..Default::default()
+        })
+        .await
+        .expect("release the hold");
+    let pass = site.a.run_worker("Purger").await;
+    assert!(
+        pass.message.contains("1 run payloads tombstoned"),
+        "{}",
+        pass.message
+    );
+    let released = site.run(&held).await;
+    assert!(!released.purged.is_empty() && released.output_json.is_empty());
+
+    // 91 days on: past the 90-day history retention, the finished runs go.
+    site.advance(60 * 86_400).await;
+    let pass = site.a.run_worker("Purger").await;
+    assert!(pass.ok, "{}", pass.message);
+    for id in [&plain, &held] {
+        let gone = site
+            .runs()
+            .get_run(rn::GetRunRequest {
+                run_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(code(&gone), ErrorCode::NotFound);
+    }
+    let listed = site
+        .runs()
+        .list_runs(rn::ListRunsRequest::default())
+        .await
+        .unwrap()
+        .into_owned();
+    let ids: Vec<&str> = listed.runs.iter().map(|r| r.run_id.as_str()).collect();
+    assert_eq!(ids, [live.run_id.as_str()], "only the live run is left");
+
+    // Offline, the store's derived state matches its records exactly.
+    site.a.terminate().await;
+    let store = agentbay::store::Store::open(
+        &site.a.data_dir.join("store"),
+        &agentbay::store::StoreOptions::default(),
+    )
+    .unwrap();
+    let problems = store.audit().unwrap();
+    assert!(problems.is_empty(), "{problems:#?}");
+    store.close().unwrap();
+}

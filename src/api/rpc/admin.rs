@@ -69,6 +69,8 @@ pub fn tenant_message(t: &Tenant) -> pb::Tenant {
         residency_regions: t.residency_regions.clone(),
         created_at: t.created_at.to_rfc3339(),
         updated_at: t.updated_at.to_rfc3339(),
+        payload_retention_days: t.retention.payload_days,
+        history_retention_days: t.retention.history_days,
         ..Default::default()
     }
 }
@@ -431,6 +433,12 @@ impl pb::Admin for AdminService {
                 .iter()
                 .map(|r| r.to_string())
                 .collect(),
+            retention: (request.payload_retention_days.is_some()
+                || request.history_retention_days.is_some())
+            .then(|| crate::domain::retention::RetentionOverride {
+                payload_days: request.payload_retention_days.filter(|d| *d > 0),
+                history_days: request.history_retention_days.filter(|d| *d > 0),
+            }),
         };
         let tenant = self
             .state

@@ -94,6 +94,7 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
         ("agentbay.runs.v1.Runs/GetRun", Needs(Scope::RunsRead)),
         ("agentbay.runs.v1.Runs/ListRuns", Needs(Scope::RunsRead)),
         ("agentbay.runs.v1.Runs/CancelRun", Needs(Scope::RunsWrite)),
+        ("agentbay.runs.v1.Runs/HoldRun", Needs(Scope::RunsOperate)),
         (
             "agentbay.runs.v1.Runs/DecideApproval",
             Needs(Scope::RunsDecide),

@@ -109,6 +109,7 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
     let output_json = run
         .output_ref
         .as_ref()
+        .filter(|_| run.purged.is_none())
         .and_then(|r| state.store.read_artifact(scope, r).ok().flatten())
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
@@ -136,6 +137,21 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
         cancel_requested: run.cancel_requested.is_some(),
         max_attempts: run.max_attempts,
         limits: buffa::MessageField::some(limits_message(&run.snapshot.limits)),
+        hold: run
+            .hold
+            .as_ref()
+            .map(|h| pb::Hold {
+                reason: h.reason.clone(),
+                by: h.by.clone(),
+                at: h.at.to_rfc3339(),
+                ..Default::default()
+            })
+            .into(),
+        purged: run
+            .purged
+            .as_ref()
+            .map(|t| t.describe())
+            .unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -290,6 +306,27 @@ impl pb::Runs for RunsService {
             .await
             .map_err(rpc)?;
         Response::ok(pb::CancelRunResponse {
+            run: buffa::MessageField::some(run_message(&self.state, &scope, &run)),
+            ..Default::default()
+        })
+    }
+
+    async fn hold_run(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::HoldRunRequest>,
+    ) -> ServiceResult<pb::HoldRunResponse> {
+        let caller = principal(&ctx)?;
+        let scope = caller.tenant_scope();
+        let id = uuid_field("runId", request.run_id).map_err(rpc)?;
+        let reason = (!request.release).then_some(request.reason);
+        let run = self
+            .state
+            .runs
+            .hold(&scope, id, &caller.subject.to_string(), reason)
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::HoldRunResponse {
             run: buffa::MessageField::some(run_message(&self.state, &scope, &run)),
             ..Default::default()
         })

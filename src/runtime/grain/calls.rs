@@ -444,10 +444,11 @@ impl Grain {
         approval_id: Uuid,
         start: &CallStart,
     ) -> Result<DecisionRequest, RuntimeError> {
-        let ids = self
-            .shared
-            .store
-            .index_ids(&self.scope, "approval", &approval_id.to_string())?;
+        let ids = self.shared.store.index_ids(
+            &self.scope,
+            crate::runtime::index::APPROVAL,
+            &approval_id.to_string(),
+        )?;
         let decision: Option<DecisionRequest> = match ids.first() {
             Some(key) => self.shared.store.get(&self.scope, key)?,
             None => None,
@@ -525,12 +526,6 @@ impl Grain {
         self.save(a, events, move |tx, s| {
             tx.put_artifact(s, &request, "application/json", Some(retain), now)?;
             tx.put(s, &d)?;
-            tx.index_put(
-                s,
-                "approval",
-                &approval_id.to_string(),
-                &decision_key(d.attempt_id, d.decision_id),
-            )?;
             Ok(())
         })
         .await?;

@@ -342,7 +342,7 @@ impl Grain {
     }
 
     fn retain(&self) -> DateTime<Utc> {
-        self.now() + Duration::days(self.shared.config.payload_retention_days.into())
+        crate::store::artifacts::unreferenced_until(self.now())
     }
 
     fn lease_ttl(&self) -> Duration {
