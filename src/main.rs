@@ -84,6 +84,13 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Give back the disk space of deleted records: rewrite the store into
+    /// fresh files (the appliance must be stopped). Safe against a crash at
+    /// any moment: the old files go only once the new ones are complete.
+    Compact {
+        #[command(flatten)]
+        common: Common,
+    },
     /// Fill an empty data directory from a backup FILE.
     Restore {
         #[command(flatten)]
@@ -453,6 +460,24 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 );
             };
             control::backup(&config, &file).await
+        }
+        Command::Compact { common } => {
+            let config = load(&common, None)?;
+            quiet_logging(&config);
+            let dir = agentbay::store::DataDir::open(&config.data_dir).map_err(|e| match e {
+                agentbay::store::StoreError::InUse { .. } => anyhow::anyhow!(
+                    "{e}; stop the appliance first (systemctl stop agentbay): compaction rewrites the store's files"
+                ),
+                e => e.into(),
+            })?;
+            let (before, after) = dir.compact()?;
+            println!(
+                "store compacted: {:.1} MiB -> {:.1} MiB on disk ({})",
+                before as f64 / 1_048_576.0,
+                after as f64 / 1_048_576.0,
+                dir.store_path().display()
+            );
+            Ok(())
         }
         Command::RotateTokenKey { common } => {
             let config = load(&common, None)?;

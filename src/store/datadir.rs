@@ -84,11 +84,103 @@ impl DataDir {
             .and_then(|()| lock.write_all(format!("{}\n", std::process::id()).as_bytes()))
             .map_err(StoreError::io("writing the lock file"))?;
         create_private_dir(&root.join("run"))?;
-        secure_tree(root)?;
-        Ok(DataDir {
+        let dir = DataDir {
             root: root.to_path_buf(),
             _lock: lock,
-        })
+        };
+        dir.finish_compaction()?;
+        secure_tree(root)?;
+        Ok(dir)
+    }
+
+    fn compacted_path(&self) -> PathBuf {
+        self.root.join("store.compacted")
+    }
+
+    fn compacted_marker(&self) -> PathBuf {
+        self.root.join("store.compacted.complete")
+    }
+
+    /// Rewrites the store into fresh files holding only what is live, then
+    /// swaps them in: sled does not give back the space of deleted records
+    /// by itself. The old files are replaced only once the copy is complete
+    /// and synced (a marker file says so); a crash at any moment leaves
+    /// either the old store or the new one, and the next open finishes or
+    /// discards the swap. Needs the lock (the appliance stopped). Returns
+    /// the bytes on disk before and after.
+    pub fn compact(&self) -> Result<(u64, u64), StoreError> {
+        let store = self.store_path();
+        if !store.join("conf").exists() {
+            return Err(StoreError::NotAStore {
+                path: store,
+                reason: "there is no store to compact".into(),
+            });
+        }
+        let next = self.compacted_path();
+        if next.exists() {
+            fs::remove_dir_all(&next).map_err(StoreError::io("removing an old compaction"))?;
+        }
+        let before = dir_size(&store);
+        {
+            let old = sled::Config::new().path(&store).open()?;
+            let new = sled::Config::new().path(&next).open()?;
+            for name in old.tree_names() {
+                let from = old.open_tree(&name)?;
+                let to = new.open_tree(&name)?;
+                let mut batch = sled::Batch::default();
+                let mut n = 0;
+                for item in from.iter() {
+                    let (k, v) = item?;
+                    batch.insert(k, v);
+                    n += 1;
+                    if n % 10_000 == 0 {
+                        to.apply_batch(std::mem::take(&mut batch))?;
+                    }
+                }
+                to.apply_batch(batch)?;
+            }
+            new.flush()?;
+        }
+        sync_tree(&next)?;
+        write_private(&self.compacted_marker(), b"complete\n")?;
+        self.finish_compaction()?;
+        secure_tree(&self.root)?;
+        Ok((before, dir_size(&store)))
+    }
+
+    /// Completes a compaction whose copy is complete, or discards one whose
+    /// copy is not (a crash in the middle of `agentbay compact`).
+    fn finish_compaction(&self) -> Result<(), StoreError> {
+        let (store, next, marker) = (
+            self.store_path(),
+            self.compacted_path(),
+            self.compacted_marker(),
+        );
+        let old = self.root.join("store.old");
+        let io = |what: &str| StoreError::io(format!("finishing the store compaction: {what}"));
+        if !marker.exists() {
+            if next.exists() {
+                fs::remove_dir_all(&next).map_err(io("discarding an incomplete copy"))?;
+            }
+            return Ok(());
+        }
+        if next.exists() {
+            if store.exists() {
+                if old.exists() {
+                    fs::remove_dir_all(&old).map_err(io("removing store.old"))?;
+                }
+                fs::rename(&store, &old).map_err(io("moving the old store aside"))?;
+            }
+            fs::rename(&next, &store).map_err(io("moving the compacted store in"))?;
+            sync_dir(&self.root)?;
+        }
+        if old.exists() {
+            fs::remove_dir_all(&old).map_err(io("removing the old store"))?;
+        }
+        fs::remove_file(&marker).map_err(io("removing the marker"))?;
+        sync_dir(&self.root)?;
+        tracing::info!(store = %store.display(), "store compaction finished");
+        Ok(())
     }
 
     /// The directory.
@@ -121,6 +213,11 @@ impl DataDir {
     pub fn clear_runtime_files(&self) {
         let _ = fs::remove_file(self.root.join(RUNTIME_INFO));
         let _ = fs::remove_file(self.root.join(ADMIN_TOKEN));
+    }
+
+    /// Bytes the store's files take on disk.
+    pub fn store_size(&self) -> u64 {
+        dir_size(&self.store_path())
     }
 
     /// Whether the store has never been created here.
@@ -346,6 +443,47 @@ pub fn create_private_file(path: &Path) -> Result<File, StoreError> {
     options
         .open(path)
         .map_err(StoreError::io(format!("creating {}", path.display())))
+}
+
+/// Bytes of the files under `dir`.
+fn dir_size(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Syncs every file under `dir`, then `dir` itself.
+fn sync_tree(dir: &Path) -> Result<(), StoreError> {
+    for entry in fs::read_dir(dir).map_err(StoreError::io(format!("reading {}", dir.display())))? {
+        let entry = entry.map_err(StoreError::io("reading a directory"))?;
+        let path = entry.path();
+        if path.is_dir() {
+            sync_tree(&path)?;
+        } else {
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(StoreError::io(format!("syncing {}", path.display())))?;
+        }
+    }
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(StoreError::io(format!("syncing {}", dir.display())))?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 #[cfg(test)]

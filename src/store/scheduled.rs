@@ -138,8 +138,17 @@ impl Backups {
     }
 
     async fn take_inner(&self, now: DateTime<Utc>) -> Result<LastBackup, StoreError> {
-        let name = format!("{PREFIX}{}{SUFFIX}", now.format("%Y%m%dT%H%M%SZ"));
-        let file = self.dir.join(&name);
+        // Two backups of one instant (an operator's on top of the
+        // schedule's) get numbered names.
+        let stamp = now.format("%Y%m%dT%H%M%SZ").to_string();
+        let (name, file) = (1..)
+            .map(|n| match n {
+                1 => format!("{PREFIX}{stamp}{SUFFIX}"),
+                n => format!("{PREFIX}{stamp}-{n}{SUFFIX}"),
+            })
+            .map(|name| (name.clone(), self.dir.join(name)))
+            .find(|(_, f)| !f.exists())
+            .expect("a free name");
         let partial = self.dir.join(format!("{name}.partial"));
         let out = create_private_file(&partial)?;
         let files = crate::tls::backup_files(&self.data_dir.join("tls"));
@@ -227,11 +236,16 @@ fn backups_in(dir: &Path) -> Result<Vec<(DateTime<Utc>, PathBuf)>, StoreError> {
         else {
             continue;
         };
+        let (stamp, n) = match stamp.split_once('-') {
+            Some((s, n)) => (s, n.parse::<u32>().unwrap_or(0)),
+            None => (stamp, 1),
+        };
         if let Ok(t) = chrono::NaiveDateTime::parse_from_str(stamp, "%Y%m%dT%H%M%SZ") {
-            out.push((t.and_utc(), entry.path()));
+            out.push((t.and_utc(), n, entry.path()));
         }
     }
     out.sort();
+    let out = out.into_iter().map(|(t, _, p)| (t, p)).collect();
     Ok(out)
 }
 

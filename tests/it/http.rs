@@ -211,7 +211,7 @@ async fn probes_and_metrics() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|w| w["name"] == "OutboxPruner")
+            .any(|w| w["name"] == "Purger")
     );
 
     let token = a.admin_token().await;

@@ -382,6 +382,10 @@ fn rpc_table(v: &Victim) -> HashMap<&'static str, Option<Value>> {
             Some(json!({"runId": v.run})),
         ),
         (
+            "agentbay.runs.v1.Runs/HoldRun",
+            Some(json!({"runId": v.run, "reason": "case 1"})),
+        ),
+        (
             "agentbay.runs.v1.Runs/DecideApproval",
             Some(json!({"approvalId": uuid, "approve": true})),
         ),
