@@ -1023,6 +1023,19 @@ impl Store {
         Ok(self.inner.db.size_on_disk()?)
     }
 
+    /// Bytes of every key and value the store holds: its logical size, to
+    /// compare with [`Store::size_on_disk`]. Reads everything.
+    pub fn logical_bytes(&self) -> Result<u64, StoreError> {
+        let mut total = 0u64;
+        for tree in self.inner.trees.iter() {
+            for item in tree.iter() {
+                let (k, v) = item?;
+                total += (k.len() + v.len()) as u64;
+            }
+        }
+        Ok(total)
+    }
+
     /// Number of records in each table.
     pub fn table_sizes(&self) -> BTreeMap<&'static str, usize> {
         Table::ALL
