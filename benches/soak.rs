@@ -235,6 +235,9 @@ async fn restart_time(state: &AppState, scratch: &std::path::Path) -> Duration {
         .arg(format!("127.0.0.1:{port}"))
         .arg("--data-dir")
         .arg(&data)
+        // The soak's own settings are not configuration keys.
+        .env_remove("AGENTBAY_SOAK_PER_DAY")
+        .env_remove("AGENTBAY_SOAK_DAYS")
         .env("AGENTBAY_DEMO__ENABLED", "false")
         .env("AGENTBAY_LOG__LEVEL", "warn")
         .stdout(std::process::Stdio::null())
