@@ -69,7 +69,7 @@ echo "install-to-healthy: $(python3 -c "print(round($HEALTHY - $START, 2))") s"
 
 echo "--- init and serve with the packaged config from a temp location"
 cp /etc/agentbay/agentbay.toml "$TMP/agentbay.toml" 2>/dev/null || $SUDO cat /etc/agentbay/agentbay.toml > "$TMP/agentbay.toml"
-sed -i "s#^data_dir = .*#data_dir = \"$TMP/data\"#; s#^listen = .*#listen = \"127.0.0.1:$((PORT + 1))\"#" "$TMP/agentbay.toml"
+sed -i "s#^data_dir = .*#data_dir = \"$TMP/data\"#; s#^listen = .*#listen = \"127.0.0.1:$((PORT + 1))\"#; s#^dir = .*#dir = \"$TMP/backups\"#" "$TMP/agentbay.toml"
 agentbay init --config "$TMP/agentbay.toml" --json > "$TMP/cred.json"
 agentbay serve --config "$TMP/agentbay.toml" > "$TMP/serve2.log" 2>&1 &
 echo $! > "$TMP/pid2"
