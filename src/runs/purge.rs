@@ -58,7 +58,8 @@ pub struct PurgeReport {
     pub events: u64,
     /// Runs due but left alone (live, held or with an unsettled call).
     pub skipped: u64,
-    /// Items still due when the pass ended (0: caught up).
+    /// Items still due when the pass ended: left alone (an unsettled call,
+    /// a live attempt) or come due while it ran (0: caught up).
     pub backlog: u64,
 }
 
@@ -208,6 +209,11 @@ async fn run_stage(
             })
             .collect();
         let Some(last) = due.last().cloned() else {
+            // What is still due after the pass: left alone, or come due
+            // while it ran.
+            report.backlog += store
+                .index_range(scope, stage.index(), None, Some(&up_to), 100_000)?
+                .len() as u64;
             return Ok(());
         };
         cursor = Some(last);
@@ -254,7 +260,6 @@ async fn run_stage(
         if done.left > 0 {
             // Over the budget: start again from the first not done.
             cursor = None;
-            report.backlog += done.left;
         }
         pause(config).await;
     }

@@ -2084,3 +2084,50 @@ async fn list_pages_through_indexes_return_what_a_full_scan_returns() {
         assert_eq!(list(filter.clone()).await, want, "{filter:?}");
     }
 }
+
+/// kill -9 while the Purger works through small batches: after a restart
+/// and another pass, every expired payload is gone, and the store's derived
+/// state is exact: no reference to content that is gone, no content that
+/// nothing holds.
+#[tokio::test]
+async fn kill_9_in_the_middle_of_a_purge_leaves_no_dangling_reference_and_no_orphan() {
+    let a = Appliance::start_with(
+        &["--manual-clock"],
+        &[
+            ("AGENTBAY_RETENTION__PURGE_BATCH_RECORDS", "10"),
+            ("AGENTBAY_RETENTION__PURGE_PAUSE_MS", "30"),
+        ],
+    );
+    let mut site = Site::on(a).await;
+    let mut runs = Vec::new();
+    for i in 0..12 {
+        let run = site.submit(json!({"ticket": i}), None).await;
+        let adapter = site.claim_and_start().await;
+        adapter.think_and_look().await;
+        adapter.report(good_output()).await.expect("report");
+        runs.push(run.run_id);
+    }
+    // The move starts the Purger on its own; the kill lands while it works.
+    site.a.advance(31 * 86_400).await;
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    site.a.kill9();
+    site.a.restart();
+    // A manual clock starts again from the wall clock: move it again.
+    site.advance(31 * 86_400).await;
+    let pass = site.a.run_worker("Purger").await;
+    assert!(pass.ok, "{}", pass.message);
+    for id in &runs {
+        let run = site.run(id).await;
+        assert!(!run.purged.is_empty(), "run {id} was purged");
+        assert!(run.output_json.is_empty());
+    }
+    site.a.terminate().await;
+    let store = agentbay::store::Store::open(
+        &site.a.data_dir.join("store"),
+        &agentbay::store::StoreOptions::default(),
+    )
+    .unwrap();
+    let problems = store.audit().unwrap();
+    assert!(problems.is_empty(), "{problems:#?}");
+    store.close().unwrap();
+}
