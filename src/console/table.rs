@@ -230,21 +230,7 @@ impl ListQuery {
         filters: Vec<Filter>,
         empty: &'static str,
     ) -> Table {
-        let q = self.get("q").unwrap_or_default().to_lowercase();
-        if !q.is_empty() {
-            rows.retain(|row| row.iter().any(|c| c.matches(&q)));
-        }
-        let sort = self
-            .get("sort")
-            .and_then(|s| labels.iter().position(|l| l.eq_ignore_ascii_case(s)));
-        let desc = self.get("dir") == Some("desc");
-        if let Some(i) = sort {
-            rows.sort_by(|a, b| {
-                let (x, y) = (a[i].sort_key(), b[i].sort_key());
-                let o = x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal);
-                if desc { o.reverse() } else { o }
-            });
-        }
+        let (sort, desc) = self.filter_and_sort(labels, &mut rows);
         let total = rows.len();
         let pages = total.div_ceil(PAGE_SIZE).max(1);
         let page = self
@@ -298,21 +284,7 @@ impl ListQuery {
         total: Option<u64>,
         older: Option<String>,
     ) -> Table {
-        let q = self.get("q").unwrap_or_default().to_lowercase();
-        if !q.is_empty() {
-            rows.retain(|row| row.iter().any(|c| c.matches(&q)));
-        }
-        let sort = self
-            .get("sort")
-            .and_then(|s| labels.iter().position(|l| l.eq_ignore_ascii_case(s)));
-        let desc = self.get("dir") == Some("desc");
-        if let Some(i) = sort {
-            rows.sort_by(|a, b| {
-                let (x, y) = (a[i].sort_key(), b[i].sort_key());
-                let o = x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal);
-                if desc { o.reverse() } else { o }
-            });
-        }
+        let (sort, desc) = self.filter_and_sort(labels, &mut rows);
         let shown = rows.len();
         let first = self.get("before").is_none();
         let count = match (total, first && older.is_none()) {
@@ -339,6 +311,31 @@ impl ListQuery {
             path: path.to_string(),
             empty,
         }
+    }
+
+    /// Applies the free-text filter `q` and the `sort`/`dir` of the query
+    /// to `rows`; returns the sorted column and whether it is descending.
+    fn filter_and_sort(
+        &self,
+        labels: &[&'static str],
+        rows: &mut Vec<Vec<Cell>>,
+    ) -> (Option<usize>, bool) {
+        let q = self.get("q").unwrap_or_default().to_lowercase();
+        if !q.is_empty() {
+            rows.retain(|row| row.iter().any(|c| c.matches(&q)));
+        }
+        let sort = self
+            .get("sort")
+            .and_then(|s| labels.iter().position(|l| l.eq_ignore_ascii_case(s)));
+        let desc = self.get("dir") == Some("desc");
+        if let Some(i) = sort {
+            rows.sort_by(|a, b| {
+                let (x, y) = (a[i].sort_key(), b[i].sort_key());
+                let o = x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal);
+                if desc { o.reverse() } else { o }
+            });
+        }
+        (sort, desc)
     }
 
     fn columns(

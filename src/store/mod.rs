@@ -745,15 +745,7 @@ impl Store {
             }
             None => prefix_end(&prefix),
         };
-        self.tree(Table::Index)
-            .range(prefix.clone()..end)
-            .rev()
-            .take(limit)
-            .map(|item| {
-                let (k, _) = item?;
-                Ok(String::from_utf8_lossy(&k[prefix.len()..]).into_owned())
-            })
-            .collect()
+        self.ids_before(Table::Index, &prefix, end, limit)
     }
 
     /// How many derived entries `index`/`value` the tenant has.
@@ -860,8 +852,20 @@ impl Store {
             Some(id) => record_key(scope.tenant(), id),
             None => prefix_end(&prefix),
         };
-        self.tree(R::TABLE)
-            .range(prefix.clone()..end)
+        self.ids_before(R::TABLE, &prefix, end, limit)
+    }
+
+    /// The rest after `prefix` of up to `limit` keys of `table` from
+    /// `prefix` to `end`, last first.
+    fn ids_before(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        end: Vec<u8>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.tree(table)
+            .range(prefix.to_vec()..end)
             .rev()
             .take(limit)
             .map(|item| {
