@@ -12,9 +12,11 @@
 //! day and the workers run (the Purger among them).
 //!
 //! Every simulated month, and at the end, it prints: records live, bytes on
-//! disk, logical bytes (keys and values of every record), resident memory,
-//! the time to restart (the appliance stopped and started again on the
-//! store, until it serves), the p95 of ListRuns and of the busiest list
+//! disk, logical bytes (keys and values of every record), the size of a
+//! rewritten copy (a backup restored: what `agentbay compact` writes), the
+//! bench's resident memory, the time to restart (`agentbay serve` on that
+//! copy, until `/readyz` answers) and the restarted appliance's resident
+//! memory a second later, the p95 of ListRuns and of the busiest list
 //! pages' reads (runs by state, attempts, leases, the decision inbox), and
 //! the Purger's backlog. `AGENTBAY_SOAK_DAYS` sets the days (default 400).
 //!
@@ -203,8 +205,8 @@ async fn list_p95(state: &AppState, scope: &TenantScope) -> (f64, f64) {
     (p95(runs), p95(pages))
 }
 
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+fn rss_mib(status: &str) -> f64 {
+    std::fs::read_to_string(status)
         .ok()
         .and_then(|s| {
             s.lines()
@@ -214,9 +216,35 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// The time from `agentbay serve` on a copy of the store (a backup taken
-/// while serving, restored) until it answers `/readyz` with 200.
-async fn restart_time(state: &AppState, scratch: &std::path::Path) -> Duration {
+/// What a restart on a copy of the store (a backup taken while serving,
+/// restored: the same rewrite as `agentbay compact`) shows.
+struct Restart {
+    /// From `agentbay serve` until it answers `/readyz` with 200.
+    took: Duration,
+    /// The restored store's size on disk, in MiB.
+    copy_mib: f64,
+    /// The restarted appliance's resident memory a second after it is
+    /// ready, in MiB.
+    rss_mib: f64,
+}
+
+fn dir_mib(dir: &std::path::Path) -> f64 {
+    fn bytes(dir: &std::path::Path) -> u64 {
+        std::fs::read_dir(dir).map_or(0, |entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+    }
+    bytes(dir) as f64 / 1_048_576.0
+}
+
+async fn restart(state: &AppState, scratch: &std::path::Path) -> Restart {
     let _ = std::fs::remove_dir_all(scratch);
     std::fs::create_dir_all(scratch).unwrap();
     let file = scratch.join("soak.backup");
@@ -225,6 +253,7 @@ async fn restart_time(state: &AppState, scratch: &std::path::Path) -> Duration {
     state.store.backup(out, files).await.unwrap();
     let data = scratch.join("data");
     agentbay::store::restore_into(&file, &data).unwrap();
+    let copy_mib = dir_mib(&data.join("store"));
     let bin = std::env::var("AGENTBAY_BIN").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/target/release/agentbay").to_string()
     });
@@ -236,6 +265,7 @@ async fn restart_time(state: &AppState, scratch: &std::path::Path) -> Duration {
         .arg("--data-dir")
         .arg(&data)
         // The soak's own settings are not configuration keys.
+        .env_remove("AGENTBAY_BIN")
         .env_remove("AGENTBAY_SOAK_PER_DAY")
         .env_remove("AGENTBAY_SOAK_DAYS")
         .env("AGENTBAY_DEMO__ENABLED", "false")
@@ -265,10 +295,15 @@ async fn restart_time(state: &AppState, scratch: &std::path::Path) -> Duration {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    let _ = child.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_mib = rss_mib(&format!("/proc/{}/status", child.id()));
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(scratch);
-    took
+    Restart {
+        took,
+        copy_mib,
+        rss_mib,
+    }
 }
 
 /// One row of figures.
@@ -287,7 +322,7 @@ async fn report(
         .and_then(|w| w.last_message)
         .and_then(|m| m.rsplit("backlog ").next().map(str::to_string))
         .unwrap_or_default();
-    let restart = restart_time(state, scratch).await;
+    let restart = restart(state, scratch).await;
     let (runs_p95, pages_p95) = list_p95(state, scope).await;
     let records: usize = state.store.table_sizes().values().sum();
     let disk = state.store.size_on_disk().unwrap_or(0) as f64 / 1_048_576.0;
@@ -298,15 +333,18 @@ async fn report(
         .unwrap()
         .unwrap_or(0);
     *worst = (
-        worst.0.max(restart.as_secs_f64() * 1000.0),
+        worst.0.max(restart.took.as_secs_f64() * 1000.0),
         worst.1.max(runs_p95),
         worst.2.max(pages_p95),
     );
     println!(
-        "{day:>5} {live_runs:>9} {records:>9} {disk:>10.1} {logical:>10.1} {:>7.2} {:>8.1} {:>10.0} {runs_p95:>10.2} {pages_p95:>8.2} {backlog:>8}",
+        "{day:>5} {live_runs:>9} {records:>9} {disk:>10.1} {logical:>10.1} {:>7.2} {:>10.1} {:>7.2} {:>8.1} {:>8.1} {:>10.0} {runs_p95:>10.2} {pages_p95:>8.2} {backlog:>8}",
         disk / logical.max(0.001),
-        rss_mib(),
-        restart.as_secs_f64() * 1000.0,
+        restart.copy_mib,
+        restart.copy_mib / logical.max(0.001),
+        rss_mib("/proc/self/status"),
+        restart.rss_mib,
+        restart.took.as_secs_f64() * 1000.0,
     );
 }
 
@@ -332,14 +370,17 @@ async fn main() {
     let state = running.state.clone();
     let (scope, project) = external_site(&state).await;
     println!(
-        "{:>5} {:>9} {:>9} {:>10} {:>10} {:>7} {:>8} {:>10} {:>10} {:>8} {:>8}",
+        "{:>5} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>7} {:>8} {:>8} {:>10} {:>10} {:>8} {:>8}",
         "day",
         "runs",
         "records",
         "disk MiB",
         "logic MiB",
         "ratio",
+        "copy MiB",
+        "ratio",
         "RSS MiB",
+        "srv RSS",
         "restart ms",
         "ListRuns",
         "pages",

@@ -12,7 +12,9 @@ use clap::{Args, Parser, Subcommand};
 // The store's writer, the flusher and the request workers all allocate
 // small buffers on every write; glibc's allocator serialises them on its
 // arena locks (measured: a tenth of the capacity path's time in
-// `__lll_lock_wait_private`).
+// `__lll_lock_wait_private`). Built without transparent huge pages: with
+// them, mimalloc's first arena alone held 46 MB resident in an idle
+// appliance.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -122,8 +122,8 @@ impl DataDir {
         }
         let before = dir_size(&store);
         {
-            let old = sled::Config::new().path(&store).open()?;
-            let new = sled::Config::new().path(&next).open()?;
+            let old = super::sled_config(&store)?.open()?;
+            let new = super::sled_config(&next)?.open()?;
             for name in old.tree_names() {
                 let from = old.open_tree(&name)?;
                 let to = new.open_tree(&name)?;
@@ -527,5 +527,63 @@ mod tests {
         write_private(&path, b"x").unwrap();
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
+    }
+
+    fn compressed(store: &Path) -> bool {
+        String::from_utf8_lossy(&fs::read(store.join("conf")).unwrap())
+            .contains("use_compression: true")
+    }
+
+    fn records(store: &Path) -> Vec<(Vec<u8>, sled::IVec, sled::IVec)> {
+        let db = crate::store::sled_config(store).unwrap().open().unwrap();
+        let mut all = Vec::new();
+        for name in db.tree_names() {
+            for item in db.open_tree(&name).unwrap().iter() {
+                let (k, v) = item.unwrap();
+                all.push((name.to_vec(), k, v));
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn a_store_written_uncompressed_keeps_working_and_compaction_compresses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = DataDir::open(&dir.path().join("data")).unwrap();
+        let store = data.store_path();
+        {
+            // A store as an agentbay before compression wrote it.
+            let s = crate::store::Store::open(&store, &Default::default()).unwrap();
+            drop(s);
+            let old = store.with_extension("old-format");
+            let from = sled::Config::new()
+                .path(&store)
+                .use_compression(true)
+                .open()
+                .unwrap();
+            let to = sled::Config::new().path(&old).open().unwrap();
+            for name in from.tree_names() {
+                let (a, b) = (from.open_tree(&name).unwrap(), to.open_tree(&name).unwrap());
+                for item in a.iter() {
+                    let (k, v) = item.unwrap();
+                    b.insert(k, v).unwrap();
+                }
+            }
+            // sled's default tree, unused by agentbay, is copied all the same.
+            to.insert(b"payload", vec![b'x'; 4096]).unwrap();
+            to.flush().unwrap();
+            drop((from, to));
+            fs::remove_dir_all(&store).unwrap();
+            fs::rename(&old, &store).unwrap();
+        }
+        assert!(!compressed(&store));
+        let before = records(&store);
+        // It opens as it was written.
+        drop(crate::store::Store::open(&store, &Default::default()).unwrap());
+        assert!(!compressed(&store));
+        data.compact().unwrap();
+        assert!(compressed(&store));
+        assert_eq!(records(&store), before);
+        drop(crate::store::Store::open(&store, &Default::default()).unwrap());
     }
 }
