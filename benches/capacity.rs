@@ -160,9 +160,13 @@ async fn over_https(codec: CodecFormat) -> Row {
         .set_pool("bench-pool", big_pool())
         .await
         .unwrap();
+    let credential = bootstrap
+        .credential(&state.store)
+        .unwrap()
+        .expect("the bootstrap credential is stored");
     let admin_token = state
         .auth
-        .issue(&bootstrap.credential, bootstrap.credential.scopes.clone())
+        .issue(&credential, credential.scopes.clone())
         .access_token;
     let admin = agentbay::control::admin_client(&running.url, &state.tls.fingerprint, &admin_token)
         .unwrap();

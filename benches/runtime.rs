@@ -246,9 +246,13 @@ async fn decisions_in_process(state: AppState, tickets: &[Ticket]) -> Row {
 async fn bench_token(running: &app::Running, scopes: &[&str]) -> String {
     let state = &running.state;
     let bootstrap = running.bootstrap.as_ref().expect("a fresh appliance");
+    let credential = bootstrap
+        .credential(&state.store)
+        .unwrap()
+        .expect("the bootstrap credential is stored");
     let admin_token = state
         .auth
-        .issue(&bootstrap.credential, bootstrap.credential.scopes.clone())
+        .issue(&credential, credential.scopes.clone())
         .access_token;
     let admin = agentbay::control::admin_client(&running.url, &state.tls.fingerprint, &admin_token)
         .unwrap();

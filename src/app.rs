@@ -18,7 +18,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::auth::{Auth, clients};
+use crate::auth::Auth;
 use crate::capacity::Capacity;
 use crate::capacity::workers::{AccountingReconciler, Autoscaler, LeaseExpirer};
 use crate::clock::{ManualClock, SharedClock, SystemClock};
@@ -128,13 +128,17 @@ pub fn open_local(config: &Config) -> Result<Local, crate::store::StoreError> {
     Ok(Local { datadir, store })
 }
 
-/// What the first start made, to print once.
-pub use crate::auth::clients::Bootstrapped as Bootstrap;
+/// The bootstrap PlatformAdmin secrets, while unused.
+pub use crate::auth::bootstrap::Bootstrapped as Bootstrap;
 
 /// Creates the PlatformAdmin bootstrap credential and console user if this
-/// store never had them.
-pub async fn bootstrap(store: &Store, clock: &SharedClock) -> anyhow::Result<Option<Bootstrap>> {
-    Ok(clients::bootstrap(store, clock.now()).await?)
+/// store never had them, or returns them again while neither was used.
+pub async fn bootstrap(
+    store: &Store,
+    data_dir: &std::path::Path,
+    clock: &SharedClock,
+) -> anyhow::Result<Option<Bootstrap>> {
+    Ok(crate::auth::bootstrap::ensure(store, data_dir, clock.now()).await?)
 }
 
 /// Prints the bootstrap credential to standard output (never to the log).
@@ -142,11 +146,16 @@ pub fn print_bootstrap(bootstrap: &Bootstrap, config: &Config, url: Option<&str>
     let url = url
         .map(str::to_string)
         .unwrap_or_else(|| format!("https://{}", display_addr(config.listen)));
-    let ca = config.data_dir.join("tls/ca.pem");
+    let ca = std::path::absolute(config.data_dir.join("tls/ca.pem"))
+        .unwrap_or_else(|_| config.data_dir.join("tls/ca.pem"));
     println!();
-    println!("agentbay bootstrap credentials (PlatformAdmin) - shown once, store them now:");
-    println!("  client_id:     {}", bootstrap.credential.client_id);
-    println!("  client_secret: {}", bootstrap.secret);
+    if bootstrap.first_time {
+        println!("agentbay bootstrap credentials (PlatformAdmin) - store them now:");
+    } else {
+        println!("agentbay bootstrap credentials (PlatformAdmin) - made earlier, not used yet:");
+    }
+    println!("  client_id:     {}", bootstrap.client_id);
+    println!("  client_secret: {}", bootstrap.client_secret);
     println!();
     println!("Console: sign in at {url}/ as");
     println!("  username:      {}", bootstrap.username);
@@ -156,8 +165,15 @@ pub fn print_bootstrap(bootstrap: &Bootstrap, config: &Config, url: Option<&str>
     println!(
         "  curl --cacert {} -u '{}:{}' -d grant_type=client_credentials {url}/oauth/token",
         ca.display(),
-        bootstrap.credential.client_id,
-        bootstrap.secret
+        bootstrap.client_id,
+        bootstrap.client_secret
+    );
+    println!();
+    println!(
+        "Every start in a terminal shows these again until the credential gets a token or admin signs in;"
+    );
+    println!(
+        "then never again (a lost password: agentbay user reset-password --tenant platform admin)."
     );
     println!();
 }
@@ -179,7 +195,7 @@ pub struct Running {
     pub url: String,
     /// The state handlers see.
     pub state: AppState,
-    /// The credential made at this first start, if any.
+    /// The bootstrap secrets, while unused (printed at every start).
     pub bootstrap: Option<Bootstrap>,
     /// What the demo seeded at this start, if anything.
     pub demo: Option<String>,
@@ -195,6 +211,14 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     crate::store::datadir::private_files();
     let clock = clocks.clock.clone();
     let config = Arc::new(config);
+    // Every precondition of serving is checked before anything is made:
+    // the address first, then the data directory (its lock), the
+    // certificate, the backup directory; the bootstrap secrets come last.
+    let listener = std::net::TcpListener::bind(config.listen)
+        .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let url = format!("https://{}", display_addr(addr));
     let Local { datadir, store } = open_local(&config)?;
     let material: TlsMaterial = tls::load_or_generate(&config.tls, &datadir.tls_dir())
         .context("loading the TLS certificate")?;
@@ -222,13 +246,6 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         clock.clone(),
         &config.releases,
     ));
-    let bootstrap = bootstrap(&store, &clock).await?;
-
-    let listener = std::net::TcpListener::bind(config.listen)
-        .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
-    listener.set_nonblocking(true)?;
-    let addr = listener.local_addr()?;
-    let url = format!("https://{}", display_addr(addr));
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let runtime = Runtime::start(
@@ -290,6 +307,11 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
             None => None,
         },
     };
+
+    let bootstrap = bootstrap(&store, datadir.root(), &clock).await?;
+    if let Some(secrets) = &bootstrap {
+        auth.bootstrap.arm(secrets, datadir.root());
+    }
 
     let demo = if config.demo.enabled {
         crate::demo::seed(&state)
@@ -430,7 +452,18 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let running = start(config.clone(), clocks).await?;
     if let Some(bootstrap) = &running.bootstrap {
-        print_bootstrap(bootstrap, &config, Some(&running.url));
+        // Secrets made earlier are printed again only to a terminal: the
+        // output of a service is a log (the journal), and a log holds no
+        // secret. `agentbay init` (offline) shows them on demand.
+        use std::io::IsTerminal;
+        if bootstrap.first_time || std::io::stdout().is_terminal() {
+            print_bootstrap(bootstrap, &config, Some(&running.url));
+        } else {
+            println!(
+                "The bootstrap PlatformAdmin credential and admin password made earlier are not used yet; \
+                 with the appliance stopped, `agentbay init` run as the data directory's owner shows them again."
+            );
+        }
     }
     println!(
         "agentbay {} serving {}",

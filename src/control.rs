@@ -597,20 +597,25 @@ pub async fn init(config: &Config, json: bool) -> anyhow::Result<()> {
     let clock = SystemClock::shared();
     let editions: Vec<String> = config.capacity.edition_defaults.keys().cloned().collect();
     crate::capacity::ensure_platform_tenant(&local.store, &editions, clock.now()).await?;
-    let created = crate::app::bootstrap(&local.store, &clock).await?;
+    let created = crate::app::bootstrap(&local.store, local.datadir.root(), &clock).await?;
     match (&created, json) {
         (Some(b), true) => println!(
             "{}",
             serde_json::json!({
-                "client_id": b.credential.client_id,
-                "client_secret": b.secret,
+                "client_id": b.client_id,
+                "client_secret": b.client_secret,
                 "console_username": b.username,
                 "console_password": b.password,
                 "certificate_fingerprint": material.fingerprint,
+                "already_initialised": !b.first_time,
             })
         ),
         (Some(b), false) => {
-            println!("initialised {}", config.data_dir.display());
+            if b.first_time {
+                println!("initialised {}", config.data_dir.display());
+            } else {
+                println!("{} is already initialised", config.data_dir.display());
+            }
             println!("  certificate {}", material.fingerprint);
             crate::app::print_bootstrap(b, config, None);
         }

@@ -21,8 +21,8 @@ use crate::domain::attempt::Checkpoint;
 use crate::domain::ids::parse_uuid;
 use crate::domain::run::RunState;
 use crate::domain::{FieldError, TenantId};
-use crate::runtime::RuntimeError;
 use crate::runtime::grain::AttemptView;
+use crate::runtime::{PendingDecision, RuntimeError};
 use crate::store::TenantScope;
 
 impl From<RuntimeError> for ApiError {
@@ -209,6 +209,10 @@ pub fn timeline(
         "leaseId": a.lease_id,
         "lease": a.lease,
         "waitingReason": view.waiting_reason(),
+        "pendingDecision": view
+            .decision
+            .as_ref()
+            .map(|d| PendingDecision::read(&state.store, scope, d)),
         "capacity": {
             "leaseId": a.capacity_lease_id,
             "granted": a.capacity_granted,
@@ -309,7 +313,8 @@ pub async fn watch_attempt(
     let scope = scope_of(&auth.principal, raw.as_deref())?;
     let id = parse_uuid("attemptId", &attempt_id)?;
     let updates = attempt_updates(&state, &scope, id)?;
-    let events = futures::StreamExt::map(updates, |view| {
+    let store = state.store.clone();
+    let events = futures::StreamExt::map(updates, move |view| {
         let a = &view.attempt;
         let data = json!({
             "attemptId": a.attempt_id,
@@ -318,6 +323,10 @@ pub async fn watch_attempt(
             "checkpoints": a.usage.checkpoints,
             "lastCheckpointId": a.last_checkpoint_id,
             "waitingReason": view.waiting_reason(),
+            "pendingDecision": view
+                .decision
+                .as_ref()
+                .map(|d| PendingDecision::read(&store, &scope, d)),
             "queuePosition": view.queue_position,
             "interrupt": a.interrupt,
             "outcomeHash": a.outcome_hash,

@@ -50,7 +50,7 @@ impl From<super::users::UserError> for ClientError {
 }
 
 /// Prefix of client secrets, so that a leaked one is recognisable.
-const SECRET_PREFIX: &str = "abs_";
+pub(super) const SECRET_PREFIX: &str = "abs_";
 
 /// The argon2id hash of a secret or password, computed off the executor
 /// (argon2id takes tens of milliseconds by design) in a slot of the
@@ -248,62 +248,6 @@ pub async fn create(
     Ok((credential, secret))
 }
 
-/// Meta key set once the bootstrap credential exists.
-const BOOTSTRAPPED: &str = "auth.bootstrapped_at";
-
-/// Creates the PlatformAdmin bootstrap credential, once per store: the
-/// credential and the flag that says it was made commit together, so a
-/// crash can neither lose it nor make a second one.
-pub async fn bootstrap(
-    store: &Store,
-    now: DateTime<Utc>,
-) -> Result<Option<Bootstrapped>, ClientError> {
-    let secret = format!("{SECRET_PREFIX}{}", super::token::random_token());
-    let hash = hash_secret(&secret).await;
-    let (credential, event) = ClientCredential::create(
-        TenantId::platform(),
-        Scope::ALL.iter().copied().collect(),
-        "bootstrap PlatformAdmin credential",
-        hash,
-        "bootstrap",
-        now,
-    )?;
-    let password = super::users::generate_password();
-    let user = super::users::bootstrap_user(&password, now).await?;
-    let stored = credential.clone();
-    let created = store
-        .transact(move |tx: &mut Tx| {
-            if tx.meta_get(BOOTSTRAPPED)?.is_some() {
-                return Ok::<_, ClientError>(false);
-            }
-            let scope = TenantScope::new(TenantId::platform());
-            tx.put(&scope, &stored)?;
-            tx.emit(event)?;
-            super::users::insert(tx, &scope, &user)?;
-            tx.meta_put(BOOTSTRAPPED, now.to_rfc3339().as_bytes());
-            Ok(true)
-        })
-        .await?;
-    Ok(created.then_some(Bootstrapped {
-        credential,
-        secret,
-        username: super::users::BOOTSTRAP_USER.to_string(),
-        password,
-    }))
-}
-
-/// What the first start made, to show once.
-pub struct Bootstrapped {
-    /// The PlatformAdmin client credential.
-    pub credential: ClientCredential,
-    /// Its secret, never stored.
-    pub secret: String,
-    /// The console's PlatformAdmin user.
-    pub username: String,
-    /// Its password, never stored.
-    pub password: String,
-}
-
 /// Checks a client id and secret from `source`. Checks are throttled (see
 /// [`super::limiter`]) and a failure does not say whether the id exists.
 pub async fn authenticate(
@@ -348,6 +292,7 @@ pub async fn authenticate(
             "client {client_id} has been revoked"
         )));
     }
+    auth.bootstrap.client_used(store, client_id).await;
     Ok(credential)
 }
 

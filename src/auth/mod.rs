@@ -9,6 +9,7 @@
 //! [`TenantScope`] the store needs, so tenant isolation follows from
 //! authentication rather than from each handler remembering to check.
 
+pub mod bootstrap;
 pub mod clients;
 pub mod extract;
 pub mod limiter;
@@ -162,6 +163,8 @@ pub struct Auth {
     local_admin: RwLock<Option<[u8; 32]>>,
     /// Failed secret checks and the hashing gate.
     pub throttle: limiter::Throttle,
+    /// The first use of the bootstrap secrets, once printed.
+    pub bootstrap: bootstrap::Watch,
 }
 
 impl Auth {
@@ -179,6 +182,7 @@ impl Auth {
             clock,
             revoked: RwLock::new(revoked),
             local_admin: RwLock::new(None),
+            bootstrap: bootstrap::Watch::default(),
         })
     }
 

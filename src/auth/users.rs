@@ -211,6 +211,7 @@ pub async fn authenticate(
             user.username
         )));
     }
+    auth.bootstrap.user_used(store, &user.username).await;
     Ok(user)
 }
 

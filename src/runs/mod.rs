@@ -551,6 +551,15 @@ impl RunFilter {
     }
 }
 
+/// Which approval `DecideApproval` decides.
+#[derive(Clone, Copy, Debug)]
+pub enum ApprovalRef {
+    /// By the Run Control approval id.
+    Approval(Uuid),
+    /// By the pending decision's id.
+    Decision(Uuid),
+}
+
 /// The run-control service.
 pub struct RunControl {
     runtime: Arc<Runtime>,
@@ -813,11 +822,11 @@ impl RunControl {
             .await
     }
 
-    /// `DecideApproval`.
+    /// `DecideApproval`, by approval id or decision id.
     pub async fn decide_approval(
         &self,
         scope: &TenantScope,
-        approval_id: Uuid,
+        which: ApprovalRef,
         approve: bool,
         by: &str,
         reason: Option<String>,
@@ -825,21 +834,31 @@ impl RunControl {
         if let Some(reason) = &reason {
             FieldError::check_text("reason", reason)?;
         }
-        let ids = self.runtime.store().index_ids(
-            scope,
-            crate::runtime::index::APPROVAL,
-            &approval_id.to_string(),
-        )?;
+        let (index, what, id) = match which {
+            ApprovalRef::Approval(id) => (crate::runtime::index::APPROVAL, "approval", id),
+            ApprovalRef::Decision(id) => (crate::runtime::index::DECISION, "decision", id),
+        };
+        let ids = self
+            .runtime
+            .store()
+            .index_ids(scope, index, &id.to_string())?;
         let Some(key) = ids.first() else {
-            return Err(DomainError::not_found("approval", approval_id).into());
+            return Err(DomainError::not_found(what, id).into());
         };
         let decision: DecisionRequest = self
             .runtime
             .store()
             .get(scope, key)?
-            .ok_or_else(|| DomainError::not_found("approval", approval_id))?;
+            .ok_or_else(|| DomainError::not_found(what, id))?;
         if decision.kind != DecisionKind::Approval {
-            return Err(DomainError::not_found("approval", approval_id).into());
+            return Err(DomainError::from(FieldError::new(
+                "decisionId",
+                format!(
+                    "decision {id} is an {} decision, not an approval: answer it with Runtime/AnswerDecision",
+                    decision.kind.as_str()
+                ),
+            ))
+            .into());
         }
         self.runtime
             .decide(

@@ -56,6 +56,8 @@ pub mod index {
     pub const CALL_UNSETTLED: &str = "call-unsettled";
     /// Decisions by the Run Control approval they carry.
     pub const APPROVAL: &str = "approval";
+    /// Decisions by their id (the stored id is `<attempt>/<decision>`).
+    pub const DECISION: &str = "decision";
     /// The one value of single-list indexes.
     pub const ALL: &str = "_";
 }
@@ -152,6 +154,7 @@ impl Record for DecisionRequest {
         decision_key(self.attempt_id, self.decision_id)
     }
     fn derive(&self, d: &mut Derived) {
+        d.index(index::DECISION, self.decision_id.to_string());
         if self.status == DecisionStatus::Pending {
             d.index(index::DECISION_PENDING, index::ALL);
         }
@@ -375,6 +378,97 @@ pub struct Reported {
     pub outcome_hash: Option<String>,
     /// A repeat of the recorded report.
     pub acknowledged: bool,
+}
+
+/// A decision an attempt waits for, as readers see it: the record with the
+/// question and the proposed call's arguments read from the artifact store.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingDecision {
+    /// The decision (what `DecideApproval` and `AnswerDecision` take).
+    pub decision_id: Uuid,
+    /// approval | input | escalation.
+    pub kind: &'static str,
+    /// The Run Control approval (approvals).
+    pub approval_id: Option<Uuid>,
+    /// One line.
+    pub summary: String,
+    /// The question put to the human (input and escalation).
+    pub question: Option<String>,
+    /// The call issued only once approved (approvals).
+    pub proposed_call: Option<ProposedCallView>,
+    /// Choices (escalations).
+    pub options: Vec<String>,
+    /// The attempt's recommendation among them.
+    pub recommendation: Option<String>,
+    /// Asked at.
+    pub requested_at: DateTime<Utc>,
+    /// Expires at.
+    pub expires_at: DateTime<Utc>,
+    /// Set once retention removed the question and the arguments.
+    pub purged: Option<String>,
+}
+
+/// The call an approval is about, with its arguments.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProposedCallView {
+    /// model | tool.
+    pub kind: &'static str,
+    /// The tool or model profile.
+    pub target: String,
+    /// The tool's side-effect class.
+    pub side_effect_class: Option<&'static str>,
+    /// The request's arguments (a JSON document), unless purged or larger
+    /// than [`PendingDecision::ARGUMENTS_MAX`].
+    pub arguments: Option<serde_json::Value>,
+    /// Artifact reference of the whole request.
+    pub request_hash: String,
+    /// The policy decision that asked for approval.
+    pub policy_decision_id: Uuid,
+}
+
+impl PendingDecision {
+    /// Largest request shown inline; a bigger one is named by its hash.
+    pub const ARGUMENTS_MAX: usize = 256 * 1024;
+
+    /// The decision `d` of `scope` with its content.
+    pub fn read(store: &Store, scope: &TenantScope, d: &DecisionRequest) -> PendingDecision {
+        let purged = d.purged.as_ref().map(|t| t.describe());
+        let content = |hash: &str| {
+            if purged.is_some() {
+                return None;
+            }
+            store.read_artifact(scope, hash).ok().flatten()
+        };
+        PendingDecision {
+            decision_id: d.decision_id,
+            kind: d.kind.as_str(),
+            approval_id: d.approval_id,
+            summary: d.summary.clone(),
+            question: d.question_ref.as_deref().and_then(content).map(|bytes| {
+                match serde_json::from_slice::<String>(&bytes) {
+                    Ok(text) => text,
+                    Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+                }
+            }),
+            proposed_call: d.proposal.as_ref().map(|p| ProposedCallView {
+                kind: p.kind.as_str(),
+                target: p.target.clone(),
+                side_effect_class: p.side_effect_class.map(|c| c.as_str()),
+                arguments: content(&p.request_hash)
+                    .filter(|b| b.len() <= Self::ARGUMENTS_MAX)
+                    .and_then(|b| serde_json::from_slice(&b).ok()),
+                request_hash: p.request_hash.clone(),
+                policy_decision_id: p.policy_decision_id,
+            }),
+            options: d.options.clone(),
+            recommendation: d.recommendation.clone(),
+            requested_at: d.requested_at,
+            expires_at: d.expires_at,
+            purged,
+        }
+    }
 }
 
 /// A new decision.

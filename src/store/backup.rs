@@ -291,16 +291,21 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
                 }
             }
         }
-        let meta = db.open_tree("meta")?;
-        if meta.get(FORMAT_KEY)?.as_deref() != Some(FORMAT_VALUE)
-            || meta.get(VERSION_KEY)?.is_none()
         {
-            return Err(StoreError::Backup(
-                "the backup holds no agentbay store".into(),
-            ));
+            let meta = db.open_tree("meta")?;
+            if meta.get(FORMAT_KEY)?.as_deref() != Some(FORMAT_VALUE)
+                || meta.get(VERSION_KEY)?.is_none()
+            {
+                return Err(StoreError::Backup(
+                    "the backup holds no agentbay store".into(),
+                ));
+            }
         }
         db.flush()?;
+        // Every handle on the database (its trees too) must be gone before
+        // it is opened again: the last one closes it and releases its lock.
         drop(db);
+        super::snapshot_rewritten(&staging.join("store"))?;
         for (path, bytes) in &files {
             write_private(&staging.join(path), bytes)?;
         }

@@ -141,6 +141,7 @@ impl DataDir {
             }
             new.flush()?;
         }
+        super::snapshot_rewritten(&next)?;
         sync_tree(&next)?;
         write_private(&self.compacted_marker(), b"complete\n")?;
         self.finish_compaction()?;

@@ -544,6 +544,16 @@ pub fn sled_config(path: &Path) -> Result<sled::Config, StoreError> {
         .flush_every_ms(Some(1000)))
 }
 
+/// Opens a database just written in bulk (a restore, a compaction) once
+/// more and closes it. sled writes the snapshot of its page table while it
+/// opens; without it, the first start would read the whole log (measured:
+/// 1.0-1.6 s instead of 0.3-0.4 s for a 37 MiB store).
+pub(crate) fn snapshot_rewritten(path: &Path) -> Result<(), StoreError> {
+    let db = sled_config(path)?.open()?;
+    db.flush()?;
+    Ok(())
+}
+
 impl Store {
     /// Opens (or creates) the sled store at `path`, checks its format and
     /// schema version, migrates it forward and starts the writer and flusher

@@ -12,7 +12,7 @@ use std::path::Path;
 use super::StoreError;
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 pub(super) const FORMAT_KEY: &str = "format";
 pub(super) const FORMAT_VALUE: &[u8] = b"agentbay-store";
@@ -29,11 +29,18 @@ pub(super) struct Migration {
 }
 
 /// The migrations of this binary, in order. Version 1 is the first schema.
-pub(super) const MIGRATIONS: &[Migration] = &[Migration {
-    from: 1,
-    description: "write the index entries, counts and artifact reference counts records derive",
-    apply: derive_everything,
-}];
+pub(super) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        from: 1,
+        description: "write the index entries, counts and artifact reference counts records derive",
+        apply: derive_everything,
+    },
+    Migration {
+        from: 2,
+        description: "derive the decision index (decisions by id)",
+        apply: derive_everything,
+    },
+];
 
 /// Version 2: records derive index entries and artifact references (see
 /// `derived.rs`). Writes them for every stored record. Safe to run again

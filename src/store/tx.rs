@@ -433,6 +433,11 @@ impl<'a> Tx<'a> {
     pub(crate) fn meta_put(&mut self, key: &str, value: &[u8]) {
         self.write(Table::Meta, key.as_bytes().to_vec(), Some(value.to_vec()));
     }
+
+    /// Deletes an appliance-level value of the meta tree.
+    pub(crate) fn meta_delete(&mut self, key: &str) {
+        self.write(Table::Meta, key.as_bytes().to_vec(), None);
+    }
 }
 
 /// A stored big-endian u64 (0 when absent or malformed).

@@ -389,3 +389,163 @@ async fn a_revoked_client_loses_its_tokens_at_once() {
         .unwrap();
     assert_eq!(again.status(), 401);
 }
+
+/// The bootstrap secrets as `serve` printed them, one entry per start that
+/// printed them: (client id, client secret, admin password).
+fn printed_secrets(root: &std::path::Path) -> Vec<(String, String, String)> {
+    let out = std::fs::read_to_string(root.join("serve.out")).unwrap_or_default();
+    let value = |line: &str, key: &str| line.trim().strip_prefix(key).map(|v| v.trim().to_string());
+    let mut found = Vec::new();
+    let mut current = (String::new(), String::new());
+    for line in out.lines() {
+        if let Some(v) = value(line, "client_id:") {
+            current.0 = v;
+        } else if let Some(v) = value(line, "client_secret:") {
+            current.1 = v;
+        } else if let Some(v) = value(line, "password:") {
+            found.push((current.0.clone(), current.1.clone(), v));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn bootstrap_secrets_survive_a_failed_start_and_show_until_first_use() {
+    use crate::common::{Credential, agentbay, run};
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+
+    // The port is taken: the start fails before it makes anything.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = run(agentbay()
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data)
+        .env("AGENTBAY_DEMO__ENABLED", "false"));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    assert!(
+        !data.join("store").exists(),
+        "nothing is made before the bind"
+    );
+    drop(taken);
+
+    // The first start that serves prints them.
+    let nobody = Credential {
+        id: String::new(),
+        secret: String::new(),
+    };
+    let mut a = Appliance::serve_with(tmp.path(), &data, nobody, &[], &[]);
+    let first = printed_secrets(tmp.path());
+    assert_eq!(first.len(), 1, "printed once");
+    let sealed = data.join("bootstrap.sealed");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&sealed).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let bytes = std::fs::read(&sealed).unwrap();
+        let secret = first[0].1.as_bytes();
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret),
+            "the copy is sealed, not the secret in the clear"
+        );
+    }
+
+    // Unused: the next start says so (its output is not a terminal here,
+    // so it may be a log: no secret in it), and `agentbay init` shows the
+    // same secrets again.
+    a.terminate().await;
+    a.restart();
+    assert_eq!(
+        printed_secrets(tmp.path()).len(),
+        1,
+        "no secret in a service's output"
+    );
+    assert!(
+        std::fs::read_to_string(tmp.path().join("serve.out"))
+            .unwrap()
+            .contains("not used yet")
+    );
+    a.terminate().await;
+    let shown = run(agentbay().args(["init", "--json", "--data-dir"]).arg(&data));
+    assert!(shown.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(v["client_id"], first[0].0.as_str());
+    assert_eq!(v["client_secret"], first[0].1.as_str());
+    assert_eq!(v["console_password"], first[0].2.as_str());
+    a.restart();
+
+    // The first token deletes the copy; no later start prints them.
+    let credential = Credential {
+        id: first[0].0.clone(),
+        secret: first[0].1.clone(),
+    };
+    a.token(&credential).await;
+    assert!(!sealed.exists(), "the first use deletes the sealed copy");
+    a.terminate().await;
+    a.restart();
+    assert_eq!(printed_secrets(tmp.path()).len(), 1);
+    let out = std::fs::read_to_string(tmp.path().join("serve.out")).unwrap();
+    assert_eq!(out.matches("not used yet").count(), 2, "{out}");
+    // The credential itself still works.
+    a.token(&credential).await;
+}
+
+#[tokio::test]
+async fn a_reset_admin_password_is_not_shown_again_and_signs_in() {
+    use crate::common::{agentbay, run};
+    let mut a = Appliance::start();
+    let sealed = a.data_dir.join("bootstrap.sealed");
+    assert!(sealed.exists(), "init's secrets are unused");
+    // Online, through the running appliance: a new password, printed once.
+    let out = run(agentbay()
+        .args([
+            "user",
+            "reset-password",
+            "--tenant",
+            "platform",
+            "admin",
+            "--data-dir",
+        ])
+        .arg(&a.data_dir));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let password = stdout.lines().last().unwrap().trim().to_string();
+    assert_eq!(password.len(), 24, "{stdout}");
+    // The sealed admin password no longer works: the next start does not
+    // show stale secrets, and deletes them.
+    a.terminate().await;
+    let before = std::fs::read_to_string(a.root.join("serve.out")).unwrap();
+    a.restart();
+    let after = std::fs::read_to_string(a.root.join("serve.out")).unwrap();
+    assert_eq!(
+        after[before.len()..].matches("client_secret:").count(),
+        0,
+        "{after}"
+    );
+    assert!(!sealed.exists());
+    let signin = crate::common::https_client_at(&a.fingerprint, None)
+        .post(format!("{}/signin", a.url))
+        .form(&[
+            ("username", "admin"),
+            ("password", password.as_str()),
+            ("next", "/"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signin.status(), 303, "the new password signs in");
+}

@@ -250,14 +250,46 @@ async fn a_gated_tool_waits_for_approval_and_corrections_run_out() {
     let waiting = site.until(&paged, "WaitingForDecision").await;
     let attempt = waiting.steps[0].attempts[0].attempt_id.clone();
     let t = site.timeline(&attempt).await;
-    let approval = t["decisions"][0]["approvalId"]
-        .as_str()
-        .unwrap()
-        .to_string();
     assert!(t["waitingReason"].as_str().unwrap().contains("page-oncall"));
+    // What is asked, structured, in every read of the waiting attempt.
+    let pending = waiting.steps[0].attempts[0]
+        .pending_decision
+        .as_option()
+        .expect("GetRun shows the pending decision")
+        .clone();
+    assert_eq!(pending.kind, "approval");
+    assert_eq!(
+        pending.decision_id,
+        waiting.steps[0].attempts[0].pending_decision_id
+    );
+    let call = pending
+        .proposed_call
+        .as_option()
+        .expect("the proposed call");
+    assert_eq!(call.kind, "tool");
+    assert_eq!(call.target, "page-oncall");
+    assert!(!call.side_effect_class.is_empty());
+    let arguments: serde_json::Value = serde_json::from_str(&call.arguments_json).unwrap();
+    assert_eq!(arguments, json!({"message": "checkout down"}));
+    assert!(!pending.expires_at.is_empty());
+    let rest = &t["pendingDecision"];
+    assert_eq!(rest["decisionId"], pending.decision_id.as_str());
+    assert_eq!(rest["approvalId"], pending.approval_id.as_str());
+    assert_eq!(rest["proposedCall"]["arguments"], arguments);
+    // Neither id: the error names the field.
+    let err = site
+        .runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            approve: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("decisionId"), "{err}");
+    // Decided by the decision id ListRuns and GetRun show.
     site.runs()
         .decide_approval(rn::DecideApprovalRequest {
-            approval_id: approval,
+            decision_id: pending.decision_id.clone(),
             approve: true,
             reason: "yes".into(),
             ..Default::default()

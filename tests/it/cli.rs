@@ -162,15 +162,17 @@ async fn clients_are_created_online_and_offline_alike() {
 }
 
 #[test]
-fn init_twice_keeps_the_first_credential() {
+fn init_twice_keeps_the_first_credential_and_shows_it_until_used() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    init(&data);
+    let first = init(&data);
     let out = run(agentbay().args(["init", "--json", "--data-dir"]).arg(&data));
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["already_initialised"], true);
-    assert!(v.get("client_secret").is_none());
+    // Not used yet: the same secrets again, never new ones.
+    assert_eq!(v["client_id"], first.id.as_str());
+    assert_eq!(v["client_secret"], first.secret.as_str());
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ mod console;
 mod durability;
 mod events;
 mod http;
+mod readme;
 mod releases;
 mod rpc;
 mod runtime;

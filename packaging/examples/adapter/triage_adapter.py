@@ -19,6 +19,7 @@ import os
 import socket
 import ssl
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -32,29 +33,64 @@ class Refused(Exception):
     """The appliance said no (stale token, interrupted, limit reached...)."""
 
 
-def token():
-    basic = base64.b64encode(f"{CLIENT[0]}:{CLIENT[1]}".encode()).decode()
-    req = urllib.request.Request(f"{URL}/oauth/token", data=b"grant_type=client_credentials",
-                                 headers={"Authorization": f"Basic {basic}"})
-    with urllib.request.urlopen(req, context=TLS) as r:
-        return json.load(r)["access_token"]
+class Token:
+    """A bearer token, renewed a minute before it expires (tokens last 15
+    minutes) and whenever the appliance answers 401 (a restart with a new
+    signing key, a revoked token)."""
+
+    def __init__(self):
+        self.value, self.renew_at = None, 0.0
+
+    def get(self):
+        if self.value is None or time.monotonic() >= self.renew_at:
+            self.renew()
+        return self.value
+
+    def renew(self):
+        basic = base64.b64encode(f"{CLIENT[0]}:{CLIENT[1]}".encode()).decode()
+        req = urllib.request.Request(f"{URL}/oauth/token", data=b"grant_type=client_credentials",
+                                     headers={"Authorization": f"Basic {basic}"})
+        with urllib.request.urlopen(req, context=TLS, timeout=30) as r:
+            body = json.load(r)
+        self.value = body["access_token"]
+        self.renew_at = time.monotonic() + max(int(body.get("expires_in", 900)) - 60, 1)
 
 
-BEARER = token()
+TOKEN = Token()
 
 
 def call(method, **body):
-    """One Connect RPC of agentbay.adapter.v1.Adapter, JSON over HTTPS."""
-    req = urllib.request.Request(f"{URL}/agentbay.adapter.v1.Adapter/{method}",
-                                 data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json",
-                                          "Authorization": f"Bearer {BEARER}"})
-    try:
-        with urllib.request.urlopen(req, context=TLS, timeout=90) as r:
-            return json.load(r)
-    except urllib.error.HTTPError as e:
-        err = json.load(e)
-        raise Refused(f"{method}: {err.get('code')}: {err.get('message')}") from None
+    """One Connect RPC of agentbay.adapter.v1.Adapter, JSON over HTTPS.
+
+    A 401 renews the token and tries again; while the appliance is down
+    (restarting, upgrading) it waits and tries again. Every adapter call is
+    safe to repeat: the fencing token and the call ids make a repeat
+    return what the first one did."""
+    delay = 1
+    renewed = False
+    while True:
+        try:
+            req = urllib.request.Request(f"{URL}/agentbay.adapter.v1.Adapter/{method}",
+                                         data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {TOKEN.get()}"})
+            with urllib.request.urlopen(req, context=TLS, timeout=90) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            if e.code == 401 and not renewed:
+                TOKEN.renew()
+                renewed = True
+                continue
+            if e.code in (502, 503, 504):
+                pass  # draining or starting: wait below
+            else:
+                err = json.load(e)
+                raise Refused(f"{method}: {err.get('code')}: {err.get('message')}") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            print(f"{method}: appliance unreachable ({e}); trying again in {delay} s", flush=True)
+        time.sleep(delay)
+        delay = min(delay * 2, 30)
+        renewed = False
 
 
 def run_attempt(t):

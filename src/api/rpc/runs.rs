@@ -14,9 +14,10 @@ use crate::domain::release::AttemptLimits;
 use crate::domain::run::Run;
 use crate::domain::{FieldError, ProjectId};
 use crate::proto::agentbay::runs::v1 as pb;
-use crate::runs::{RunFilter, RunRequest};
+use crate::runs::{ApprovalRef, RunFilter, RunRequest};
+use crate::runtime::PendingDecision;
 use crate::runtime::grain::AttemptView;
-use crate::store::TenantScope;
+use crate::store::{Store, TenantScope};
 
 /// The Runs service.
 pub struct RunsService {
@@ -41,8 +42,38 @@ fn limits_message(l: &AttemptLimits) -> pb::Limits {
     }
 }
 
+/// The wire form of a pending decision.
+fn pending_decision_message(d: PendingDecision) -> pb::PendingDecision {
+    let string = |v: Option<String>| v.unwrap_or_default();
+    pb::PendingDecision {
+        decision_id: d.decision_id.to_string(),
+        kind: d.kind.to_string(),
+        approval_id: string(d.approval_id.map(|a| a.to_string())),
+        summary: d.summary,
+        question: string(d.question),
+        proposed_call: d
+            .proposed_call
+            .map(|p| pb::ProposedCall {
+                kind: p.kind.to_string(),
+                target: p.target,
+                side_effect_class: p.side_effect_class.unwrap_or_default().to_string(),
+                arguments_json: string(p.arguments.map(|a| a.to_string())),
+                request_hash: p.request_hash,
+                policy_decision_id: p.policy_decision_id.to_string(),
+                ..Default::default()
+            })
+            .into(),
+        options: d.options,
+        recommendation: string(d.recommendation),
+        requested_at: d.requested_at.to_rfc3339(),
+        expires_at: d.expires_at.to_rfc3339(),
+        purged: string(d.purged),
+        ..Default::default()
+    }
+}
+
 /// The wire form of an attempt.
-pub fn attempt_message(view: &AttemptView) -> pb::Attempt {
+pub fn attempt_message(store: &Store, scope: &TenantScope, view: &AttemptView) -> pb::Attempt {
     let a = &view.attempt;
     pb::Attempt {
         attempt_id: a.attempt_id.to_string(),
@@ -83,6 +114,11 @@ pub fn attempt_message(view: &AttemptView) -> pb::Attempt {
             .capacity_lease_id
             .map(|l| l.to_string())
             .unwrap_or_default(),
+        pending_decision: view
+            .decision
+            .as_ref()
+            .map(|d| pending_decision_message(PendingDecision::read(store, scope, d)))
+            .into(),
         ..Default::default()
     }
 }
@@ -101,7 +137,7 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
                 .attempts
                 .iter()
                 .filter_map(|id| state.runtime.view(scope, *id).ok())
-                .map(|v| attempt_message(&v))
+                .map(|v| attempt_message(&state.store, scope, &v))
                 .collect(),
             ..Default::default()
         })
@@ -339,7 +375,20 @@ impl pb::Runs for RunsService {
     ) -> ServiceResult<pb::DecideApprovalResponse> {
         let caller = principal(&ctx)?;
         let scope = caller.tenant_scope();
-        let id = uuid_field("approvalId", request.approval_id).map_err(rpc)?;
+        let id = match (request.decision_id, request.approval_id) {
+            ("", "") => {
+                return Err(rpc(FieldError::new(
+                    "decisionId",
+                    "is required: the pending decision's id (or give approvalId)",
+                )));
+            }
+            ("", approval) => {
+                ApprovalRef::Approval(parse_uuid("approvalId", approval).map_err(rpc)?)
+            }
+            (decision, _) => {
+                ApprovalRef::Decision(parse_uuid("decisionId", decision).map_err(rpc)?)
+            }
+        };
         let reason = (!request.reason.is_empty()).then(|| request.reason.to_string());
         let attempt = self
             .state
@@ -359,7 +408,7 @@ impl pb::Runs for RunsService {
             .view(&scope, attempt.attempt_id)
             .map_err(rpc)?;
         Response::ok(pb::DecideApprovalResponse {
-            attempt: buffa::MessageField::some(attempt_message(&view)),
+            attempt: buffa::MessageField::some(attempt_message(&self.state.store, &scope, &view)),
             ..Default::default()
         })
     }

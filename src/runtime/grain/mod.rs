@@ -209,8 +209,8 @@ pub struct AttemptView {
     pub limiting_quota: Option<String>,
     /// Why capacity is not granted yet, in words.
     pub capacity_reason: Option<String>,
-    /// The pending decision, in words.
-    pub decision: Option<String>,
+    /// The decision it waits for.
+    pub decision: Option<DecisionRequest>,
 }
 
 impl AttemptView {
@@ -242,7 +242,17 @@ impl AttemptView {
         if a.state == AttemptState::WaitingForDecision
             && let Some(d) = &self.decision
         {
-            return Some(d.clone());
+            let mut why = format!(
+                "waiting for a human {} decision {}: {}",
+                d.kind.as_str(),
+                d.decision_id,
+                d.summary
+            );
+            if let Some(approval) = d.approval_id {
+                why.push_str(&format!(" (approval {approval}, Runs/DecideApproval)"));
+            }
+            why.push_str(&format!("; expires {}", d.expires_at.to_rfc3339()));
+            return Some(why);
         }
         if let Some(i) = a.interrupt.as_ref().filter(|_| !a.state.is_terminal()) {
             return Some(format!(
@@ -355,19 +365,7 @@ impl Grain {
             queue_position: self.queue_position,
             limiting_quota: self.limiting_quota.clone(),
             capacity_reason: self.capacity_reason.clone(),
-            decision: self.pending.as_ref().map(|d| {
-                let mut why = format!(
-                    "waiting for a human {} decision {}: {}",
-                    d.kind.as_str(),
-                    d.decision_id,
-                    d.summary
-                );
-                if let Some(approval) = d.approval_id {
-                    why.push_str(&format!(" (approval {approval}, Runs/DecideApproval)"));
-                }
-                why.push_str(&format!("; expires {}", d.expires_at.to_rfc3339()));
-                why
-            }),
+            decision: self.pending.clone(),
         }));
     }
 
