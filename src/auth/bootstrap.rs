@@ -61,20 +61,22 @@ fn sealed_path(data_dir: &Path) -> PathBuf {
     data_dir.join(SEALED_FILE)
 }
 
-fn cipher(key: &[u8]) -> Result<LessSafeKey, StoreError> {
+/// `None` when the stored key is not an AES-256 key.
+fn cipher(key: &[u8]) -> Option<LessSafeKey> {
     UnboundKey::new(&AES_256_GCM, key)
+        .ok()
         .map(LessSafeKey::new)
-        .map_err(|_| StoreError::Backup("the bootstrap sealing key is malformed".into()))
 }
 
-fn seal(key: &[u8], secrets: &Bootstrapped) -> Result<Vec<u8>, StoreError> {
+fn seal(key: &[u8; 32], secrets: &Bootstrapped) -> Vec<u8> {
     let mut nonce = [0u8; NONCE_LEN];
     getrandom::fill(&mut nonce).expect("the OS random source works");
     let mut body = serde_json::to_vec(secrets).expect("secrets serialise");
-    cipher(key)?
+    cipher(key)
+        .expect("a 32-byte key is an AES-256 key")
         .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut body)
-        .map_err(|_| StoreError::Backup("sealing the bootstrap secrets failed".into()))?;
-    Ok([MAGIC, &nonce, &body].concat())
+        .expect("a few hundred bytes seal");
+    [MAGIC, &nonce, &body].concat()
 }
 
 fn unseal(key: &[u8], bytes: &[u8]) -> Option<Bootstrapped> {
@@ -84,8 +86,7 @@ fn unseal(key: &[u8], bytes: &[u8]) -> Option<Bootstrapped> {
     }
     let (nonce, body) = rest.split_at(NONCE_LEN);
     let mut body = body.to_vec();
-    let plain = cipher(key)
-        .ok()?
+    let plain = cipher(key)?
         .open_in_place(
             Nonce::try_assume_unique_for_key(nonce).ok()?,
             Aad::empty(),
@@ -110,7 +111,7 @@ pub async fn ensure(
 ) -> Result<Option<Bootstrapped>, ClientError> {
     let path = sealed_path(data_dir);
     if store.meta_get(BOOTSTRAPPED)?.is_some() {
-        return again(store, &path).await;
+        return again(store, &path, now).await;
     }
     let secret = format!("{SECRET_PREFIX}{}", super::token::random_token());
     let (credential, event) = ClientCredential::create(
@@ -132,7 +133,7 @@ pub async fn ensure(
     };
     let mut key = [0u8; 32];
     getrandom::fill(&mut key).expect("the OS random source works");
-    crate::store::datadir::write_private(&path, &seal(&key, &secrets)?)?;
+    crate::store::datadir::write_private(&path, &seal(&key, &secrets))?;
     let created = store
         .transact(move |tx: &mut Tx| {
             if tx.meta_get(BOOTSTRAPPED)?.is_some() {
@@ -152,7 +153,11 @@ pub async fn ensure(
 
 /// The secrets made at an earlier start, if they are still unused and
 /// still work.
-async fn again(store: &Store, path: &Path) -> Result<Option<Bootstrapped>, ClientError> {
+async fn again(
+    store: &Store,
+    path: &Path,
+    now: DateTime<Utc>,
+) -> Result<Option<Bootstrapped>, ClientError> {
     let Some(key) = store.meta_get(SEAL_KEY)? else {
         let _ = std::fs::remove_file(path);
         return Ok(None);
@@ -187,15 +192,15 @@ async fn again(store: &Store, path: &Path) -> Result<Option<Bootstrapped>, Clien
         } else {
             "the bootstrap credential was revoked"
         };
-        used(store, path, how).await?;
+        used(store, path, how, now).await?;
         return Ok(None);
     }
     Ok(Some(secrets))
 }
 
 /// Records the first use and deletes the sealed copy and its key.
-async fn used(store: &Store, path: &Path, how: &str) -> Result<(), StoreError> {
-    let record = format!("{} ({how})", Utc::now().to_rfc3339());
+async fn used(store: &Store, path: &Path, how: &str, now: DateTime<Utc>) -> Result<(), StoreError> {
+    let record = format!("{} ({how})", now.to_rfc3339());
     store
         .transact(move |tx: &mut Tx| {
             if tx.meta_get(SEAL_KEY)?.is_some() {
@@ -238,22 +243,29 @@ impl Watch {
     }
 
     /// A client credential got a token.
-    pub(super) async fn client_used(&self, store: &Store, client_id: &str) {
+    pub(super) async fn client_used(&self, store: &Store, client_id: &str, now: DateTime<Utc>) {
         self.check(
             store,
             |p| p.client_id == client_id,
             "a token was issued to the credential",
+            now,
         )
         .await
     }
 
     /// A user signed in.
-    pub(super) async fn user_used(&self, store: &Store, username: &str) {
-        self.check(store, |p| p.username == username, "admin signed in")
+    pub(super) async fn user_used(&self, store: &Store, username: &str, now: DateTime<Utc>) {
+        self.check(store, |p| p.username == username, "admin signed in", now)
             .await
     }
 
-    async fn check(&self, store: &Store, matches: impl Fn(&Pending) -> bool, how: &str) {
+    async fn check(
+        &self,
+        store: &Store,
+        matches: impl Fn(&Pending) -> bool,
+        how: &str,
+        now: DateTime<Utc>,
+    ) {
         let file = {
             let mut pending = self.0.lock();
             match pending.as_ref() {
@@ -262,7 +274,7 @@ impl Watch {
             }
         };
         if let Some(file) = file
-            && let Err(e) = used(store, &file, how).await
+            && let Err(e) = used(store, &file, how, now).await
         {
             tracing::warn!(error = %e, "recording the first use of the bootstrap secrets failed");
         }

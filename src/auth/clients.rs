@@ -292,7 +292,9 @@ pub async fn authenticate(
             "client {client_id} has been revoked"
         )));
     }
-    auth.bootstrap.client_used(store, client_id).await;
+    auth.bootstrap
+        .client_used(store, client_id, auth.clock.now())
+        .await;
     Ok(credential)
 }
 

@@ -211,7 +211,9 @@ pub async fn authenticate(
             user.username
         )));
     }
-    auth.bootstrap.user_used(store, &user.username).await;
+    auth.bootstrap
+        .user_used(store, &user.username, auth.clock.now())
+        .await;
     Ok(user)
 }
 
