@@ -235,7 +235,7 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
     }
     create_private_dir(&staging)?;
     let result = (|| -> Result<BackupSummary, StoreError> {
-        let db = super::sled_config(&staging.join("store"))?.open()?;
+        let db = super::open_sled(&staging.join("store"), None)?;
         let mut summary = BackupSummary {
             schema_version: header.schema_version,
             records: 0,

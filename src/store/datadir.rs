@@ -122,8 +122,8 @@ impl DataDir {
         }
         let before = dir_size(&store);
         {
-            let old = super::sled_config(&store)?.open()?;
-            let new = super::sled_config(&next)?.open()?;
+            let old = super::open_sled(&store, None)?;
+            let new = super::open_sled(&next, None)?;
             for name in old.tree_names() {
                 let from = old.open_tree(&name)?;
                 let to = new.open_tree(&name)?;
@@ -536,7 +536,7 @@ mod tests {
     }
 
     fn records(store: &Path) -> Vec<(Vec<u8>, sled::IVec, sled::IVec)> {
-        let db = crate::store::sled_config(store).unwrap().open().unwrap();
+        let db = crate::store::open_sled(store, None).unwrap();
         let mut all = Vec::new();
         for name in db.tree_names() {
             for item in db.open_tree(&name).unwrap().iter() {

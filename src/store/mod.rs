@@ -527,7 +527,7 @@ impl fmt::Debug for Store {
 ///   the store's flusher, but it is also the thread that rewrites the live
 ///   pages of half-empty segments so that their space is used again; with
 ///   it off, disk grew without bound.
-pub fn sled_config(path: &Path) -> Result<sled::Config, StoreError> {
+pub fn open_sled(path: &Path, cache_bytes: Option<u64>) -> Result<sled::Db, StoreError> {
     let conf = path.join("conf");
     // sled's `conf` is text lines followed by a binary checksum.
     let compressed = match std::fs::read(&conf) {
@@ -537,19 +537,44 @@ pub fn sled_config(path: &Path) -> Result<sled::Config, StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
         Err(e) => return Err(StoreError::io(format!("reading {}", conf.display()))(e)),
     };
-    Ok(sled::Config::new()
+    let mut config = sled::Config::new()
         .path(path)
         .use_compression(compressed)
         .compression_factor(1)
-        .flush_every_ms(Some(1000)))
+        .flush_every_ms(Some(1000));
+    if let Some(bytes) = cache_bytes {
+        config = config.cache_capacity(bytes);
+    }
+    // A handle dropped a moment ago in this process may still hold sled's
+    // file lock: its flusher thread and deferred frees release it shortly
+    // after the drop returns (sled issues 1234, 1289). Every caller holds
+    // the data directory's lock or works in a directory of its own, so a
+    // held sled lock can only be such a closing handle: wait for it, for a
+    // bounded time.
+    let deadline = std::time::Instant::now() + SLED_LOCK_WAIT;
+    loop {
+        match config.open() {
+            // sled 0.34 reports it as `ErrorKind::Other` with this text.
+            Err(sled::Error::Io(e))
+                if e.to_string().starts_with("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return Ok(other?),
+        }
+    }
 }
+
+/// How long [`open_sled`] waits for a closing handle's lock.
+const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Opens a database just written in bulk (a restore, a compaction) once
 /// more and closes it. sled writes the snapshot of its page table while it
 /// opens; without it, the first start would read the whole log (measured:
 /// 1.0-1.6 s instead of 0.3-0.4 s for a 37 MiB store).
 pub(crate) fn snapshot_rewritten(path: &Path) -> Result<(), StoreError> {
-    let db = sled_config(path)?.open()?;
+    let db = open_sled(path, None)?;
     db.flush()?;
     Ok(())
 }
@@ -566,9 +591,7 @@ impl Store {
                 reason: "it has a sled configuration but no data file".into(),
             });
         }
-        let db = sled_config(path)?
-            .cache_capacity(options.cache_bytes)
-            .open()?;
+        let db = open_sled(path, Some(options.cache_bytes))?;
         let trees: Arc<[sled::Tree]> = Table::ALL
             .iter()
             .map(|t| db.open_tree(t.name()))

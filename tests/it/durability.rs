@@ -130,10 +130,7 @@ async fn a_store_from_a_newer_version_is_refused() {
     init(&data);
     {
         // What a future agentbay would leave behind.
-        let db = agentbay::store::sled_config(&data.join("store"))
-            .unwrap()
-            .open()
-            .unwrap();
+        let db = agentbay::store::open_sled(&data.join("store"), None).unwrap();
         db.open_tree("meta")
             .unwrap()
             .insert("schema_version", &99u32.to_be_bytes())
