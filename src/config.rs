@@ -472,6 +472,10 @@ pub struct RuntimeConfig {
     /// Seconds a running attempt has to observe an interrupt before the
     /// appliance settles it.
     pub interrupt_grace_seconds: u64,
+    /// Seconds an attempt may wait for a human decision (or stay Paused)
+    /// before it gives its capacity lease back; it asks again once it can
+    /// go on. 0: at once.
+    pub return_capacity_after_seconds: u64,
     /// Seconds between OrphanedAttemptReconciler passes.
     pub reconcile_interval_seconds: u64,
     /// Days superseded checkpoints of ended attempts are kept.
@@ -515,6 +519,7 @@ impl Default for RuntimeConfig {
             heartbeat_seconds: 15,
             attempt_lease_seconds: 60,
             interrupt_grace_seconds: 60,
+            return_capacity_after_seconds: 60,
             reconcile_interval_seconds: 120,
             checkpoint_retention_days: 7,
             compact_interval_seconds: 86_400,
@@ -935,6 +940,12 @@ impl Config {
             rt.interrupt_grace_seconds,
             1,
             86_400,
+        )?;
+        range(
+            "runtime.return_capacity_after_seconds",
+            rt.return_capacity_after_seconds,
+            0,
+            604_800,
         )?;
         range(
             "runtime.reconcile_interval_seconds",

@@ -219,6 +219,7 @@ pub fn timeline(
             "queuePosition": view.queue_position,
             "limitingQuota": view.limiting_quota,
             "reason": view.capacity_reason,
+            "gaps": a.capacity_gaps,
         },
         "limits": a.limits,
         "usage": a.usage,

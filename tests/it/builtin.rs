@@ -50,7 +50,10 @@ struct Site {
 
 impl Site {
     async fn start() -> Site {
-        let a = Appliance::start();
+        Site::on(Appliance::start()).await
+    }
+
+    async fn on(a: Appliance) -> Site {
         a.tenant("demo", "team", &[], &["support"]).await;
         let cred = a
             .create_client(
@@ -841,4 +844,149 @@ async fn mcp_tools_over_streamable_http_on_the_site() {
         .unwrap()
         .clone();
     assert_eq!(sum["status"], "completed", "{sum}");
+}
+
+#[tokio::test]
+async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_again() {
+    let site = Site::on(Appliance::start_manual_clock()).await;
+    let admin = site.a.admin_token().await;
+    let (status, body) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/quotas/tenant.demo",
+            json!({"concurrentRuns": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    site.import(
+        "triage-page",
+        json!([
+            {"content": "Paging", "toolCalls": [{"tool": "page-oncall", "arguments": {"message": "checkout down"}}]},
+            answer("high", true)
+        ]),
+        |_| {},
+    )
+    .await;
+    site.import("triage-quick", json!([answer("low", false)]), |_| {})
+        .await;
+    let reader = site
+        .a
+        .create_client("demo", &["factory.capacity.read"])
+        .await;
+    let capacity_token = site.a.token(&reader).await;
+    let lease = |id: String| {
+        let a = &site.a;
+        let token = capacity_token.clone();
+        async move {
+            a.get(&token, &format!("/factory/capacity/leases/{id}"))
+                .await
+        }
+    };
+
+    // The first run waits for a human while it holds the tenant's one run.
+    let paged = site.submit("triage-page").await;
+    let waiting = site.until(&paged, "WaitingForDecision").await;
+    let attempt = waiting.steps[0].attempts[0].attempt_id.clone();
+    let decision = waiting.steps[0].attempts[0].pending_decision_id.clone();
+    let t = site.timeline(&attempt).await;
+    let first_lease = t["capacity"]["leaseId"].as_str().unwrap().to_string();
+    assert_eq!(t["capacity"]["granted"], true);
+    let quick = site.submit("triage-quick").await;
+    let queued = site.until(&quick, "Claimed").await;
+    let quick_attempt = queued.steps[0].attempts[0].attempt_id.clone();
+    let qt = site.timeline(&quick_attempt).await;
+    assert!(
+        qt["waitingReason"]
+            .as_str()
+            .unwrap()
+            .contains("concurrentRuns"),
+        "{qt}"
+    );
+
+    // Past the grace, the lease goes back: the other run gets it.
+    site.a.advance(61).await;
+    let done = site.until(&quick, "Succeeded").await;
+    assert_eq!(done.state, "Succeeded");
+    let t = site.timeline(&attempt).await;
+    assert_eq!(t["state"], "WaitingForDecision");
+    assert_eq!(t["capacity"]["granted"], false, "{t}");
+    assert_eq!(t["capacity"]["gaps"][0]["leaseId"], first_lease.as_str());
+    assert!(
+        t["waitingReason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("capacity lease {first_lease} given back")),
+        "{t}"
+    );
+    assert_eq!(lease(first_lease.clone()).await["state"], "Released");
+
+    // A third run takes the capacity and waits for its own human.
+    let other = site.submit("triage-page").await;
+    let other_waiting = site.until(&other, "WaitingForDecision").await;
+    let other_decision = other_waiting.steps[0].attempts[0]
+        .pending_decision_id
+        .clone();
+
+    // The answer asks for capacity again, and says that it queues, where
+    // and behind which quota; no call is made meanwhile.
+    site.runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            decision_id: decision.clone(),
+            approve: true,
+            reason: "go".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut t = site.timeline(&attempt).await;
+    for _ in 0..100 {
+        if t["capacity"]["queuePosition"].is_number() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        t = site.timeline(&attempt).await;
+    }
+    assert_eq!(t["state"], "Running", "{t}");
+    let why = t["waitingReason"].as_str().unwrap();
+    assert!(
+        why.contains("waiting for capacity again") && why.contains("concurrentRuns"),
+        "{why}"
+    );
+    assert_eq!(t["capacity"]["queuePosition"], 1, "{t}");
+    assert!(t["capacity"]["gaps"][0]["requestedAt"].is_string(), "{t}");
+    assert!(
+        !t["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["target"] == "page-oncall" && c["status"] == "completed"),
+        "no call without capacity: {t}"
+    );
+
+    // The other human is slow too: its lease goes back, and the answered
+    // attempt gets capacity and finishes.
+    site.a.advance(61).await;
+    let done = site.until(&paged, "Succeeded").await;
+    assert_eq!(done.state, "Succeeded");
+    let t = site.timeline(&attempt).await;
+    let gap = &t["capacity"]["gaps"][0];
+    assert!(gap["grantedAt"].is_string(), "{t}");
+    let second = gap["newLeaseId"].as_str().unwrap();
+    assert_ne!(second, first_lease);
+    assert_eq!(lease(second.to_string()).await["state"], "Released");
+    let o = site
+        .timeline(&other_waiting.steps[0].attempts[0].attempt_id)
+        .await;
+    assert_eq!(o["capacity"]["granted"], false, "{o}");
+    site.runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            decision_id: other_decision,
+            approve: false,
+            reason: "not needed".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    site.until(&other, "Failed").await;
 }

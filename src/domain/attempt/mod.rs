@@ -410,6 +410,29 @@ pub struct StaleRefusal {
 /// How many phase marks and stale refusals an attempt keeps.
 pub const HISTORY_LIMIT: usize = 64;
 
+/// A stretch in which the attempt held no capacity: it waited for a human
+/// (or was paused) longer than `runtime.return_capacity_after_seconds`,
+/// gave its capacity lease back, and asked again once it could go on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityGap {
+    /// The lease given back.
+    pub lease_id: Uuid,
+    /// When.
+    pub returned_at: DateTime<Utc>,
+    /// Why, in words.
+    pub reason: String,
+    /// When it asked for capacity again (the decision was answered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_at: Option<DateTime<Utc>>,
+    /// When capacity was granted again, and the new lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted_at: Option<DateTime<Utc>>,
+    /// The lease it runs under again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_lease_id: Option<Uuid>,
+}
+
 /// What a new attempt is created with.
 #[derive(Clone, Debug)]
 pub struct NewAttempt {
@@ -526,8 +549,12 @@ pub struct ExecutionAttempt {
     pub lease: AttemptLease,
     /// Its capacity lease (agent-runtime), once requested.
     pub capacity_lease_id: Option<Uuid>,
-    /// Whether capacity is granted.
+    /// Whether it holds capacity now: false until the first grant, and
+    /// while a human decision outlasts the grace (see [`CapacityGap`]).
     pub capacity_granted: bool,
+    /// Stretches without capacity (the latest [`HISTORY_LIMIT`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capacity_gaps: Vec<CapacityGap>,
     /// Start of the current active stretch.
     pub running_since: Option<DateTime<Utc>>,
     /// A stop request not yet observed.
@@ -582,6 +609,9 @@ pub enum Gate {
     Interrupted,
     /// Paused: ask again after the lease is renewed.
     Paused(String),
+    /// It gave its capacity back while it waited and has not got it
+    /// again yet: ask again once capacity is granted.
+    NoCapacity(String),
     /// Not in a state that makes calls.
     WrongState(IllegalTransition),
     /// Another call is open.
@@ -839,6 +869,7 @@ impl ExecutionAttempt {
             lease: AttemptLease::default(),
             capacity_lease_id: None,
             capacity_granted: false,
+            capacity_gaps: Vec::new(),
             running_since: None,
             interrupt: None,
             renewal_failure: None,
@@ -1033,11 +1064,81 @@ impl ExecutionAttempt {
     }
 
     /// Capacity was granted: the adapter may take the attempt and load the
-    /// release.
+    /// release, or, after a gap, go on where it stopped.
     pub fn capacity_granted(&mut self, lease_id: Uuid, now: DateTime<Utc>) -> Vec<NewEvent> {
         self.use_capacity_lease(lease_id);
         self.capacity_granted = true;
+        if self.state != AttemptState::Claimed {
+            if let Some(gap) = self
+                .capacity_gaps
+                .last_mut()
+                .filter(|g| g.granted_at.is_none())
+            {
+                gap.granted_at = Some(now);
+                gap.new_lease_id = Some(lease_id);
+            }
+            return Vec::new();
+        }
         self.set_phase(AttemptPhase::LoadingRelease, now)
+    }
+
+    /// Since when the attempt has made no calls and waits for a human
+    /// decision or for its lease to be renewed (Paused); none otherwise.
+    pub fn idle_since(&self) -> Option<DateTime<Utc>> {
+        if !matches!(
+            self.state,
+            AttemptState::WaitingForDecision | AttemptState::Paused
+        ) {
+            return None;
+        }
+        self.phases
+            .iter()
+            .rev()
+            .take_while(|p| p.state == self.state)
+            .last()
+            .map(|p| p.at)
+    }
+
+    /// Gives the capacity lease back while the attempt waits: it is no
+    /// longer counted or charged. Returns the lease to release, or none
+    /// when the attempt holds none or does not wait.
+    pub fn return_capacity(&mut self, reason: String, now: DateTime<Utc>) -> Option<Uuid> {
+        self.idle_since()?;
+        if !self.capacity_granted {
+            return None;
+        }
+        let lease_id = self.capacity_lease_id.take()?;
+        self.capacity_granted = false;
+        self.capacity_gaps.push(CapacityGap {
+            lease_id,
+            returned_at: now,
+            reason,
+            requested_at: None,
+            granted_at: None,
+            new_lease_id: None,
+        });
+        if self.capacity_gaps.len() > HISTORY_LIMIT {
+            self.capacity_gaps.remove(0);
+        }
+        Some(lease_id)
+    }
+
+    /// Whether it must ask for capacity now: dispatched and never granted,
+    /// or running again after a gap.
+    pub fn needs_capacity(&self) -> bool {
+        !self.capacity_granted
+            && matches!(self.state, AttemptState::Claimed | AttemptState::Running)
+    }
+
+    /// It asks for capacity again after a gap.
+    pub fn capacity_requested(&mut self, now: DateTime<Utc>) {
+        if let Some(gap) = self
+            .capacity_gaps
+            .last_mut()
+            .filter(|g| g.requested_at.is_none())
+        {
+            gap.requested_at = Some(now);
+        }
     }
 
     /// A resuming adapter cannot read the last checkpoint: the attempt
@@ -1112,6 +1213,15 @@ impl ExecutionAttempt {
             return Err(Gate::Interrupted);
         }
         match self.state {
+            AttemptState::Running if !self.capacity_granted => {
+                return Err(Gate::NoCapacity(format!(
+                    "it gave capacity lease {} back while it waited and waits for capacity again",
+                    self.capacity_gaps
+                        .last()
+                        .map(|g| g.lease_id.to_string())
+                        .unwrap_or_default()
+                )));
+            }
             AttemptState::Running => {}
             AttemptState::Paused => {
                 return Err(Gate::Paused(self.pause_reason.clone().unwrap_or_default()));
@@ -1854,6 +1964,10 @@ impl ExecutionAttempt {
                 AdapterKind::Builtin => "waiting for the builtin adapter to start it".into(),
             }),
             AttemptState::Claimed => Some("claimed; the adapter is loading the release".into()),
+            AttemptState::Running if !self.capacity_granted => Some(
+                "waiting for capacity again (agent-runtime lease): it gave its lease back while it waited for a human"
+                    .into(),
+            ),
             AttemptState::WaitingForTool => self.open_call.as_ref().map(|c| {
                 format!(
                     "waiting for the result of {} call {}",

@@ -372,6 +372,70 @@ fn decisions_resume_or_fail() {
     );
 }
 
+#[test]
+fn a_waiting_attempt_gives_capacity_back_and_makes_no_call_until_granted_again() {
+    let mut a = running();
+    let first = Uuid::now_v7();
+    a.capacity_granted(first, t0());
+    // Running: nothing to give back.
+    assert_eq!(a.return_capacity("busy".into(), t0()), None);
+    assert_eq!(a.idle_since(), None);
+    let asked = t0() + Duration::seconds(5);
+    let (mut d, _) = a
+        .request_decision(
+            Uuid::now_v7(),
+            DecisionKind::Input,
+            None,
+            None,
+            None,
+            "which customer?".into(),
+            vec![],
+            None,
+            Duration::minutes(60),
+            asked,
+        )
+        .unwrap();
+    assert_eq!(a.idle_since(), Some(asked));
+    let later = asked + Duration::seconds(61);
+    assert_eq!(a.return_capacity("waited".into(), later), Some(first));
+    assert!(!a.capacity_granted);
+    assert_eq!(a.capacity_lease_id, None);
+    // Once given back, nothing more to give.
+    assert_eq!(a.return_capacity("again".into(), later), None);
+    assert!(!a.needs_capacity(), "it asks again only once answered");
+    a.resolve_decision(
+        &mut d,
+        Resolution::Answered {
+            by: "rev".into(),
+            choice: None,
+            answer_ref: Some("sha256:a".into()),
+        },
+        later,
+    )
+    .unwrap();
+    assert_eq!(a.state, AttemptState::Running);
+    assert!(a.needs_capacity());
+    assert!(matches!(a.gate(), Err(Gate::NoCapacity(why)) if why.contains(&first.to_string())));
+    assert!(a.waiting_reason().unwrap().contains("capacity again"));
+    a.capacity_requested(later);
+    let second = Uuid::now_v7();
+    let granted = later + Duration::seconds(3);
+    assert!(a.capacity_granted(second, granted).is_empty());
+    assert_eq!(a.state, AttemptState::Running);
+    assert_eq!(a.gate(), Ok(()));
+    let gap = a.capacity_gaps.last().unwrap();
+    assert_eq!(
+        (
+            gap.lease_id,
+            gap.returned_at,
+            gap.requested_at,
+            gap.granted_at,
+            gap.new_lease_id
+        ),
+        (first, later, Some(later), Some(granted), Some(second))
+    );
+}
+
 /// One command of the property test.
 #[derive(Clone, Debug)]
 enum Cmd {

@@ -33,7 +33,7 @@ use uuid::Uuid;
 use self::model::{Model, ModelError, ModelReply, ToolCall};
 use super::release::ReleaseInfo;
 use super::{BeginCall, BeginOutcome, Completion, Outcome, Report, Runtime, RuntimeError, Ticket};
-use crate::domain::attempt::{CallKind, DecisionStatus, FailureClass};
+use crate::domain::attempt::{CallKind, DecisionStatus, FailureClass, Gate};
 use crate::domain::release::{ToolTransport, canonical_json};
 use crate::domain::{DomainError, TenantId};
 use crate::store::TenantScope;
@@ -290,21 +290,15 @@ impl<'a> Loop<'a> {
             );
             let request = json!({"messages": ctx.messages, "tools": self.tools});
             let begun = self
-                .runtime
-                .begin_call(
-                    self.scope,
-                    self.attempt_id,
-                    self.token,
-                    BeginCall {
-                        kind: CallKind::Model,
-                        target: self.info.manifest.model_profile.id.clone(),
-                        request,
-                        context_tokens: Some(ctx.tokens),
-                        approval_id: None,
-                        state: Some(state.bytes()),
-                        in_process: true,
-                    },
-                )
+                .begin(BeginCall {
+                    kind: CallKind::Model,
+                    target: self.info.manifest.model_profile.id.clone(),
+                    request,
+                    context_tokens: Some(ctx.tokens),
+                    approval_id: None,
+                    state: Some(state.bytes()),
+                    in_process: true,
+                })
                 .await?;
             let call_id = begun
                 .call_id
@@ -410,21 +404,15 @@ impl<'a> Loop<'a> {
         let mut approval = None;
         loop {
             let begun = self
-                .runtime
-                .begin_call(
-                    self.scope,
-                    self.attempt_id,
-                    self.token,
-                    BeginCall {
-                        kind: CallKind::Tool,
-                        target: call.tool.clone(),
-                        request: call.arguments.clone(),
-                        context_tokens: None,
-                        approval_id: approval,
-                        state: Some(state.bytes()),
-                        in_process: true,
-                    },
-                )
+                .begin(BeginCall {
+                    kind: CallKind::Tool,
+                    target: call.tool.clone(),
+                    request: call.arguments.clone(),
+                    context_tokens: None,
+                    approval_id: approval,
+                    state: Some(state.bytes()),
+                    in_process: true,
+                })
                 .await?;
             match begun.outcome {
                 BeginOutcome::Refused => {
@@ -500,21 +488,15 @@ impl<'a> Loop<'a> {
             obj.entry("purpose").or_insert(purpose.clone());
         }
         let begun = self
-            .runtime
-            .begin_call(
-                self.scope,
-                self.attempt_id,
-                self.token,
-                BeginCall {
-                    kind: CallKind::SubAgent,
-                    target: release.to_string(),
-                    request,
-                    context_tokens: None,
-                    approval_id: None,
-                    state: Some(state.bytes()),
-                    in_process: true,
-                },
-            )
+            .begin(BeginCall {
+                kind: CallKind::SubAgent,
+                target: release.to_string(),
+                request,
+                context_tokens: None,
+                approval_id: None,
+                state: Some(state.bytes()),
+                in_process: true,
+            })
             .await?;
         let observation = match (begun.outcome, begun.call_id) {
             (BeginOutcome::Started, Some(call_id)) => {
@@ -724,6 +706,43 @@ impl<'a> Loop<'a> {
             )
             .await?;
         Ok(())
+    }
+
+    /// BeginCall, waiting while the attempt may make no calls for now
+    /// (paused, or waiting for capacity again after a human decision)
+    /// until it may, or has ended.
+    async fn begin(&self, call: BeginCall) -> Result<crate::runtime::Begun, RuntimeError> {
+        loop {
+            let result = self
+                .runtime
+                .begin_call(self.scope, self.attempt_id, self.token, call.clone())
+                .await;
+            let Err(e) = &result else {
+                return result;
+            };
+            let Ok(mut rx) = self.runtime.watch(self.scope, self.attempt_id) else {
+                return result;
+            };
+            let blocked = |v: &crate::runtime::AttemptView| {
+                matches!(
+                    v.attempt.gate(),
+                    Err(Gate::Paused(_)) | Err(Gate::NoCapacity(_))
+                )
+            };
+            if !blocked(&rx.borrow_and_update()) {
+                return result;
+            }
+            tracing::debug!(attempt = %self.attempt_id, reason = %e, "the builtin loop waits before its next call");
+            loop {
+                if rx.changed().await.is_err() {
+                    return result;
+                }
+                let v = rx.borrow_and_update();
+                if v.attempt.state.is_terminal() || !blocked(&v) {
+                    break;
+                }
+            }
+        }
     }
 
     fn refused(&self, why: Option<String>) -> RuntimeError {

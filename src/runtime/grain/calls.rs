@@ -83,6 +83,13 @@ impl Grain {
                 ))
                 .into());
             }
+            Err(Gate::NoCapacity(why)) => {
+                return Err(DomainError::Unavailable(format!(
+                    "attempt {} makes no calls yet: {why}; call again once capacity is granted (its timeline shows the queue position and the quota that holds it)",
+                    self.attempt.attempt_id
+                ))
+                .into());
+            }
             Err(Gate::Busy(id)) => {
                 return Err(precondition(format!(
                     "call {id} is still open; complete it before beginning another"

@@ -82,6 +82,10 @@ impl Grain {
         let mut events = a.resolve_decision(&mut decision, resolution, now)?;
         // The adapter gets a full lease to pick the answer up.
         a.renew_lease(self.lease_ttl(), now);
+        // One that gave its capacity back asks again.
+        if a.needs_capacity() {
+            a.capacity_requested(now);
+        }
         if decision.kind == DecisionKind::Approval
             && matches!(
                 decision.status,
@@ -114,6 +118,9 @@ impl Grain {
         .await?;
         self.decision_metric(decision.kind, -1.0);
         self.pending = None;
+        if self.attempt.needs_capacity() {
+            self.acquire_capacity();
+        }
         Ok(())
     }
 

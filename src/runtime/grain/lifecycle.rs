@@ -229,59 +229,44 @@ impl Grain {
     }
 
     /// LeaseHeartbeat: renews the capacity lease; a failure pauses the
-    /// attempt at its next checkpoint, a renewal after one resumes it.
+    /// attempt at its next checkpoint, a renewal after one resumes it. A
+    /// paused attempt that gave its lease back asks for a new one here.
     pub(super) async fn renew(&mut self) -> Result<bool, RuntimeError> {
-        if !self.attempt.capacity_granted {
-            return Ok(false);
-        }
-        let Some(lease_id) = self.attempt.capacity_lease_id else {
-            return Ok(false);
+        let a = &self.attempt;
+        let gave_back = !a.capacity_granted
+            && a.state == AttemptState::Paused
+            && a.capacity_gaps
+                .last()
+                .is_some_and(|g| g.granted_at.is_none());
+        let renewed = if gave_back {
+            Some(
+                self.acquire_now("it gave its lease back while paused")
+                    .await,
+            )
+        } else {
+            let Some(lease_id) = a.capacity_lease_id.filter(|_| a.capacity_granted) else {
+                return Ok(false);
+            };
+            match self.shared.capacity.renew(&self.scope, lease_id).await {
+                Ok(_) => None,
+                Err(CapacityError::Domain(DomainError::FailedPrecondition(why))) => {
+                    // The lease ended: ask for capacity again, without waiting.
+                    Some(
+                        self.acquire_now(&format!("capacity lease {lease_id} ended ({why})"))
+                            .await,
+                    )
+                }
+                Err(e) => Some(Err(format!(
+                    "capacity lease {lease_id} could not be renewed: {e}"
+                ))),
+            }
         };
         let now = self.now();
-        let renewed = match self.shared.capacity.renew(&self.scope, lease_id).await {
-            Ok(_) => None,
-            Err(CapacityError::Domain(DomainError::FailedPrecondition(why))) => {
-                // The lease ended: ask for capacity again, without waiting.
-                let acquire = AcquireRequest {
-                    request: LeaseRequest {
-                        tenant_id: self.attempt.tenant_id.clone(),
-                        project_id: self.attempt.project_id.clone(),
-                        run_id: Some(self.attempt.run_id),
-                        attempt_id: Some(self.attempt.attempt_id),
-                        holder_kind: HolderKind::Attempt,
-                        holder_id: self.attempt.attempt_id.to_string(),
-                        cpu: amount(self.info.as_ref().map_or(0.5, |i| i.manifest.contract.cpu)),
-                        memory_gb: amount(
-                            self.info
-                                .as_ref()
-                                .map_or(0.5, |i| i.manifest.contract.memory_gb),
-                        ),
-                        internet_egress: false,
-                    },
-                    pool_id: None,
-                    wait: false,
-                    wait_for: StdDuration::ZERO,
-                };
-                match self.shared.capacity.acquire(acquire).await {
-                    Ok(view) if view.lease.state.holds_capacity() => Some(Ok(view.lease.lease_id)),
-                    Ok(view) => Some(Err(format!(
-                        "capacity lease {lease_id} ended ({why}) and a new one waits: {}",
-                        view.limit.map(|l| l.to_string()).unwrap_or_default()
-                    ))),
-                    Err(e) => Some(Err(format!(
-                        "capacity lease {lease_id} ended ({why}) and a new one was refused: {e}"
-                    ))),
-                }
-            }
-            Err(e) => Some(Err(format!(
-                "capacity lease {lease_id} could not be renewed: {e}"
-            ))),
-        };
         let mut a = self.attempt.clone();
         let events = match renewed {
             None | Some(Ok(_)) => {
                 if let Some(Ok(new_lease)) = renewed {
-                    a.use_capacity_lease(new_lease);
+                    a.capacity_granted(new_lease, now);
                 }
                 if a.renewal_failure.is_none()
                     && a.state != AttemptState::Paused
@@ -300,6 +285,25 @@ impl Grain {
         let ok = a.renewal_failure.is_none();
         self.save(a, events, |_, _| Ok(())).await?;
         Ok(ok)
+    }
+
+    /// Asks for a capacity lease without queueing: the new lease, or why
+    /// there is none (`why` says why it asks).
+    async fn acquire_now(&self, why: &str) -> Result<Uuid, String> {
+        let acquire = AcquireRequest {
+            request: self.lease_request(),
+            pool_id: None,
+            wait: false,
+            wait_for: StdDuration::ZERO,
+        };
+        match self.shared.capacity.acquire(acquire).await {
+            Ok(view) if view.lease.state.holds_capacity() => Ok(view.lease.lease_id),
+            Ok(view) => Err(format!(
+                "{why} and a new capacity lease waits: {}",
+                view.limit.map(|l| l.to_string()).unwrap_or_default()
+            )),
+            Err(e) => Err(format!("{why} and a new capacity lease was refused: {e}")),
+        }
     }
 
     /// OrphanedAttemptReconciler: a lapsed adapter lease settles the
@@ -341,13 +345,75 @@ impl Grain {
         Ok(Some(self.attempt.state))
     }
 
+    /// When a waiting attempt gives its capacity lease back: the grace
+    /// after it began to wait for a human or paused.
+    pub(super) fn capacity_return_due(&self) -> Option<DateTime<Utc>> {
+        let a = &self.attempt;
+        if !a.capacity_granted || a.capacity_lease_id.is_none() {
+            return None;
+        }
+        let grace = self.shared.config.return_capacity_after_seconds;
+        a.idle_since()
+            .map(|since| since + Duration::seconds(grace as i64))
+    }
+
+    /// Gives the capacity lease back while the attempt waits (see
+    /// `runtime.return_capacity_after_seconds`). The lease is released
+    /// first: a crash before the attempt is written leaves it naming an
+    /// ended lease, which its next renewal replaces.
+    pub(super) async fn return_capacity(&mut self) -> Result<(), RuntimeError> {
+        let now = self.now();
+        let waited = self
+            .attempt
+            .idle_since()
+            .map(|since| (now - since).num_seconds())
+            .unwrap_or_default();
+        let what = match (&self.pending, self.attempt.state) {
+            (Some(d), AttemptState::WaitingForDecision) => {
+                format!("for human {} decision {}", d.kind.as_str(), d.decision_id)
+            }
+            _ => "paused".to_string(),
+        };
+        let mut a = self.attempt.clone();
+        let reason = format!(
+            "waited {waited} s {what} (runtime.return_capacity_after_seconds = {})",
+            self.shared.config.return_capacity_after_seconds
+        );
+        let Some(lease_id) = a.return_capacity(reason, now) else {
+            return Ok(());
+        };
+        if let Err(e) = self.shared.capacity.release(&self.scope, lease_id).await {
+            tracing::warn!(attempt = %a.attempt_id, lease = %lease_id, error = %e, "giving a waiting attempt's capacity lease back");
+        }
+        tracing::info!(attempt = %a.attempt_id, lease = %lease_id, "a waiting attempt gave its capacity lease back");
+        self.save(a, Vec::new(), |_, _| Ok(())).await
+    }
+
     pub(super) async fn on_capacity(
         &mut self,
         result: Result<LeaseView, CapacityError>,
     ) -> Result<(), RuntimeError> {
         let now = self.now();
+        let settled = match &result {
+            Ok(view) => view.lease.state.holds_capacity() || view.lease.state.is_terminal(),
+            Err(CapacityError::Denied { .. }) => true,
+            Err(_) => false,
+        };
+        if settled {
+            // The request's task has ended: a later gap asks anew.
+            self.capacity_task = false;
+        }
         match result {
-            Ok(_) if self.attempt.state != AttemptState::Claimed => Ok(()),
+            Ok(view) if !self.attempt.needs_capacity() => {
+                // Granted to an attempt that no longer waits for it (it was
+                // interrupted, or ended): it goes back now.
+                if view.lease.state.holds_capacity()
+                    && self.attempt.capacity_lease_id != Some(view.lease.lease_id)
+                {
+                    release_lease(&self.shared.capacity, &self.scope, view.lease.lease_id);
+                }
+                Ok(())
+            }
             Ok(view) if view.lease.state.holds_capacity() => {
                 self.queue_position = None;
                 self.limiting_quota = None;
@@ -395,7 +461,7 @@ impl Grain {
                 Ok(())
             }
             Err(CapacityError::Denied { limit, .. }) => {
-                if self.attempt.state != AttemptState::Claimed {
+                if !self.attempt.needs_capacity() {
                     return Ok(());
                 }
                 let failure = AttemptFailure {

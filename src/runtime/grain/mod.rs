@@ -228,8 +228,12 @@ impl AttemptView {
     /// Why it waits now.
     pub fn waiting_reason(&self) -> Option<String> {
         let a = &self.attempt;
-        if a.state == AttemptState::Claimed && !a.capacity_granted {
-            let mut why = String::from("waiting for capacity (agent-runtime lease)");
+        if a.needs_capacity() {
+            let mut why = String::from(if a.state == AttemptState::Claimed {
+                "waiting for capacity (agent-runtime lease)"
+            } else {
+                "waiting for capacity again (agent-runtime lease) after a human decision"
+            });
             if let Some(reason) = &self.capacity_reason {
                 why.push_str(": ");
                 why.push_str(reason);
@@ -252,6 +256,13 @@ impl AttemptView {
                 why.push_str(&format!(" (approval {approval}, Runs/DecideApproval)"));
             }
             why.push_str(&format!("; expires {}", d.expires_at.to_rfc3339()));
+            if let Some(gap) = a.capacity_gaps.last().filter(|_| !a.capacity_granted) {
+                why.push_str(&format!(
+                    "; capacity lease {} given back at {}: it counts against no quota and is not charged until answered",
+                    gap.lease_id,
+                    gap.returned_at.to_rfc3339()
+                ));
+            }
             return Some(why);
         }
         if let Some(i) = a.interrupt.as_ref().filter(|_| !a.state.is_terminal()) {
@@ -545,7 +556,7 @@ impl Grain {
                 self.observe().await?;
             }
         }
-        if self.attempt.state == AttemptState::Claimed && !self.attempt.capacity_granted {
+        if self.attempt.needs_capacity() {
             self.acquire_capacity();
         } else if self.claimable() {
             self.shared.set_claimable(&self.attempt, true);
@@ -600,18 +611,16 @@ impl Grain {
         }
     }
 
-    fn acquire_capacity(&mut self) {
-        if self.capacity_task {
-            return;
-        }
-        self.capacity_task = true;
+    /// The agent-runtime lease the attempt asks for: the release's
+    /// contract CPUs and memory.
+    fn lease_request(&self) -> LeaseRequest {
         let a = &self.attempt;
-        let run_snapshot = self
+        let (cpu, memory) = self
             .info
             .as_ref()
-            .map(|i| (i.manifest.contract.cpu, i.manifest.contract.memory_gb));
-        let (cpu, memory) = run_snapshot.unwrap_or((0.5, 0.5));
-        let request = LeaseRequest {
+            .map(|i| (i.manifest.contract.cpu, i.manifest.contract.memory_gb))
+            .unwrap_or((0.5, 0.5));
+        LeaseRequest {
             tenant_id: a.tenant_id.clone(),
             project_id: a.project_id.clone(),
             run_id: Some(a.run_id),
@@ -621,7 +630,15 @@ impl Grain {
             cpu: amount(cpu),
             memory_gb: amount(memory),
             internet_egress: false,
-        };
+        }
+    }
+
+    fn acquire_capacity(&mut self) {
+        if self.capacity_task {
+            return;
+        }
+        self.capacity_task = true;
+        let request = self.lease_request();
         let capacity = self.shared.capacity.clone();
         let me = self.me.clone();
         let mut shutdown = self.shared.shutdown.clone();
@@ -681,6 +698,9 @@ impl Grain {
         if let Some(d) = &self.pending {
             at.push(d.expires_at);
         }
+        if let Some(due) = self.capacity_return_due() {
+            at.push(due);
+        }
         if let Some(i) = &a.interrupt {
             at.push(
                 i.requested_at
@@ -720,6 +740,9 @@ impl Grain {
                     <= now
             {
                 return self.observe().await;
+            }
+            if self.capacity_return_due().is_some_and(|due| due <= now) {
+                self.return_capacity().await?;
             }
             if self.claimable() {
                 self.shared.set_claimable(&self.attempt, true);
