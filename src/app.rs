@@ -241,11 +241,11 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         .await
         .context("loading pools, quotas and leases")?
     };
-    let releases = Arc::new(Releases::new(
-        store.clone(),
-        clock.clone(),
-        &config.releases,
-    ));
+    let releases = Arc::new(
+        Releases::open(store.clone(), clock.clone(), &config.releases)
+            .await
+            .context("loading trusted publisher keys")?,
+    );
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let runtime = Runtime::start(

@@ -752,6 +752,186 @@ pub async fn tenant_list(config: &Config, json: bool) -> anyhow::Result<()> {
     close(target)
 }
 
+/// The release service over the offline store, for trust commands.
+async fn offline_releases(
+    config: &Config,
+    local: &Local,
+) -> anyhow::Result<crate::releases::Releases> {
+    Ok(crate::releases::Releases::open(
+        local.store.clone(),
+        SystemClock::shared(),
+        &config.releases,
+    )
+    .await?)
+}
+
+fn print_reverified(r: &pb::Reverified) {
+    println!(
+        "stored releases verified again: {} verified, {} untrusted, {} rejected{}",
+        r.verified,
+        r.untrusted,
+        r.rejected,
+        if r.changed + r.failed > 0 {
+            format!(", {} left for the ReleaseCacheWarmer", r.changed + r.failed)
+        } else {
+            String::new()
+        }
+    );
+}
+
+/// `agentbay trust add`.
+pub async fn trust_add(
+    config: &Config,
+    name: &str,
+    public_key: &str,
+    tenants: &[String],
+) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    let (key, done) = match &target {
+        Target::Running { client, .. } => {
+            let r = client
+                .trust_publisher_key(pb::TrustPublisherKeyRequest {
+                    name: name.to_string(),
+                    public_key: public_key.to_string(),
+                    tenants: tenants.to_vec(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(connect_error)?
+                .into_owned();
+            (
+                r.key.as_option().cloned().unwrap_or_default(),
+                r.reverified.as_option().cloned().unwrap_or_default(),
+            )
+        }
+        Target::Offline(local) => {
+            let releases = offline_releases(config, local).await?;
+            let (key, done) = releases
+                .trust_key(name, public_key, tenants, "local administrator (offline)")
+                .await?;
+            (
+                crate::api::rpc::admin::key_message(&key),
+                crate::api::rpc::admin::reverified_message(done),
+            )
+        }
+    };
+    println!(
+        "publisher key {} ({}) is trusted for {} ({})",
+        key.key_id,
+        key.name,
+        if key.tenants.is_empty() {
+            "every tenant".to_string()
+        } else {
+            format!("tenants {}", key.tenants.join(", "))
+        },
+        target.describe()
+    );
+    print_reverified(&done);
+    close(target)
+}
+
+/// `agentbay trust revoke`.
+pub async fn trust_revoke(config: &Config, key_id: &str, reason: &str) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    let (key, done) = match &target {
+        Target::Running { client, .. } => {
+            let r = client
+                .revoke_publisher_key(pb::RevokePublisherKeyRequest {
+                    key_id: key_id.to_string(),
+                    reason: reason.to_string(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(connect_error)?
+                .into_owned();
+            (
+                r.key.as_option().cloned().unwrap_or_default(),
+                r.reverified.as_option().cloned().unwrap_or_default(),
+            )
+        }
+        Target::Offline(local) => {
+            let releases = offline_releases(config, local).await?;
+            let (key, done) = releases
+                .revoke_key(key_id, reason, "local administrator (offline)")
+                .await?;
+            (
+                crate::api::rpc::admin::key_message(&key),
+                crate::api::rpc::admin::reverified_message(done),
+            )
+        }
+    };
+    println!(
+        "publisher key {} ({}) is revoked: {} ({})",
+        key.key_id,
+        key.name,
+        key.revoke_reason,
+        target.describe()
+    );
+    print_reverified(&done);
+    close(target)
+}
+
+/// `agentbay trust list`.
+pub async fn trust_list(config: &Config, json: bool) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    let keys: Vec<pb::PublisherKey> = match &target {
+        Target::Running { client, .. } => {
+            client
+                .list_publisher_keys(pb::ListPublisherKeysRequest::default())
+                .await
+                .map_err(connect_error)?
+                .into_owned()
+                .keys
+        }
+        Target::Offline(local) => offline_releases(config, local)
+            .await?
+            .keys()?
+            .iter()
+            .map(crate::api::rpc::admin::key_message)
+            .collect(),
+    };
+    if json {
+        let rows: Vec<_> = keys
+            .iter()
+            .map(|k| {
+                serde_json::json!({
+                    "key_id": k.key_id, "name": k.name, "state": k.state,
+                    "tenants": k.tenants, "source": k.source, "demo": k.demo,
+                    "trusted_by": k.trusted_by, "revoked_by": k.revoked_by,
+                    "revoke_reason": k.revoke_reason,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+    } else {
+        println!(
+            "{:<26} {:<8} {:<14} {:<16} name",
+            "key", "state", "source", "tenants"
+        );
+        for k in &keys {
+            let tenants = if k.tenants.is_empty() {
+                "any".to_string()
+            } else {
+                k.tenants.join(",")
+            };
+            println!(
+                "{:<26} {:<8} {:<14} {:<16} {}{}",
+                k.key_id,
+                k.state,
+                k.source,
+                tenants,
+                k.name,
+                if k.revoke_reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (revoked by {}: {})", k.revoked_by, k.revoke_reason)
+                }
+            );
+        }
+    }
+    close(target)
+}
+
 /// `agentbay project put`.
 pub async fn project_put(
     config: &Config,
@@ -846,7 +1026,12 @@ pub fn release_keygen(out: &Path, force: bool) -> anyhow::Result<()> {
     );
     println!("  public key:  {}", pub_path.display());
     println!();
-    println!("Trust it on an appliance by adding to its configuration:");
+    println!("Trust it on an appliance (running or not; PlatformAdmin):");
+    println!(
+        "  agentbay trust add --name {name} --public-key-file {} [--tenant acme]",
+        pub_path.display()
+    );
+    println!("or seed it from the configuration at every start:");
     println!("[[releases.trusted_keys]]");
     println!("name = \"{name}\"");
     println!("public_key = \"{public}\"");
@@ -933,7 +1118,7 @@ pub fn release_verify(
     bundle: &Path,
     extra_trust: &[std::path::PathBuf],
 ) -> anyhow::Result<bool> {
-    let mut trusted = crate::releases::trusted_keys(&config.releases);
+    let mut trusted = crate::releases::configured_keys(&config.releases);
     for path in extra_trust {
         let public =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -961,7 +1146,8 @@ pub fn release_verify(
         }
     };
     println!("  ok  bundle: {} files", read.files.len());
-    let report = crate::releases::verify::verify(&read, &trusted);
+    let report =
+        crate::releases::verify::verify(&read, &crate::releases::signing::Trust::of(trusted));
     for line in &report.passed {
         println!("  ok  {line}");
     }
@@ -1015,11 +1201,12 @@ pub async fn release_import(config: &Config, path: &Path) -> anyhow::Result<()> 
         }
     } else {
         let local = open_local(config)?;
-        let releases = crate::releases::Releases::new(
+        let releases = crate::releases::Releases::open(
             local.store.clone(),
             SystemClock::shared(),
             &config.releases,
-        );
+        )
+        .await?;
         let report = releases.check(&bundle);
         let outcome = releases
             .record(bundle, report, "local administrator (offline)")

@@ -121,6 +121,13 @@ enum Command {
         #[command(subcommand)]
         command: ProjectCommand,
     },
+    /// Trust and revoke release publisher keys (PlatformAdmin tasks; work
+    /// whether or not the appliance runs). Every change verifies the stored
+    /// releases again at once.
+    Trust {
+        #[command(subcommand)]
+        command: TrustCommand,
+    },
     /// Sign, verify and import release bundles (works offline).
     Release {
         #[command(subcommand)]
@@ -170,6 +177,43 @@ enum ReleaseCommand {
         common: Common,
         /// The bundle (directory or .tar.gz).
         bundle: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum TrustCommand {
+    /// Trust a publisher key (new, revoked before, or with new tenants):
+    /// releases it signed become Verified.
+    Add {
+        #[command(flatten)]
+        common: Common,
+        /// A name for people.
+        #[arg(long)]
+        name: String,
+        /// The public key file `agentbay release keygen` wrote (OUT.pub).
+        #[arg(long, value_name = "PUBFILE")]
+        public_key_file: PathBuf,
+        /// A tenant it may sign for (repeat for several; none for any).
+        #[arg(long = "tenant", value_name = "TENANT")]
+        tenants: Vec<String>,
+    },
+    /// List trusted and revoked publisher keys.
+    List {
+        #[command(flatten)]
+        common: Common,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a publisher key: releases it signed become Untrusted.
+    Revoke {
+        #[command(flatten)]
+        common: Common,
+        /// The key id (`ed25519:...`, see `agentbay trust list`).
+        key_id: String,
+        /// Why (recorded with the revocation).
+        #[arg(long)]
+        reason: String,
     },
 }
 
@@ -577,6 +621,34 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 quiet_logging(&config);
                 let password = password_file.map(|f| read_password(&f)).transpose()?;
                 control::user_reset_password(&config, &tenant, &username, password).await
+            }
+        },
+        Command::Trust { command } => match command {
+            TrustCommand::Add {
+                common,
+                name,
+                public_key_file,
+                tenants,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                let public = std::fs::read_to_string(&public_key_file)
+                    .map_err(|e| anyhow::anyhow!("reading {}: {e}", public_key_file.display()))?;
+                control::trust_add(&config, &name, public.trim(), &tenants).await
+            }
+            TrustCommand::List { common, json } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::trust_list(&config, json).await
+            }
+            TrustCommand::Revoke {
+                common,
+                key_id,
+                reason,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::trust_revoke(&config, &key_id, &reason).await
             }
         },
         Command::Tenant { command } => match command {

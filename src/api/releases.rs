@@ -36,7 +36,11 @@ impl From<ReleaseError> for ApiError {
                 let reason = release.reason.clone().unwrap_or_default();
                 ApiError::new(
                     ErrorCode::Unprocessable,
-                    format!("release {} rejected: {reason}", release.release_id),
+                    format!(
+                        "release {} {}: {reason}",
+                        release.release_id,
+                        release.state.as_str().to_lowercase()
+                    ),
                 )
                 .with("reason", reason)
                 .with("release", release_json(&release))
@@ -169,7 +173,11 @@ pub async fn get(
         .releases
         .get(&scope, &id)?
         .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("release {id} not found")))?;
-    Ok(Json(release_json(&release)))
+    let mut body = release_json(&release);
+    // Every verdict on this release id, oldest first: a rejected import
+    // stays visible after a later good one.
+    body["verdicts"] = json!(state.releases.verdicts(&scope, &id)?);
+    Ok(Json(body))
 }
 
 /// Body of deprecate and revoke.

@@ -59,7 +59,7 @@ pub async fn releases(console: Console, raw: RawQuery) -> Result<Response, PageE
                 Cell::text(&r.release_id),
                 Cell::text(&r.agent_id),
                 Cell::text(&r.version),
-                Cell::State(if verified { "verified" } else { "rejected" }.to_string()),
+                Cell::State(r.state.as_str().to_lowercase()),
                 Cell::State(lifecycle),
                 Cell::text(r.reason.clone().unwrap_or_default()),
                 Cell::text(r.adapter.as_str()),
@@ -92,7 +92,7 @@ pub async fn releases(console: Console, raw: RawQuery) -> Result<Response, PageE
     );
     render(&ListPage {
         l: console.layout("Releases", "/releases"),
-        intro: "Every release import is verified (signature, content hashes, compatibility); a rejected one is kept with the reason and never dispatched. Deprecate drains (running attempts finish, no new runs); revoke interrupts the running ones.".into(),
+        intro: "Every release import is verified (signature, content hashes, compatibility); a rejected one is kept with the reason and never dispatched. An untrusted one (its publisher key is unknown or revoked) is kept with its contents and becomes verified once its key is trusted (Publisher keys). Deprecate drains (running attempts finish, no new runs); revoke interrupts the running ones.".into(),
         t,
     })
 }
@@ -765,6 +765,138 @@ pub async fn revoke_client(
         )
     });
     Ok(console.done("/clients", result))
+}
+
+// ---- publisher keys ---------------------------------------------------------
+
+#[derive(Template)]
+#[template(path = "console/keys.html")]
+struct KeysPage {
+    l: Layout,
+    t: Table,
+}
+
+/// `GET /keys`: trusted and revoked publisher keys (PlatformAdmin), with
+/// forms to trust and revoke.
+pub async fn keys(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::Platform)?;
+    console.principal().platform_scope()?;
+    let q = ListQuery::parse(&raw);
+    let keys = console.state.releases.keys().map_err(ApiError::from)?;
+    let rows = keys
+        .iter()
+        .map(|k| {
+            let mut actions = Vec::new();
+            if k.state == crate::domain::trust::KeyState::Trusted {
+                actions.push(Action {
+                    href: format!("/keys/{}/revoke", k.key_id),
+                    label: "Revoke".into(),
+                    fields: vec![("reason".into(), String::new())],
+                    danger: true,
+                });
+            }
+            vec![
+                Cell::text(&k.name),
+                Cell::code(&k.key_id),
+                Cell::State(k.state.as_str().to_lowercase()),
+                Cell::text(if k.tenants.is_empty() {
+                    "any".to_string()
+                } else {
+                    k.tenants
+                        .iter()
+                        .map(|t| t.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }),
+                Cell::text(format!("{} ({})", k.source.as_str(), k.trusted_by)),
+                Cell::text(match (&k.revoked_by, &k.revoke_reason, &k.revoked_at) {
+                    (Some(by), Some(why), Some(at)) => format!("by {by} at {}: {why}", when(at)),
+                    _ => String::new(),
+                }),
+                Cell::Actions(actions),
+            ]
+        })
+        .collect();
+    let t = q.table(
+        "keys",
+        "/keys",
+        &[
+            "Name",
+            "Key",
+            "State",
+            "May sign for",
+            "Source",
+            "Revoked",
+            "Actions",
+        ],
+        rows,
+        vec![],
+        "No publisher keys are trusted: every imported release is Untrusted until one is.",
+    );
+    render(&KeysPage {
+        l: console.layout("Publisher keys", "/keys"),
+        t,
+    })
+}
+
+/// `POST /keys`: trusts a publisher key.
+pub async fn trust_key(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::Platform)?;
+    console.principal().platform_scope()?;
+    let result = async {
+        let tenants: Vec<String> = fields
+            .get("tenants")
+            .unwrap_or_default()
+            .split(',')
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .collect();
+        let (key, done) = console
+            .state
+            .releases
+            .trust_key(
+                fields.need("name")?,
+                fields.need("publicKey")?,
+                &tenants,
+                &console.principal().subject.to_string(),
+            )
+            .await?;
+        Ok::<_, ApiError>(format!(
+            "publisher key {} ({}) is trusted; stored releases verified again: {done}",
+            key.key_id, key.name
+        ))
+    }
+    .await;
+    Ok(console.done("/keys", result))
+}
+
+/// `POST /keys/{id}/revoke`: revokes a publisher key.
+pub async fn revoke_key(
+    console: Console,
+    Path(key_id): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::Platform)?;
+    console.principal().platform_scope()?;
+    let result = async {
+        let (key, done) = console
+            .state
+            .releases
+            .revoke_key(
+                &key_id,
+                fields.get("reason").unwrap_or_default(),
+                &console.principal().subject.to_string(),
+            )
+            .await?;
+        Ok::<_, ApiError>(format!(
+            "publisher key {} ({}) is revoked; stored releases verified again: {done}",
+            key.key_id, key.name
+        ))
+    }
+    .await;
+    Ok(console.done("/keys", result))
 }
 
 // ---- system -----------------------------------------------------------------

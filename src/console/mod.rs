@@ -74,6 +74,8 @@ pub fn router() -> Router<AppState> {
         .route("/live/leases", get(live::leases))
         .route("/releases", get(admin::releases))
         .route("/releases/{release_id}/retire", post(admin::retire))
+        .route("/keys", get(admin::keys).post(admin::trust_key))
+        .route("/keys/{key_id}/revoke", post(admin::revoke_key))
         .route("/tenants", get(admin::tenants).post(admin::put_tenant))
         .route("/tenants/{tenant_id}/projects", post(admin::put_project))
         .route("/users", get(admin::users).post(admin::create_user))
@@ -139,6 +141,7 @@ const NAV: &[(&str, &str, Scope)] = &[
     ("/quotas", "Quotas", Scope::CapacityRead),
     ("/leases", "Leases", Scope::CapacityRead),
     ("/releases", "Releases", Scope::AssetsRead),
+    ("/keys", "Publisher keys", Scope::Platform),
     ("/tenants", "Tenants", Scope::Admin),
     ("/users", "Users", Scope::Admin),
     ("/clients", "Clients", Scope::Admin),

@@ -16,6 +16,7 @@ pub mod release;
 pub mod retention;
 pub mod run;
 pub mod tenant;
+pub mod trust;
 pub mod user;
 
 pub use error::{DomainError, FieldError};

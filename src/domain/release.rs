@@ -670,8 +670,24 @@ pub fn canonical_json(value: &Value) -> Vec<u8> {
 pub enum LoadState {
     /// Signature, hashes and compatibility checked; usable.
     Verified,
+    /// Everything checks but its signer is not trusted here (unknown,
+    /// revoked, or not allowed for the tenant); `reason` says which. Kept
+    /// with its contents, never dispatched, and Verified again once its
+    /// key is trusted.
+    Untrusted,
     /// Refused; `reason` says why. Never dispatched.
     Rejected,
+}
+
+impl LoadState {
+    /// As shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoadState::Verified => "Verified",
+            LoadState::Untrusted => "Untrusted",
+            LoadState::Rejected => "Rejected",
+        }
+    }
 }
 
 /// Where the release is in its life.
@@ -858,7 +874,7 @@ impl LoadedRelease {
                     adapter_version: &self.adapter_version,
                 },
             ),
-            LoadState::Rejected => NewEvent::new(
+            LoadState::Untrusted | LoadState::Rejected => NewEvent::new(
                 &self.tenant_id,
                 now,
                 &ReleaseLoadRejected {
@@ -923,12 +939,22 @@ impl LoadedRelease {
 
     /// Whether a new run may be dispatched, and why not.
     pub fn dispatchable(&self) -> Result<(), DomainError> {
-        if self.state == LoadState::Rejected {
-            return Err(DomainError::FailedPrecondition(format!(
-                "release {} was rejected at load and cannot be dispatched: {}",
-                self.release_id,
-                self.reason.as_deref().unwrap_or("no reason recorded")
-            )));
+        match self.state {
+            LoadState::Rejected => {
+                return Err(DomainError::FailedPrecondition(format!(
+                    "release {} was rejected at load and cannot be dispatched: {}",
+                    self.release_id,
+                    self.reason.as_deref().unwrap_or("no reason recorded")
+                )));
+            }
+            LoadState::Untrusted => {
+                return Err(DomainError::FailedPrecondition(format!(
+                    "release {} is untrusted and cannot be dispatched until its publisher key is trusted: {}",
+                    self.release_id,
+                    self.reason.as_deref().unwrap_or("no reason recorded")
+                )));
+            }
+            LoadState::Verified => {}
         }
         match (self.lifecycle, self.in_flight_policy) {
             (Lifecycle::Revoked, _) => Err(DomainError::FailedPrecondition(format!(

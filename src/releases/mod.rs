@@ -6,15 +6,21 @@
 //! (ReleaseLoadRejected, `release_load_rejected` metric). Nothing of a
 //! bundle is stored unless its whole verdict is, in one transaction.
 //!
-//! Releases verified against another adapter version (after an upgrade) or
-//! another set of trusted keys are verified again from the stored contents
-//! before they are dispatched, by the ReleaseCacheWarmer or at dispatch.
+//! A bundle whose only fault is its signer (unknown, revoked, or not allowed
+//! for its tenant) is stored Untrusted with its contents. Trusted publisher
+//! keys are data (`trust.rs`): releases verified against another adapter
+//! version (after an upgrade) or another set of trusted keys are verified
+//! again from the stored contents, right after a key changes, by the
+//! ReleaseCacheWarmer, or at dispatch; so trusting a key again makes its
+//! releases Verified without importing anything. Every verdict is kept as
+//! a [`ReleaseVerdict`].
 //! Deprecation and revocation apply the release's in-flight policy to the
 //! attempts running it through [`InFlight`], which the attempt engine
 //! implements; revocation never deletes what attempts loaded.
 
 pub mod bundle;
 pub mod signing;
+mod trust;
 pub mod verify;
 pub mod warmer;
 
@@ -24,10 +30,10 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use parking_lot::RwLock;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use self::bundle::{Bundle, Limits, MANIFEST, SIGNATURE};
-use self::signing::TrustedKey;
+use self::signing::Trust;
+pub use self::trust::configured_keys;
 use self::verify::{Report, verify};
 use crate::capacity::records::TENANT_RECORD;
 use crate::clock::SharedClock;
@@ -36,6 +42,7 @@ use crate::domain::release::{
     InFlightPolicy, Lifecycle, LoadState, LoadedRelease, Manifest, adapter_version, canonical_json,
 };
 use crate::domain::tenant::Tenant;
+use crate::domain::trust::{ReleaseVerdict, VerdictCause};
 use crate::domain::{DomainError, TenantId};
 use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
 use crate::telemetry::names;
@@ -57,6 +64,17 @@ crate::versioned!(
     revision,
     crate::domain::release::StoredRelease
 );
+
+impl Record for ReleaseVerdict {
+    const TABLE: Table = Table::ReleaseVerdicts;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant_id
+    }
+    fn id(&self) -> String {
+        format!("{}/{}", self.release_id, self.verdict_id)
+    }
+}
 
 /// What applying an in-flight policy did to running attempts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -102,8 +120,9 @@ pub enum ReleaseError {
     /// The bundle cannot be read at all (nothing stored).
     #[error("{0}")]
     Bundle(String),
-    /// The bundle was read and rejected; the record says why.
-    #[error("release {} rejected: {}", .0.release_id, .0.reason.as_deref().unwrap_or(""))]
+    /// The bundle was read and not verified (Untrusted or Rejected); the
+    /// record says why.
+    #[error("release {} {}: {}", .0.release_id, .0.state.as_str().to_lowercase(), .0.reason.as_deref().unwrap_or(""))]
     Rejected(Box<LoadedRelease>),
     /// A rule.
     #[error(transparent)]
@@ -117,54 +136,36 @@ pub enum ReleaseError {
 pub struct Releases {
     store: Store,
     clock: SharedClock,
-    trusted: Vec<TrustedKey>,
-    /// Identifies the set of trusted keys: a release verified under another
-    /// set is verified again before use.
-    trust_fingerprint: String,
+    /// What verifications trust now, from the store (see `trust.rs`).
+    trust: RwLock<Arc<Current>>,
+    /// Whether the demo publisher key is trusted (`releases.trust_demo_key`).
+    trust_demo_key: bool,
     /// Bundle size limits.
     pub limits: Limits,
     in_flight: RwLock<Arc<dyn InFlight>>,
 }
 
-/// The trusted keys a configuration names.
-pub fn trusted_keys(config: &ReleasesConfig) -> Vec<TrustedKey> {
-    let mut keys: Vec<TrustedKey> = config
-        .trusted_keys
-        .iter()
-        .filter_map(|k| {
-            let tenants = k
-                .tenants
-                .iter()
-                .filter_map(|t| TenantId::parse(t).ok())
-                .collect();
-            TrustedKey::new(&k.name, &k.public_key, tenants).ok()
-        })
-        .collect();
-    if config.trust_demo_key {
-        keys.push(TrustedKey::demo());
-    }
-    keys
-}
-
-fn fingerprint(keys: &[TrustedKey]) -> String {
-    let mut h = Sha256::new();
-    for k in keys {
-        h.update(k.key_id.as_bytes());
-        for t in &k.tenants {
-            h.update(t.as_str().as_bytes());
-        }
-        h.update(b";");
-    }
-    format!("sha256:{}", hex::encode(h.finalize()))
+/// The trust a verification uses, and its fingerprint: a release verified
+/// under another fingerprint is verified again.
+pub(crate) struct Current {
+    trust: Trust,
+    fingerprint: String,
 }
 
 impl Releases {
-    /// The service, trusting the configured publisher keys.
-    pub fn new(store: Store, clock: SharedClock, config: &ReleasesConfig) -> Releases {
-        let trusted = trusted_keys(config);
-        Releases {
-            trust_fingerprint: fingerprint(&trusted),
-            trusted,
+    /// The service: seeds the configuration's trusted keys into the store
+    /// and trusts what the store holds.
+    pub async fn open(
+        store: Store,
+        clock: SharedClock,
+        config: &ReleasesConfig,
+    ) -> Result<Releases, ReleaseError> {
+        let releases = Releases {
+            trust: RwLock::new(Arc::new(Current {
+                trust: Trust::default(),
+                fingerprint: String::new(),
+            })),
+            trust_demo_key: config.trust_demo_key,
             store,
             clock,
             limits: Limits {
@@ -173,7 +174,9 @@ impl Releases {
                 max_files: config.max_files,
             },
             in_flight: RwLock::new(Arc::new(NothingRuns)),
-        }
+        };
+        releases.seed(config).await?;
+        Ok(releases)
     }
 
     /// Attaches the attempt engine.
@@ -181,19 +184,21 @@ impl Releases {
         *self.in_flight.write() = engine;
     }
 
-    /// The publisher keys trusted here.
-    pub fn trusted(&self) -> &[TrustedKey] {
-        &self.trusted
+    /// What verifications trust now.
+    pub(crate) fn current(&self) -> Arc<Current> {
+        self.trust.read().clone()
     }
 
     /// LoadRelease's checks, without storing anything.
     pub fn check(&self, bundle: &Bundle) -> Report {
-        verify(bundle, &self.trusted)
+        verify(bundle, &self.current().trust)
     }
 
     /// Stores the verdict on a checked bundle: a Verified release with its
-    /// contents, or a Rejected one with its reason. A bundle whose manifest
-    /// cannot be read is refused without storing anything.
+    /// contents, an Untrusted one with its contents (its only fault is the
+    /// signer), or a Rejected one with its reason; and the verdict itself
+    /// as evidence. A bundle whose manifest cannot be read is refused
+    /// without storing anything.
     pub async fn record(
         &self,
         bundle: Bundle,
@@ -207,11 +212,23 @@ impl Releases {
                 .unwrap_or_else(|| "the manifest cannot be read".into());
             return Err(ReleaseError::Bundle(reason));
         };
+        let current = self.current();
         let manifest = parsed.manifest;
         let now = self.clock.now();
         let scope = TenantScope::new(manifest.tenant_id.clone());
         let adapter = adapter_version(manifest.adapter.kind);
-        let mut release = LoadedRelease {
+        let state = if report.verified() {
+            LoadState::Verified
+        } else if report.untrusted() {
+            LoadState::Untrusted
+        } else {
+            LoadState::Rejected
+        };
+        let signer = report
+            .signer
+            .as_ref()
+            .map(|k| format!("{} ({})", k.key_id, k.name));
+        let release = LoadedRelease {
             release_id: manifest.release_id.clone(),
             tenant_id: manifest.tenant_id.clone(),
             agent_id: manifest.agent_id.clone(),
@@ -220,24 +237,31 @@ impl Releases {
             adapter_version: adapter,
             adapter: manifest.adapter.kind,
             content_refs: BTreeMap::new(),
-            state: LoadState::Verified,
-            reason: None,
+            state,
+            reason: report.rejection.as_ref().map(|r| r.reason.clone()),
             lifecycle: Lifecycle::Published,
             in_flight_policy: None,
-            signer: report
-                .signer
-                .as_ref()
-                .map(|k| format!("{} ({})", k.key_id, k.name)),
+            signer: signer.clone(),
             verified_at: now,
             imported_at: now,
             imported_by: by.to_string(),
-            trust_fingerprint: self.trust_fingerprint.clone(),
+            trust_fingerprint: current.fingerprint.clone(),
             revision: 0,
         };
-        if let Some(r) = &report.rejection {
-            release.state = LoadState::Rejected;
-            release.reason = Some(r.reason.clone());
-        }
+        let mut verdict = ReleaseVerdict {
+            tenant_id: release.tenant_id.clone(),
+            release_id: release.release_id.clone(),
+            verdict_id: crate::domain::ids::new_id(),
+            manifest_hash: release.manifest_hash.clone(),
+            state,
+            reason: release.reason.clone(),
+            category: report.rejection.as_ref().map(|r| r.category.to_string()),
+            signer,
+            cause: VerdictCause::Import,
+            by: by.to_string(),
+            at: now,
+            outcome: String::new(),
+        };
         let stored = release.clone();
         let event = release.load_event(now);
         let canonical = parsed.canonical;
@@ -255,13 +279,13 @@ impl Releases {
                     .into());
                 }
                 let existing: Option<LoadedRelease> = tx.get(&scope, &stored.release_id)?;
-                match &existing {
+                let kept = match &existing {
                     // The same release again: nothing to do.
                     Some(e)
                         if e.state == LoadState::Verified
                             && e.manifest_hash == stored.manifest_hash =>
                     {
-                        return Ok(e.clone());
+                        Some(e.clone())
                     }
                     // Never let a bad import replace, or a new one silently
                     // change, a verified release.
@@ -278,18 +302,32 @@ impl Releases {
                         }
                         .into());
                     }
-                    Some(e) if e.state == LoadState::Verified => {
+                    Some(e) if e.state == LoadState::Verified => Some(e.clone()),
+                    _ => None,
+                };
+                if let Some(kept) = kept {
+                    if stored.state != LoadState::Verified {
                         tx.emit(event)?;
-                        return Ok(stored);
                     }
-                    _ => {}
+                    verdict.outcome = format!(
+                        "unchanged: the stored release stays {}",
+                        kept.state.as_str()
+                    );
+                    tx.put(&scope, &verdict)?;
+                    return Ok(if stored.state == LoadState::Verified {
+                        kept
+                    } else {
+                        stored
+                    });
                 }
-                // A rejected release of the same id is replaced.
+                // An untrusted or rejected release of the same id is replaced.
                 let mut release = stored;
                 release.revision = existing.map_or(0, |e| e.revision);
-                if release.state == LoadState::Verified {
+                if release.state != LoadState::Rejected {
                     release.content_refs = store_contents(tx, &scope, &bundle, &canonical, now)?;
                 }
+                verdict.outcome = format!("stored as {}", release.state.as_str());
+                tx.put(&scope, &verdict)?;
                 tx.save(&scope, &mut release)?;
                 tx.emit(event)?;
                 Ok(release)
@@ -300,14 +338,23 @@ impl Releases {
             // labels only ever name registered tenants.
             metrics::counter!(names::RELEASE_LOAD_REJECTED, "tenant" => outcome.tenant_id.to_string(), "reason" => r.category)
                 .increment(1);
-            tracing::warn!(release = %outcome.release_id, tenant = %outcome.tenant_id, reason = %r.reason, "release rejected at load");
+            tracing::warn!(release = %outcome.release_id, tenant = %outcome.tenant_id, reason = %r.reason, state = state.as_str(), "release not verified at load");
             return Err(ReleaseError::Rejected(Box::new(LoadedRelease {
-                state: LoadState::Rejected,
+                state,
                 ..outcome
             })));
         }
         tracing::info!(release = %outcome.release_id, tenant = %outcome.tenant_id, hash = %outcome.manifest_hash, "release verified");
         Ok(outcome)
+    }
+
+    /// The verdicts on a release id, oldest first.
+    pub fn verdicts(
+        &self,
+        scope: &TenantScope,
+        release_id: &str,
+    ) -> Result<Vec<ReleaseVerdict>, StoreError> {
+        self.store.list_under(scope, &format!("{release_id}/"))
     }
 
     /// A release of the scope's tenant.
@@ -368,11 +415,20 @@ impl Releases {
     /// Whether a release was verified against what this appliance runs now.
     pub fn is_current(&self, release: &LoadedRelease) -> bool {
         release.adapter_version == adapter_version(release.adapter)
-            && release.trust_fingerprint == self.trust_fingerprint
+            && release.trust_fingerprint == self.current().fingerprint
+    }
+
+    /// Whether a release is verified again when what it was verified
+    /// against changes: Verified and Untrusted ones. A Rejected one stays
+    /// Rejected (its contents did not match what was signed, or it was
+    /// refused at import and kept no contents).
+    pub fn reverifiable(release: &LoadedRelease) -> bool {
+        release.state != LoadState::Rejected && !release.content_refs.is_empty()
     }
 
     /// Verifies a stored release again from its contents (after an upgrade
-    /// or a change of trusted keys). Records the new verdict.
+    /// or a change of trusted keys). Records the new verdict, and keeps it
+    /// as evidence when the state changed.
     pub async fn reverify(
         &self,
         scope: &TenantScope,
@@ -397,19 +453,51 @@ impl Releases {
             })?;
             bundle.files.insert(path.to_string(), bytes);
         }
-        let report = self.check(&bundle);
+        let current = self.current();
+        let report = verify(&bundle, &current.trust);
         let now = self.clock.now();
         let mut updated = release.clone();
         updated.verified_at = now;
         updated.adapter_version = adapter_version(release.adapter);
-        updated.trust_fingerprint = self.trust_fingerprint.clone();
-        if let Some(r) = &report.rejection {
-            updated.state = LoadState::Rejected;
-            updated.reason = Some(format!("re-verification failed: {}", r.reason));
+        updated.trust_fingerprint = current.fingerprint.clone();
+        updated.state = if report.verified() {
+            LoadState::Verified
+        } else if report.untrusted() {
+            LoadState::Untrusted
+        } else {
+            LoadState::Rejected
+        };
+        updated.reason = report
+            .rejection
+            .as_ref()
+            .map(|r| format!("re-verification: {}", r.reason));
+        if let Some(k) = &report.signer {
+            updated.signer = Some(format!("{} ({})", k.key_id, k.name));
+        }
+        if let Some(r) = report
+            .rejection
+            .as_ref()
+            .filter(|_| updated.state != release.state)
+        {
             metrics::counter!(names::RELEASE_LOAD_REJECTED, "tenant" => release.tenant_id.to_string(), "reason" => r.category)
                 .increment(1);
         }
-        let event = updated.load_event(now);
+        let changed = updated.state != release.state;
+        let verdict = changed.then(|| ReleaseVerdict {
+            tenant_id: release.tenant_id.clone(),
+            release_id: release.release_id.clone(),
+            verdict_id: crate::domain::ids::new_id(),
+            manifest_hash: release.manifest_hash.clone(),
+            state: updated.state,
+            reason: updated.reason.clone(),
+            category: report.rejection.as_ref().map(|r| r.category.to_string()),
+            signer: updated.signer.clone(),
+            cause: VerdictCause::Reverification,
+            by: "appliance (trusted keys or adapter changed)".into(),
+            at: now,
+            outcome: format!("{} -> {}", release.state.as_str(), updated.state.as_str()),
+        });
+        let event = changed.then(|| updated.load_event(now));
         // Written over the version that was verified: a release revoked or
         // replaced meanwhile refuses this write as stale, and the next pass
         // verifies what is stored then.
@@ -418,11 +506,49 @@ impl Releases {
             .store
             .transact(move |tx: &mut Tx| {
                 tx.save(&s, &mut updated)?;
-                tx.emit(event)?;
+                if let Some(v) = &verdict {
+                    tx.put(&s, v)?;
+                }
+                if let Some(e) = event {
+                    tx.emit(e)?;
+                }
                 Ok::<_, StoreError>(updated)
             })
             .await?;
+        if changed {
+            tracing::info!(release = %updated.release_id, tenant = %updated.tenant_id, from = release.state.as_str(), to = updated.state.as_str(), reason = updated.reason.as_deref().unwrap_or(""), "release re-verified");
+        }
         Ok(updated)
+    }
+
+    /// Verifies again every stored release that was verified under other
+    /// trusted keys or another adapter version. A release that cannot be
+    /// read is counted and left for the next pass; it does not stop the
+    /// others.
+    pub async fn reverify_stale(&self) -> Result<Reverified, ReleaseError> {
+        let all = self.list(None)?;
+        let mut done = Reverified::default();
+        for release in all
+            .iter()
+            .filter(|r| Releases::reverifiable(r) && !self.is_current(r))
+        {
+            let scope = TenantScope::new(release.tenant_id.clone());
+            match self.reverify(&scope, release).await {
+                Ok(r) => match r.state {
+                    LoadState::Verified => done.verified += 1,
+                    LoadState::Untrusted => done.untrusted += 1,
+                    LoadState::Rejected => done.rejected += 1,
+                },
+                // Revoked or replaced since it was listed: the next pass
+                // verifies what is stored then.
+                Err(ReleaseError::Store(StoreError::Stale { .. })) => done.changed += 1,
+                Err(e) => {
+                    tracing::warn!(release = %release.release_id, tenant = %release.tenant_id, error = %e, "re-verifying a release");
+                    done.failed += 1;
+                }
+            }
+        }
+        Ok(done)
     }
 
     /// The release a new run may use, verified against this appliance now.
@@ -434,7 +560,7 @@ impl Releases {
         let release = self
             .get(scope, release_id)?
             .ok_or_else(|| DomainError::not_found("release", release_id))?;
-        let release = if release.state == LoadState::Verified && !self.is_current(&release) {
+        let release = if Releases::reverifiable(&release) && !self.is_current(&release) {
             self.reverify(scope, &release).await?
         } else {
             release
@@ -480,6 +606,32 @@ impl Releases {
             "release retired"
         );
         Ok((release, report))
+    }
+}
+
+/// What a re-verification pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reverified {
+    /// Verified now.
+    pub verified: usize,
+    /// Untrusted now.
+    pub untrusted: usize,
+    /// Rejected now.
+    pub rejected: usize,
+    /// Changed meanwhile: left for the next pass.
+    pub changed: usize,
+    /// Could not be read: left for the next pass.
+    pub failed: usize,
+}
+
+impl std::fmt::Display for Reverified {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} verified, {} untrusted, {} rejected, {} changed meanwhile, {} unreadable",
+            self.verified, self.untrusted, self.rejected, self.changed, self.failed
+        )
     }
 }
 
@@ -618,7 +770,9 @@ mod tests {
     async fn retiring_applies_the_in_flight_policy_through_the_engine() {
         let dir = tempfile::tempdir().unwrap();
         let store = demo_store(dir.path()).await;
-        let releases = Releases::new(store, SystemClock::shared(), &ReleasesConfig::default());
+        let releases = Releases::open(store, SystemClock::shared(), &ReleasesConfig::default())
+            .await
+            .unwrap();
         let recorder = Arc::new(Recorder::default());
         releases.set_in_flight(recorder.clone());
         let example =
@@ -672,7 +826,9 @@ mod tests {
     async fn a_re_verification_of_an_older_copy_never_undoes_a_revocation() {
         let dir = tempfile::tempdir().unwrap();
         let store = demo_store(dir.path()).await;
-        let releases = Releases::new(store, SystemClock::shared(), &ReleasesConfig::default());
+        let releases = Releases::open(store, SystemClock::shared(), &ReleasesConfig::default())
+            .await
+            .unwrap();
         releases.set_in_flight(Arc::new(Recorder::default()));
         let example =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage");

@@ -110,6 +110,40 @@ impl TrustedKey {
     }
 }
 
+/// What a verification trusts: the trusted keys, and the revoked ones
+/// with why (so that a verdict can say so).
+#[derive(Clone, Debug, Default)]
+pub struct Trust {
+    /// Trusted keys.
+    pub keys: Vec<TrustedKey>,
+    /// Revoked keys: key id -> why.
+    pub revoked: std::collections::BTreeMap<String, String>,
+}
+
+impl Trust {
+    /// Only these keys.
+    pub fn of(keys: Vec<TrustedKey>) -> Trust {
+        Trust {
+            keys,
+            revoked: Default::default(),
+        }
+    }
+
+    /// Identifies what is trusted: a release verified under another set
+    /// is verified again.
+    pub fn fingerprint(&self) -> String {
+        let mut h = Sha256::new();
+        for k in &self.keys {
+            h.update(k.key_id.as_bytes());
+            for t in &k.tenants {
+                h.update(t.as_str().as_bytes());
+            }
+            h.update(b";");
+        }
+        format!("sha256:{}", hex::encode(h.finalize()))
+    }
+}
+
 /// A new key pair: (private key PEM, public key base64, key id).
 pub fn generate() -> (String, String, String) {
     let rng = ring::rand::SystemRandom::new();

@@ -5,19 +5,27 @@
 //! file with its expected and actual hash, or the version this appliance
 //! cannot run. It also returns the list of checks it passed, which
 //! `agentbay release verify` prints as its report.
+//!
+//! A signer that is not trusted here (unknown, revoked, or not allowed for
+//! the tenant) is not a failure of the bundle: the other checks still run,
+//! and only when they all pass is the verdict `untrusted` (the release is
+//! kept and verified again once its key is trusted). A bundle that fails a
+//! content check, or whose signature does not verify with a trusted key,
+//! is rejected.
 
 use base64::Engine as _;
 use serde_json::Value;
 
 use super::bundle::{Bundle, MANIFEST, SIGNATURE};
-use super::signing::{SignatureFile, TrustedKey};
+use super::signing::{SignatureFile, Trust, TrustedKey};
 use crate::domain::release::{Manifest, ModelKind, canonical_json, check_compatibility};
 use crate::store::artifacts::content_hash;
 
 /// Why a bundle was rejected, with a short category for metrics.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejection {
-    /// manifest | signature | missing-file | extra-file | hash | content | adapter
+    /// manifest | signature | untrusted | missing-file | extra-file | hash |
+    /// content | adapter
     pub category: &'static str,
     /// The reason, naming what failed.
     pub reason: String,
@@ -54,10 +62,20 @@ pub struct Report {
     pub rejection: Option<Rejection>,
 }
 
+/// The category of a verdict whose only fault is its signer.
+pub const UNTRUSTED: &str = "untrusted";
+
 impl Report {
     /// Whether every check passed.
     pub fn verified(&self) -> bool {
         self.rejection.is_none()
+    }
+
+    /// Whether everything held but the signer is not trusted here.
+    pub fn untrusted(&self) -> bool {
+        self.rejection
+            .as_ref()
+            .is_some_and(|r| r.category == UNTRUSTED)
     }
 }
 
@@ -109,7 +127,7 @@ fn strip(message: &str) -> String {
 }
 
 /// Runs every check of LoadRelease on a bundle.
-pub fn verify(bundle: &Bundle, trusted: &[TrustedKey]) -> Report {
+pub fn verify(bundle: &Bundle, trusted: &Trust) -> Report {
     let mut report = Report {
         passed: Vec::new(),
         parsed: None,
@@ -122,7 +140,7 @@ pub fn verify(bundle: &Bundle, trusted: &[TrustedKey]) -> Report {
     report
 }
 
-fn run(bundle: &Bundle, trusted: &[TrustedKey], report: &mut Report) -> Result<(), Rejection> {
+fn run(bundle: &Bundle, trust: &Trust, report: &mut Report) -> Result<(), Rejection> {
     let manifest_bytes = bundle.manifest().map_err(|e| reject("manifest", e.0))?;
     let parsed = parse_manifest(manifest_bytes)?;
     report.passed.push(format!(
@@ -164,65 +182,34 @@ fn run(bundle: &Bundle, trusted: &[TrustedKey], report: &mut Report) -> Result<(
             ),
         ));
     }
-    let key = trusted
-        .iter()
-        .find(|k| k.key_id == sig.key_id)
-        .ok_or_else(|| {
-            let known: Vec<String> = trusted
-                .iter()
-                .map(|k| format!("{} ({})", k.key_id, k.name))
-                .collect();
-            reject(
-                "signature",
-                format!(
-                    "signed by unknown publisher key {}; trusted keys: {}",
-                    sig.key_id,
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
-                ),
-            )
-        })?;
-    if !key.may_sign_for(&manifest.tenant_id) {
-        return Err(reject(
-            "signature",
-            format!(
-                "publisher key {} ({}) may not sign releases for tenant {}; it signs for {}",
-                key.key_id,
-                key.name,
-                manifest.tenant_id,
-                key.tenants
-                    .iter()
-                    .map(|t| t.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ));
-    }
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(sig.signature.trim())
-        .map_err(|e| {
-            reject(
-                "signature",
-                format!("{SIGNATURE}: the signature is not base64: {e}"),
-            )
-        })?;
-    if !key.verifies(&parsed.canonical, &raw) {
-        return Err(reject(
-            "signature",
-            format!(
-                "the signature does not verify with publisher key {} ({}): the manifest was changed after signing, or another key signed it",
+    let untrusted = match signer(trust, &sig, &manifest.tenant_id) {
+        Ok(key) => {
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(sig.signature.trim())
+                .map_err(|e| {
+                    reject(
+                        "signature",
+                        format!("{SIGNATURE}: the signature is not base64: {e}"),
+                    )
+                })?;
+            if !key.verifies(&parsed.canonical, &raw) {
+                return Err(reject(
+                    "signature",
+                    format!(
+                        "the signature does not verify with publisher key {} ({}): the manifest was changed after signing, or another key signed it",
+                        key.key_id, key.name
+                    ),
+                ));
+            }
+            report.passed.push(format!(
+                "signature: ed25519 by {} ({})",
                 key.key_id, key.name
-            ),
-        ));
-    }
-    report.passed.push(format!(
-        "signature: ed25519 by {} ({})",
-        key.key_id, key.name
-    ));
-    report.signer = Some(key.clone());
+            ));
+            report.signer = Some(key.clone());
+            None
+        }
+        Err(why) => Some(why),
+    };
 
     // Content: every listed file present with its hash, nothing else.
     for (role, path, expected) in manifest.files() {
@@ -310,5 +297,52 @@ fn run(bundle: &Bundle, trusted: &[TrustedKey], report: &mut Report) -> Result<(
         manifest.adapter.version,
         manifest.checkpoint_format
     ));
-    Ok(())
+    match untrusted {
+        Some(why) => Err(reject(UNTRUSTED, why)),
+        None => Ok(()),
+    }
+}
+
+/// The trusted key that may sign for `tenant` and that the signature
+/// names, or why there is none.
+fn signer<'a>(
+    trust: &'a Trust,
+    sig: &SignatureFile,
+    tenant: &crate::domain::TenantId,
+) -> Result<&'a TrustedKey, String> {
+    let Some(key) = trust.keys.iter().find(|k| k.key_id == sig.key_id) else {
+        if let Some(why) = trust.revoked.get(&sig.key_id) {
+            return Err(format!(
+                "signed by publisher key {}, which is not trusted: {why}; `agentbay trust add` trusts it again",
+                sig.key_id
+            ));
+        }
+        let known: Vec<String> = trust
+            .keys
+            .iter()
+            .map(|k| format!("{} ({})", k.key_id, k.name))
+            .collect();
+        return Err(format!(
+            "signed by unknown publisher key {}; trusted keys: {}; `agentbay trust add` trusts it",
+            sig.key_id,
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ));
+    };
+    if !key.may_sign_for(tenant) {
+        return Err(format!(
+            "publisher key {} ({}) may not sign releases for tenant {tenant}; it signs for {}",
+            key.key_id,
+            key.name,
+            key.tenants
+                .iter()
+                .map(|t| t.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(key)
 }

@@ -14,9 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
-use super::{ReleaseError, Releases};
-use crate::domain::release::LoadState;
-use crate::store::{StoreError, TenantScope};
+use super::Releases;
 use crate::worker::Worker;
 
 /// The worker.
@@ -38,30 +36,8 @@ impl Worker for ReleaseCacheWarmer {
 
     fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
         Box::pin(async move {
-            let releases = {
-                let r = self.releases.clone();
-                tokio::task::spawn_blocking(move || r.list(None)).await??
-            };
-            let stale: Vec<_> = releases
-                .into_iter()
-                .filter(|r| r.state == LoadState::Verified && !self.releases.is_current(r))
-                .collect();
-            let (mut verified, mut rejected, mut changed) = (0, 0, 0);
-            for release in &stale {
-                let scope = TenantScope::new(release.tenant_id.clone());
-                match self.releases.reverify(&scope, release).await {
-                    Ok(r) if r.state == LoadState::Verified => verified += 1,
-                    Ok(_) => rejected += 1,
-                    // Revoked or replaced since it was listed: the next
-                    // pass verifies what is stored then.
-                    Err(ReleaseError::Store(StoreError::Stale { .. })) => changed += 1,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            Ok(format!(
-                "{} releases re-verified: {verified} verified, {rejected} rejected, {changed} changed meanwhile (next pass)",
-                stale.len()
-            ))
+            let done = self.releases.reverify_stale().await?;
+            Ok(format!("releases re-verified: {done}"))
         })
     }
 }

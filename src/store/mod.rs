@@ -127,6 +127,10 @@ pub enum Table {
     Delegations,
     /// Console users, `<tenant>/<username>`.
     Users,
+    /// Trusted and revoked publisher keys (platform), by key id.
+    PublisherKeys,
+    /// Verdicts on releases, `<release>/<verdict>`, kept as evidence.
+    ReleaseVerdicts,
 }
 
 impl Table {
@@ -152,6 +156,8 @@ impl Table {
         Table::Decisions,
         Table::Delegations,
         Table::Users,
+        Table::PublisherKeys,
+        Table::ReleaseVerdicts,
     ];
 
     /// The sled tree name.
@@ -177,6 +183,8 @@ impl Table {
             Table::Decisions => "decisions",
             Table::Delegations => "delegations",
             Table::Users => "users",
+            Table::PublisherKeys => "publisher_keys",
+            Table::ReleaseVerdicts => "release_verdicts",
         }
     }
 

@@ -12,7 +12,7 @@ use std::path::Path;
 use super::StoreError;
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 pub(super) const FORMAT_KEY: &str = "format";
 pub(super) const FORMAT_VALUE: &[u8] = b"agentbay-store";
@@ -40,7 +40,39 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         description: "derive the decision index (decisions by id)",
         apply: derive_everything,
     },
+    Migration {
+        from: 3,
+        description: "releases rejected only because their publisher key was not trusted are Untrusted",
+        apply: untrusted_releases,
+    },
 ];
+
+/// Version 4: a release kept with its contents and rejected at a
+/// re-verification because its signer was not trusted (unknown, or not
+/// allowed for its tenant) becomes Untrusted, so that trusting its key
+/// verifies it again. Releases rejected for what they contain stay
+/// Rejected. Safe to run again: it only rewrites such releases.
+fn untrusted_releases(db: &sled::Db) -> Result<(), StoreError> {
+    use crate::domain::release::{LoadState, LoadedRelease};
+    let tree = db.open_tree(super::Table::LoadedReleases.name())?;
+    for item in tree.iter() {
+        let (key, bytes) = item?;
+        let mut release: LoadedRelease = super::decode(&key, &bytes)?;
+        let untrusted_signer = release.reason.as_deref().is_some_and(|r| {
+            r.starts_with("re-verification failed: signed by unknown publisher key")
+                || (r.starts_with("re-verification failed: publisher key")
+                    && r.contains("may not sign releases for tenant"))
+        });
+        if release.state == LoadState::Rejected
+            && !release.content_refs.is_empty()
+            && untrusted_signer
+        {
+            release.state = LoadState::Untrusted;
+            tree.insert(key, super::encode(&release)?)?;
+        }
+    }
+    Ok(())
+}
 
 /// Version 2: records derive index entries and artifact references (see
 /// `derived.rs`). Writes them for every stored record. Safe to run again
@@ -242,5 +274,87 @@ mod tests {
         db.insert("something", "else").unwrap();
         let err = prepare(&db, &meta, other.path(), false, &[]).unwrap_err();
         assert!(matches!(err, StoreError::NotAStore { .. }), "{err}");
+    }
+
+    #[test]
+    fn releases_rejected_for_their_signer_alone_become_untrusted() {
+        use crate::domain::release::{AdapterKind, Lifecycle, LoadState, LoadedRelease};
+        let dir = tempfile::tempdir().unwrap();
+        let (db, _) = open(dir.path());
+        let tree = db
+            .open_tree(crate::store::Table::LoadedReleases.name())
+            .unwrap();
+        let release = |id: &str, reason: &str, contents: bool| LoadedRelease {
+            release_id: id.into(),
+            tenant_id: crate::domain::TenantId::parse("acme").unwrap(),
+            agent_id: "triage".into(),
+            version: "1.0.0".into(),
+            manifest_hash: "sha256:m".into(),
+            adapter_version: "builtin/1".into(),
+            adapter: AdapterKind::Builtin,
+            content_refs: if contents {
+                [("manifest".to_string(), "sha256:m".to_string())].into()
+            } else {
+                Default::default()
+            },
+            state: LoadState::Rejected,
+            reason: Some(reason.into()),
+            lifecycle: Lifecycle::Published,
+            in_flight_policy: None,
+            signer: None,
+            verified_at: chrono::Utc::now(),
+            imported_at: chrono::Utc::now(),
+            imported_by: "test".into(),
+            trust_fingerprint: String::new(),
+            revision: 3,
+        };
+        let cases = [
+            (
+                release(
+                    "a",
+                    "re-verification failed: signed by unknown publisher key ed25519:00; trusted keys: none",
+                    true,
+                ),
+                LoadState::Untrusted,
+            ),
+            (
+                release(
+                    "b",
+                    "re-verification failed: publisher key ed25519:00 (x) may not sign releases for tenant acme; it signs for demo",
+                    true,
+                ),
+                LoadState::Untrusted,
+            ),
+            (
+                release(
+                    "c",
+                    "re-verification failed: the signature does not verify with publisher key ed25519:00 (x)",
+                    true,
+                ),
+                LoadState::Rejected,
+            ),
+            (
+                release(
+                    "d",
+                    "signed by unknown publisher key ed25519:00; trusted keys: none",
+                    false,
+                ),
+                LoadState::Rejected,
+            ),
+        ];
+        for (r, _) in &cases {
+            let key = format!("acme/{}", r.release_id);
+            tree.insert(key.as_bytes(), crate::store::encode(r).unwrap())
+                .unwrap();
+        }
+        untrusted_releases(&db).unwrap();
+        untrusted_releases(&db).unwrap();
+        for (r, expected) in &cases {
+            let key = format!("acme/{}", r.release_id);
+            let stored: LoadedRelease =
+                crate::store::decode(key.as_bytes(), &tree.get(&key).unwrap().unwrap()).unwrap();
+            assert_eq!(stored.state, *expected, "{}", r.release_id);
+            assert_eq!(stored.revision, 3);
+        }
     }
 }

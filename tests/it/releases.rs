@@ -344,15 +344,21 @@ async fn every_bad_bundle_is_refused_with_its_reason_and_nothing_of_it_is_stored
             "{name}: expected {reason:?} in {detail:?}"
         );
         if status == 422 {
-            // The verdict is recorded, its contents are not.
-            assert_eq!(body["release"]["state"], "Rejected", "{name}");
-            assert!(
+            // The verdict is recorded. A bundle whose only fault is its
+            // signer is kept Untrusted with its contents (trusting the key
+            // verifies it); a rejected one keeps no contents.
+            let untrusted = name.contains("signer");
+            let expected = if untrusted { "Untrusted" } else { "Rejected" };
+            assert_eq!(body["release"]["state"], expected, "{name}");
+            assert_eq!(
                 body["release"]["contentRefs"]
                     .as_object()
                     .unwrap()
                     .is_empty(),
+                !untrusted,
                 "{name}"
             );
+            assert_eq!(body["release"]["dispatchable"], false, "{name}");
         }
     }
     // Nothing verified, no content stored for any of them.
@@ -362,7 +368,7 @@ async fn every_bad_bundle_is_refused_with_its_reason_and_nothing_of_it_is_stored
             .as_array()
             .unwrap()
             .iter()
-            .all(|r| r["state"] == "Rejected"),
+            .all(|r| r["state"] != "Verified"),
         "{all}"
     );
     let rejected =
@@ -556,11 +562,232 @@ async fn the_warmer_verifies_again_when_trust_changes() {
     let got = a
         .get(&admin, "/runtime/releases/triage-1.0.0?tenant=demo")
         .await;
-    assert_eq!(got["state"], "Rejected", "{}: {got}", pass.message);
+    assert_eq!(got["state"], "Untrusted", "{}: {got}", pass.message);
     assert!(
         got["reason"]
             .as_str()
             .unwrap()
-            .contains("re-verification failed: signed by unknown publisher key")
+            .contains("re-verification: signed by unknown publisher key"),
+        "{got}"
     );
+    // The right configuration again: verified again, nothing imported.
+    a.terminate().await;
+    a.restart_with_env(&[]);
+    a.run_worker("ReleaseCacheWarmer").await;
+    let admin = a.admin_token().await;
+    let got = a
+        .get(&admin, "/runtime/releases/triage-1.0.0?tenant=demo")
+        .await;
+    assert_eq!(got["state"], "Verified", "{got}");
+    let outcomes: Vec<&str> = got["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            "stored as Verified",
+            "Verified -> Untrusted",
+            "Untrusted -> Verified"
+        ]
+    );
+}
+
+/// Runs the CLI and returns its standard output, failing on an error.
+fn cli(args: &[&str], data: &Path) -> String {
+    let out = run(agentbay().args(args).arg("--data-dir").arg(data));
+    assert!(
+        out.status.success(),
+        "agentbay {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn publisher_keys_are_data_trusted_revoked_and_trusted_again_at_run_time() {
+    let mut a = Appliance::start();
+    a.tenant("acme", "team", &[], &[]).await;
+    let root = a.root.clone();
+    let admin = a.admin_token().await;
+    let key = root.join("site");
+    let out = run(agentbay().args(["release", "keygen", "--out"]).arg(&key));
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("agentbay trust add"));
+    let site = variant(&root, "site", &key.with_extension("key"), |_, m| {
+        m["tenantId"] = json!("acme");
+        m["releaseId"] = json!("acme-triage-1.0.0");
+    });
+    // Signed by the site key, then its manifest changed: tampering that
+    // only a trusted key can reveal.
+    let tampered = variant(&root, "tampered", &key.with_extension("key"), |_, m| {
+        m["tenantId"] = json!("acme");
+        m["releaseId"] = json!("acme-triage-1.0.1");
+        m["version"] = json!("1.0.1");
+    });
+    let path = tampered.join("manifest.json");
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    m["version"] = json!("1.0.2");
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let state = |id: &str| {
+        let (a, admin, id) = (&a, admin.clone(), id.to_string());
+        async move {
+            a.get(&admin, &format!("/runtime/releases/{id}?tenant=acme"))
+                .await
+        }
+    };
+
+    // Not trusted yet: both are kept Untrusted, neither is dispatchable.
+    for dir in [&site, &tampered] {
+        let (status, body) = upload(&a, &admin, pack(dir, |_| {})).await;
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["release"]["state"], "Untrusted", "{body}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("agentbay trust add"),
+            "{body}"
+        );
+    }
+
+    // Trusted at run time through the running appliance: verified at once,
+    // and the tampered one is found out.
+    let out = cli(
+        &[
+            "trust",
+            "add",
+            "--name",
+            "site",
+            "--public-key-file",
+            key.with_extension("pub").to_str().unwrap(),
+            "--tenant",
+            "acme",
+        ],
+        &a.data_dir,
+    );
+    assert!(out.contains("through the running appliance"), "{out}");
+    assert!(
+        out.contains("1 verified") && out.contains("1 rejected"),
+        "{out}"
+    );
+    let got = state("acme-triage-1.0.0").await;
+    assert_eq!(got["state"], "Verified", "{got}");
+    assert_eq!(got["dispatchable"], true, "{got}");
+    let bad = state("acme-triage-1.0.1").await;
+    assert_eq!(bad["state"], "Rejected", "{bad}");
+    assert!(
+        bad["reason"]
+            .as_str()
+            .unwrap()
+            .contains("signature does not verify"),
+        "{bad}"
+    );
+    let listed: Value =
+        serde_json::from_str(&cli(&["trust", "list", "--json"], &a.data_dir)).unwrap();
+    let ours = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "site")
+        .expect("the site key is listed")
+        .clone();
+    assert_eq!(ours["state"], "Trusted");
+    assert_eq!(ours["tenants"], json!(["acme"]));
+    let key_id = ours["key_id"].as_str().unwrap().to_string();
+
+    // Revoked: its release is Untrusted and refused for new runs, and
+    // nobody had to restart or sign out.
+    let out = cli(
+        &["trust", "revoke", &key_id, "--reason", "laptop lost"],
+        &a.data_dir,
+    );
+    assert!(out.contains("1 untrusted"), "{out}");
+    let got = state("acme-triage-1.0.0").await;
+    assert_eq!(got["state"], "Untrusted", "{got}");
+    assert!(
+        got["reason"].as_str().unwrap().contains("laptop lost"),
+        "{got}"
+    );
+    assert_eq!(got["dispatchable"], false);
+    let events =
+        crate::common::events(&a, &admin, "execution.releases.v1.publisher-key-changed", 2).await;
+    assert_eq!(events[1]["state"], "Revoked");
+    assert_eq!(events[1]["reason"], "laptop lost");
+
+    // Trusted again: Verified again without importing anything; the
+    // tampered one stays Rejected.
+    cli(
+        &[
+            "trust",
+            "add",
+            "--name",
+            "site",
+            "--public-key-file",
+            key.with_extension("pub").to_str().unwrap(),
+            "--tenant",
+            "acme",
+        ],
+        &a.data_dir,
+    );
+    assert_eq!(state("acme-triage-1.0.0").await["state"], "Verified");
+    assert_eq!(state("acme-triage-1.0.1").await["state"], "Rejected");
+    // Every verdict is kept: the untrusted import stays visible.
+    let verdicts: Vec<(String, String)> = state("acme-triage-1.0.0").await["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["cause"].as_str().unwrap().to_string(),
+                v["outcome"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("Import".to_string(), "stored as Untrusted".to_string()),
+            (
+                "Reverification".to_string(),
+                "Untrusted -> Verified".to_string()
+            ),
+            (
+                "Reverification".to_string(),
+                "Verified -> Untrusted".to_string()
+            ),
+            (
+                "Reverification".to_string(),
+                "Untrusted -> Verified".to_string()
+            ),
+        ]
+    );
+
+    // The keys travel with a backup: restored on a fresh data directory
+    // with no configuration, the release stays Verified.
+    let file = root.join("site.agentbay");
+    cli(&["backup", file.to_str().unwrap()], &a.data_dir);
+    a.terminate().await;
+    let restored = root.join("restored");
+    let out = run(agentbay()
+        .args(["restore"])
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(&restored));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run_root = root.join("restored-run");
+    std::fs::create_dir_all(&run_root).unwrap();
+    let b = Appliance::serve(&run_root, &restored, a.admin.clone());
+    let pass = b.run_worker("ReleaseCacheWarmer").await;
+    let admin = b.admin_token().await;
+    let got = b
+        .get(&admin, "/runtime/releases/acme-triage-1.0.0?tenant=acme")
+        .await;
+    assert_eq!(got["state"], "Verified", "{}: {got}", pass.message);
 }

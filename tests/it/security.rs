@@ -339,6 +339,17 @@ fn rpc_table(v: &Victim) -> HashMap<&'static str, Option<Value>> {
         ),
         ("agentbay.admin.v1.Admin/ListTenants", Some(json!({}))),
         (
+            "agentbay.admin.v1.Admin/TrustPublisherKey",
+            Some(
+                json!({"name": "stranger", "publicKey": "ygxSy398UPvGnOXD8+sFPISaChDKyOdH5V3hEWr+p5E="}),
+            ),
+        ),
+        ("agentbay.admin.v1.Admin/ListPublisherKeys", Some(json!({}))),
+        (
+            "agentbay.admin.v1.Admin/RevokePublisherKey",
+            Some(json!({"keyId": "ed25519:0000000000000000", "reason": "probe"})),
+        ),
+        (
             "agentbay.admin.v1.Admin/PutProject",
             Some(json!({"tenantId": "demo", "projectId": "x"})),
         ),

@@ -46,6 +46,36 @@ pub fn client_message(c: &ClientCredential) -> pb::Client {
     }
 }
 
+/// The wire form of a publisher key.
+pub fn key_message(k: &crate::domain::trust::PublisherKey) -> pb::PublisherKey {
+    pb::PublisherKey {
+        key_id: k.key_id.clone(),
+        name: k.name.clone(),
+        public_key: k.public_key.clone(),
+        tenants: k.tenants.iter().map(|t| t.to_string()).collect(),
+        state: k.state.as_str().into(),
+        source: k.source.as_str().into(),
+        trusted_at: k.trusted_at.to_rfc3339(),
+        trusted_by: k.trusted_by.clone(),
+        revoked_at: k.revoked_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+        revoked_by: k.revoked_by.clone().unwrap_or_default(),
+        revoke_reason: k.revoke_reason.clone().unwrap_or_default(),
+        demo: k.key_id == crate::releases::signing::TrustedKey::demo().key_id,
+        ..Default::default()
+    }
+}
+
+pub fn reverified_message(r: crate::releases::Reverified) -> pb::Reverified {
+    pb::Reverified {
+        verified: r.verified as u32,
+        untrusted: r.untrusted as u32,
+        rejected: r.rejected as u32,
+        changed: r.changed as u32,
+        failed: r.failed as u32,
+        ..Default::default()
+    }
+}
+
 /// The wire form of a console user.
 pub fn user_message(u: &User) -> pb::User {
     pb::User {
@@ -414,6 +444,70 @@ impl pb::Admin for AdminService {
             })
         });
         Ok(Response::new(Box::pin(stream) as ServiceStream<pb::Event>))
+    }
+
+    async fn trust_publisher_key(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::TrustPublisherKeyRequest>,
+    ) -> ServiceResult<pb::TrustPublisherKeyResponse> {
+        let caller = principal(&ctx)?;
+        caller.platform_scope().map_err(rpc)?;
+        let tenants: Vec<String> = request.tenants.iter().map(|t| t.to_string()).collect();
+        let (key, done) = self
+            .state
+            .releases
+            .trust_key(
+                request.name,
+                request.public_key,
+                &tenants,
+                &caller.subject.to_string(),
+            )
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::TrustPublisherKeyResponse {
+            key: buffa::MessageField::some(key_message(&key)),
+            reverified: buffa::MessageField::some(reverified_message(done)),
+            ..Default::default()
+        })
+    }
+
+    async fn list_publisher_keys(
+        &self,
+        ctx: RequestContext,
+        _request: ServiceRequest<'_, pb::ListPublisherKeysRequest>,
+    ) -> ServiceResult<pb::ListPublisherKeysResponse> {
+        principal(&ctx)?.platform_scope().map_err(rpc)?;
+        let keys = self.state.releases.keys().map_err(rpc)?;
+        Response::ok(pb::ListPublisherKeysResponse {
+            keys: keys.iter().map(key_message).collect(),
+            ..Default::default()
+        })
+    }
+
+    async fn revoke_publisher_key(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::RevokePublisherKeyRequest>,
+    ) -> ServiceResult<pb::RevokePublisherKeyResponse> {
+        let caller = principal(&ctx)?;
+        caller.platform_scope().map_err(rpc)?;
+        if request.key_id.is_empty() {
+            return Err(rpc(crate::domain::DomainError::from(
+                crate::domain::FieldError::new("keyId", "is required"),
+            )));
+        }
+        let (key, done) = self
+            .state
+            .releases
+            .revoke_key(request.key_id, request.reason, &caller.subject.to_string())
+            .await
+            .map_err(rpc)?;
+        Response::ok(pb::RevokePublisherKeyResponse {
+            key: buffa::MessageField::some(key_message(&key)),
+            reverified: buffa::MessageField::some(reverified_message(done)),
+            ..Default::default()
+        })
     }
 
     async fn put_tenant(

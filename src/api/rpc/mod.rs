@@ -69,6 +69,18 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
         ),
         ("agentbay.admin.v1.Admin/PutTenant", Needs(Scope::Platform)),
         (
+            "agentbay.admin.v1.Admin/TrustPublisherKey",
+            Needs(Scope::Platform),
+        ),
+        (
+            "agentbay.admin.v1.Admin/ListPublisherKeys",
+            Needs(Scope::Platform),
+        ),
+        (
+            "agentbay.admin.v1.Admin/RevokePublisherKey",
+            Needs(Scope::Platform),
+        ),
+        (
             "agentbay.admin.v1.Admin/ListTenants",
             Needs(Scope::Platform),
         ),
