@@ -221,6 +221,8 @@ async fn decisions_in_process(state: AppState, tickets: &[Ticket]) -> Row {
                             summary: "which queue?".into(),
                             options: Vec::new(),
                             recommendation: None,
+                            answer_schema: None,
+                            tool_call_id: None,
                         },
                     )
                     .await

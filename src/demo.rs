@@ -1,7 +1,8 @@
 //! The demo a zero-config start shows: tenant `demo` with project
 //! `support`, the example releases (signed with the public demo key), and
-//! three runs of the builtin triage agent: one that succeeds, one that
-//! waits for a reviewer's approval, one that runs out of corrections. It
+//! four runs of the builtin triage agent: one that succeeds, one that
+//! waits for a reviewer's approval, one whose model asks the support lead a
+//! question, one that runs out of corrections. It
 //! is seeded once, on the first start of a data directory, and never when
 //! `demo.enabled` is false (packaged installs).
 
@@ -31,6 +32,10 @@ const RUNS: &[(&str, &str)] = &[
     (
         "triage-approval-1.0.0",
         r#"{"customer": "globex", "text": "Checkout is down for all our users."}"#,
+    ),
+    (
+        "triage-question-1.0.0",
+        r#"{"customer": "initrode", "text": "Exports are slow."}"#,
     ),
     (
         "triage-corrections-1.0.0",
@@ -77,6 +82,7 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
     for dir in [
         "triage",
         "triage-approval",
+        "triage-question",
         "triage-corrections",
         "triage-external",
     ] {
@@ -107,7 +113,7 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
         runs.push(run.run_id.to_string());
     }
     Ok(Some(format!(
-        "demo: tenant {TENANT} with {} example runs (Runs/ListRuns with tenantId demo); turn off with demo.enabled = false",
+        "demo: tenant {TENANT} with {} example runs: one succeeds, one waits for a reviewer to approve paging on-call, one asks the support lead a question (Decisions), one runs out of corrections (Runs/ListRuns with tenantId demo); turn off with demo.enabled = false",
         runs.len()
     )))
 }

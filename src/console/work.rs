@@ -943,7 +943,8 @@ pub async fn settle(
 #[template(path = "console/decisions.html")]
 struct DecisionsPage {
     l: Layout,
-    pending: Vec<DecisionRequest>,
+    /// Each waiting decision with its question and answer schema, as text.
+    pending: Vec<(DecisionRequest, Option<String>, Option<String>)>,
     t: Table,
     can_decide: bool,
 }
@@ -956,7 +957,17 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
     let pending = console
         .state
         .runtime
-        .pending_decisions(&scope, usize::MAX)?;
+        .pending_decisions(&scope, usize::MAX)?
+        .into_iter()
+        .map(|d| {
+            let view = crate::runtime::PendingDecision::read(&console.state.store, &scope, &d);
+            let schema = view
+                .answer_schema
+                .as_ref()
+                .map(|s| serde_json::to_string_pretty(s).unwrap_or_default());
+            (d, view.question, schema)
+        })
+        .collect();
     let before = q.get("before");
     let mut decided: Vec<DecisionRequest> = console.state.store.page(
         &scope,

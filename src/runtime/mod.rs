@@ -401,6 +401,8 @@ pub struct PendingDecision {
     pub options: Vec<String>,
     /// The attempt's recommendation among them.
     pub recommendation: Option<String>,
+    /// The JSON Schema the answer must satisfy (input).
+    pub answer_schema: Option<serde_json::Value>,
     /// Asked at.
     pub requested_at: DateTime<Utc>,
     /// Expires at.
@@ -464,6 +466,7 @@ impl PendingDecision {
             }),
             options: d.options.clone(),
             recommendation: d.recommendation.clone(),
+            answer_schema: d.answer_schema.clone(),
             requested_at: d.requested_at,
             expires_at: d.expires_at,
             purged,
@@ -484,6 +487,51 @@ pub struct DecisionAsk {
     pub options: Vec<String>,
     /// Recommendation (escalations).
     pub recommendation: Option<String>,
+    /// The JSON Schema an input answer must satisfy.
+    pub answer_schema: Option<serde_json::Value>,
+    /// The model's tool call that asks (builtin loop).
+    pub tool_call_id: Option<String>,
+}
+
+impl DecisionAsk {
+    /// What every question must say, whoever asks: a summary; an
+    /// escalation's options (two or more) and a recommendation among them;
+    /// an answer schema that is a JSON Schema (input only).
+    pub fn check(&self) -> Result<(), crate::domain::FieldError> {
+        use crate::domain::FieldError;
+        if self.summary.trim().is_empty() {
+            return Err(FieldError::new(
+                "summary",
+                "is required: one line a reviewer reads in the inbox",
+            ));
+        }
+        if self.kind == DecisionKind::Escalation && self.options.len() < 2 {
+            return Err(FieldError::new(
+                "options",
+                "an escalation needs at least two options",
+            ));
+        }
+        if let Some(r) = &self.recommendation
+            && !self.options.contains(r)
+        {
+            return Err(FieldError::new(
+                "recommendation",
+                format!("{r:?} is not one of the options"),
+            ));
+        }
+        if let Some(schema) = &self.answer_schema {
+            if self.kind != DecisionKind::Input {
+                return Err(FieldError::new(
+                    "answerSchema",
+                    "only an input decision takes an answer schema",
+                ));
+            }
+            jsonschema::validator_for(schema).map_err(|e| {
+                FieldError::new("answerSchema", format!("is not a JSON Schema: {e}"))
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// A handle on a running grain.

@@ -71,7 +71,7 @@ try {
   await page.selectOption("form.filters select[name=state]", "WaitingForDecision");
   await page.click("form.filters button:has-text('Filter')");
   await page.waitForURL(/state=WaitingForDecision/);
-  await page.click("#attempts tbody a[href^='/attempts/']");
+  await page.click("#attempts tbody tr:has-text('approval') a[href^='/attempts/']");
   await page.waitForSelector("#waiting");
   const why = await page.textContent("#waiting");
   expect(/approval/.test(why), `the timeline does not say it waits for an approval: ${why}`);
@@ -88,6 +88,13 @@ try {
   const approved = await inbox.textContent(".flash.ok");
   expect(/approved/.test(approved), `approval message: ${approved}`);
   await shot(inbox, "04-decision-approved");
+  // The demo's other question: the support lead answers it with a JSON
+  // document its schema accepts.
+  const question = await inbox.textContent(".decision.input pre.question");
+  expect(/How many/.test(question), `the inbox shows the question: ${question}`);
+  await inbox.fill(".decision.input textarea[name=answer]", '{"affectedUsers": 40}');
+  await inbox.click(".decision.input button:has-text('Answer')");
+  await inbox.waitForSelector(".flash.ok");
   await inbox.close();
   await page.waitForFunction(
     () => document.querySelector("#attempt-state")?.textContent.trim() === "Succeeded",
@@ -162,7 +169,7 @@ try {
   await nojs.fill("form.filters input[name=q]", "WaitingForDecision");
   await nojs.click("form.filters button:has-text('Filter')");
   await nojs.waitForURL(/q=WaitingForDecision/);
-  await nojs.click("#attempts tbody a[href^='/attempts/']");
+  await nojs.click("#attempts tbody tr:has-text('approval') a[href^='/attempts/']");
   await nojs.waitForSelector("#waiting");
   expect(/approval/.test(await nojs.textContent("#waiting")), "the timeline without JavaScript says why it waits");
   await shot(nojs, "10-without-javascript");

@@ -419,7 +419,7 @@ async fn a_zero_config_start_shows_the_demo_runs_once() {
             })
             .collect::<Vec<_>>();
         states.sort();
-        if states.len() == 3
+        if states.len() == 4
             && states
                 .iter()
                 .all(|(_, s, _)| s == "Succeeded" || s == "WaitingForDecision" || s == "Failed")
@@ -442,17 +442,171 @@ async fn a_zero_config_start_shows_the_demo_runs_once() {
                 "Failed".into(),
                 "validation".into()
             ),
+            (
+                "triage-question-1.0.0".into(),
+                "WaitingForDecision".into(),
+                String::new()
+            ),
         ]
     );
     let banner = std::fs::read_to_string(a.root.join("serve.out")).unwrap();
     assert!(
-        banner.contains("demo: tenant demo with 3 example runs"),
+        banner.contains("demo: tenant demo with 4 example runs")
+            && banner.contains("asks the support lead a question"),
         "{banner}"
     );
     a.kill9();
     a.restart();
     let token = a.token(&cred).await;
-    assert_eq!(list(&a, token).await.len(), 3, "seeded once");
+    let runs = list(&a, token).await;
+    assert_eq!(runs.len(), 4, "seeded once");
+
+    // The question survives the restart; an answer outside its schema is
+    // refused by name, a good one is the model's observation.
+    let question = runs
+        .iter()
+        .find(|r| r.release_id == "triage-question-1.0.0")
+        .unwrap();
+    let attempt = &question.steps[0].attempts[0];
+    let pending = attempt.pending_decision.as_option().unwrap().clone();
+    assert_eq!(pending.kind, "input");
+    assert!(pending.question.contains("How many"), "{pending:?}");
+    assert!(pending.answer_schema_json.contains("affectedUsers"));
+    let reviewer = a
+        .create_client("demo", &["factory.runs.decide", "factory.runs.read"])
+        .await;
+    let token = a.token(&reviewer).await;
+    let answer = |json: &str| {
+        let (a, token) = (&a, token.clone());
+        let body = serde_json::json!({
+            "attemptId": attempt.attempt_id, "decisionId": pending.decision_id, "answerJson": json,
+        });
+        async move {
+            a.http()
+                .post(format!(
+                    "{}/agentbay.runtime.v1.Runtime/AnswerDecision",
+                    a.url
+                ))
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let refused = answer(r#"{"affectedUsers": "many"}"#).await;
+    assert_eq!(refused.status(), 400);
+    let text = refused.text().await.unwrap();
+    assert!(
+        text.contains("answerJson") && text.contains("answer schema"),
+        "{text}"
+    );
+    let ok = answer(r#"{"affectedUsers": 40, "since": "09:00"}"#).await;
+    assert_eq!(ok.status(), 200, "{}", ok.text().await.unwrap());
+    let admin = a.admin_token().await;
+    let mut t = Value::Null;
+    for _ in 0..200 {
+        t = a
+            .get(
+                &admin,
+                &format!("/runtime/attempts/{}?tenant=demo", attempt.attempt_id),
+            )
+            .await;
+        if t["state"] == "Succeeded" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(t["state"], "Succeeded", "{t}");
+}
+
+#[tokio::test]
+async fn the_builtin_loop_escalates_and_the_policy_decides_whether_it_may_ask() {
+    let site = Site::start().await;
+    let escalate = |id: &str, class: &str| {
+        let class = class.to_string();
+        let id = id.to_string();
+        move |m: &mut Value| {
+            m["releaseId"] = json!(id);
+            m["tools"].as_array_mut().unwrap().push(json!({
+                "id": "escalate-to-lead", "transport": "builtin", "name": "escalate",
+                "sideEffectClass": class, "description": "Hands a choice to the lead.",
+                "inputSchema": {"type": "object", "required": ["question", "options"]},
+            }));
+            m["policy"]["sideEffects"]["production"] = json!("deny");
+        }
+    };
+    let script = json!([
+        {"content": "Two ways to go", "toolCalls": [{"tool": "escalate-to-lead", "arguments": {
+            "question": "Roll back the release or wait for the fix?",
+            "options": ["roll back", "wait"], "recommendation": "roll back"}}]},
+        answer("high", false)
+    ]);
+    site.import(
+        "triage-escalate",
+        script.clone(),
+        escalate("triage-escalate", "read"),
+    )
+    .await;
+    site.import(
+        "triage-denied",
+        script,
+        escalate("triage-denied", "production"),
+    )
+    .await;
+
+    let run = site.submit("triage-escalate").await;
+    let waiting = site.until(&run, "WaitingForDecision").await;
+    let pending = waiting.steps[0].attempts[0]
+        .pending_decision
+        .as_option()
+        .unwrap()
+        .clone();
+    assert_eq!(pending.kind, "escalation");
+    assert_eq!(pending.options, ["roll back", "wait"]);
+    assert_eq!(pending.recommendation, "roll back");
+    assert!(pending.question.contains("Roll back"), "{pending:?}");
+    let body = json!({
+        "attemptId": waiting.steps[0].attempts[0].attempt_id,
+        "decisionId": pending.decision_id, "choice": "wait",
+    });
+    let r = site
+        .a
+        .http()
+        .post(format!(
+            "{}/agentbay.runtime.v1.Runtime/AnswerDecision",
+            site.a.url
+        ))
+        .bearer_auth(&site.token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let done = site.until(&run, "Succeeded").await;
+    assert_eq!(done.state, "Succeeded");
+    // The choice came back to the model as the tool's observation.
+    let t = site
+        .timeline(&waiting.steps[0].attempts[0].attempt_id)
+        .await;
+    assert_eq!(t["decisions"][0]["choice"], "wait", "{t}");
+    assert_eq!(
+        t["decisions"][0]["toolCallId"]
+            .as_str()
+            .map(|s| !s.is_empty()),
+        Some(true),
+        "{t}"
+    );
+
+    // A policy that denies the tool's class: the model is told, nobody is
+    // asked.
+    let run = site.submit("triage-denied").await;
+    let done = site.until(&run, "Succeeded").await;
+    let t = site.timeline(&done.steps[0].attempts[0].attempt_id).await;
+    assert!(
+        t["decisions"].as_array().unwrap().is_empty(),
+        "nobody was asked: {t}"
+    );
 }
 
 /// One scripted answer of the test model server.

@@ -147,7 +147,8 @@ pub(crate) async fn user(a: &Appliance, tenant: &str, name: &str, roles: &[&str]
         .unwrap_or_else(|e| panic!("create user {name}: {e:?}"));
 }
 
-/// The demo's attempts (id, run, state), once its three runs have settled.
+/// The demo's attempts (id, run, release, state), once its four runs have
+/// settled.
 pub(crate) async fn demo_attempts(a: &Appliance) -> Vec<Value> {
     let token = a.admin_token().await;
     for _ in 0..400 {
@@ -166,13 +167,14 @@ pub(crate) async fn demo_attempts(a: &Appliance) -> Vec<Value> {
             .flatten()
             .flat_map(|run| {
                 let run_id = run["runId"].clone();
+                let release = run["releaseId"].clone();
                 run["steps"]
                     .as_array()
                     .into_iter()
                     .flatten()
                     .flat_map(|s| s["attempts"].as_array().into_iter().flatten())
                     .map(move |x| {
-                        serde_json::json!({"attemptId": x["attemptId"], "runId": run_id, "state": x["state"]})
+                        serde_json::json!({"attemptId": x["attemptId"], "runId": run_id, "releaseId": release, "state": x["state"]})
                     })
                     .collect::<Vec<_>>()
             })
@@ -181,8 +183,12 @@ pub(crate) async fn demo_attempts(a: &Appliance) -> Vec<Value> {
             .iter()
             .filter_map(|x| x["state"].as_str())
             .collect();
-        if states.len() == 3
-            && states.contains(&"WaitingForDecision")
+        if states.len() == 4
+            && states
+                .iter()
+                .filter(|s| **s == "WaitingForDecision")
+                .count()
+                == 2
             && states.contains(&"Succeeded")
             && states.contains(&"Failed")
         {
@@ -212,6 +218,15 @@ async fn demo_with_every_role() -> Appliance {
     }
     user(&a, "platform", "pla", &["PlatformAdmin"]).await;
     a
+}
+
+/// The demo attempt waiting for a reviewer's approval to page on-call.
+fn approval_of(list: &[Value]) -> String {
+    list.iter()
+        .find(|x| x["releaseId"] == "triage-approval-1.0.0")
+        .and_then(|x| x["attemptId"].as_str())
+        .unwrap_or_else(|| panic!("no approval attempt in {list:?}"))
+        .to_string()
 }
 
 fn id_of(list: &[Value], state: &str) -> String {
@@ -329,7 +344,7 @@ async fn signing_in_sessions_csrf_and_rate_limits() {
     user(&a, "demo", "rita", &["Reviewer"]).await;
     let rita = Visitor::sign_in(&a, "rita").await;
     let attempts = demo_attempts(&a).await;
-    let waiting = id_of(&attempts, "WaitingForDecision");
+    let waiting = approval_of(&attempts);
     let (_, page) = rita.get(&format!("/attempts/{waiting}")).await;
     let action = page
         .split("action=\"")
@@ -568,7 +583,7 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
 async fn forms_act_only_for_the_roles_that_may() {
     let a = demo_with_every_role().await;
     let attempts = demo_attempts(&a).await;
-    let waiting = id_of(&attempts, "WaitingForDecision");
+    let waiting = approval_of(&attempts);
     let obs = Visitor::sign_in(&a, "obs").await;
     let req = Visitor::sign_in(&a, "req").await;
     let rev = Visitor::sign_in(&a, "rev").await;
@@ -580,7 +595,7 @@ async fn forms_act_only_for_the_roles_that_may() {
     let (_, inbox) = rev.get("/decisions").await;
     let action = inbox
         .split("action=\"")
-        .find(|s| s.contains("/decisions/"))
+        .find(|s| s.starts_with(&format!("/attempts/{waiting}/decisions/")))
         .and_then(|s| s.split('"').next())
         .unwrap()
         .to_string();

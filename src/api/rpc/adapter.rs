@@ -402,36 +402,20 @@ impl pb::Adapter for AdapterService {
                     ));
                 }
             };
-            if request.summary.trim().is_empty() {
-                return Err(FieldError::new(
-                    "summary",
-                    "is required: one line a reviewer reads in the inbox",
-                ));
-            }
             let options: Vec<String> = request.options.iter().map(|o| o.to_string()).collect();
-            if kind == DecisionKind::Escalation && options.len() < 2 {
-                return Err(FieldError::new(
-                    "options",
-                    "an escalation needs at least two options",
-                ));
-            }
             let recommendation =
                 (!request.recommendation.is_empty()).then(|| request.recommendation.to_string());
-            if let Some(r) = &recommendation
-                && !options.contains(r)
-            {
-                return Err(FieldError::new(
-                    "recommendation",
-                    format!("{r:?} is not one of the options"),
-                ));
-            }
-            Ok(runtime::DecisionAsk {
+            let ask = runtime::DecisionAsk {
                 kind,
                 question: document("questionJson", request.question_json)?,
                 summary: request.summary.chars().take(300).collect(),
                 options,
                 recommendation,
-            })
+                answer_schema: None,
+                tool_call_id: None,
+            };
+            ask.check()?;
+            Ok(ask)
         })()
         .map_err(rpc)?;
         let decision = self

@@ -65,6 +65,7 @@ fn pending_decision_message(d: PendingDecision) -> pb::PendingDecision {
             .into(),
         options: d.options,
         recommendation: string(d.recommendation),
+        answer_schema_json: string(d.answer_schema.map(|s| s.to_string())),
         requested_at: d.requested_at.to_rfc3339(),
         expires_at: d.expires_at.to_rfc3339(),
         purged: string(d.purged),

@@ -436,6 +436,15 @@ pub struct DecisionRequest {
     pub reason: Option<String>,
     /// For an approval: whether the approved call has been issued.
     pub consumed: bool,
+    /// The JSON Schema an input answer must satisfy, when the asker gave
+    /// one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_schema: Option<serde_json::Value>,
+    /// The model's tool call that asked (builtin `ask` and `escalate`
+    /// tools): a resumed loop finds its answer here instead of asking
+    /// again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
     /// Where purged content was: the references above stay (hashes and
     /// contracts still hold), the content is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1551,6 +1551,8 @@ impl ExecutionAttempt {
             answer_ref: None,
             reason: None,
             consumed: false,
+            answer_schema: None,
+            tool_call_id: None,
             purged: None,
         };
         events.push(NewEvent::new(

@@ -32,9 +32,12 @@ use uuid::Uuid;
 
 use self::model::{Model, ModelError, ModelReply, ToolCall};
 use super::release::ReleaseInfo;
-use super::{BeginCall, BeginOutcome, Completion, Outcome, Report, Runtime, RuntimeError, Ticket};
-use crate::domain::attempt::{CallKind, DecisionStatus, FailureClass, Gate};
-use crate::domain::release::{ToolTransport, canonical_json};
+use super::{
+    BeginCall, BeginOutcome, Completion, DecisionAsk, Outcome, Report, Runtime, RuntimeError,
+    Ticket,
+};
+use crate::domain::attempt::{CallKind, DecisionKind, DecisionStatus, FailureClass, Gate};
+use crate::domain::release::{PolicyRule, ToolTransport, canonical_json};
 use crate::domain::{DomainError, TenantId};
 use crate::store::TenantScope;
 
@@ -401,6 +404,18 @@ impl<'a> Loop<'a> {
         if delegates {
             return self.delegate(state, call).await;
         }
+        let asks = self
+            .info
+            .tool(&call.tool)
+            .filter(|(t, _)| t.transport == ToolTransport::Builtin)
+            .and_then(|(t, _)| match t.name.as_deref() {
+                Some("ask") => Some(DecisionKind::Input),
+                Some("escalate") => Some(DecisionKind::Escalation),
+                _ => None,
+            });
+        if let Some(kind) = asks {
+            return self.ask_human(state, call, kind).await;
+        }
         let mut approval = None;
         loop {
             let begun = self
@@ -470,6 +485,124 @@ impl<'a> Loop<'a> {
                 }
             }
         }
+    }
+
+    /// The release's `ask` and `escalate` tools: the model stops for a
+    /// human. `ask` takes `{"question": ..., "answerSchema"?: {...}}`,
+    /// `escalate` takes `{"question": ..., "options": [...],
+    /// "recommendation"?: ...}`. The release's policy decides whether the
+    /// model may (the tool's side-effect class; `deny` refuses it). The
+    /// answer, or the option chosen, is the tool's observation; an expired
+    /// question fails the attempt. A resumed loop finds the decision its
+    /// call already asked instead of asking again.
+    async fn ask_human(
+        &self,
+        state: &mut LoopState,
+        call: &ToolCall,
+        kind: DecisionKind,
+    ) -> Result<(), RuntimeError> {
+        let refuse = |why: String| json!({"error": format!("refused: {why}")});
+        let Some((tool, schema)) = self.info.tool(&call.tool) else {
+            unreachable!("asks only for a tool of the release");
+        };
+        let policy = &self.info.manifest.policy;
+        let refusal = if policy.rule(&call.tool, tool.side_effect_class) == PolicyRule::Deny {
+            Some(format!(
+                "policy revision {} denies tool {} (side-effect class {})",
+                policy.revision,
+                call.tool,
+                tool.side_effect_class.as_str()
+            ))
+        } else {
+            let problems = super::release::violations(schema, &call.arguments);
+            (!problems.is_empty()).then(|| {
+                format!(
+                    "the arguments do not match the input schema of tool {}: {}",
+                    call.tool,
+                    problems.join("; ")
+                )
+            })
+        };
+        if let Some(why) = refusal {
+            *state = observed(state, call, &refuse(why));
+            return self.checkpoint(state).await;
+        }
+        let asked = self
+            .runtime
+            .decisions(self.scope, self.attempt_id)?
+            .into_iter()
+            .find(|d| d.tool_call_id.as_deref() == Some(call.id.as_str()));
+        let decision_id = match asked {
+            Some(d) => d.decision_id,
+            None => {
+                let args = &call.arguments;
+                let text = |key: &str| args.get(key).and_then(Value::as_str).map(str::to_string);
+                let options: Vec<String> = args
+                    .get("options")
+                    .and_then(Value::as_array)
+                    .map(|o| {
+                        o.iter()
+                            .filter_map(|v| v.as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let question = Value::String(text("question").unwrap_or_default());
+                let ask = DecisionAsk {
+                    kind,
+                    question: Some(canonical_json(&question)),
+                    summary: match kind {
+                        DecisionKind::Escalation => format!(
+                            "tool {} escalates: choose one of {} options",
+                            call.tool,
+                            options.len()
+                        ),
+                        _ => format!("tool {} asks a human for input", call.tool),
+                    },
+                    options,
+                    recommendation: text("recommendation"),
+                    answer_schema: args.get("answerSchema").cloned(),
+                    tool_call_id: Some(call.id.clone()),
+                };
+                match self
+                    .runtime
+                    .request_decision(self.scope, self.attempt_id, self.token, ask)
+                    .await
+                {
+                    Ok(d) => d.decision_id,
+                    // A question the appliance cannot put (no options, a
+                    // broken schema): the model learns why.
+                    Err(RuntimeError::Domain(DomainError::Invalid(e))) => {
+                        *state = observed(state, call, &refuse(e.to_string()));
+                        return self.checkpoint(state).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let status = self.await_decision(decision_id).await?;
+        if status != DecisionStatus::Answered {
+            // Expired (the attempt has failed) or cancelled.
+            return Err(self.refused(Some(format!("question {}", status.as_str()))));
+        }
+        let d = self
+            .runtime
+            .decision(self.scope, self.attempt_id, decision_id)?;
+        let answer = d
+            .answer_ref
+            .as_ref()
+            .and_then(|r| {
+                self.runtime
+                    .store()
+                    .read_artifact(self.scope, r)
+                    .ok()
+                    .flatten()
+            })
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        let observation = json!({
+            "answer": answer, "choice": d.choice, "answeredBy": d.answered_by,
+        });
+        *state = observed(state, call, &observation);
+        self.checkpoint(state).await
     }
 
     /// The release's `delegate` tool: a child run of another release of

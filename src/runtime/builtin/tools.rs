@@ -15,7 +15,7 @@ pub struct ToolOutput {
 
 /// Names of the builtin tools.
 pub const BUILTIN_TOOLS: &[&str] = &[
-    "echo", "notify", "clock", "noop", "fail", "sleep", "delegate",
+    "echo", "notify", "clock", "noop", "fail", "sleep", "delegate", "ask", "escalate",
 ];
 
 /// Runs a builtin tool.
@@ -70,6 +70,7 @@ pub async fn run(
             })
         }
         "delegate" => Err("delegate starts a child run; the loop handles it".into()),
+        "ask" | "escalate" => Err(format!("{name} asks a human; the loop handles it")),
         other => Err(format!(
             "{other:?} is not a builtin tool (they are: {})",
             BUILTIN_TOOLS.join(", ")

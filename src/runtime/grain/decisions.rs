@@ -16,6 +16,7 @@ impl Grain {
     ) -> Result<DecisionRequest, RuntimeError> {
         self.fence(token, "RequestDecision").await?;
         self.check_interrupt("RequestDecision").await?;
+        ask.check()?;
         let now = self.now();
         let timeout = Duration::minutes(self.shared.config.input_timeout_minutes as i64);
         let question_ref = ask
@@ -35,6 +36,9 @@ impl Grain {
             timeout,
             now,
         )?;
+        let mut decision = decision;
+        decision.answer_schema = ask.answer_schema;
+        decision.tool_call_id = ask.tool_call_id;
         let retain = self.retain();
         let d = decision.clone();
         let question = ask.question;
@@ -164,12 +168,26 @@ impl Grain {
                 }
             },
             DecisionKind::Input => {
-                if answer.is_none() {
+                let Some(bytes) = &answer else {
                     return Err(crate::domain::FieldError::new(
                         "answerJson",
                         "is required for an input decision",
                     )
                     .into());
+                };
+                if let Some(schema) = &decision.answer_schema {
+                    let validator = jsonschema::validator_for(schema)
+                        .map_err(|e| precondition(format!("the decision's answer schema: {e}")))?;
+                    let document: serde_json::Value = serde_json::from_slice(bytes)
+                        .map_err(|e| crate::domain::FieldError::new("answerJson", e.to_string()))?;
+                    let problems = crate::runtime::release::violations(&validator, &document);
+                    if !problems.is_empty() {
+                        return Err(crate::domain::FieldError::new(
+                            "answerJson",
+                            format!("does not match the answer schema: {}", problems.join("; ")),
+                        )
+                        .into());
+                    }
                 }
             }
         }
