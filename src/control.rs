@@ -779,6 +779,81 @@ fn print_reverified(r: &pb::Reverified) {
     );
 }
 
+/// What `agentbay model` does.
+pub enum ModelAction {
+    /// Map or re-point a profile.
+    Put(pb::PutModelProfileRequest),
+    /// List them.
+    List,
+    /// Remove one.
+    Delete(pb::DeleteModelProfileRequest),
+}
+
+/// `agentbay model put|list|delete`, through the running appliance (the
+/// profiles apply to its next model calls).
+pub async fn model_profiles(config: &Config, action: ModelAction) -> anyhow::Result<()> {
+    let Target::Running { client, info } = Target::of(config)? else {
+        bail!(
+            "no appliance runs on {}: start it (model profiles are set through the running appliance, whose next model calls use them)",
+            config.data_dir.display()
+        );
+    };
+    let line = |p: &pb::ModelProfile| {
+        format!(
+            "{:<24} {:<12} {} (model {}{}, timeout {} s)",
+            p.profile_id,
+            if p.tenant_id.is_empty() {
+                "every tenant"
+            } else {
+                p.tenant_id.as_str()
+            },
+            p.endpoint,
+            p.model,
+            if p.api_key_ref.is_empty() {
+                String::new()
+            } else {
+                format!(", key {}", p.api_key_ref)
+            },
+            p.timeout_seconds
+        )
+    };
+    match action {
+        ModelAction::Put(request) => {
+            let r = client
+                .put_model_profile(request)
+                .await
+                .map_err(connect_error)?
+                .into_owned();
+            let p = r.profile.as_option().cloned().unwrap_or_default();
+            println!("set through the running appliance at {}:", info.url);
+            println!("{}", line(&p));
+        }
+        ModelAction::List => {
+            let r = client
+                .list_model_profiles(pb::ListModelProfilesRequest::default())
+                .await
+                .map_err(connect_error)?
+                .into_owned();
+            if r.profiles.is_empty() {
+                println!("no model profiles: releases call their own endpoints");
+            }
+            for p in &r.profiles {
+                println!("{}", line(p));
+            }
+        }
+        ModelAction::Delete(request) => {
+            let r = client
+                .delete_model_profile(request)
+                .await
+                .map_err(connect_error)?
+                .into_owned();
+            let p = r.profile.as_option().cloned().unwrap_or_default();
+            println!("removed: {}", line(&p));
+        }
+    }
+    Ok(())
+}
+
 /// `agentbay trust add`.
 pub async fn trust_add(
     config: &Config,

@@ -128,6 +128,12 @@ enum Command {
         #[command(subcommand)]
         command: TrustCommand,
     },
+    /// Map model profile ids to the site's model servers (PlatformAdmin
+    /// tasks, through the running appliance).
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
     /// Sign, verify and import release bundles (works offline).
     Release {
         #[command(subcommand)]
@@ -177,6 +183,48 @@ enum ReleaseCommand {
         common: Common,
         /// The bundle (directory or .tar.gz).
         bundle: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Map (or re-point) a profile id: the next model call goes there.
+    Put {
+        #[command(flatten)]
+        common: Common,
+        /// The profile id releases name (modelProfile.id).
+        profile: String,
+        /// Base URL of an OpenAI-compatible API, e.g. http://llm:8080/v1.
+        #[arg(long)]
+        endpoint: String,
+        /// The model name the server is asked for.
+        #[arg(long)]
+        model: String,
+        /// Name of a key under [runtime.model_api_keys].
+        #[arg(long)]
+        api_key_ref: Option<String>,
+        /// Seconds one call may take (default 120).
+        #[arg(long)]
+        timeout_seconds: Option<u32>,
+        /// Only for this tenant (default: every tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// List the site's model profiles.
+    List {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove a profile: calls fall back to the platform's, then to the
+    /// release's own endpoint.
+    Delete {
+        #[command(flatten)]
+        common: Common,
+        /// The profile id.
+        profile: String,
+        /// The tenant's profile (default: the platform's).
+        #[arg(long)]
+        tenant: Option<String>,
     },
 }
 
@@ -623,6 +671,50 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 control::user_reset_password(&config, &tenant, &username, password).await
             }
         },
+        Command::Model { command } => {
+            let (common, action) = match command {
+                ModelCommand::Put {
+                    common,
+                    profile,
+                    endpoint,
+                    model,
+                    api_key_ref,
+                    timeout_seconds,
+                    tenant,
+                } => (
+                    common,
+                    control::ModelAction::Put(
+                        agentbay::proto::agentbay::admin::v1::PutModelProfileRequest {
+                            profile_id: profile,
+                            tenant_id: tenant.unwrap_or_default(),
+                            endpoint,
+                            model,
+                            api_key_ref: api_key_ref.unwrap_or_default(),
+                            timeout_seconds: timeout_seconds.unwrap_or(0),
+                            ..Default::default()
+                        },
+                    ),
+                ),
+                ModelCommand::List { common } => (common, control::ModelAction::List),
+                ModelCommand::Delete {
+                    common,
+                    profile,
+                    tenant,
+                } => (
+                    common,
+                    control::ModelAction::Delete(
+                        agentbay::proto::agentbay::admin::v1::DeleteModelProfileRequest {
+                            profile_id: profile,
+                            tenant_id: tenant.unwrap_or_default(),
+                            ..Default::default()
+                        },
+                    ),
+                ),
+            };
+            let config = load(&common, None)?;
+            quiet_logging(&config);
+            control::model_profiles(&config, action).await
+        }
         Command::Trust { command } => match command {
             TrustCommand::Add {
                 common,

@@ -160,6 +160,7 @@ fn call_json(c: &crate::domain::attempt::CallRecord) -> Value {
         "policyRule": c.policy_rule,
         "approvalId": c.approval_id,
         "receiptRef": c.receipt_ref,
+        "servedBy": c.served_by,
         "resultHash": c.result_hash,
         "status": c.status.as_str(),
         "error": c.error,

@@ -12,6 +12,7 @@ pub mod credential;
 pub mod error;
 pub mod events;
 pub mod ids;
+pub mod model_profile;
 pub mod release;
 pub mod retention;
 pub mod run;

@@ -502,19 +502,22 @@ impl Manifest {
                     "a scripted profile needs its responses file",
                 ));
             }
+            // The endpoint is a default: the site may map the profile id
+            // to its own model server (and must, when there is none).
             ModelKind::OpenaiCompatible => {
-                let url = m.endpoint.as_deref().unwrap_or("");
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(FieldError::new(
-                        "modelProfile.endpoint",
-                        format!("{url:?} is not an http(s) URL"),
-                    ));
-                }
-                if m.model.as_deref().unwrap_or("").is_empty() {
-                    return Err(FieldError::new(
-                        "modelProfile.model",
-                        "is required for an openai-compatible profile",
-                    ));
+                if let Some(url) = m.endpoint.as_deref() {
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return Err(FieldError::new(
+                            "modelProfile.endpoint",
+                            format!("{url:?} is not an http(s) URL"),
+                        ));
+                    }
+                    if m.model.as_deref().unwrap_or("").is_empty() {
+                        return Err(FieldError::new(
+                            "modelProfile.model",
+                            "is required with an endpoint",
+                        ));
+                    }
                 }
             }
             _ => {}

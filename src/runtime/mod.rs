@@ -10,6 +10,7 @@
 
 pub mod builtin;
 pub mod grain;
+pub mod profiles;
 pub mod release;
 pub mod workers;
 

@@ -131,6 +131,8 @@ pub enum Table {
     PublisherKeys,
     /// Verdicts on releases, `<release>/<verdict>`, kept as evidence.
     ReleaseVerdicts,
+    /// The site's model profiles (platform-wide, or one tenant's), by id.
+    ModelProfiles,
 }
 
 impl Table {
@@ -158,6 +160,7 @@ impl Table {
         Table::Users,
         Table::PublisherKeys,
         Table::ReleaseVerdicts,
+        Table::ModelProfiles,
     ];
 
     /// The sled tree name.
@@ -185,6 +188,7 @@ impl Table {
             Table::Users => "users",
             Table::PublisherKeys => "publisher_keys",
             Table::ReleaseVerdicts => "release_verdicts",
+            Table::ModelProfiles => "model_profiles",
         }
     }
 

@@ -1144,3 +1144,125 @@ async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_aga
         .unwrap();
     site.until(&other, "Failed").await;
 }
+
+#[tokio::test]
+async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
+    let site = Site::start().await;
+    let answer = |s: &str| {
+        Reply::Chat(completion(
+            Some(&json!({"severity": s, "summary": "checked", "paged": false}).to_string()),
+            Value::Null,
+        ))
+    };
+    // The release's own endpoint, and two model servers of the site.
+    let release_default = model_server(vec![answer("low")]).await;
+    let first = model_server(vec![answer("medium")]).await;
+    let second = model_server(vec![answer("high")]).await;
+    site.import(
+        "triage-llm",
+        json!([]),
+        openai_profile(&release_default.url),
+    )
+    .await;
+    let served = |run: rn::Run| {
+        let site = &site;
+        async move {
+            let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
+            t["calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c["kind"] == "model")
+                .map(|c| c["servedBy"].as_str().unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+
+    // Unmapped: the release's endpoint serves, and the record says so.
+    let run_id = site.submit("triage-llm").await;
+    let done = site.until(&run_id, "Succeeded").await;
+    let by = served(done).await;
+    assert!(
+        by[0].starts_with(&release_default.url) && by[0].contains("the release's profile site-llm"),
+        "{by:?}"
+    );
+
+    // Mapped for every tenant through the running appliance: the next
+    // call goes to the site's server, without a new release.
+    let map = |url: &str, extra: &[&str]| {
+        let mut args = vec![
+            "model",
+            "put",
+            "site-llm",
+            "--endpoint",
+            url,
+            "--model",
+            "site-model",
+        ];
+        args.extend_from_slice(extra);
+        let out = run_cli(&args, &site.a.data_dir);
+        assert!(out.contains("through the running appliance"), "{out}");
+    };
+    map(&first.url, &[]);
+    let run_id = site.submit("triage-llm").await;
+    let done = site.until(&run_id, "Succeeded").await;
+    let by = served(done).await;
+    assert!(
+        by[0].starts_with(&first.url) && by[0].contains("site profile site-llm for every tenant"),
+        "{by:?}"
+    );
+    assert_eq!(first.requests.lock().unwrap()[0]["model"], "site-model");
+
+    // Re-pointed for this tenant only: its next call goes to the second.
+    map(&second.url, &["--tenant", "demo"]);
+    let run_id = site.submit("triage-llm").await;
+    let done = site.until(&run_id, "Succeeded").await;
+    let by = served(done).await;
+    assert!(
+        by[0].starts_with(&second.url) && by[0].contains("for tenant demo"),
+        "{by:?}"
+    );
+    assert_eq!(second.requests.lock().unwrap().len(), 1);
+    assert_eq!(
+        first.requests.lock().unwrap().len(),
+        1,
+        "nothing more went to the first"
+    );
+    let listed = run_cli(&["model", "list"], &site.a.data_dir);
+    assert!(
+        listed.contains(&first.url) && listed.contains(&second.url),
+        "{listed}"
+    );
+
+    // A bad mapping is refused by field, and changes nothing.
+    let out = run(agentbay()
+        .args([
+            "model",
+            "put",
+            "site-llm",
+            "--endpoint",
+            "ftp://x",
+            "--model",
+            "m",
+        ])
+        .arg("--data-dir")
+        .arg(&site.a.data_dir));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("endpoint"));
+    assert!(
+        run_cli(&["model", "list"], &site.a.data_dir).contains(&second.url),
+        "the mapping stays"
+    );
+}
+
+/// Runs the CLI on a data directory and returns its output, failing on an
+/// error.
+fn run_cli(args: &[&str], data: &Path) -> String {
+    let out = run(agentbay().args(args).arg("--data-dir").arg(data));
+    assert!(
+        out.status.success(),
+        "agentbay {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

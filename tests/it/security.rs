@@ -350,6 +350,17 @@ fn rpc_table(v: &Victim) -> HashMap<&'static str, Option<Value>> {
             Some(json!({"keyId": "ed25519:0000000000000000", "reason": "probe"})),
         ),
         (
+            "agentbay.admin.v1.Admin/PutModelProfile",
+            Some(
+                json!({"profileId": "probe", "tenantId": "demo", "endpoint": "http://127.0.0.1:9/v1", "model": "m"}),
+            ),
+        ),
+        ("agentbay.admin.v1.Admin/ListModelProfiles", Some(json!({}))),
+        (
+            "agentbay.admin.v1.Admin/DeleteModelProfile",
+            Some(json!({"profileId": "probe", "tenantId": "demo"})),
+        ),
+        (
             "agentbay.admin.v1.Admin/PutProject",
             Some(json!({"tenantId": "demo", "projectId": "x"})),
         ),

@@ -76,6 +76,34 @@ pub fn reverified_message(r: crate::releases::Reverified) -> pb::Reverified {
     }
 }
 
+/// Whose a model profile is: the platform (empty) or a tenant.
+fn profile_owner(tenant: &str) -> Result<TenantId, crate::domain::DomainError> {
+    if tenant.is_empty() {
+        Ok(TenantId::platform())
+    } else {
+        Ok(TenantId::parse_field("tenantId", tenant)?)
+    }
+}
+
+/// The wire form of a site model profile.
+pub fn profile_message(p: &crate::domain::model_profile::SiteModelProfile) -> pb::ModelProfile {
+    pb::ModelProfile {
+        profile_id: p.profile_id.clone(),
+        tenant_id: if p.tenant_id == TenantId::platform() {
+            String::new()
+        } else {
+            p.tenant_id.to_string()
+        },
+        endpoint: p.endpoint.clone(),
+        model: p.model.clone(),
+        api_key_ref: p.api_key_ref.clone().unwrap_or_default(),
+        timeout_seconds: p.timeout_seconds,
+        updated_at: p.updated_at.to_rfc3339(),
+        updated_by: p.updated_by.clone(),
+        ..Default::default()
+    }
+}
+
 /// The wire form of a console user.
 pub fn user_message(u: &User) -> pb::User {
     pb::User {
@@ -506,6 +534,75 @@ impl pb::Admin for AdminService {
         Response::ok(pb::RevokePublisherKeyResponse {
             key: buffa::MessageField::some(key_message(&key)),
             reverified: buffa::MessageField::some(reverified_message(done)),
+            ..Default::default()
+        })
+    }
+
+    async fn put_model_profile(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::PutModelProfileRequest>,
+    ) -> ServiceResult<pb::PutModelProfileResponse> {
+        let caller = principal(&ctx)?;
+        caller.platform_scope().map_err(rpc)?;
+        let owner = profile_owner(request.tenant_id).map_err(rpc)?;
+        if owner != TenantId::platform() && self.state.capacity.tenant(&owner).is_none() {
+            return Err(rpc(crate::domain::DomainError::from(
+                crate::domain::FieldError::new(
+                    "tenantId",
+                    format!("{owner} is not a registered tenant"),
+                ),
+            )));
+        }
+        let keys = &self.state.config.runtime.model_api_keys;
+        let profile = crate::runtime::profiles::put(
+            &self.state.store,
+            owner,
+            crate::domain::model_profile::ProfileSpec {
+                profile_id: request.profile_id.to_string(),
+                endpoint: request.endpoint.to_string(),
+                model: request.model.to_string(),
+                api_key_ref: Some(request.api_key_ref.to_string()),
+                timeout_seconds: Some(request.timeout_seconds),
+            },
+            |k| keys.contains_key(k),
+            &caller.subject.to_string(),
+            self.state.clock.now(),
+        )
+        .await
+        .map_err(rpc)?;
+        Response::ok(pb::PutModelProfileResponse {
+            profile: buffa::MessageField::some(profile_message(&profile)),
+            ..Default::default()
+        })
+    }
+
+    async fn list_model_profiles(
+        &self,
+        ctx: RequestContext,
+        _request: ServiceRequest<'_, pb::ListModelProfilesRequest>,
+    ) -> ServiceResult<pb::ListModelProfilesResponse> {
+        principal(&ctx)?.platform_scope().map_err(rpc)?;
+        let all = crate::runtime::profiles::list(&self.state.store).map_err(rpc)?;
+        Response::ok(pb::ListModelProfilesResponse {
+            profiles: all.iter().map(profile_message).collect(),
+            ..Default::default()
+        })
+    }
+
+    async fn delete_model_profile(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::DeleteModelProfileRequest>,
+    ) -> ServiceResult<pb::DeleteModelProfileResponse> {
+        principal(&ctx)?.platform_scope().map_err(rpc)?;
+        let owner = profile_owner(request.tenant_id).map_err(rpc)?;
+        let removed =
+            crate::runtime::profiles::remove(&self.state.store, owner, request.profile_id)
+                .await
+                .map_err(rpc)?;
+        Response::ok(pb::DeleteModelProfileResponse {
+            profile: buffa::MessageField::some(profile_message(&removed)),
             ..Default::default()
         })
     }

@@ -81,6 +81,18 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
             Needs(Scope::Platform),
         ),
         (
+            "agentbay.admin.v1.Admin/PutModelProfile",
+            Needs(Scope::Platform),
+        ),
+        (
+            "agentbay.admin.v1.Admin/ListModelProfiles",
+            Needs(Scope::Platform),
+        ),
+        (
+            "agentbay.admin.v1.Admin/DeleteModelProfile",
+            Needs(Scope::Platform),
+        ),
+        (
             "agentbay.admin.v1.Admin/ListTenants",
             Needs(Scope::Platform),
         ),

@@ -257,6 +257,10 @@ pub struct CallRecord {
     /// Artifact reference of the receipt (tool-invocation-v1 /
     /// model-invocation-v1).
     pub receipt_ref: Option<String>,
+    /// What served a model call: the endpoint and the profile that chose
+    /// it (a site profile, or the release's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<String>,
     /// Artifact reference of the result.
     pub result_hash: Option<String>,
     /// Where it is.

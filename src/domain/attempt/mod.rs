@@ -673,6 +673,8 @@ pub struct CallResult {
     pub receipt_ref: Option<String>,
     /// The error, when it failed.
     pub error: Option<String>,
+    /// What served it (model calls).
+    pub served_by: Option<String>,
 }
 
 /// How a decision was resolved.
@@ -1370,6 +1372,7 @@ impl ExecutionAttempt {
             policy_rule: call.policy_rule,
             approval_id: call.approval_id,
             receipt_ref: None,
+            served_by: None,
             result_hash: None,
             status: if refused.is_some() {
                 CallStatus::Failed
@@ -1420,6 +1423,7 @@ impl ExecutionAttempt {
         };
         record.result_hash = result.result_hash;
         record.receipt_ref = result.receipt_ref;
+        record.served_by = result.served_by;
         record.error = result.error;
         record.ended_at = Some(now);
         Ok(events)

@@ -84,6 +84,7 @@ fn ok() -> CallResult {
         result_hash: Some("sha256:res".into()),
         receipt_ref: Some("sha256:rcpt".into()),
         error: None,
+        served_by: None,
     }
 }
 
@@ -561,7 +562,7 @@ proptest! {
                 }
                 Cmd::Observe(good) => {
                     if let Some(i) = open_index {
-                        let result = if good { ok() } else { CallResult { ok: false, result_hash: None, receipt_ref: None, error: Some("boom".into()) } };
+                        let result = if good { ok() } else { CallResult { ok: false, result_hash: None, receipt_ref: None, served_by: None, error: Some("boom".into()) } };
                         if let Ok(e) = a.observe_call(&mut calls[i], result, now) { events = e; }
                     }
                 }

@@ -292,6 +292,8 @@ impl<'a> Loop<'a> {
                 self.budget,
             );
             let request = json!({"messages": ctx.messages, "tools": self.tools});
+            let (site_model, served_by) = self.model_now()?;
+            let model = site_model.as_ref().unwrap_or(&self.model);
             let begun = self
                 .begin(BeginCall {
                     kind: CallKind::Model,
@@ -322,8 +324,7 @@ impl<'a> Loop<'a> {
             let started = Instant::now();
             let answer = {
                 let _enter = span.enter();
-                self.model
-                    .complete(self.http, &ctx.messages, &self.tools, state.turns)
+                model.complete(self.http, &ctx.messages, &self.tools, state.turns)
             }
             .await;
             self.outside
@@ -335,7 +336,7 @@ impl<'a> Loop<'a> {
                     let receipt = json!({
                         "schema": "model-invocation-v1", "model": reply.model,
                         "inputTokens": reply.input_tokens, "outputTokens": reply.output_tokens,
-                        "latencyMs": reply.latency_ms,
+                        "latencyMs": reply.latency_ms, "servedBy": served_by,
                     });
                     let mut next = state.clone();
                     next.turns += 1;
@@ -368,7 +369,7 @@ impl<'a> Loop<'a> {
                     return Ok(reply);
                 }
                 Err(e) => {
-                    let receipt = json!({"schema": "model-invocation-v1", "error": e.to_string()});
+                    let receipt = json!({"schema": "model-invocation-v1", "error": e.to_string(), "servedBy": served_by});
                     self.complete(call_id, false, None, receipt, Some(e.to_string()), state)
                         .await?;
                     let transient = matches!(e, ModelError::Transient(_));
@@ -393,6 +394,47 @@ impl<'a> Loop<'a> {
                 }
             }
         }
+    }
+
+    /// The model of the next call: the site's profile for the release's
+    /// profile id when there is one (read at every call, so re-pointing a
+    /// profile moves the next call), else none and the release's own; and
+    /// what serves the call, in words, for its record.
+    fn model_now(&self) -> Result<(Option<Model>, String), RuntimeError> {
+        let profile = &self.info.manifest.model_profile;
+        let site =
+            super::profiles::resolve(self.runtime.store(), self.scope.tenant(), &profile.id)?;
+        let Some(site) = site else {
+            let served = match &self.model {
+                Model::OpenAi {
+                    endpoint, model, ..
+                } => format!(
+                    "{endpoint} (model {model}, the release's profile {})",
+                    profile.id
+                ),
+                Model::Scripted { .. } => {
+                    format!(
+                        "the scripted responses of the release's profile {}",
+                        profile.id
+                    )
+                }
+                Model::Unmapped { .. } => format!("nothing: profile {} is not mapped", profile.id),
+            };
+            return Ok((None, served));
+        };
+        let api_key = site
+            .api_key_ref
+            .as_ref()
+            .and_then(|name| self.runtime.shared.config.model_api_keys.get(name))
+            .map(|k| k.expose().to_string());
+        let served = format!(
+            "{} (model {}, site profile {} for {})",
+            site.endpoint,
+            site.model,
+            site.profile_id,
+            site.scope_text()
+        );
+        Ok((Some(Model::site(&site, profile, api_key)), served))
     }
 
     /// One tool call through the gate; its observation joins the state,

@@ -58,6 +58,12 @@ pub enum Model {
         /// The responses.
         responses: Vec<Value>,
     },
+    /// An OpenAI-compatible profile whose release carries no endpoint and
+    /// that the site maps to none: every call fails and says so.
+    Unmapped {
+        /// The profile id.
+        profile: String,
+    },
     /// An OpenAI-compatible `/chat/completions` endpoint.
     OpenAi {
         /// Base URL, e.g. `http://127.0.0.1:8080/v1`.
@@ -79,6 +85,7 @@ impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Model::Scripted { responses } => write!(f, "Scripted({} responses)", responses.len()),
+            Model::Unmapped { profile } => write!(f, "Unmapped({profile})"),
             Model::OpenAi {
                 endpoint, model, ..
             } => write!(f, "OpenAi({endpoint}, {model})"),
@@ -108,11 +115,14 @@ impl Model {
                     .ok_or("the scripted responses are not a list")?;
                 Ok(Model::Scripted { responses: list })
             }
+            ModelKind::OpenaiCompatible if profile.endpoint.is_none() => Ok(Model::Unmapped {
+                profile: profile.id.clone(),
+            }),
             ModelKind::OpenaiCompatible => Ok(Model::OpenAi {
                 endpoint: profile
                     .endpoint
                     .clone()
-                    .ok_or("the model profile has no endpoint")?
+                    .unwrap_or_default()
                     .trim_end_matches('/')
                     .to_string(),
                 model: profile.model.clone().unwrap_or_default(),
@@ -121,6 +131,23 @@ impl Model {
                 temperature: profile.temperature,
                 max_tokens: profile.max_tokens,
             }),
+        }
+    }
+
+    /// The model a site profile points at, with the release's sampling
+    /// settings.
+    pub fn site(
+        site: &crate::domain::model_profile::SiteModelProfile,
+        release: &ModelProfile,
+        api_key: Option<String>,
+    ) -> Model {
+        Model::OpenAi {
+            endpoint: site.endpoint.clone(),
+            model: site.model.clone(),
+            api_key,
+            timeout: Duration::from_secs(site.timeout_seconds.into()),
+            temperature: release.temperature,
+            max_tokens: release.max_tokens,
         }
     }
 
@@ -135,6 +162,9 @@ impl Model {
     ) -> Result<ModelReply, ModelError> {
         let started = Instant::now();
         match self {
+            Model::Unmapped { profile } => Err(ModelError::Fatal(format!(
+                "model profile {profile} has no endpoint in the release and none on this site: `agentbay model put {profile} --endpoint URL --model NAME` maps it"
+            ))),
             Model::Scripted { responses } => {
                 let Some(r) = responses.get(turn as usize) else {
                     return Err(ModelError::Fatal(format!(

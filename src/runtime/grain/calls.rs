@@ -604,6 +604,12 @@ impl Grain {
                 result_hash: result_hash.clone(),
                 receipt_ref: receipt_ref.clone(),
                 error: c.error.clone(),
+                // A model-invocation-v1 receipt names what served the call.
+                served_by: c
+                    .receipt
+                    .as_deref()
+                    .and_then(|r| serde_json::from_slice::<serde_json::Value>(r).ok())
+                    .and_then(|r| r.get("servedBy")?.as_str().map(str::to_string)),
             },
             now,
         )?;
@@ -686,6 +692,7 @@ impl Grain {
                 ok,
                 result_hash: child.output_ref.clone(),
                 receipt_ref: Some(format!("run:{}", child.child_run_id)),
+                served_by: None,
                 error: (!ok).then(|| {
                     format!(
                         "child run {} ended {}: {}",

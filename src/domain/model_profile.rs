@@ -1,0 +1,170 @@
+//! Site model profiles: where a model profile id points on this site.
+//!
+//! A release names a model profile id (and may carry a default endpoint).
+//! The site maps profile ids to its own model servers: a PlatformAdmin sets
+//! a profile for every tenant (owner: the platform) or for one tenant
+//! (owner: that tenant), and the one of the attempt's tenant wins over the
+//! platform's, which wins over the release's own. Re-pointing a profile
+//! moves the next model call; nothing is signed or imported again.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{FieldError, TenantId};
+
+/// A site's mapping of one profile id.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteModelProfile {
+    /// The platform (every tenant) or one tenant.
+    pub tenant_id: TenantId,
+    /// The profile id releases name (`modelProfile.id`).
+    pub profile_id: String,
+    /// Base URL of an OpenAI-compatible chat-completions API on the site.
+    pub endpoint: String,
+    /// The model name the server is asked for.
+    pub model: String,
+    /// Name of an API key under `[runtime.model_api_keys]`, never the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_ref: Option<String>,
+    /// Seconds one call may take.
+    pub timeout_seconds: u32,
+    /// When and by whom it was last set.
+    pub updated_at: DateTime<Utc>,
+    /// Who.
+    pub updated_by: String,
+    /// The stored state this value was read from (0: new).
+    #[serde(default)]
+    pub version: u64,
+}
+
+/// What setting a profile asks for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProfileSpec {
+    /// Profile id.
+    pub profile_id: String,
+    /// Endpoint.
+    pub endpoint: String,
+    /// Model name.
+    pub model: String,
+    /// API key name.
+    pub api_key_ref: Option<String>,
+    /// Seconds; 0 or none: 120.
+    pub timeout_seconds: Option<u32>,
+}
+
+impl SiteModelProfile {
+    /// Checks a spec and makes the profile, naming the field at fault.
+    /// `known_key` says whether an API key name is configured.
+    pub fn new(
+        owner: TenantId,
+        spec: ProfileSpec,
+        known_key: impl Fn(&str) -> bool,
+        by: &str,
+        now: DateTime<Utc>,
+    ) -> Result<SiteModelProfile, FieldError> {
+        let id = spec.profile_id.trim();
+        if id.is_empty()
+            || id.len() > 128
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(FieldError::new(
+                "profileId",
+                "is required: 1 to 128 of a-z, A-Z, 0-9, '-', '_', '.' (the id releases name)",
+            ));
+        }
+        let endpoint = spec.endpoint.trim().trim_end_matches('/');
+        let url = url::Url::parse(endpoint)
+            .map_err(|e| FieldError::new("endpoint", format!("{endpoint:?} is not a URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(FieldError::new(
+                "endpoint",
+                format!("{endpoint:?} must be an http:// or https:// URL with a host"),
+            ));
+        }
+        if spec.model.trim().is_empty() {
+            return Err(FieldError::new(
+                "model",
+                "is required: the model name the server is asked for",
+            ));
+        }
+        let api_key_ref = spec
+            .api_key_ref
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty());
+        if let Some(k) = &api_key_ref
+            && !known_key(k)
+        {
+            return Err(FieldError::new(
+                "apiKeyRef",
+                format!("{k:?} is not a key under [runtime.model_api_keys]"),
+            ));
+        }
+        let timeout = spec.timeout_seconds.filter(|t| *t > 0).unwrap_or(120);
+        if timeout > 3600 {
+            return Err(FieldError::new(
+                "timeoutSeconds",
+                format!("{timeout} is more than 3600"),
+            ));
+        }
+        Ok(SiteModelProfile {
+            tenant_id: owner,
+            profile_id: id.to_string(),
+            endpoint: endpoint.to_string(),
+            model: spec.model.trim().to_string(),
+            api_key_ref,
+            timeout_seconds: timeout,
+            updated_at: now,
+            updated_by: by.to_string(),
+            version: 0,
+        })
+    }
+
+    /// Whom it applies to, in words.
+    pub fn scope_text(&self) -> String {
+        if self.tenant_id == TenantId::platform() {
+            "every tenant".into()
+        } else {
+            format!("tenant {}", self.tenant_id)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ProfileSpec {
+        ProfileSpec {
+            profile_id: "triage-llm".into(),
+            endpoint: "http://llm.local:8080/v1/".into(),
+            model: "qwen".into(),
+            api_key_ref: Some("site".into()),
+            timeout_seconds: None,
+        }
+    }
+
+    #[test]
+    fn a_profile_names_the_field_at_fault() {
+        let now = Utc::now();
+        let ok =
+            SiteModelProfile::new(TenantId::platform(), spec(), |k| k == "site", "a", now).unwrap();
+        assert_eq!(ok.endpoint, "http://llm.local:8080/v1");
+        assert_eq!(ok.timeout_seconds, 120);
+        let bad = |edit: fn(&mut ProfileSpec), field: &str| {
+            let mut s = spec();
+            edit(&mut s);
+            let e = SiteModelProfile::new(TenantId::platform(), s, |k| k == "site", "a", now)
+                .unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+        };
+        bad(|s| s.profile_id = "a b".into(), "profileId");
+        bad(|s| s.endpoint = "ftp://x".into(), "endpoint");
+        bad(|s| s.endpoint = "not a url".into(), "endpoint");
+        bad(|s| s.model = " ".into(), "model");
+        bad(|s| s.api_key_ref = Some("other".into()), "apiKeyRef");
+        bad(|s| s.timeout_seconds = Some(4000), "timeoutSeconds");
+    }
+}
