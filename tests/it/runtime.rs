@@ -1388,6 +1388,35 @@ async fn an_attempt_can_be_watched_over_connect_streaming_and_sse() {
 }
 
 #[tokio::test]
+async fn a_watched_attempt_says_what_a_human_is_asked() {
+    let (site, attempt) = waiting_for("escalation").await;
+    let mut stream = site
+        .runtime()
+        .watch_attempt(rt::WatchAttemptRequest {
+            attempt_id: attempt.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let update = tokio::time::timeout(std::time::Duration::from_secs(10), stream.message())
+        .await
+        .expect("an update within 10 s")
+        .unwrap()
+        .expect("the current state first")
+        .to_owned_message();
+    assert_eq!(update.state, "WaitingForDecision");
+    let pending = update
+        .pending_decision
+        .as_option()
+        .expect("the structured decision");
+    assert_eq!(pending.kind, "escalation");
+    assert_eq!(pending.options, ["p1", "p2"]);
+    assert_eq!(pending.recommendation, "p1");
+    assert!(pending.question.contains("which priority?"), "{pending:?}");
+    assert!(!pending.decision_id.is_empty());
+}
+
+#[tokio::test]
 async fn the_example_python_adapter_runs_a_run_end_to_end() {
     let site = Site::start(false).await;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -43,7 +43,7 @@ fn limits_message(l: &AttemptLimits) -> pb::Limits {
 }
 
 /// The wire form of a pending decision.
-fn pending_decision_message(d: PendingDecision) -> pb::PendingDecision {
+pub(crate) fn pending_decision_message(d: PendingDecision) -> pb::PendingDecision {
     let string = |v: Option<String>| v.unwrap_or_default();
     pb::PendingDecision {
         decision_id: d.decision_id.to_string(),

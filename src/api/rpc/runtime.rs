@@ -23,9 +23,22 @@ impl RuntimeService {
     }
 }
 
-fn update_message(view: &AttemptView) -> pb::AttemptUpdate {
+fn update_message(
+    store: &crate::store::Store,
+    scope: &crate::store::TenantScope,
+    view: &AttemptView,
+) -> pb::AttemptUpdate {
     let a = &view.attempt;
     pb::AttemptUpdate {
+        pending_decision: view
+            .decision
+            .as_ref()
+            .map(|d| {
+                super::runs::pending_decision_message(crate::runtime::PendingDecision::read(
+                    store, scope, d,
+                ))
+            })
+            .into(),
         attempt_id: a.attempt_id.to_string(),
         state: a.state.as_str().to_string(),
         phase: a.phase.as_str().to_string(),
@@ -123,7 +136,10 @@ impl pb::Runtime for RuntimeService {
         let scope = caller.tenant_scope();
         let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
         let updates = attempt_updates(&self.state, &scope, id).map_err(rpc)?;
-        let stream = futures::StreamExt::map(updates, |view| Ok(update_message(&view)));
+        let store = self.state.store.clone();
+        let stream = futures::StreamExt::map(updates, move |view| {
+            Ok(update_message(&store, &scope, &view))
+        });
         Ok(Response::new(
             Box::pin(stream) as ServiceStream<pb::AttemptUpdate>
         ))
