@@ -751,6 +751,42 @@ async fn forms_act_only_for_the_roles_that_may() {
     );
     assert!(page.contains("<svg"), "utilisation drawn as inline SVG");
 
+    // Publisher keys: a PlatformAdmin's page; revoking the demo key makes
+    // the demo's releases untrusted, trusting it again verifies them.
+    let (status, _) = wsa.get("/keys").await;
+    assert_eq!(status, 403);
+    let (_, keys) = pla.get("/keys").await;
+    assert!(keys.contains("DEMO ONLY"), "{keys}");
+    let demo_key = "ed25519:a4a3b5ce12458db5";
+    let (ok, message) = pla
+        .act(&format!("/keys/{demo_key}/revoke"), &[("reason", " ")])
+        .await;
+    assert!(!ok && message.contains("reason"), "{message}");
+    let (ok, message) = pla
+        .act(
+            &format!("/keys/{demo_key}/revoke"),
+            &[("reason", "demo is over")],
+        )
+        .await;
+    assert!(ok && message.contains("untrusted"), "{message}");
+    let (_, releases) = wsa.get("/releases").await;
+    assert!(releases.contains("untrusted"), "{releases}");
+    let (ok, message) = pla
+        .act(
+            "/keys",
+            &[
+                ("name", "demo again"),
+                ("publicKey", "ygxSy398UPvGnOXD8+sFPISaChDKyOdH5V3hEWr+p5E="),
+                ("tenants", "demo"),
+            ],
+        )
+        .await;
+    assert!(ok && message.contains("verified"), "{message}");
+    let (ok, message) = pla
+        .act("/keys", &[("name", "broken"), ("publicKey", "not base64")])
+        .await;
+    assert!(!ok && message.contains("publicKey"), "{message}");
+
     // Releases: only an AssetsAdmin deprecates or revokes.
     let retire = "/releases/triage-corrections-1.0.0/retire";
     let (status, _) = ops
