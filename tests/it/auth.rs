@@ -548,4 +548,35 @@ async fn a_reset_admin_password_is_not_shown_again_and_signs_in() {
         .await
         .unwrap();
     assert_eq!(signin.status(), 303, "the new password signs in");
+
+    // Offline, with the appliance stopped, from a file: nothing printed.
+    a.terminate().await;
+    let file = a.root.join("new-password");
+    std::fs::write(&file, "correct horse battery staple\n").unwrap();
+    let out = run(agentbay()
+        .args(["user", "reset-password", "--tenant", "platform", "admin"])
+        .arg("--password-file")
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(&a.data_dir));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("offline"), "{stdout}");
+    assert!(!stdout.contains("correct horse"), "{stdout}");
+    a.restart();
+    let signin = crate::common::https_client_at(&a.fingerprint, None)
+        .post(format!("{}/signin", a.url))
+        .form(&[
+            ("username", "admin"),
+            ("password", "correct horse battery staple"),
+            ("next", "/"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signin.status(), 303, "the password from the file signs in");
 }
