@@ -107,6 +107,8 @@ pub struct AppState {
     pub started_at: DateTime<Utc>,
     /// Scheduled backups, when `backup.dir` is set.
     pub backups: Option<Arc<crate::store::scheduled::Backups>>,
+    /// The reloadable configuration (SIGHUP, `agentbay reload`).
+    pub reloader: Arc<crate::reload::Reloader>,
 }
 
 /// The data directory and the store, opened and locked.
@@ -248,10 +250,15 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     );
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let reloader = Arc::new(crate::reload::Reloader::new(
+        &config,
+        releases.clone(),
+        clock.clone(),
+    ));
     let runtime = Runtime::start(
         store.clone(),
         clock.clone(),
-        config.runtime.clone(),
+        reloader.runtime.clone(),
         capacity.clone(),
         releases.clone(),
         shutdown_rx.clone(),
@@ -263,7 +270,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         releases.clone(),
         capacity.clone(),
         clock.clone(),
-        config.runtime.clone(),
+        reloader.runtime.clone(),
     ));
     let state = AppState {
         store: store.clone(),
@@ -286,6 +293,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         }),
         workers: workers.clone(),
         metrics: crate::telemetry::metrics_handle(),
+        reloader: reloader.clone(),
         shutdown: shutdown_rx.clone(),
         started_at: clock.now(),
         backups: match &config.backup.dir {
@@ -323,7 +331,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
 
     let seconds = Duration::from_secs;
     let mut background: Vec<Arc<dyn worker::Worker>> = vec![
-        crate::runs::purge::worker(store.clone(), config.retention.clone()),
+        crate::runs::purge::worker(store.clone(), reloader.retention.clone()),
         Arc::new(LeaseExpirer {
             capacity: capacity.clone(),
             every: seconds(config.capacity.expire_interval_seconds),
@@ -473,6 +481,21 @@ pub async fn run(
     println!("  certificate {}", running.state.tls.fingerprint);
     if let Some(demo) = &running.demo {
         println!("  {demo}");
+    }
+    #[cfg(unix)]
+    {
+        let reloader = running.state.reloader.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+                return;
+            };
+            while hangups.recv().await.is_some() {
+                if let Err(e) = reloader.reload().await {
+                    tracing::error!(error = %e, "the configuration was not reloaded; the running one stays");
+                }
+            }
+        });
     }
     shutdown.await;
     running.stop().await

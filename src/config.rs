@@ -14,6 +14,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +66,56 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// The demo tenant a zero-config start seeds.
     pub demo: DemoConfig,
+    /// Where it was read from, so that a reload reads the same sources.
+    #[serde(skip)]
+    pub source: ConfigSource,
+}
+
+/// The sources a configuration was read from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ConfigSource {
+    /// The file (`--config` or `AGENTBAY_CONFIG`).
+    pub file: Option<PathBuf>,
+    /// Values given on the command line.
+    pub cli: CliOverrides,
+}
+
+impl ConfigSource {
+    /// In words, for the System page and the log.
+    pub fn describe(&self) -> String {
+        match &self.file {
+            Some(f) => format!("{} and the AGENTBAY_* environment", f.display()),
+            None => "the built-in defaults and the AGENTBAY_* environment".into(),
+        }
+    }
+}
+
+/// A section of the configuration that the appliance reads at every use,
+/// so that a reload takes effect without a restart.
+#[derive(Debug)]
+pub struct Live<T>(Arc<parking_lot::RwLock<Arc<T>>>);
+
+impl<T> Clone for Live<T> {
+    fn clone(&self) -> Self {
+        Live(self.0.clone())
+    }
+}
+
+impl<T> Live<T> {
+    /// A live value.
+    pub fn new(value: T) -> Live<T> {
+        Live(Arc::new(parking_lot::RwLock::new(Arc::new(value))))
+    }
+
+    /// The value now.
+    pub fn get(&self) -> Arc<T> {
+        self.0.read().clone()
+    }
+
+    /// Replaces the value (a reload).
+    pub fn set(&self, value: T) {
+        *self.0.write() = Arc::new(value);
+    }
 }
 
 /// The demo: tenant `demo` with the example releases and a few runs, made
@@ -99,6 +150,7 @@ impl Default for Config {
             releases: ReleasesConfig::default(),
             runtime: RuntimeConfig::default(),
             demo: DemoConfig::default(),
+            source: ConfigSource::default(),
         }
     }
 }
@@ -542,7 +594,12 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(key: impl Into<String>, reason: impl Into<String>, origin: impl Into<String>) -> Self {
+    /// An error of `key` (from `origin`, e.g. " (in FILE)").
+    pub fn new(
+        key: impl Into<String>,
+        reason: impl Into<String>,
+        origin: impl Into<String>,
+    ) -> Self {
         ConfigError {
             key: key.into(),
             reason: reason.into(),
@@ -552,7 +609,7 @@ impl ConfigError {
 }
 
 /// Values given on the command line.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CliOverrides {
     /// `--data-dir`.
     pub data_dir: Option<PathBuf>,
@@ -642,6 +699,10 @@ impl Config {
             config.listen = listen;
         }
         config.validate()?;
+        config.source = ConfigSource {
+            file: file.map(Path::to_path_buf),
+            cli: cli.clone(),
+        };
         Ok(config)
     }
 

@@ -779,6 +779,35 @@ fn print_reverified(r: &pb::Reverified) {
     );
 }
 
+/// `agentbay reload`: the running appliance reads its configuration again.
+pub async fn reload(config: &Config) -> anyhow::Result<()> {
+    let Target::Running { client, info } = Target::of(config)? else {
+        bail!(
+            "no appliance runs on {}: the next start reads the configuration",
+            config.data_dir.display()
+        );
+    };
+    let r = client
+        .reload_configuration(pb::ReloadConfigurationRequest::default())
+        .await
+        .map_err(connect_error)?
+        .into_owned();
+    println!(
+        "configuration of the appliance at {} reloaded from {}",
+        info.url, r.loaded_from
+    );
+    if r.applied.is_empty() && r.restart_needed.is_empty() {
+        println!("nothing changed");
+    }
+    for key in &r.applied {
+        println!("  in force now: {key}");
+    }
+    for key in &r.restart_needed {
+        println!("  needs a restart (keeps its running value): {key}");
+    }
+    Ok(())
+}
+
 /// What `agentbay model` does.
 pub enum ModelAction {
     /// Map or re-point a profile.

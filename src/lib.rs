@@ -6,6 +6,7 @@
 //! main.rs        CLI: serve, init, backup, restore, user, client, tenant, release, version
 //! app.rs         wiring: data dir + store + TLS + workers + router, ordered shutdown
 //! config.rs      one Config from TOML file < AGENTBAY_* environment < CLI flags
+//! reload.rs      reloading the running configuration (SIGHUP, `agentbay reload`)
 //! control.rs     administration from the CLI: through the running appliance, or offline
 //! clock.rs       injectable time (system or manual)
 //! tls.rs         rustls with ring: configured or generated certificates, pinning
@@ -68,6 +69,7 @@ pub mod control;
 pub mod demo;
 pub mod domain;
 pub mod releases;
+pub mod reload;
 pub mod runs;
 pub mod runtime;
 pub mod store;

@@ -139,6 +139,12 @@ enum Command {
         #[command(subcommand)]
         command: ReleaseCommand,
     },
+    /// Make the running appliance read its configuration again (as
+    /// SIGHUP does) and say what took effect and what needs a restart.
+    Reload {
+        #[command(flatten)]
+        common: Common,
+    },
     /// Print the version and the store schema version.
     Version,
 }
@@ -819,6 +825,11 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 control::release_import(&config, &bundle).await
             }
         },
+        Command::Reload { common } => {
+            let config = load(&common, None)?;
+            quiet_logging(&config);
+            control::reload(&config).await
+        }
         Command::Version => {
             println!(
                 "agentbay {} (store schema {})",

@@ -160,7 +160,7 @@ pub async fn tenants(console: Console, raw: RawQuery) -> Result<Response, PageEr
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
     let platform = console.platform_admin();
-    let defaults = console.state.config.retention.defaults();
+    let defaults = console.state.reloader.retention.get().defaults();
     let tenants = if platform {
         console.state.capacity.tenants()
     } else {
@@ -919,7 +919,7 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
     let stats = state.store.commit_stats();
     let disk = state.store.size_on_disk().unwrap_or(0);
     let records: usize = state.store.table_sizes().values().sum();
-    let retention = state.config.retention.defaults();
+    let retention = state.reloader.retention.get().defaults();
     let backup = match &state.backups {
         None => "off: no backup.dir is configured (the packaged configuration backs up every 15 minutes)".to_string(),
         Some(b) => {
@@ -960,6 +960,18 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
             ),
         ),
         ("Started", when(&state.started_at)),
+        ("Configuration", {
+            let (at, from, reloads) = state.reloader.loaded();
+            format!(
+                "loaded {} from {from}{}; reload with `agentbay reload` or SIGHUP",
+                when(&at),
+                if reloads > 0 {
+                    format!(" ({reloads} reloads since the start)")
+                } else {
+                    String::new()
+                }
+            )
+        }),
         (
             "Data directory",
             state.config.data_dir.display().to_string(),

@@ -61,7 +61,7 @@ fn tenants(names: &[String]) -> Result<Vec<TenantId>, DomainError> {
 
 impl Releases {
     /// Seeds the configuration's keys, then trusts what the store holds.
-    pub(super) async fn seed(&self, config: &ReleasesConfig) -> Result<(), ReleaseError> {
+    pub(crate) async fn seed(&self, config: &ReleasesConfig) -> Result<(), ReleaseError> {
         let now = self.clock.now();
         let mut specs = Vec::new();
         for k in &config.trusted_keys {

@@ -566,7 +566,7 @@ pub struct RunControl {
     releases: Arc<Releases>,
     capacity: Arc<Capacity>,
     clock: SharedClock,
-    config: RuntimeConfig,
+    config: crate::config::Live<RuntimeConfig>,
 }
 
 impl From<ReleaseError> for RuntimeError {
@@ -586,7 +586,7 @@ impl RunControl {
         releases: Arc<Releases>,
         capacity: Arc<Capacity>,
         clock: SharedClock,
-        config: RuntimeConfig,
+        config: crate::config::Live<RuntimeConfig>,
     ) -> RunControl {
         RunControl {
             runtime,
@@ -642,7 +642,7 @@ impl RunControl {
             &release,
             &manifest,
             steps,
-            &self.config,
+            &self.config.get(),
             None,
             now,
         )?;

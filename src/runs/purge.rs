@@ -67,8 +67,8 @@ pub struct PurgeReport {
 pub struct Purger {
     /// The store.
     pub store: Store,
-    /// Defaults and pacing.
-    pub config: RetentionConfig,
+    /// Defaults and pacing (reloadable).
+    pub config: crate::config::Live<RetentionConfig>,
 }
 
 impl Worker for Purger {
@@ -77,12 +77,12 @@ impl Worker for Purger {
     }
 
     fn interval(&self) -> Duration {
-        Duration::from_secs(self.config.purge_interval_seconds)
+        Duration::from_secs(self.config.get().purge_interval_seconds)
     }
 
     fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
         Box::pin(async move {
-            let r = purge(&self.store, &self.config, now).await?;
+            let r = purge(&self.store, &self.config.get(), now).await?;
             Ok(format!(
                 "{} run payloads tombstoned, {} runs, {} leases and minutes records, {} artifacts and {} events deleted; {} runs left alone (live, held or unsettled); backlog {}",
                 r.payloads, r.runs, r.records, r.artifacts, r.events, r.skipped, r.backlog
@@ -486,6 +486,6 @@ async fn purge_minutes(
 }
 
 /// The Purger for the appliance.
-pub fn worker(store: Store, config: RetentionConfig) -> Arc<dyn Worker> {
+pub fn worker(store: Store, config: crate::config::Live<RetentionConfig>) -> Arc<dyn Worker> {
     Arc::new(Purger { store, config })
 }

@@ -549,7 +549,7 @@ type ClaimQueue = BTreeMap<(TenantId, String), BTreeSet<(DateTime<Utc>, Uuid)>>;
 pub struct Shared {
     pub(crate) store: Store,
     pub(crate) clock: SharedClock,
-    pub(crate) config: RuntimeConfig,
+    pub(crate) config: crate::config::Live<RuntimeConfig>,
     pub(crate) capacity: Arc<Capacity>,
     pub(crate) releases: Arc<Releases>,
     grains: Mutex<HashMap<Uuid, GrainHandle>>,
@@ -626,7 +626,7 @@ impl Runtime {
     pub async fn start(
         store: Store,
         clock: SharedClock,
-        config: RuntimeConfig,
+        config: crate::config::Live<RuntimeConfig>,
         capacity: Arc<Capacity>,
         releases: Arc<Releases>,
         shutdown: watch::Receiver<bool>,
@@ -668,9 +668,9 @@ impl Runtime {
         &self.shared.store
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &RuntimeConfig {
-        &self.shared.config
+    /// The configuration now (reloadable).
+    pub fn config(&self) -> Arc<RuntimeConfig> {
+        self.shared.config.get()
     }
 
     /// Starts a grain for a live attempt that has none, from the attempt
@@ -879,7 +879,9 @@ impl Runtime {
         session: &str,
         wait: Duration,
     ) -> Result<Option<Ticket>, RuntimeError> {
-        let wait = wait.min(Duration::from_secs(self.shared.config.max_wait_seconds));
+        let wait = wait.min(Duration::from_secs(
+            self.shared.config.get().max_wait_seconds,
+        ));
         let deadline = tokio::time::Instant::now() + wait;
         let key = (scope.tenant().clone(), agent.to_string());
         let mut shutdown = self.shared.shutdown.clone();
@@ -1105,7 +1107,9 @@ impl Runtime {
         }
         let mut rx = self.watch(scope, attempt_id)?;
         let deadline = tokio::time::Instant::now()
-            + wait.min(Duration::from_secs(self.shared.config.max_wait_seconds));
+            + wait.min(Duration::from_secs(
+                self.shared.config.get().max_wait_seconds,
+            ));
         loop {
             let decision = self.decision(scope, attempt_id, decision_id)?;
             let state = rx.borrow().attempt.state;
@@ -1137,7 +1141,9 @@ impl Runtime {
         }
         let mut rx = self.watch(scope, attempt_id)?;
         let deadline = tokio::time::Instant::now()
-            + wait.min(Duration::from_secs(self.shared.config.max_wait_seconds));
+            + wait.min(Duration::from_secs(
+                self.shared.config.get().max_wait_seconds,
+            ));
         loop {
             let call = self
                 .calls(scope, attempt_id)?

@@ -1266,3 +1266,130 @@ fn run_cli(args: &[&str], data: &Path) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+#[tokio::test]
+async fn the_running_configuration_reloads_on_sighup_and_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agentbay.toml");
+    let write = |text: &str| std::fs::write(&file, text).unwrap();
+    write("[runtime]\ninput_timeout_minutes = 30\n");
+    let site = Site::on(Appliance::start_with(
+        &["--config", file.to_str().unwrap()],
+        &[],
+    ))
+    .await;
+    site.import(
+        "triage-page",
+        json!([
+            {"content": "Paging", "toolCalls": [{"tool": "page-oncall", "arguments": {"message": "down"}}]},
+            answer("high", true)
+        ]),
+        |_| {},
+    )
+    .await;
+    // How long the decision of a new run may wait, in minutes.
+    let timeout = || async {
+        let run = site.submit("triage-page").await;
+        let waiting = site.until(&run, "WaitingForDecision").await;
+        let d = waiting.steps[0].attempts[0]
+            .pending_decision
+            .as_option()
+            .unwrap()
+            .clone();
+        let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap();
+        (at(&d.expires_at) - at(&d.requested_at)).num_minutes()
+    };
+    assert_eq!(timeout().await, 30);
+
+    // On request: the reloadable key is in force for the next decision,
+    // the other one is named and keeps its running value.
+    write("[runtime]\ninput_timeout_minutes = 90\n[http]\nmax_body_bytes = 2000000\n");
+    let out = run(agentbay()
+        .arg("reload")
+        .arg("--data-dir")
+        .arg(&site.a.data_dir));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("in force now: runtime.input_timeout_minutes"),
+        "{said}"
+    );
+    assert!(
+        said.contains("needs a restart (keeps its running value): http.max_body_bytes"),
+        "{said}"
+    );
+    assert_eq!(timeout().await, 90);
+
+    // A bad file is refused whole, by key, and the running one stays.
+    write("[runtime]\ninput_timeout_minutes = 0\n");
+    let out = run(agentbay()
+        .arg("reload")
+        .arg("--data-dir")
+        .arg(&site.a.data_dir));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("runtime.input_timeout_minutes")
+            && err.contains("running configuration stays"),
+        "{err}"
+    );
+    assert_eq!(timeout().await, 90);
+
+    // SIGHUP does the same.
+    write("[runtime]\ninput_timeout_minutes = 45\n");
+    let pid = site.a.child.as_ref().unwrap().id();
+    let before = site.a.log().matches("configuration reloaded").count();
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for _ in 0..200 {
+        if site.a.log().matches("configuration reloaded").count() > before {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(timeout().await, 45);
+
+    // Trusted keys from the file: a release signed by a new site key is
+    // Untrusted until the file names the key and the appliance reloads.
+    let key = dir.path().join("site");
+    let out = run(agentbay().args(["release", "keygen", "--out"]).arg(&key));
+    assert!(out.status.success());
+    let signed =
+        crate::releases::variant(dir.path(), "signed", &key.with_extension("key"), |_, m| {
+            m["releaseId"] = json!("triage-site-1.0.0");
+        });
+    let (status, body) = upload(&site.a, &site.token, pack(&signed, |_| {})).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["release"]["state"], "Untrusted");
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    write(&format!(
+        "[runtime]\ninput_timeout_minutes = 45\n[[releases.trusted_keys]]\nname = \"site\"\npublic_key = \"{}\"\ntenants = [\"demo\"]\n",
+        public.trim()
+    ));
+    let out = run(agentbay()
+        .arg("reload")
+        .arg("--data-dir")
+        .arg(&site.a.data_dir));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("in force now: releases.trusted_keys"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let got = site
+        .a
+        .get(&site.token, "/runtime/releases/triage-site-1.0.0")
+        .await;
+    assert_eq!(got["state"], "Verified", "{got}");
+    let log = site.a.log();
+    assert!(
+        !log.contains("\"level\":\"ERROR\"") && !log.contains(" ERROR "),
+        "{log}"
+    );
+}

@@ -357,6 +357,10 @@ fn rpc_table(v: &Victim) -> HashMap<&'static str, Option<Value>> {
         ),
         ("agentbay.admin.v1.Admin/ListModelProfiles", Some(json!({}))),
         (
+            "agentbay.admin.v1.Admin/ReloadConfiguration",
+            Some(json!({})),
+        ),
+        (
             "agentbay.admin.v1.Admin/DeleteModelProfile",
             Some(json!({"profileId": "probe", "tenantId": "demo"})),
         ),

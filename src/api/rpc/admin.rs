@@ -607,6 +607,29 @@ impl pb::Admin for AdminService {
         })
     }
 
+    async fn reload_configuration(
+        &self,
+        ctx: RequestContext,
+        _request: ServiceRequest<'_, pb::ReloadConfigurationRequest>,
+    ) -> ServiceResult<pb::ReloadConfigurationResponse> {
+        principal(&ctx)?.platform_scope().map_err(rpc)?;
+        let done = self.state.reloader.reload().await.map_err(|e| {
+            rpc(crate::domain::DomainError::from(
+                crate::domain::FieldError::new(
+                    e.key.clone(),
+                    format!("{}; the running configuration stays", e),
+                ),
+            ))
+        })?;
+        Response::ok(pb::ReloadConfigurationResponse {
+            applied: done.applied,
+            restart_needed: done.restart_needed,
+            loaded_at: done.loaded_at.to_rfc3339(),
+            loaded_from: done.from,
+            ..Default::default()
+        })
+    }
+
     async fn put_tenant(
         &self,
         ctx: RequestContext,

@@ -93,6 +93,10 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
             Needs(Scope::Platform),
         ),
         (
+            "agentbay.admin.v1.Admin/ReloadConfiguration",
+            Needs(Scope::Platform),
+        ),
+        (
             "agentbay.admin.v1.Admin/ListTenants",
             Needs(Scope::Platform),
         ),

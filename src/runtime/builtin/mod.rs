@@ -179,8 +179,15 @@ impl<'a> Loop<'a> {
             .model_profile
             .api_key_ref
             .as_ref()
-            .and_then(|name| runtime.shared.config.model_api_keys.get(name))
-            .map(|k| k.expose().to_string());
+            .and_then(|name| {
+                runtime
+                    .shared
+                    .config
+                    .get()
+                    .model_api_keys
+                    .get(name)
+                    .map(|k| k.expose().to_string())
+            });
         let model =
             Model::of(&manifest.model_profile, responses.as_deref(), api_key).map_err(|e| {
                 DomainError::FailedPrecondition(format!(
@@ -422,11 +429,15 @@ impl<'a> Loop<'a> {
             };
             return Ok((None, served));
         };
-        let api_key = site
-            .api_key_ref
-            .as_ref()
-            .and_then(|name| self.runtime.shared.config.model_api_keys.get(name))
-            .map(|k| k.expose().to_string());
+        let api_key = site.api_key_ref.as_ref().and_then(|name| {
+            self.runtime
+                .shared
+                .config
+                .get()
+                .model_api_keys
+                .get(name)
+                .map(|k| k.expose().to_string())
+        });
         let served = format!(
             "{} (model {}, site profile {} for {})",
             site.endpoint,

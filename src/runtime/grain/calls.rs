@@ -181,7 +181,7 @@ impl Grain {
                 if let Some(limit) = self.attempt.limit_for(
                     CallKind::SubAgent,
                     None,
-                    self.shared.config.max_sub_agent_depth,
+                    self.shared.config.get().max_sub_agent_depth,
                 ) {
                     return self.limit_reached(start, request, limit.reason).await;
                 }
@@ -207,7 +207,7 @@ impl Grain {
                     &child_info.manifest,
                     child_info.steps.clone(),
                     call.request.clone(),
-                    &self.shared.config,
+                    &self.shared.config.get(),
                     ParentLink {
                         run_id: self.attempt.run_id,
                         attempt_id: self.attempt.attempt_id,
@@ -255,7 +255,7 @@ impl Grain {
         let mut events = Vec::new();
         let mut checkpoint = None;
         let (state_ref, state_bytes) = self.state_ref(call.state.as_deref());
-        if gated || a.cadence_due(self.shared.config.checkpoint_every_calls) {
+        if gated || a.cadence_due(self.shared.config.get().checkpoint_every_calls) {
             let reason = if gated {
                 CheckpointReason::BeforeGatedCall
             } else {
@@ -272,7 +272,7 @@ impl Grain {
             events.extend(more);
             checkpoint = Some(cp);
         }
-        let depth_cap = self.shared.config.max_sub_agent_depth;
+        let depth_cap = self.shared.config.get().max_sub_agent_depth;
         let kind = start.kind;
         let record = match a.begin_call(start.clone(), depth_cap, now) {
             Ok((record, more)) => {
@@ -514,7 +514,7 @@ impl Grain {
             start.target,
             class.as_str()
         );
-        let timeout = Duration::minutes(self.shared.config.input_timeout_minutes as i64);
+        let timeout = Duration::minutes(self.shared.config.get().input_timeout_minutes as i64);
         let mut a = self.attempt.clone();
         let (decision, events) = a.request_decision(
             decision_id,

@@ -18,7 +18,7 @@ impl Grain {
         self.check_interrupt("RequestDecision").await?;
         ask.check()?;
         let now = self.now();
-        let timeout = Duration::minutes(self.shared.config.input_timeout_minutes as i64);
+        let timeout = Duration::minutes(self.shared.config.get().input_timeout_minutes as i64);
         let question_ref = ask
             .question
             .as_deref()

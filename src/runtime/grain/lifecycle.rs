@@ -352,7 +352,7 @@ impl Grain {
         if !a.capacity_granted || a.capacity_lease_id.is_none() {
             return None;
         }
-        let grace = self.shared.config.return_capacity_after_seconds;
+        let grace = self.shared.config.get().return_capacity_after_seconds;
         a.idle_since()
             .map(|since| since + Duration::seconds(grace as i64))
     }
@@ -377,7 +377,7 @@ impl Grain {
         let mut a = self.attempt.clone();
         let reason = format!(
             "waited {waited} s {what} (runtime.return_capacity_after_seconds = {})",
-            self.shared.config.return_capacity_after_seconds
+            self.shared.config.get().return_capacity_after_seconds
         );
         let Some(lease_id) = a.return_capacity(reason, now) else {
             return Ok(());

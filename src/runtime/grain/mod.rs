@@ -367,7 +367,7 @@ impl Grain {
     }
 
     fn lease_ttl(&self) -> Duration {
-        Duration::seconds(self.shared.config.attempt_lease_seconds as i64)
+        Duration::seconds(self.shared.config.get().attempt_lease_seconds as i64)
     }
 
     fn publish(&self) {
@@ -704,7 +704,7 @@ impl Grain {
         if let Some(i) = &a.interrupt {
             at.push(
                 i.requested_at
-                    + Duration::seconds(self.shared.config.interrupt_grace_seconds as i64),
+                    + Duration::seconds(self.shared.config.get().interrupt_grace_seconds as i64),
             );
         }
         if a.adapter == AdapterKind::External
@@ -731,12 +731,12 @@ impl Grain {
                 && d.expires_at <= now
                 && d.status == DecisionStatus::Pending
             {
-                let minutes = self.shared.config.input_timeout_minutes;
+                let minutes = self.shared.config.get().input_timeout_minutes;
                 return self.resolve(d, Resolution::Expired { minutes }, None).await;
             }
             if let Some(i) = &self.attempt.interrupt
                 && i.requested_at
-                    + Duration::seconds(self.shared.config.interrupt_grace_seconds as i64)
+                    + Duration::seconds(self.shared.config.get().interrupt_grace_seconds as i64)
                     <= now
             {
                 return self.observe().await;

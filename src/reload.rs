@@ -1,0 +1,164 @@
+//! Reloading the configuration of the running appliance (SIGHUP,
+//! `agentbay reload`, `Admin/ReloadConfiguration`).
+//!
+//! A reload reads the same sources as the start (the file and the
+//! environment, with the command line's values) and checks the whole
+//! result first: a file that does not load is refused with its key and
+//! reason, and nothing changes. Then:
+//!
+//! - reloadable keys take effect at once: every `runtime.*` key (decision
+//!   timeouts, default corrections and limits, the capacity grace, model API
+//!   keys, ...), every `retention.*` key, and `releases.trusted_keys` (added
+//!   to the store's trusted keys, which verifies the stored releases again);
+//! - every other changed key is named in a warning and keeps its running
+//!   value until the next restart (the listener, the data directory, TLS
+//!   files, capacity and authentication settings, ...).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::clock::SharedClock;
+use crate::config::{Config, ConfigError, Live, RetentionConfig, RuntimeConfig};
+use crate::releases::Releases;
+
+/// Key prefixes a reload applies.
+const RELOADABLE: &[&str] = &["runtime.", "retention.", "releases.trusted_keys"];
+
+/// What a reload did.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reloaded {
+    /// Changed keys now in force.
+    pub applied: Vec<String>,
+    /// Changed keys that keep their running value until a restart.
+    pub restart_needed: Vec<String>,
+    /// When the configuration in force was loaded.
+    pub loaded_at: DateTime<Utc>,
+    /// From where.
+    pub from: String,
+}
+
+/// The running configuration and the live sections services read.
+pub struct Reloader {
+    running: Mutex<Config>,
+    loaded: Mutex<(DateTime<Utc>, usize)>,
+    /// `runtime.*`, read at every use by the attempt runtime and run control.
+    pub runtime: Live<RuntimeConfig>,
+    /// `retention.*`, read by the Purger and the console.
+    pub retention: Live<RetentionConfig>,
+    releases: Arc<Releases>,
+    clock: SharedClock,
+}
+
+impl Reloader {
+    /// The reloader of a configuration in force since now.
+    pub fn new(config: &Config, releases: Arc<Releases>, clock: SharedClock) -> Reloader {
+        Reloader {
+            runtime: Live::new(config.runtime.clone()),
+            retention: Live::new(config.retention.clone()),
+            loaded: Mutex::new((clock.now(), 0)),
+            running: Mutex::new(config.clone()),
+            releases,
+            clock,
+        }
+    }
+
+    /// When the configuration in force was loaded, from where, and how
+    /// many reloads there were.
+    pub fn loaded(&self) -> (DateTime<Utc>, String, usize) {
+        let (at, reloads) = *self.loaded.lock();
+        (at, self.running.lock().source.describe(), reloads)
+    }
+
+    /// Reads the sources again and applies what can change while running.
+    pub async fn reload(&self) -> Result<Reloaded, ConfigError> {
+        let source = self.running.lock().source.clone();
+        let next = Config::load(source.file.as_deref(), std::env::vars(), &source.cli)?;
+        self.apply(next).await
+    }
+
+    /// Applies a loaded configuration.
+    pub async fn apply(&self, next: Config) -> Result<Reloaded, ConfigError> {
+        let before = flatten(&self.running.lock());
+        let after = flatten(&next);
+        let mut changed: Vec<String> = before
+            .keys()
+            .chain(after.keys())
+            .filter(|k| before.get(*k) != after.get(*k))
+            .cloned()
+            .collect();
+        changed.sort();
+        changed.dedup();
+        let (applied, restart_needed): (Vec<String>, Vec<String>) = changed
+            .into_iter()
+            .partition(|k| RELOADABLE.iter().any(|p| k.starts_with(p)));
+        if applied
+            .iter()
+            .any(|k| k.starts_with("releases.trusted_keys"))
+        {
+            self.releases
+                .seed(&next.releases)
+                .await
+                .map_err(|e| ConfigError::new("releases.trusted_keys", e.to_string(), ""))?;
+            if let Err(e) = self.releases.reverify_stale().await {
+                tracing::warn!(error = %e, "verifying releases again after a reload");
+            }
+        }
+        self.runtime.set(next.runtime.clone());
+        self.retention.set(next.retention.clone());
+        {
+            let mut running = self.running.lock();
+            running.runtime = next.runtime;
+            running.retention = next.retention;
+            running.releases.trusted_keys = next.releases.trusted_keys;
+        }
+        let now = self.clock.now();
+        {
+            let mut loaded = self.loaded.lock();
+            *loaded = (now, loaded.1 + 1);
+        }
+        for key in &restart_needed {
+            tracing::warn!(key = %key, "configuration key changed; it keeps its running value until the appliance restarts");
+        }
+        tracing::info!(applied = ?applied, restart_needed = ?restart_needed, "configuration reloaded");
+        Ok(Reloaded {
+            applied,
+            restart_needed,
+            loaded_at: now,
+            from: self.running.lock().source.describe(),
+        })
+    }
+}
+
+/// Every key of a configuration with its value (secrets as a digest, so
+/// that a changed key is seen without its value being kept around).
+fn flatten(config: &Config) -> BTreeMap<String, String> {
+    fn walk(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
+        match value {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
+            }
+            other => {
+                let text = other.to_string();
+                let digest = crate::store::artifacts::content_hash(text.as_bytes());
+                out.insert(prefix.to_string(), digest);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    if let Ok(table) = toml::Value::try_from(config) {
+        walk("", &table, &mut out);
+    }
+    out
+}
