@@ -253,6 +253,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     let reloader = Arc::new(crate::reload::Reloader::new(
         &config,
         releases.clone(),
+        capacity.clone(),
         clock.clone(),
     ));
     let runtime = Runtime::start(

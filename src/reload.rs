@@ -8,8 +8,10 @@
 //!
 //! - reloadable keys take effect at once: every `runtime.*` key (decision
 //!   timeouts, default corrections and limits, the capacity grace, model API
-//!   keys, ...), every `retention.*` key, and `releases.trusted_keys` (added
-//!   to the store's trusted keys, which verifies the stored releases again);
+//!   keys, ...), every `retention.*` key, `log.level`,
+//!   `capacity.lease_ttl_seconds` (for leases granted or renewed from then
+//!   on), and `releases.trusted_keys` (added to the store's trusted keys,
+//!   which verifies the stored releases again);
 //! - every other changed key is named in a warning and keeps its running
 //!   value until the next restart (the listener, the data directory, TLS
 //!   files, capacity and authentication settings, ...).
@@ -26,7 +28,13 @@ use crate::config::{Config, ConfigError, Live, RetentionConfig, RuntimeConfig};
 use crate::releases::Releases;
 
 /// Key prefixes a reload applies.
-const RELOADABLE: &[&str] = &["runtime.", "retention.", "releases.trusted_keys"];
+const RELOADABLE: &[&str] = &[
+    "runtime.",
+    "retention.",
+    "releases.trusted_keys",
+    "log.level",
+    "capacity.lease_ttl_seconds",
+];
 
 /// What a reload did.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -51,18 +59,25 @@ pub struct Reloader {
     /// `retention.*`, read by the Purger and the console.
     pub retention: Live<RetentionConfig>,
     releases: Arc<Releases>,
+    capacity: Arc<crate::capacity::Capacity>,
     clock: SharedClock,
 }
 
 impl Reloader {
     /// The reloader of a configuration in force since now.
-    pub fn new(config: &Config, releases: Arc<Releases>, clock: SharedClock) -> Reloader {
+    pub fn new(
+        config: &Config,
+        releases: Arc<Releases>,
+        capacity: Arc<crate::capacity::Capacity>,
+        clock: SharedClock,
+    ) -> Reloader {
         Reloader {
             runtime: Live::new(config.runtime.clone()),
             retention: Live::new(config.retention.clone()),
             loaded: Mutex::new((clock.now(), 0)),
             running: Mutex::new(config.clone()),
             releases,
+            capacity,
             clock,
         }
     }
@@ -96,6 +111,13 @@ impl Reloader {
         let (applied, restart_needed): (Vec<String>, Vec<String>) = changed
             .into_iter()
             .partition(|k| RELOADABLE.iter().any(|p| k.starts_with(p)));
+        if applied.iter().any(|k| k == "log.level") {
+            crate::telemetry::set_log_level(&next.log.level)
+                .map_err(|e| ConfigError::new("log.level", e, ""))?;
+        }
+        if applied.iter().any(|k| k == "capacity.lease_ttl_seconds") {
+            self.capacity.set_lease_ttl(next.capacity.lease_ttl_seconds);
+        }
         if applied
             .iter()
             .any(|k| k.starts_with("releases.trusted_keys"))
@@ -115,6 +137,8 @@ impl Reloader {
             running.runtime = next.runtime;
             running.retention = next.retention;
             running.releases.trusted_keys = next.releases.trusted_keys;
+            running.log.level = next.log.level;
+            running.capacity.lease_ttl_seconds = next.capacity.lease_ttl_seconds;
         }
         let now = self.clock.now();
         {

@@ -20,9 +20,25 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{LogConfig, LogFormat};
 
+/// Changes the level of the installed subscriber (a reload of
+/// `log.level`); refuses a level that does not parse.
+pub fn set_log_level(level: &str) -> Result<(), String> {
+    let filter = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+    if let Some(handle) = FILTER.get() {
+        handle.reload(filter).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The reload handle of the installed subscriber's level.
+static FILTER: OnceLock<
+    tracing_subscriber::reload::Handle<EnvFilter, tracing_subscriber::Registry>,
+> = OnceLock::new();
+
 /// Installs the global log subscriber. Later calls do nothing.
 pub fn init_logging(config: &LogConfig) {
     let filter = EnvFilter::try_new(&config.level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let json = match config.format {
         LogFormat::Json => true,
         LogFormat::Text => false,
@@ -49,7 +65,9 @@ pub fn init_logging(config: &LogConfig) {
             .try_init()
     };
     // A second appliance in one process (tests) keeps the first subscriber.
-    let _ = result;
+    if result.is_ok() {
+        let _ = FILTER.set(handle);
+    }
 }
 
 /// The process-wide Prometheus recorder, installed on first use.

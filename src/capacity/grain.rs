@@ -52,10 +52,19 @@ pub(super) struct Shared {
     /// Live leases (requested, granted, active) by holder, for idempotent
     /// AcquireLease.
     pub holders: Mutex<Holders>,
-    pub ttl: chrono::Duration,
+    /// Seconds a lease lasts without renewal (`capacity.lease_ttl_seconds`,
+    /// reloadable).
+    pub ttl_seconds: std::sync::atomic::AtomicI64,
     pub max_pass_over: u32,
     /// Asks the autoscaler for a pass (when demand queues up).
     pub nudge_autoscaler: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Shared {
+    /// How long a lease lasts without renewal, now.
+    pub(super) fn ttl(&self) -> chrono::Duration {
+        chrono::Duration::seconds(self.ttl_seconds.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 impl Shared {
@@ -502,8 +511,13 @@ impl PoolGrain {
         fx: &mut Effects,
     ) {
         let now = self.now();
-        let lease =
-            CapacityLease::request(lease_id, request, &self.pool.pool_id, now, self.shared.ttl);
+        let lease = CapacityLease::request(
+            lease_id,
+            request,
+            &self.pool.pool_id,
+            now,
+            self.shared.ttl(),
+        );
         self.queue.push_back(Waiter {
             lease,
             persisted: false,
@@ -600,7 +614,7 @@ impl PoolGrain {
     fn grant(&mut self, mut waiter: Waiter, book: &mut Book, now: DateTime<Utc>, fx: &mut Effects) {
         let event = waiter
             .lease
-            .grant(now, self.shared.ttl)
+            .grant(now, self.shared.ttl())
             .expect("only requested leases wait");
         book.reserve(&waiter.lease);
         self.pool.take(waiter.lease.cpu, waiter.lease.memory_gb);
@@ -731,7 +745,7 @@ impl PoolGrain {
 
     fn renew(&mut self, lease_id: Uuid, reply: Reply<LeaseView>, fx: &mut Effects) {
         let now = self.now();
-        let ttl = self.shared.ttl;
+        let ttl = self.shared.ttl();
         let lease = if let Some(lease) = self.live.get_mut(&lease_id) {
             lease.renew(now, ttl).map(|()| fx.write_lease(lease))
         } else if let Some(w) = self.queue.iter_mut().find(|w| w.lease.lease_id == lease_id) {

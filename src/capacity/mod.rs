@@ -371,7 +371,7 @@ impl Capacity {
             book: Mutex::new(book),
             grains: RwLock::new(HashMap::new()),
             holders: Mutex::new(holders),
-            ttl: chrono::Duration::seconds(config.lease_ttl_seconds as i64),
+            ttl_seconds: std::sync::atomic::AtomicI64::new(config.lease_ttl_seconds as i64),
             max_pass_over: config.max_pass_over,
             nudge_autoscaler,
         });
@@ -1149,7 +1149,7 @@ impl Capacity {
         }
         // Ended: the state machine says why it cannot be renewed.
         let now = self.now();
-        let ttl = self.shared.ttl;
+        let ttl = self.shared.ttl();
         lease
             .renew(now, ttl)
             .map_err(|e| CapacityError::Domain(e.into()))?;
@@ -1157,6 +1157,14 @@ impl Capacity {
     }
 
     /// `ReleaseLease`: idempotent; releasing an ended lease returns it as is.
+    /// Sets how long leases granted or renewed from now on last without
+    /// renewal (a reload of `capacity.lease_ttl_seconds`).
+    pub fn set_lease_ttl(&self, seconds: u64) {
+        self.shared
+            .ttl_seconds
+            .store(seconds as i64, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub async fn release(
         &self,
         scope: &TenantScope,

@@ -1387,6 +1387,59 @@ async fn the_running_configuration_reloads_on_sighup_and_on_request() {
         .get(&site.token, "/runtime/releases/triage-site-1.0.0")
         .await;
     assert_eq!(got["state"], "Verified", "{got}");
+
+    // The capacity lease TTL and the log level take effect too.
+    let reader = site
+        .a
+        .create_client("demo", &["factory.capacity.read", "factory.runs.read"])
+        .await;
+    let reader = site.a.token(&reader).await;
+    let lease_ttl = || async {
+        let run_id = site.submit("triage-page").await;
+        let waiting = site.until(&run_id, "WaitingForDecision").await;
+        let t = site
+            .timeline(&waiting.steps[0].attempts[0].attempt_id)
+            .await;
+        let lease = site
+            .a
+            .get(
+                &reader,
+                &format!(
+                    "/factory/capacity/leases/{}",
+                    t["capacity"]["leaseId"].as_str().unwrap()
+                ),
+            )
+            .await;
+        let at = |v: &Value| chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap()).unwrap();
+        (at(&lease["expiresAt"]) - at(&lease["grantedAt"])).num_seconds()
+    };
+    assert_eq!(lease_ttl().await, 120);
+    write(&format!(
+        "[runtime]\ninput_timeout_minutes = 45\n[[releases.trusted_keys]]\nname = \"site\"\npublic_key = \"{}\"\ntenants = [\"demo\"]\n[capacity]\nlease_ttl_seconds = 600\n[log]\nlevel = \"warn\"\n",
+        public.trim()
+    ));
+    let out = run(agentbay()
+        .arg("reload")
+        .arg("--data-dir")
+        .arg(&site.a.data_dir));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("in force now: capacity.lease_ttl_seconds")
+            && said.contains("in force now: log.level"),
+        "{said}"
+    );
+    assert_eq!(lease_ttl().await, 600);
+    // At level warn, the next reload's info line is not logged.
+    let before = site.a.log().matches("configuration reloaded").count();
+    let out = run(agentbay()
+        .arg("reload")
+        .arg("--data-dir")
+        .arg(&site.a.data_dir));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing changed"));
+    assert_eq!(
+        site.a.log().matches("configuration reloaded").count(),
+        before
+    );
     let log = site.a.log();
     assert!(
         !log.contains("\"level\":\"ERROR\"") && !log.contains(" ERROR "),
