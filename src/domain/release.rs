@@ -230,6 +230,18 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// Why a call of `tool` with class `class` is refused, when the policy
+    /// denies it.
+    pub fn denial(&self, tool: &str, class: SideEffectClass) -> Option<String> {
+        (self.rule(tool, class) == PolicyRule::Deny).then(|| {
+            format!(
+                "policy revision {} denies tool {tool} (side-effect class {})",
+                self.revision,
+                class.as_str()
+            )
+        })
+    }
+
     /// The rule for a call of `tool` with class `class`.
     pub fn rule(&self, tool: &str, class: SideEffectClass) -> PolicyRule {
         if let Some(rule) = self.tools.get(tool) {
@@ -888,6 +900,14 @@ impl LoadedRelease {
                 },
             ),
         }
+    }
+
+    /// Whether it is verified again when what it was verified against
+    /// changes: Verified and Untrusted releases. A Rejected one stays
+    /// Rejected (its contents did not match what was signed, or it was
+    /// refused at import and kept no contents).
+    pub fn reverifiable(&self) -> bool {
+        self.state != LoadState::Rejected && !self.content_refs.is_empty()
     }
 
     /// Deprecates a published release.

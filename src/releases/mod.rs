@@ -418,14 +418,6 @@ impl Releases {
             && release.trust_fingerprint == self.current().fingerprint
     }
 
-    /// Whether a release is verified again when what it was verified
-    /// against changes: Verified and Untrusted ones. A Rejected one stays
-    /// Rejected (its contents did not match what was signed, or it was
-    /// refused at import and kept no contents).
-    pub fn reverifiable(release: &LoadedRelease) -> bool {
-        release.state != LoadState::Rejected && !release.content_refs.is_empty()
-    }
-
     /// Verifies a stored release again from its contents (after an upgrade
     /// or a change of trusted keys). Records the new verdict, and keeps it
     /// as evidence when the state changed.
@@ -530,7 +522,7 @@ impl Releases {
         let mut done = Reverified::default();
         for release in all
             .iter()
-            .filter(|r| Releases::reverifiable(r) && !self.is_current(r))
+            .filter(|r| r.reverifiable() && !self.is_current(r))
         {
             let scope = TenantScope::new(release.tenant_id.clone());
             match self.reverify(&scope, release).await {
@@ -560,7 +552,7 @@ impl Releases {
         let release = self
             .get(scope, release_id)?
             .ok_or_else(|| DomainError::not_found("release", release_id))?;
-        let release = if Releases::reverifiable(&release) && !self.is_current(&release) {
+        let release = if release.reverifiable() && !self.is_current(&release) {
             self.reverify(scope, &release).await?
         } else {
             release

@@ -25,6 +25,22 @@ pub struct ReleaseInfo {
     pub steps: Vec<String>,
 }
 
+/// Why the arguments of a call of `tool` do not fit its input schema, if
+/// they do not.
+pub fn argument_mismatch(
+    validator: &jsonschema::Validator,
+    tool: &str,
+    arguments: &Value,
+) -> Option<String> {
+    let problems = violations(validator, arguments);
+    (!problems.is_empty()).then(|| {
+        format!(
+            "the arguments do not match the input schema of tool {tool}: {}",
+            problems.join("; ")
+        )
+    })
+}
+
 /// What a JSON Schema said of a document: `<path>: <message>` per error.
 pub fn violations(validator: &jsonschema::Validator, document: &Value) -> Vec<String> {
     validator

@@ -37,7 +37,7 @@ use super::{
     Ticket,
 };
 use crate::domain::attempt::{CallKind, DecisionKind, DecisionStatus, FailureClass, Gate};
-use crate::domain::release::{PolicyRule, ToolTransport, canonical_json};
+use crate::domain::release::{ToolTransport, canonical_json};
 use crate::domain::{DomainError, TenantId};
 use crate::store::TenantScope;
 
@@ -558,24 +558,12 @@ impl<'a> Loop<'a> {
         let Some((tool, schema)) = self.info.tool(&call.tool) else {
             unreachable!("asks only for a tool of the release");
         };
-        let policy = &self.info.manifest.policy;
-        let refusal = if policy.rule(&call.tool, tool.side_effect_class) == PolicyRule::Deny {
-            Some(format!(
-                "policy revision {} denies tool {} (side-effect class {})",
-                policy.revision,
-                call.tool,
-                tool.side_effect_class.as_str()
-            ))
-        } else {
-            let problems = super::release::violations(schema, &call.arguments);
-            (!problems.is_empty()).then(|| {
-                format!(
-                    "the arguments do not match the input schema of tool {}: {}",
-                    call.tool,
-                    problems.join("; ")
-                )
-            })
-        };
+        let refusal = self
+            .info
+            .manifest
+            .policy
+            .denial(&call.tool, tool.side_effect_class)
+            .or_else(|| super::release::argument_mismatch(schema, &call.tool, &call.arguments));
         if let Some(why) = refusal {
             *state = observed(state, call, &refuse(why));
             return self.checkpoint(state).await;

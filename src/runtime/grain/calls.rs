@@ -129,13 +129,9 @@ impl Grain {
                 };
                 let class = tool.side_effect_class;
                 start.side_effect_class = Some(class);
-                let problems = crate::runtime::release::violations(schema, &call.request);
-                if !problems.is_empty() {
-                    let reason = format!(
-                        "the arguments do not match the input schema of tool {}: {}",
-                        call.target,
-                        problems.join("; ")
-                    );
+                if let Some(reason) =
+                    crate::runtime::release::argument_mismatch(schema, &call.target, &call.request)
+                {
                     return self.refuse(start, request, reason).await;
                 }
                 let rule = info.manifest.policy.rule(&call.target, class);
@@ -143,12 +139,11 @@ impl Grain {
                 match rule {
                     PolicyRule::Allow => {}
                     PolicyRule::Deny => {
-                        let reason = format!(
-                            "policy revision {} denies tool {} (side-effect class {})",
-                            info.manifest.policy.revision,
-                            call.target,
-                            class.as_str()
-                        );
+                        let reason = info
+                            .manifest
+                            .policy
+                            .denial(&call.target, class)
+                            .unwrap_or_default();
                         return self.refuse(start, request, reason).await;
                     }
                     PolicyRule::RequireApproval => {
