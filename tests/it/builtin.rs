@@ -141,6 +141,20 @@ impl Site {
             .get(&self.token, &format!("/runtime/attempts/{attempt_id}"))
             .await
     }
+
+    /// Waits until the attempt's timeline satisfies `ready`, and returns it
+    /// (the last one read when it never does, for the caller's assertion).
+    async fn timeline_until(&self, attempt_id: &str, ready: impl Fn(&Value) -> bool) -> Value {
+        let mut t = self.timeline(attempt_id).await;
+        for _ in 0..200 {
+            if ready(&t) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            t = self.timeline(attempt_id).await;
+        }
+        t
+    }
 }
 
 fn answer(severity: &str, paged: bool) -> Value {
@@ -1049,7 +1063,11 @@ async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_aga
     let quick = site.submit("triage-quick").await;
     let queued = site.until(&quick, "Claimed").await;
     let quick_attempt = queued.steps[0].attempts[0].attempt_id.clone();
-    let qt = site.timeline(&quick_attempt).await;
+    let qt = site
+        .timeline_until(&quick_attempt, |t| {
+            t["capacity"]["queuePosition"].is_number()
+        })
+        .await;
     assert!(
         qt["waitingReason"]
             .as_str()
@@ -1093,14 +1111,9 @@ async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_aga
         })
         .await
         .unwrap();
-    let mut t = site.timeline(&attempt).await;
-    for _ in 0..100 {
-        if t["capacity"]["queuePosition"].is_number() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        t = site.timeline(&attempt).await;
-    }
+    let t = site
+        .timeline_until(&attempt, |t| t["capacity"]["queuePosition"].is_number())
+        .await;
     assert_eq!(t["state"], "Running", "{t}");
     let why = t["waitingReason"].as_str().unwrap();
     assert!(
