@@ -224,8 +224,9 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     let Local { datadir, store } = open_local(&config)?;
     let material: TlsMaterial = tls::load_or_generate(&config.tls, &datadir.tls_dir())
         .context("loading the TLS certificate")?;
+    let auth_config = crate::config::Live::new(config.auth.clone());
     let auth = Arc::new(
-        Auth::open(&store, clock.clone(), &config.auth)
+        Auth::open(&store, clock.clone(), auth_config.clone())
             .await
             .context("loading credentials")?,
     );
@@ -252,6 +253,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let reloader = Arc::new(crate::reload::Reloader::new(
         &config,
+        auth_config.clone(),
         releases.clone(),
         capacity.clone(),
         clock.clone(),
@@ -276,11 +278,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     let state = AppState {
         store: store.clone(),
         auth: auth.clone(),
-        sessions: crate::auth::session::Sessions::new(
-            clock.clone(),
-            config.auth.session_idle_minutes,
-            config.auth.session_max_hours,
-        ),
+        sessions: crate::auth::session::Sessions::new(clock.clone(), auth_config),
         capacity: capacity.clone(),
         releases: releases.clone(),
         runs: runs.clone(),

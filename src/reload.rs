@@ -10,11 +10,16 @@
 //!   timeouts, default corrections and limits, the capacity grace, model API
 //!   keys, ...), every `retention.*` key, `log.level`,
 //!   `capacity.lease_ttl_seconds` (for leases granted or renewed from then
-//!   on), and `releases.trusted_keys` (added to the store's trusted keys,
-//!   which verifies the stored releases again);
+//!   on), `capacity.edition_defaults` (the effective quotas of every tenant
+//!   of a changed edition, with a `QuotaChanged` event each),
+//!   `releases.trusted_keys` (added to the store's trusted keys, which
+//!   verifies the stored releases again), and of `[auth]` the token
+//!   lifetime (tokens issued from then on), the console session lifetimes
+//!   (live sessions too) and the failure limits (`failures_per_*`, counting
+//!   the failures already seen);
 //! - every other changed key is named in a warning and keeps its running
 //!   value until the next restart (the listener, the data directory, TLS
-//!   files, capacity and authentication settings, ...).
+//!   files, pools, `auth.hash_memory_mb`, ...).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,7 +29,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::clock::SharedClock;
-use crate::config::{Config, ConfigError, Live, RetentionConfig, RuntimeConfig};
+use crate::config::{AuthConfig, Config, ConfigError, Live, RetentionConfig, RuntimeConfig};
 use crate::releases::Releases;
 
 /// Key prefixes a reload applies.
@@ -34,6 +39,11 @@ const RELOADABLE: &[&str] = &[
     "releases.trusted_keys",
     "log.level",
     "capacity.lease_ttl_seconds",
+    "capacity.edition_defaults",
+    "auth.token_ttl_seconds",
+    "auth.session_idle_minutes",
+    "auth.session_max_hours",
+    "auth.failures_per_",
 ];
 
 /// What a reload did.
@@ -58,6 +68,9 @@ pub struct Reloader {
     pub runtime: Live<RuntimeConfig>,
     /// `retention.*`, read by the Purger and the console.
     pub retention: Live<RetentionConfig>,
+    /// `[auth]`, read at every token issued, session touched and secret
+    /// checked (`hash_memory_mb` only at the start).
+    auth: Live<AuthConfig>,
     releases: Arc<Releases>,
     capacity: Arc<crate::capacity::Capacity>,
     clock: SharedClock,
@@ -67,6 +80,7 @@ impl Reloader {
     /// The reloader of a configuration in force since now.
     pub fn new(
         config: &Config,
+        auth: Live<AuthConfig>,
         releases: Arc<Releases>,
         capacity: Arc<crate::capacity::Capacity>,
         clock: SharedClock,
@@ -74,6 +88,7 @@ impl Reloader {
         Reloader {
             runtime: Live::new(config.runtime.clone()),
             retention: Live::new(config.retention.clone()),
+            auth,
             loaded: Mutex::new((clock.now(), 0)),
             running: Mutex::new(config.clone()),
             releases,
@@ -111,6 +126,32 @@ impl Reloader {
         let (applied, restart_needed): (Vec<String>, Vec<String>) = changed
             .into_iter()
             .partition(|k| RELOADABLE.iter().any(|p| k.starts_with(p)));
+        // The one change the running state can refuse goes first, so that a
+        // refusal leaves everything as it was.
+        if applied
+            .iter()
+            .any(|k| k.starts_with("capacity.edition_defaults"))
+        {
+            use crate::capacity::CapacityError;
+            use crate::domain::DomainError;
+            match self
+                .capacity
+                .set_edition_defaults(&next.capacity.edition_defaults)
+                .await
+            {
+                Ok(()) => {}
+                Err(CapacityError::Domain(DomainError::Invalid(e))) => {
+                    return Err(ConfigError::new(e.field, e.reason, ""));
+                }
+                Err(e) => {
+                    return Err(ConfigError::new(
+                        "capacity.edition_defaults",
+                        e.to_string(),
+                        "",
+                    ));
+                }
+            }
+        }
         if applied.iter().any(|k| k == "log.level") {
             crate::telemetry::set_log_level(&next.log.level)
                 .map_err(|e| ConfigError::new("log.level", e, ""))?;
@@ -134,6 +175,13 @@ impl Reloader {
         self.retention.set(next.retention.clone());
         {
             let mut running = self.running.lock();
+            let auth = AuthConfig {
+                hash_memory_mb: running.auth.hash_memory_mb,
+                ..next.auth
+            };
+            self.auth.set(auth.clone());
+            running.auth = auth;
+            running.capacity.edition_defaults = next.capacity.edition_defaults;
             running.runtime = next.runtime;
             running.retention = next.retention;
             running.releases.trusted_keys = next.releases.trusted_keys;

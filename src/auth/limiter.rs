@@ -34,6 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::AuthError;
 use crate::clock::SharedClock;
+use crate::config::{AuthConfig, Live};
 
 /// Memory an argon2id check with the default parameters holds, in MiB.
 pub const HASH_MEMORY_MIB: u64 = 19;
@@ -50,30 +51,9 @@ const LANE_QUEUE: usize = 4;
 /// The window failures are counted in.
 const WINDOW_SECONDS: i64 = 60;
 
-/// The limits of a [`Throttle`].
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    /// Failures of one name from one source per window before that pair is
-    /// refused.
-    pub per_name_and_source: usize,
-    /// Failures from one source per window before its checks are slowed.
-    pub per_source: usize,
-    /// Failures of one name per window before its checks are delayed.
-    pub per_name: usize,
-    /// Concurrent hashes.
-    pub hash_slots: usize,
-}
-
-impl Limits {
-    /// The limits `[auth]` configures.
-    pub fn from_config(auth: &crate::config::AuthConfig) -> Limits {
-        Limits {
-            per_name_and_source: auth.failures_per_name_and_source as usize,
-            per_source: auth.failures_per_source as usize,
-            per_name: auth.failures_per_name as usize,
-            hash_slots: (auth.hash_memory_mb / HASH_MEMORY_MIB).max(1) as usize,
-        }
-    }
+/// Concurrent hashes `auth.hash_memory_mb` allows.
+fn hash_slots(auth: &AuthConfig) -> usize {
+    (auth.hash_memory_mb / HASH_MEMORY_MIB).max(1) as usize
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -99,7 +79,9 @@ static HASHING_SIZED: std::sync::Once = std::sync::Once::new();
 /// Counts failures and orders throttled checks.
 pub struct Throttle {
     clock: SharedClock,
-    limits: Limits,
+    /// The failure limits are read at every check, so that a reload takes
+    /// effect at once; the hashing gate is sized once, at the start.
+    config: Live<AuthConfig>,
     failures: Mutex<HashMap<Key, VecDeque<DateTime<Utc>>>>,
     lanes: Mutex<HashMap<IpAddr, Arc<Lane>>>,
     gate: &'static Semaphore,
@@ -146,16 +128,18 @@ impl HashSlot {
 }
 
 impl Throttle {
-    /// A throttle with `limits`; the first one sizes the hashing gate.
-    pub fn new(clock: SharedClock, limits: Limits) -> Self {
-        HASHING_SIZED.call_once(|| HASHING.add_permits(limits.hash_slots.saturating_sub(1)));
-        Self::with_gate(clock, limits, &HASHING)
+    /// A throttle with the limits of `[auth]`; the first one sizes the
+    /// hashing gate.
+    pub fn new(clock: SharedClock, config: Live<AuthConfig>) -> Self {
+        let slots = hash_slots(&config.get());
+        HASHING_SIZED.call_once(|| HASHING.add_permits(slots.saturating_sub(1)));
+        Self::with_gate(clock, config, &HASHING)
     }
 
-    fn with_gate(clock: SharedClock, limits: Limits, gate: &'static Semaphore) -> Self {
+    fn with_gate(clock: SharedClock, config: Live<AuthConfig>, gate: &'static Semaphore) -> Self {
         Throttle {
             clock,
-            limits,
+            config,
             failures: Mutex::new(HashMap::new()),
             lanes: Mutex::new(HashMap::new()),
             gate,
@@ -211,11 +195,12 @@ impl Throttle {
 
     /// Seconds until `key` is under its limit again, or `None` when it is.
     fn over(&self, key: &Key) -> Option<u64> {
+        let config = self.config.get();
         let limit = match key {
-            Key::Pair(..) => self.limits.per_name_and_source,
-            Key::Source(_) => self.limits.per_source,
-            Key::Name(_) => self.limits.per_name,
-        };
+            Key::Pair(..) => config.failures_per_name_and_source,
+            Key::Source(_) => config.failures_per_source,
+            Key::Name(_) => config.failures_per_name,
+        } as usize;
         let now = self.clock.now();
         let window = chrono::Duration::seconds(WINDOW_SECONDS);
         let mut failures = self.failures.lock();
@@ -294,15 +279,23 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
 
+    fn limits() -> AuthConfig {
+        AuthConfig {
+            failures_per_name_and_source: 3,
+            failures_per_source: 5,
+            failures_per_name: 4,
+            hash_memory_mb: 2 * HASH_MEMORY_MIB,
+            ..AuthConfig::default()
+        }
+    }
+
     fn throttle(clock: &Arc<ManualClock>) -> Throttle {
-        let limits = Limits {
-            per_name_and_source: 3,
-            per_source: 5,
-            per_name: 4,
-            hash_slots: 2,
-        };
-        let gate = Box::leak(Box::new(Semaphore::new(limits.hash_slots)));
-        Throttle::with_gate(clock.clone(), limits, gate)
+        throttle_of(clock, Live::new(limits()))
+    }
+
+    fn throttle_of(clock: &Arc<ManualClock>, config: Live<AuthConfig>) -> Throttle {
+        let gate = Box::leak(Box::new(Semaphore::new(hash_slots(&config.get()))));
+        Throttle::with_gate(clock.clone(), config, gate)
     }
 
     const HERE: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
@@ -325,6 +318,33 @@ mod tests {
         assert!(t.turn("user:olga", THERE).await.is_ok());
         clock.advance(Duration::from_secs(60));
         assert!(t.turn("user:olga", HERE).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_reloaded_limit_counts_the_failures_already_seen() {
+        let clock = ManualClock::new(Utc::now());
+        let config = Live::new(limits());
+        let t = throttle_of(&clock, config.clone());
+        for _ in 0..2 {
+            t.failed("user:olga", HERE);
+        }
+        assert!(t.turn("user:olga", HERE).await.is_ok(), "2 of 3");
+        config.set(AuthConfig {
+            failures_per_name_and_source: 2,
+            ..limits()
+        });
+        assert!(
+            matches!(
+                t.turn("user:olga", HERE).await,
+                Err(AuthError::RateLimited { .. })
+            ),
+            "2 of 2 after the reload"
+        );
+        config.set(AuthConfig {
+            failures_per_name_and_source: 10,
+            ..limits()
+        });
+        assert!(t.turn("user:olga", HERE).await.is_ok(), "2 of 10");
     }
 
     #[tokio::test(start_paused = true)]

@@ -163,6 +163,8 @@ pub struct Auth {
     local_admin: RwLock<Option<[u8; 32]>>,
     /// Failed secret checks and the hashing gate.
     pub throttle: limiter::Throttle,
+    /// `[auth]` as in force now (token lifetime, failure limits).
+    config: crate::config::Live<crate::config::AuthConfig>,
     /// The first use of the bootstrap secrets, once printed.
     pub bootstrap: bootstrap::Watch,
 }
@@ -172,13 +174,14 @@ impl Auth {
     pub async fn open(
         store: &Store,
         clock: SharedClock,
-        config: &crate::config::AuthConfig,
+        config: crate::config::Live<crate::config::AuthConfig>,
     ) -> Result<Auth, StoreError> {
-        let tokens = token::TokenKeys::load_or_create(store, config.token_ttl_seconds).await?;
+        let tokens = token::TokenKeys::load_or_create(store).await?;
         let revoked = clients::revoked_ids(store)?;
         Ok(Auth {
             tokens,
-            throttle: limiter::Throttle::new(clock.clone(), limiter::Limits::from_config(config)),
+            throttle: limiter::Throttle::new(clock.clone(), config.clone()),
+            config,
             clock,
             revoked: RwLock::new(revoked),
             local_admin: RwLock::new(None),
@@ -204,7 +207,8 @@ impl Auth {
         credential: &crate::domain::credential::ClientCredential,
         scopes: BTreeSet<Scope>,
     ) -> IssuedToken {
-        self.tokens.issue(credential, scopes, self.clock.now())
+        let ttl = self.config.get().token_ttl_seconds;
+        self.tokens.issue(credential, scopes, self.clock.now(), ttl)
     }
 
     /// Resolves an `Authorization` header value to a principal.

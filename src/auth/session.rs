@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use super::token::random_token;
 use super::{Principal, Subject};
 use crate::clock::SharedClock;
+use crate::config::{AuthConfig, Live};
 use crate::domain::TenantId;
 use crate::domain::access::{Role, Scope};
 use crate::domain::user::User;
@@ -77,8 +78,7 @@ struct Entry {
 /// Every live session.
 pub struct Sessions {
     clock: SharedClock,
-    idle: Duration,
-    max: Duration,
+    config: Live<AuthConfig>,
     live: Mutex<HashMap<[u8; 32], Entry>>,
 }
 
@@ -87,12 +87,13 @@ fn key(cookie: &str) -> [u8; 32] {
 }
 
 impl Sessions {
-    /// Sessions that end after `idle_minutes` idle or `max_hours` in all.
-    pub fn new(clock: SharedClock, idle_minutes: u64, max_hours: u64) -> Arc<Sessions> {
+    /// Sessions that end after `auth.session_idle_minutes` idle or
+    /// `auth.session_max_hours` in all, as configured now (a reload
+    /// applies to live sessions too).
+    pub fn new(clock: SharedClock, config: Live<AuthConfig>) -> Arc<Sessions> {
         Arc::new(Sessions {
             clock,
-            idle: Duration::minutes(idle_minutes as i64),
-            max: Duration::hours(max_hours as i64),
+            config,
             live: Mutex::new(HashMap::new()),
         })
     }
@@ -125,7 +126,20 @@ impl Sessions {
     }
 
     fn alive(&self, s: &Session, now: DateTime<Utc>) -> bool {
-        s.seen_at + self.idle > now && s.created_at + self.max > now
+        self.ends_at(s) > now
+    }
+
+    /// When a session ends unless it is used again before then.
+    pub fn ends_at(&self, s: &Session) -> DateTime<Utc> {
+        let config = self.config.get();
+        let idle_end = s.seen_at + Duration::minutes(config.session_idle_minutes as i64);
+        let hard_end = s.created_at + Duration::hours(config.session_max_hours as i64);
+        idle_end.min(hard_end)
+    }
+
+    /// Minutes without a request after which a session ends.
+    pub fn idle_minutes(&self) -> u64 {
+        self.config.get().session_idle_minutes
     }
 
     /// The session of a cookie, touched; `None` when unknown or expired.
@@ -225,10 +239,18 @@ mod tests {
         .0
     }
 
+    fn lifetimes(idle_minutes: u64, max_hours: u64) -> Live<AuthConfig> {
+        Live::new(AuthConfig {
+            session_idle_minutes: idle_minutes,
+            session_max_hours: max_hours,
+            ..AuthConfig::default()
+        })
+    }
+
     #[test]
     fn sessions_end_when_idle_or_old() {
         let clock = ManualClock::new(Utc::now());
-        let sessions = Sessions::new(clock.clone(), 30, 1);
+        let sessions = Sessions::new(clock.clone(), lifetimes(30, 1));
         let cookie = sessions.start(&user("rita"));
         let s = sessions.get(&cookie).unwrap();
         assert!(s.scopes.contains(&Scope::RunsDecide));
@@ -250,9 +272,25 @@ mod tests {
     }
 
     #[test]
+    fn a_reloaded_idle_time_applies_to_live_sessions() {
+        let clock = ManualClock::new(Utc::now());
+        let config = lifetimes(30, 12);
+        let sessions = Sessions::new(clock.clone(), config.clone());
+        let cookie = sessions.start(&user("rita"));
+        clock.advance(std::time::Duration::from_secs(10 * 60));
+        assert!(sessions.get(&cookie).is_some());
+        config.set(AuthConfig {
+            session_idle_minutes: 5,
+            ..AuthConfig::default()
+        });
+        clock.advance(std::time::Duration::from_secs(6 * 60));
+        assert!(sessions.get(&cookie).is_none(), "idle past the new limit");
+    }
+
+    #[test]
     fn flashes_are_shown_once_and_users_are_signed_out() {
         let clock = ManualClock::new(Utc::now());
-        let sessions = Sessions::new(clock, 30, 12);
+        let sessions = Sessions::new(clock, lifetimes(30, 12));
         let cookie = sessions.start(&user("otto"));
         sessions.flash(&cookie, true, "done");
         assert_eq!(sessions.take_flash(&cookie).unwrap().text, "done");

@@ -60,7 +60,6 @@ pub(crate) struct TokenKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
     validation: Validation,
-    ttl_seconds: u64,
 }
 
 impl TokenKeys {
@@ -79,10 +78,7 @@ impl TokenKeys {
             .await
     }
 
-    pub(super) async fn load_or_create(
-        store: &Store,
-        ttl_seconds: u64,
-    ) -> Result<TokenKeys, StoreError> {
+    pub(super) async fn load_or_create(store: &Store) -> Result<TokenKeys, StoreError> {
         let mut fresh = [0u8; 32];
         getrandom::fill(&mut fresh).expect("the OS random source works");
         let key = store
@@ -103,7 +99,6 @@ impl TokenKeys {
             encoding: EncodingKey::from_secret(&key),
             decoding: DecodingKey::from_secret(&key),
             validation,
-            ttl_seconds,
         })
     }
 
@@ -112,13 +107,14 @@ impl TokenKeys {
         credential: &ClientCredential,
         scopes: BTreeSet<Scope>,
         now: DateTime<Utc>,
+        ttl_seconds: u64,
     ) -> IssuedToken {
         let scope = scopes
             .iter()
             .map(|s| s.as_str())
             .collect::<Vec<_>>()
             .join(" ");
-        let expires_at = now + chrono::Duration::seconds(self.ttl_seconds as i64);
+        let expires_at = now + chrono::Duration::seconds(ttl_seconds as i64);
         let claims = Claims {
             iss: ISSUER.into(),
             sub: credential.client_id.clone(),
@@ -133,7 +129,7 @@ impl TokenKeys {
                 .expect("HS256 signing cannot fail");
         IssuedToken {
             access_token,
-            expires_in: self.ttl_seconds,
+            expires_in: ttl_seconds,
             scope,
             expires_at,
         }

@@ -24,7 +24,7 @@ use crate::domain::capacity::{
     CapacityLease, EffectiveLimits, HolderKind, Quota, QuotaContext, QuotaLimits, QuotaScope, Usage,
 };
 use crate::domain::tenant::Tenant;
-use crate::domain::{ProjectId, TenantId};
+use crate::domain::{FieldError, ProjectId, TenantId};
 use crate::telemetry::names;
 
 /// Running and closed lease time at one level, for the UTC day of the book.
@@ -145,6 +145,48 @@ impl Book {
             open: HashMap::new(),
             quota_blocked: HashMap::new(),
         }
+    }
+
+    /// Replaces the configured edition defaults (a reload), and returns
+    /// the tenants whose effective limits changed. An edition a tenant has
+    /// cannot go away unless a PlatformAdmin's quota keeps it; then nothing
+    /// changes.
+    pub fn set_config_editions(
+        &mut self,
+        editions: &BTreeMap<String, EditionLimits>,
+    ) -> Result<Vec<TenantId>, FieldError> {
+        let mut orphaned: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for t in self.tenants.values() {
+            if !editions.contains_key(&t.edition) && !self.edition_quotas.contains_key(&t.edition) {
+                orphaned
+                    .entry(t.edition.as_str())
+                    .or_default()
+                    .push(t.tenant_id.as_str());
+            }
+        }
+        if let Some((edition, tenants)) = orphaned.into_iter().next() {
+            return Err(FieldError::new(
+                format!("capacity.edition_defaults.{edition}"),
+                format!(
+                    "cannot be removed: tenant(s) {} have this edition; give them another edition first",
+                    tenants.join(", ")
+                ),
+            ));
+        }
+        let ids: Vec<TenantId> = self.tenants.keys().cloned().collect();
+        let before: Vec<Option<EffectiveLimits>> =
+            ids.iter().map(|t| self.tenant_limits(t)).collect();
+        self.config_editions = editions
+            .iter()
+            .map(|(k, v)| (k.clone(), edition_limits(v)))
+            .collect();
+        self.limits.clear();
+        Ok(ids
+            .into_iter()
+            .zip(before)
+            .filter(|(t, before)| self.tenant_limits(t) != *before)
+            .map(|(t, _)| t)
+            .collect())
     }
 
     /// Edition names known to the appliance.

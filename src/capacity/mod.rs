@@ -1156,7 +1156,6 @@ impl Capacity {
         Err(DomainError::FailedPrecondition(format!("lease {lease_id} cannot be renewed")).into())
     }
 
-    /// `ReleaseLease`: idempotent; releasing an ended lease returns it as is.
     /// Sets how long leases granted or renewed from now on last without
     /// renewal (a reload of `capacity.lease_ttl_seconds`).
     pub fn set_lease_ttl(&self, seconds: u64) {
@@ -1165,6 +1164,41 @@ impl Capacity {
             .store(seconds as i64, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Replaces the configured edition defaults (a reload of
+    /// `capacity.edition_defaults`): every tenant whose effective limits
+    /// change gets a `QuotaChanged` event, and requests waiting on its
+    /// quotas are looked at again. A PlatformAdmin's edition quota still
+    /// wins over the configured defaults; leases already granted stay.
+    pub async fn set_edition_defaults(
+        &self,
+        editions: &BTreeMap<String, crate::config::EditionLimits>,
+    ) -> Result<(), CapacityError> {
+        let _serial = self.admin.lock().await;
+        let now = self.now();
+        let (events, to_wake) = {
+            let mut book = self.shared.book.lock();
+            let changed = book.set_config_editions(editions)?;
+            let mut events = Vec::new();
+            let mut pools = BTreeSet::new();
+            for tenant in &changed {
+                if let Some(limits) = book.tenant_limits(tenant) {
+                    events.push(quota_changed(new_id(), tenant, None, &limits, now));
+                }
+                pools.extend(book.blocked_pools(Some(tenant)));
+            }
+            (events, pools)
+        };
+        if !events.is_empty() {
+            self.store()
+                .transact(move |tx: &mut Tx| tx.emit_all(events))
+                .await?;
+        }
+        self.shared.wake(&to_wake, "");
+        tracing::info!("edition defaults reloaded");
+        Ok(())
+    }
+
+    /// `ReleaseLease`: idempotent; releasing an ended lease returns it as is.
     pub async fn release(
         &self,
         scope: &TenantScope,

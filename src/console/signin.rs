@@ -179,9 +179,7 @@ struct AccountPage {
 /// form to change one's password.
 pub async fn account(console: Console) -> Result<Response, PageError> {
     let s = &console.session;
-    let config = &console.state.config.auth;
-    let idle_end = s.seen_at + chrono::Duration::minutes(config.session_idle_minutes as i64);
-    let hard_end = s.created_at + chrono::Duration::hours(config.session_max_hours as i64);
+    let sessions = &console.state.sessions;
     let facts = vec![
         ("User", format!("{} ({})", s.username, s.display_name)),
         ("Tenant", s.tenant.to_string()),
@@ -206,8 +204,8 @@ pub async fn account(console: Console) -> Result<Response, PageError> {
             "Session ends",
             format!(
                 "{} UTC, or after {} idle minutes",
-                super::when(&idle_end.min(hard_end)),
-                config.session_idle_minutes
+                super::when(&sessions.ends_at(s)),
+                sessions.idle_minutes()
             ),
         ),
     ];

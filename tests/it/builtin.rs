@@ -1459,3 +1459,174 @@ async fn the_running_configuration_reloads_on_sighup_and_on_request() {
         "{log}"
     );
 }
+
+/// The reloadable keys of capacity, authentication and retention, each
+/// seen doing its work on the running appliance.
+#[tokio::test]
+async fn reloaded_editions_sign_in_limits_and_retention_take_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agentbay.toml");
+    let write = |text: &str| std::fs::write(&file, text).unwrap();
+    let gold = "[capacity.edition_defaults.gold]\nconcurrent_runs = 3\n";
+    write(&format!(
+        "[capacity.edition_defaults.team]\nconcurrent_runs = 1\n{gold}"
+    ));
+    let mut site = Site::on(Appliance::start_with(
+        &["--config", file.to_str().unwrap(), "--manual-clock"],
+        &[],
+    ))
+    .await;
+    let reload = |expect_ok: bool| {
+        let out = run(agentbay()
+            .arg("reload")
+            .arg("--data-dir")
+            .arg(&site.a.data_dir));
+        assert_eq!(
+            out.status.success(),
+            expect_ok,
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    site.import(
+        "triage-page",
+        json!([
+            {"content": "Paging", "toolCalls": [{"tool": "page-oncall", "arguments": {"message": "down"}}]},
+            answer("high", true)
+        ]),
+        |_| {},
+    )
+    .await;
+    site.import("triage-quick", json!([answer("low", false)]), |_| {})
+        .await;
+
+    // Edition defaults: the team edition allows one run; a second queues
+    // behind concurrentRuns until a reload raises it.
+    let paged = site.submit("triage-page").await;
+    site.until(&paged, "WaitingForDecision").await;
+    let quick = site.submit("triage-quick").await;
+    let queued = site.until(&quick, "Claimed").await;
+    let t = site
+        .timeline_until(&queued.steps[0].attempts[0].attempt_id, |t| {
+            t["capacity"]["queuePosition"].is_number()
+        })
+        .await;
+    assert!(
+        t["waitingReason"]
+            .as_str()
+            .unwrap()
+            .contains("concurrentRuns"),
+        "{t}"
+    );
+    write(&format!(
+        "[capacity.edition_defaults.team]\nconcurrent_runs = 2\n{gold}"
+    ));
+    let said = reload(true);
+    assert!(
+        said.contains("in force now: capacity.edition_defaults.team.concurrent_runs"),
+        "{said}"
+    );
+    let done = site.until(&quick, "Succeeded").await;
+    assert_eq!(done.state, "Succeeded", "the queued run got capacity");
+    let admin = site.a.admin_token().await;
+    let quotas = site
+        .a
+        .get(&admin, "/factory/capacity/quotas?tenant=demo")
+        .await;
+    assert_eq!(
+        quotas["tenant"]["effective"]["concurrentRuns"]["value"], 2,
+        "{quotas}"
+    );
+
+    // An edition a tenant has cannot go; the refusal names it and the
+    // tenant, and nothing changes.
+    site.a.tenant("acme", "gold", &[], &["p"]).await;
+    write("[capacity.edition_defaults.team]\nconcurrent_runs = 5\n");
+    let said = reload(false);
+    assert!(
+        said.contains("capacity.edition_defaults.gold")
+            && said.contains("acme")
+            && said.contains("running configuration stays"),
+        "{said}"
+    );
+    let quotas = site
+        .a
+        .get(&admin, "/factory/capacity/quotas?tenant=demo")
+        .await;
+    assert_eq!(
+        quotas["tenant"]["effective"]["concurrentRuns"]["value"], 2,
+        "the refused file changed nothing: {quotas}"
+    );
+
+    // Authentication: the token lifetime and the failure limits.
+    let token_response = |secret: String| {
+        let a = &site.a;
+        let id = site.cred.id.clone();
+        async move {
+            a.http()
+                .post(format!("{}/oauth/token", a.url))
+                .basic_auth(id, Some(secret))
+                .form(&[("grant_type", "client_credentials")])
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let ok = token_response(site.cred.secret.clone()).await;
+    assert_eq!(ok.json::<Value>().await.unwrap()["expires_in"], 900);
+    let auth = format!(
+        "{gold}[capacity.edition_defaults.team]\nconcurrent_runs = 2\n[auth]\ntoken_ttl_seconds = 300\n"
+    );
+    write(&auth);
+    let said = reload(true);
+    assert!(
+        said.contains("in force now: auth.token_ttl_seconds"),
+        "{said}"
+    );
+    let ok = token_response(site.cred.secret.clone()).await;
+    assert_eq!(ok.json::<Value>().await.unwrap()["expires_in"], 300);
+    // One failure is under the default limit of 5 failures per name and
+    // source; after a reload to 1, the same failure refuses the pair.
+    let wrong = token_response("wrong".into()).await;
+    assert_eq!(wrong.status(), 401);
+    let ok = token_response(site.cred.secret.clone()).await;
+    assert_eq!(ok.status(), 200);
+    let auth = format!("{auth}failures_per_name_and_source = 1\n");
+    write(&auth);
+    let said = reload(true);
+    assert!(
+        said.contains("in force now: auth.failures_per_name_and_source"),
+        "{said}"
+    );
+    let refused = token_response(site.cred.secret.clone()).await;
+    assert_eq!(refused.status(), 429, "over the new limit of 1");
+
+    // Retention: a finished run's payload stays under the 30-day default
+    // and goes once a reload shortens it.
+    site.a.advance(3 * 86_400).await;
+    site.token = site.a.token(&site.cred).await;
+    let pass = site.a.run_worker("Purger").await;
+    assert!(pass.ok, "{}", pass.message);
+    assert!(site.run(&quick).await.purged.is_empty());
+    write(&format!("{auth}[retention]\npayload_days = 2\n"));
+    let said = reload(true);
+    assert!(
+        said.contains("in force now: retention.payload_days"),
+        "{said}"
+    );
+    let pass = site.a.run_worker("Purger").await;
+    assert!(pass.ok, "{}", pass.message);
+    let purged = site.run(&quick).await;
+    assert!(
+        purged
+            .purged
+            .contains("by the payload retention of tenant demo (2 days)"),
+        "{}",
+        purged.purged
+    );
+}
