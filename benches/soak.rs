@@ -417,6 +417,11 @@ async fn main() {
         worst.1,
         worst.2
     );
+    let stats = state.store.commit_stats();
+    println!(
+        "store reopens (store.snapshot_every_mb = {}): {}, the longest pause {} ms",
+        config.store.snapshot_every_mb, stats.reopens, stats.longest_reopen_ms
+    );
     drop(state);
     running.stop().await.unwrap();
     // The worst restart: the soaked store itself, after every simulated day

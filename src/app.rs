@@ -124,6 +124,7 @@ pub fn open_local(config: &Config) -> Result<Local, crate::store::StoreError> {
     let datadir = DataDir::open(&config.data_dir)?;
     let options = StoreOptions {
         cache_bytes: config.store.cache_mb * 1024 * 1024,
+        snapshot_every_bytes: config.store.snapshot_every_mb * 1024 * 1024,
         ..StoreOptions::default()
     };
     let store = Store::open(&datadir.store_path(), &options)?;

@@ -283,11 +283,18 @@ pub enum LogFormat {
 pub struct StoreConfig {
     /// Page cache size, in MiB.
     pub cache_mb: u64,
+    /// The store reopens itself after this many MiB of records written, so
+    /// that its page-table snapshot is fresh and a restart replays at most
+    /// that much log (0: never).
+    pub snapshot_every_mb: u64,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { cache_mb: 32 }
+        StoreConfig {
+            cache_mb: 32,
+            snapshot_every_mb: 32,
+        }
     }
 }
 
@@ -800,6 +807,12 @@ impl Config {
             300,
         )?;
         range("store.cache_mb", self.store.cache_mb, 8, 1024 * 1024)?;
+        range(
+            "store.snapshot_every_mb",
+            self.store.snapshot_every_mb,
+            0,
+            1024 * 1024,
+        )?;
         let r = &self.retention;
         range("retention.payload_days", r.payload_days.into(), 1, 36_500)?;
         range("retention.history_days", r.history_days.into(), 1, 36_500)?;

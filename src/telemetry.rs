@@ -106,6 +106,10 @@ pub mod names {
     pub const STORE_FLUSHES: &str = "agentbay_store_flushes_total";
     /// Bytes the store occupies on disk.
     pub const STORE_DISK_BYTES: &str = "agentbay_store_disk_bytes";
+    /// Reopens of the store that wrote a fresh page-table snapshot.
+    pub const STORE_REOPENS: &str = "agentbay_store_reopens_total";
+    /// How long the last reopen paused the store.
+    pub const STORE_REOPEN_SECONDS: &str = "agentbay_store_reopen_seconds";
     /// Writes of an aggregate refused because they were derived from an
     /// older version than the stored one (table).
     pub const STORE_STALE_WRITES: &str = "agentbay_store_stale_writes_total";
@@ -176,6 +180,15 @@ fn describe() {
         names::STORE_DISK_BYTES,
         metrics::Unit::Bytes,
         "Size of the store on disk"
+    );
+    describe_counter!(
+        names::STORE_REOPENS,
+        "Reopens of the store after store.snapshot_every_mb written, so that a restart replays little"
+    );
+    describe_histogram!(
+        names::STORE_REOPEN_SECONDS,
+        metrics::Unit::Seconds,
+        "How long a reopen of the store paused reads and writes"
     );
     describe_counter!(
         names::STORE_STALE_WRITES,

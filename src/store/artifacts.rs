@@ -293,7 +293,7 @@ impl Store {
         if self.get::<Artifact>(scope, hash)?.is_none() {
             return Ok(None);
         }
-        let tree = self.tree(Table::ArtifactChunks);
+        let tree = self.tree(Table::ArtifactChunks)?;
         let corrupt = |reason: String| StoreError::Corrupt {
             table: Table::ArtifactChunks.name(),
             key: hash.to_string(),

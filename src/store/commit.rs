@@ -26,6 +26,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use tokio::sync::{broadcast, oneshot};
 
 use super::StoreError;
+use super::engine::Engine;
 use super::outbox::StoredEvent;
 use super::tx::{Tx, Writes};
 
@@ -38,8 +39,11 @@ type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
 /// What the writer thread lends each job.
 pub(super) struct WriterCtx {
-    db: sled::Db,
-    trees: Arc<[sled::Tree]>,
+    engine: Engine,
+    /// Bytes of records written since the database was last opened.
+    written: u64,
+    /// Reopen the database after this many (0: never); see [`Engine`].
+    snapshot_every: u64,
     /// Writes of the current group, not yet applied to sled.
     group: Writes,
     /// Events of the current group.
@@ -63,6 +67,16 @@ enum Job {
     Stop(mpsc::SyncSender<Result<(), StoreError>>),
 }
 
+/// How the writer is set up.
+pub(super) struct CommitOptions {
+    /// `fdatasync` the data file after each flush.
+    pub sync_data: bool,
+    /// Sequence number of the next event.
+    pub next_seq: u64,
+    /// Reopen the database after this many bytes written (0: never).
+    pub snapshot_every: u64,
+}
+
 /// Counters of the group commit.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CommitStats {
@@ -72,6 +86,10 @@ pub struct CommitStats {
     pub groups: u64,
     /// Flush-and-sync rounds.
     pub flushes: u64,
+    /// Reopens of the database (see [`Engine`]).
+    pub reopens: u64,
+    /// The longest pause a reopen made, in milliseconds.
+    pub longest_reopen_ms: u64,
 }
 
 struct Shared {
@@ -82,6 +100,8 @@ struct Shared {
     commits: AtomicU64,
     groups: AtomicU64,
     flushes: AtomicU64,
+    reopens: AtomicU64,
+    longest_reopen_ms: AtomicU64,
 }
 
 impl Shared {
@@ -104,13 +124,16 @@ pub(super) struct Committer {
 
 impl Committer {
     pub(super) fn start(
-        db: sled::Db,
-        trees: Arc<[sled::Tree]>,
+        engine: Engine,
         data_file: PathBuf,
-        sync_data: bool,
-        next_seq: u64,
+        options: CommitOptions,
         events: broadcast::Sender<Arc<StoredEvent>>,
     ) -> Result<Committer, StoreError> {
+        let CommitOptions {
+            sync_data,
+            next_seq,
+            snapshot_every,
+        } = options;
         // Opened for writing because Windows' FlushFileBuffers needs it;
         // nothing is written through this handle.
         let file = File::options()
@@ -125,12 +148,15 @@ impl Committer {
             commits: AtomicU64::new(0),
             groups: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            reopens: AtomicU64::new(0),
+            longest_reopen_ms: AtomicU64::new(0),
         });
         let (job_tx, job_rx) = mpsc::channel::<Job>();
         let (flush_tx, flush_rx) = mpsc::channel::<Flush>();
         let ctx = WriterCtx {
-            db: db.clone(),
-            trees,
+            engine: engine.clone(),
+            written: 0,
+            snapshot_every,
             group: Writes::default(),
             events: Vec::new(),
             next_seq,
@@ -146,7 +172,7 @@ impl Committer {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("store-flusher".into())
-                .spawn(move || flusher_loop(flush_rx, db, file, sync_data, events, shared))
+                .spawn(move || flusher_loop(flush_rx, engine, file, sync_data, events, shared))
                 .map_err(StoreError::io("starting the store flusher thread"))?
         };
         Ok(Committer {
@@ -177,7 +203,15 @@ impl Committer {
     {
         let (reply, rx) = oneshot::channel::<Result<R, E>>();
         self.send(Job::Tx(Box::new(move |ctx: &mut WriterCtx| {
-            let mut tx = Tx::new(&ctx.trees, &ctx.group, ctx.next_seq);
+            let engine = ctx.engine.clone();
+            let open = match engine.read() {
+                Ok(open) => open,
+                Err(e) => {
+                    let _ = reply.send(Err(E::from(e)));
+                    return None;
+                }
+            };
+            let mut tx = Tx::new(&open.trees, &ctx.group, ctx.next_seq);
             match f(&mut tx) {
                 Ok(value) => {
                     let (writes, events) = tx.finish();
@@ -232,6 +266,8 @@ impl Committer {
             commits: self.shared.commits.load(Ordering::Relaxed),
             groups: self.shared.groups.load(Ordering::Relaxed),
             flushes: self.shared.flushes.load(Ordering::Relaxed),
+            reopens: self.shared.reopens.load(Ordering::Relaxed),
+            longest_reopen_ms: self.shared.longest_reopen_ms.load(Ordering::Relaxed),
         }
     }
 
@@ -269,6 +305,8 @@ enum Flush {
         events: Vec<Arc<StoredEvent>>,
         applied: Result<(), StoreError>,
     },
+    /// Answered once every earlier group is flushed and answered.
+    Barrier(mpsc::SyncSender<()>),
     Stop(mpsc::SyncSender<Result<(), StoreError>>),
 }
 
@@ -278,7 +316,12 @@ fn apply_group(ctx: &mut WriterCtx) -> Result<(), StoreError> {
     if writes.is_empty() {
         return Ok(());
     }
-    ctx.trees
+    ctx.written += writes
+        .iter()
+        .map(|((_, key), value)| (key.len() + value.as_ref().map_or(0, |v| v.len())) as u64)
+        .sum::<u64>();
+    let open = ctx.engine.read()?;
+    open.trees
         .as_ref()
         .transaction(|trees| {
             for ((table, key), value) in writes.iter() {
@@ -348,7 +391,11 @@ fn writer_loop(
                     if !close_group(&mut ctx, &mut completions) {
                         return;
                     }
-                    run(&ctx.trees, &ctx.db);
+                    // Without a database the job is dropped, and its caller
+                    // hears that the store is closed.
+                    if let Ok(open) = ctx.engine.read() {
+                        run(&open.trees, &open.db);
+                    }
                 }
                 Job::Stop(done) => {
                     close_group(&mut ctx, &mut completions);
@@ -363,20 +410,59 @@ fn writer_loop(
         if !close_group(&mut ctx, &mut completions) {
             return;
         }
+        if ctx.snapshot_every > 0
+            && ctx.written >= ctx.snapshot_every
+            && shared.healthy.load(Ordering::Acquire)
+        {
+            reopen(&mut ctx, &flusher, &shared);
+        }
     }
     shared.healthy.store(false, Ordering::Release);
 }
 
+/// Reopens the database once every group so far is durable (see
+/// [`Engine`]); writes queue meanwhile.
+fn reopen(ctx: &mut WriterCtx, flusher: &mpsc::Sender<Flush>, shared: &Shared) {
+    let (done, flushed) = mpsc::sync_channel(1);
+    if flusher.send(Flush::Barrier(done)).is_err() || flushed.recv().is_err() {
+        return;
+    }
+    let written = ctx.written;
+    match ctx.engine.reopen() {
+        Ok(Some(took)) => {
+            ctx.written = 0;
+            shared.reopens.fetch_add(1, Ordering::Relaxed);
+            shared
+                .longest_reopen_ms
+                .fetch_max(took.as_millis() as u64, Ordering::Relaxed);
+            metrics::counter!(crate::telemetry::names::STORE_REOPENS).increment(1);
+            metrics::histogram!(crate::telemetry::names::STORE_REOPEN_SECONDS)
+                .record(took.as_secs_f64());
+            tracing::info!(
+                written_mib = written / (1024 * 1024),
+                took_ms = took.as_millis() as u64,
+                "store reopened: sled wrote a fresh snapshot of its page table, so that a restart replays little"
+            );
+        }
+        Ok(None) => {
+            // Busy readers: try again after an eighth more.
+            ctx.written = ctx.snapshot_every - ctx.snapshot_every / 8;
+            tracing::debug!("store reopen put off: reads held the store");
+        }
+        Err(e) => shared.fail(&e),
+    }
+}
+
 fn flusher_loop(
     queue: mpsc::Receiver<Flush>,
-    db: sled::Db,
+    engine: Engine,
     file: File,
     sync_data: bool,
     events: broadcast::Sender<Arc<StoredEvent>>,
     shared: Arc<Shared>,
 ) {
     let flush = || -> Result<(), StoreError> {
-        db.flush()?;
+        engine.read()?.db.flush()?;
         if sync_data {
             file.sync_data()
                 .map_err(StoreError::io("syncing the store data file"))?;
@@ -405,6 +491,7 @@ fn flusher_loop(
             shared.fail(e);
         }
         let mut stop = None;
+        let mut barriers = Vec::new();
         for message in batch {
             let (completions, group_events, applied) = match message {
                 Flush::Group {
@@ -412,6 +499,10 @@ fn flusher_loop(
                     events,
                     applied,
                 } => (completions, events, applied),
+                Flush::Barrier(done) => {
+                    barriers.push(done);
+                    continue;
+                }
                 Flush::Stop(done) => {
                     stop = Some(done);
                     continue;
@@ -438,6 +529,9 @@ fn flusher_loop(
                     Some(e) => Err(StoreError::FlushFailed(e.clone())),
                 });
             }
+        }
+        for done in barriers {
+            let _ = done.send(());
         }
         if let Some(done) = stop {
             let _ = done.send(flushed);

@@ -58,6 +58,7 @@ mod backup;
 mod commit;
 pub mod datadir;
 mod derived;
+mod engine;
 mod outbox;
 pub mod scheduled;
 mod schema;
@@ -68,6 +69,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use parking_lot::MappedRwLockReadGuard;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
@@ -488,6 +490,10 @@ pub const MAX_RECORD_BYTES: usize = 64 * 1024;
 pub struct StoreOptions {
     /// sled page cache, in bytes.
     pub cache_bytes: u64,
+    /// Reopen the database after this many bytes of records were written,
+    /// so that sled writes a fresh page-table snapshot and a restart
+    /// replays little (0: never). See [`engine`].
+    pub snapshot_every_bytes: u64,
     /// `fdatasync` the data file after each flush (on by default). Off only
     /// for the benchmark's comparison rows.
     pub sync_data: bool,
@@ -497,6 +503,7 @@ impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             cache_bytes: 32 * 1024 * 1024,
+            snapshot_every_bytes: 32 * 1024 * 1024,
             sync_data: true,
         }
     }
@@ -509,8 +516,7 @@ pub struct Store {
 }
 
 struct Inner {
-    db: sled::Db,
-    trees: Arc<[sled::Tree]>,
+    engine: engine::Engine,
     committer: Committer,
     events: broadcast::Sender<Arc<StoredEvent>>,
     path: PathBuf,
@@ -603,28 +609,25 @@ impl Store {
                 reason: "it has a sled configuration but no data file".into(),
             });
         }
-        let db = open_sled(path, Some(options.cache_bytes))?;
-        let trees: Arc<[sled::Tree]> = Table::ALL
-            .iter()
-            .map(|t| db.open_tree(t.name()))
-            .collect::<Result<Vec<_>, _>>()?
-            .into();
-        let meta = &trees[Table::Meta.position()];
-        let schema_version = schema::prepare(&db, meta, path, fresh, schema::MIGRATIONS)?;
+        let open = engine::Open::at(path, options.cache_bytes)?;
+        let meta = &open.trees[Table::Meta.position()];
+        let schema_version = schema::prepare(&open.db, meta, path, fresh, schema::MIGRATIONS)?;
         let (events, _) = broadcast::channel(4096);
-        let next_seq = outbox::next_sequence(&trees[Table::Outbox.position()], meta)?;
+        let next_seq = outbox::next_sequence(&open.trees[Table::Outbox.position()], meta)?;
+        let engine = engine::Engine::new(open, path, options.cache_bytes);
         let committer = Committer::start(
-            db.clone(),
-            trees.clone(),
+            engine.clone(),
             path.join("db"),
-            options.sync_data,
-            next_seq,
+            commit::CommitOptions {
+                sync_data: options.sync_data,
+                next_seq,
+                snapshot_every: options.snapshot_every_bytes,
+            },
             events.clone(),
         )?;
         Ok(Store {
             inner: Arc::new(Inner {
-                db,
-                trees,
+                engine,
                 committer,
                 events,
                 path: path.to_path_buf(),
@@ -643,8 +646,11 @@ impl Store {
         &self.inner.path
     }
 
-    fn tree(&self, table: Table) -> &sled::Tree {
-        &self.inner.trees[table.position()]
+    /// A table, read while no reopen runs (see [`engine`]).
+    fn tree(&self, table: Table) -> Result<MappedRwLockReadGuard<'_, sled::Tree>, StoreError> {
+        Ok(MappedRwLockReadGuard::map(self.inner.engine.read()?, |o| {
+            &o.trees[table.position()]
+        }))
     }
 
     /// Queues `f` now and returns a future that resolves once it is durable.
@@ -711,7 +717,7 @@ impl Store {
     /// Reads one record of the scope's tenant.
     pub fn get<R: Record>(&self, scope: &TenantScope, id: &str) -> Result<Option<R>, StoreError> {
         let key = record_key(scope.tenant(), id);
-        self.tree(R::TABLE)
+        self.tree(R::TABLE)?
             .get(&key)?
             .map(|bytes| decode::<R>(&key, &bytes))
             .transpose()
@@ -741,7 +747,7 @@ impl Store {
         };
         let mut end = prefix.clone();
         *end.last_mut().expect("prefix ends with '/'") += 1;
-        self.tree(R::TABLE)
+        self.tree(R::TABLE)?
             .range(start..end)
             .take(limit)
             .map(|item| {
@@ -759,7 +765,7 @@ impl Store {
         id_prefix: &str,
     ) -> Result<Vec<R>, StoreError> {
         let prefix = record_key(scope.tenant(), id_prefix);
-        self.tree(R::TABLE)
+        self.tree(R::TABLE)?
             .scan_prefix(&prefix)
             .map(|item| {
                 let (k, v) = item?;
@@ -771,7 +777,7 @@ impl Store {
     /// Every record of the table, of every tenant, for PlatformAdmins and
     /// the appliance's workers.
     pub fn scan_all<R: Record>(&self, _platform: &PlatformScope) -> Result<Vec<R>, StoreError> {
-        self.tree(R::TABLE)
+        self.tree(R::TABLE)?
             .iter()
             .map(|item| {
                 let (k, v) = item?;
@@ -788,7 +794,7 @@ impl Store {
         value: &str,
     ) -> Result<Vec<String>, StoreError> {
         let prefix = derived::tenant_prefix(scope.tenant(), index, value);
-        self.tree(Table::Index)
+        self.tree(Table::Index)?
             .scan_prefix(&prefix)
             .map(|item| {
                 let (k, _) = item?;
@@ -828,7 +834,7 @@ impl Store {
         value: &str,
     ) -> Result<u64, StoreError> {
         let key = derived::count_key(scope.tenant(), index, value);
-        Ok(tx::read_u64(self.tree(Table::Index).get(key)?.as_deref()))
+        Ok(tx::read_u64(self.tree(Table::Index)?.get(key)?.as_deref()))
     }
 
     /// The tenant's derived entries of `index` with a value from `from`
@@ -860,7 +866,7 @@ impl Store {
             None => prefix_end(&prefix),
         };
         let mut out = Vec::new();
-        for item in self.tree(Table::Index).range(start..end) {
+        for item in self.tree(Table::Index)?.range(start..end) {
             if out.len() >= limit {
                 break;
             }
@@ -936,7 +942,7 @@ impl Store {
         end: Vec<u8>,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
-        self.tree(table)
+        self.tree(table)?
             .range(prefix.to_vec()..end)
             .rev()
             .take(limit)
@@ -957,7 +963,7 @@ impl Store {
     ) -> Result<Vec<(TenantId, String)>, StoreError> {
         let all = derived::global_prefix(index, None);
         let prefix = derived::global_prefix(index, Some(value));
-        self.tree(Table::Index)
+        self.tree(Table::Index)?
             .scan_prefix(&prefix)
             .filter_map(|item| match item {
                 Ok((k, _)) => derived::split_global(&k[all.len()..]).map(|(_, t, id)| Ok((t, id))),
@@ -989,14 +995,15 @@ impl Store {
     /// directly: meant for a store nothing writes to (offline, or a test
     /// after a crash).
     pub fn audit(&self) -> Result<Vec<String>, StoreError> {
-        let db = &self.inner.db;
+        let open = self.inner.engine.read()?;
+        let db = &open.db;
         let mut rebuild = derived::Rebuild::computing();
         schema::derive_tables(db, &mut rebuild)?;
         let mut problems = Vec::new();
         artifacts::audit(db, &mut rebuild, &mut problems)?;
         let mut stored_counts = BTreeMap::new();
         let mut stored_keys = std::collections::BTreeSet::new();
-        for item in self.tree(Table::Index).iter() {
+        for item in self.tree(Table::Index)?.iter() {
             let (k, v) = item?;
             if !derived::is_derived_key(&k) {
                 continue;
@@ -1033,7 +1040,7 @@ impl Store {
 
     /// Reads an appliance-level value of the meta tree (a worker's cursor).
     pub fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.tree(Table::Meta).get(key)?.map(|v| v.to_vec()))
+        Ok(self.tree(Table::Meta)?.get(key)?.map(|v| v.to_vec()))
     }
 
     /// Events after `after` that the filter admits, at most `limit`.
@@ -1043,7 +1050,7 @@ impl Store {
         after: u64,
         limit: usize,
     ) -> Result<Vec<Arc<StoredEvent>>, StoreError> {
-        outbox::read_after(self.tree(Table::Outbox), filter, after, limit)
+        outbox::read_after(&*self.tree(Table::Outbox)?, filter, after, limit)
     }
 
     /// Deletes up to `limit` of the oldest events that occurred before
@@ -1054,7 +1061,7 @@ impl Store {
         cutoff: chrono::DateTime<chrono::Utc>,
         limit: usize,
     ) -> Result<usize, StoreError> {
-        let expired = outbox::expired(self.tree(Table::Outbox), cutoff, limit)?;
+        let expired = outbox::expired(&*self.tree(Table::Outbox)?, cutoff, limit)?;
         let Some(&last) = expired.last() else {
             return Ok(0);
         };
@@ -1096,14 +1103,15 @@ impl Store {
 
     /// Bytes the store occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
-        Ok(self.inner.db.size_on_disk()?)
+        Ok(self.inner.engine.read()?.db.size_on_disk()?)
     }
 
     /// Bytes of every key and value the store holds: its logical size, to
     /// compare with [`Store::size_on_disk`]. Reads everything.
     pub fn logical_bytes(&self) -> Result<u64, StoreError> {
         let mut total = 0u64;
-        for tree in self.inner.trees.iter() {
+        let open = self.inner.engine.read()?;
+        for tree in open.trees.iter() {
             for item in tree.iter() {
                 let (k, v) = item?;
                 total += (k.len() + v.len()) as u64;
@@ -1116,7 +1124,7 @@ impl Store {
     pub fn table_sizes(&self) -> BTreeMap<&'static str, usize> {
         Table::ALL
             .iter()
-            .map(|t| (t.name(), self.tree(*t).len()))
+            .map(|t| (t.name(), self.tree(*t).map_or(0, |tree| tree.len())))
             .collect()
     }
 

@@ -261,6 +261,7 @@ pub fn verify(file: &Path, scratch: &Path) -> Result<BackupSummary, StoreError> 
             &StoreOptions {
                 cache_bytes: 8 * 1024 * 1024,
                 sync_data: false,
+                snapshot_every_bytes: 0,
             },
         )?;
         let tables = store.table_sizes();

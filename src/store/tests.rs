@@ -317,11 +317,16 @@ async fn older_record_versions_are_upgraded_and_newer_refused() {
         },
     )
     .unwrap();
-    store.tree(Table::Clients).insert("acme/old", old).unwrap();
+    store
+        .tree(Table::Clients)
+        .unwrap()
+        .insert("acme/old", old)
+        .unwrap();
     let mut newer = 9u16.to_be_bytes().to_vec();
     newer.extend_from_slice(b"whatever");
     store
         .tree(Table::Clients)
+        .unwrap()
         .insert("acme/new", newer)
         .unwrap();
 
@@ -537,7 +542,10 @@ async fn shared_artifacts_go_with_their_last_reference() {
     // Globex's copy is unreferenced and expires with its retention.
     assert!(!sweep(&store, &other, now).await, "not expired yet");
     assert!(sweep(&store, &other, later).await);
-    assert!(store.tree(Table::ArtifactChunks).is_empty(), "content gone");
+    assert!(
+        store.tree(Table::ArtifactChunks).unwrap().is_empty(),
+        "content gone"
+    );
     assert!(
         store
             .index_range(&other, super::artifacts::SWEEP_INDEX, None, None, 10)
@@ -663,6 +671,7 @@ async fn artifacts_are_shared_by_hash_but_read_only_by_their_tenants() {
     // Tampering with a chunk is detected on read.
     store
         .tree(Table::ArtifactChunks)
+        .unwrap()
         .insert(artifacts_chunk_key(&hash, 1), vec![0u8; 10])
         .unwrap();
     assert!(store.read_artifact(&acme, &hash).is_err());
@@ -836,4 +845,80 @@ fn a_database_reopened_as_soon_as_it_is_dropped_opens() {
     }
     let db = super::open_sled(&path, None).unwrap();
     assert_eq!(db.len(), 40);
+}
+
+#[test]
+fn the_store_reopens_itself_under_concurrent_writes_and_reads_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        snapshot_every_bytes: 64 * 1024,
+        sync_data: false,
+        ..StoreOptions::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = Store::open(&dir.path().join("store"), &options).unwrap();
+    let scope = tenant("acme");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Readers go on through every reopen; a read never fails.
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, scope, stop) = (store.clone(), scope.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let page = store.list_page::<Note>(&scope, None, 50).unwrap();
+                    for n in &page {
+                        assert!(store.get::<Note>(&scope, &n.id).unwrap().is_some());
+                    }
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    let text = "x".repeat(2048);
+    runtime.block_on(async {
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let (store, scope, text) = (store.clone(), scope.clone(), text.clone());
+                tokio::spawn(async move {
+                    for i in 0..100 {
+                        let n = note(&scope, &format!("{w}-{i:03}"), &text);
+                        let s = scope.clone();
+                        store
+                            .transact(move |tx: &mut Tx| {
+                                tx.put(&s, &n)?;
+                                tx.emit(event(&s, "test.v1.noted"))
+                            })
+                            .await
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.await.unwrap();
+        }
+    });
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    let reopens = store.commit_stats().reopens;
+    assert!(
+        reopens >= 5,
+        "800 KiB written, a reopen every 64 KiB: {reopens}"
+    );
+    assert!(store.healthy().is_ok());
+    assert_eq!(store.list::<Note>(&scope).unwrap().len(), 400);
+    assert_eq!(store.events_head(), 400, "every event numbered once");
+    store.close().unwrap();
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.list::<Note>(&scope).unwrap().len(), 400);
+    assert_eq!(store.audit().unwrap(), Vec::<String>::new());
 }
