@@ -2,7 +2,19 @@
 // switcher that submits itself. Every page works without this file.
 "use strict";
 
+// Times in UTC also in the reader's zone.
+function localTimes(root) {
+  for (const t of root.querySelectorAll("time.local[datetime]")) {
+    if (t.dataset.local) continue;
+    const at = new Date(t.getAttribute("datetime"));
+    if (Number.isNaN(at.getTime())) continue;
+    t.dataset.local = "1";
+    t.textContent += " (" + at.toLocaleString() + " local)";
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  localTimes(document);
   for (const el of document.querySelectorAll("[data-live]")) {
     const source = new EventSource(el.dataset.live);
     source.addEventListener("html", (event) => {
@@ -11,7 +23,14 @@ document.addEventListener("DOMContentLoaded", () => {
       if (active && el.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName) && active.value) {
         return;
       }
+      // Keep what the reader opened open.
+      const open = [...el.querySelectorAll("details[open][id]")].map((d) => d.id);
       el.innerHTML = event.data;
+      for (const id of open) {
+        const d = document.getElementById(id);
+        if (d) d.open = true;
+      }
+      localTimes(el);
       el.dataset.updated = new Date().toISOString();
     });
     source.addEventListener("end", () => source.close());

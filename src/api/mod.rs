@@ -100,6 +100,11 @@ pub fn router(state: AppState) -> Router {
             get(runtime::list_checkpoints),
         )
         .route(
+            "/runtime/attempts/{attempt_id}/calls/{call_id}",
+            get(runtime::get_call),
+        )
+        .route("/runtime/artifacts/{hash}", get(runtime::get_artifact))
+        .route(
             "/runtime/attempts/{attempt_id}/watch",
             get(runtime::watch_attempt),
         )

@@ -26,6 +26,7 @@ use super::{capacity, events, health, oauth, releases, runtime, tenants};
         tenants::list, tenants::get, tenants::put, tenants::put_project,
         releases::import, releases::list, releases::get, releases::deprecate, releases::revoke,
         runtime::get_attempt, runtime::list_checkpoints, runtime::watch_attempt,
+        runtime::get_call, runtime::get_artifact,
     ),
     components(schemas(oauth::TokenRequest, oauth::TokenResponse, health::Readiness)),
     modifiers(&BearerAuth),

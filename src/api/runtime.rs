@@ -191,7 +191,7 @@ pub fn timeline(
     let calls = runtime.calls(scope, attempt_id)?;
     let decisions = runtime.decisions(scope, attempt_id)?;
     let delegations = runtime.delegations(scope, attempt_id)?;
-    Ok(json!({
+    let mut out = json!({
         "attemptId": a.attempt_id,
         "runId": a.run_id,
         "stepId": a.step_id,
@@ -243,11 +243,14 @@ pub fn timeline(
         "calls": calls.iter().map(call_json).collect::<Vec<_>>(),
         "decisions": decisions,
         "delegations": delegations,
-    }))
+    });
+    out["outcome"] = serde_json::to_value(runtime.outcome_content(scope, a)).expect("serialises");
+    Ok(out)
 }
 
 /// `GetAttemptTimeline`: phases, checkpoints, calls (hashes and receipt
-/// references, never content), decisions, the outcome and why it waits.
+/// references; each call's content is `GetCall`), decisions, the outcome
+/// with its output and the validator's violations, and why it waits.
 #[utoipa::path(get, path = "/runtime/attempts/{attemptId}", tag = "runtime",
     params(("attemptId" = String, Path, description = "The attempt")),
     responses(
@@ -264,6 +267,101 @@ pub async fn get_attempt(
     let scope = scope_of(&auth.principal, raw.as_deref())?;
     let id = parse_uuid("attemptId", &attempt_id)?;
     Ok(Json(timeline(&state, &scope, id)?))
+}
+
+/// `GetCall`: one call of an attempt with its content: the request (for a
+/// model call also as a conversation), the result (for a model call also
+/// as the assistant's reply), the receipts. Purged content shows its
+/// tombstone; the hashes stay.
+#[utoipa::path(get, path = "/runtime/attempts/{attemptId}/calls/{callId}", tag = "runtime",
+    params(
+        ("attemptId" = String, Path, description = "The attempt"),
+        ("callId" = String, Path, description = "The call"),
+    ),
+    responses(
+        (status = 200, description = "The call and its content", body = Object),
+        (status = 404, description = "No such call in the caller's tenant"),
+    ),
+    security(("bearer" = ["factory.runs.read"])))]
+pub async fn get_call(
+    State(state): State<AppState>,
+    auth: Authorized<need::RunsRead>,
+    Path((attempt_id, call_id)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let scope = scope_of(&auth.principal, raw.as_deref())?;
+    let attempt_id = parse_uuid("attemptId", &attempt_id)?;
+    let call_id = parse_uuid("callId", &call_id)?;
+    let call = state.runtime.call(&scope, attempt_id, call_id)?;
+    let content = state.runtime.call_content(&scope, &call);
+    let mut out = call_json(&call);
+    out["content"] = serde_json::to_value(content).expect("content serialises");
+    Ok(Json(out))
+}
+
+/// `GetArtifact`: the whole content behind a hash of the caller's tenant,
+/// as stored: JSON as `application/json`, text as `text/plain`, anything
+/// else as a download. Never rendered as a page: it is sandboxed.
+#[utoipa::path(get, path = "/runtime/artifacts/{hash}", tag = "runtime",
+    params(("hash" = String, Path, description = "sha256:<hex>")),
+    responses(
+        (status = 200, description = "The content"),
+        (status = 404, description = "No such content in the caller's tenant (or purged)"),
+    ),
+    security(("bearer" = ["factory.runs.read"])))]
+pub async fn get_artifact(
+    State(state): State<AppState>,
+    auth: Authorized<need::RunsRead>,
+    Path(hash): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<axum::response::Response, ApiError> {
+    let scope = scope_of(&auth.principal, raw.as_deref())?;
+    artifact_response(&state, &scope, &hash)
+}
+
+/// The response of an artifact of the scope's tenant (the API's and the
+/// console's).
+pub fn artifact_response(
+    state: &AppState,
+    scope: &TenantScope,
+    hash: &str,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::http::header;
+    use axum::response::IntoResponse;
+    if !crate::store::artifacts::is_content_hash(hash) {
+        return Err(
+            FieldError::new("hash", format!("{hash:?} is not sha256:<64 hex digits>")).into(),
+        );
+    }
+    let (record, bytes) = state.runtime.artifact(scope, hash)?;
+    let media = record.media_type.as_str();
+    let (content_type, disposition) = if media == "application/json" {
+        ("application/json", "inline")
+    } else if media.starts_with("text/") {
+        ("text/plain; charset=utf-8", "inline")
+    } else {
+        ("application/octet-stream", "attachment")
+    };
+    let name = hash.trim_start_matches("sha256:");
+    Ok((
+        [
+            (header::CONTENT_TYPE, content_type.to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!(
+                    "{disposition}; filename=\"{}\"",
+                    &name[..16.min(name.len())]
+                ),
+            ),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "sandbox; default-src 'none'".to_string(),
+            ),
+            (header::CACHE_CONTROL, "private, no-store".to_string()),
+        ],
+        bytes,
+    )
+        .into_response())
 }
 
 /// `ListCheckpoints`: sequence, phase and adapter version of each, for a

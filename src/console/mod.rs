@@ -65,6 +65,7 @@ pub fn router() -> Router<AppState> {
             post(work::settle),
         )
         .route("/decisions", get(work::decisions))
+        .route("/artifacts/{hash}", get(work::artifact))
         .route("/uncertain", get(work::uncertain))
         .route("/pools", get(capacity::pools))
         .route("/live/pools", get(live::pools))

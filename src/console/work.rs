@@ -19,9 +19,11 @@ use crate::domain::attempt::{
     AttemptState, CallRecord, Checkpoint, DecisionRequest, DecisionStatus, Effect,
     ExecutionAttempt, InterruptSource,
 };
+use crate::domain::content::Shown;
 use crate::domain::release::{LoadState, canonical_json};
 use crate::domain::run::RunState;
 use crate::runs::RunRequest;
+use crate::runtime::content::{CallContent, OutcomeContent};
 use crate::runtime::grain::AttemptView;
 use crate::store::TenantScope;
 
@@ -330,8 +332,8 @@ type StepRows = (String, String, Vec<(String, String, String, String)>);
 #[template(path = "console/run.html")]
 struct RunPage {
     l: Layout,
-    input: Option<String>,
-    output: Option<String>,
+    input: Shown,
+    output: Option<Shown>,
     run: crate::domain::run::Run,
     attempts: Vec<StepRows>,
     can_cancel: bool,
@@ -363,9 +365,13 @@ pub async fn run(console: Console, Path(run_id): Path<String>) -> Result<Respons
         }
         attempts.push((step.name.clone(), step.state.as_str().to_string(), rows));
     }
+    let runtime = &console.state.runtime;
     render(&RunPage {
-        input: artifact_text(&console, &scope, Some(&run.input_ref)),
-        output: artifact_text(&console, &scope, run.output_ref.as_ref()),
+        input: runtime.show(&scope, &run.input_ref, run.purged.as_ref()),
+        output: run
+            .output_ref
+            .as_ref()
+            .map(|h| runtime.show(&scope, h, run.purged.as_ref())),
         l: console.layout(format!("Run {}", short(&run_id)), "/runs"),
         can_cancel: console.can(Scope::RunsWrite) && !run.state.is_terminal(),
         can_hold: console.can(Scope::RunsOperate),
@@ -565,11 +571,10 @@ pub struct TimelineLive {
     phases: Vec<(String, String, String, String)>,
     checkpoints: Vec<Checkpoint>,
     checkpoint_count: usize,
-    calls: Vec<CallRecord>,
+    calls: Vec<(CallRecord, CallContent)>,
     decisions: Vec<DecisionView>,
     delegations: Vec<(String, String, String)>,
-    output: Option<String>,
-    feedback: Option<String>,
+    outcome: OutcomeContent,
     can_decide: bool,
     can_operate: bool,
 }
@@ -580,37 +585,36 @@ impl TimelineLive {
     }
 }
 
-/// A decision with its question and answer, as stored in the artifact
-/// store.
+/// A decision with what is decided, from the artifact store: the
+/// proposed call's arguments, the question, the answer schema, the answer.
 pub struct DecisionView {
     d: DecisionRequest,
-    question: Option<String>,
-    answer: Option<String>,
+    arguments: Option<Shown>,
+    question: Option<Shown>,
+    schema: Option<String>,
+    answer: Option<Shown>,
 }
 
-/// Largest artifact the timeline shows inline.
-const SHOWN_BYTES: usize = 16 * 1024;
-
-/// An artifact of the tenant as text for the page: JSON pretty-printed,
-/// cut at [`SHOWN_BYTES`] with a note.
-fn artifact_text(console: &Console, scope: &TenantScope, r: Option<&String>) -> Option<String> {
-    let bytes = console.state.store.read_artifact(scope, r?).ok()??;
-    let text = match serde_json::from_slice::<Value>(&bytes) {
-        Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_default(),
-        Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
-    };
-    if text.len() <= SHOWN_BYTES {
-        return Some(text);
+impl DecisionView {
+    /// Reads the content of a decision of the scope's tenant.
+    pub fn read(
+        runtime: &crate::runtime::Runtime,
+        scope: &TenantScope,
+        d: DecisionRequest,
+    ) -> Self {
+        let purged = d.purged.as_ref();
+        let show = |h: &String| runtime.show(scope, h, purged);
+        DecisionView {
+            arguments: d.proposal.as_ref().map(|p| show(&p.request_hash)),
+            question: d.question_ref.as_ref().map(show),
+            schema: d
+                .answer_schema
+                .as_ref()
+                .map(|s| serde_json::to_string_pretty(s).unwrap_or_default()),
+            answer: d.answer_ref.as_ref().map(show),
+            d,
+        }
     }
-    let mut cut = SHOWN_BYTES;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    Some(format!(
-        "{}\n… ({} bytes in all; the API serves the whole artifact)",
-        &text[..cut],
-        text.len()
-    ))
 }
 
 /// Builds the live part of a timeline.
@@ -675,34 +679,17 @@ pub fn timeline_of(
     let decisions = runtime
         .decisions(scope, a.attempt_id)?
         .into_iter()
-        .map(|d| DecisionView {
-            question: artifact_text(
-                console,
-                scope,
-                d.question_ref.as_ref().filter(|_| d.purged.is_none()),
-            ),
-            answer: artifact_text(
-                console,
-                scope,
-                d.answer_ref.as_ref().filter(|_| d.purged.is_none()),
-            ),
-            d,
+        .map(|d| DecisionView::read(runtime, scope, d))
+        .collect();
+    let calls = calls
+        .into_iter()
+        .map(|c| {
+            let content = runtime.call_content(scope, &c);
+            (c, content)
         })
         .collect();
     Ok(TimelineLive {
-        output: artifact_text(
-            console,
-            scope,
-            a.output_ref.as_ref().filter(|_| a.purged.is_none()),
-        ),
-        feedback: artifact_text(
-            console,
-            scope,
-            a.failure
-                .as_ref()
-                .and_then(|f| f.feedback_ref.as_ref())
-                .filter(|_| a.purged.is_none()),
-        ),
+        outcome: runtime.outcome_content(scope, &a),
         csrf: console.session.csrf.clone(),
         waiting: view.waiting_reason(),
         queue_position: view.queue_position,
@@ -779,6 +766,18 @@ pub async fn checkpoints(
         checkpoints,
         resumable,
     })
+}
+
+/// `GET /artifacts/{hash}`: the whole content behind a hash of the
+/// tenant looked at, sandboxed (see [`crate::api::runtime::artifact_response`]).
+pub async fn artifact(console: Console, Path(hash): Path<String>) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let scope = console.scope()?;
+    Ok(crate::api::runtime::artifact_response(
+        &console.state,
+        &scope,
+        &hash,
+    )?)
 }
 
 /// `POST /attempts/{id}/interrupt` (Operator).
@@ -943,8 +942,8 @@ pub async fn settle(
 #[template(path = "console/decisions.html")]
 struct DecisionsPage {
     l: Layout,
-    /// Each waiting decision with its question and answer schema, as text.
-    pending: Vec<(DecisionRequest, Option<String>, Option<String>)>,
+    /// Each waiting decision with what is decided.
+    pending: Vec<DecisionView>,
     t: Table,
     can_decide: bool,
 }
@@ -959,14 +958,7 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
         .runtime
         .pending_decisions(&scope, usize::MAX)?
         .into_iter()
-        .map(|d| {
-            let view = crate::runtime::PendingDecision::read(&console.state.store, &scope, &d);
-            let schema = view
-                .answer_schema
-                .as_ref()
-                .map(|s| serde_json::to_string_pretty(s).unwrap_or_default());
-            (d, view.question, schema)
-        })
+        .map(|d| DecisionView::read(&console.state.runtime, &scope, d))
         .collect();
     let before = q.get("before");
     let mut decided: Vec<DecisionRequest> = console.state.store.page(

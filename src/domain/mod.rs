@@ -8,6 +8,7 @@ pub mod access;
 pub mod amount;
 pub mod attempt;
 pub mod capacity;
+pub mod content;
 pub mod credential;
 pub mod error;
 pub mod events;

@@ -9,6 +9,7 @@
 //! channel.
 
 pub mod builtin;
+pub mod content;
 pub mod grain;
 pub mod profiles;
 pub mod release;

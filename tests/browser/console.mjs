@@ -90,7 +90,7 @@ try {
   await shot(inbox, "04-decision-approved");
   // The demo's other question: the support lead answers it with a JSON
   // document its schema accepts.
-  const question = await inbox.textContent(".decision.input pre.question");
+  const question = await inbox.textContent(".decision.input pre.artifact");
   expect(/How many/.test(question), `the inbox shows the question: ${question}`);
   await inbox.fill(".decision.input textarea[name=answer]", '{"affectedUsers": 40}');
   await inbox.click(".decision.input button:has-text('Answer')");

@@ -237,6 +237,121 @@ async fn the_appliance_runs_a_builtin_release_to_a_verified_outcome() {
             .iter()
             .all(|c| c["adapterVersion"] == "builtin/1")
     );
+
+    // What each call asked and answered, from the artifact store.
+    let call = |i: usize| {
+        let path = format!(
+            "/runtime/attempts/{attempt_id}/calls/{}",
+            calls[i]["callId"].as_str().unwrap()
+        );
+        let (a, token) = (&site.a, site.token.clone());
+        async move { a.get(&token, &path).await }
+    };
+    let first = call(0).await;
+    let roles: Vec<&str> = first["content"]["conversation"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "user"], "{first}");
+    let asked: Vec<&str> = first["content"]["reply"]["toolCalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(asked, ["lookup-ticket", "rm-rf"], "{first}");
+    assert_eq!(
+        first["content"]["receipt"]["json"]["schema"],
+        "model-invocation-v1"
+    );
+    let lookup = call(1).await;
+    assert_eq!(
+        lookup["content"]["request"]["json"],
+        json!({"customer": "acme"})
+    );
+    assert_eq!(lookup["content"]["result"]["state"], "present", "{lookup}");
+    assert_eq!(lookup["requestHash"], calls[1]["requestHash"]);
+    let last = call(3).await;
+    let answered: Vec<&str> = last["content"]["conversation"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["answers"].as_str().unwrap_or(""))
+        .collect();
+    assert!(answered.contains(&"lookup-ticket"), "{last}");
+
+    // The whole artifact: as stored, sandboxed, the tenant's only.
+    let hash = calls[1]["requestHash"].as_str().unwrap();
+    let whole = site
+        .a
+        .http()
+        .get(format!("{}/runtime/artifacts/{hash}", site.a.url))
+        .bearer_auth(&site.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(whole.status(), 200);
+    assert_eq!(whole.headers()["content-type"], "application/json");
+    assert!(
+        whole.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .starts_with("sandbox"),
+    );
+    assert_eq!(
+        whole.json::<Value>().await.unwrap(),
+        json!({"customer": "acme"})
+    );
+    let bad = site
+        .a
+        .http()
+        .get(format!("{}/runtime/artifacts/sha256:nothex", site.a.url))
+        .bearer_auth(&site.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert!(bad.text().await.unwrap().contains("hash"));
+    site.a.tenant("other", "team", &[], &["p"]).await;
+    let other = site.a.create_client("other", &["factory.runs.read"]).await;
+    let other = site.a.token(&other).await;
+    for path in [
+        format!("/runtime/artifacts/{hash}"),
+        format!(
+            "/runtime/attempts/{attempt_id}/calls/{}",
+            calls[1]["callId"].as_str().unwrap()
+        ),
+    ] {
+        let response = site
+            .a
+            .http()
+            .get(format!("{}{path}", site.a.url))
+            .bearer_auth(&other)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 404, "{path} from another tenant");
+    }
+
+    // The console's attempt page shows the same, readable.
+    crate::console::user(&site.a, "demo", "vera", &["Observer"]).await;
+    let vera = crate::console::Visitor::sign_in(&site.a, "vera").await;
+    let (status, page) = vera.get(&format!("/attempts/{attempt_id}")).await;
+    assert_eq!(status, 200);
+    let page = crate::console::html_unescape(&page);
+    for expected in [
+        "conversation and reply of call 1",
+        "asks for <b>lookup-ticket</b>",
+        "\"customer\": \"acme\"",
+        &format!("href=\"/artifacts/{hash}\""),
+    ] {
+        assert!(page.contains(expected), "{expected} not on the page");
+    }
+    let (status, body) = vera.get(&format!("/artifacts/{hash}")).await;
+    assert_eq!((status, body.as_str()), (200, "{\"customer\":\"acme\"}"));
 }
 
 #[tokio::test]

@@ -123,7 +123,7 @@ pub(crate) fn flash_of(page: &str) -> Option<(bool, String)> {
     Some((ok, html_unescape(&text)))
 }
 
-fn html_unescape(s: &str) -> String {
+pub(crate) fn html_unescape(s: &str) -> String {
     s.replace("&#34;", "\"")
         .replace("&quot;", "\"")
         .replace("&#39;", "'")
@@ -476,7 +476,8 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
         );
         let (_, body) = v.get(&format!("/attempts/{failed}")).await;
         assert!(
-            body.contains("Validator feedback") && body.contains("violations"),
+            html_unescape(&body).contains("The validator's violations")
+                && html_unescape(&body).contains("\"violations\": ["),
             "{body}"
         );
         for page in ADMIN_PAGES {
@@ -593,6 +594,24 @@ async fn forms_act_only_for_the_roles_that_may() {
     // Decisions: an Observer and an Operator are refused; a Reviewer
     // approves from the inbox and the attempt resumes to its outcome.
     let (_, inbox) = rev.get("/decisions").await;
+    // What is decided sits next to the buttons: the call, its class, the
+    // policy that holds it and its arguments, rendered.
+    let card = html_unescape(
+        inbox
+            .split("id=\"decision-")
+            .find(|c| c.contains(&format!("/attempts/{waiting}/decisions/")))
+            .expect("the waiting decision's card"),
+    );
+    for expected in [
+        "<dt>Side effect</dt><dd><span class=\"badge warn\">shared-write</span>",
+        "the release's policy requires approval for shared-write calls",
+        "<b>Arguments</b>",
+        "\"message\":",
+        "UTC</time>",
+        "value=\"approve\"",
+    ] {
+        assert!(card.contains(expected), "{expected} not in {card}");
+    }
     let action = inbox
         .split("action=\"")
         .find(|s| s.starts_with(&format!("/attempts/{waiting}/decisions/")))

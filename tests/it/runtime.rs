@@ -1927,6 +1927,34 @@ async fn retention_purges_what_expired_and_spares_the_held_the_live_and_the_shar
             .contains("payload retention of tenant demo"),
         "{timeline}"
     );
+    // A call's content reads as its tombstone; the hashes stay.
+    let tool = timeline["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["target"] == "lookup-ticket")
+        .unwrap()
+        .clone();
+    let call = site
+        .a
+        .get(
+            &site.token,
+            &format!(
+                "/runtime/attempts/{plain_attempt}/calls/{}",
+                tool["callId"].as_str().unwrap()
+            ),
+        )
+        .await;
+    let request = &call["content"]["request"];
+    assert_eq!(request["state"], "purged", "{call}");
+    assert_eq!(request["hash"], tool["requestHash"]);
+    assert!(
+        request["purged"]
+            .as_str()
+            .unwrap()
+            .contains("payload retention of tenant demo"),
+        "{call}"
+    );
     // The held run keeps everything, including the output it shares.
     let kept = site.run(&held).await;
     assert!(kept.purged.is_empty());

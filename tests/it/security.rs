@@ -36,6 +36,10 @@ struct RestCase {
 struct Victim {
     run: String,
     attempt: String,
+    /// A call of `attempt`.
+    call: String,
+    /// The content hash of the run's input.
+    artifact: String,
     lease: String,
     release: String,
     pool: String,
@@ -221,6 +225,24 @@ fn rest_table(v: &Victim) -> HashMap<&'static str, RestCase> {
                 &format!("/runtime/attempts/{}/checkpoints", v.attempt),
                 None,
                 Some(format!("/runtime/attempts/{}/checkpoints", v.attempt)),
+            ),
+        ),
+        (
+            "GET /runtime/attempts/{attemptId}/calls/{callId}",
+            case(
+                S(Scope::RunsRead),
+                &format!("/runtime/attempts/{}/calls/{}", v.attempt, v.call),
+                None,
+                Some(format!("/runtime/attempts/{}/calls/{}", v.attempt, v.call)),
+            ),
+        ),
+        (
+            "GET /runtime/artifacts/{hash}",
+            case(
+                S(Scope::RunsRead),
+                &format!("/runtime/artifacts/{}", v.artifact),
+                None,
+                Some(format!("/runtime/artifacts/{}", v.artifact)),
             ),
         ),
         (
@@ -572,6 +594,19 @@ async fn victim(a: &Appliance, admin: &str) -> Victim {
         .as_str()
         .unwrap()
         .to_string();
+    // The demo's runs make calls at once; wait for the attempt's first.
+    let mut call = String::new();
+    for _ in 0..400 {
+        let t = a
+            .get(admin, &format!("/runtime/attempts/{attempt}?tenant=demo"))
+            .await;
+        if let Some(id) = t["calls"][0]["callId"].as_str() {
+            call = id.to_string();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(!call.is_empty(), "the demo attempt {attempt} made no call");
     let releases = a.get(admin, "/runtime/releases?tenant=demo").await;
     let release = releases["releases"][0]["releaseId"]
         .as_str()
@@ -607,7 +642,9 @@ async fn victim(a: &Appliance, admin: &str) -> Victim {
     drop(http);
     Victim {
         run: run["runId"].as_str().unwrap().to_string(),
+        artifact: run["inputRef"].as_str().unwrap().to_string(),
         attempt,
+        call,
         lease: lease.lease.as_option().unwrap().lease_id.clone(),
         release,
         pool: "demo-dedicated".into(),
