@@ -517,6 +517,12 @@ pub fn render<T: Template>(page: &T) -> Result<Response, PageError> {
 /// Short form of a long id or hash for tables: the full text stays in the
 /// title attribute.
 pub fn short(s: &str) -> String {
+    // A UUIDv7 starts with its timestamp, alike for ids made in the same
+    // second; its end is random.
+    if let Ok(id) = uuid::Uuid::parse_str(s) {
+        let hex = id.simple().to_string();
+        return format!("…{}", &hex[hex.len() - 8..]);
+    }
     let s = s.strip_prefix("sha256:").unwrap_or(s);
     if s.chars().count() > 12 {
         format!("{}…", s.chars().take(12).collect::<String>())
@@ -525,9 +531,9 @@ pub fn short(s: &str) -> String {
     }
 }
 
-/// A time as the console shows it (UTC, seconds).
+/// A time as the console shows it (seconds, with its zone).
 pub fn when(t: &chrono::DateTime<chrono::Utc>) -> String {
-    t.format("%Y-%m-%d %H:%M:%S").to_string()
+    t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
 
 /// A time if there is one.

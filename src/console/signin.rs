@@ -203,7 +203,7 @@ pub async fn account(console: Console) -> Result<Response, PageError> {
         (
             "Session ends",
             format!(
-                "{} UTC, or after {} idle minutes",
+                "{}, or after {} idle minutes",
                 super::when(&sessions.ends_at(s)),
                 sessions.idle_minutes()
             ),

@@ -25,6 +25,8 @@ pub enum Cell {
         text: String,
         /// Target.
         href: String,
+        /// The whole value, on hover (empty: the text is whole).
+        title: String,
     },
     /// A state, shown as a badge coloured by its meaning.
     State(String),
@@ -57,6 +59,18 @@ impl Cell {
         Cell::Link {
             text: text.into(),
             href: href.into(),
+            title: String::new(),
+        }
+    }
+
+    /// A link to an object by its id: the part that tells ids apart is
+    /// shown ([`super::short`]), the whole id is on hover and in the filter.
+    pub fn id(id: impl ToString, href: impl Into<String>) -> Cell {
+        let title = id.to_string();
+        Cell::Link {
+            text: super::short(&title),
+            href: href.into(),
+            title,
         }
     }
 
@@ -79,6 +93,10 @@ impl Cell {
         let hay = match self {
             Cell::Text(s) | Cell::State(s) => s,
             Cell::Code { full, .. } => full,
+            Cell::Link { text, title, .. } if !title.is_empty() => {
+                return title.to_lowercase().contains(needle)
+                    || text.to_lowercase().contains(needle);
+            }
             Cell::Link { text, .. } => text,
             Cell::Num(_, s) => s,
             Cell::Actions(_) | Cell::Settle(_) => return false,

@@ -201,15 +201,22 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
     let rows = runs
         .iter()
         .map(|r| {
-            let last = r
-                .steps
-                .iter()
-                .flat_map(|s| s.attempts.last())
-                .next_back()
-                .map(|a| Cell::link(short(&a.to_string()), format!("/attempts/{a}")))
+            let last_id = r.steps.iter().flat_map(|s| s.attempts.last()).next_back();
+            let last = last_id
+                .map(|a| Cell::id(a, format!("/attempts/{a}")))
                 .unwrap_or_else(|| Cell::text(""));
+            // A live run says why it waits (its live attempt's reason), an
+            // ended one why it ended.
+            let why = if r.state.is_terminal() {
+                r.reason.clone().unwrap_or_default()
+            } else {
+                last_id
+                    .and_then(|a| console.state.runtime.view(&scope, *a).ok())
+                    .and_then(|v| v.waiting_reason())
+                    .unwrap_or_else(|| "running".into())
+            };
             vec![
-                Cell::link(short(&r.run_id.to_string()), format!("/runs/{}", r.run_id)),
+                Cell::id(r.run_id, format!("/runs/{}", r.run_id)),
                 Cell::State(r.state.as_str().to_string()),
                 Cell::text(&r.agent_id),
                 Cell::text(&r.snapshot.release_id),
@@ -217,7 +224,7 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
                 Cell::num(r.steps.iter().map(|s| s.attempts.len() as u32).sum::<u32>()),
                 last,
                 Cell::text(when(&r.created_at)),
-                Cell::text(r.reason.clone().unwrap_or_default()),
+                Cell::text(why),
             ]
         })
         .collect();
@@ -250,7 +257,7 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
             "Attempts",
             "Last attempt",
             "Submitted",
-            "Reason",
+            "Why it waits or ended",
         ],
         rows,
         filters,
@@ -479,16 +486,13 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
         .iter()
         .map(|s| {
             vec![
-                Cell::link(
-                    short(&s.attempt_id.to_string()),
-                    format!("/attempts/{}", s.attempt_id),
-                ),
+                Cell::id(s.attempt_id, format!("/attempts/{}", s.attempt_id)),
                 Cell::State(s.state.as_str().to_string()),
                 Cell::text(s.phase.as_str()),
                 Cell::text(&s.agent_id),
                 Cell::text(&s.release_id),
                 Cell::text(s.project_id.as_str()),
-                Cell::link(short(&s.run_id.to_string()), format!("/runs/{}", s.run_id)),
+                Cell::id(s.run_id, format!("/runs/{}", s.run_id)),
                 Cell::num(s.number),
                 Cell::text(when(&s.started_at)),
                 Cell::text(
@@ -979,10 +983,7 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
         .iter()
         .map(|d| {
             vec![
-                Cell::link(
-                    short(&d.attempt_id.to_string()),
-                    format!("/attempts/{}", d.attempt_id),
-                ),
+                Cell::id(d.attempt_id, format!("/attempts/{}", d.attempt_id)),
                 Cell::text(d.kind.as_str()),
                 Cell::text(&d.summary),
                 Cell::State(d.status.as_str().to_string()),
@@ -1058,10 +1059,7 @@ pub async fn uncertain(console: Console, raw: RawQuery) -> Result<Response, Page
                 )
             };
             rows.push(vec![
-                Cell::link(
-                    short(&c.attempt_id.to_string()),
-                    format!("/attempts/{}", c.attempt_id),
-                ),
+                Cell::id(c.attempt_id, format!("/attempts/{}", c.attempt_id)),
                 Cell::text(agent),
                 Cell::text(format!("{} {}", c.kind.as_str(), c.target)),
                 Cell::text(c.side_effect_class.map(|x| x.as_str()).unwrap_or("")),

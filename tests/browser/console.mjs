@@ -26,7 +26,7 @@ const context = await browser.newContext({
   // The appliance's certificate is self-signed on a fresh install; the Rust
   // side of the test pins it, the browser only needs to reach the pages.
   ignoreHTTPSErrors: true,
-  viewport: { width: 1366, height: 860 },
+  viewport: { width: 1280, height: 860 },
 });
 
 function watch(page) {
@@ -38,9 +38,13 @@ function watch(page) {
   });
 }
 
+// Screenshots at 1280 px; a page that scrolls sideways is a problem.
 async function shot(page, name) {
   const path = join(shots, `${name}.png`);
   await page.screenshot({ path, fullPage: true });
+  const overflow = await page.evaluate(
+    () => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  if (overflow > 0) problems.push(`${name} scrolls sideways by ${overflow} px at 1280 px`);
   steps.push(name);
 }
 
@@ -102,6 +106,12 @@ try {
   const updated = await page.getAttribute("#live", "data-updated");
   expect(updated, "the timeline was updated over server-sent events, not reloaded");
   await shot(page, "05-timeline-resumed-live");
+  // What happened: the first call's conversation, readable.
+  await page.click("#calls tr.call-content summary >> nth=0");
+  await page.waitForSelector("#calls details[open] ol.conversation li.msg.system");
+  const conversation = await page.textContent("#calls details[open] ol.conversation");
+  expect(/Task input/.test(conversation), `the model call's conversation: ${conversation}`);
+  await shot(page, "05b-call-content");
 
   // 4. Tighten the project's quota to one concurrent run.
   await page.click("nav.main a:has-text('Quotas')");
@@ -155,7 +165,7 @@ try {
 
   // 6. Without JavaScript: sign in, sort and filter a table, read a
   // timeline — everything is in the served HTML.
-  const plain = await browser.newContext({ ignoreHTTPSErrors: true, javaScriptEnabled: false, viewport: { width: 1366, height: 860 } });
+  const plain = await browser.newContext({ ignoreHTTPSErrors: true, javaScriptEnabled: false, viewport: { width: 1280, height: 860 } });
   const nojs = await plain.newPage();
   watch(nojs);
   await nojs.goto(`${url}/signin`);
