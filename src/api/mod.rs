@@ -117,7 +117,7 @@ pub fn router(state: AppState) -> Router {
             "/platform/tenants/{tenant_id}/projects/{project_id}",
             axum::routing::put(tenants::put_project),
         )
-        .merge(crate::console::router())
+        .merge(crate::console::router(&state))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(move |req: Request| {
             let connect = connect.clone();

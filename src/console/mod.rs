@@ -37,8 +37,9 @@ use crate::domain::access::{Role, Scope};
 use crate::store::TenantScope;
 use table::Cell;
 
-/// Routes of the console.
-pub fn router() -> Router<AppState> {
+/// Routes of the console. Their error pages keep the frame
+/// ([`framed_errors`]).
+pub fn router(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/", get(work::overview))
         .route("/live/overview", get(live::overview))
@@ -87,6 +88,62 @@ pub fn router() -> Router<AppState> {
         .route("/clients/{client_id}/revoke", post(admin::revoke_client))
         .route("/system", get(admin::system))
         .route("/system/workers", post(admin::run_worker))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            framed_errors,
+        ))
+}
+
+/// What an error page said, for [`framed_errors`].
+#[derive(Clone, Debug)]
+struct ErrorShown(String);
+
+#[derive(Template)]
+#[template(path = "console/error_framed.html")]
+struct FramedErrorPage<'a> {
+    l: Layout,
+    status: u16,
+    reason: &'a str,
+    message: &'a str,
+}
+
+/// A signed-in user's error page (403, 404, 400, ...) keeps the navigation
+/// of the pages it may read: the page is rendered again in the frame.
+async fn framed_errors(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let cookie = cookie_in(req.headers());
+    let response = next.run(req).await;
+    let Some(ErrorShown(message)) = response.extensions().get::<ErrorShown>().cloned() else {
+        return response;
+    };
+    let Some((cookie, session)) = cookie.and_then(|c| state.sessions.get(&c).map(|s| (c, s)))
+    else {
+        return response;
+    };
+    let status = response.status();
+    let reason = status.canonical_reason().unwrap_or("Error");
+    let console = Console {
+        state,
+        session,
+        cookie,
+    };
+    let page = FramedErrorPage {
+        l: console.layout(format!("{} {reason}", status.as_u16()), ""),
+        status: status.as_u16(),
+        reason,
+        message: &message,
+    };
+    match page.render() {
+        Ok(body) => {
+            let (mut parts, _) = response.into_parts();
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Response::from_parts(parts, axum::body::Body::from(body))
+        }
+        Err(_) => response,
+    }
 }
 
 /// What every page shows around its content.
@@ -159,8 +216,11 @@ pub struct Console {
 }
 
 fn cookie_of(parts: &Parts) -> Option<String> {
-    parts
-        .headers
+    cookie_in(&parts.headers)
+}
+
+fn cookie_in(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
@@ -488,7 +548,11 @@ impl IntoResponse for PageError {
             version: env!("CARGO_PKG_VERSION"),
         };
         let body = page.render().unwrap_or_else(|_| self.message.clone());
-        (self.status, Html(body)).into_response()
+        let mut response = (self.status, Html(body)).into_response();
+        response
+            .extensions_mut()
+            .insert(ErrorShown(self.message.clone()));
+        response
     }
 }
 

@@ -508,6 +508,10 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
     for page in &detail {
         let (status, body) = acm.get(page).await;
         assert_eq!(status, 404, "acme sees {page}: {body}");
+        assert!(
+            body.contains("<nav class=\"main\">") && body.contains("href=\"/runs\""),
+            "a 404 keeps the navigation: {body}"
+        );
     }
     let (_, run_page) = acm.get(&format!("/runs/{run}")).await;
     assert!(
@@ -627,6 +631,10 @@ async fn forms_act_only_for_the_roles_that_may() {
         let (status, body) = v.post(&action, &[("action", "approve")]).await;
         assert_eq!(status, 403, "{body}");
         assert!(body.contains("factory.runs.decide"), "{body}");
+        assert!(
+            body.contains("<nav class=\"main\">") && body.contains("Sign out"),
+            "a 403 keeps the navigation: {body}"
+        );
     }
     let (ok, message) = rev
         .act(&action, &[("action", "approve"), ("back", "/decisions")])
