@@ -12,6 +12,7 @@ use crate::auth::AuthError;
 use crate::auth::session::COOKIE;
 use crate::auth::users;
 use crate::domain::TenantId;
+use crate::domain::access::Role;
 
 #[derive(Template)]
 #[template(path = "console/signin.html")]
@@ -103,6 +104,11 @@ pub async fn submit(
     match users::authenticate(&state.store, &state.auth, username, password, source).await {
         Ok(user) => {
             let cookie = state.sessions.start(&user);
+            if user.roles.contains(&Role::PlatformAdmin)
+                && let Some(tenant) = busiest_tenant(&state)
+            {
+                state.sessions.view_tenant(&cookie, tenant);
+            }
             tracing::info!(user = %user.username, tenant = %user.tenant_id, "console sign-in");
             let mut response = Redirect::to(&next).into_response();
             let value = format!("{COOKIE}={cookie}; Path=/; Secure; HttpOnly; SameSite=Strict");
@@ -258,4 +264,26 @@ pub async fn change_password(
     }
     .await;
     Ok(console.done("/account", result))
+}
+
+/// Where a PlatformAdmin lands: the tenant with the newest run (the
+/// platform's own tenant runs nothing), or its own when no tenant has run
+/// anything yet.
+fn busiest_tenant(state: &AppState) -> Option<crate::domain::TenantId> {
+    state
+        .capacity
+        .tenants()
+        .into_iter()
+        .filter_map(|t| {
+            let scope = crate::store::TenantScope::new(t.tenant_id.clone());
+            let newest = state
+                .runs
+                .list(&scope, &crate::runs::RunFilter::default(), None, 1)
+                .ok()?
+                .into_iter()
+                .next()?;
+            Some((newest.created_at, t.tenant_id))
+        })
+        .max_by_key(|(at, _)| *at)
+        .map(|(_, tenant)| tenant)
 }

@@ -44,6 +44,10 @@ struct OverviewPage {
 #[derive(Template)]
 #[template(path = "console/overview_live.html")]
 pub struct OverviewLive {
+    /// The newest runs: cells of id, state, agent, why, submitted.
+    recent_runs: Vec<Vec<Cell>>,
+    /// The newest attempts: cells of id, state, phase, agent, started.
+    recent_attempts: Vec<Vec<Cell>>,
     by_state: Vec<(String, usize, &'static str)>,
     total: usize,
     pools: Vec<PoolBar>,
@@ -130,7 +134,37 @@ pub async fn overview_live(console: &Console) -> Result<OverviewLive, PageError>
     }));
     rejections.sort_by(|a, b| b.0.cmp(&a.0));
     rejections.truncate(8);
+    let recent_runs = state
+        .runs
+        .list(&scope, &crate::runs::RunFilter::default(), None, 6)?
+        .iter()
+        .map(|r| {
+            vec![
+                Cell::id(r.run_id, format!("/runs/{}", r.run_id)),
+                Cell::State(r.state.as_str().to_string()),
+                Cell::text(&r.agent_id),
+                Cell::text(run_why(console, &scope, r)),
+                Cell::text(when(&r.created_at)),
+            ]
+        })
+        .collect();
+    let recent_attempts = state
+        .runtime
+        .page(&scope, None, None, 6, |_| true)?
+        .into_iter()
+        .map(|s| {
+            vec![
+                Cell::id(s.attempt_id, format!("/attempts/{}", s.attempt_id)),
+                Cell::State(s.state.as_str().to_string()),
+                Cell::text(s.phase.as_str()),
+                Cell::text(&s.agent_id),
+                Cell::text(when(&s.started_at)),
+            ]
+        })
+        .collect();
     Ok(OverviewLive {
+        recent_runs,
+        recent_attempts,
         total: total as usize,
         by_state,
         pools: if console.can(Scope::CapacityRead) {
@@ -157,6 +191,21 @@ pub async fn overview(console: Console) -> Result<Response, PageError> {
 }
 
 // ---- runs -------------------------------------------------------------------
+
+/// Why a run is where it is: a live run's waiting reason (its live
+/// attempt's), an ended run's reason.
+fn run_why(console: &Console, scope: &TenantScope, r: &crate::domain::run::Run) -> String {
+    if r.state.is_terminal() {
+        return r.reason.clone().unwrap_or_default();
+    }
+    r.steps
+        .iter()
+        .flat_map(|s| s.attempts.last())
+        .next_back()
+        .and_then(|a| console.state.runtime.view(scope, *a).ok())
+        .and_then(|v| v.waiting_reason())
+        .unwrap_or_else(|| "running".into())
+}
 
 #[derive(Template)]
 #[template(path = "console/runs.html")]
@@ -205,16 +254,7 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
             let last = last_id
                 .map(|a| Cell::id(a, format!("/attempts/{a}")))
                 .unwrap_or_else(|| Cell::text(""));
-            // A live run says why it waits (its live attempt's reason), an
-            // ended one why it ended.
-            let why = if r.state.is_terminal() {
-                r.reason.clone().unwrap_or_default()
-            } else {
-                last_id
-                    .and_then(|a| console.state.runtime.view(&scope, *a).ok())
-                    .and_then(|v| v.waiting_reason())
-                    .unwrap_or_else(|| "running".into())
-            };
+            let why = run_why(&console, &scope, r);
             vec![
                 Cell::id(r.run_id, format!("/runs/{}", r.run_id)),
                 Cell::State(r.state.as_str().to_string()),

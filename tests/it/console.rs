@@ -535,8 +535,17 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
     let (_, body) = acm.get("/tenants").await;
     assert!(!body.contains(">demo<"), "and no other tenant");
 
-    // A PlatformAdmin switches to any tenant and sees it.
+    // A PlatformAdmin lands on the tenant with the newest run, not on the
+    // platform's own (which runs nothing), and switches to any tenant.
     let pla = Visitor::sign_in(&a, "pla").await;
+    let (_, body) = pla.get("/").await;
+    assert!(body.contains("Overview · tenant demo"), "{body}");
+    assert!(
+        body.contains("id=\"recent-runs\"") && body.contains(&format!("href=\"/runs/{run}\"")),
+        "the overview lists recent runs: {body}"
+    );
+    let (ok, message) = pla.act("/view-tenant", &[("tenant", "platform")]).await;
+    assert!(ok, "{message}");
     let (_, body) = pla.get("/attempts").await;
     assert!(
         !body.contains(&attempt),
