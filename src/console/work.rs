@@ -599,6 +599,39 @@ pub struct Segment {
     width: f64,
     title: String,
     tone: &'static str,
+    /// Time spent waiting (for a person, capacity, a tool, or paused):
+    /// drawn hatched.
+    waiting: bool,
+}
+
+/// One state of the legend under the phase strip: its colour, whether it
+/// is waiting time, and how long the attempt spent in it.
+pub struct LegendItem {
+    state: String,
+    tone: &'static str,
+    waiting: bool,
+    spent: String,
+}
+
+/// Whether time in `state` is time spent waiting rather than working.
+fn is_waiting(state: AttemptState) -> bool {
+    matches!(
+        state,
+        AttemptState::Claimed
+            | AttemptState::WaitingForDecision
+            | AttemptState::WaitingForTool
+            | AttemptState::Paused
+    )
+}
+
+/// Milliseconds as a person reads them.
+fn spent(ms: i64) -> String {
+    match ms {
+        ms if ms < 1_000 => format!("{ms} ms"),
+        ms if ms < 60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        ms if ms < 3_600_000 => format!("{} min {} s", ms / 60_000, ms % 60_000 / 1000),
+        ms => format!("{} h {} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
 }
 
 /// The part of the timeline that updates live.
@@ -612,6 +645,9 @@ pub struct TimelineLive {
     limiting_quota: Option<String>,
     open_tool: Option<String>,
     segments: Vec<Segment>,
+    legend: Vec<LegendItem>,
+    strip_from: String,
+    strip_to: String,
     phases: Vec<(String, String, String, String)>,
     checkpoints: Vec<Checkpoint>,
     checkpoint_count: usize,
@@ -682,17 +718,32 @@ pub fn timeline_of(
     let span = (end - start).num_milliseconds().max(1) as f64;
     let mut segments = Vec::new();
     let mut phases = Vec::new();
+    let mut totals: Vec<(AttemptState, i64)> = Vec::new();
     for (i, p) in a.phases.iter().enumerate() {
         let until = a.phases.get(i + 1).map(|n| n.at).unwrap_or(end);
         let ms = (until - p.at).num_milliseconds().max(0);
-        let x = (p.at - start).num_milliseconds() as f64 / span * 1000.0;
-        let width = (ms as f64 / span * 1000.0).max(2.0);
+        // At least 3 units wide, and inside the strip: the last segment of
+        // an ended attempt starts where the strip ends.
+        let width = (ms as f64 / span * 1000.0).max(3.0);
+        let x = ((p.at - start).num_milliseconds() as f64 / span * 1000.0).min(1000.0 - width);
+        let waiting = is_waiting(p.state);
         segments.push(Segment {
             x,
             width,
-            title: format!("{} · {} · {} ms", p.state.as_str(), p.phase.as_str(), ms),
+            title: format!(
+                "{} · {} · {}{}",
+                p.state.as_str(),
+                p.phase.as_str(),
+                spent(ms),
+                if waiting { " waiting" } else { "" }
+            ),
             tone: Cell::tone(p.state.as_str()),
+            waiting,
         });
+        match totals.iter_mut().find(|(s, _)| *s == p.state) {
+            Some((_, total)) => *total += ms,
+            None => totals.push((p.state, ms)),
+        }
         phases.push((
             when(&p.at),
             p.state.as_str().to_string(),
@@ -700,6 +751,15 @@ pub fn timeline_of(
             format!("{ms} ms"),
         ));
     }
+    let legend = totals
+        .into_iter()
+        .map(|(state, ms)| LegendItem {
+            state: state.as_str().to_string(),
+            tone: Cell::tone(state.as_str()),
+            waiting: is_waiting(state),
+            spent: spent(ms),
+        })
+        .collect();
     let checkpoints = runtime.checkpoints(scope, a.attempt_id)?;
     let checkpoint_count = checkpoints.len();
     let checkpoints = checkpoints.into_iter().rev().take(5).collect();
@@ -740,6 +800,13 @@ pub fn timeline_of(
         limiting_quota: view.limiting_quota.clone(),
         open_tool,
         segments,
+        legend,
+        strip_from: when(&start),
+        strip_to: if a.ended_at.is_some() {
+            when(&end)
+        } else {
+            format!("{} (now)", when(&end))
+        },
         phases,
         checkpoints,
         checkpoint_count,

@@ -625,6 +625,19 @@ async fn forms_act_only_for_the_roles_that_may() {
     ] {
         assert!(card.contains(expected), "{expected} not in {card}");
     }
+    // Its timeline's phase strip has a legend with the time spent in each
+    // state, and the waiting time is drawn hatched.
+    let (_, timeline) = rev.get(&format!("/attempts/{waiting}")).await;
+    let legend = timeline
+        .split("id=\"phase-legend\"")
+        .nth(1)
+        .and_then(|l| l.split("</ul>").next())
+        .expect("a legend under the phase strip");
+    assert!(
+        legend.contains("WaitingForDecision <b>") && legend.contains("waiting"),
+        "{legend}"
+    );
+    assert!(timeline.contains("fill=\"url(#hatch)\""), "{timeline}");
     let action = inbox
         .split("action=\"")
         .find(|s| s.starts_with(&format!("/attempts/{waiting}/decisions/")))
