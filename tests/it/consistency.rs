@@ -53,6 +53,9 @@ const ENV: &[(&str, &str)] = &[
     ("AGENTBAY_RUNTIME__INTERRUPT_GRACE_SECONDS", "2"),
     ("AGENTBAY_CAPACITY__LEASE_TTL_SECONDS", "5"),
     ("AGENTBAY_CAPACITY__EXPIRE_INTERVAL_SECONDS", "1"),
+    // The store reopens itself often, so that reopens happen under the
+    // load and around the kill.
+    ("AGENTBAY_STORE__SNAPSHOT_EVERY_MB", "1"),
 ];
 
 fn load_seconds() -> u64 {
@@ -924,6 +927,10 @@ async fn concurrent_adapters_never_lose_or_replace_an_acknowledged_write() {
     let ctx = load(&mut a, cred, load_seconds(), None).await;
     let findings = check(&a, &ctx).await;
     assert!(findings.is_empty(), "{}", findings.join("\n"));
+    assert!(
+        a.log().contains("store reopened"),
+        "the store reopened itself under the load"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
