@@ -13,8 +13,30 @@ function localTimes(root) {
   }
 }
 
+// A copy button after every whole id an element carries.
+function copyButtons(root) {
+  if (!navigator.clipboard) return;
+  for (const el of root.querySelectorAll("[data-copy]")) {
+    if (el.dataset.copyReady) continue;
+    el.dataset.copyReady = "1";
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "copy";
+    button.title = `copy ${el.dataset.copy}`;
+    button.setAttribute("aria-label", `copy ${el.dataset.copy}`);
+    button.textContent = "⧉";
+    button.addEventListener("click", async () => {
+      await navigator.clipboard.writeText(el.dataset.copy);
+      button.textContent = "✓";
+      setTimeout(() => { button.textContent = "⧉"; }, 1200);
+    });
+    el.after(button);
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   localTimes(document);
+  copyButtons(document);
   for (const el of document.querySelectorAll("[data-live]")) {
     const source = new EventSource(el.dataset.live);
     source.addEventListener("html", (event) => {
@@ -31,6 +53,7 @@ document.addEventListener("DOMContentLoaded", () => {
         if (d) d.open = true;
       }
       localTimes(el);
+      copyButtons(el);
       el.dataset.updated = new Date().toISOString();
     });
     source.addEventListener("end", () => source.close());

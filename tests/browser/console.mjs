@@ -69,6 +69,15 @@ try {
   expect(session && session.httpOnly && session.secure && session.sameSite === "Strict",
     `session cookie attributes: ${JSON.stringify(session)}`);
   await shot(page, "02-overview");
+  // Ids show their random end; the copy button next to one copies it whole.
+  await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: url });
+  const firstRun = page.locator("#recent-runs tbody a[data-copy]").first();
+  const whole = await firstRun.getAttribute("data-copy");
+  expect(/^[0-9a-f-]{36}$/.test(whole) && (await firstRun.textContent()).endsWith(whole.slice(-8)),
+    `an id link shows its end and carries the whole id: ${whole}`);
+  await page.locator("#recent-runs tbody button.copy").first().click();
+  const copied = await page.evaluate(() => navigator.clipboard.readText());
+  expect(copied === whole, `the copy button copied ${copied}, not ${whole}`);
 
   // 2. The attempt waiting for a decision, through the filter form.
   await page.click("nav.main a:has-text('Attempts')");
