@@ -1069,7 +1069,7 @@ async fn the_model_delegates_to_a_child_run_and_limits_stop_the_loop() {
     let run_id = site.submit("triage-one-call").await;
     let run = site.until(&run_id, "Failed").await;
     let a = &run.steps[0].attempts[0];
-    assert_eq!(a.failure_class, "budget");
+    assert_eq!(a.failure_class, "budget", "{}", a.failure_reason);
     assert!(
         a.failure_reason.contains("maxModelCalls 1"),
         "{}",
