@@ -350,16 +350,12 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         }),
         Arc::new(LeaseHeartbeat {
             runtime: runtime.clone(),
-            every: seconds(config.runtime.heartbeat_seconds),
         }),
         Arc::new(OrphanedAttemptReconciler {
             runtime: runtime.clone(),
-            every: seconds(config.runtime.reconcile_interval_seconds),
         }),
         Arc::new(CheckpointCompactor {
             runtime: runtime.clone(),
-            every: seconds(config.runtime.compact_interval_seconds),
-            retention: chrono::Duration::days(config.runtime.checkpoint_retention_days.into()),
         }),
     ];
     if let Some(backups) = &state.backups {

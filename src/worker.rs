@@ -110,7 +110,9 @@ impl WorkerRegistry {
     }
 }
 
-/// Starts a worker's task. It stops when `shutdown` turns true.
+/// Starts a worker's task. It stops when `shutdown` turns true. The
+/// interval is read at every pass, so a worker that reads it from a
+/// reloadable section follows a reload.
 pub fn spawn(
     worker: Arc<dyn Worker>,
     clock: SharedClock,
@@ -134,7 +136,6 @@ pub fn spawn(
         },
     );
     registry.triggers.lock().insert(name, trigger.clone());
-    let step = chrono::Duration::from_std(interval).expect("interval in range");
     tokio::spawn(async move {
         let mut ticks = clock.ticks();
         // The first pass runs at start, so that state left by a crash is
@@ -171,8 +172,12 @@ pub fn spawn(
                         tracing::warn!(worker = name, error = %format!("{e:#}"), "worker pass failed")
                     }
                 }
-                next_due = now + step;
+                // Read again at every pass: a reload may have changed it.
+                let interval = worker.interval();
+                registry.update(name, |s| s.interval_seconds = interval.as_secs());
+                next_due = now + chrono::Duration::from_std(interval).expect("interval in range");
             }
+            let interval = worker.interval();
             let wait = (next_due - clock.now())
                 .to_std()
                 .unwrap_or(Duration::ZERO)
@@ -201,14 +206,21 @@ mod tests {
     use crate::clock::ManualClock;
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    struct Counter(Arc<AtomicU64>);
+    /// Counts its passes; its interval (seconds) can change while it runs.
+    struct Counter(Arc<AtomicU64>, Arc<AtomicU64>);
+
+    impl Counter {
+        fn every_minute(count: Arc<AtomicU64>) -> Counter {
+            Counter(count, Arc::new(AtomicU64::new(60)))
+        }
+    }
 
     impl Worker for Counter {
         fn name(&self) -> &'static str {
             "Counter"
         }
         fn interval(&self) -> Duration {
-            Duration::from_secs(60)
+            Duration::from_secs(self.1.load(Ordering::SeqCst))
         }
         fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
             Box::pin(async move {
@@ -238,7 +250,7 @@ mod tests {
         let (stop_tx, stop_rx) = watch::channel(false);
         let count = Arc::new(AtomicU64::new(0));
         let handle = spawn(
-            Arc::new(Counter(count.clone())),
+            Arc::new(Counter::every_minute(count.clone())),
             clock.clone(),
             registry.clone(),
             stop_rx,
@@ -256,5 +268,33 @@ mod tests {
         stop_tx.send(true).unwrap();
         handle.await.unwrap();
         assert_eq!(registry.dead(), vec!["Counter"]);
+    }
+
+    #[tokio::test]
+    async fn a_changed_interval_applies_from_the_next_pass() {
+        let clock = ManualClock::new(Utc::now());
+        let registry = Arc::new(WorkerRegistry::default());
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let count = Arc::new(AtomicU64::new(0));
+        let every = Arc::new(AtomicU64::new(60));
+        let handle = spawn(
+            Arc::new(Counter(count.clone(), every.clone())),
+            clock.clone(),
+            registry.clone(),
+            stop_rx,
+        );
+        wait_for(&count, 1).await;
+        every.store(600, Ordering::SeqCst);
+        clock.advance(Duration::from_secs(60));
+        wait_for(&count, 2).await;
+        assert_eq!(registry.statuses()[0].interval_seconds, 600);
+        // Ten minutes now: a minute later, nothing.
+        clock.advance(Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+        clock.advance(Duration::from_secs(540));
+        wait_for(&count, 3).await;
+        stop_tx.send(true).unwrap();
+        handle.await.unwrap();
     }
 }

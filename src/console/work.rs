@@ -599,8 +599,7 @@ pub struct Segment {
     width: f64,
     title: String,
     tone: &'static str,
-    /// Time spent waiting (for a person, capacity, a tool, or paused):
-    /// drawn hatched.
+    /// Time spent waiting ([`AttemptState::is_waiting`]): drawn hatched.
     waiting: bool,
 }
 
@@ -611,17 +610,6 @@ pub struct LegendItem {
     tone: &'static str,
     waiting: bool,
     spent: String,
-}
-
-/// Whether time in `state` is time spent waiting rather than working.
-fn is_waiting(state: AttemptState) -> bool {
-    matches!(
-        state,
-        AttemptState::Claimed
-            | AttemptState::WaitingForDecision
-            | AttemptState::WaitingForTool
-            | AttemptState::Paused
-    )
 }
 
 /// Milliseconds as a person reads them.
@@ -726,7 +714,7 @@ pub fn timeline_of(
         // an ended attempt starts where the strip ends.
         let width = (ms as f64 / span * 1000.0).max(3.0);
         let x = ((p.at - start).num_milliseconds() as f64 / span * 1000.0).min(1000.0 - width);
-        let waiting = is_waiting(p.state);
+        let waiting = p.state.is_waiting();
         segments.push(Segment {
             x,
             width,
@@ -756,7 +744,7 @@ pub fn timeline_of(
         .map(|(state, ms)| LegendItem {
             state: state.as_str().to_string(),
             tone: Cell::tone(state.as_str()),
-            waiting: is_waiting(state),
+            waiting: state.is_waiting(),
             spent: spent(ms),
         })
         .collect();

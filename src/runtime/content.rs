@@ -118,21 +118,16 @@ impl Runtime {
         }
     }
 
-    /// Whether `hash` is content of the scope's tenant that a reader of its
-    /// runs may fetch whole: any artifact of the tenant's artifact store.
+    /// An artifact of the scope's tenant, whole, with its record: what a
+    /// reader of the tenant's runs may fetch.
     pub fn artifact(
         &self,
         scope: &TenantScope,
         hash: &str,
     ) -> Result<(crate::store::artifacts::Artifact, Vec<u8>), RuntimeError> {
-        let record = self
+        Ok(self
             .store()
-            .get::<crate::store::artifacts::Artifact>(scope, hash)?
-            .ok_or_else(|| DomainError::not_found("artifact", hash))?;
-        let bytes = self
-            .store()
-            .read_artifact(scope, hash)?
-            .ok_or_else(|| DomainError::not_found("artifact", hash))?;
-        Ok((record, bytes))
+            .artifact(scope, hash)?
+            .ok_or_else(|| DomainError::not_found("artifact", hash))?)
     }
 }

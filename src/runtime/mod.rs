@@ -674,6 +674,15 @@ impl Runtime {
         self.shared.config.get()
     }
 
+    /// The model API key named `name` under `[runtime.model_api_keys]`, as
+    /// configured now.
+    pub fn model_api_key(&self, name: &str) -> Option<String> {
+        self.config()
+            .model_api_keys
+            .get(name)
+            .map(|k| k.expose().to_string())
+    }
+
     /// Starts a grain for a live attempt that has none, from the attempt
     /// as stored now; true when it started one. Whoever names the attempt
     /// holds a snapshot (a list, the copy a transaction returned), and an

@@ -19,8 +19,6 @@ use crate::worker::Worker;
 pub struct LeaseHeartbeat {
     /// The runtime.
     pub runtime: Arc<Runtime>,
-    /// Between passes (`runtime.heartbeat_seconds`).
-    pub every: Duration,
 }
 
 impl Worker for LeaseHeartbeat {
@@ -29,7 +27,7 @@ impl Worker for LeaseHeartbeat {
     }
 
     fn interval(&self) -> Duration {
-        self.every
+        Duration::from_secs(self.runtime.config().heartbeat_seconds)
     }
 
     fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
@@ -48,8 +46,6 @@ impl Worker for LeaseHeartbeat {
 pub struct OrphanedAttemptReconciler {
     /// The runtime.
     pub runtime: Arc<Runtime>,
-    /// Between passes.
-    pub every: Duration,
 }
 
 impl Worker for OrphanedAttemptReconciler {
@@ -58,7 +54,7 @@ impl Worker for OrphanedAttemptReconciler {
     }
 
     fn interval(&self) -> Duration {
-        self.every
+        Duration::from_secs(self.runtime.config().reconcile_interval_seconds)
     }
 
     fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
@@ -73,12 +69,9 @@ impl Worker for OrphanedAttemptReconciler {
 /// window; keeps each attempt's last checkpoint and every checkpoint that
 /// is evidence (the ones before gated calls).
 pub struct CheckpointCompactor {
-    /// The runtime.
+    /// The runtime; its configuration says how often and how long
+    /// superseded checkpoints are kept.
     pub runtime: Arc<Runtime>,
-    /// Between passes.
-    pub every: Duration,
-    /// How long superseded checkpoints are kept.
-    pub retention: chrono::Duration,
 }
 
 impl Worker for CheckpointCompactor {
@@ -87,13 +80,15 @@ impl Worker for CheckpointCompactor {
     }
 
     fn interval(&self) -> Duration {
-        self.every
+        Duration::from_secs(self.runtime.config().compact_interval_seconds)
     }
 
     fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
         Box::pin(async move {
             let store = self.runtime.store().clone();
-            let up_to = time_value(now - self.retention);
+            let retention =
+                chrono::Duration::days(self.runtime.config().checkpoint_retention_days.into());
+            let up_to = time_value(now - retention);
             let platform = PlatformScope::internal();
             let mut deleted = 0usize;
             for tenant in store.scan_all::<Tenant>(&platform)? {

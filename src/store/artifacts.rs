@@ -301,9 +301,19 @@ impl Store {
         scope: &TenantScope,
         hash: &str,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        if self.get::<Artifact>(scope, hash)?.is_none() {
+        Ok(self.artifact(scope, hash)?.map(|(_, bytes)| bytes))
+    }
+
+    /// An artifact of the scope's tenant with its record (size, media
+    /// type, retention), checking its hash.
+    pub fn artifact(
+        &self,
+        scope: &TenantScope,
+        hash: &str,
+    ) -> Result<Option<(Artifact, Vec<u8>)>, StoreError> {
+        let Some(record) = self.get::<Artifact>(scope, hash)? else {
             return Ok(None);
-        }
+        };
         let tree = self.tree(Table::ArtifactChunks)?;
         let corrupt = |reason: String| StoreError::Corrupt {
             table: Table::ArtifactChunks.name(),
@@ -330,7 +340,7 @@ impl Store {
         if actual != hash {
             return Err(corrupt(format!("the content hashes to {actual}")));
         }
-        Ok(Some(bytes))
+        Ok(Some((record, bytes)))
     }
 }
 

@@ -554,7 +554,6 @@ impl pb::Admin for AdminService {
                 ),
             )));
         }
-        let keys = &self.state.config.runtime.model_api_keys;
         let profile = crate::runtime::profiles::put(
             &self.state.store,
             owner,
@@ -565,7 +564,7 @@ impl pb::Admin for AdminService {
                 api_key_ref: Some(request.api_key_ref.to_string()),
                 timeout_seconds: Some(request.timeout_seconds),
             },
-            |k| keys.contains_key(k),
+            |k| self.state.runtime.model_api_key(k).is_some(),
             &caller.subject.to_string(),
             self.state.clock.now(),
         )

@@ -90,6 +90,12 @@ impl AttemptState {
         matches!(self, AttemptState::Running | AttemptState::WaitingForTool)
     }
 
+    /// States of a live attempt whose time is spent waiting (for capacity,
+    /// a person, or a resume), not working: neither active nor final.
+    pub fn is_waiting(self) -> bool {
+        !self.is_active() && !self.is_terminal()
+    }
+
     /// The name, as the specification spells it.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -178,16 +178,8 @@ impl<'a> Loop<'a> {
         let api_key = manifest
             .model_profile
             .api_key_ref
-            .as_ref()
-            .and_then(|name| {
-                runtime
-                    .shared
-                    .config
-                    .get()
-                    .model_api_keys
-                    .get(name)
-                    .map(|k| k.expose().to_string())
-            });
+            .as_deref()
+            .and_then(|name| runtime.model_api_key(name));
         let model =
             Model::of(&manifest.model_profile, responses.as_deref(), api_key).map_err(|e| {
                 DomainError::FailedPrecondition(format!(
@@ -429,15 +421,10 @@ impl<'a> Loop<'a> {
             };
             return Ok((None, served));
         };
-        let api_key = site.api_key_ref.as_ref().and_then(|name| {
-            self.runtime
-                .shared
-                .config
-                .get()
-                .model_api_keys
-                .get(name)
-                .map(|k| k.expose().to_string())
-        });
+        let api_key = site
+            .api_key_ref
+            .as_deref()
+            .and_then(|name| self.runtime.model_api_key(name));
         let served = format!(
             "{} (model {}, site profile {} for {})",
             site.endpoint,
