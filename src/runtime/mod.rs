@@ -743,27 +743,43 @@ impl Runtime {
         scope: &TenantScope,
         attempt_id: Uuid,
     ) -> Result<ExecutionAttempt, RuntimeError> {
-        if let Some(g) = self.handle(scope, attempt_id) {
-            return Ok(g.view.borrow().attempt.clone());
-        }
-        self.shared
-            .store
-            .get::<ExecutionAttempt>(scope, &attempt_id.to_string())?
-            .ok_or_else(|| DomainError::not_found("attempt", attempt_id).into())
+        Ok(self.view(scope, attempt_id)?.attempt.clone())
     }
 
     /// The live view (with the capacity wait) of an attempt.
+    ///
+    /// A grain publishes its view once its write is durable, but the write
+    /// is visible in the store a moment earlier (with the run it ended, in
+    /// the same transaction). Whichever of the two is newer is the answer,
+    /// so a reader who saw the run's new state never sees the attempt's
+    /// old one.
     pub fn view(
         &self,
         scope: &TenantScope,
         attempt_id: Uuid,
     ) -> Result<Arc<AttemptView>, RuntimeError> {
-        if let Some(g) = self.handle(scope, attempt_id) {
-            return Ok(g.view.borrow().clone());
+        let live = self
+            .handle(scope, attempt_id)
+            .map(|g| g.view.borrow().clone());
+        let stored = self
+            .shared
+            .store
+            .get::<ExecutionAttempt>(scope, &attempt_id.to_string())?;
+        match (live, stored) {
+            (Some(view), Some(stored)) if stored.version > view.attempt.version => {
+                Ok(Arc::new(if stored.state == view.attempt.state {
+                    AttemptView {
+                        attempt: stored,
+                        ..(*view).clone()
+                    }
+                } else {
+                    AttemptView::ended(stored)
+                }))
+            }
+            (Some(view), _) => Ok(view),
+            (None, Some(stored)) => Ok(Arc::new(AttemptView::ended(stored))),
+            (None, None) => Err(DomainError::not_found("attempt", attempt_id).into()),
         }
-        Ok(Arc::new(AttemptView::ended(
-            self.attempt(scope, attempt_id)?,
-        )))
     }
 
     /// A receiver of the attempt's views, for watchers.

@@ -221,11 +221,17 @@ async fn adapter(ctx: Arc<Ctx>, n: usize) {
             }
         };
         ctx.ack();
-        ctx.journal.lock().claims.push(Claim {
-            attempt: ticket.attempt_id.clone(),
-            token: ticket.fencing_token,
-            at: Instant::now(),
-        });
+        {
+            let mut j = ctx.journal.lock();
+            j.claims.push(Claim {
+                attempt: ticket.attempt_id.clone(),
+                token: ticket.fencing_token,
+                at: Instant::now(),
+            });
+            // A run whose submission was cut off by the kill is known to
+            // exist from the moment one of its attempts is claimed.
+            j.runs.insert(ticket.run_id.clone());
+        }
         if let Err(e) = drive(&ctx, &clients, &ticket, &mut rng).await {
             ctx.after_error(&e).await;
         }

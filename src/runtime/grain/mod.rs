@@ -214,7 +214,8 @@ pub struct AttemptView {
 }
 
 impl AttemptView {
-    /// An ended attempt.
+    /// An attempt as stored, without a grain's live details (the
+    /// capacity wait and the pending decision).
     pub fn ended(attempt: ExecutionAttempt) -> AttemptView {
         AttemptView {
             attempt,
