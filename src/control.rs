@@ -39,9 +39,18 @@ pub fn admin_client(
     fingerprint: &str,
     token: &str,
 ) -> anyhow::Result<pb::AdminClient<Transport>> {
-    let config = ClientConfig::new(url.parse().with_context(|| format!("{url} is not a URL"))?)
-        .with_default_header("authorization", format!("Bearer {token}"));
-    Ok(pb::AdminClient::new(pinned_transport(fingerprint), config))
+    Ok(pb::AdminClient::new(
+        pinned_transport(fingerprint),
+        client_config(url, token)?,
+    ))
+}
+
+/// A client configuration for `url` with `token` as its bearer.
+fn client_config(url: &str, token: &str) -> anyhow::Result<ClientConfig> {
+    Ok(
+        ClientConfig::new(url.parse().with_context(|| format!("{url} is not a URL"))?)
+            .with_default_header("authorization", format!("Bearer {token}")),
+    )
 }
 
 /// A transport that accepts only the certificate with `fingerprint`.
@@ -816,6 +825,42 @@ pub enum ModelAction {
     List,
     /// Remove one.
     Delete(pb::DeleteModelProfileRequest),
+}
+
+/// `agentbay run rerun`, through the running appliance (whose runtime
+/// runs the new run).
+pub async fn rerun(
+    config: &Config,
+    request: crate::proto::agentbay::runs::v1::RerunFromCheckpointRequest,
+) -> anyhow::Result<()> {
+    use crate::proto::agentbay::runs::v1 as runs;
+    let Some((info, token)) = running_appliance(&config.data_dir) else {
+        bail!(
+            "no appliance runs on {}: start it (a re-run is run by the running appliance)",
+            config.data_dir.display()
+        );
+    };
+    let client = runs::RunsClient::new(
+        pinned_transport(&info.certificate_fingerprint),
+        client_config(&info.url, &token)?,
+    );
+    let r = client
+        .rerun_from_checkpoint(request)
+        .await
+        .map_err(connect_error)?
+        .into_owned();
+    let run = r.run.as_option().cloned().unwrap_or_default();
+    let origin = run.rerun_of.as_option().cloned().unwrap_or_default();
+    println!(
+        "run {} ({}) starts from checkpoint {} of attempt {} (run {}) with release {}",
+        run.run_id,
+        run.state,
+        origin.checkpoint_sequence,
+        origin.attempt_id,
+        origin.run_id,
+        run.release_id
+    );
+    Ok(())
 }
 
 /// `agentbay model put|list|delete`, through the running appliance (the

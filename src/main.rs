@@ -139,6 +139,11 @@ enum Command {
         #[command(subcommand)]
         command: ReleaseCommand,
     },
+    /// Operate on runs through the running appliance.
+    Run {
+        #[command(subcommand)]
+        command: RunCommand,
+    },
     /// Make the running appliance read its configuration again (as
     /// SIGHUP does) and say what took effect and what needs a restart.
     Reload {
@@ -231,6 +236,33 @@ enum ModelCommand {
         /// The tenant's profile (default: the platform's).
         #[arg(long)]
         tenant: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum RunCommand {
+    /// Start a new run from a checkpoint of a finished attempt (the source
+    /// run is unchanged). Calls whose effect the attempt confirmed after
+    /// the checkpoint are not issued again unless named with --reissue.
+    Rerun {
+        #[command(flatten)]
+        common: Common,
+        /// The finished attempt.
+        attempt_id: String,
+        /// The tenant the attempt belongs to.
+        #[arg(long)]
+        tenant: String,
+        /// The checkpoint's sequence (default: the attempt's last).
+        #[arg(long)]
+        checkpoint: Option<u32>,
+        /// The release to run (default: the source run's); the same agent,
+        /// the same or a newer version.
+        #[arg(long)]
+        release: Option<String>,
+        /// A confirmed call (id) to issue again on purpose (repeat for
+        /// several).
+        #[arg(long = "reissue", value_name = "CALL_ID")]
+        reissue: Vec<String>,
     },
 }
 
@@ -721,6 +753,31 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             quiet_logging(&config);
             control::model_profiles(&config, action).await
         }
+        Command::Run { command } => match command {
+            RunCommand::Rerun {
+                common,
+                attempt_id,
+                tenant,
+                checkpoint,
+                release,
+                reissue,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::rerun(
+                    &config,
+                    agentbay::proto::agentbay::runs::v1::RerunFromCheckpointRequest {
+                        attempt_id,
+                        checkpoint_sequence: checkpoint.unwrap_or(0),
+                        release_id: release.unwrap_or_default(),
+                        reissue_call_ids: reissue,
+                        tenant_id: tenant,
+                        ..Default::default()
+                    },
+                )
+                .await
+            }
+        },
         Command::Trust { command } => match command {
             TrustCommand::Add {
                 common,

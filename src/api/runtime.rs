@@ -129,6 +129,7 @@ fn checkpoint_json(c: &Checkpoint) -> Value {
         "reason": c.reason.as_str(),
         "callId": c.call_id,
         "evidence": c.evidence,
+        "callsBefore": c.calls_before,
         "createdAt": c.created_at,
         "purged": tombstone_json(c.purged.as_ref()),
     })
@@ -170,6 +171,7 @@ fn call_json(c: &crate::domain::attempt::CallRecord) -> Value {
         "endedAt": c.ended_at,
         "lateReceiptRef": c.late_receipt_ref,
         "settlement": c.settlement,
+        "replayOf": c.replay_of,
         "purged": tombstone_json(c.purged.as_ref()),
     })
 }
@@ -245,6 +247,7 @@ pub fn timeline(
         "delegations": delegations,
     });
     out["outcome"] = serde_json::to_value(runtime.outcome_content(scope, a)).expect("serialises");
+    out["rerunOf"] = serde_json::to_value(&a.rerun_of).expect("serialises");
     Ok(out)
 }
 

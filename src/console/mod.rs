@@ -56,6 +56,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/attempts/{attempt_id}", get(work::timeline))
         .route("/attempts/{attempt_id}/live", get(live::timeline))
         .route("/attempts/{attempt_id}/checkpoints", get(work::checkpoints))
+        .route("/attempts/{attempt_id}/rerun", post(work::rerun))
         .route("/attempts/{attempt_id}/interrupt", post(work::interrupt))
         .route(
             "/attempts/{attempt_id}/decisions/{decision_id}",
@@ -436,7 +437,7 @@ fn scope_words(scope: Scope) -> &'static str {
         Scope::RunsRead => "read runs and timelines",
         Scope::RunsWrite => "submit and cancel runs",
         Scope::RunsDecide => "answer decisions",
-        Scope::RunsOperate => "interrupt attempts and settle calls",
+        Scope::RunsOperate => "interrupt attempts, settle calls and re-run from checkpoints",
         Scope::RunsExecute => "act as an execution adapter",
         Scope::AssetsRead => "read releases",
         Scope::AssetsAdmin => "deprecate and revoke releases",

@@ -13,7 +13,6 @@ use super::capacity::{PoolBar, pool_bars};
 use super::table::{Cell, ListQuery, PAGE_SIZE, Table};
 use super::{Console, Layout, ListPage, PageError, render, short, when, when_opt};
 use crate::api::error::ApiError;
-use crate::domain::ProjectId;
 use crate::domain::access::Scope;
 use crate::domain::attempt::{
     AttemptState, CallRecord, Checkpoint, DecisionRequest, DecisionStatus, Effect,
@@ -22,7 +21,8 @@ use crate::domain::attempt::{
 use crate::domain::content::Shown;
 use crate::domain::release::{LoadState, canonical_json};
 use crate::domain::run::RunState;
-use crate::runs::RunRequest;
+use crate::domain::{FieldError, ProjectId};
+use crate::runs::{RunRequest, rerun};
 use crate::runtime::content::{CallContent, OutcomeContent};
 use crate::runtime::grain::AttemptView;
 use crate::store::TenantScope;
@@ -383,6 +383,7 @@ struct RunPage {
     output: Option<Shown>,
     run: crate::domain::run::Run,
     attempts: Vec<StepRows>,
+    reruns: Vec<crate::domain::run::Run>,
     can_cancel: bool,
     can_hold: bool,
 }
@@ -422,6 +423,7 @@ pub async fn run(console: Console, Path(run_id): Path<String>) -> Result<Respons
         l: console.layout(format!("Run {}", short(&run_id)), "/runs"),
         can_cancel: console.can(Scope::RunsWrite) && !run.state.is_terminal(),
         can_hold: console.can(Scope::RunsOperate),
+        reruns: console.state.runs.reruns(&scope, run.run_id)?,
         run,
         attempts,
     })
@@ -823,18 +825,49 @@ pub async fn timeline(
     })
 }
 
+/// One checkpoint row: the checkpoint, and what a re-run from it with the
+/// source run's release would meet.
+struct CheckpointRow {
+    c: Checkpoint,
+    /// Why a re-run cannot start from it (with the run's release).
+    blocked: Option<String>,
+    /// Confirmed effects after it, by sequence.
+    effects_after: Vec<u32>,
+}
+
+/// The re-run form: releases it may take and the confirmed effects an
+/// operator may name for re-issue.
+struct RerunForm {
+    /// Why no checkpoint of the attempt can start a re-run.
+    blocked: Option<String>,
+    /// `(release id, version, the source run's)`.
+    releases: Vec<(String, String, bool)>,
+    /// Confirmed effects of the attempt.
+    effects: Vec<CallRecord>,
+    /// The checkpoint preselected: the last one a re-run can start from.
+    preselected: Option<u32>,
+}
+
+impl RerunForm {
+    fn preselects(&self, sequence: &u32) -> bool {
+        self.preselected == Some(*sequence)
+    }
+}
+
 #[derive(Template)]
 #[template(path = "console/checkpoints.html")]
 struct CheckpointsPage {
     l: Layout,
     id: String,
     a: ExecutionAttempt,
-    checkpoints: Vec<Checkpoint>,
+    rows: Vec<CheckpointRow>,
     resumable: Option<String>,
+    rerun: Option<RerunForm>,
 }
 
 /// `GET /attempts/{id}/checkpoints`: every checkpoint, with whether the
-/// attempt could resume from the last one.
+/// attempt could resume from the last one and, for a finished attempt,
+/// the re-run form.
 pub async fn checkpoints(
     console: Console,
     Path(attempt_id): Path<String>,
@@ -842,10 +875,14 @@ pub async fn checkpoints(
     console.require(Scope::RunsRead)?;
     let scope = console.scope()?;
     let id = parse_uuid("attemptId", &attempt_id)?;
-    let a = console.state.runtime.attempt(&scope, id)?;
-    let checkpoints = console.state.runtime.checkpoints(&scope, id)?;
-    let resumable = checkpoints.last().map(|c| {
-        match c.compatible_with(&a.adapter_version, a.checkpoint_format) {
+    let state = &console.state;
+    let a = state.runtime.attempt(&scope, id)?;
+    let checkpoints = state.runtime.checkpoints(&scope, id)?;
+    let calls = state.runtime.calls(&scope, id)?;
+    let resumable = (!a.state.is_terminal())
+        .then(|| checkpoints.last())
+        .flatten()
+        .map(|c| match c.compatible_with(&a.adapter_version, a.checkpoint_format) {
             Ok(()) => format!(
                 "the last checkpoint (#{}) matches the attempt's adapter {} and format {}: a resume continues from it",
                 c.sequence, a.adapter_version, a.checkpoint_format
@@ -853,8 +890,48 @@ pub async fn checkpoints(
             Err(why) => format!(
                 "{why}: a resume would fail (infrastructure) and start a new attempt from the step input"
             ),
-        }
-    });
+        });
+    let rows: Vec<CheckpointRow> = checkpoints
+        .into_iter()
+        .map(|c| CheckpointRow {
+            blocked: rerun::checkpoint_blocker(&c, &a.adapter_version, a.checkpoint_format),
+            effects_after: rerun::effects_after(&c, &calls)
+                .iter()
+                .map(|e| e.sequence)
+                .collect(),
+            c,
+        })
+        .collect();
+    let rerun = if console.can(Scope::RunsOperate) && a.state.is_terminal() {
+        let source = state.releases.get(&scope, &a.release_id)?;
+        let releases = state
+            .releases
+            .list(Some(&scope))?
+            .into_iter()
+            .filter(|r| r.agent_id == a.agent_id && r.dispatchable().is_ok())
+            .filter(|r| {
+                source.as_ref().is_none_or(|s| {
+                    crate::domain::release::version_order(&r.version, &s.version).is_ge()
+                })
+            })
+            .map(|r| {
+                let own = r.release_id == a.release_id;
+                (r.release_id, r.version, own)
+            })
+            .collect();
+        Some(RerunForm {
+            blocked: rerun::attempt_blocker(&a, &calls),
+            releases,
+            effects: calls.into_iter().filter(|c| c.confirmed_effect()).collect(),
+            preselected: rows
+                .iter()
+                .rev()
+                .find(|r| r.blocked.is_none())
+                .map(|r| r.c.sequence),
+        })
+    } else {
+        None
+    };
     render(&CheckpointsPage {
         l: console.layout(
             format!("Checkpoints of {}", short(&attempt_id)),
@@ -862,9 +939,63 @@ pub async fn checkpoints(
         ),
         id: id.to_string(),
         a,
-        checkpoints,
+        rows,
         resumable,
+        rerun,
     })
+}
+
+/// `POST /attempts/{id}/rerun`: a new run from the chosen checkpoint.
+pub async fn rerun(
+    console: Console,
+    Path(attempt_id): Path<String>,
+    raw: RawForm,
+) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::RunsOperate)?;
+    let scope = console.scope()?;
+    let id = parse_uuid("attemptId", &attempt_id)?;
+    let back = format!("/attempts/{id}/checkpoints");
+    let request = (|| -> Result<rerun::RerunRequest, FieldError> {
+        let sequence = match fields.get("checkpoint") {
+            None => {
+                return Err(FieldError::new(
+                    "checkpoint",
+                    "choose the checkpoint to start from",
+                ));
+            }
+            Some(n) => n.parse::<u32>().map_err(|_| {
+                FieldError::new("checkpoint", format!("{n:?} is not a checkpoint number"))
+            })?,
+        };
+        Ok(rerun::RerunRequest {
+            attempt_id: id,
+            checkpoint_sequence: Some(sequence),
+            release_id: fields.get("release").map(str::to_string),
+            reissue: fields
+                .all("reissue")
+                .into_iter()
+                .map(|c| crate::domain::ids::parse_uuid("reissue", c))
+                .collect::<Result<_, _>>()?,
+            request_id: None,
+            by: console.by(),
+        })
+    })();
+    let request = match request {
+        Ok(r) => r,
+        Err(e) => return Ok(console.done(&back, Err::<String, _>(e))),
+    };
+    let sequence = request.checkpoint_sequence.unwrap_or_default();
+    match console.state.runs.rerun(&scope, request).await {
+        Ok(run) => Ok(console.done(
+            &format!("/runs/{}", run.run_id),
+            Ok::<_, ApiError>(format!(
+                "run {} starts from checkpoint {sequence} of attempt {id} with release {}",
+                run.run_id, run.snapshot.release_id
+            )),
+        )),
+        Err(e) => Ok(console.done(&back, Err::<String, _>(e))),
+    }
 }
 
 /// `GET /artifacts/{hash}`: the whole content behind a hash of the

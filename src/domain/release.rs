@@ -115,6 +115,27 @@ impl SideEffectClass {
     }
 }
 
+/// Orders two release versions: parts separated by `.` or `-` compare as
+/// numbers when both are numbers (`1.10` after `1.9`), else as text.
+pub fn version_order(a: &str, b: &str) -> std::cmp::Ordering {
+    let parts = |v: &'_ str| {
+        v.split(['.', '-', '+'])
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (parts(a), parts(b));
+    for (x, y) in a.iter().zip(&b) {
+        let order = match (x.parse::<u64>(), y.parse::<u64>()) {
+            (Ok(x), Ok(y)) => x.cmp(&y),
+            _ => x.cmp(y),
+        };
+        if order.is_ne() {
+            return order;
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
 /// What the policy says of a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -155,6 +155,41 @@ pub struct ParentLink {
     pub call_id: Uuid,
 }
 
+/// Where a re-run started: a checkpoint of a finished attempt of another
+/// run. The source run is never changed by its re-runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RerunOrigin {
+    /// The source run.
+    pub run_id: Uuid,
+    /// Its attempt the checkpoint belongs to.
+    pub attempt_id: Uuid,
+    /// The checkpoint.
+    pub checkpoint_id: Uuid,
+    /// Its sequence within the source attempt.
+    pub checkpoint_sequence: u32,
+    /// The step (index) the source attempt worked on: the re-run starts
+    /// there, with the steps before it as the source ended them.
+    pub step_index: u32,
+    /// The source run's release.
+    pub release_id: String,
+    /// The checkpoint's adapter state: every attempt of the step starts
+    /// from it.
+    pub adapter_state_ref: String,
+    /// Call records the source attempt had written when the checkpoint was
+    /// (the calls after it have higher sequences).
+    pub calls_before: u32,
+    /// Calls of the source attempt after the checkpoint whose effect was
+    /// confirmed and that the operator asked to issue again; every other
+    /// such call is answered from the source's record instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reissue: Vec<Uuid>,
+    /// Who asked for the re-run.
+    pub by: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
 /// One execution of a release.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -212,6 +247,9 @@ pub struct Run {
     /// contracts still hold), the content is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub purged: Option<crate::domain::retention::Tombstone>,
+    /// A re-run: the checkpoint it started from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<RerunOrigin>,
 }
 
 impl Run {
@@ -612,6 +650,9 @@ pub struct RunSubmitted<'a> {
     /// Parent run, for a child run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent_run_id: Option<Uuid>,
+    /// The run a re-run started from (a checkpoint of its attempt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<&'a RerunOrigin>,
 }
 
 impl EventPayload for RunSubmitted<'_> {
@@ -723,7 +764,19 @@ mod tests {
             version: 1,
             hold: None,
             purged: None,
+            rerun_of: None,
         }
+    }
+
+    #[test]
+    fn release_versions_order_by_their_numbers() {
+        use crate::domain::release::version_order;
+        use std::cmp::Ordering::*;
+        assert_eq!(version_order("1.10.0", "1.9.3"), Greater);
+        assert_eq!(version_order("1.1.0", "1.1.0"), Equal);
+        assert_eq!(version_order("0.9.0", "1.0.0"), Less);
+        assert_eq!(version_order("1.0", "1.0.1"), Less);
+        assert_eq!(version_order("2026-11", "2026-12"), Less);
     }
 
     fn ended(

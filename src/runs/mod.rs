@@ -31,6 +31,7 @@ use crate::runtime::{Runtime, RuntimeError};
 use crate::store::{Derived, Record, StoreError, Table, TenantScope, Tx, time_value};
 
 pub mod purge;
+pub mod rerun;
 
 /// Names of the indexes runs derive (see `store/derived.rs`).
 pub mod index {
@@ -52,6 +53,8 @@ pub mod index {
     pub const PAYLOAD_DUE: &str = "run-payload-due";
     /// Ended runs, not held, by end time.
     pub const HISTORY_DUE: &str = "run-history-due";
+    /// Re-runs by the run they started from.
+    pub const RERUN_OF: &str = "run-rerun-of";
 }
 
 impl Record for Run {
@@ -86,9 +89,13 @@ impl Record for Run {
                 d.index(index::PAYLOAD_DUE, time_value(ended));
             }
         }
+        if let Some(origin) = &self.rerun_of {
+            d.index(index::RERUN_OF, origin.run_id.to_string());
+        }
         if self.purged.is_none() {
             d.reference(Some(&self.input_ref))
-                .reference(self.output_ref.as_deref());
+                .reference(self.output_ref.as_deref())
+                .reference(self.rerun_of.as_ref().map(|o| &*o.adapter_state_ref));
             for step in &self.steps {
                 d.reference(step.input_ref.as_deref())
                     .reference(step.output_ref.as_deref());
@@ -241,6 +248,16 @@ pub struct NewRun {
     pub input: Vec<u8>,
 }
 
+/// The adapter version attempts of `manifest`'s release need, e.g.
+/// `external/1`.
+pub fn adapter_version(manifest: &Manifest) -> String {
+    format!(
+        "{}/{}",
+        manifest.adapter.kind.as_str(),
+        manifest.adapter.version
+    )
+}
+
 /// Resolves the snapshot of a run of `release`.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_run(
@@ -309,11 +326,7 @@ pub fn plan_run(
             limits,
             input_hash: input_hash.clone(),
             adapter: manifest.adapter.kind,
-            adapter_version: format!(
-                "{}/{}",
-                manifest.adapter.kind.as_str(),
-                manifest.adapter.version
-            ),
+            adapter_version: adapter_version(manifest),
             checkpoint_format: manifest.checkpoint_format,
             cpu: manifest.contract.cpu,
             memory_gb: manifest.contract.memory_gb,
@@ -349,6 +362,7 @@ pub fn plan_run(
         version: 0,
         hold: None,
         purged: None,
+        rerun_of: None,
     };
     Ok(NewRun { run, input })
 }
@@ -384,6 +398,15 @@ fn next_attempt(
         },
         now,
     );
+    let mut attempt = attempt;
+    if let Some(origin) = run
+        .rerun_of
+        .as_ref()
+        .filter(|o| o.step_index == run.current_step)
+    {
+        attempt.adapter_state_ref = Some(origin.adapter_state_ref.clone());
+        attempt.rerun_of = Some(origin.clone());
+    }
     run.add_attempt(attempt.attempt_id, fencing_token);
     attempt
 }
@@ -412,6 +435,7 @@ pub fn create_run(
             release_id: &run.snapshot.release_id,
             snapshot_id: run.snapshot.snapshot_id,
             parent_run_id: run.parent.as_ref().map(|p| p.run_id),
+            rerun_of: run.rerun_of.as_ref(),
         },
     ))?;
     Ok((run, attempt))
@@ -608,13 +632,10 @@ impl RunControl {
         scope: &TenantScope,
         request: RunRequest,
     ) -> Result<Run, RuntimeError> {
-        if let Some(key) = &request.request_id {
-            let store = self.runtime.store();
-            if let Some(id) = store.index_ids(scope, index::REQUEST, key)?.first()
-                && let Some(run) = store.get::<Run>(scope, id)?
-            {
-                return Ok(run);
-            }
+        if let Some(key) = &request.request_id
+            && let Some(run) = self.by_request(scope, key)?
+        {
+            return Ok(run);
         }
         let projects = self.capacity.projects(scope).map_err(RuntimeError::from)?;
         if !projects.iter().any(|p| p.project_id == request.project_id) {
@@ -646,9 +667,30 @@ impl RunControl {
             None,
             now,
         )?;
+        self.create(scope, new, now).await
+    }
+
+    /// The run made for the idempotency key `key`, if any.
+    fn by_request(&self, scope: &TenantScope, key: &str) -> Result<Option<Run>, RuntimeError> {
+        let store = self.runtime.store();
+        Ok(match store.index_ids(scope, index::REQUEST, key)?.first() {
+            Some(id) => store.get::<Run>(scope, id)?,
+            None => None,
+        })
+    }
+
+    /// Writes a planned run with its first attempt and hands the attempt
+    /// to the runtime; a run made meanwhile for the same idempotency key
+    /// is returned instead.
+    async fn create(
+        &self,
+        scope: &TenantScope,
+        new: NewRun,
+        now: DateTime<Utc>,
+    ) -> Result<Run, RuntimeError> {
         let retain = crate::store::artifacts::unreferenced_until(now);
         let s = scope.clone();
-        let key = request.request_id.clone();
+        let key = new.run.request_id.clone();
         let (run, attempt) = self
             .runtime
             .store()

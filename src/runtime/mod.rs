@@ -289,6 +289,10 @@ pub struct Begun {
     pub child_run_id: Option<Uuid>,
     /// The request's hash.
     pub request_hash: String,
+    /// Replayed: the source call whose result this is.
+    pub replayed_from: Option<Uuid>,
+    /// Replayed: the result document, when the source call had one.
+    pub result: Option<Vec<u8>>,
 }
 
 /// How a BeginCall ended.
@@ -301,6 +305,11 @@ pub enum BeginOutcome {
     Refused,
     /// The attempt waits for an approval.
     ApprovalRequired,
+    /// Not issued: a re-run made the same call (target and request) whose
+    /// effect its source attempt confirmed after the checkpoint; the call
+    /// is recorded as completed with the source's result, which the
+    /// adapter observes instead of calling.
+    Replayed,
 }
 
 /// A call's reported end.

@@ -1745,3 +1745,226 @@ async fn reloaded_editions_sign_in_limits_and_retention_take_effect() {
         purged.purged
     );
 }
+
+/// The checkpoint of `timeline` written for `reason` around `call_id`.
+fn checkpoint_around(timeline: &Value, reason: &str, call_id: &Value) -> u64 {
+    timeline["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["reason"] == reason && c["callId"] == *call_id)
+        .and_then(|c| c["sequence"].as_u64())
+        .unwrap_or_else(|| panic!("no {reason} checkpoint for call {call_id}: {timeline}"))
+}
+
+#[tokio::test]
+async fn a_failed_run_is_re_run_from_a_checkpoint_with_a_fixed_release_and_pages_nobody_twice() {
+    let site = Site::start().await;
+    let page = json!({"content": "Paging", "toolCalls": [{"tool": "page-oncall", "arguments": {"message": "checkout down"}}]});
+    let release = |version: &'static str| {
+        move |m: &mut Value| {
+            m["version"] = json!(version);
+            m["policy"]["tools"]["page-oncall"] = json!("allow");
+        }
+    };
+    // 1.0.0 pages, then never answers in the contract's shape.
+    site.import(
+        "triage-v1",
+        json!([page, {"content": "not json"}, {"content": "still not"}, {"content": "nope"}]),
+        release("1.0.0"),
+    )
+    .await;
+    // 1.1.0 answers right after the page.
+    site.import(
+        "triage-v2",
+        json!([page, answer("high", true)]),
+        release("1.1.0"),
+    )
+    .await;
+    site.import("triage-v0", json!([answer("low", false)]), release("0.9.0"))
+        .await;
+    let source = site.submit("triage-v1").await;
+    let failed = site.until(&source, "Failed").await;
+    assert_eq!(failed.state, "Failed");
+    let attempt = failed.steps[0].attempts[0].attempt_id.clone();
+    let t = site.timeline(&attempt).await;
+    let paged = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["target"] == "page-oncall" && c["status"] == "completed")
+        .cloned()
+        .expect("the source attempt paged");
+    let before_page = checkpoint_around(&t, "before-gated-call", &paged["callId"]);
+
+    // An older release, or one whose adapter cannot read the checkpoint,
+    // is refused with the reason.
+    let older = site
+        .runs()
+        .rerun_from_checkpoint(rn::RerunFromCheckpointRequest {
+            attempt_id: attempt.clone(),
+            release_id: "triage-v0".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        older.to_string().contains("releaseId") && older.to_string().contains("older"),
+        "{older}"
+    );
+    let missing = site
+        .runs()
+        .rerun_from_checkpoint(rn::RerunFromCheckpointRequest {
+            attempt_id: attempt.clone(),
+            checkpoint_sequence: 999,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        missing.to_string().contains("checkpointSequence"),
+        "{missing}"
+    );
+
+    // From the checkpoint before the page, with the fixed release: the page
+    // the source confirmed is not made again, and the run succeeds.
+    let rerun = site
+        .runs()
+        .rerun_from_checkpoint(rn::RerunFromCheckpointRequest {
+            attempt_id: attempt.clone(),
+            checkpoint_sequence: before_page as u32,
+            release_id: "triage-v2".into(),
+            request_id: "fix-1".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("re-run")
+        .into_owned()
+        .run
+        .as_option()
+        .unwrap()
+        .clone();
+    let origin = rerun.rerun_of.as_option().expect("the origin").clone();
+    assert_eq!(origin.run_id, source);
+    assert_eq!(origin.attempt_id, attempt);
+    assert_eq!(origin.checkpoint_sequence as u64, before_page);
+    assert_eq!(origin.release_id, "triage-v1");
+    assert_eq!(rerun.release_id, "triage-v2");
+    let done = site.until(&rerun.run_id, "Succeeded").await;
+    assert_eq!(done.state, "Succeeded", "{done:?}");
+    let new_attempt = done.steps[0].attempts[0].attempt_id.clone();
+    assert_ne!(new_attempt, attempt);
+    let nt = site.timeline(&new_attempt).await;
+    assert_eq!(nt["rerunOf"]["attemptId"], attempt.as_str());
+    let calls = nt["calls"].as_array().unwrap();
+    let replayed: Vec<&Value> = calls
+        .iter()
+        .filter(|c| c["target"] == "page-oncall")
+        .collect();
+    assert_eq!(replayed.len(), 1, "{nt}");
+    assert_eq!(replayed[0]["status"], "completed");
+    assert_eq!(replayed[0]["replayOf"]["callId"], paged["callId"]);
+    assert_eq!(replayed[0]["resultHash"], paged["resultHash"]);
+    assert_eq!(replayed[0]["receiptRef"], paged["receiptRef"]);
+    assert_eq!(
+        calls.iter().filter(|c| c["kind"] == "model").count(),
+        1,
+        "the loop resumed after the first model turn: {nt}"
+    );
+    // The first checkpoint of the re-run holds the source checkpoint's
+    // state.
+    let source_state = t["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["sequence"] == before_page)
+        .unwrap()["adapterStateRef"]
+        .clone();
+    assert_eq!(nt["checkpoints"][0]["adapterStateRef"], source_state);
+    // The same request again is the same run; the source is unchanged.
+    let again = site
+        .runs()
+        .rerun_from_checkpoint(rn::RerunFromCheckpointRequest {
+            attempt_id: attempt.clone(),
+            checkpoint_sequence: before_page as u32,
+            release_id: "triage-v2".into(),
+            request_id: "fix-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(again.run.as_option().unwrap().run_id, rerun.run_id);
+    let after = site.run(&source).await;
+    assert_eq!(after.state, "Failed");
+    assert_eq!(
+        after.steps[0].attempts.len(),
+        failed.steps[0].attempts.len()
+    );
+    assert!(after.rerun_of.as_option().is_none());
+
+    // Named on purpose, the page is issued again (a new call, no replay).
+    let bogus = site
+        .runs()
+        .rerun_from_checkpoint(rn::RerunFromCheckpointRequest {
+            attempt_id: attempt.clone(),
+            checkpoint_sequence: before_page as u32,
+            release_id: "triage-v2".into(),
+            reissue_call_ids: vec![new_attempt.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(bogus.to_string().contains("reissueCallIds"), "{bogus}");
+
+    // The console: an Operator re-runs from the checkpoints page.
+    crate::console::user(&site.a, "demo", "oper", &["Operator"]).await;
+    let op = crate::console::Visitor::sign_in(&site.a, "oper").await;
+    let (status, page_html) = op.get(&format!("/attempts/{attempt}/checkpoints")).await;
+    assert_eq!(status, 200);
+    assert!(
+        page_html.contains("Re-run from a checkpoint") && page_html.contains("triage-v2"),
+        "{page_html}"
+    );
+    let paged_id = paged["callId"].as_str().unwrap();
+    assert!(
+        page_html.contains(paged_id),
+        "the page lists the confirmed page call"
+    );
+    let checkpoint = before_page.to_string();
+    let (status, location) = op
+        .post(
+            &format!("/attempts/{attempt}/rerun"),
+            &[
+                ("checkpoint", checkpoint.as_str()),
+                ("release", "triage-v2"),
+                ("reissue", paged_id),
+            ],
+        )
+        .await;
+    assert_eq!(status, 303);
+    assert!(location.starts_with("/runs/"), "{location}");
+    let reissued = location.trim_start_matches("/runs/").to_string();
+    let (_, run_page) = op.get(&location).await;
+    assert!(run_page.contains("Re-run of"), "{run_page}");
+    assert!(run_page.contains("issued again on purpose"), "{run_page}");
+    let (_, source_page) = op.get(&format!("/runs/{source}")).await;
+    assert!(
+        source_page.contains(&reissued[reissued.len() - 8..]),
+        "the source run lists its re-runs"
+    );
+    let done = site.until(&reissued, "Succeeded").await;
+    let rt = site.timeline(&done.steps[0].attempts[0].attempt_id).await;
+    let page_again = rt["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["target"] == "page-oncall")
+        .cloned()
+        .expect("the page");
+    assert_eq!(page_again["status"], "completed");
+    assert!(
+        page_again["replayOf"].is_null(),
+        "issued, not replayed: {rt}"
+    );
+}

@@ -2188,3 +2188,198 @@ async fn kill_9_in_the_middle_of_a_purge_leaves_no_dangling_reference_and_no_orp
     assert!(problems.is_empty(), "{problems:#?}");
     store.close().unwrap();
 }
+
+impl Site {
+    async fn rerun(
+        &self,
+        attempt_id: &str,
+        checkpoint_sequence: u32,
+        release_id: &str,
+    ) -> Result<rn::Run, connectrpc::ConnectError> {
+        self.runs()
+            .rerun_from_checkpoint(rn::RerunFromCheckpointRequest {
+                attempt_id: attempt_id.into(),
+                checkpoint_sequence,
+                release_id: release_id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_owned().run.as_option().unwrap().clone())
+    }
+
+    /// Imports a variant of the triage example with `edit` applied.
+    async fn import_variant(&self, name: &str, edit: impl FnOnce(&mut Value)) {
+        let bundle = variant(self._dir.path(), name, &demo_key(), |_, m| edit(m));
+        let (status, body) = upload(&self.a, &self.token, pack(&bundle, |_| {})).await;
+        assert_eq!(status, 201, "{body}");
+    }
+}
+
+#[tokio::test]
+async fn an_external_adapter_resumes_a_re_run_from_the_handed_over_state() {
+    let site = Site::start(false).await;
+    site.submit(json!({"ticket": "t"}), None).await;
+    let adapter = site.claim_and_start().await;
+    adapter.think_and_look().await;
+    let attempt = adapter.id();
+    let t = site.timeline(&attempt).await;
+    let lookup = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["target"] == "lookup-ticket")
+        .unwrap()["callId"]
+        .clone();
+    let after_lookup = t["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["reason"] == "after-observation" && c["callId"] == lookup)
+        .and_then(|c| c["sequence"].as_u64())
+        .expect("a checkpoint after the lookup") as u32;
+
+    // A live attempt is not re-run.
+    let live = site.rerun(&attempt, after_lookup, "").await.unwrap_err();
+    assert_eq!(code(&live), ErrorCode::FailedPrecondition, "{live}");
+    assert!(live.to_string().contains("finished attempt"), "{live}");
+
+    // It pages (approved, confirmed), then fails.
+    let page = json!({"message": "m"});
+    let ask = adapter
+        .begin("tool", "page-oncall", page.clone(), "")
+        .await
+        .unwrap();
+    site.decide(&ask.approval_id, true).await;
+    let go = adapter
+        .begin("tool", "page-oncall", page.clone(), &ask.approval_id)
+        .await
+        .unwrap();
+    assert_eq!(go.outcome, ad::BeginOutcome::STARTED);
+    adapter
+        .complete(&go.call_id, json!({"paged": "alice"}))
+        .await
+        .unwrap();
+    adapter
+        .client
+        .report_outcome(ad::ReportOutcomeRequest {
+            attempt_id: attempt.clone(),
+            fencing_token: adapter.ticket.fencing_token,
+            succeeded: false,
+            failure_class: "policy".into(),
+            reason: "it paged about the wrong customer".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    // A release whose adapter cannot read the checkpoint (the builtin
+    // loop's), and another agent's, are refused with the reason.
+    site.import_variant("builtin-2", |m| {
+        m["releaseId"] = json!("triage-2.0.0");
+        m["version"] = json!("2.0.0");
+    })
+    .await;
+    let incompatible = site
+        .rerun(&attempt, after_lookup, "triage-2.0.0")
+        .await
+        .unwrap_err();
+    assert!(
+        incompatible.to_string().contains("external/1")
+            && incompatible.to_string().contains("builtin/1"),
+        "{incompatible}"
+    );
+    site.import_variant("other-agent", |m| {
+        m["releaseId"] = json!("other-1.0.0");
+        m["agentId"] = json!("other");
+        m["adapter"] = json!({"kind": "external", "version": "1"});
+    })
+    .await;
+    let other = site
+        .rerun(&attempt, after_lookup, "other-1.0.0")
+        .await
+        .unwrap_err();
+    assert!(other.to_string().contains("agent other"), "{other}");
+
+    // From the checkpoint after the lookup: the adapter is handed that
+    // state, with a new attempt and fencing token.
+    let rerun = site
+        .rerun(&attempt, after_lookup, "")
+        .await
+        .expect("re-run");
+    let resumed = site.claim_and_start().await;
+    let ticket = &resumed.ticket;
+    assert_eq!(ticket.run_id, rerun.run_id);
+    assert_ne!(ticket.attempt_id, attempt);
+    assert!(ticket.resumed);
+    let state: Value = serde_json::from_str(&ticket.state_json).unwrap();
+    assert_eq!(state, json!({"observed": lookup}));
+    assert_eq!(ticket.rerun_of_attempt_id, attempt);
+    assert_eq!(ticket.rerun_of_checkpoint_sequence, after_lookup);
+    // The page the source confirmed is answered, not issued (no approval
+    // is asked either).
+    let replay = resumed
+        .begin("tool", "page-oncall", page.clone(), "")
+        .await
+        .unwrap();
+    assert_eq!(
+        replay.outcome,
+        ad::BeginOutcome::REPLAYED,
+        "{}",
+        replay.reason
+    );
+    assert_eq!(replay.replayed_from_call_id, go.call_id);
+    let result: Value = serde_json::from_str(&replay.result_json).unwrap();
+    assert_eq!(result, json!({"paged": "alice"}));
+    let verdict = resumed.report(good_output()).await.unwrap();
+    assert_eq!(verdict.state, "Succeeded");
+    assert_eq!(site.run(&rerun.run_id).await.state, "Succeeded");
+
+    // An uncertain call must be settled before a re-run; settled as
+    // happened, it is a confirmed effect that is not issued again.
+    site.submit(json!({"ticket": "u"}), None).await;
+    let third = site.claim_and_start().await;
+    let ask = third
+        .begin("tool", "page-oncall", page.clone(), "")
+        .await
+        .unwrap();
+    site.decide(&ask.approval_id, true).await;
+    let open = third
+        .begin("tool", "page-oncall", page.clone(), &ask.approval_id)
+        .await
+        .unwrap();
+    site.runtime()
+        .interrupt(rt::InterruptRequest {
+            attempt_id: third.id(),
+            reason: "stop".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let unsettled = site.rerun(&third.id(), 0, "").await.unwrap_err();
+    assert!(
+        unsettled.to_string().contains("uncertain") && unsettled.to_string().contains("settle"),
+        "{unsettled}"
+    );
+    site.runs()
+        .settle_call(rn::SettleCallRequest {
+            attempt_id: third.id(),
+            call_id: open.call_id.clone(),
+            effect: "happened".into(),
+            reason: "alice was paged".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    site.rerun(&third.id(), 0, "")
+        .await
+        .expect("re-run once settled");
+    let fourth = site.claim_and_start().await;
+    let replay = fourth.begin("tool", "page-oncall", page, "").await.unwrap();
+    assert_eq!(
+        replay.outcome,
+        ad::BeginOutcome::REPLAYED,
+        "{}",
+        replay.reason
+    );
+    assert_eq!(replay.replayed_from_call_id, open.call_id);
+}

@@ -434,6 +434,10 @@ fn rpc_table(v: &Victim) -> HashMap<&'static str, Option<Value>> {
             Some(json!({"runId": v.run, "reason": "case 1"})),
         ),
         (
+            "agentbay.runs.v1.Runs/RerunFromCheckpoint",
+            Some(json!({"attemptId": v.attempt})),
+        ),
+        (
             "agentbay.runs.v1.Runs/DecideApproval",
             Some(json!({"approvalId": uuid, "approve": true})),
         ),

@@ -129,6 +129,15 @@ impl pb::Adapter for AdapterService {
                 lease_expires_at: time(a.lease.expires_at),
                 adapter_version: a.adapter_version.clone(),
                 checkpoint_format: a.checkpoint_format,
+                rerun_of_attempt_id: a
+                    .rerun_of
+                    .as_ref()
+                    .map(|o| o.attempt_id.to_string())
+                    .unwrap_or_default(),
+                rerun_of_checkpoint_sequence: a
+                    .rerun_of
+                    .as_ref()
+                    .map_or(0, |o| o.checkpoint_sequence),
                 ..Default::default()
             }
         });
@@ -236,6 +245,7 @@ impl pb::Adapter for AdapterService {
                 BeginOutcome::Started => pb::BeginOutcome::STARTED,
                 BeginOutcome::Refused => pb::BeginOutcome::REFUSED,
                 BeginOutcome::ApprovalRequired => pb::BeginOutcome::APPROVAL_REQUIRED,
+                BeginOutcome::Replayed => pb::BeginOutcome::REPLAYED,
             }
             .into(),
             call_id: opt(begun.call_id),
@@ -247,6 +257,11 @@ impl pb::Adapter for AdapterService {
             checkpoint_id: opt(begun.checkpoint_id),
             child_run_id: opt(begun.child_run_id),
             request_hash: begun.request_hash,
+            replayed_from_call_id: opt(begun.replayed_from),
+            result_json: begun
+                .result
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default(),
             ..Default::default()
         })
     }

@@ -124,6 +124,10 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
         ("agentbay.runs.v1.Runs/CancelRun", Needs(Scope::RunsWrite)),
         ("agentbay.runs.v1.Runs/HoldRun", Needs(Scope::RunsOperate)),
         (
+            "agentbay.runs.v1.Runs/RerunFromCheckpoint",
+            Needs(Scope::RunsOperate),
+        ),
+        (
             "agentbay.runs.v1.Runs/DecideApproval",
             Needs(Scope::RunsDecide),
         ),

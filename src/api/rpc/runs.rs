@@ -14,6 +14,7 @@ use crate::domain::release::AttemptLimits;
 use crate::domain::run::Run;
 use crate::domain::{FieldError, ProjectId};
 use crate::proto::agentbay::runs::v1 as pb;
+use crate::runs::rerun::RerunRequest;
 use crate::runs::{ApprovalRef, RunFilter, RunRequest};
 use crate::runtime::PendingDecision;
 use crate::runtime::grain::AttemptView;
@@ -189,6 +190,21 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
             .as_ref()
             .map(|t| t.describe())
             .unwrap_or_default(),
+        rerun_of: run
+            .rerun_of
+            .as_ref()
+            .map(|o| pb::RerunOrigin {
+                run_id: o.run_id.to_string(),
+                attempt_id: o.attempt_id.to_string(),
+                checkpoint_id: o.checkpoint_id.to_string(),
+                checkpoint_sequence: o.checkpoint_sequence,
+                release_id: o.release_id.clone(),
+                reissue_call_ids: o.reissue.iter().map(Uuid::to_string).collect(),
+                by: o.by.clone(),
+                at: o.at.to_rfc3339(),
+                ..Default::default()
+            })
+            .into(),
         ..Default::default()
     }
 }
@@ -410,6 +426,38 @@ impl pb::Runs for RunsService {
             .map_err(rpc)?;
         Response::ok(pb::DecideApprovalResponse {
             attempt: buffa::MessageField::some(attempt_message(&self.state.store, &scope, &view)),
+            ..Default::default()
+        })
+    }
+
+    async fn rerun_from_checkpoint(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::RerunFromCheckpointRequest>,
+    ) -> ServiceResult<pb::RerunFromCheckpointResponse> {
+        let caller = principal(&ctx)?;
+        let scope = tenant_scope(&caller, request.tenant_id)?;
+        let rerun = (|| -> Result<RerunRequest, FieldError> {
+            Ok(RerunRequest {
+                attempt_id: uuid_field("attemptId", request.attempt_id)?,
+                checkpoint_sequence: (request.checkpoint_sequence > 0)
+                    .then_some(request.checkpoint_sequence),
+                release_id: (!request.release_id.is_empty())
+                    .then(|| request.release_id.to_string()),
+                reissue: request
+                    .reissue_call_ids
+                    .iter()
+                    .map(|id| parse_uuid("reissueCallIds", id))
+                    .collect::<Result<_, _>>()?,
+                request_id: (!request.request_id.is_empty())
+                    .then(|| request.request_id.to_string()),
+                by: caller.subject.to_string(),
+            })
+        })()
+        .map_err(rpc)?;
+        let run = self.state.runs.rerun(&scope, rerun).await.map_err(rpc)?;
+        Response::ok(pb::RerunFromCheckpointResponse {
+            run: buffa::MessageField::some(run_message(&self.state, &scope, &run)),
             ..Default::default()
         })
     }

@@ -89,6 +89,10 @@ pub struct Checkpoint {
     /// contracts still hold), the content is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub purged: Option<crate::domain::retention::Tombstone>,
+    /// Call records the attempt had written when the checkpoint was: the
+    /// calls with a higher sequence came after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls_before: Option<u32>,
 }
 
 impl Checkpoint {
@@ -286,9 +290,47 @@ pub struct CallRecord {
     /// contracts still hold), the content is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub purged: Option<crate::domain::retention::Tombstone>,
+    /// A call of a re-run that was not issued: the source attempt had
+    /// confirmed the same call's effect, and its result is this call's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<ReplayOf>,
+}
+
+/// The source call a re-run's call was answered from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayOf {
+    /// The source attempt.
+    pub attempt_id: Uuid,
+    /// The source call.
+    pub call_id: Uuid,
+    /// Its sequence there.
+    pub sequence: u32,
 }
 
 impl CallRecord {
+    /// Whether the call had an effect outside the attempt that is known
+    /// to have happened: a gated tool call (shared-write and above) or a
+    /// sub-agent delegation that completed, or an uncertain one an
+    /// operator settled as happened. A re-run never issues such a call
+    /// again unless the operator asks for it by name.
+    pub fn confirmed_effect(&self) -> bool {
+        let effectful = match self.kind {
+            CallKind::Tool => self.side_effect_class.is_some_and(|c| c.is_gated()),
+            CallKind::SubAgent => true,
+            CallKind::Model => false,
+        };
+        let happened = match self.status {
+            CallStatus::Completed => self.replay_of.is_none(),
+            CallStatus::Uncertain => self
+                .settlement
+                .as_ref()
+                .is_some_and(|s| s.effect == Effect::Happened),
+            _ => false,
+        };
+        effectful && happened
+    }
+
     /// The stored id within the tenant: `<attempt>/<sequence>`.
     pub fn key(attempt_id: Uuid, sequence: u32) -> String {
         format!("{attempt_id}/{sequence:06}")

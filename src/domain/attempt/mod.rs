@@ -588,6 +588,11 @@ pub struct ExecutionAttempt {
     /// contracts still hold), the content is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub purged: Option<crate::domain::retention::Tombstone>,
+    /// An attempt of a re-run's first step: it starts from this
+    /// checkpoint of the source run, whose adapter state it holds from
+    /// the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<crate::domain::run::RerunOrigin>,
 }
 
 /// An illegal move, named.
@@ -894,6 +899,7 @@ impl ExecutionAttempt {
             stale_refusals: Vec::new(),
             resume_refused: None,
             purged: None,
+            rerun_of: None,
         }
     }
 
@@ -1394,7 +1400,33 @@ impl ExecutionAttempt {
             late_receipt_ref: None,
             purged: None,
             settlement: None,
+            replay_of: None,
         }
+    }
+
+    /// A call of a re-run identical (target and request) to one whose
+    /// effect the source attempt confirmed: recorded as completed with the
+    /// source's result and receipt, and never issued. The caller has
+    /// passed the gate.
+    pub fn replay_call(
+        &mut self,
+        call: CallStart,
+        source: &CallRecord,
+        now: DateTime<Utc>,
+    ) -> CallRecord {
+        let sequence = self.next_call_sequence();
+        let mut record = self.call_record(call, sequence, None, now);
+        record.pre_checkpoint_id = None;
+        record.status = CallStatus::Completed;
+        record.result_hash = source.result_hash.clone();
+        record.receipt_ref = source.receipt_ref.clone();
+        record.ended_at = Some(now);
+        record.replay_of = Some(ReplayOf {
+            attempt_id: source.attempt_id,
+            call_id: source.call_id,
+            sequence: source.sequence,
+        });
+        record
     }
 
     /// The open call's result was observed: the record completes (or
@@ -1471,6 +1503,7 @@ impl ExecutionAttempt {
             call_id,
             evidence: reason == CheckpointReason::BeforeGatedCall,
             purged: None,
+            calls_before: Some(self.usage.calls),
         };
         checkpoint.hash = checkpoint.compute_hash();
         self.last_checkpoint_id = Some(checkpoint_id);

@@ -476,6 +476,10 @@ impl<'a> Loop<'a> {
                     *state = observed(state, call, &why);
                     return self.checkpoint(state).await;
                 }
+                BeginOutcome::Replayed => {
+                    *state = observed(state, call, &replayed_result(&begun));
+                    return self.checkpoint(state).await;
+                }
                 BeginOutcome::ApprovalRequired => {
                     let decision_id = begun.decision_id.expect("an approval has a decision");
                     let status = self.await_decision(decision_id).await?;
@@ -691,6 +695,9 @@ impl<'a> Loop<'a> {
                     })
                     .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
                 json!({"childRun": begun.child_run_id, "status": record.status.as_str(), "output": output, "error": record.error})
+            }
+            (BeginOutcome::Replayed, _) => {
+                json!({"status": "completed", "output": replayed_result(&begun), "replayedFromCall": begun.replayed_from})
             }
             _ => json!({"error": format!("refused: {}", begun.reason.unwrap_or_default())}),
         };
@@ -917,6 +924,15 @@ impl<'a> Loop<'a> {
 }
 
 /// The state after a tool call's observation.
+/// The result a replayed call observes: the source call's.
+fn replayed_result(begun: &super::Begun) -> Value {
+    begun
+        .result
+        .as_deref()
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or(Value::Null)
+}
+
 fn observed(state: &LoopState, call: &ToolCall, result: &Value) -> LoopState {
     let mut next = state.clone();
     next.pending.pop_front();

@@ -67,6 +67,78 @@ impl Grain {
         Ok(call_id)
     }
 
+    /// A re-run's call that is identical (kind, target, request) to one
+    /// whose effect the source attempt confirmed after the checkpoint,
+    /// and that the operator did not name for re-issue: recorded as
+    /// completed with the source's result and receipt, never issued.
+    async fn replay(
+        &mut self,
+        call: &BeginCall,
+        start: &CallStart,
+        request: &[u8],
+        info: &ReleaseInfo,
+    ) -> Result<Option<Begun>, RuntimeError> {
+        let Some(origin) = self.attempt.rerun_of.clone() else {
+            return Ok(None);
+        };
+        let class = match call.kind {
+            CallKind::Model => return Ok(None),
+            CallKind::Tool => match info.tool(&call.target) {
+                Some((tool, _)) if tool.side_effect_class.is_gated() => {
+                    Some(tool.side_effect_class)
+                }
+                _ => return Ok(None),
+            },
+            CallKind::SubAgent => None,
+        };
+        let source_calls: Vec<CallRecord> = self
+            .shared
+            .store
+            .list_under(&self.scope, &format!("{}/", origin.attempt_id))?;
+        let Some(source) = source_calls.into_iter().find(|c| {
+            c.sequence > origin.calls_before
+                && c.confirmed_effect()
+                && !origin.reissue.contains(&c.call_id)
+                && c.kind == call.kind
+                && c.target == call.target
+                && c.request_hash == start.request_hash
+        }) else {
+            return Ok(None);
+        };
+        let now = self.now();
+        let mut start = start.clone();
+        start.side_effect_class = class;
+        let mut a = self.attempt.clone();
+        let record = a.replay_call(start.clone(), &source, now);
+        let call_id = record.call_id;
+        let result = match &source.result_hash {
+            Some(r) => self.read(r)?,
+            None => None,
+        };
+        let (request, retain) = (request.to_vec(), self.retain());
+        self.save(a, Vec::new(), move |tx, s| {
+            tx.put_artifact(s, &request, "application/json", Some(retain), now)?;
+            tx.put(s, &record)?;
+            Ok(())
+        })
+        .await?;
+        self.call_metric(call.kind, CallStatus::Completed);
+        Ok(Some(Begun {
+            outcome: BeginOutcome::Replayed,
+            call_id: Some(call_id),
+            policy_decision_id: start.policy_decision_id,
+            fencing_token: self.attempt.fencing_token,
+            reason: Some(format!(
+                "not issued again: call {} of attempt {} (the source of this re-run) confirmed its effect after checkpoint {}; its result is this call's",
+                source.sequence, origin.attempt_id, origin.checkpoint_sequence
+            )),
+            request_hash: start.request_hash,
+            replayed_from: Some(source.call_id),
+            result,
+            ..Begun::default()
+        }))
+    }
+
     pub(super) async fn begin_call(
         &mut self,
         token: u64,
@@ -115,6 +187,9 @@ impl Grain {
             context_tokens: call.context_tokens,
             pre_checkpoint_id: None,
         };
+        if let Some(begun) = self.replay(&call, &start, &request, &info).await? {
+            return Ok(begun);
+        }
         let mut consumed: Option<DecisionRequest> = None;
         let mut child: Option<(crate::runs::NewRun, SubAgentDelegation)> = None;
         match call.kind {
@@ -397,6 +472,8 @@ impl Grain {
             checkpoint_id: checkpoint.map(|c| c.checkpoint_id),
             child_run_id,
             request_hash: record.request_hash,
+            replayed_from: None,
+            result: None,
         })
     }
 
@@ -548,6 +625,8 @@ impl Grain {
             checkpoint_id: None,
             child_run_id: None,
             request_hash: start.request_hash,
+            replayed_from: None,
+            result: None,
         })
     }
 

@@ -43,6 +43,9 @@ impl Grain {
             Some(r) => self.read(&r)?.unwrap_or_else(|| b"null".to_vec()),
             None => b"null".to_vec(),
         };
+        // A re-run's attempt resumes from the source's checkpoint from its
+        // first claim on.
+        let resumed = resumed || self.attempt.rerun_of.is_some();
         let state = match (&self.attempt.adapter_state_ref, resumed) {
             (Some(r), true) => self.read(r)?,
             _ => None,
@@ -101,13 +104,20 @@ impl Grain {
         }
         let mut a = self.attempt.clone();
         let mut events = a.start(context_snapshot_ref, now)?;
-        let state_ref = json_hash(&serde_json::Value::Null);
+        // Its first resumable point: no state yet, or the state a re-run
+        // starts from.
+        let inherited = a.rerun_of.as_ref().map(|o| o.adapter_state_ref.clone());
+        let state_ref = inherited
+            .clone()
+            .unwrap_or_else(|| json_hash(&serde_json::Value::Null));
         let cp_id = new_id();
         let (cp, more) = a.checkpoint(cp_id, CheckpointReason::Started, state_ref, None, now)?;
         events.extend(more);
         let retain = self.retain();
         self.save(a, events, move |tx, s| {
-            tx.put_artifact(s, b"null", "application/json", Some(retain), now)?;
+            if inherited.is_none() {
+                tx.put_artifact(s, b"null", "application/json", Some(retain), now)?;
+            }
             tx.put(s, &cp)?;
             Ok(())
         })
