@@ -1967,4 +1967,28 @@ async fn a_failed_run_is_re_run_from_a_checkpoint_with_a_fixed_release_and_pages
         page_again["replayOf"].is_null(),
         "issued, not replayed: {rt}"
     );
+
+    // The command line, through the running appliance.
+    let out = run_cli(
+        &[
+            "run",
+            "rerun",
+            &attempt,
+            "--tenant",
+            "demo",
+            "--checkpoint",
+            &checkpoint,
+            "--release",
+            "triage-v2",
+        ],
+        &site.a.data_dir,
+    );
+    assert!(
+        out.contains(&format!(
+            "starts from checkpoint {checkpoint} of attempt {attempt}"
+        )),
+        "{out}"
+    );
+    let cli_run = out.split_whitespace().nth(1).unwrap().to_string();
+    assert_eq!(site.until(&cli_run, "Succeeded").await.state, "Succeeded");
 }
