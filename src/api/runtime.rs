@@ -3,6 +3,7 @@
 //! services share.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -17,13 +18,13 @@ use super::error::ApiError;
 use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
-use crate::domain::attempt::Checkpoint;
+use crate::domain::attempt::{AttemptState, Checkpoint};
 use crate::domain::ids::parse_uuid;
 use crate::domain::run::RunState;
 use crate::domain::{FieldError, TenantId};
 use crate::runtime::grain::AttemptView;
 use crate::runtime::{PendingDecision, RuntimeError};
-use crate::store::TenantScope;
+use crate::store::{StoredEvent, TenantScope};
 
 impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> Self {
@@ -91,6 +92,94 @@ pub fn attempt_updates(
                     return;
                 },
                 _ = shutdown.changed() => return,
+            }
+        }
+    }))
+}
+
+/// Every event of an attempt after `after`, in outbox order (read through
+/// the attempt's event index, then live as each becomes durable), until
+/// the attempt has ended and all its events are delivered. Nothing is
+/// coalesced: a reader that resumes with the last sequence it got misses
+/// nothing and gets nothing twice.
+pub fn attempt_events(
+    state: &AppState,
+    scope: &TenantScope,
+    attempt_id: Uuid,
+    after: u64,
+) -> Result<impl Stream<Item = Arc<StoredEvent>> + Send + use<>, RuntimeError> {
+    // The attempt exists in the caller's tenant (or this is NotFound).
+    state.runtime.attempt(scope, attempt_id)?;
+    let (store, runtime, scope) = (state.store.clone(), state.runtime.clone(), scope.clone());
+    let mut shutdown = state.shutdown.clone();
+    let id = attempt_id.to_string();
+    Ok(async_stream(move |yield_| async move {
+        let mut live = store.subscribe();
+        let mut last = after;
+        loop {
+            // The attempt's grain is gone only once its last write is
+            // durable: then everything it emitted is in the backlog.
+            let ended = !runtime.is_live(&scope, attempt_id)
+                && runtime
+                    .attempt(&scope, attempt_id)
+                    .is_ok_and(|a| a.state.is_terminal());
+            loop {
+                let batch = match store.attempt_events_after(&scope, attempt_id, last, 256) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::warn!(attempt = %attempt_id, error = %e, "attempt event stream stopped");
+                        return;
+                    }
+                };
+                let full = batch.len() == 256;
+                for event in batch {
+                    last = event.sequence;
+                    if yield_.send(event).await.is_err() {
+                        return;
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+            if ended {
+                return;
+            }
+            // Wait for the next durable event of the attempt (or its end).
+            loop {
+                let received = tokio::select! {
+                    r = live.recv() => r,
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => break,
+                    _ = shutdown.changed() => return,
+                    _ = yield_.closed() => return,
+                };
+                match received {
+                    Ok(event) => {
+                        if event.sequence <= last
+                            || event.tenant_id != *scope.tenant()
+                            || event.attempt_id() != Some(id.as_str())
+                        {
+                            continue;
+                        }
+                        last = event.sequence;
+                        let terminal = event
+                            .payload
+                            .get("state")
+                            .and_then(|s| s.as_str())
+                            .and_then(AttemptState::parse)
+                            .is_some_and(AttemptState::is_terminal);
+                        if yield_.send(event).await.is_err() {
+                            return;
+                        }
+                        if terminal {
+                            // The rest of its last transaction, then the end.
+                            break;
+                        }
+                    }
+                    // Fell behind the broadcast: read the backlog again.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
             }
         }
     }))

@@ -755,6 +755,12 @@ impl Runtime {
         Ok(self.view(scope, attempt_id)?.attempt.clone())
     }
 
+    /// Whether the attempt has a grain: it has not ended, or its grain has
+    /// not yet finished (every write of an ended grain is durable).
+    pub fn is_live(&self, scope: &TenantScope, attempt_id: Uuid) -> bool {
+        self.handle(scope, attempt_id).is_some()
+    }
+
     /// The live view (with the capacity wait) of an attempt.
     ///
     /// A grain publishes its view once its write is durable, but the write

@@ -231,6 +231,29 @@ impl Rebuild {
         Ok(n)
     }
 
+    /// The index of every stored event about an attempt (see
+    /// `outbox.rs`).
+    pub(crate) fn outbox(&mut self, db: &sled::Db) -> Result<u64, super::StoreError> {
+        let tree = db.open_tree(super::Table::Outbox.name())?;
+        let mut n = 0;
+        for item in tree.iter() {
+            let (k, v) = item?;
+            let event = super::outbox::StoredEvent::decode(&k, &v)?;
+            if let Some(key) = event.attempt_index_key() {
+                match &self.index {
+                    Some(index) => {
+                        index.insert(&key, &[])?;
+                    }
+                    None => {
+                        self.keys.insert(key);
+                    }
+                }
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// The entries of one record, and its references.
     pub(crate) fn entries_of<R: super::Record>(
         &mut self,

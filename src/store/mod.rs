@@ -1062,19 +1062,42 @@ impl Store {
         limit: usize,
     ) -> Result<usize, StoreError> {
         let expired = outbox::expired(&*self.tree(Table::Outbox)?, cutoff, limit)?;
-        let Some(&last) = expired.last() else {
+        let Some(&(last, _)) = expired.last() else {
             return Ok(0);
         };
         let count = expired.len();
         self.transact(move |tx: &mut Tx| {
-            for sequence in expired {
-                tx.outbox_delete(sequence);
+            for (sequence, index_key) in expired {
+                tx.outbox_delete(sequence, index_key);
             }
             tx.meta_put(outbox::PRUNED_THROUGH, &last.to_be_bytes());
             Ok::<_, StoreError>(())
         })
         .await?;
         Ok(count)
+    }
+
+    /// The durable events of one attempt after `after` (at most `limit`),
+    /// in outbox order, read through the attempt's own index: the cost is
+    /// its events', not the outbox's.
+    pub fn attempt_events_after(
+        &self,
+        scope: &TenantScope,
+        attempt_id: uuid::Uuid,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Arc<StoredEvent>>, StoreError> {
+        let head = self.events_head();
+        let mut events = outbox::attempt_events_after(
+            &*self.tree(Table::Outbox)?,
+            &*self.tree(Table::Index)?,
+            scope.tenant(),
+            &attempt_id.to_string(),
+            after,
+            limit,
+        )?;
+        events.retain(|e| e.sequence <= head);
+        Ok(events)
     }
 
     /// The sequence of the last durable event (0 when there is none): a

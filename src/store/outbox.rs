@@ -32,7 +32,24 @@ pub struct StoredEvent {
     pub payload: serde_json::Value,
 }
 
+/// The index of an attempt's events (in the `index` tree):
+/// `<tenant>/attempt-events/<attempt>/<sequence, 20 digits>`.
+pub(super) const ATTEMPT_EVENTS: &str = "attempt-events";
+
 impl StoredEvent {
+    /// The attempt the event is about, when it is about one.
+    pub fn attempt_id(&self) -> Option<&str> {
+        self.payload.get("attemptId").and_then(|v| v.as_str())
+    }
+
+    /// Its key in the index of its attempt's events.
+    pub(super) fn attempt_index_key(&self) -> Option<Vec<u8>> {
+        let attempt = self.attempt_id()?;
+        let mut key = super::derived::tenant_prefix(&self.tenant_id, ATTEMPT_EVENTS, attempt);
+        key.extend_from_slice(format!("{:020}", self.sequence).as_bytes());
+        Some(key)
+    }
+
     pub(super) fn encode(&self) -> Result<Vec<u8>, StoreError> {
         let mut out = EVENT_VERSION.to_be_bytes().to_vec();
         // JSON inside msgpack keeps arbitrary payloads lossless.
@@ -51,7 +68,7 @@ impl StoredEvent {
         Ok(out)
     }
 
-    fn decode(key: &[u8], bytes: &[u8]) -> Result<StoredEvent, StoreError> {
+    pub(super) fn decode(key: &[u8], bytes: &[u8]) -> Result<StoredEvent, StoreError> {
         let corrupt = |reason: String| StoreError::Corrupt {
             table: "outbox",
             key: format!("{key:?}"),
@@ -115,13 +132,52 @@ pub(super) fn read_after(
     Ok(out)
 }
 
-/// Sequence numbers of the oldest events that occurred before `cutoff`, at
-/// most `limit`, stopping at the first younger one.
+/// The events of one attempt after `after`, by the attempt's index, at
+/// most `limit`, in sequence order.
+pub(super) fn attempt_events_after(
+    outbox: &sled::Tree,
+    index: &sled::Tree,
+    tenant: &TenantId,
+    attempt_id: &str,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<Arc<StoredEvent>>, StoreError> {
+    let prefix = super::derived::tenant_prefix(tenant, ATTEMPT_EVENTS, attempt_id);
+    let mut start = prefix.clone();
+    start.extend_from_slice(format!("{:020}", after.saturating_add(1)).as_bytes());
+    let mut out = Vec::new();
+    for item in index.range(start..) {
+        let (k, _) = item?;
+        if !k.starts_with(&prefix) || out.len() >= limit {
+            break;
+        }
+        let sequence: u64 = std::str::from_utf8(&k[prefix.len()..])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| StoreError::Corrupt {
+                table: "index",
+                key: String::from_utf8_lossy(&k).into_owned(),
+                reason: "not an event sequence".into(),
+            })?;
+        // An index entry outlives its event only inside the transaction
+        // that prunes both.
+        if let Some(v) = outbox.get(sequence.to_be_bytes())? {
+            out.push(Arc::new(StoredEvent::decode(&sequence.to_be_bytes(), &v)?));
+        }
+    }
+    Ok(out)
+}
+
+/// An event to prune: its sequence and its key in its attempt's index.
+pub(super) type Expired = (u64, Option<Vec<u8>>);
+
+/// The oldest events that occurred before `cutoff`, at most `limit`,
+/// stopping at the first younger one.
 pub(super) fn expired(
     tree: &sled::Tree,
     cutoff: DateTime<Utc>,
     limit: usize,
-) -> Result<Vec<u64>, StoreError> {
+) -> Result<Vec<Expired>, StoreError> {
     let mut out = Vec::new();
     for item in tree.iter() {
         let (k, v) = item?;
@@ -129,7 +185,7 @@ pub(super) fn expired(
         if event.occurred_at >= cutoff || out.len() >= limit {
             break;
         }
-        out.push(event.sequence);
+        out.push((event.sequence, event.attempt_index_key()));
     }
     Ok(out)
 }

@@ -12,7 +12,7 @@ use std::path::Path;
 use super::StoreError;
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 pub(super) const FORMAT_KEY: &str = "format";
 pub(super) const FORMAT_VALUE: &[u8] = b"agentbay-store";
@@ -44,6 +44,11 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         from: 3,
         description: "releases rejected only because their publisher key was not trusted are Untrusted",
         apply: untrusted_releases,
+    },
+    Migration {
+        from: 4,
+        description: "index every attempt's events (WatchAttempt resumes from a sequence)",
+        apply: index_attempt_events,
     },
 ];
 
@@ -84,8 +89,16 @@ fn derive_everything(db: &sled::Db) -> Result<(), StoreError> {
     rebuild.finish()
 }
 
+/// Version 5: the index of each attempt's events, written for the events
+/// already stored. Safe to run again: it writes the same keys.
+fn index_attempt_events(db: &sled::Db) -> Result<(), StoreError> {
+    let mut rebuild = super::derived::Rebuild::writing(db)?;
+    rebuild.outbox(db)?;
+    Ok(())
+}
+
 /// Derives every table whose records derive entries or references (the
-/// artifacts themselves aside).
+/// artifacts themselves aside), and the index of the attempts' events.
 pub(super) fn derive_tables(
     db: &sled::Db,
     rebuild: &mut super::derived::Rebuild,
@@ -99,6 +112,7 @@ pub(super) fn derive_tables(
     rebuild.table::<CallRecord>(db)?;
     rebuild.table::<DecisionRequest>(db)?;
     rebuild.table::<CapacityLease>(db)?;
+    rebuild.outbox(db)?;
     Ok(())
 }
 

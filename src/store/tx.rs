@@ -402,6 +402,9 @@ impl<'a> Tx<'a> {
             stored.sequence.to_be_bytes().to_vec(),
             Some(value),
         );
+        if let Some(key) = stored.attempt_index_key() {
+            self.write(Table::Index, key, Some(Vec::new()));
+        }
         self.next_seq += 1;
         let sequence = stored.sequence;
         self.events.push(Arc::new(stored));
@@ -420,8 +423,11 @@ impl<'a> Tx<'a> {
     }
 
     /// Deletes one outbox entry (retention).
-    pub(crate) fn outbox_delete(&mut self, sequence: u64) {
+    pub(crate) fn outbox_delete(&mut self, sequence: u64, index_key: Option<Vec<u8>>) {
         self.write(Table::Outbox, sequence.to_be_bytes().to_vec(), None);
+        if let Some(key) = index_key {
+            self.write(Table::Index, key, None);
+        }
     }
 
     /// Reads an appliance-level value of the meta tree.

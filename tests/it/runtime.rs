@@ -1332,14 +1332,7 @@ async fn an_attempt_can_be_watched_over_connect_streaming_and_sse() {
     let site = Site::start(false).await;
     site.submit(json!({"ticket": "t"}), None).await;
     let adapter = site.claim_and_start().await;
-    let mut stream = site
-        .runtime()
-        .watch_attempt(rt::WatchAttemptRequest {
-            attempt_id: adapter.id(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let live = site.watch(&adapter.id(), 0).await;
     let sse = site
         .a
         .http()
@@ -1359,25 +1352,98 @@ async fn an_attempt_can_be_watched_over_connect_streaming_and_sse() {
             .unwrap()
             .starts_with("text/event-stream")
     );
+    // A fast burst: calls, phases in a row, checkpoints, the outcome.
     adapter.think_and_look().await;
+    for (i, phase) in ["Planning", "Observing", "Verifying"].iter().enumerate() {
+        adapter
+            .client
+            .checkpoint(ad::CheckpointRequest {
+                attempt_id: adapter.id(),
+                fencing_token: adapter.ticket.fencing_token,
+                state_json: json!({"i": i}).to_string(),
+                phase: phase.to_string(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
     adapter.report(good_output()).await.unwrap();
 
-    let mut states = Vec::new();
-    loop {
-        let update = tokio::time::timeout(std::time::Duration::from_secs(10), stream.message())
-            .await
-            .expect("an update within 10 s")
-            .unwrap();
-        let Some(update) = update else { break };
-        let update = update.to_owned_message();
-        states.push(update.state.clone());
-        if update.state == "Succeeded" {
-            assert!(update.checkpoints >= 3);
-            assert!(update.outcome_hash.starts_with("sha256:"));
-        }
-    }
-    assert_eq!(states.first().map(String::as_str), Some("Running"));
-    assert_eq!(states.last().map(String::as_str), Some("Succeeded"));
+    let live = live.await.unwrap();
+    let first = &live[0];
+    assert!(
+        first.topic.is_empty(),
+        "the first update is the attempt now"
+    );
+    assert_eq!(first.state, "Running");
+    let last = live.last().unwrap();
+    assert_eq!(last.state, "Succeeded");
+    assert!(last.checkpoints >= 6);
+    assert!(last.outcome_hash.starts_with("sha256:"));
+
+    // Every phase change and checkpoint arrived, in order, none coalesced:
+    // the same as the attempt's history and as a watcher who comes late.
+    let events: Vec<&rt::AttemptUpdate> = live[1..].iter().collect();
+    assert!(
+        events.windows(2).all(|w| w[0].sequence < w[1].sequence),
+        "in outbox order"
+    );
+    let payload = |u: &rt::AttemptUpdate| serde_json::from_str::<Value>(&u.event_json).unwrap();
+    let phases: Vec<(String, String)> = events
+        .iter()
+        .filter(|u| u.topic == "execution.attempts.v1.attempt-phase-changed")
+        .map(|u| {
+            let p = payload(u);
+            (
+                p["state"].as_str().unwrap().to_string(),
+                p["phase"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let t = site.timeline(&adapter.id()).await;
+    let history: Vec<(String, String)> = t["phases"].as_array().unwrap()[1..]
+        .iter()
+        .map(|m| {
+            (
+                m["state"].as_str().unwrap().to_string(),
+                m["phase"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(phases, history, "every phase change, in order");
+    assert!(phases.iter().any(|(_, p)| p == "Verifying"));
+    let checkpoints: Vec<u64> = events
+        .iter()
+        .filter(|u| u.topic == "execution.attempts.v1.attempt-checkpointed")
+        .map(|u| payload(u)["sequence"].as_u64().unwrap())
+        .collect();
+    let stored = t["checkpoints"].as_array().unwrap().len() as u64;
+    assert_eq!(
+        checkpoints,
+        (1..=stored).collect::<Vec<_>>(),
+        "every checkpoint"
+    );
+    assert_eq!(
+        events.last().unwrap().topic,
+        "execution.attempts.v1.attempt-outcome-reported"
+    );
+    let late = site.watch(&adapter.id(), 0).await.await.unwrap();
+    let sequences = |u: &[rt::AttemptUpdate]| u[1..].iter().map(|u| u.sequence).collect::<Vec<_>>();
+    assert_eq!(
+        sequences(&late),
+        sequences(&live),
+        "the late watcher reads the same"
+    );
+    // Resumed from the middle: exactly the rest.
+    let middle = events[events.len() / 2].sequence;
+    let resumed = site.watch(&adapter.id(), middle).await.await.unwrap();
+    assert_eq!(
+        sequences(&resumed),
+        sequences(&live)
+            .into_iter()
+            .filter(|s| *s > middle)
+            .collect::<Vec<_>>()
+    );
 
     let body = tokio::time::timeout(std::time::Duration::from_secs(10), sse.text())
         .await
@@ -1385,6 +1451,43 @@ async fn an_attempt_can_be_watched_over_connect_streaming_and_sse() {
         .unwrap();
     assert!(body.contains("event: attempt"), "{body}");
     assert!(body.contains("\"state\":\"Succeeded\""), "{body}");
+}
+
+impl Site {
+    /// Watches an attempt from `after`; the handle gives every update once
+    /// the stream has ended.
+    async fn watch(
+        &self,
+        attempt_id: &str,
+        after: u64,
+    ) -> tokio::task::JoinHandle<Vec<rt::AttemptUpdate>> {
+        let mut stream = self
+            .runtime()
+            .watch_attempt(rt::WatchAttemptRequest {
+                attempt_id: attempt_id.into(),
+                after_sequence: after,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // The first update arrives before the stream is handed over, so
+        // the watch is open before anything else happens.
+        let first = stream.message().await.unwrap().unwrap().to_owned_message();
+        tokio::spawn(async move {
+            let mut updates = vec![first];
+            loop {
+                let next =
+                    tokio::time::timeout(std::time::Duration::from_secs(10), stream.message())
+                        .await
+                        .expect("an update within 10 s")
+                        .unwrap();
+                match next {
+                    Some(u) => updates.push(u.to_owned_message()),
+                    None => return updates,
+                }
+            }
+        })
+    }
 }
 
 #[tokio::test]

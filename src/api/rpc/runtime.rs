@@ -4,7 +4,7 @@ use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult, Servic
 
 use super::principal;
 use crate::api::error::rpc;
-use crate::api::runtime::{attempt_updates, parse_json, required_uuid};
+use crate::api::runtime::{attempt_events, parse_json, required_uuid};
 use crate::app::AppState;
 use crate::domain::attempt::InterruptSource;
 use crate::domain::release::canonical_json;
@@ -135,11 +135,26 @@ impl pb::Runtime for RuntimeService {
         let caller = principal(&ctx)?;
         let scope = caller.tenant_scope();
         let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
-        let updates = attempt_updates(&self.state, &scope, id).map_err(rpc)?;
-        let store = self.state.store.clone();
-        let stream = futures::StreamExt::map(updates, move |view| {
-            Ok(update_message(&store, &scope, &view))
+        let events =
+            attempt_events(&self.state, &scope, id, request.after_sequence).map_err(rpc)?;
+        let now = update_message(
+            &self.state.store,
+            &scope,
+            &*self.state.runtime.view(&scope, id).map_err(rpc)?,
+        );
+        let (store, runtime) = (self.state.store.clone(), self.state.runtime.clone());
+        let updates = futures::StreamExt::map(events, move |event| {
+            let mut update = match runtime.view(&scope, id) {
+                Ok(view) => update_message(&store, &scope, &view),
+                Err(e) => return Err(rpc(e)),
+            };
+            update.sequence = event.sequence;
+            update.topic = event.topic.clone();
+            update.occurred_at = event.occurred_at.to_rfc3339();
+            update.event_json = event.payload.to_string();
+            Ok(update)
         });
+        let stream = futures::StreamExt::chain(futures::stream::iter([Ok(now)]), updates);
         Ok(Response::new(
             Box::pin(stream) as ServiceStream<pb::AttemptUpdate>
         ))
