@@ -50,6 +50,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// Logging.
     pub log: LogConfig,
+    /// Traces to the site's collector.
+    pub telemetry: TelemetryConfig,
     /// Store tuning.
     pub store: StoreConfig,
     /// The event stream.
@@ -142,6 +144,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             http: HttpConfig::default(),
             log: LogConfig::default(),
+            telemetry: TelemetryConfig::default(),
             store: StoreConfig::default(),
             events: EventsConfig::default(),
             retention: RetentionConfig::default(),
@@ -262,6 +265,51 @@ impl Default for LogConfig {
             format: LogFormat::Auto,
             level: "info".into(),
         }
+    }
+}
+
+/// Traces to the site's OpenTelemetry collector (OTLP over
+/// HTTP/protobuf). Off unless an endpoint is set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The collector: its base URL (`http://collector.site:4318`, spans go
+    /// to `/v1/traces` under it) or the full URL of its traces endpoint.
+    /// Empty: nothing leaves the appliance.
+    pub otlp_endpoint: String,
+    /// Spans waiting for export, at most; when the collector is away,
+    /// newer spans are dropped rather than held in memory.
+    pub otlp_queue_spans: u32,
+    /// Time one export may take.
+    pub otlp_timeout_seconds: u64,
+    /// `service.name` of the spans.
+    pub service_name: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: String::new(),
+            otlp_queue_spans: 2048,
+            otlp_timeout_seconds: 10,
+            service_name: "agentbay".into(),
+        }
+    }
+}
+
+impl TelemetryConfig {
+    /// The traces URL, when export is on.
+    pub fn traces_url(&self) -> Option<String> {
+        let base = self.otlp_endpoint.trim();
+        if base.is_empty() {
+            return None;
+        }
+        let url = reqwest::Url::parse(base).ok()?;
+        Some(if url.path() == "/" || url.path().is_empty() {
+            format!("{}/v1/traces", base.trim_end_matches('/'))
+        } else {
+            base.to_string()
+        })
     }
 }
 
@@ -863,6 +911,33 @@ impl Config {
             }
             _ => {}
         }
+        let endpoint = self.telemetry.otlp_endpoint.trim();
+        if !endpoint.is_empty() {
+            match reqwest::Url::parse(endpoint) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
+                _ => {
+                    return Err(ConfigError::new(
+                        "telemetry.otlp_endpoint",
+                        format!(
+                            "{endpoint:?} is not an http(s) URL of a collector (e.g. \"http://collector.site:4318\")"
+                        ),
+                        "",
+                    ));
+                }
+            }
+        }
+        range(
+            "telemetry.otlp_queue_spans",
+            self.telemetry.otlp_queue_spans.into(),
+            64,
+            1_000_000,
+        )?;
+        range(
+            "telemetry.otlp_timeout_seconds",
+            self.telemetry.otlp_timeout_seconds,
+            1,
+            300,
+        )?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return Err(ConfigError::new(
                 "log.level",

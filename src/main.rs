@@ -548,7 +548,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             windows_service,
         } => {
             let config = load(&common, listen)?;
-            telemetry::init_logging(&config.log);
+            telemetry::init_logging(&config.log, &config.telemetry);
             if windows_service {
                 return run_windows_service(config).await;
             }
@@ -557,7 +557,9 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             } else {
                 Clocks::system()
             };
-            app::run(config, clocks, shutdown_signal()).await
+            let result = app::run(config, clocks, shutdown_signal()).await;
+            telemetry::flush_traces();
+            result
         }
         Command::Init { common, json } => {
             let config = load(&common, None)?;
@@ -901,10 +903,13 @@ async fn execute(command: Command) -> anyhow::Result<()> {
 /// Administrative commands print their results; the log only says what
 /// went wrong.
 fn quiet_logging(config: &Config) {
-    telemetry::init_logging(&LogConfig {
-        level: "warn".into(),
-        format: config.log.format,
-    });
+    telemetry::init_logging(
+        &LogConfig {
+            level: "warn".into(),
+            format: config.log.format,
+        },
+        &agentbay::config::TelemetryConfig::default(),
+    );
 }
 
 fn main() -> ExitCode {

@@ -9,6 +9,16 @@
 //! specifications' metrics with dots as underscores
 //! (`connectsoft.factory.capacity.leases_active` ->
 //! `connectsoft_factory_capacity_leases_active`).
+//!
+//! Traces leave the appliance only when `telemetry.otlp_endpoint` names
+//! the site's collector: spans go there over OTLP HTTP/protobuf through a
+//! batch exporter whose queue is bounded (`telemetry.otlp_queue_spans`;
+//! while the collector is away newer spans are dropped, never held). They
+//! are the builtin loop's GenAI spans (`invoke_agent` per attempt, `chat`
+//! per model call, `execute_tool` per tool call, with the OpenTelemetry
+//! GenAI conventions' attributes, `run.id`, `attempt.id` and
+//! `checkpoint.sequence`) and one `request` span per API request. Content
+//! is never put on a span.
 
 use std::io::IsTerminal;
 use std::sync::OnceLock;
@@ -18,7 +28,7 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::config::{LogConfig, LogFormat};
+use crate::config::{LogConfig, LogFormat, TelemetryConfig};
 
 /// Changes the level of the installed subscriber (a reload of
 /// `log.level`); refuses a level that does not parse.
@@ -35,8 +45,9 @@ static FILTER: OnceLock<
     tracing_subscriber::reload::Handle<EnvFilter, tracing_subscriber::Registry>,
 > = OnceLock::new();
 
-/// Installs the global log subscriber. Later calls do nothing.
-pub fn init_logging(config: &LogConfig) {
+/// Installs the global subscriber: logs, and traces to the site's
+/// collector when one is configured. Later calls do nothing.
+pub fn init_logging(config: &LogConfig, telemetry: &TelemetryConfig) {
     let filter = EnvFilter::try_new(&config.level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let json = match config.format {
@@ -44,7 +55,8 @@ pub fn init_logging(config: &LogConfig) {
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
-    let registry = tracing_subscriber::registry().with(filter);
+    let traces = otlp_layer(telemetry);
+    let registry = tracing_subscriber::registry().with(filter).with(traces);
     let result = if json {
         registry
             .with(
@@ -52,6 +64,7 @@ pub fn init_logging(config: &LogConfig) {
                     .json()
                     .flatten_event(true)
                     .with_current_span(false)
+                    .with_span_list(false)
                     .with_writer(std::io::stderr),
             )
             .try_init()
@@ -67,6 +80,114 @@ pub fn init_logging(config: &LogConfig) {
     // A second appliance in one process (tests) keeps the first subscriber.
     if result.is_ok() {
         let _ = FILTER.set(handle);
+    }
+}
+
+/// The tracer provider exporting to the collector, when one is configured.
+static TRACES: OnceLock<opentelemetry_sdk::trace::SdkTracerProvider> = OnceLock::new();
+
+/// The layer that turns spans into OTLP spans for the collector, when
+/// `telemetry.otlp_endpoint` is set.
+fn otlp_layer<S>(config: &TelemetryConfig) -> Option<impl tracing_subscriber::Layer<S>>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+    use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor};
+    let url = config.traces_url()?;
+    let timeout = std::time::Duration::from_secs(config.otlp_timeout_seconds);
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        eprintln!("telemetry.otlp_endpoint: traces are exported from the appliance's runtime only");
+        return None;
+    };
+    crate::tls::install_crypto_provider();
+    let client = match reqwest::Client::builder().timeout(timeout).build() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("telemetry.otlp_endpoint: no HTTP client for the collector: {e}");
+            return None;
+        }
+    };
+    let exporter = match opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(Collector { client, runtime })
+        .with_endpoint(url.clone())
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_timeout(timeout)
+        .build()
+    {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("telemetry.otlp_endpoint {url}: {e}");
+            return None;
+        }
+    };
+    let batch = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_max_queue_size(config.otlp_queue_spans as usize)
+                .with_scheduled_delay(std::time::Duration::from_secs(1))
+                .build(),
+        )
+        .build();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_span_processor(batch)
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(config.service_name.clone())
+                .build(),
+        )
+        .build();
+    let tracer = provider.tracer("agentbay");
+    let _ = TRACES.set(provider);
+    Some(tracing_opentelemetry::layer().with_tracer(tracer))
+}
+
+/// Exports what the batch exporter still holds (at shutdown).
+pub fn flush_traces() {
+    if let Some(provider) = TRACES.get()
+        && let Err(e) = provider.force_flush()
+    {
+        tracing::warn!(error = %e, "exporting the last spans to the collector");
+    }
+}
+
+/// The collector's HTTP client: the appliance's reqwest with rustls (ring),
+/// so an `https` collector works as a plain one does. The batch exporter
+/// runs on a thread of its own; the request runs on the appliance's tokio
+/// runtime.
+#[derive(Debug)]
+struct Collector {
+    client: reqwest::Client,
+    runtime: tokio::runtime::Handle,
+}
+
+#[async_trait::async_trait]
+impl opentelemetry_http::HttpClient for Collector {
+    async fn send_bytes(
+        &self,
+        request: opentelemetry_http::Request<opentelemetry_http::Bytes>,
+    ) -> Result<
+        opentelemetry_http::Response<opentelemetry_http::Bytes>,
+        opentelemetry_http::HttpError,
+    > {
+        let client = self.client.clone();
+        let sent = self.runtime.spawn(async move {
+            let (parts, body) = request.into_parts();
+            let response = client
+                .request(parts.method, parts.uri.to_string())
+                .headers(parts.headers)
+                .body(body)
+                .send()
+                .await?;
+            let mut out = opentelemetry_http::Response::builder().status(response.status());
+            for (name, value) in response.headers() {
+                out = out.header(name, value);
+            }
+            Ok::<_, opentelemetry_http::HttpError>(out.body(response.bytes().await?)?)
+        });
+        sent.await?
     }
 }
 

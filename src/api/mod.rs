@@ -192,8 +192,17 @@ async fn observe(State(_state): State<AppState>, request: Request, next: Next) -
             .to_string(),
     };
     let method = request.method().clone();
-    let response = next.run(request).await;
+    let span = tracing::info_span!(
+        "request",
+        otel.name = %format!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
     let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
     let elapsed = started.elapsed().as_secs_f64();
     metrics::counter!(names::HTTP_REQUESTS, "route" => route.clone(), "status" => status.as_u16().to_string())
         .increment(1);

@@ -1992,3 +1992,165 @@ async fn a_failed_run_is_re_run_from_a_checkpoint_with_a_fixed_release_and_pages
     let cli_run = out.split_whitespace().nth(1).unwrap().to_string();
     assert_eq!(site.until(&cli_run, "Succeeded").await.state, "Succeeded");
 }
+
+/// A collector on the test's side: every span the appliance exports over
+/// OTLP HTTP/protobuf.
+async fn collector() -> (
+    String,
+    std::sync::Arc<parking_lot::Mutex<Vec<opentelemetry_proto::tonic::trace::v1::Span>>>,
+) {
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use prost::Message;
+    let spans = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let kept = spans.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let kept = kept.clone();
+            async move {
+                let request = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+                for resource in request.resource_spans {
+                    for scope in resource.scope_spans {
+                        kept.lock().extend(scope.spans);
+                    }
+                }
+                (
+                    [("content-type", "application/x-protobuf")],
+                    ExportTraceServiceResponse::default().encode_to_vec(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, spans)
+}
+
+/// A span attribute as text (strings as they are, numbers printed).
+fn attribute(span: &opentelemetry_proto::tonic::trace::v1::Span, key: &str) -> Option<String> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as V;
+    let value = span
+        .attributes
+        .iter()
+        .find(|a| a.key == key)?
+        .value
+        .as_ref()?;
+    Some(match value.value.as_ref()? {
+        V::StringValue(s) => s.clone(),
+        V::IntValue(i) => i.to_string(),
+        V::BoolValue(b) => b.to_string(),
+        V::DoubleValue(d) => d.to_string(),
+        other => format!("{other:?}"),
+    })
+}
+
+#[tokio::test]
+async fn the_loops_genai_spans_and_the_request_spans_reach_the_sites_collector() {
+    let (url, spans) = collector().await;
+    let site = Site::on(Appliance::start_with(
+        &[],
+        &[("AGENTBAY_TELEMETRY__OTLP_ENDPOINT", url.as_str())],
+    ))
+    .await;
+    site.import(
+        "triage-traced",
+        json!([
+            {"content": "Looking", "toolCalls": [{"tool": "lookup-ticket", "arguments": {"customer": "acme"}}]},
+            answer("low", false)
+        ]),
+        |_| {},
+    )
+    .await;
+    let run = site.submit("triage-traced").await;
+    let done = site.until(&run, "Succeeded").await;
+    let attempt = done.steps[0].attempts[0].attempt_id.clone();
+    let ours = |name: &str| -> Vec<opentelemetry_proto::tonic::trace::v1::Span> {
+        spans
+            .lock()
+            .iter()
+            .filter(|s| {
+                s.name.starts_with(name)
+                    && attribute(s, "attempt.id").as_deref() == Some(attempt.as_str())
+            })
+            .cloned()
+            .collect()
+    };
+    for _ in 0..100 {
+        if ours("chat").len() >= 2 && !ours("invoke_agent").is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let agent = ours("invoke_agent");
+    assert_eq!(
+        agent.len(),
+        1,
+        "one attempt span among {:?}; log: {}",
+        spans
+            .lock()
+            .iter()
+            .map(|s| s.name.clone())
+            .collect::<Vec<_>>(),
+        site.a.log()
+    );
+    let agent = &agent[0];
+    assert_eq!(agent.name, "invoke_agent triage");
+    assert_eq!(attribute(agent, "run.id").as_deref(), Some(run.as_str()));
+    let chats = ours("chat");
+    assert_eq!(chats.len(), 2, "one span per model call");
+    let tools = ours("execute_tool");
+    assert_eq!(tools.len(), 1, "one span per tool call");
+    for span in chats.iter().chain(&tools) {
+        assert_eq!(span.trace_id, agent.trace_id, "one trace per attempt");
+        assert_eq!(
+            span.parent_span_id, agent.span_id,
+            "children of the attempt"
+        );
+        assert_eq!(attribute(span, "run.id").as_deref(), Some(run.as_str()));
+        assert!(
+            attribute(span, "checkpoint.sequence")
+                .and_then(|s| s.parse::<u32>().ok())
+                .is_some_and(|n| n >= 1),
+            "{span:?}"
+        );
+    }
+    let chat = &chats[0];
+    assert_eq!(
+        attribute(chat, "gen_ai.operation.name").as_deref(),
+        Some("chat")
+    );
+    assert!(attribute(chat, "gen_ai.request.model").is_some());
+    assert!(attribute(chat, "gen_ai.usage.input_tokens").is_some());
+    assert!(chat.end_time_unix_nano >= chat.start_time_unix_nano);
+    let tool = &tools[0];
+    assert_eq!(tool.name, "execute_tool lookup-ticket");
+    assert_eq!(
+        attribute(tool, "gen_ai.tool.name").as_deref(),
+        Some("lookup-ticket")
+    );
+    // The appliance's own request spans, by route, with the status.
+    let submitted = spans
+        .lock()
+        .iter()
+        .find(|s| s.name == "POST agentbay.runs.v1.Runs/SubmitRun")
+        .cloned()
+        .expect("the SubmitRun request span");
+    assert_eq!(
+        attribute(&submitted, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+    // No content on any span.
+    for span in spans.lock().iter() {
+        for a in &span.attributes {
+            let text = format!("{:?}", a.value);
+            assert!(
+                !text.contains("checkout is slow") && !text.contains("acme"),
+                "content on span {}: {text}",
+                span.name
+            );
+        }
+    }
+}

@@ -132,7 +132,19 @@ async fn drive(
         Some(bytes) if ticket.resumed => serde_json::from_slice(bytes).unwrap_or_default(),
         _ => LoopState::default(),
     };
-    let result = loop_.run(state).await;
+    // The attempt's span: its model and tool calls are its children.
+    let span = tracing::info_span!(
+        "invoke_agent",
+        otel.name = %format!("invoke_agent {}", a.agent_id),
+        otel.kind = "internal",
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.name = %a.agent_id,
+        gen_ai.agent.version = %a.release_id,
+        run.id = %a.run_id,
+        attempt.id = %a.attempt_id,
+        checkpoint.sequence = ticket.checkpoint_sequence,
+    );
+    let result = tracing::Instrument::instrument(loop_.run(state), span).await;
     loop_.mcp.close().await;
     result
 }
@@ -142,6 +154,7 @@ struct Loop<'a> {
     http: &'a reqwest::Client,
     scope: &'a TenantScope,
     attempt_id: Uuid,
+    run_id: Uuid,
     token: u64,
     info: Arc<ReleaseInfo>,
     model: Model,
@@ -209,6 +222,7 @@ impl<'a> Loop<'a> {
             http,
             scope,
             attempt_id: ticket.attempt.attempt_id,
+            run_id: ticket.attempt.run_id,
             token: ticket.attempt.fencing_token,
             budget: ticket.attempt.limits.max_context_tokens,
             info,
@@ -310,26 +324,40 @@ impl<'a> Loop<'a> {
             if begun.outcome != BeginOutcome::Started {
                 return Err(self.refused(begun.reason));
             }
+            let model_name = self
+                .info
+                .manifest
+                .model_profile
+                .model
+                .as_deref()
+                .unwrap_or(&self.info.manifest.model_profile.id);
             let span = tracing::info_span!(
                 "chat",
+                otel.name = %format!("chat {model_name}"),
+                otel.kind = "client",
                 gen_ai.operation.name = "chat",
-                gen_ai.system = "openai",
-                gen_ai.request.model = %self.info.manifest.model_profile.model.as_deref().unwrap_or(&self.info.manifest.model_profile.id),
+                gen_ai.provider.name = "openai",
+                gen_ai.request.model = %model_name,
+                gen_ai.response.model = tracing::field::Empty,
                 gen_ai.usage.input_tokens = tracing::field::Empty,
                 gen_ai.usage.output_tokens = tracing::field::Empty,
+                run.id = %self.run_id,
                 attempt.id = %self.attempt_id,
+                checkpoint.sequence = self.checkpoint_sequence(),
                 phase = "Calling",
             );
             let started = Instant::now();
-            let answer = {
-                let _enter = span.enter();
-                model.complete(self.http, &ctx.messages, &self.tools, state.turns)
-            }
+            // The span covers the model call itself, not just its setup.
+            let answer = tracing::Instrument::instrument(
+                model.complete(self.http, &ctx.messages, &self.tools, state.turns),
+                span.clone(),
+            )
             .await;
             self.outside
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             match answer {
                 Ok(reply) => {
+                    span.record("gen_ai.response.model", reply.model.as_str());
                     span.record("gen_ai.usage.input_tokens", reply.input_tokens);
                     span.record("gen_ai.usage.output_tokens", reply.output_tokens);
                     let receipt = json!({
@@ -497,10 +525,15 @@ impl<'a> Loop<'a> {
                     let started = Instant::now();
                     let span = tracing::info_span!(
                         "execute_tool",
+                        otel.name = %format!("execute_tool {}", call.tool),
+                        otel.kind = "internal",
                         gen_ai.operation.name = "execute_tool",
                         gen_ai.tool.name = %call.tool,
                         gen_ai.tool.call.id = %call.id,
+                        gen_ai.tool.type = "function",
+                        run.id = %self.run_id,
                         attempt.id = %self.attempt_id,
+                        checkpoint.sequence = self.checkpoint_sequence(),
                         phase = "Calling",
                     );
                     let outcome = tokio::select! {
@@ -850,6 +883,13 @@ impl<'a> Loop<'a> {
             )
             .await?;
         Ok(())
+    }
+
+    /// The sequence of the attempt's latest checkpoint (for spans).
+    fn checkpoint_sequence(&self) -> u32 {
+        self.runtime
+            .attempt(self.scope, self.attempt_id)
+            .map_or(0, |a| a.usage.checkpoints)
     }
 
     async fn checkpoint(&self, state: &LoopState) -> Result<(), RuntimeError> {
