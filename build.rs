@@ -1,7 +1,9 @@
 //! Compiles the `.proto` contract under `static/proto/` with protox (pure
 //! Rust, offline) and generates message types and service traits with
 //! connectrpc-build. It also writes `rpc_methods.rs`, the list of every RPC
-//! method with its streaming shape, which `/openapi.json` publishes.
+//! method with its streaming shape, and `rpc_schemas.json`, the JSON
+//! Schema of every message in its proto3 JSON form, which `/openapi.json`
+//! publishes.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -37,6 +39,8 @@ fn main() {
     std::fs::write(&descriptor_path, set.encode_to_vec()).expect("write descriptor set");
     std::fs::write(out_dir.join("rpc_methods.rs"), rpc_method_table(&set))
         .expect("write rpc table");
+    std::fs::write(out_dir.join("rpc_schemas.json"), json_schemas(&set))
+        .expect("write rpc schemas");
 
     connectrpc_build::Config::new()
         .descriptor_set(&descriptor_path)
@@ -74,13 +78,15 @@ fn rpc_method_table(set: &prost_types::FileDescriptorSet) -> String {
                     .unwrap_or_default();
                 writeln!(
                     out,
-                    "    RpcMethod {{ service: {:?}, method: {:?}, input: {:?}, output: {:?}, server_streaming: {}, client_streaming: {}, doc: {:?} }},",
+                    "    RpcMethod {{ service: {:?}, method: {:?}, input: {:?}, output: {:?}, server_streaming: {}, client_streaming: {}, no_side_effects: {}, doc: {:?} }},",
                     format!("{}.{}", file.package(), service.name()),
                     method.name(),
                     method.input_type().trim_start_matches('.'),
                     method.output_type().trim_start_matches('.'),
                     method.server_streaming(),
                     method.client_streaming(),
+                    method.options.as_ref().is_some_and(|o| o.idempotency_level()
+                        == prost_types::method_options::IdempotencyLevel::NoSideEffects),
                     doc.trim(),
                 )
                 .expect("write to string");
@@ -107,4 +113,150 @@ fn leading_comments(
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The JSON Schema (OpenAPI 3.1) of every message and enum of the
+/// contract in its proto3 JSON mapping, by full name: field names in
+/// lowerCamelCase, 64-bit integers as strings (numbers accepted), enums by
+/// name (numbers accepted), bytes as base64, maps as objects.
+fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
+    use prost_types::field_descriptor_proto::{Label, Type};
+    let mut schemas = Vec::<(String, String)>::new();
+    let mut maps = std::collections::HashMap::<String, (String, String)>::new();
+    // Map entries first: a map field's type is its entry message.
+    fn collect_maps(
+        prefix: &str,
+        messages: &[prost_types::DescriptorProto],
+        maps: &mut std::collections::HashMap<String, (String, String)>,
+    ) {
+        for m in messages {
+            let name = format!("{prefix}.{}", m.name());
+            if m.options.as_ref().is_some_and(|o| o.map_entry()) {
+                let value = m
+                    .field
+                    .iter()
+                    .find(|f| f.name() == "value")
+                    .expect("a map value");
+                maps.insert(
+                    name.clone(),
+                    (
+                        value.type_name().to_string(),
+                        format!("{:?}", value.r#type()),
+                    ),
+                );
+            }
+            collect_maps(&name, &m.nested_type, maps);
+        }
+    }
+    for file in &set.file {
+        collect_maps(
+            &format!(".{}", file.package()),
+            &file.message_type,
+            &mut maps,
+        );
+    }
+    fn scalar(field: &prost_types::FieldDescriptorProto) -> String {
+        match field.r#type() {
+            Type::Double | Type::Float => r#"{"type": "number"}"#.into(),
+            Type::Int64 | Type::Sint64 | Type::Sfixed64 => {
+                r#"{"type": ["string", "integer"], "pattern": "^-?[0-9]+$"}"#.into()
+            }
+            Type::Uint64 | Type::Fixed64 => {
+                r#"{"type": ["string", "integer"], "pattern": "^[0-9]+$", "minimum": 0}"#.into()
+            }
+            Type::Int32 | Type::Sint32 | Type::Sfixed32 => {
+                r#"{"type": "integer", "minimum": -2147483648, "maximum": 2147483647}"#.into()
+            }
+            Type::Uint32 | Type::Fixed32 => {
+                r#"{"type": "integer", "minimum": 0, "maximum": 4294967295}"#.into()
+            }
+            Type::Bool => r#"{"type": "boolean"}"#.into(),
+            Type::String => r#"{"type": "string"}"#.into(),
+            Type::Bytes => r#"{"type": "string", "contentEncoding": "base64"}"#.into(),
+            Type::Enum | Type::Message | Type::Group => reference(field.type_name()),
+        }
+    }
+    fn reference(type_name: &str) -> String {
+        if type_name.starts_with(".google.protobuf.") {
+            return "{}".into();
+        }
+        format!(
+            r##"{{"$ref": "#/components/schemas/{}"}}"##,
+            type_name.trim_start_matches('.')
+        )
+    }
+    fn message(
+        prefix: &str,
+        m: &prost_types::DescriptorProto,
+        maps: &std::collections::HashMap<String, (String, String)>,
+        out: &mut Vec<(String, String)>,
+    ) {
+        let name = format!("{prefix}.{}", m.name());
+        if m.options.as_ref().is_some_and(|o| o.map_entry()) {
+            return;
+        }
+        let mut properties = Vec::new();
+        for f in &m.field {
+            let value = if let Some((value_type, kind)) = maps.get(f.type_name()) {
+                let value = match kind.as_str() {
+                    "Message" | "Enum" => reference(value_type),
+                    _ => {
+                        let entry = m
+                            .nested_type
+                            .iter()
+                            .find(|n| format!("{name}.{}", n.name()) == f.type_name())
+                            .expect("the map entry");
+                        scalar(entry.field.iter().find(|x| x.name() == "value").unwrap())
+                    }
+                };
+                format!(r#"{{"type": "object", "additionalProperties": {value}}}"#)
+            } else if f.label() == Label::Repeated {
+                format!(r#"{{"type": "array", "items": {}}}"#, scalar(f))
+            } else {
+                scalar(f)
+            };
+            properties.push(format!("{:?}: {value}", f.json_name()));
+        }
+        out.push((
+            name.trim_start_matches('.').to_string(),
+            format!(
+                r#"{{"type": "object", "properties": {{{}}}}}"#,
+                properties.join(", ")
+            ),
+        ));
+        for n in &m.nested_type {
+            message(&name, n, maps, out);
+        }
+        for e in &m.enum_type {
+            out.push(enumeration(&name, e));
+        }
+    }
+    fn enumeration(prefix: &str, e: &prost_types::EnumDescriptorProto) -> (String, String) {
+        let names: Vec<String> = e.value.iter().map(|v| format!("{:?}", v.name())).collect();
+        (
+            format!("{prefix}.{}", e.name())
+                .trim_start_matches('.')
+                .to_string(),
+            format!(
+                r#"{{"anyOf": [{{"type": "string", "enum": [{}]}}, {{"type": "integer"}}]}}"#,
+                names.join(", ")
+            ),
+        )
+    }
+    // The well-known types keep their own JSON forms (fields of those
+    // types are any JSON).
+    for file in set.file.iter().filter(|f| f.package() != "google.protobuf") {
+        let prefix = format!(".{}", file.package());
+        for m in &file.message_type {
+            message(&prefix, m, &maps, &mut schemas);
+        }
+        for e in &file.enum_type {
+            schemas.push(enumeration(&prefix, e));
+        }
+    }
+    let body: Vec<String> = schemas
+        .iter()
+        .map(|(name, schema)| format!("{name:?}: {schema}"))
+        .collect();
+    format!("{{{}}}", body.join(",\n"))
 }

@@ -60,6 +60,26 @@ pub fn document() -> &'static Value {
     DOC.get_or_init(|| {
         let mut doc = serde_json::to_value(RestApi::openapi()).expect("the OpenAPI document serialises");
         doc["info"]["version"] = json!(env!("CARGO_PKG_VERSION"));
+        // Every message of the contract in its proto3 JSON form (build.rs).
+        let rpc: serde_json::Map<String, Value> =
+            serde_json::from_str(include_str!(concat!(env!("OUT_DIR"), "/rpc_schemas.json")))
+                .expect("build.rs writes the RPC schemas as JSON");
+        let schemas = doc["components"]["schemas"]
+            .as_object_mut()
+            .expect("components.schemas is an object");
+        schemas.extend(rpc);
+        schemas.insert(
+            "ConnectError".into(),
+            json!({
+                "type": "object",
+                "required": ["code"],
+                "properties": {
+                    "code": { "type": "string", "description": "canceled, unknown, invalid_argument, deadline_exceeded, not_found, already_exists, permission_denied, resource_exhausted, failed_precondition, aborted, out_of_range, unimplemented, internal, unavailable, data_loss or unauthenticated" },
+                    "message": { "type": "string" },
+                    "details": { "type": "array", "items": { "type": "object" } },
+                },
+            }),
+        );
         let paths = doc["paths"].as_object_mut().expect("paths is an object");
         for m in RPC_METHODS {
             let access = match access_of(&m.path()) {
@@ -73,20 +93,33 @@ pub fn document() -> &'static Value {
                 (true, true) => "bidi-streaming",
             };
             let (service_short, _) = m.service.rsplit_once('.').map(|(_, s)| (s, ())).unwrap_or((m.service, ()));
-            let content = if m.server_streaming || m.client_streaming {
-                json!({
-                    "application/connect+json": {},
-                    "application/connect+proto": {},
-                    "application/grpc": {},
-                    "application/grpc-web": {},
-                })
+            let schema = |name: &str| json!({ "$ref": format!("#/components/schemas/{name}") });
+            let (content, response) = if m.server_streaming || m.client_streaming {
+                (
+                    json!({
+                        "application/connect+json": {},
+                        "application/connect+proto": {},
+                        "application/grpc": {},
+                        "application/grpc-web": {},
+                    }),
+                    json!({
+                        "description": format!("A stream of `{}` (Connect streaming envelopes)", m.output),
+                        "content": { "application/connect+json": {} },
+                    }),
+                )
             } else {
-                json!({
-                    "application/json": {},
-                    "application/proto": {},
-                    "application/grpc": {},
-                    "application/grpc-web": {},
-                })
+                // JSON is the codec a schema describes; the binary codecs
+                // (application/proto, gRPC, gRPC-Web) carry the same
+                // messages (see x-rpc.codecs and /proto/).
+                (
+                    json!({
+                        "application/json": { "schema": schema(m.input) },
+                    }),
+                    json!({
+                        "description": format!("`{}`", m.output),
+                        "content": { "application/json": { "schema": schema(m.output) } },
+                    }),
+                )
             };
             paths.insert(
                 format!("/{}", m.path()),
@@ -101,11 +134,19 @@ pub fn document() -> &'static Value {
                         ),
                         "requestBody": { "required": true, "content": content },
                         "responses": {
-                            "200": { "description": format!("`{}`", m.output) },
-                            "default": { "description": "A Connect error: {\"code\": ..., \"message\": ...}" }
+                            "200": response,
+                            "default": {
+                                "description": "A Connect error",
+                                "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ConnectError" } } },
+                            }
                         },
                         "security": [{ "bearer": [] }],
                         "x-rpc": {
+                            "codecs": if m.server_streaming || m.client_streaming {
+                                json!(["application/connect+json", "application/connect+proto", "application/grpc", "application/grpc-web"])
+                            } else {
+                                json!(["application/json", "application/proto", "application/grpc", "application/grpc-web"])
+                            },
                             "service": m.service,
                             "method": m.method,
                             "input": m.input,
@@ -129,6 +170,52 @@ pub async fn openapi_json() -> Json<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_rpc_method_has_json_schemas_and_every_reference_resolves() {
+        let doc = document();
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        for m in RPC_METHODS {
+            let op = &doc["paths"][format!("/{}", m.path())]["post"];
+            if m.server_streaming || m.client_streaming {
+                continue;
+            }
+            assert_eq!(
+                op["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+                format!("#/components/schemas/{}", m.input)
+            );
+            assert_eq!(
+                op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+                format!("#/components/schemas/{}", m.output)
+            );
+        }
+        // Field names are the proto3 JSON names; 64-bit integers accept
+        // strings.
+        let run = &schemas["agentbay.runs.v1.Run"]["properties"];
+        assert!(run["runId"].is_object() && run["run_id"].is_null());
+        assert_eq!(
+            schemas["agentbay.adapter.v1.BeginCallRequest"]["properties"]["fencingToken"]["type"],
+            json!(["string", "integer"])
+        );
+        fn refs(v: &Value, out: &mut Vec<String>) {
+            match v {
+                Value::Object(o) => {
+                    if let Some(Value::String(r)) = o.get("$ref") {
+                        out.push(r.clone());
+                    }
+                    o.values().for_each(|x| refs(x, out));
+                }
+                Value::Array(a) => a.iter().for_each(|x| refs(x, out)),
+                _ => {}
+            }
+        }
+        let mut all = Vec::new();
+        refs(doc, &mut all);
+        for r in all {
+            let name = r.trim_start_matches("#/components/schemas/");
+            assert!(schemas.contains_key(name), "{r} does not resolve");
+        }
+    }
 
     #[test]
     fn the_document_lists_rest_routes_and_rpc_methods() {

@@ -205,6 +205,8 @@ pub struct RpcMethod {
     pub server_streaming: bool,
     /// Whether the client streams requests.
     pub client_streaming: bool,
+    /// Marked `NO_SIDE_EFFECTS`: Connect also serves it on GET.
+    pub no_side_effects: bool,
     /// The method's comment in the `.proto`.
     pub doc: &'static str,
 }
@@ -255,6 +257,25 @@ pub async fn precheck(
     else {
         return Ok(request);
     };
+    // The methods each RPC path answers, named in `Allow` when another
+    // is used.
+    let allowed = if method.no_side_effects && !method.client_streaming {
+        "GET, POST"
+    } else {
+        "POST"
+    };
+    let verb = request.method();
+    if verb != http::Method::POST && !(verb == http::Method::GET && allowed == "GET, POST") {
+        let mut refusal = unary_error(
+            http::StatusCode::METHOD_NOT_ALLOWED,
+            &ErrorCode::MethodNotAllowed,
+            &format!("{verb} is not allowed on /{name}; use {allowed}"),
+        );
+        refusal
+            .headers_mut()
+            .insert(http::header::ALLOW, http::HeaderValue::from_static(allowed));
+        return Err(refusal);
+    }
     let base = request
         .headers()
         .get(http::header::CONTENT_TYPE)
@@ -262,6 +283,28 @@ pub async fn precheck(
         .and_then(|v| v.split(';').next())
         .map(|v| v.trim().to_ascii_lowercase())
         .unwrap_or_default();
+    let spoken = matches!(base.as_str(), "application/json" | "application/proto")
+        || base.starts_with("application/connect+")
+        || base.starts_with("application/grpc");
+    if !spoken {
+        return Err(unary_error(
+            http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &ErrorCode::InvalidArgument,
+            &format!(
+                "/{name} needs a Content-Type: application/json or application/proto (Connect{}),                  application/connect+json or application/connect+proto (Connect streaming),                  or application/grpc and application/grpc-web; {}",
+                if method.server_streaming || method.client_streaming {
+                    ", unary methods only"
+                } else {
+                    ""
+                },
+                if base.is_empty() {
+                    "none was sent".to_string()
+                } else {
+                    format!("{base} is not one of them")
+                }
+            ),
+        ));
+    }
     let codec = match base.as_str() {
         "application/json" => "json",
         "application/proto" if method.server_streaming => "proto",
