@@ -78,15 +78,13 @@ fn rpc_method_table(set: &prost_types::FileDescriptorSet) -> String {
                     .unwrap_or_default();
                 writeln!(
                     out,
-                    "    RpcMethod {{ service: {:?}, method: {:?}, input: {:?}, output: {:?}, server_streaming: {}, client_streaming: {}, no_side_effects: {}, doc: {:?} }},",
+                    "    RpcMethod {{ service: {:?}, method: {:?}, input: {:?}, output: {:?}, server_streaming: {}, client_streaming: {}, doc: {:?} }},",
                     format!("{}.{}", file.package(), service.name()),
                     method.name(),
                     method.input_type().trim_start_matches('.'),
                     method.output_type().trim_start_matches('.'),
                     method.server_streaming(),
                     method.client_streaming(),
-                    method.options.as_ref().is_some_and(|o| o.idempotency_level()
-                        == prost_types::method_options::IdempotencyLevel::NoSideEffects),
                     doc.trim(),
                 )
                 .expect("write to string");

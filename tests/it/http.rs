@@ -1,6 +1,8 @@
 //! HTTP conventions: problem+json, limits, content types, headers, the
 //! published contract.
 
+use serde_json::Value;
+
 use crate::common::{Appliance, problem};
 
 #[tokio::test]
@@ -103,6 +105,60 @@ async fn unknown_routes_and_methods_answer_problem_json() {
     .await;
     assert_eq!(status, 405);
     assert_eq!(p["code"], "method-not-allowed");
+
+    // An RPC path: POST only, a content type it speaks, a token before any
+    // stream; each refusal says what it needs.
+    let token = a.admin_token().await;
+    let rpc = format!("{}/agentbay.runs.v1.Runs/GetRun", a.url);
+    for method in [
+        reqwest::Method::GET,
+        reqwest::Method::PUT,
+        reqwest::Method::DELETE,
+    ] {
+        let r = a
+            .http()
+            .request(method.clone(), &rpc)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405, "{method}");
+        assert_eq!(r.headers()["allow"], "POST", "{method}");
+        let body: Value = r.json().await.unwrap();
+        assert!(body["message"].as_str().unwrap().contains("POST"), "{body}");
+    }
+    let r = a
+        .http()
+        .post(&rpc)
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json")
+    );
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("application/json")
+            && body["message"].as_str().unwrap().contains("none was sent"),
+        "{body}"
+    );
+    let r = a
+        .http()
+        .post(format!("{}/agentbay.admin.v1.Admin/WatchEvents", a.url))
+        .header("content-type", "application/connect+json")
+        .body(vec![0u8, 0, 0, 0, 2, b'{', b'}'])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "no stream starts without a token");
 }
 
 #[tokio::test]

@@ -205,8 +205,6 @@ pub struct RpcMethod {
     pub server_streaming: bool,
     /// Whether the client streams requests.
     pub client_streaming: bool,
-    /// Marked `NO_SIDE_EFFECTS`: Connect also serves it on GET.
-    pub no_side_effects: bool,
     /// The method's comment in the `.proto`.
     pub doc: &'static str,
 }
@@ -257,23 +255,18 @@ pub async fn precheck(
     else {
         return Ok(request);
     };
-    // The methods each RPC path answers, named in `Allow` when another
-    // is used.
-    let allowed = if method.no_side_effects && !method.client_streaming {
-        "GET, POST"
-    } else {
-        "POST"
-    };
+    // Every RPC is a POST, as the contract documents it (Connect's GET
+    // form of side-effect-free methods is not served).
     let verb = request.method();
-    if verb != http::Method::POST && !(verb == http::Method::GET && allowed == "GET, POST") {
+    if verb != http::Method::POST {
         let mut refusal = unary_error(
             http::StatusCode::METHOD_NOT_ALLOWED,
             &ErrorCode::MethodNotAllowed,
-            &format!("{verb} is not allowed on /{name}; use {allowed}"),
+            &format!("{verb} is not allowed on /{name}; RPC methods are called with POST"),
         );
         refusal
             .headers_mut()
-            .insert(http::header::ALLOW, http::HeaderValue::from_static(allowed));
+            .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
         return Err(refusal);
     }
     let base = request
@@ -291,7 +284,9 @@ pub async fn precheck(
             http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
             &ErrorCode::InvalidArgument,
             &format!(
-                "/{name} needs a Content-Type: application/json or application/proto (Connect{}),                  application/connect+json or application/connect+proto (Connect streaming),                  or application/grpc and application/grpc-web; {}",
+                "/{name} needs a Content-Type: application/json or application/proto (Connect{}), \
+                 application/connect+json or application/connect+proto (Connect streaming), \
+                 or application/grpc and application/grpc-web; {}",
                 if method.server_streaming || method.client_streaming {
                     ", unary methods only"
                 } else {
@@ -305,19 +300,23 @@ pub async fn precheck(
             ),
         ));
     }
+    // A Connect call without a valid token is refused with its HTTP status
+    // before anything streams (gRPC keeps its in-protocol status).
+    if !base.starts_with("application/grpc") {
+        let authorization = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if let Err(e) = auth.authenticate(authorization) {
+            let e = ApiError::from(e);
+            return Err(unary_error(e.code.spec().status, &e.code, &e.detail));
+        }
+    }
     let codec = match base.as_str() {
         "application/json" => "json",
         "application/proto" if method.server_streaming => "proto",
         _ => return Ok(request),
     };
-    let authorization = request
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if let Err(e) = auth.authenticate(authorization) {
-        let e = ApiError::from(e);
-        return Err(unary_error(e.code.spec().status, &e.code, &e.detail));
-    }
     if method.server_streaming {
         return Err(unary_error(
             http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
