@@ -54,6 +54,99 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
+/// Slugs: tenants, projects, pools (see `domain::ids`).
+const SLUG: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
+
+/// Completes every REST operation by one rule, so that the document says
+/// everything a route may answer and what its parameters must look like:
+/// a route with parameters or a body may answer 400, a route with a token
+/// 401 and 403, a route with a path parameter 404, a route with a body
+/// 413 and 415 — each as `application/problem+json`; identifiers are typed
+/// as the handlers parse them (slugs, UUIDs, content hashes), other text
+/// parameters are not empty.
+fn complete_rest(doc: &mut Value) {
+    doc["components"]["schemas"]["Problem"] = json!({
+        "type": "object",
+        "description": "An RFC 9457 problem: what went wrong, the field at fault, in words",
+        "required": ["type", "title", "status", "detail", "code"],
+        "properties": {
+            "type": { "type": "string" },
+            "title": { "type": "string" },
+            "status": { "type": "integer" },
+            "detail": { "type": "string" },
+            "code": { "type": "string" },
+            "field": { "type": "string" },
+        },
+    });
+    let problem = |what: &str| {
+        json!({
+            "description": what,
+            "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } },
+        })
+    };
+    let paths = doc["paths"].as_object_mut().expect("paths is an object");
+    for (path, ops) in paths.iter_mut() {
+        let Some(ops) = ops.as_object_mut() else {
+            continue;
+        };
+        for op in ops.values_mut() {
+            let parameters = op["parameters"]
+                .as_array_mut()
+                .map(std::mem::take)
+                .unwrap_or_default();
+            let has_parameters = !parameters.is_empty();
+            let parameters: Vec<Value> = parameters
+                .into_iter()
+                .map(|mut p| {
+                    let name = p["name"].as_str().unwrap_or_default().to_string();
+                    let schema = &mut p["schema"];
+                    match name.as_str() {
+                        "tenant" | "tenantId" | "projectId" | "poolId" => {
+                            schema["pattern"] = json!(SLUG);
+                        }
+                        "attemptId" | "callId" | "leaseId" | "runId" => {
+                            schema["format"] = json!("uuid");
+                        }
+                        "hash" => schema["pattern"] = json!("^sha256:[0-9a-f]{64}$"),
+                        _ if schema["type"] == "string" => schema["minLength"] = json!(1),
+                        _ => {}
+                    }
+                    p
+                })
+                .collect();
+            if has_parameters {
+                op["parameters"] = Value::Array(parameters);
+            }
+            let secured = op["security"].as_array().is_some_and(|s| !s.is_empty());
+            let has_body = op.get("requestBody").is_some();
+            let responses = op["responses"].as_object_mut().expect("responses");
+            let mut add = |code: &str, what: &str| {
+                responses.entry(code).or_insert_with(|| problem(what));
+            };
+            if has_parameters || has_body {
+                add(
+                    "400",
+                    "A parameter or the body is not valid; the problem names it",
+                );
+            }
+            if secured {
+                add("401", "No valid token");
+                add(
+                    "403",
+                    "The token lacks the scope, or acts for another tenant",
+                );
+            }
+            if path.contains('{') {
+                add("404", "Nothing of the caller's tenant has that id");
+            }
+            if has_body {
+                add("413", "The body is larger than http.max_body_bytes");
+                add("415", "The body is not of a documented content type");
+            }
+        }
+    }
+}
+
 /// The document, built once.
 pub fn document() -> &'static Value {
     static DOC: OnceLock<Value> = OnceLock::new();
@@ -80,6 +173,7 @@ pub fn document() -> &'static Value {
                 },
             }),
         );
+        complete_rest(&mut doc);
         let paths = doc["paths"].as_object_mut().expect("paths is an object");
         for m in RPC_METHODS {
             let access = match access_of(&m.path()) {
