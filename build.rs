@@ -183,9 +183,33 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
             type_name.trim_start_matches('.')
         )
     }
+    /// A field's comment may say what proto3 cannot: `Required` first
+    /// (the server refuses the message without it), `(a UUID)`, `(a slug)`.
+    fn annotate(schema: String, comment: Option<&String>) -> (String, bool) {
+        let Some(c) = comment else {
+            return (schema, false);
+        };
+        let required = c.starts_with("Required");
+        let mut extra = Vec::new();
+        if c.contains("(a UUID)") {
+            extra.push(r#""format": "uuid""#.to_string());
+        }
+        if c.contains("(a slug)") {
+            extra.push(r#""pattern": "^[a-z0-9][a-z0-9-]{0,62}$""#.to_string());
+        }
+        if required && schema == r#"{"type": "string"}"# {
+            extra.push(r#""minLength": 1"#.to_string());
+        }
+        if extra.is_empty() {
+            return (schema, required);
+        }
+        let open = schema.trim_end_matches('}');
+        (format!("{open}, {}}}", extra.join(", ")), required)
+    }
     fn message(
         prefix: &str,
         m: &prost_types::DescriptorProto,
+        comments: &dyn Fn(usize) -> Option<String>,
         maps: &std::collections::HashMap<String, (String, String)>,
         out: &mut Vec<(String, String)>,
     ) {
@@ -194,7 +218,8 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
             return;
         }
         let mut properties = Vec::new();
-        for f in &m.field {
+        let mut required = Vec::new();
+        for (fi, f) in m.field.iter().enumerate() {
             let value = if let Some((value_type, kind)) = maps.get(f.type_name()) {
                 let value = match kind.as_str() {
                     "Message" | "Enum" => reference(value_type),
@@ -213,17 +238,26 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
             } else {
                 scalar(f)
             };
+            let (value, needed) = annotate(value, comments(fi).as_ref());
+            if needed {
+                required.push(format!("{:?}", f.json_name()));
+            }
             properties.push(format!("{:?}: {value}", f.json_name()));
         }
+        let required = if required.is_empty() {
+            String::new()
+        } else {
+            format!(r#", "required": [{}]"#, required.join(", "))
+        };
         out.push((
             name.trim_start_matches('.').to_string(),
             format!(
-                r#"{{"type": "object", "properties": {{{}}}}}"#,
+                r#"{{"type": "object", "properties": {{{}}}{required}}}"#,
                 properties.join(", ")
             ),
         ));
         for n in &m.nested_type {
-            message(&name, n, maps, out);
+            message(&name, n, &|_| None, maps, out);
         }
         for e in &m.enum_type {
             out.push(enumeration(&name, e));
@@ -245,8 +279,10 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
     // types are any JSON).
     for file in set.file.iter().filter(|f| f.package() != "google.protobuf") {
         let prefix = format!(".{}", file.package());
-        for m in &file.message_type {
-            message(&prefix, m, &maps, &mut schemas);
+        let notes = leading_comments(file);
+        for (mi, m) in file.message_type.iter().enumerate() {
+            let comments = |fi: usize| notes.get(&vec![4, mi as i32, 2, fi as i32]).cloned();
+            message(&prefix, m, &comments, &maps, &mut schemas);
         }
         for e in &file.enum_type {
             schemas.push(enumeration(&prefix, e));
