@@ -184,13 +184,24 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
         )
     }
     /// A field's comment may say what proto3 cannot: `Required` first
-    /// (the server refuses the message without it), `(a UUID)`, `(a slug)`.
+    /// (the server refuses the message without it), `(a UUID)`, `(a slug)`,
+    /// `one of: a, b.` (the only values).
     fn annotate(schema: String, comment: Option<&String>) -> (String, bool) {
         let Some(c) = comment else {
             return (schema, false);
         };
         let required = c.starts_with("Required");
         let mut extra = Vec::new();
+        if let Some((_, rest)) = c.split_once("one of: ") {
+            let values: Vec<String> = rest
+                .split('.')
+                .next()
+                .unwrap_or_default()
+                .split(", ")
+                .map(|v| format!("{:?}", v.trim()))
+                .collect();
+            extra.push(format!(r#""enum": [{}]"#, values.join(", ")));
+        }
         if c.contains("(a UUID)") {
             extra.push(r#""format": "uuid""#.to_string());
         }
