@@ -894,8 +894,12 @@ pub async fn checkpoints(
     let rows: Vec<CheckpointRow> = checkpoints
         .into_iter()
         .map(|c| CheckpointRow {
-            blocked: rerun::checkpoint_blocker(&c, &a.adapter_version, a.checkpoint_format),
-            effects_after: rerun::effects_after(&c, &calls)
+            blocked: crate::domain::rerun::checkpoint_blocker(
+                &c,
+                &a.adapter_version,
+                a.checkpoint_format,
+            ),
+            effects_after: crate::domain::rerun::effects_after(&c, &calls)
                 .iter()
                 .map(|e| e.sequence)
                 .collect(),
@@ -920,7 +924,7 @@ pub async fn checkpoints(
             })
             .collect();
         Some(RerunForm {
-            blocked: rerun::attempt_blocker(&a, &calls),
+            blocked: crate::domain::rerun::attempt_blocker(&a, &calls),
             releases,
             effects: calls.into_iter().filter(|c| c.confirmed_effect()).collect(),
             preselected: rows

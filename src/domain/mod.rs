@@ -15,6 +15,7 @@ pub mod events;
 pub mod ids;
 pub mod model_profile;
 pub mod release;
+pub mod rerun;
 pub mod retention;
 pub mod run;
 pub mod tenant;

@@ -17,17 +17,14 @@
 //! by one. A source attempt with an unsettled uncertain call cannot be
 //! re-run until an operator says whether its effect happened.
 
-use std::cmp::Ordering;
-
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::{RunControl, RunRequest, plan_run, workflow_steps};
-use crate::domain::attempt::{
-    CallRecord, CallStatus, Checkpoint, CheckpointReason, ExecutionAttempt,
-};
-use crate::domain::release::{LoadedRelease, version_order};
-use crate::domain::run::{RerunOrigin, Run, RunState};
+use crate::domain::attempt::{CallRecord, Checkpoint, ExecutionAttempt};
+use crate::domain::release::{LoadedRelease, Manifest, version_order};
+use crate::domain::rerun::{attempt_blocker, calls_before, checkpoint_blocker, effects_after};
+use crate::domain::run::{RerunOrigin, Run};
 use crate::domain::{DomainError, FieldError};
 use crate::runtime::RuntimeError;
 use crate::store::TenantScope;
@@ -60,82 +57,13 @@ pub struct RerunPlan {
     pub checkpoint: Checkpoint,
     /// The release the re-run runs.
     pub release: LoadedRelease,
+    /// Its manifest.
+    pub manifest: Manifest,
     /// Call records of the source attempt written before the checkpoint.
     pub calls_before: u32,
     /// Calls of the source attempt after the checkpoint whose effect was
     /// confirmed: answered from their records unless named for re-issue.
     pub effects_after: Vec<CallRecord>,
-}
-
-/// Why no checkpoint of `attempt` can start a re-run, whichever the
-/// release: it is not finished, or a call's effect is unknown.
-pub fn attempt_blocker(attempt: &ExecutionAttempt, calls: &[CallRecord]) -> Option<String> {
-    if !attempt.state.is_terminal() {
-        return Some(format!(
-            "attempt {} is {}; a re-run starts from a checkpoint of a finished attempt",
-            attempt.attempt_id,
-            attempt.state.as_str()
-        ));
-    }
-    calls
-        .iter()
-        .find(|c| c.status == CallStatus::Uncertain && c.settlement.is_none())
-        .map(|c| {
-            format!(
-                "call {} ({}) of attempt {} is uncertain: settle it first (whether its effect happened decides what a re-run may do again)",
-                c.sequence, c.target, attempt.attempt_id
-            )
-        })
-}
-
-/// The number of the source attempt's call records written before
-/// `checkpoint`: the calls with a higher sequence came after it.
-pub fn calls_before(checkpoint: &Checkpoint, calls: &[CallRecord]) -> u32 {
-    if let Some(n) = checkpoint.calls_before {
-        return n;
-    }
-    // Checkpoints written before the count was kept: from the call they
-    // precede or follow, else by time.
-    let call = checkpoint
-        .call_id
-        .and_then(|id| calls.iter().find(|c| c.call_id == id));
-    match (checkpoint.reason, call) {
-        (CheckpointReason::BeforeGatedCall | CheckpointReason::Cadence, Some(c)) => c.sequence - 1,
-        (_, Some(c)) => c.sequence,
-        (_, None) => calls
-            .iter()
-            .filter(|c| c.started_at <= checkpoint.created_at)
-            .count() as u32,
-    }
-}
-
-/// The confirmed effects of the source attempt after `checkpoint`.
-pub fn effects_after(checkpoint: &Checkpoint, calls: &[CallRecord]) -> Vec<CallRecord> {
-    let before = calls_before(checkpoint, calls);
-    calls
-        .iter()
-        .filter(|c| c.sequence > before && c.confirmed_effect())
-        .cloned()
-        .collect()
-}
-
-/// Why `checkpoint` cannot start a re-run with `release` (whose adapter
-/// version and checkpoint format are given).
-pub fn checkpoint_blocker(
-    checkpoint: &Checkpoint,
-    adapter_version: &str,
-    checkpoint_format: u32,
-) -> Option<String> {
-    if let Some(t) = &checkpoint.purged {
-        return Some(format!(
-            "the adapter state of checkpoint {} was {}",
-            checkpoint.sequence,
-            t.describe()
-        ));
-    }
-    checkpoint
-        .compatible_with(adapter_version, checkpoint_format)
-        .err()
 }
 
 impl RunControl {
@@ -214,7 +142,7 @@ impl RunControl {
         }
         if release.release_id != source.snapshot.release_id
             && let Some(old) = self.releases.get(scope, &source.snapshot.release_id)?
-            && version_order(&release.version, &old.version) == Ordering::Less
+            && version_order(&release.version, &old.version) == std::cmp::Ordering::Less
         {
             return Err(FieldError::new(
                 "releaseId",
@@ -254,6 +182,7 @@ impl RunControl {
             attempt,
             checkpoint,
             release,
+            manifest,
         })
     }
 
@@ -306,6 +235,7 @@ impl RunControl {
             attempt,
             checkpoint,
             release,
+            manifest,
             calls_before,
             ..
         } = plan;
@@ -319,7 +249,6 @@ impl RunControl {
                     attempt.attempt_id, source.run_id
                 ))
             })?;
-        let manifest = self.releases.manifest(scope, &release)?;
         let workflow = self.releases.artifact(scope, &release, "workflow")?;
         let steps = workflow_steps(&workflow, &release.agent_id);
         let source_steps: Vec<&str> = source.steps.iter().map(|s| s.name.as_str()).collect();
@@ -372,33 +301,22 @@ impl RunControl {
             None,
             now,
         )?;
-        let run = &mut new.run;
-        run.depth = source.depth;
-        for (i, (step, old)) in run.steps.iter_mut().zip(&source.steps).enumerate() {
-            match i.cmp(&step_index) {
-                Ordering::Less => {
-                    step.state = RunState::Succeeded;
-                    step.input_ref = old.input_ref.clone();
-                    step.output_ref = old.output_ref.clone();
-                }
-                Ordering::Equal => step.input_ref = old.input_ref.clone(),
-                Ordering::Greater => {}
-            }
-        }
-        run.current_step = step_index as u32;
-        run.rerun_of = Some(RerunOrigin {
-            run_id: source.run_id,
-            attempt_id: attempt.attempt_id,
-            checkpoint_id: checkpoint.checkpoint_id,
-            checkpoint_sequence: checkpoint.sequence,
-            step_index: step_index as u32,
-            release_id: source.snapshot.release_id.clone(),
-            adapter_state_ref: checkpoint.adapter_state_ref.clone(),
-            calls_before,
-            reissue: request.reissue.clone(),
-            by: request.by.clone(),
-            at: now,
-        });
+        new.run.continue_from(
+            &source,
+            RerunOrigin {
+                run_id: source.run_id,
+                attempt_id: attempt.attempt_id,
+                checkpoint_id: checkpoint.checkpoint_id,
+                checkpoint_sequence: checkpoint.sequence,
+                step_index: step_index as u32,
+                release_id: source.snapshot.release_id.clone(),
+                adapter_state_ref: checkpoint.adapter_state_ref.clone(),
+                calls_before,
+                reissue: request.reissue.clone(),
+                by: request.by.clone(),
+                at: now,
+            },
+        );
         self.create(scope, new, now).await
     }
 }

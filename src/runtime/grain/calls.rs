@@ -95,14 +95,10 @@ impl Grain {
             .shared
             .store
             .list_under(&self.scope, &format!("{}/", origin.attempt_id))?;
-        let Some(source) = source_calls.into_iter().find(|c| {
-            c.sequence > origin.calls_before
-                && c.confirmed_effect()
-                && !origin.reissue.contains(&c.call_id)
-                && c.kind == call.kind
-                && c.target == call.target
-                && c.request_hash == start.request_hash
-        }) else {
+        let Some(source) = origin
+            .answers(&source_calls, call.kind, &call.target, &start.request_hash)
+            .cloned()
+        else {
             return Ok(None);
         };
         let now = self.now();
