@@ -782,13 +782,26 @@ impl Runtime {
             .get::<ExecutionAttempt>(scope, &attempt_id.to_string())?;
         match (live, stored) {
             (Some(view), Some(stored)) if stored.version > view.attempt.version => {
-                Ok(Arc::new(if stored.state == view.attempt.state {
-                    AttemptView {
-                        attempt: stored,
-                        ..(*view).clone()
+                // Everything derived from the attempt follows the stored
+                // copy: its pending decision (written in the same
+                // transaction) and the capacity wait only while it has one.
+                let decision = match stored.pending_decision {
+                    Some(d) if view.decision.as_ref().map(|v| v.decision_id) == Some(d) => {
+                        view.decision.clone()
                     }
-                } else {
-                    AttemptView::ended(stored)
+                    Some(d) => self
+                        .shared
+                        .store
+                        .get::<DecisionRequest>(scope, &decision_key(attempt_id, d))?,
+                    None => None,
+                };
+                let waits = stored.needs_capacity();
+                Ok(Arc::new(AttemptView {
+                    queue_position: view.queue_position.filter(|_| waits),
+                    limiting_quota: view.limiting_quota.clone().filter(|_| waits),
+                    capacity_reason: view.capacity_reason.clone().filter(|_| waits),
+                    decision,
+                    attempt: stored,
                 }))
             }
             (Some(view), _) => Ok(view),
