@@ -104,9 +104,12 @@ fn leading_comments(
             info.location
                 .iter()
                 .filter_map(|l| {
-                    l.leading_comments
-                        .as_ref()
-                        .map(|c| (l.path.clone(), c.replace('\n', " ").trim().to_string()))
+                    l.leading_comments.as_ref().map(|c| {
+                        (
+                            l.path.clone(),
+                            c.split_whitespace().collect::<Vec<_>>().join(" "),
+                        )
+                    })
                 })
                 .collect()
         })
@@ -117,15 +120,37 @@ fn leading_comments(
 /// contract in its proto3 JSON mapping, by full name: field names in
 /// lowerCamelCase, 64-bit integers as strings (numbers accepted), enums by
 /// name (numbers accepted), bytes as base64, maps as objects.
+///
+/// Comments say what proto3 cannot, and become part of the schema:
+/// - a field's comment starting `Required`: the server refuses the
+///   message without it (a text must not be blank, a list not empty);
+/// - `at most N characters`: the text's longest;
+/// - `one of: a, b.`: the only values (of each item, for a list);
+/// - `a JSON document`: the text is JSON (`format: json`);
+/// - `(a UUID)`, `(a slug)`: the text's form;
+///
+/// and an optional field may always be null, an optional text empty
+/// (proto3: absent).
+/// - `pattern `REGEX``: the text matches it;
+/// - `(an amount)`: a number above 0 in whole thousandths (`Amount`);
+/// - `Required when `other` is V.`: required only then (V: true, false or
+///   a text); `True only when `other` is V.`: a bool that may be true only
+///   then;
+/// - a message's comment `Needs one of: field_a, field_b.`: at least one
+///   of them is given (not empty).
 fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
     use prost_types::field_descriptor_proto::{Label, Type};
-    let mut schemas = Vec::<(String, String)>::new();
-    let mut maps = std::collections::HashMap::<String, (String, String)>::new();
+    use serde_json::{Map, Value, json};
+    const UUID: &str =
+        "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
+    const SLUG: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
+
+    let mut maps = std::collections::HashMap::<String, prost_types::FieldDescriptorProto>::new();
     // Map entries first: a map field's type is its entry message.
     fn collect_maps(
         prefix: &str,
         messages: &[prost_types::DescriptorProto],
-        maps: &mut std::collections::HashMap<String, (String, String)>,
+        maps: &mut std::collections::HashMap<String, prost_types::FieldDescriptorProto>,
     ) {
         for m in messages {
             let name = format!("{prefix}.{}", m.name());
@@ -135,13 +160,7 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
                     .iter()
                     .find(|f| f.name() == "value")
                     .expect("a map value");
-                maps.insert(
-                    name.clone(),
-                    (
-                        value.type_name().to_string(),
-                        format!("{:?}", value.r#type()),
-                    ),
-                );
+                maps.insert(name.clone(), value.clone());
             }
             collect_maps(&name, &m.nested_type, maps);
         }
@@ -153,139 +172,244 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
             &mut maps,
         );
     }
-    fn scalar(field: &prost_types::FieldDescriptorProto) -> String {
+    fn reference(type_name: &str) -> Value {
+        if type_name.starts_with(".google.protobuf.") {
+            return json!({});
+        }
+        json!({ "$ref": format!("#/components/schemas/{}", type_name.trim_start_matches('.')) })
+    }
+    fn scalar(field: &prost_types::FieldDescriptorProto) -> Value {
         match field.r#type() {
-            Type::Double | Type::Float => r#"{"type": "number"}"#.into(),
+            Type::Double | Type::Float => json!({"type": "number"}),
             Type::Int64 | Type::Sint64 | Type::Sfixed64 => {
-                r#"{"type": ["string", "integer"], "pattern": "^-?[0-9]+$"}"#.into()
+                json!({"type": ["string", "integer"], "pattern": "^-?[0-9]+$", "minimum": i64::MIN, "maximum": i64::MAX})
             }
             Type::Uint64 | Type::Fixed64 => {
-                r#"{"type": ["string", "integer"], "pattern": "^[0-9]+$", "minimum": 0}"#.into()
+                json!({"type": ["string", "integer"], "pattern": "^[0-9]+$", "minimum": 0, "maximum": u64::MAX})
             }
             Type::Int32 | Type::Sint32 | Type::Sfixed32 => {
-                r#"{"type": "integer", "minimum": -2147483648, "maximum": 2147483647}"#.into()
+                json!({"type": "integer", "minimum": i32::MIN, "maximum": i32::MAX})
             }
             Type::Uint32 | Type::Fixed32 => {
-                r#"{"type": "integer", "minimum": 0, "maximum": 4294967295}"#.into()
+                json!({"type": "integer", "minimum": 0, "maximum": u32::MAX})
             }
-            Type::Bool => r#"{"type": "boolean"}"#.into(),
-            Type::String => r#"{"type": "string"}"#.into(),
-            Type::Bytes => r#"{"type": "string", "contentEncoding": "base64"}"#.into(),
+            Type::Bool => json!({"type": "boolean"}),
+            Type::String => json!({"type": "string"}),
+            Type::Bytes => json!({"type": "string", "contentEncoding": "base64"}),
             Type::Enum | Type::Message | Type::Group => reference(field.type_name()),
         }
     }
-    fn reference(type_name: &str) -> String {
-        if type_name.starts_with(".google.protobuf.") {
-            return "{}".into();
-        }
-        format!(
-            r##"{{"$ref": "#/components/schemas/{}"}}"##,
-            type_name.trim_start_matches('.')
-        )
-    }
-    /// A field's comment may say what proto3 cannot: `Required` first
-    /// (the server refuses the message without it), `(a UUID)`, `(a slug)`,
-    /// `one of: a, b.` (the only values).
-    fn annotate(schema: String, comment: Option<&String>) -> (String, bool) {
-        let Some(c) = comment else {
-            return (schema, false);
+    /// What a field's comment adds to the schema of one value.
+    fn annotate(mut value: Value, comment: &str, required: bool) -> Value {
+        let text = value["type"] == "string";
+        // An optional text field may be empty (proto3: absent).
+        let empty_too = |v: Value| {
+            if required {
+                v
+            } else {
+                json!({"anyOf": [v, {"type": "string", "maxLength": 0}]})
+            }
         };
-        let required = c.starts_with("Required");
-        let mut extra = Vec::new();
-        if let Some((_, rest)) = c.split_once("one of: ") {
-            let values: Vec<String> = rest
-                .split('.')
+        if let Some((_, rest)) = comment.split_once("one of: ") {
+            // Values may hold dots (scopes): the list ends at ". " or the end.
+            let mut values: Vec<&str> = rest
+                .split(". ")
                 .next()
                 .unwrap_or_default()
+                .trim_end_matches('.')
                 .split(", ")
-                .map(|v| format!("{:?}", v.trim()))
+                .map(str::trim)
                 .collect();
-            extra.push(format!(r#""enum": [{}]"#, values.join(", ")));
+            if text && !required {
+                values.push("");
+            }
+            value["enum"] = json!(values);
+            return value;
         }
-        if c.contains("(a UUID)") {
-            extra.push(r#""format": "uuid""#.to_string());
+        if value["type"] == "number" && comment.contains("(an amount)") {
+            // `domain::amount::Amount`: whole thousandths, above 0, at most
+            // a million.
+            value["exclusiveMinimum"] = json!(0);
+            value["maximum"] = json!(1_000_000);
+            value["multipleOf"] = json!(0.001);
         }
-        if c.contains("(a slug)") {
-            extra.push(r#""pattern": "^[a-z0-9][a-z0-9-]{0,62}$""#.to_string());
+        if !text {
+            return value;
         }
-        if required && schema == r#"{"type": "string"}"# {
-            extra.push(r#""minLength": 1"#.to_string());
+        if comment.contains("a JSON document") {
+            // `format: json` lets a client generate one (JSON Schema 2020-12
+            // only annotates the content keywords).
+            value["format"] = json!("json");
+            value["contentMediaType"] = json!("application/json");
+            if required {
+                value["minLength"] = json!(1);
+            }
+            return empty_too(value);
         }
-        if extra.is_empty() {
-            return (schema, required);
+        if let Some((_, rest)) = comment.split_once("pattern `") {
+            let pattern = rest.split('`').next().unwrap_or_default();
+            value["pattern"] = json!(pattern);
+            return empty_too(value);
         }
-        let open = schema.trim_end_matches('}');
-        (format!("{open}, {}}}", extra.join(", ")), required)
+        if comment.contains("(a UUID)") {
+            value["pattern"] = json!(UUID);
+            return empty_too(value);
+        }
+        if comment.contains("(a slug)") {
+            value["pattern"] = json!(SLUG);
+            return empty_too(value);
+        }
+        if required {
+            // Not empty and not only blanks (`FieldError::require`).
+            value["pattern"] = json!("[^ \\t\\n\\r]");
+        }
+        if let Some(n) = comment
+            .split_once("at most ")
+            .and_then(|(_, rest)| rest.split_once(" characters"))
+            .and_then(|(n, _)| n.parse::<u64>().ok())
+        {
+            value["maxLength"] = json!(n);
+        }
+        value
     }
     fn message(
         prefix: &str,
         m: &prost_types::DescriptorProto,
+        doc: Option<&String>,
         comments: &dyn Fn(usize) -> Option<String>,
-        maps: &std::collections::HashMap<String, (String, String)>,
-        out: &mut Vec<(String, String)>,
+        maps: &std::collections::HashMap<String, prost_types::FieldDescriptorProto>,
+        out: &mut Map<String, Value>,
     ) {
         let name = format!("{prefix}.{}", m.name());
         if m.options.as_ref().is_some_and(|o| o.map_entry()) {
             return;
         }
-        let mut properties = Vec::new();
+        let mut properties = Map::new();
         let mut required = Vec::new();
+        let mut conditions = Vec::new();
         for (fi, f) in m.field.iter().enumerate() {
-            let value = if let Some((value_type, kind)) = maps.get(f.type_name()) {
-                let value = match kind.as_str() {
-                    "Message" | "Enum" => reference(value_type),
-                    _ => {
-                        let entry = m
-                            .nested_type
-                            .iter()
-                            .find(|n| format!("{name}.{}", n.name()) == f.type_name())
-                            .expect("the map entry");
-                        scalar(entry.field.iter().find(|x| x.name() == "value").unwrap())
-                    }
-                };
-                format!(r#"{{"type": "object", "additionalProperties": {value}}}"#)
-            } else if f.label() == Label::Repeated {
-                format!(r#"{{"type": "array", "items": {}}}"#, scalar(f))
-            } else {
-                scalar(f)
+            let comment = comments(fi).unwrap_or_default();
+            let needed = comment.starts_with("Required") && !comment.starts_with("Required when");
+            let json_name = |proto: &str| {
+                m.field
+                    .iter()
+                    .find(|f| f.name() == proto)
+                    .unwrap_or_else(|| panic!("{name}: no field {proto}"))
+                    .json_name()
+                    .to_string()
             };
-            let (value, needed) = annotate(value, comments(fi).as_ref());
-            if needed {
-                required.push(format!("{:?}", f.json_name()));
+            // `Required when `other` is V.` and `True only when `other` is V.`
+            let condition = |text: &str| -> Option<(String, Value)> {
+                let (_, rest) = comment.split_once(text)?;
+                let (other, rest) = rest.trim_start_matches('`').split_once('`')?;
+                let v = rest
+                    .trim_start_matches(" is ")
+                    .split(['.', ';', ','])
+                    .next()?
+                    .trim();
+                let v = match v {
+                    "true" => json!(true),
+                    "false" => json!(false),
+                    text => json!(text),
+                };
+                Some((json_name(other), v))
+            };
+            let holds = |field: &str, v: &Value| {
+                if *v == json!(false) {
+                    // proto3: absent or null is false.
+                    json!({"properties": {field: {"enum": [false, null]}}})
+                } else {
+                    json!({"properties": {field: {"const": v}}, "required": [field]})
+                }
+            };
+            if let Some((other, v)) = condition("Required when ") {
+                conditions.push(json!({
+                    "if": holds(&other, &v),
+                    "then": {
+                        "required": [f.json_name()],
+                        "properties": {f.json_name(): annotate(scalar(f), &comment, true)},
+                    },
+                }));
             }
-            properties.push(format!("{:?}: {value}", f.json_name()));
+            if let Some((other, v)) = condition("True only when ") {
+                conditions.push(json!({
+                    "if": holds(f.json_name(), &json!(true)),
+                    "then": holds(&other, &v),
+                }));
+            }
+            let value = if let Some(value) = maps.get(f.type_name()) {
+                json!({"type": "object", "additionalProperties": scalar(value)})
+            } else if f.label() == Label::Repeated {
+                let mut list =
+                    json!({"type": "array", "items": annotate(scalar(f), &comment, true)});
+                if needed {
+                    list["minItems"] = json!(1);
+                }
+                list
+            } else {
+                annotate(scalar(f), &comment, needed)
+            };
+            if needed {
+                required.push(f.json_name().to_string());
+                properties.insert(f.json_name().to_string(), value);
+            } else {
+                // proto3 JSON: null is the field's default (absent).
+                properties.insert(
+                    f.json_name().to_string(),
+                    json!({"anyOf": [value, {"type": "null"}]}),
+                );
+            }
         }
-        let required = if required.is_empty() {
-            String::new()
-        } else {
-            format!(r#", "required": [{}]"#, required.join(", "))
-        };
-        out.push((
-            name.trim_start_matches('.').to_string(),
-            format!(
-                r#"{{"type": "object", "properties": {{{}}}{required}}}"#,
-                properties.join(", ")
-            ),
-        ));
+        let mut schema = json!({"type": "object", "properties": properties});
+        if !required.is_empty() {
+            schema["required"] = json!(required);
+        }
+        if !conditions.is_empty() {
+            schema["allOf"] = json!(conditions);
+        }
+        if let Some((_, rest)) = doc.and_then(|d| d.split_once("Needs one of: ")) {
+            let json_name = |proto: &str| {
+                m.field
+                    .iter()
+                    .find(|f| f.name() == proto)
+                    .unwrap_or_else(|| panic!("{name}: no field {proto}"))
+                    .json_name()
+                    .to_string()
+            };
+            let either: Vec<Value> = rest
+                .split('.')
+                .next()
+                .unwrap_or_default()
+                .split(", ")
+                .map(|f| {
+                    let f = json_name(f.trim());
+                    json!({"required": [f], "properties": {f.clone(): {"minLength": 1}}})
+                })
+                .collect();
+            schema["anyOf"] = json!(either);
+        }
+        out.insert(name.trim_start_matches('.').to_string(), schema);
         for n in &m.nested_type {
-            message(&name, n, &|_| None, maps, out);
+            message(&name, n, None, &|_| None, maps, out);
         }
         for e in &m.enum_type {
-            out.push(enumeration(&name, e));
+            enumeration(&name, e, out);
         }
     }
-    fn enumeration(prefix: &str, e: &prost_types::EnumDescriptorProto) -> (String, String) {
-        let names: Vec<String> = e.value.iter().map(|v| format!("{:?}", v.name())).collect();
-        (
+    fn enumeration(
+        prefix: &str,
+        e: &prost_types::EnumDescriptorProto,
+        out: &mut Map<String, Value>,
+    ) {
+        let names: Vec<&str> = e.value.iter().map(|v| v.name()).collect();
+        out.insert(
             format!("{prefix}.{}", e.name())
                 .trim_start_matches('.')
                 .to_string(),
-            format!(
-                r#"{{"anyOf": [{{"type": "string", "enum": [{}]}}, {{"type": "integer"}}]}}"#,
-                names.join(", ")
-            ),
-        )
+            json!({"anyOf": [{"type": "string", "enum": names}, {"type": "integer"}]}),
+        );
     }
+    let mut schemas = Map::new();
     // The well-known types keep their own JSON forms (fields of those
     // types are any JSON).
     for file in set.file.iter().filter(|f| f.package() != "google.protobuf") {
@@ -293,15 +417,12 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
         let notes = leading_comments(file);
         for (mi, m) in file.message_type.iter().enumerate() {
             let comments = |fi: usize| notes.get(&vec![4, mi as i32, 2, fi as i32]).cloned();
-            message(&prefix, m, &comments, &maps, &mut schemas);
+            let doc = notes.get(&vec![4, mi as i32]);
+            message(&prefix, m, doc, &comments, &maps, &mut schemas);
         }
         for e in &file.enum_type {
-            schemas.push(enumeration(&prefix, e));
+            enumeration(&prefix, e, &mut schemas);
         }
     }
-    let body: Vec<String> = schemas
-        .iter()
-        .map(|(name, schema)| format!("{name:?}: {schema}"))
-        .collect();
-    format!("{{{}}}", body.join(",\n"))
+    serde_json::to_string_pretty(&Value::Object(schemas)).expect("schemas serialise")
 }

@@ -5,7 +5,6 @@ use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use serde::Serialize;
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
@@ -14,7 +13,10 @@ use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::capacity::grain::{PoolSnapshot, PoolStatus};
 use crate::capacity::{CapacityError, LeaseFilter, LeaseView};
-use crate::domain::capacity::{LeaseState, PoolSpec, QuotaPatch, QuotaScope, WorkerPool};
+use crate::domain::capacity::{
+    LeaseState, PoolSpec, QuotaPatch, QuotaScope, WorkerPool, parse_holder_id,
+};
+use crate::domain::ids::parse_uuid;
 use crate::domain::{ProjectId, TenantId};
 use crate::store::TenantScope;
 
@@ -243,7 +245,7 @@ pub async fn set_quota(
     params(
         ("holderId" = Option<String>, Query, description = "Only this holder"),
         ("poolId" = Option<String>, Query, description = "Only this pool"),
-        ("state" = Option<String>, Query, description = "Only these states (repeatable): Requested, Granted, Active, Released, Expired, Denied"),
+        ("state" = Option<Vec<LeaseState>>, Query, description = "Only these states (repeatable)"),
         ("projectId" = Option<String>, Query, description = "Only this project"),
         ("limit" = Option<usize>, Query, description = "At most this many, newest first (default 200, at most 5000)"),
         ("before" = Option<String>, Query, description = "Only leases older than this lease id: the `nextBefore` of the previous page"),
@@ -269,8 +271,10 @@ pub async fn list_leases(
         ],
     )?;
     let mut filter = LeaseFilter {
-        holder_id: first(&pairs, "holderId").map(str::to_string),
-        pool_id: first(&pairs, "poolId").map(str::to_string),
+        holder_id: first(&pairs, "holderId").map(parse_holder_id).transpose()?,
+        pool_id: first(&pairs, "poolId")
+            .map(|p| crate::domain::ids::check_slug("poolId", p).map(|()| p.to_string()))
+            .transpose()?,
         ..LeaseFilter::default()
     };
     for (k, v) in &pairs {
@@ -289,10 +293,7 @@ pub async fn list_leases(
         filter.project_id = Some(ProjectId::parse(p)?);
     }
     if let Some(b) = first(&pairs, "before") {
-        filter.before = Some(
-            Uuid::parse_str(b)
-                .map_err(|_| ApiError::invalid("before", format!("{b:?} is not a lease id")))?,
-        );
+        filter.before = Some(parse_uuid("before", b)?);
     }
     let limit = match first(&pairs, "limit") {
         Some(l) => l
@@ -436,8 +437,7 @@ pub async fn get_lease(
 ) -> Result<Json<Value>, ApiError> {
     let pairs = query_pairs(raw.as_deref(), &["tenant"])?;
     let scope = tenant_of(&auth.principal, &pairs)?;
-    let id = Uuid::parse_str(&lease_id)
-        .map_err(|_| ApiError::invalid("leaseId", format!("{lease_id:?} is not a UUID")))?;
+    let id = parse_uuid("leaseId", &lease_id)?;
     let lease = state.capacity.lease(&scope, id)?;
     let filter = LeaseFilter {
         holder_id: Some(lease.holder_id.clone()),

@@ -57,6 +57,12 @@ impl utoipa::Modify for BearerAuth {
 /// Slugs: tenants, projects, pools (see `domain::ids`).
 const SLUG: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
 
+/// UUIDs in their hyphenated form (`domain::ids::parse_uuid`).
+const UUID: &str = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
+
+/// Release ids (`domain::release::parse_release_id`).
+const RELEASE_ID: &str = "^[a-z0-9][a-z0-9.-]{0,127}$";
+
 /// Completes every REST operation by one rule, so that the document says
 /// everything a route may answer and what its parameters must look like:
 /// a route with parameters or a body may answer 400, a route with a token
@@ -90,8 +96,9 @@ fn complete_rest(doc: &mut Value) {
             continue;
         };
         for op in ops.values_mut() {
-            let parameters = op["parameters"]
-                .as_array_mut()
+            let parameters = op
+                .get_mut("parameters")
+                .and_then(Value::as_array_mut)
                 .map(std::mem::take)
                 .unwrap_or_default();
             let has_parameters = !parameters.is_empty();
@@ -100,14 +107,32 @@ fn complete_rest(doc: &mut Value) {
                 .map(|mut p| {
                     let name = p["name"].as_str().unwrap_or_default().to_string();
                     let schema = &mut p["schema"];
+                    // A parameter is given or absent, never null.
+                    if let Some(types) = schema["type"].as_array_mut() {
+                        types.retain(|t| t != "null");
+                        if types.len() == 1 {
+                            schema["type"] = types[0].clone();
+                        }
+                    }
                     match name.as_str() {
                         "tenant" | "tenantId" | "projectId" | "poolId" => {
                             schema["pattern"] = json!(SLUG);
                         }
-                        "attemptId" | "callId" | "leaseId" | "runId" => {
-                            schema["format"] = json!("uuid");
+                        "attemptId" | "callId" | "leaseId" | "runId" | "before" => {
+                            schema["pattern"] = json!(UUID);
+                        }
+                        "releaseId" => schema["pattern"] = json!(RELEASE_ID),
+                        "after" | "until" | "Last-Event-ID" => {
+                            // Outbox sequences: u64.
+                            schema["minimum"] = json!(0);
+                            schema["maximum"] = json!(u64::MAX);
+                        }
+                        "limit" => {
+                            schema["minimum"] = json!(1);
+                            schema["maximum"] = json!(5000);
                         }
                         "hash" => schema["pattern"] = json!("^sha256:[0-9a-f]{64}$"),
+                        "holderId" => schema["pattern"] = json!("^[A-Za-z0-9_.:-]{1,128}$"),
                         _ if schema["type"] == "string" => schema["minLength"] = json!(1),
                         _ => {}
                     }
@@ -120,6 +145,13 @@ fn complete_rest(doc: &mut Value) {
             let secured = op["security"].as_array().is_some_and(|s| !s.is_empty());
             let has_body = op.get("requestBody").is_some();
             let responses = op["responses"].as_object_mut().expect("responses");
+            for r in responses.values_mut() {
+                if let Some(c) = r.pointer_mut("/content/application~1problem+json")
+                    && c.get("schema").is_none()
+                {
+                    c["schema"] = json!({ "$ref": "#/components/schemas/Problem" });
+                }
+            }
             let mut add = |code: &str, what: &str| {
                 responses.entry(code).or_insert_with(|| problem(what));
             };

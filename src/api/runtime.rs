@@ -54,14 +54,6 @@ pub fn parse_state(text: &str) -> Result<RunState, FieldError> {
     })
 }
 
-/// A required UUID field.
-pub fn required_uuid(field: &str, text: &str) -> Result<Uuid, FieldError> {
-    if text.is_empty() {
-        return Err(FieldError::new(field, "is required"));
-    }
-    parse_uuid(field, text)
-}
-
 /// The attempt's views as they change, starting with the current one and
 /// ending after the final one.
 pub fn attempt_updates(

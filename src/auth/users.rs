@@ -15,7 +15,7 @@ use super::{Auth, AuthError};
 use crate::capacity::records::TENANT_RECORD;
 use crate::domain::access::{Actor, Role, Scope};
 use crate::domain::tenant::Tenant;
-use crate::domain::user::{User, check_password, parse_username};
+use crate::domain::user::{User, check_password, parse_username, sign_in_name};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
 
@@ -154,7 +154,7 @@ pub(super) fn insert(tx: &mut Tx, tenant: &TenantScope, user: &User) -> Result<(
 
 /// Finds a user by name in whichever tenant holds it.
 pub fn find(store: &Store, username: &str) -> Result<Option<User>, StoreError> {
-    let Ok(name) = parse_username(username) else {
+    let Ok(name) = parse_username(&sign_in_name(username)) else {
         return Ok(None);
     };
     let platform = TenantScope::new(TenantId::platform());

@@ -31,6 +31,21 @@ impl FieldError {
         }
     }
 
+    /// Refuses a required text that is empty or only blanks (spaces, tabs,
+    /// line breaks), saying what it is for. The contract's schemas say the
+    /// same (`pattern: [^ \t\n\r]`), so the rule lives here only.
+    pub fn require(field: &str, value: &str, what: &str) -> Result<(), FieldError> {
+        if value.chars().all(|c| matches!(c, ' ' | '\t' | '\n' | '\r')) {
+            let reason = if what.is_empty() {
+                "is required".to_string()
+            } else {
+                format!("is required: {what}")
+            };
+            return Err(FieldError::new(field, reason));
+        }
+        Ok(())
+    }
+
     /// Refuses free text longer than [`MAX_TEXT_CHARS`].
     pub fn check_text(field: &str, value: &str) -> Result<(), FieldError> {
         let n = value.chars().count();

@@ -18,7 +18,7 @@ pub const PLATFORM_TENANT: &str = "platform";
 
 /// Checks a slug: 1 to 63 characters of `a-z`, `0-9` and `-`, starting with a
 /// letter or digit.
-fn check_slug(field: &str, value: &str) -> Result<(), FieldError> {
+pub fn check_slug(field: &str, value: &str) -> Result<(), FieldError> {
     if value.is_empty() {
         return Err(FieldError::new(field, "must not be empty"));
     }
@@ -127,15 +127,67 @@ pub fn new_id() -> uuid::Uuid {
     uuid::Uuid::now_v7()
 }
 
-/// Parses a UUID field, naming it on failure.
+/// Parses a UUID field, naming it on failure. Only the hyphenated form
+/// (`8-4-4-4-12` hex digits, what every answer shows and the contract's
+/// pattern says) is a UUID here; braces, URNs and bare hex are refused.
 pub fn parse_uuid(field: &str, value: &str) -> Result<uuid::Uuid, FieldError> {
-    uuid::Uuid::parse_str(value)
-        .map_err(|_| FieldError::new(field, format!("{value:?} is not a UUID")))
+    let hyphenated = value.len() == 36
+        && value
+            .char_indices()
+            .all(|(i, c)| matches!(i, 8 | 13 | 18 | 23) == (c == '-'));
+    hyphenated
+        .then(|| uuid::Uuid::parse_str(value).ok())
+        .flatten()
+        .ok_or_else(|| {
+            FieldError::new(
+                field,
+                format!("{value:?} is not a UUID (8-4-4-4-12 hexadecimal digits)"),
+            )
+        })
+}
+
+/// A UUID field that must be given.
+pub fn required_uuid(field: &str, value: &str) -> Result<uuid::Uuid, FieldError> {
+    if value.is_empty() {
+        return Err(FieldError::new(field, "is required"));
+    }
+    parse_uuid(field, value)
+}
+
+/// A UUID field that may be empty (absent).
+pub fn optional_uuid(field: &str, value: &str) -> Result<Option<uuid::Uuid>, FieldError> {
+    if value.is_empty() {
+        Ok(None)
+    } else {
+        parse_uuid(field, value).map(Some)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_hyphenated_form_is_a_uuid() {
+        let id = "01a2354f-8f2b-7c4e-9a10-0123456789ab";
+        assert_eq!(parse_uuid("runId", id).unwrap().to_string(), id);
+        assert!(parse_uuid("runId", &id.to_uppercase()).is_ok());
+        for bad in [
+            "01a2354f8f2b7c4e9a100123456789ab",
+            "{01a2354f-8f2b-7c4e-9a10-0123456789ab}",
+            "urn:uuid:01a2354f-8f2b-7c4e-9a10-0123456789ab",
+            "01a2354f-8f2b-7c4e-9a10-0123456789aX",
+            "01a2354f-8f2b7-c4e-9a10-0123456789ab",
+        ] {
+            let err = parse_uuid("runId", bad).unwrap_err();
+            assert_eq!(err.field, "runId");
+        }
+        assert_eq!(
+            required_uuid("runId", "").unwrap_err().reason,
+            "is required"
+        );
+        assert_eq!(optional_uuid("runId", "").unwrap(), None);
+    }
 
     #[test]
     fn slugs_are_checked_with_the_field_named() {

@@ -84,12 +84,11 @@ impl SiteModelProfile {
                 format!("{endpoint:?} must be an http:// or https:// URL with a host"),
             ));
         }
-        if spec.model.trim().is_empty() {
-            return Err(FieldError::new(
-                "model",
-                "is required: the model name the server is asked for",
-            ));
-        }
+        FieldError::require(
+            "model",
+            &spec.model,
+            "the model name the server is asked for",
+        )?;
         let api_key_ref = spec
             .api_key_ref
             .map(|k| k.trim().to_string())

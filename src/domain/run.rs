@@ -62,7 +62,7 @@ impl RunState {
         }
     }
 
-    /// Parses a name, case-insensitively.
+    /// Parses a name, exactly as [`RunState::as_str`] spells it.
     pub fn parse(text: &str) -> Option<RunState> {
         [
             RunState::Running,
@@ -73,7 +73,7 @@ impl RunState {
             RunState::Uncertain,
         ]
         .into_iter()
-        .find(|s| s.as_str().eq_ignore_ascii_case(text))
+        .find(|s| s.as_str() == text)
     }
 
     /// Final states.

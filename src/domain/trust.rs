@@ -183,9 +183,7 @@ impl PublisherKey {
         reason: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, DomainError> {
-        if reason.trim().is_empty() {
-            return Err(super::FieldError::new("reason", "is required to revoke a key").into());
-        }
+        super::FieldError::require("reason", reason, "say why the key is revoked")?;
         if self.state == KeyState::Revoked {
             return Ok(false);
         }

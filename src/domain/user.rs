@@ -111,9 +111,9 @@ pub const MIN_PASSWORD_LEN: usize = 12;
 pub const MAX_PASSWORD_LEN: usize = 256;
 
 /// Checks a user name: 3 to 64 of `a-z 0-9 . _ -`, starting with a letter or
-/// digit. Returns it trimmed and lower-cased.
+/// digit (exactly: the API's contract says the same pattern). Signing in
+/// is forgiving instead: [`sign_in_name`].
 pub fn parse_username(name: &str) -> Result<String, FieldError> {
-    let name = name.trim().to_ascii_lowercase();
     let ok_chars = name
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'));
@@ -129,7 +129,12 @@ pub fn parse_username(name: &str) -> Result<String, FieldError> {
             ),
         ));
     }
-    Ok(name)
+    Ok(name.to_string())
+}
+
+/// The user name a person typed at sign-in, trimmed and lower-cased.
+pub fn sign_in_name(typed: &str) -> String {
+    typed.trim().to_ascii_lowercase()
 }
 
 /// Checks a new password's length.
@@ -313,8 +318,20 @@ mod tests {
 
     #[test]
     fn user_names_are_checked_and_normalised() {
-        assert_eq!(parse_username(" Alice.B ").unwrap(), "alice.b");
-        for bad in ["ab", "-x-y", "a b c", "é-user", &"a".repeat(65)] {
+        assert_eq!(parse_username("alice.b").unwrap(), "alice.b");
+        assert_eq!(
+            parse_username(&sign_in_name(" Alice.B ")).unwrap(),
+            "alice.b"
+        );
+        for bad in [
+            " alice",
+            "Alice",
+            "ab",
+            "-x-y",
+            "a b c",
+            "é-user",
+            &"a".repeat(65),
+        ] {
             let err = parse_username(bad).unwrap_err();
             assert_eq!(err.field, "username", "{bad}");
         }

@@ -926,9 +926,7 @@ impl RunControl {
         retry: bool,
         by: &str,
     ) -> Result<Run, RuntimeError> {
-        if reason.trim().is_empty() {
-            return Err(FieldError::new("reason", "is required: say what was checked").into());
-        }
+        FieldError::require("reason", reason, "say what was checked")?;
         FieldError::check_text("reason", reason)?;
         if retry && effect == Effect::Happened {
             return Err(FieldError::new(

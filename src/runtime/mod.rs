@@ -510,12 +510,11 @@ impl DecisionAsk {
     /// an answer schema that is a JSON Schema (input only).
     pub fn check(&self) -> Result<(), crate::domain::FieldError> {
         use crate::domain::FieldError;
-        if self.summary.trim().is_empty() {
-            return Err(FieldError::new(
-                "summary",
-                "is required: one line a reviewer reads in the inbox",
-            ));
-        }
+        FieldError::require(
+            "summary",
+            &self.summary,
+            "one line a reviewer reads in the inbox",
+        )?;
         if self.kind == DecisionKind::Escalation && self.options.len() < 2 {
             return Err(FieldError::new(
                 "options",

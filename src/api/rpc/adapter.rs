@@ -8,13 +8,13 @@ use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
 
 use super::{principal, time};
 use crate::api::error::rpc;
-use crate::api::runtime::{parse_json, required_uuid};
+use crate::api::runtime::parse_json;
 use crate::app::AppState;
 use crate::domain::FieldError;
 use crate::domain::attempt::{
     AttemptPhase, CallKind, DecisionKind, ExecutionAttempt, FailureClass,
 };
-use crate::domain::ids::parse_uuid;
+use crate::domain::ids::{optional_uuid, required_uuid};
 use crate::domain::release::canonical_json;
 use crate::proto::agentbay::adapter::v1 as pb;
 use crate::runtime::{self, BeginOutcome, Outcome};
@@ -79,12 +79,10 @@ impl pb::Adapter for AdapterService {
         request: ServiceRequest<'_, pb::ClaimAttemptRequest>,
     ) -> ServiceResult<pb::ClaimAttemptResponse> {
         let caller = principal(&ctx)?;
-        if request.agent_id.is_empty() {
-            return Err(rpc(FieldError::new("agentId", "is required")));
-        }
+        FieldError::require("agentId", request.agent_id, "").map_err(rpc)?;
         let session = match request.session {
             "" => caller.subject.to_string(),
-            s if s.len() > 200 => {
+            s if s.chars().count() > 200 => {
                 return Err(rpc(FieldError::new(
                     "session",
                     "must be at most 200 characters",
@@ -154,12 +152,8 @@ impl pb::Adapter for AdapterService {
     ) -> ServiceResult<pb::AttemptStatus> {
         let caller = principal(&ctx)?;
         let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
-        if request.adapter_version.is_empty() {
-            return Err(rpc(FieldError::new(
-                "adapterVersion",
-                "is required, e.g. external/1",
-            )));
-        }
+        FieldError::require("adapterVersion", request.adapter_version, "e.g. external/1")
+            .map_err(rpc)?;
         let context = (!request.context_snapshot_ref.is_empty())
             .then(|| request.context_snapshot_ref.to_string());
         let attempt = self
@@ -208,12 +202,11 @@ impl pb::Adapter for AdapterService {
                     format!("{:?} is not model, tool or sub-agent", request.kind),
                 )
             })?;
-            if request.target.is_empty() {
-                return Err(FieldError::new(
-                    "target",
-                    "is required: the tool id, model profile id or child release id",
-                ));
-            }
+            FieldError::require(
+                "target",
+                request.target,
+                "the tool id, model profile id or child release id",
+            )?;
             let request_doc = if request.request_json.is_empty() {
                 serde_json::Value::Object(Default::default())
             } else {
@@ -224,10 +217,7 @@ impl pb::Adapter for AdapterService {
                 target: request.target.to_string(),
                 request: request_doc,
                 context_tokens: (kind == CallKind::Model).then_some(request.context_tokens),
-                approval_id: match request.approval_id {
-                    "" => None,
-                    a => Some(parse_uuid("approvalId", a)?),
-                },
+                approval_id: optional_uuid("approvalId", request.approval_id)?,
                 state: document("stateJson", request.state_json)?,
                 in_process: false,
             })
@@ -492,35 +482,37 @@ impl pb::Adapter for AdapterService {
         let caller = principal(&ctx)?;
         let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
         let report = (|| -> Result<runtime::Report, FieldError> {
+            // Every field given is checked, whichever way the attempt went.
+            let output = match request.output_json {
+                "" => None,
+                text => Some(parse_json("outputJson", text)?),
+            };
+            let class = match request.failure_class {
+                "" => None,
+                c => Some(FailureClass::parse(c).ok_or_else(|| {
+                    FieldError::new(
+                        "failureClass",
+                        format!(
+                            "{c:?} is not validation, infrastructure, transient, policy or budget"
+                        ),
+                    )
+                })?),
+            };
             if request.succeeded {
-                if request.output_json.is_empty() {
-                    return Err(FieldError::new(
-                        "outputJson",
-                        "is required when succeeded is true",
-                    ));
-                }
+                let output = output.ok_or_else(|| {
+                    FieldError::new("outputJson", "is required when succeeded is true")
+                })?;
                 return Ok(runtime::Report {
                     succeeded: true,
-                    output: Some(parse_json("outputJson", request.output_json)?),
+                    output: Some(output),
                     failure_class: None,
                     reason: None,
                 });
             }
-            let class = FailureClass::parse(request.failure_class).ok_or_else(|| {
-                FieldError::new(
-                    "failureClass",
-                    format!(
-                        "{:?} is not validation, infrastructure, transient, policy or budget",
-                        request.failure_class
-                    ),
-                )
+            let class = class.ok_or_else(|| {
+                FieldError::new("failureClass", "is required when succeeded is false")
             })?;
-            if request.reason.trim().is_empty() {
-                return Err(FieldError::new(
-                    "reason",
-                    "is required when succeeded is false",
-                ));
-            }
+            FieldError::require("reason", request.reason, "when succeeded is false")?;
             Ok(runtime::Report {
                 succeeded: false,
                 output: None,

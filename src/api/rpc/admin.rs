@@ -520,11 +520,7 @@ impl pb::Admin for AdminService {
     ) -> ServiceResult<pb::RevokePublisherKeyResponse> {
         let caller = principal(&ctx)?;
         caller.platform_scope().map_err(rpc)?;
-        if request.key_id.is_empty() {
-            return Err(rpc(crate::domain::DomainError::from(
-                crate::domain::FieldError::new("keyId", "is required"),
-            )));
-        }
+        crate::domain::FieldError::require("keyId", request.key_id, "").map_err(rpc)?;
         let (key, done) = self
             .state
             .releases

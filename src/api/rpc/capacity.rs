@@ -3,15 +3,14 @@
 use std::time::Duration;
 
 use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
-use uuid::Uuid;
 
 use super::{principal, time};
 use crate::api::error::{ApiError, rpc};
 use crate::app::AppState;
 use crate::capacity::{AcquireRequest, LeaseView};
 use crate::domain::amount::Amount;
-use crate::domain::capacity::{HolderKind, LeaseRequest, LeaseState};
-use crate::domain::ids::parse_uuid;
+use crate::domain::capacity::{HolderKind, LeaseRequest, LeaseState, parse_holder_id};
+use crate::domain::ids::{optional_uuid, parse_uuid};
 use crate::domain::{FieldError, ProjectId, TenantId};
 use crate::proto::agentbay::capacity::v1 as pb;
 
@@ -73,36 +72,12 @@ pub fn lease_message(view: &LeaseView) -> pb::Lease {
     }
 }
 
-fn holder_id(text: &str) -> Result<String, FieldError> {
-    let ok = !text.is_empty()
-        && text.len() <= 128
-        && text
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
-    if ok {
-        Ok(text.to_string())
-    } else {
-        Err(FieldError::new(
-            "holderId",
-            format!("{text:?} must be 1 to 128 characters of A-Z, a-z, 0-9, '-', '_', '.' or ':'"),
-        ))
-    }
-}
-
 fn positive(field: &str, v: f64) -> Result<Amount, FieldError> {
     let amount = Amount::parse(field, v)?;
     if amount == Amount::ZERO {
         return Err(FieldError::new(field, "must be greater than 0"));
     }
     Ok(amount)
-}
-
-fn optional_uuid(field: &str, text: &str) -> Result<Option<Uuid>, FieldError> {
-    if text.is_empty() {
-        Ok(None)
-    } else {
-        parse_uuid(field, text).map(Some)
-    }
 }
 
 #[allow(refining_impl_trait)]
@@ -126,7 +101,7 @@ impl pb::Capacity for CapacityService {
                 run_id: optional_uuid("runId", request.run_id)?,
                 attempt_id: optional_uuid("attemptId", request.attempt_id)?,
                 holder_kind: HolderKind::parse(request.holder_kind)?,
-                holder_id: holder_id(request.holder_id)?,
+                holder_id: parse_holder_id(request.holder_id)?,
                 cpu: positive("cpu", request.cpu)?,
                 memory_gb: positive("memoryGb", request.memory_gb)?,
                 internet_egress: request.internet_egress,
@@ -135,7 +110,13 @@ impl pb::Capacity for CapacityService {
         .map_err(rpc)?;
         let acquire = AcquireRequest {
             request: lease_request,
-            pool_id: (!request.pool_id.is_empty()).then(|| request.pool_id.to_string()),
+            pool_id: match request.pool_id {
+                "" => None,
+                p => {
+                    crate::domain::ids::check_slug("poolId", p).map_err(rpc)?;
+                    Some(p.to_string())
+                }
+            },
             wait: request.wait,
             wait_for: Duration::from_secs(u64::from(request.wait_seconds)),
         };

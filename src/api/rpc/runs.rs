@@ -9,7 +9,7 @@ use crate::api::error::rpc;
 use crate::api::runtime::{parse_json, parse_state};
 use crate::app::AppState;
 use crate::domain::attempt::Effect;
-use crate::domain::ids::parse_uuid;
+use crate::domain::ids::{optional_uuid, parse_uuid, required_uuid};
 use crate::domain::release::AttemptLimits;
 use crate::domain::run::Run;
 use crate::domain::{FieldError, ProjectId};
@@ -221,13 +221,6 @@ fn tenant_scope(
     caller.scope_for(&id).map_err(rpc)
 }
 
-fn uuid_field(field: &str, text: &str) -> Result<Uuid, FieldError> {
-    if text.is_empty() {
-        return Err(FieldError::new(field, "is required"));
-    }
-    parse_uuid(field, text)
-}
-
 #[allow(refining_impl_trait)]
 impl pb::Runs for RunsService {
     async fn submit_run(
@@ -238,9 +231,7 @@ impl pb::Runs for RunsService {
         let caller = principal(&ctx)?;
         let scope = caller.tenant_scope();
         let run_request = (|| -> Result<RunRequest, FieldError> {
-            if request.release_id.is_empty() {
-                return Err(FieldError::new("releaseId", "is required"));
-            }
+            FieldError::require("releaseId", request.release_id, "")?;
             let limits = request.limits.as_option().map(|l| AttemptLimits {
                 max_minutes: l.max_minutes,
                 max_model_calls: l.max_model_calls,
@@ -283,7 +274,7 @@ impl pb::Runs for RunsService {
     ) -> ServiceResult<pb::GetRunResponse> {
         let caller = principal(&ctx)?;
         let scope = tenant_scope(&caller, request.tenant_id)?;
-        let id = uuid_field("runId", request.run_id).map_err(rpc)?;
+        let id = required_uuid("runId", request.run_id).map_err(rpc)?;
         let run = self.state.runs.get(&scope, id).map_err(rpc)?;
         Response::ok(pb::GetRunResponse {
             run: buffa::MessageField::some(run_message(&self.state, &scope, &run)),
@@ -314,10 +305,7 @@ impl pb::Runs for RunsService {
             })
         })()
         .map_err(rpc)?;
-        let after = match request.page_after {
-            "" => None,
-            a => Some(parse_uuid("pageAfter", a).map_err(rpc)?),
-        };
+        let after = optional_uuid("pageAfter", request.page_after).map_err(rpc)?;
         let size = match request.page_size {
             0 => 50,
             n => n.min(500) as usize,
@@ -351,7 +339,7 @@ impl pb::Runs for RunsService {
     ) -> ServiceResult<pb::CancelRunResponse> {
         let caller = principal(&ctx)?;
         let scope = caller.tenant_scope();
-        let id = uuid_field("runId", request.run_id).map_err(rpc)?;
+        let id = required_uuid("runId", request.run_id).map_err(rpc)?;
         let run = self
             .state
             .runs
@@ -371,7 +359,7 @@ impl pb::Runs for RunsService {
     ) -> ServiceResult<pb::HoldRunResponse> {
         let caller = principal(&ctx)?;
         let scope = caller.tenant_scope();
-        let id = uuid_field("runId", request.run_id).map_err(rpc)?;
+        let id = required_uuid("runId", request.run_id).map_err(rpc)?;
         let reason = (!request.release).then_some(request.reason);
         let run = self
             .state
@@ -392,18 +380,16 @@ impl pb::Runs for RunsService {
     ) -> ServiceResult<pb::DecideApprovalResponse> {
         let caller = principal(&ctx)?;
         let scope = caller.tenant_scope();
-        let id = match (request.decision_id, request.approval_id) {
-            ("", "") => {
+        let decision = optional_uuid("decisionId", request.decision_id).map_err(rpc)?;
+        let approval = optional_uuid("approvalId", request.approval_id).map_err(rpc)?;
+        let id = match (decision, approval) {
+            (Some(decision), _) => ApprovalRef::Decision(decision),
+            (None, Some(approval)) => ApprovalRef::Approval(approval),
+            (None, None) => {
                 return Err(rpc(FieldError::new(
                     "decisionId",
                     "is required: the pending decision's id (or give approvalId)",
                 )));
-            }
-            ("", approval) => {
-                ApprovalRef::Approval(parse_uuid("approvalId", approval).map_err(rpc)?)
-            }
-            (decision, _) => {
-                ApprovalRef::Decision(parse_uuid("decisionId", decision).map_err(rpc)?)
             }
         };
         let reason = (!request.reason.is_empty()).then(|| request.reason.to_string());
@@ -439,7 +425,7 @@ impl pb::Runs for RunsService {
         let scope = tenant_scope(&caller, request.tenant_id)?;
         let rerun = (|| -> Result<RerunRequest, FieldError> {
             Ok(RerunRequest {
-                attempt_id: uuid_field("attemptId", request.attempt_id)?,
+                attempt_id: required_uuid("attemptId", request.attempt_id)?,
                 checkpoint_sequence: (request.checkpoint_sequence > 0)
                     .then_some(request.checkpoint_sequence),
                 release_id: (!request.release_id.is_empty())
@@ -481,8 +467,8 @@ impl pb::Runs for RunsService {
                 }
             };
             Ok((
-                uuid_field("attemptId", request.attempt_id)?,
-                uuid_field("callId", request.call_id)?,
+                required_uuid("attemptId", request.attempt_id)?,
+                required_uuid("callId", request.call_id)?,
                 effect,
             ))
         })()

@@ -4,9 +4,10 @@ use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult, Servic
 
 use super::principal;
 use crate::api::error::rpc;
-use crate::api::runtime::{attempt_events, parse_json, required_uuid};
+use crate::api::runtime::{attempt_events, parse_json};
 use crate::app::AppState;
 use crate::domain::attempt::InterruptSource;
+use crate::domain::ids::required_uuid;
 use crate::domain::release::canonical_json;
 use crate::proto::agentbay::runtime::v1 as pb;
 use crate::runtime::grain::AttemptView;

@@ -88,8 +88,37 @@ impl HolderKind {
     }
 }
 
+/// Checks a lease holder's id: 1 to 128 of `A-Z a-z 0-9 - _ . :`.
+pub fn parse_holder_id(text: &str) -> Result<String, crate::domain::FieldError> {
+    let ok = !text.is_empty()
+        && text.len() <= 128
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err(crate::domain::FieldError::new(
+            "holderId",
+            format!("{text:?} must be 1 to 128 characters of A-Z, a-z, 0-9, '-', '_', '.' or ':'"),
+        ))
+    }
+}
+
 /// Where a lease is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 pub enum LeaseState {
     /// Waiting for capacity.
     Requested,

@@ -7,6 +7,6 @@ pub mod pool;
 pub mod quota;
 
 pub use decide::{Level, Limit, QuotaContext, Usage, Verdict, decide, placement};
-pub use lease::{CapacityLease, HolderKind, LeaseRequest, LeaseState};
+pub use lease::{CapacityLease, HolderKind, LeaseRequest, LeaseState, parse_holder_id};
 pub use pool::{PoolKind, PoolSpec, PoolState, SecurityBoundary, SlotSize, WorkerPool};
 pub use quota::{EffectiveLimits, Quota, QuotaLimits, QuotaPatch, QuotaScope};

@@ -1,0 +1,52 @@
+"""Schemathesis hooks for agentbay's contract (SCHEMATHESIS_HOOKS).
+
+Text fields that carry a JSON document are declared `format: json` (and
+`contentMediaType: application/json`, which JSON Schema 2020-12 only
+annotates): this registers how to generate such a text, so that a
+schema-valid request carries a JSON document as the contract says.
+"""
+
+import json
+
+import schemathesis
+from hypothesis import strategies as st
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+_documents = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=10,
+)
+
+schemathesis.openapi.format("json", _documents.map(json.dumps))
+
+
+# Connect answers a refusal because of the system's state (a lease already
+# released, an attempt that has ended) as HTTP 400 with the code
+# `failed_precondition`, as the protocol maps it; that is not a rejection
+# of the request's data. Every other answer is judged by Schemathesis' own
+# check (run with `--exclude-checks positive_data_acceptance`).
+from schemathesis.specs.openapi.checks import positive_data_acceptance as _builtin
+
+
+def _connect_code(response):
+    if response.status_code != 400:
+        return None
+    try:
+        return json.loads(response.text).get("code")
+    except (ValueError, AttributeError):
+        return None
+
+
+@schemathesis.check
+def positive_data_acceptance_connect(ctx, response, case):
+    if _connect_code(response) == "failed_precondition":
+        return None
+    return _builtin(ctx, response, case)
