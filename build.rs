@@ -134,8 +134,8 @@ fn leading_comments(
 /// - `pattern `REGEX``: the text matches it;
 /// - `(an amount)`: a number above 0 in whole thousandths (`Amount`);
 /// - `Required when `other` is V.`: required only then (V: true, false or
-///   a text); `True only when `other` is V.`: a bool that may be true only
-///   then;
+///   a text); `At least N when `other` is V.`: a list that long then;
+///   `True only when `other` is V.`: a bool that may be true only then;
 /// - a message's comment `Needs one of: field_a, field_b.`: at least one
 ///   of them is given (not empty).
 fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
@@ -331,6 +331,27 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
                     },
                 }));
             }
+            // `At least N when `other` is V.` (a list of at least N items).
+            if let Some((_, rest)) = comment.split_once("At least ")
+                && let Some((n, _)) = rest.split_once(" when ")
+                && let Some((other, v)) = condition(&format!("At least {n} when "))
+            {
+                let n: u64 = match n {
+                    "one" => 1,
+                    "two" => 2,
+                    "three" => 3,
+                    n => n
+                        .parse()
+                        .unwrap_or_else(|_| panic!("{name}: At least {n}?")),
+                };
+                conditions.push(json!({
+                    "if": holds(&other, &v),
+                    "then": {
+                        "required": [f.json_name()],
+                        "properties": {f.json_name(): {"type": "array", "minItems": n}},
+                    },
+                }));
+            }
             if let Some((other, v)) = condition("True only when ") {
                 conditions.push(json!({
                     "if": holds(f.json_name(), &json!(true)),
@@ -383,7 +404,7 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
                 .split(", ")
                 .map(|f| {
                     let f = json_name(f.trim());
-                    json!({"required": [f], "properties": {f.clone(): {"minLength": 1}}})
+                    json!({"required": [f], "properties": {f.clone(): {"type": "string", "minLength": 1}}})
                 })
                 .collect();
             schema["anyOf"] = json!(either);

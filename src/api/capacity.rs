@@ -132,7 +132,7 @@ pub async fn list_pools(
 /// `SetWorkerPool`: create or change a pool (PlatformAdmin).
 #[utoipa::path(put, path = "/factory/capacity/pools/{poolId}", tag = "capacity",
     params(("poolId" = String, Path, description = "Pool id (a-z, 0-9, '-')")),
-    request_body(content = Object, description = "kind, securityBoundary, region, nodeProfile, minSize, maxSize, tenantId?, internetEgress?, autoscaling?, state?"),
+    request_body(content = PoolSpec),
     responses((status = 200, description = "The pool", body = Object), (status = 400, description = "A field is wrong"), (status = 403, description = "Not a PlatformAdmin"), (status = 409, description = "The pool has live leases")),
     security(("bearer" = [])))]
 pub async fn set_pool(
@@ -215,7 +215,7 @@ pub async fn get_quotas(
 /// (PlatformAdmin), or tighten a project's (WorkspaceAdmin of its tenant).
 #[utoipa::path(put, path = "/factory/capacity/quotas/{scope}", tag = "capacity",
     params(("scope" = String, Path, description = "edition.<name>, tenant.<tenantId> or project.<tenantId>.<projectId>")),
-    request_body(content = Object, description = "Any of concurrentRuns, concurrentSandboxes, cpuPerAttempt, memoryGbPerAttempt, executionMinutesPerDay: a value, or null to leave it to the parent"),
+    request_body(content = QuotaPatch, description = "Each limit absent (unchanged), null (left to the parent) or a value"),
     responses((status = 200, description = "The quota and the effective limits now", body = Object), (status = 400, description = "A value would loosen the parent's limit: the field, the value and the bound are named"), (status = 403, description = "The caller may not set this level: tenant limits and editions are PlatformAdmins'")),
     security(("bearer" = [])))]
 pub async fn set_quota(

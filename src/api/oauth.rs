@@ -28,10 +28,20 @@ use crate::auth::{AuthError, clients};
 use crate::domain::access::Scope;
 use crate::telemetry::names;
 
+/// The only grant: a client's own credentials.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+enum GrantType {
+    /// `client_credentials`.
+    #[schema(rename = "client_credentials")]
+    ClientCredentials,
+}
+
 /// The form fields of a token request.
 #[derive(Deserialize, Default, ToSchema)]
 pub struct TokenRequest {
     /// Must be `client_credentials`.
+    #[schema(required = true, value_type = GrantType)]
     pub grant_type: Option<String>,
     /// The client id, unless sent with HTTP Basic.
     pub client_id: Option<String>,

@@ -28,7 +28,12 @@ use super::{capacity, events, health, oauth, releases, runtime, tenants};
         runtime::get_attempt, runtime::list_checkpoints, runtime::watch_attempt,
         runtime::get_call, runtime::get_artifact,
     ),
-    components(schemas(oauth::TokenRequest, oauth::TokenResponse, health::Readiness)),
+    components(schemas(
+        oauth::TokenRequest,
+        oauth::TokenResponse,
+        health::Readiness,
+        crate::domain::capacity::LeaseState
+    )),
     modifiers(&BearerAuth),
     tags(
         (name = "auth", description = "Client credentials and tokens"),
@@ -133,6 +138,13 @@ fn complete_rest(doc: &mut Value) {
                         }
                         "hash" => schema["pattern"] = json!("^sha256:[0-9a-f]{64}$"),
                         "holderId" => schema["pattern"] = json!("^[A-Za-z0-9_.:-]{1,128}$"),
+                        "scope" => {
+                            // `domain::capacity::QuotaScope::parse`.
+                            let s = "[a-z0-9][a-z0-9-]{0,62}";
+                            schema["pattern"] = json!(format!(
+                                "^(edition\\.{s}|tenant\\.{s}|project\\.{s}\\.{s})$"
+                            ));
+                        }
                         _ if schema["type"] == "string" => schema["minLength"] = json!(1),
                         _ => {}
                     }
@@ -316,12 +328,31 @@ mod tests {
             );
         }
         // Field names are the proto3 JSON names; 64-bit integers accept
-        // strings.
+        // strings; an optional field may be null (absent); a required one
+        // is required, a UUID in its hyphenated form.
         let run = &schemas["agentbay.runs.v1.Run"]["properties"];
         assert!(run["runId"].is_object() && run["run_id"].is_null());
+        let begin = &schemas["agentbay.adapter.v1.BeginCallRequest"];
         assert_eq!(
-            schemas["agentbay.adapter.v1.BeginCallRequest"]["properties"]["fencingToken"]["type"],
+            begin["properties"]["fencingToken"]["anyOf"][0]["type"],
             json!(["string", "integer"])
+        );
+        assert_eq!(
+            begin["properties"]["fencingToken"]["anyOf"][1]["type"],
+            "null"
+        );
+        assert!(
+            begin["required"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("attemptId"))
+        );
+        assert_eq!(begin["properties"]["attemptId"]["pattern"], UUID);
+        // A text holding a JSON document says so.
+        let report = &schemas["agentbay.adapter.v1.ReportOutcomeRequest"];
+        assert!(
+            report.to_string().contains(r#""format":"json""#),
+            "{report}"
         );
         fn refs(v: &Value, out: &mut Vec<String>) {
             match v {

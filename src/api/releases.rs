@@ -81,7 +81,7 @@ fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<Option<TenantSco
 
 /// Imports a release bundle (`.tar.gz`): verifies it and stores the verdict.
 #[utoipa::path(post, path = "/runtime/releases", tag = "releases",
-    request_body(content = Vec<u8>, content_type = "application/gzip", description = "The bundle: manifest.json, signature.json and the files the manifest lists, as a .tar.gz"),
+    request_body(content = String, content_type = "application/gzip", description = "The bundle: manifest.json, signature.json and the files the manifest lists, as a .tar.gz"),
     responses(
         (status = 201, description = "Verified: the LoadedRelease", body = Object),
         (status = 200, description = "The same release was already verified", body = Object),
@@ -181,7 +181,7 @@ pub async fn get(
 }
 
 /// Body of deprecate and revoke.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Retire {
     /// finish | drain | interrupt.
@@ -208,7 +208,7 @@ async fn retire(
 /// `interrupt` stop new runs; `interrupt` also stops the running ones.
 #[utoipa::path(post, path = "/runtime/releases/{releaseId}/deprecate", tag = "releases",
     params(("releaseId" = String, Path, description = "Release id")),
-    request_body(content = Object, description = "{\"inFlightPolicy\": \"finish\" | \"drain\" | \"interrupt\"}"),
+    request_body(content = Retire),
     responses((status = 200, description = "The release and what happened to its running attempts", body = Object)),
     security(("bearer" = [])))]
 pub async fn deprecate(
@@ -233,7 +233,7 @@ pub async fn deprecate(
 /// finish, drain or are interrupted per the policy. Its contents stay.
 #[utoipa::path(post, path = "/runtime/releases/{releaseId}/revoke", tag = "releases",
     params(("releaseId" = String, Path, description = "Release id")),
-    request_body(content = Object, description = "{\"inFlightPolicy\": \"finish\" | \"drain\" | \"interrupt\"}"),
+    request_body(content = Retire),
     responses((status = 200, description = "The release and what happened to its running attempts", body = Object)),
     security(("bearer" = [])))]
 pub async fn revoke(

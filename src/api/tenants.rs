@@ -51,7 +51,7 @@ pub async fn get(
 /// Registers or changes a tenant (PlatformAdmin).
 #[utoipa::path(put, path = "/platform/tenants/{tenantId}", tag = "tenants",
     params(("tenantId" = String, Path, description = "Tenant id (a-z, 0-9, '-')")),
-    request_body(content = Object, description = "edition, displayName?, residencyRegions?"),
+    request_body(content = TenantSpec),
     responses((status = 200, description = "The tenant", body = Object), (status = 400, description = "Unknown edition or bad region")),
     security(("bearer" = [])))]
 pub async fn put(
@@ -67,7 +67,7 @@ pub async fn put(
 }
 
 /// Body of `PUT /platform/tenants/{tenantId}/projects/{projectId}`.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProjectSpec {
     /// Name shown to people.
@@ -79,7 +79,7 @@ pub struct ProjectSpec {
 /// (`agentbay.admin`) in their own tenant.
 #[utoipa::path(put, path = "/platform/tenants/{tenantId}/projects/{projectId}", tag = "tenants",
     params(("tenantId" = String, Path, description = "Tenant id"), ("projectId" = String, Path, description = "Project id")),
-    request_body(content = Object, description = "displayName?"),
+    request_body(content = Option<ProjectSpec>, description = "Optional: an empty body registers the project under its id"),
     responses((status = 200, description = "The project", body = Object)),
     security(("bearer" = [])))]
 pub async fn put_project(
@@ -92,8 +92,9 @@ pub async fn put_project(
     auth.principal.scope_for(&tenant)?;
     auth.principal.require(Scope::Admin)?;
     let project = ProjectId::parse_field("projectId", &project_id)?;
-    // An empty body is fine: the display name defaults to the id.
-    let spec: ProjectSpec = if body.iter().all(u8::is_ascii_whitespace) {
+    // An empty body (or null) is fine: the display name defaults to the id.
+    let text = body.trim_ascii();
+    let spec: ProjectSpec = if text.is_empty() || text == b"null" {
         ProjectSpec::default()
     } else {
         super::json::parse(&body)?

@@ -133,13 +133,11 @@ pub(super) fn insert(tx: &mut Tx, tenant: &TenantScope, user: &User) -> Result<(
         .index_ids(&platform, LOGIN_INDEX, &user.username)?
         .is_empty()
     {
-        return Err(FieldError::new(
-            "username",
-            format!(
-                "{} is taken; user names are unique across the appliance",
-                user.username
-            ),
-        )
+        // User names are unique across the appliance.
+        return Err(DomainError::AlreadyExists {
+            kind: "user",
+            id: user.username.clone(),
+        }
         .into());
     }
     tx.put(tenant, user)?;

@@ -830,14 +830,7 @@ impl Capacity {
             )
         })?;
         if !book.has_project(&request.tenant_id, &request.project_id) {
-            return Err(FieldError::new(
-                "projectId",
-                format!(
-                    "project {} is not registered in tenant {}",
-                    request.project_id, request.tenant_id
-                ),
-            )
-            .into());
+            return Err(DomainError::not_found("project", &request.project_id).into());
         }
         Ok(tenant)
     }

@@ -739,7 +739,7 @@ pub enum Lifecycle {
 
 /// What happens to attempts running a release when it is deprecated or
 /// revoked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum InFlightPolicy {
     /// Running attempts finish; (for a deprecation) new runs are still

@@ -34,7 +34,7 @@ pub struct Retention {
 }
 
 /// A tenant's overrides of the configured defaults; `None` inherits.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RetentionOverride {
     /// Payload retention in days.

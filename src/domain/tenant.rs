@@ -49,7 +49,7 @@ pub struct Project {
 }
 
 /// What a PlatformAdmin sets on a tenant.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TenantSpec {
     /// Name shown to people; the id when absent.

@@ -639,15 +639,7 @@ impl RunControl {
         }
         let projects = self.capacity.projects(scope).map_err(RuntimeError::from)?;
         if !projects.iter().any(|p| p.project_id == request.project_id) {
-            return Err(FieldError::new(
-                "projectId",
-                format!(
-                    "project {} is not registered in tenant {}",
-                    request.project_id,
-                    scope.tenant()
-                ),
-            )
-            .into());
+            return Err(DomainError::not_found("project", &request.project_id).into());
         }
         let release = self
             .releases

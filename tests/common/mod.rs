@@ -580,3 +580,74 @@ pub fn npm_package(dir: &str, file: &str) -> PathBuf {
     );
     path
 }
+
+/// The schemathesis command line (`st`), pinned by
+/// `tests/contract/requirements.txt`: `$SCHEMATHESIS` when set, else a
+/// virtual environment under the target directory that the first test to
+/// need it makes (`python3 -m venv` and `pip install`, one installer at a
+/// time across test processes; again when the pins change).
+pub fn schemathesis() -> PathBuf {
+    if let Ok(st) = std::env::var("SCHEMATHESIS") {
+        return PathBuf::from(st);
+    }
+    let pins = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/contract/requirements.txt");
+    let wanted = std::fs::read_to_string(&pins).expect("tests/contract/requirements.txt");
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("schemathesis");
+    let st = venv.join(if cfg!(windows) {
+        "Scripts/st.exe"
+    } else {
+        "bin/st"
+    });
+    let installed = venv.join("requirements.txt");
+    let current = || std::fs::read_to_string(&installed).ok().as_deref() == Some(wanted.as_str());
+    if !current() {
+        let lock = Path::new(env!("CARGO_TARGET_TMPDIR")).join("schemathesis.installing");
+        if std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+            .is_ok()
+        {
+            let _ = std::fs::remove_dir_all(&venv);
+            let made = Command::new("python3")
+                .arg("-m")
+                .arg("venv")
+                .arg(&venv)
+                .status();
+            let pip = venv.join(if cfg!(windows) {
+                "Scripts/pip.exe"
+            } else {
+                "bin/pip"
+            });
+            let status = made.and_then(|made| {
+                assert!(
+                    made.success(),
+                    "python3 -m venv {} failed (Debian: apt-get install -y python3-venv)",
+                    venv.display()
+                );
+                Command::new(&pip)
+                    .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
+                    .arg(&pins)
+                    .status()
+            });
+            let ok = status.is_ok_and(|s| s.success());
+            if ok {
+                std::fs::write(&installed, &wanted).expect("record the installed pins");
+            }
+            let _ = std::fs::remove_file(&lock);
+            assert!(
+                ok,
+                "installing schemathesis failed: pip install -r {}",
+                pins.display()
+            );
+        }
+        for _ in 0..3000 {
+            if current() && !lock.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+    assert!(st.exists(), "{} is missing", st.display());
+    st
+}

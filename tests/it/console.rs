@@ -907,11 +907,11 @@ async fn forms_act_only_for_the_roles_that_may() {
     let (ok, message) = wsa
         .act("/users", &[("username", "newbie"), ("roles", "Observer")])
         .await;
-    assert!(!ok && message.contains("taken"), "{message}");
+    assert!(!ok && message.contains("already exists"), "{message}");
     let (ok, message) = wsa
         .act("/users", &[("username", "pla"), ("roles", "Observer")])
         .await;
-    assert!(!ok && message.contains("taken"), "{message}");
+    assert!(!ok && message.contains("already exists"), "{message}");
     assert!(
         !message.contains("platform"),
         "another tenant is not named: {message}"

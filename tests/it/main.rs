@@ -12,6 +12,7 @@ mod capacity;
 mod cli;
 mod consistency;
 mod console;
+mod contract;
 mod durability;
 mod events;
 mod http;

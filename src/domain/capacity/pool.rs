@@ -16,9 +16,12 @@ use crate::domain::error::{DomainError, FieldError};
 use crate::domain::events::{EventPayload, NewEvent};
 use crate::domain::ids::TenantId;
 use crate::domain::tenant::check_region;
+use utoipa::ToSchema;
 
 /// What a pool runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum PoolKind {
     /// Agent attempts.
@@ -44,7 +47,7 @@ impl PoolKind {
 }
 
 /// Who may share a pool's machines.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum SecurityBoundary {
     /// Every tenant; never reaches the internet.
@@ -67,7 +70,7 @@ impl SecurityBoundary {
 }
 
 /// Lifecycle of a pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 pub enum PoolState {
     /// Being set up; no grants yet.
     Provisioning,
@@ -96,7 +99,7 @@ pub struct SlotSize {
 }
 
 /// How the autoscaler sizes the pool.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Autoscaling {
     /// Whether the autoscaler moves the size at all.
@@ -164,11 +167,12 @@ pub struct WorkerPool {
 }
 
 /// What `SetWorkerPool` carries.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolSpec {
     /// Owner: the platform tenant (default) for shared pools.
     #[serde(default)]
+    #[schema(value_type = Option<String>, pattern = "^[a-z0-9][a-z0-9-]{0,62}$")]
     pub tenant_id: Option<TenantId>,
     /// What it runs.
     pub kind: PoolKind,

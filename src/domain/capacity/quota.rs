@@ -270,7 +270,7 @@ impl EffectiveLimits {
 
 /// A change to one level's limits: each field absent (unchanged), `null`
 /// (left to the parent again) or a value.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct QuotaPatch {
     /// See [`QuotaLimits::concurrent_runs`].
