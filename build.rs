@@ -127,7 +127,7 @@ fn leading_comments(
 /// - `at most N characters`: the text's longest;
 /// - `one of: a, b.`: the only values (of each item, for a list);
 /// - `a JSON document`: the text is JSON (`format: json`);
-/// - `(a UUID)`, `(a slug)`: the text's form;
+/// - `(a UUID)`, `(a slug)`, `(a key)`: the text's form;
 ///
 /// and an optional field may always be null, an optional text empty
 /// (proto3: absent).
@@ -178,15 +178,43 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
         }
         json!({ "$ref": format!("#/components/schemas/{}", type_name.trim_start_matches('.')) })
     }
+    /// A regular expression for the decimals from 1 to `max` (no leading
+    /// zero).
+    fn up_to(max: &str) -> String {
+        let n = max.len();
+        let mut alternatives = vec![format!("[1-9][0-9]{{0,{}}}", n - 2)];
+        for (i, d) in max.bytes().enumerate() {
+            let low = if i == 0 { b'1' } else { b'0' };
+            if d > low {
+                alternatives.push(format!(
+                    "{}[{}-{}][0-9]{{{}}}",
+                    &max[..i],
+                    low as char,
+                    (d - 1) as char,
+                    n - i - 1
+                ));
+            }
+        }
+        alternatives.push(max.to_string());
+        alternatives.join("|")
+    }
     fn scalar(field: &prost_types::FieldDescriptorProto) -> Value {
         match field.r#type() {
             Type::Double | Type::Float => json!({"type": "number"}),
-            Type::Int64 | Type::Sint64 | Type::Sfixed64 => {
-                json!({"type": ["string", "integer"], "pattern": "^-?[0-9]+$", "minimum": i64::MIN, "maximum": i64::MAX})
-            }
-            Type::Uint64 | Type::Fixed64 => {
-                json!({"type": ["string", "integer"], "pattern": "^[0-9]+$", "minimum": 0, "maximum": u64::MAX})
-            }
+            // A quoted 64-bit integer: what the JSON parser takes (a sign,
+            // leading zeros), within range.
+            Type::Int64 | Type::Sint64 | Type::Sfixed64 => json!({
+                "type": ["string", "integer"],
+                "pattern": format!("^([+]?0*({})|-0*({})|[+-]?0+)$", up_to(&i64::MAX.to_string()), up_to("9223372036854775808")),
+                "minimum": i64::MIN,
+                "maximum": i64::MAX,
+            }),
+            Type::Uint64 | Type::Fixed64 => json!({
+                "type": ["string", "integer"],
+                "pattern": format!("^[+]?(0*({})|0+)$", up_to(&u64::MAX.to_string())),
+                "minimum": 0,
+                "maximum": u64::MAX,
+            }),
             Type::Int32 | Type::Sint32 | Type::Sfixed32 => {
                 json!({"type": "integer", "minimum": i32::MIN, "maximum": i32::MAX})
             }
@@ -249,6 +277,12 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
         if let Some((_, rest)) = comment.split_once("pattern `") {
             let pattern = rest.split('`').next().unwrap_or_default();
             value["pattern"] = json!(pattern);
+            return empty_too(value);
+        }
+        if comment.contains("(a key)") {
+            // `FieldError::check_key`: 1 to 128 characters, no '/' or
+            // control character.
+            value["pattern"] = json!("^[^/\\x00-\\x1f\\x7f-\\x9f]{1,128}$");
             return empty_too(value);
         }
         if comment.contains("(a UUID)") {

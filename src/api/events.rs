@@ -117,10 +117,17 @@ pub fn filter_for(
 pub fn check_until(store: &Store, field: &str, until: Option<u64>) -> Result<(), ApiError> {
     let head = store.events_head();
     match until {
-        Some(u) if u > head => Err(ApiError::invalid(
-            field,
-            format!("{u} is beyond the last event, {head}; read the head first (GET /events/head)"),
-        )),
+        // The request is well formed; the outbox is not there yet.
+        Some(u) if u > head => {
+            let mut e = ApiError::new(
+                ErrorCode::FailedPrecondition,
+                format!(
+                    "{field}: {u} is beyond the last event, {head}; read the head first (GET /events/head)"
+                ),
+            );
+            e.field = Some(field.to_string());
+            Err(e)
+        }
         _ => Ok(()),
     }
 }
@@ -256,6 +263,7 @@ pub const HEAD_HEADER: &str = "agentbay-events-head";
     params(EventsQuery, ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this sequence")),
     responses(
         (status = 200, description = "text/event-stream of outbox events; header Agentbay-Events-Head: the last durable event's sequence when it opened", content_type = "text/event-stream"),
+        (status = 409, description = "`until` is beyond the last event: read the head first", content_type = "application/problem+json"),
         (status = 401, description = "No valid token", content_type = "application/problem+json"),
         (status = 403, description = "Missing agentbay.events.read, or another tenant", content_type = "application/problem+json"),
     ),

@@ -81,35 +81,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             ));
         }
     }
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        use serde_json::error::Category;
-        match inner.classify() {
-            Category::Syntax | Category::Eof | Category::Io => ApiError::new(
-                ErrorCode::MalformedJson,
-                format!(
-                    "the request body is not valid JSON: {} at line {} column {}",
-                    strip_position(&inner.to_string()),
-                    inner.line(),
-                    inner.column()
-                ),
-            ),
-            Category::Data => {
-                let reason = strip_position(&inner.to_string());
-                if path == "." {
-                    ApiError::new(
-                        ErrorCode::InvalidArgument,
-                        format!("the request body is wrong: {reason}"),
-                    )
-                } else {
-                    ApiError::invalid(path, reason)
-                }
-            }
-        }
-    })?;
-    de.end().map_err(|e| {
+    let syntax = |e: serde_json::Error| {
         ApiError::new(
             ErrorCode::MalformedJson,
             format!(
@@ -119,8 +91,40 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                 e.column()
             ),
         )
-    })?;
-    Ok(value)
+    };
+    let mut document: serde_json::Value = serde_json::from_slice(bytes).map_err(syntax)?;
+    integral_numbers(&mut document);
+    serde_path_to_error::deserialize(document).map_err(|e| {
+        let path = e.path().to_string();
+        let reason = strip_position(&e.into_inner().to_string());
+        if path == "." {
+            ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!("the request body is wrong: {reason}"),
+            )
+        } else {
+            ApiError::invalid(path, reason)
+        }
+    })
+}
+
+/// JSON has one number type: `2.0` is the integer 2 (as JSON Schema says),
+/// so a whole number written with a fraction reads as an integer.
+fn integral_numbers(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+                && f.abs() <= 9_007_199_254_740_992.0
+            {
+                *v = Value::from(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_numbers),
+        Value::Object(fields) => fields.values_mut().for_each(integral_numbers),
+        _ => {}
+    }
 }
 
 fn strip_position(message: &str) -> String {
@@ -169,5 +173,13 @@ mod tests {
         let e = parse::<Body>(br#"{"tenantId": "a", "limits": {"maxMinutes": 1}} trailing"#)
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::MalformedJson);
+    }
+
+    #[test]
+    fn a_whole_number_with_a_fraction_is_an_integer() {
+        let b = parse::<Body>(br#"{"tenantId": "a", "limits": {"maxMinutes": 30.0}}"#).unwrap();
+        assert_eq!(b.limits.max_minutes, 30);
+        let e = parse::<Body>(br#"{"tenantId": "a", "limits": {"maxMinutes": 30.5}}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("limits.maxMinutes"));
     }
 }

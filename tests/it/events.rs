@@ -168,7 +168,8 @@ async fn a_reader_catches_up_to_the_head_and_its_stream_ends_there() {
         .map(|v| v.parse().unwrap())
         .collect();
     assert_eq!(ids, (1..=head).collect::<Vec<_>>());
-    // Past the head is refused, naming the field.
+    // Past the head is refused (the outbox is not there yet), naming the
+    // field.
     let beyond = a
         .http()
         .get(format!("{}/events?until={}", a.url, head + 1000))
@@ -177,7 +178,7 @@ async fn a_reader_catches_up_to_the_head_and_its_stream_ends_there() {
         .await
         .unwrap();
     let (status, problem) = crate::common::problem(beyond).await;
-    assert_eq!((status, problem["field"].as_str()), (400, Some("until")));
+    assert_eq!((status, problem["field"].as_str()), (409, Some("until")));
     // The same over RPC: the head, then a stream that ends there.
     let rpc = a.rpc_json(&admin);
     let rpc_head = rpc
