@@ -211,13 +211,20 @@ pub fn event_stream(
     ReceiverStream::new(rx)
 }
 
+/// The last durable event.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct EventsHead {
+    /// Its outbox sequence; 0 when there is none yet.
+    pub sequence: u64,
+}
+
 /// The sequence of the last durable event: read up to it to catch up.
 #[utoipa::path(
     get,
     path = "/events/head",
     tag = "events",
     responses(
-        (status = 200, description = "`{\"sequence\": N}`: the last durable event's sequence (0: none yet)", body = Object),
+        (status = 200, description = "The last durable event's sequence (0: none yet)", body = EventsHead),
         (status = 401, description = "No valid token", content_type = "application/problem+json"),
         (status = 403, description = "Missing agentbay.events.read, or another tenant", content_type = "application/problem+json"),
     ),
@@ -228,7 +235,7 @@ pub async fn head(
     State(state): State<AppState>,
     auth: Authorized<need::EventsRead>,
     RawQuery(raw): RawQuery,
-) -> Result<axum::Json<serde_json::Value>, ApiError> {
+) -> Result<axum::Json<EventsHead>, ApiError> {
     // The same parameters and the same tenant rule as the stream itself:
     // the head is where a reader of that stream would catch up to.
     let query = EventsQuery::parse(raw.as_deref())?;
@@ -246,9 +253,9 @@ pub async fn head(
         ));
     }
     filter_for(&auth.principal, query.tenant.as_deref(), Vec::new())?;
-    Ok(axum::Json(
-        serde_json::json!({ "sequence": state.store.events_head() }),
-    ))
+    Ok(axum::Json(EventsHead {
+        sequence: state.store.events_head(),
+    }))
 }
 
 /// The header that tells a stream's reader where the head was when it

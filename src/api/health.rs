@@ -19,10 +19,17 @@ use crate::auth::extract::{Authorized, need};
 use crate::telemetry::names;
 use crate::worker::WorkerStatus;
 
+/// Liveness: always `ok` while the process serves.
+#[derive(Serialize, ToSchema)]
+pub struct Liveness {
+    /// `ok`.
+    pub status: &'static str,
+}
+
 /// Liveness.
-#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "The process serves")))]
-pub async fn healthz() -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "status": "ok" }))
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, description = "The process serves", body = Liveness)))]
+pub async fn healthz() -> Json<Liveness> {
+    Json(Liveness { status: "ok" })
 }
 
 /// Readiness report.

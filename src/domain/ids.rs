@@ -96,8 +96,23 @@ macro_rules! slug_id {
                 id.0
             }
         }
+
+        /// In the API's schemas: a slug, inline.
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .pattern(Some(SLUG_PATTERN))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
     };
 }
+
+/// What [`check_slug`] accepts, as a regular expression.
+pub const SLUG_PATTERN: &str = "^[a-z0-9][a-z0-9-]{0,62}$";
 
 slug_id!(
     /// A tenant: the unit of isolation. Every stored record belongs to one.

@@ -13,7 +13,7 @@ use super::ids::{ProjectId, TenantId};
 use super::retention::RetentionOverride;
 
 /// A registered tenant.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Tenant {
     /// The tenant.
@@ -35,7 +35,7 @@ pub struct Tenant {
 }
 
 /// A project of a tenant.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Project {
     /// Its tenant.
