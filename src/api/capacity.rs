@@ -5,6 +5,7 @@ use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use serde::Serialize;
 use serde_json::{Value, json};
+use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
@@ -13,8 +14,9 @@ use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::capacity::grain::{PoolSnapshot, PoolStatus};
 use crate::capacity::{CapacityError, LeaseFilter, LeaseView};
+use crate::domain::amount::Amount;
 use crate::domain::capacity::{
-    LeaseState, PoolSpec, QuotaPatch, QuotaScope, WorkerPool, parse_holder_id,
+    CapacityLease, LeaseState, PoolSpec, QuotaPatch, QuotaScope, WorkerPool, parse_holder_id,
 };
 use crate::domain::ids::parse_uuid;
 use crate::domain::{ProjectId, TenantId};
@@ -82,65 +84,122 @@ fn visible(principal: &Principal, pool: &WorkerPool) -> bool {
     principal.is_platform_admin() || pool.visible_to(&principal.tenant)
 }
 
-/// A pool as the API shows it.
-pub fn pool_json(status: &PoolStatus) -> Value {
-    let mut v = serde_json::to_value(&status.pool).expect("pools serialise");
-    let cap = status.pool.capacity();
-    let max = status.pool.max_capacity();
-    let o = v.as_object_mut().expect("object");
-    o.insert("capacityCpu".into(), json!(cap.cpu));
-    o.insert("capacityMemoryGb".into(), json!(cap.memory_gb));
-    o.insert("maxCapacityCpu".into(), json!(max.cpu));
-    o.insert("maxCapacityMemoryGb".into(), json!(max.memory_gb));
-    o.insert("queued".into(), json!(status.queued));
-    v
+/// A pool as the API shows it: the record, its capacity now and at its
+/// largest, and how many requests wait for it.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolBody {
+    /// The pool.
+    #[serde(flatten)]
+    pub pool: WorkerPool,
+    /// CPUs of its current size.
+    pub capacity_cpu: Amount,
+    /// Memory of its current size, in GB.
+    pub capacity_memory_gb: Amount,
+    /// CPUs at its largest.
+    pub max_capacity_cpu: Amount,
+    /// Memory at its largest, in GB.
+    pub max_capacity_memory_gb: Amount,
+    /// Requests waiting for it.
+    pub queued: usize,
+}
+
+impl PoolBody {
+    fn of(status: &PoolStatus) -> PoolBody {
+        let (cap, max) = (status.pool.capacity(), status.pool.max_capacity());
+        PoolBody {
+            pool: status.pool.clone(),
+            capacity_cpu: cap.cpu,
+            capacity_memory_gb: cap.memory_gb,
+            max_capacity_cpu: max.cpu,
+            max_capacity_memory_gb: max.memory_gb,
+            queued: status.queued,
+        }
+    }
 }
 
 /// A lease as the API shows it: the record, its queue position while it
-/// waits and the limiting quota.
-pub fn lease_json(view: &LeaseView) -> Value {
-    let mut v = serde_json::to_value(&view.lease).expect("leases serialise");
-    let o = v.as_object_mut().expect("object");
-    if let Some(limit) = &view.limit {
-        o.insert("reason".into(), json!(limit.to_string()));
-        if let Some(field) = limit.quota_field() {
-            o.insert("limitingQuota".into(), json!(field));
+/// waits and the limiting quota (which then also gives the reason).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseBody {
+    /// The lease.
+    #[serde(flatten)]
+    pub lease: CapacityLease,
+    /// 1-based place in its pool's queue while it waits.
+    pub queue_position: Option<usize>,
+}
+
+impl LeaseBody {
+    fn of(view: &LeaseView) -> LeaseBody {
+        let mut lease = view.lease.clone();
+        if let Some(limit) = &view.limit {
+            lease.reason = Some(limit.to_string());
+            if let Some(field) = limit.quota_field() {
+                lease.limiting_quota = Some(field.to_string());
+            }
+        }
+        LeaseBody {
+            lease,
+            queue_position: view.queue_position,
         }
     }
-    o.insert("queuePosition".into(), json!(view.queue_position));
-    v
+}
+
+/// Pools.
+#[derive(Serialize, ToSchema)]
+pub struct PoolList {
+    /// Each pool.
+    pub pools: Vec<PoolBody>,
+}
+
+/// A page of leases, newest first.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeasePage {
+    /// The leases.
+    pub leases: Vec<LeaseBody>,
+    /// The id to pass as `before` for the next page; null on the last.
+    pub next_before: Option<String>,
+}
+
+/// Requests that wait.
+#[derive(Serialize, ToSchema)]
+pub struct Waiting {
+    /// Each waiting request, in queue order.
+    pub waiting: Vec<LeaseBody>,
 }
 
 /// `ListWorkerPools`: pools with kind, boundary, region, size and utilisation.
 #[utoipa::path(get, path = "/factory/capacity/pools", tag = "capacity",
-    responses((status = 200, description = "Pools the caller may use (every pool for a PlatformAdmin)", body = Object)),
+    responses((status = 200, description = "Pools the caller may use (every pool for a PlatformAdmin)", body = PoolList)),
     security(("bearer" = [])))]
 pub async fn list_pools(
     State(state): State<AppState>,
     auth: Authorized<need::CapacityRead>,
-) -> Json<Value> {
-    let pools: Vec<Value> = state
+) -> Json<PoolList> {
+    let pools = state
         .capacity
         .pools()
         .iter()
         .filter(|s| visible(&auth.principal, &s.pool))
-        .map(pool_json)
+        .map(PoolBody::of)
         .collect();
-    Json(json!({ "pools": pools }))
+    Json(PoolList { pools })
 }
 
 /// `SetWorkerPool`: create or change a pool (PlatformAdmin).
 #[utoipa::path(put, path = "/factory/capacity/pools/{poolId}", tag = "capacity",
     params(("poolId" = String, Path, description = "Pool id (a-z, 0-9, '-')")),
     request_body(content = PoolSpec),
-    responses((status = 200, description = "The pool", body = Object), (status = 400, description = "A field is wrong"), (status = 403, description = "Not a PlatformAdmin"), (status = 409, description = "The pool has live leases")),
+    responses((status = 200, description = "The pool", body = PoolBody), (status = 400, description = "A field is wrong"), (status = 403, description = "Not a PlatformAdmin"), (status = 409, description = "The pool has live leases")),
     security(("bearer" = [])))]
 pub async fn set_pool(
     State(state): State<AppState>,
     auth: Authorized<need::CapacityAdmin>,
     Path(pool_id): Path<String>,
     ApiJson(spec): ApiJson<PoolSpec>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PoolBody>, ApiError> {
     auth.principal.platform_scope()?;
     let pool = state.capacity.set_pool(&pool_id, spec).await?;
     tracing::info!(pool = %pool_id, by = %auth.principal.subject, "SetWorkerPool");
@@ -148,7 +207,7 @@ pub async fn set_pool(
         .capacity
         .pool(&pool.pool_id)
         .unwrap_or(PoolStatus { pool, queued: 0 });
-    Ok(Json(pool_json(&status)))
+    Ok(Json(PoolBody::of(&status)))
 }
 
 /// The waiting requests of a pool, in order, with their reasons.
@@ -172,7 +231,7 @@ pub async fn pool_queue(
         .iter()
         .map(|v| {
             if auth.principal.is_platform_admin() || v.lease.tenant_id == auth.principal.tenant {
-                lease_json(v)
+                serde_json::to_value(LeaseBody::of(v)).expect("leases serialise")
             } else {
                 json!({
                     "queuePosition": v.queue_position,
@@ -251,13 +310,13 @@ pub async fn set_quota(
         ("before" = Option<String>, Query, description = "Only leases older than this lease id: the `nextBefore` of the previous page"),
         ("tenant" = Option<String>, Query, description = "PlatformAdmins: one tenant; all when absent"),
     ),
-    responses((status = 200, description = "Leases, each waiting one with its reason and queue position; `nextBefore`, when the page is full, continues the list", body = Object)),
+    responses((status = 200, description = "Leases, each waiting one with its reason and queue position; `nextBefore`, when the page is full, continues the list", body = LeasePage)),
     security(("bearer" = [])))]
 pub async fn list_leases(
     State(state): State<AppState>,
     auth: Authorized<need::CapacityRead>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<LeasePage>, ApiError> {
     let pairs = query_pairs(
         raw.as_deref(),
         &[
@@ -317,22 +376,22 @@ pub async fn list_leases(
     let next_before = (leases.len() == limit)
         .then(|| leases.last().map(|v| v.lease.lease_id.to_string()))
         .flatten();
-    Ok(Json(json!({
-        "leases": leases.iter().map(lease_json).collect::<Vec<_>>(),
-        "nextBefore": next_before,
-    })))
+    Ok(Json(LeasePage {
+        leases: leases.iter().map(LeaseBody::of).collect(),
+        next_before,
+    }))
 }
 
 /// The caller's waiting requests across pools, with position and reason.
 #[utoipa::path(get, path = "/factory/capacity/queue", tag = "capacity",
     params(("projectId" = Option<String>, Query, description = "Only this project"), ("tenant" = Option<String>, Query, description = "PlatformAdmins: another tenant")),
-    responses((status = 200, description = "Waiting requests of the tenant (or project)", body = Object)),
+    responses((status = 200, description = "Waiting requests of the tenant (or project)", body = Waiting)),
     security(("bearer" = [])))]
 pub async fn my_queue(
     State(state): State<AppState>,
     auth: Authorized<need::CapacityRead>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Waiting>, ApiError> {
     let pairs = query_pairs(raw.as_deref(), &["projectId", "tenant"])?;
     let scope = tenant_of(&auth.principal, &pairs)?;
     let filter = LeaseFilter {
@@ -343,9 +402,9 @@ pub async fn my_queue(
         ..LeaseFilter::default()
     };
     let leases = state.capacity.leases(Some(&scope), &filter, 5000).await?;
-    Ok(Json(
-        json!({ "waiting": leases.iter().map(lease_json).collect::<Vec<_>>() }),
-    ))
+    Ok(Json(Waiting {
+        waiting: leases.iter().map(LeaseBody::of).collect(),
+    }))
 }
 
 #[derive(Serialize)]
@@ -427,14 +486,14 @@ pub async fn accounting(
 /// A lease of the caller's tenant (or any, for a PlatformAdmin with `?tenant=`).
 #[utoipa::path(get, path = "/factory/capacity/leases/{leaseId}", tag = "capacity",
     params(("leaseId" = String, Path, description = "Lease id")),
-    responses((status = 200, description = "The lease, with its position and reason while it waits", body = Object)),
+    responses((status = 200, description = "The lease, with its position and reason while it waits", body = LeaseBody)),
     security(("bearer" = [])))]
 pub async fn get_lease(
     State(state): State<AppState>,
     auth: Authorized<need::CapacityRead>,
     Path(lease_id): Path<String>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<LeaseBody>, ApiError> {
     let pairs = query_pairs(raw.as_deref(), &["tenant"])?;
     let scope = tenant_of(&auth.principal, &pairs)?;
     let id = parse_uuid("leaseId", &lease_id)?;
@@ -455,5 +514,5 @@ pub async fn get_lease(
             queue_position: None,
             limit: None,
         });
-    Ok(Json(lease_json(&view)))
+    Ok(Json(LeaseBody::of(&view)))
 }

@@ -144,6 +144,18 @@ impl fmt::Display for Amount {
     }
 }
 
+/// In the API's schemas: a non-negative number in thousandths, inline.
+impl utoipa::PartialSchema for Amount {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::Number)
+            .minimum(Some(0))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Amount {}
+
 impl Serialize for Amount {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         // Stored and shown as a number; thousandths print exactly.

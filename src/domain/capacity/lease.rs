@@ -27,7 +27,19 @@ use crate::domain::ids::{ProjectId, TenantId};
 use super::pool::PoolKind;
 
 /// What holds a lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum HolderKind {
     /// An execution attempt.
@@ -212,7 +224,7 @@ pub struct LeaseRequest {
 }
 
 /// A lease as stored.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CapacityLease {
     /// The lease.

@@ -89,7 +89,7 @@ impl fmt::Display for PoolState {
 }
 
 /// The CPU and memory of one slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SlotSize {
     /// CPUs per slot.
@@ -118,7 +118,7 @@ impl Default for Autoscaling {
 }
 
 /// A pool as stored, with its accounting.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerPool {
     /// Globally unique slug.
