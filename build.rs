@@ -321,17 +321,17 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
         let mut properties = Map::new();
         let mut required = Vec::new();
         let mut conditions = Vec::new();
+        let json_name = |proto: &str| {
+            m.field
+                .iter()
+                .find(|f| f.name() == proto)
+                .unwrap_or_else(|| panic!("{name}: no field {proto}"))
+                .json_name()
+                .to_string()
+        };
         for (fi, f) in m.field.iter().enumerate() {
             let comment = comments(fi).unwrap_or_default();
             let needed = comment.starts_with("Required") && !comment.starts_with("Required when");
-            let json_name = |proto: &str| {
-                m.field
-                    .iter()
-                    .find(|f| f.name() == proto)
-                    .unwrap_or_else(|| panic!("{name}: no field {proto}"))
-                    .json_name()
-                    .to_string()
-            };
             // `Required when `other` is V.` and `True only when `other` is V.`
             let condition = |text: &str| -> Option<(String, Value)> {
                 let (_, rest) = comment.split_once(text)?;
@@ -423,14 +423,6 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
             schema["allOf"] = json!(conditions);
         }
         if let Some((_, rest)) = doc.and_then(|d| d.split_once("Needs one of: ")) {
-            let json_name = |proto: &str| {
-                m.field
-                    .iter()
-                    .find(|f| f.name() == proto)
-                    .unwrap_or_else(|| panic!("{name}: no field {proto}"))
-                    .json_name()
-                    .to_string()
-            };
             let either: Vec<Value> = rest
                 .split('.')
                 .next()

@@ -8,6 +8,8 @@
 
 use std::process::Command;
 
+use agentbay::domain::access::Scope;
+
 use crate::common::{Appliance, schemathesis};
 
 #[tokio::test]
@@ -22,20 +24,12 @@ async fn the_api_keeps_its_published_contract_under_a_fuzzer() {
             ("AGENTBAY_CAPACITY__MAX_WAIT_SECONDS", "1"),
         ],
     );
-    let scopes = [
-        "factory.capacity.read",
-        "factory.capacity.admin",
-        "factory.capacity.lease",
-        "factory.runs.read",
-        "factory.runs.write",
-        "factory.runs.decide",
-        "factory.runs.operate",
-        "factory.runs.execute",
-        "factory.assets.read",
-        "factory.assets.admin",
-        "agentbay.events.read",
-        "agentbay.admin",
-    ];
+    // Every scope a tenant's client may hold.
+    let scopes: Vec<&str> = Scope::ALL
+        .iter()
+        .filter(|s| !s.platform_only())
+        .map(|s| s.as_str())
+        .collect();
     let client = a.create_client("acme", &scopes).await;
     let token = a.token(&client).await;
     let doc = a
