@@ -33,7 +33,7 @@ pub trait Worker: Send + Sync + 'static {
 }
 
 /// The last known state of a worker.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerStatus {
     /// The worker.

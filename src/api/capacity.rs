@@ -4,7 +4,6 @@
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use serde::Serialize;
-use serde_json::{Value, json};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorCode};
@@ -13,10 +12,11 @@ use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::capacity::grain::{PoolSnapshot, PoolStatus};
-use crate::capacity::{CapacityError, LeaseFilter, LeaseView};
+use crate::capacity::{CapacityError, LeaseFilter, LeaseView, TenantQuotas};
 use crate::domain::amount::Amount;
 use crate::domain::capacity::{
-    CapacityLease, LeaseState, PoolSpec, QuotaPatch, QuotaScope, WorkerPool, parse_holder_id,
+    CapacityLease, EffectiveLimits, LeaseState, PoolSpec, Quota, QuotaPatch, QuotaScope,
+    WorkerPool, parse_holder_id,
 };
 use crate::domain::ids::parse_uuid;
 use crate::domain::{ProjectId, TenantId};
@@ -210,64 +210,127 @@ pub async fn set_pool(
     Ok(Json(PoolBody::of(&status)))
 }
 
+/// A request in a pool's queue: the whole lease when it is the caller's
+/// tenant's (or the caller is a PlatformAdmin), else only what tells the
+/// caller why it waits behind it.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum QueueEntry {
+    /// The caller's own request.
+    Own(Box<LeaseBody>),
+    /// Another tenant's request.
+    Other(OtherRequest),
+}
+
+/// Another tenant's request in a pool's queue: its place, size and whether
+/// it waits on the pool or on its own tenant's quota.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OtherRequest {
+    /// 1-based place in the queue.
+    pub queue_position: Option<usize>,
+    /// CPUs asked for.
+    pub cpu: Amount,
+    /// Memory asked for, in GB.
+    pub memory_gb: Amount,
+    /// `pool` when it waits for the pool's capacity, `quota` when for its
+    /// own tenant's limit.
+    pub waiting_on: WaitingOn,
+}
+
+/// What a queued request waits on.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum WaitingOn {
+    /// The pool's free capacity.
+    Pool,
+    /// A quota of its own tenant.
+    Quota,
+}
+
+/// A pool's queue.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolQueue {
+    /// The pool.
+    pub pool_id: String,
+    /// CPUs held back for the head of the queue.
+    pub held_back_cpu: Amount,
+    /// Memory held back for the head of the queue, in GB.
+    pub held_back_memory_gb: Amount,
+    /// The waiting requests, in order.
+    pub queue: Vec<QueueEntry>,
+}
+
 /// The waiting requests of a pool, in order, with their reasons.
 #[utoipa::path(get, path = "/factory/capacity/pools/{poolId}/queue", tag = "capacity",
     params(("poolId" = String, Path, description = "Pool id")),
-    responses((status = 200, description = "Queue in order; other tenants' requests show only their position, size and reason kind", body = Object)),
+    responses((status = 200, description = "Queue in order; other tenants' requests show only their position, size and what they wait on", body = PoolQueue)),
     security(("bearer" = [])))]
 pub async fn pool_queue(
     State(state): State<AppState>,
     auth: Authorized<need::CapacityRead>,
     Path(pool_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PoolQueue>, ApiError> {
     let status = state
         .capacity
         .pool(&pool_id)
         .filter(|s| visible(&auth.principal, &s.pool))
         .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("pool {pool_id} not found")))?;
     let snapshot = state.capacity.snapshot(&status.pool.pool_id).await?;
-    let queue: Vec<Value> = snapshot
+    let queue = snapshot
         .queue
         .iter()
         .map(|v| {
             if auth.principal.is_platform_admin() || v.lease.tenant_id == auth.principal.tenant {
-                serde_json::to_value(LeaseBody::of(v)).expect("leases serialise")
+                QueueEntry::Own(Box::new(LeaseBody::of(v)))
             } else {
-                json!({
-                    "queuePosition": v.queue_position,
-                    "tenantId": null,
-                    "cpu": v.lease.cpu,
-                    "memoryGb": v.lease.memory_gb,
-                    "waitingOn": if v.limit.as_ref().is_some_and(|l| l.quota_field().is_some()) { "quota" } else { "pool" },
+                let on_quota = v.limit.as_ref().is_some_and(|l| l.quota_field().is_some());
+                QueueEntry::Other(OtherRequest {
+                    queue_position: v.queue_position,
+                    cpu: v.lease.cpu,
+                    memory_gb: v.lease.memory_gb,
+                    waiting_on: if on_quota {
+                        WaitingOn::Quota
+                    } else {
+                        WaitingOn::Pool
+                    },
                 })
             }
         })
         .collect();
-    Ok(Json(json!({
-        "poolId": status.pool.pool_id,
-        "heldBackCpu": snapshot.held_back.cpu,
-        "heldBackMemoryGb": snapshot.held_back.memory_gb,
-        "queue": queue,
-    })))
+    Ok(Json(PoolQueue {
+        pool_id: status.pool.pool_id,
+        held_back_cpu: snapshot.held_back.cpu,
+        held_back_memory_gb: snapshot.held_back.memory_gb,
+        queue,
+    }))
 }
 
 /// `GetQuotas`: effective quotas of the tenant and its projects with their
 /// source.
 #[utoipa::path(get, path = "/factory/capacity/quotas", tag = "capacity",
     params(("tenant" = Option<String>, Query, description = "PlatformAdmins: another tenant")),
-    responses((status = 200, description = "Edition, tenant and project levels with effective values, sources and usage", body = Object)),
+    responses((status = 200, description = "Edition, tenant and project levels with effective values, sources and usage", body = TenantQuotas)),
     security(("bearer" = [])))]
 pub async fn get_quotas(
     State(state): State<AppState>,
     auth: Authorized<need::CapacityRead>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TenantQuotas>, ApiError> {
     let pairs = query_pairs(raw.as_deref(), &["tenant"])?;
     let scope = tenant_of(&auth.principal, &pairs)?;
-    let quotas = state.capacity.quotas(&scope)?;
-    Ok(Json(
-        serde_json::to_value(quotas).expect("quotas serialise"),
-    ))
+    Ok(Json(state.capacity.quotas(&scope)?))
+}
+
+/// A quota as set, and the limits that now apply.
+#[derive(Serialize, ToSchema)]
+pub struct QuotaSetAnswer {
+    /// The level's quota as stored.
+    pub quota: Quota,
+    /// The limits now in force at that level (null for an edition, which
+    /// applies through its tenants).
+    pub effective: Option<EffectiveLimits>,
 }
 
 /// `SetQuota`: set an edition's defaults or a tenant's limits
@@ -275,14 +338,14 @@ pub async fn get_quotas(
 #[utoipa::path(put, path = "/factory/capacity/quotas/{scope}", tag = "capacity",
     params(("scope" = String, Path, description = "edition.<name>, tenant.<tenantId> or project.<tenantId>.<projectId>")),
     request_body(content = QuotaPatch, description = "Each limit absent (unchanged), null (left to the parent) or a value"),
-    responses((status = 200, description = "The quota and the effective limits now", body = Object), (status = 400, description = "A value would loosen the parent's limit: the field, the value and the bound are named"), (status = 403, description = "The caller may not set this level: tenant limits and editions are PlatformAdmins'")),
+    responses((status = 200, description = "The quota and the effective limits now", body = QuotaSetAnswer), (status = 400, description = "A value would loosen the parent's limit: the field, the value and the bound are named"), (status = 403, description = "The caller may not set this level: tenant limits and editions are PlatformAdmins'")),
     security(("bearer" = [])))]
 pub async fn set_quota(
     State(state): State<AppState>,
     auth: Authorized<need::CapacityAdmin>,
     Path(scope): Path<String>,
     ApiJson(patch): ApiJson<QuotaPatch>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<QuotaSetAnswer>, ApiError> {
     let scope = QuotaScope::parse(&scope)?;
     let quota = state
         .capacity
@@ -296,7 +359,7 @@ pub async fn set_quota(
             project_id,
         } => state.capacity.limits_of(tenant_id, Some(project_id)),
     };
-    Ok(Json(json!({ "quota": quota, "effective": effective })))
+    Ok(Json(QuotaSetAnswer { quota, effective }))
 }
 
 /// `ListCapacityLeases`: active and recent leases by holder, pool and state.
@@ -407,21 +470,34 @@ pub async fn my_queue(
     }))
 }
 
-#[derive(Serialize)]
+/// One pool's counters next to the sums of its leases.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct PoolAccounting {
-    pool_id: String,
-    current_size: u32,
-    capacity_cpu: f64,
-    capacity_memory_gb: f64,
-    granted_cpu: f64,
-    granted_memory_gb: f64,
-    active_leases: u32,
-    leases_cpu: f64,
-    leases_memory_gb: f64,
-    lease_count: usize,
-    queued: usize,
-    consistent: bool,
+pub struct PoolAccounting {
+    /// The pool.
+    pub pool_id: String,
+    /// Its nodes now.
+    pub current_size: u32,
+    /// CPUs of its current size.
+    pub capacity_cpu: Amount,
+    /// Memory of its current size, in GB.
+    pub capacity_memory_gb: Amount,
+    /// CPUs granted, by the pool's counter.
+    pub granted_cpu: Amount,
+    /// Memory granted, by the pool's counter, in GB.
+    pub granted_memory_gb: Amount,
+    /// Leases holding capacity, by the pool's counter.
+    pub active_leases: u32,
+    /// CPUs of the leases holding capacity, summed.
+    pub leases_cpu: Amount,
+    /// Memory of the leases holding capacity, summed, in GB.
+    pub leases_memory_gb: Amount,
+    /// Leases holding capacity, counted.
+    pub lease_count: usize,
+    /// Requests waiting.
+    pub queued: usize,
+    /// Whether the counters equal the sums and stay within the capacity.
+    pub consistent: bool,
 }
 
 fn pool_accounting(s: &PoolSnapshot) -> PoolAccounting {
@@ -429,13 +505,13 @@ fn pool_accounting(s: &PoolSnapshot) -> PoolAccounting {
     PoolAccounting {
         pool_id: s.pool.pool_id.clone(),
         current_size: s.pool.current_size,
-        capacity_cpu: cap.cpu.as_f64(),
-        capacity_memory_gb: cap.memory_gb.as_f64(),
-        granted_cpu: s.pool.granted_cpu.as_f64(),
-        granted_memory_gb: s.pool.granted_memory_gb.as_f64(),
+        capacity_cpu: cap.cpu,
+        capacity_memory_gb: cap.memory_gb,
+        granted_cpu: s.pool.granted_cpu,
+        granted_memory_gb: s.pool.granted_memory_gb,
         active_leases: s.pool.active_leases,
-        leases_cpu: s.leases_cpu.as_f64(),
-        leases_memory_gb: s.leases_memory_gb.as_f64(),
+        leases_cpu: s.leases_cpu,
+        leases_memory_gb: s.leases_memory_gb,
         lease_count: s.leases.len(),
         queued: s.queue.len(),
         consistent: s.pool.granted_cpu == s.leases_cpu
@@ -446,41 +522,65 @@ fn pool_accounting(s: &PoolSnapshot) -> PoolAccounting {
     }
 }
 
+/// A tenant's or a project's usage against its limits.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageLine {
+    /// The tenant.
+    pub tenant_id: TenantId,
+    /// The project; null for the tenant's own line.
+    pub project_id: Option<ProjectId>,
+    /// Attempt and build leases holding capacity.
+    pub concurrent_runs: u32,
+    /// Sandbox and browser-session leases holding capacity.
+    pub concurrent_sandboxes: u32,
+    /// Lease seconds used today (UTC).
+    pub execution_seconds_today: u64,
+    /// The limits in force; null when the tenant is no longer registered.
+    pub limits: Option<EffectiveLimits>,
+}
+
+/// The accounting of the appliance.
+#[derive(Serialize, ToSchema)]
+pub struct Accounting {
+    /// Every pool.
+    pub pools: Vec<PoolAccounting>,
+    /// Every tenant and project that holds or held capacity today.
+    pub usage: Vec<UsageLine>,
+}
+
 /// The accounting of every pool (each a consistent snapshot of its grain)
 /// and the usage against the limits of every tenant and project
 /// (PlatformAdmin): what an operator checks when numbers look wrong.
 #[utoipa::path(get, path = "/factory/capacity/accounting", tag = "capacity",
-    responses((status = 200, description = "Per pool: counters and the sums of its leases; per tenant and project: usage and effective limits", body = Object)),
+    responses((status = 200, description = "Per pool: counters and the sums of its leases; per tenant and project: usage and effective limits", body = Accounting)),
     security(("bearer" = [])))]
 pub async fn accounting(
     State(state): State<AppState>,
     auth: Authorized<need::CapacityRead>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Accounting>, ApiError> {
     auth.principal.platform_scope()?;
-    let pools: Vec<PoolAccounting> = state
+    let pools = state
         .capacity
         .snapshots()
         .await
         .iter()
         .map(pool_accounting)
         .collect();
-    let usage: Vec<Value> = state
+    let usage = state
         .capacity
         .usage()
         .into_iter()
-        .map(|(tenant, project, usage)| {
-            let limits = state.capacity.limits_of(&tenant, project.as_ref());
-            json!({
-                "tenantId": tenant,
-                "projectId": project,
-                "concurrentRuns": usage.runs,
-                "concurrentSandboxes": usage.sandboxes,
-                "executionSecondsToday": usage.seconds_today,
-                "limits": limits,
-            })
+        .map(|(tenant, project, usage)| UsageLine {
+            limits: state.capacity.limits_of(&tenant, project.as_ref()),
+            tenant_id: tenant,
+            project_id: project,
+            concurrent_runs: usage.runs,
+            concurrent_sandboxes: usage.sandboxes,
+            execution_seconds_today: usage.seconds_today,
         })
         .collect();
-    Ok(Json(json!({ "pools": pools, "usage": usage })))
+    Ok(Json(Accounting { pools, usage }))
 }
 
 /// A lease of the caller's tenant (or any, for a PlatformAdmin with `?tenant=`).

@@ -211,6 +211,19 @@ pub fn event_stream(
     ReceiverStream::new(rx)
 }
 
+/// One event of a `text/event-stream` answer, as a client reads it: its
+/// name, its id (where a reader resumes from, as `Last-Event-ID`) and its
+/// data, a JSON document whose form the route names.
+#[derive(utoipa::ToSchema)]
+pub struct ServerSentEvent {
+    /// The event's name.
+    pub event: String,
+    /// Its id.
+    pub id: String,
+    /// Its data: a JSON document.
+    pub data: String,
+}
+
 /// The last durable event.
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct EventsHead {
@@ -269,7 +282,7 @@ pub const HEAD_HEADER: &str = "agentbay-events-head";
     tag = "events",
     params(EventsQuery, ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this sequence")),
     responses(
-        (status = 200, description = "text/event-stream of outbox events; header Agentbay-Events-Head: the last durable event's sequence when it opened", content_type = "text/event-stream"),
+        (status = 200, description = "text/event-stream of outbox events (each event's name is its topic, its id its sequence, its data the event as JSON: sequence, topic, tenantId, occurredAt, payload); header Agentbay-Events-Head: the last durable event's sequence when it opened", content_type = "text/event-stream", body = ServerSentEvent),
         (status = 409, description = "`until` is beyond the last event: read the head first", content_type = "application/problem+json"),
         (status = 401, description = "No valid token", content_type = "application/problem+json"),
         (status = 403, description = "Missing agentbay.events.read, or another tenant", content_type = "application/problem+json"),

@@ -43,12 +43,10 @@ pub struct Readiness {
     /// Whether a shutdown is draining requests.
     pub shutting_down: bool,
     /// Every background worker.
-    #[schema(value_type = Vec<Object>)]
     pub workers: Vec<WorkerStatus>,
     /// Scheduled backups (absent when `backup.dir` is not set): the last
     /// one, its age and size, and the last failure.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
     pub backup: Option<crate::store::scheduled::BackupReport>,
 }
 
@@ -88,7 +86,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     path = "/metrics",
     tag = "operations",
     responses(
-        (status = 200, description = "Prometheus text exposition", content_type = "text/plain"),
+        (status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String),
         (status = 403, description = "Not a principal of the platform tenant holding agentbay.metrics.read", content_type = "application/problem+json"),
     ),
     security(("bearer" = ["agentbay.metrics.read"]))

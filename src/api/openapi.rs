@@ -32,7 +32,9 @@ use super::{capacity, events, health, oauth, releases, runtime, tenants};
         oauth::TokenRequest,
         oauth::TokenResponse,
         health::Readiness,
-        crate::domain::capacity::LeaseState
+        runtime::AttemptUpdate,
+        crate::domain::capacity::LeaseState,
+        crate::domain::capacity::QuotaScope,
     )),
     modifiers(&BearerAuth),
     tags(
@@ -213,7 +215,18 @@ pub fn document() -> &'static Value {
                 "properties": {
                     "code": { "type": "string", "description": "canceled, unknown, invalid_argument, deadline_exceeded, not_found, already_exists, permission_denied, resource_exhausted, failed_precondition, aborted, out_of_range, unimplemented, internal, unavailable, data_loss or unauthenticated" },
                     "message": { "type": "string" },
-                    "details": { "type": "array", "items": { "type": "object" } },
+                    "details": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "description": "A google.protobuf.Any: its type and its value in binary protobuf, base64",
+                            "properties": {
+                                "type": { "type": "string" },
+                                "value": { "type": "string" },
+                                "debug": {},
+                            },
+                        },
+                    },
                 },
             }),
         );
@@ -388,5 +401,71 @@ mod tests {
             doc["paths"]["/agentbay.admin.v1.Admin/WatchEvents"]["post"]["x-rpc"]["serverStreaming"],
             true
         );
+    }
+
+    /// Every body of every operation, and every schema they use, says what
+    /// it holds: no object without properties (a bare `Object`), except
+    /// where a JSON document of the caller's is the content.
+    #[test]
+    fn no_schema_is_a_bare_object() {
+        fn walk(v: &Value, at: &str, bare: &mut Vec<String>) {
+            match v {
+                Value::Object(o) => {
+                    let is_object = match o.get("type") {
+                        Some(Value::String(t)) => t == "object",
+                        Some(Value::Array(ts)) => ts.contains(&json!("object")),
+                        _ => false,
+                    };
+                    let said = [
+                        "properties",
+                        "additionalProperties",
+                        "allOf",
+                        "oneOf",
+                        "anyOf",
+                        "$ref",
+                    ]
+                    .iter()
+                    .any(|k| o.contains_key(*k));
+                    if is_object && !said {
+                        bare.push(at.to_string());
+                    }
+                    for (k, x) in o {
+                        walk(x, &format!("{at}/{k}"), bare);
+                    }
+                }
+                Value::Array(a) => {
+                    for (i, x) in a.iter().enumerate() {
+                        walk(x, &format!("{at}/{i}"), bare);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let doc = document();
+        let mut bare = Vec::new();
+        walk(&doc["paths"], "paths", &mut bare);
+        walk(&doc["components"]["schemas"], "schemas", &mut bare);
+        assert!(bare.is_empty(), "bare objects: {bare:#?}");
+        // Every success of a REST route says its content and its schema.
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            for (method, op) in ops.as_object().unwrap() {
+                if op.get("x-rpc").is_some() {
+                    // Streams are Connect envelopes of the named message.
+                    continue;
+                }
+                for (code, r) in op["responses"].as_object().unwrap() {
+                    if !code.starts_with('2') || code == "204" {
+                        continue;
+                    }
+                    let content = r["content"].as_object();
+                    assert!(
+                        content.is_some_and(
+                            |c| !c.is_empty() && c.values().all(|m| m["schema"].is_object())
+                        ),
+                        "{method} {path} {code} does not say what it answers: {r}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -7,8 +7,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::capacity::query_pairs;
 use super::error::{ApiError, ErrorCode};
@@ -20,8 +20,9 @@ use crate::domain::TenantId;
 use crate::domain::release::{
     InFlightPolicy, LoadState, LoadedRelease, adapter_version, parse_release_id,
 };
-use crate::releases::ReleaseError;
+use crate::domain::trust::ReleaseVerdict;
 use crate::releases::bundle::Bundle;
+use crate::releases::{InFlightReport, ReleaseError};
 use crate::store::TenantScope;
 
 impl From<ReleaseError> for ApiError {
@@ -43,7 +44,10 @@ impl From<ReleaseError> for ApiError {
                     ),
                 )
                 .with("reason", reason)
-                .with("release", release_json(&release))
+                .with(
+                    "release",
+                    serde_json::to_value(ReleaseBody::of(&release)).expect("releases serialise"),
+                )
             }
             ReleaseError::Domain(d) => d.into(),
             ReleaseError::Store(s) => s.into(),
@@ -51,21 +55,64 @@ impl From<ReleaseError> for ApiError {
     }
 }
 
-/// A release as the API shows it.
-pub fn release_json(r: &LoadedRelease) -> Value {
-    let mut v = serde_json::to_value(r).expect("releases serialise");
-    let o = v.as_object_mut().expect("object");
-    o.remove("trustFingerprint");
-    o.insert(
-        "currentAdapterVersion".into(),
-        json!(adapter_version(r.adapter)),
-    );
-    let why_not = r.dispatchable().err().map(|e| e.to_string());
-    o.insert("dispatchable".into(), json!(why_not.is_none()));
-    if let Some(why) = why_not {
-        o.insert("notDispatchableBecause".into(), json!(why));
+/// A release as the API shows it: the record, the adapter version this
+/// appliance speaks, and whether it can be dispatched and why not.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseBody {
+    /// The release.
+    #[serde(flatten)]
+    pub release: LoadedRelease,
+    /// The adapter and checkpoint format this appliance speaks for the
+    /// release's adapter.
+    pub current_adapter_version: String,
+    /// Whether new runs can be started with it.
+    pub dispatchable: bool,
+    /// Why not, when it cannot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_dispatchable_because: Option<String>,
+    /// Every verdict on this release id, oldest first (`GET` of one
+    /// release): a rejected import stays visible after a later good one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdicts: Option<Vec<ReleaseVerdict>>,
+}
+
+impl ReleaseBody {
+    /// The release as the API shows it, without its verdicts.
+    pub fn of(r: &LoadedRelease) -> ReleaseBody {
+        let why_not = r.dispatchable().err().map(|e| e.to_string());
+        ReleaseBody {
+            release: r.clone(),
+            current_adapter_version: adapter_version(r.adapter),
+            dispatchable: why_not.is_none(),
+            not_dispatchable_because: why_not,
+            verdicts: None,
+        }
     }
-    v
+}
+
+/// One release.
+#[derive(Serialize, ToSchema)]
+pub struct ReleaseAnswer {
+    /// The release.
+    pub release: ReleaseBody,
+}
+
+/// Releases.
+#[derive(Serialize, ToSchema)]
+pub struct ReleaseList {
+    /// Each release.
+    pub releases: Vec<ReleaseBody>,
+}
+
+/// A deprecated or revoked release and what its in-flight policy did.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Retired {
+    /// The release now.
+    pub release: ReleaseBody,
+    /// Its attempts that were running, and how many were interrupted.
+    pub in_flight: InFlightReport,
 }
 
 fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<Option<TenantScope>, ApiError> {
@@ -83,8 +130,8 @@ fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<Option<TenantSco
 #[utoipa::path(post, path = "/runtime/releases", tag = "releases",
     request_body(content = String, content_type = "application/gzip", description = "The bundle: manifest.json, signature.json and the files the manifest lists, as a .tar.gz"),
     responses(
-        (status = 201, description = "Verified: the LoadedRelease", body = Object),
-        (status = 200, description = "The same release was already verified", body = Object),
+        (status = 201, description = "Verified: the LoadedRelease", body = ReleaseAnswer),
+        (status = 200, description = "The same release was already verified", body = ReleaseAnswer),
         (status = 400, description = "The bundle cannot be read (nothing stored): the reason names the entry"),
         (status = 409, description = "A different release with this id exists"),
         (status = 422, description = "Rejected: the reason names the file and hashes, the signer or the version"),
@@ -131,41 +178,42 @@ pub async fn import(
     } else {
         StatusCode::CREATED
     };
-    Ok((status, Json(json!({ "release": release_json(&release) }))).into_response())
+    let release = ReleaseBody::of(&release);
+    Ok((status, Json(ReleaseAnswer { release })).into_response())
 }
 
 /// Releases of the tenant (every tenant's for a PlatformAdmin).
 #[utoipa::path(get, path = "/runtime/releases", tag = "releases",
     params(("tenant" = Option<String>, Query, description = "PlatformAdmins: one tenant")),
-    responses((status = 200, description = "Verified and rejected releases", body = Object)),
+    responses((status = 200, description = "Verified, untrusted and rejected releases", body = ReleaseList)),
     security(("bearer" = [])))]
 pub async fn list(
     State(state): State<AppState>,
     auth: Authorized<need::AssetsRead>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ReleaseList>, ApiError> {
     let scope = scope_of(&auth.principal, raw.as_deref())?;
     let releases = state.releases.clone();
     let all = tokio::task::spawn_blocking(move || releases.list(scope.as_ref()))
         .await
         .map_err(ApiError::internal)??;
-    Ok(Json(
-        json!({ "releases": all.iter().map(release_json).collect::<Vec<_>>() }),
-    ))
+    Ok(Json(ReleaseList {
+        releases: all.iter().map(ReleaseBody::of).collect(),
+    }))
 }
 
 /// `GetLoadedRelease`: what this appliance verified for a release and
 /// against which adapter version.
 #[utoipa::path(get, path = "/runtime/releases/{releaseId}", tag = "releases",
     params(("releaseId" = String, Path, description = "Release id"), ("tenant" = Option<String>, Query, description = "PlatformAdmins: the tenant")),
-    responses((status = 200, description = "The LoadedRelease", body = Object), (status = 404, description = "Not here")),
+    responses((status = 200, description = "The LoadedRelease with every verdict on its id", body = ReleaseBody), (status = 404, description = "Not here")),
     security(("bearer" = [])))]
 pub async fn get(
     State(state): State<AppState>,
     auth: Authorized<need::AssetsRead>,
     Path(release_id): Path<String>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ReleaseBody>, ApiError> {
     let id = parse_release_id(&release_id)?;
     let scope =
         scope_of(&auth.principal, raw.as_deref())?.unwrap_or_else(|| auth.principal.tenant_scope());
@@ -173,10 +221,8 @@ pub async fn get(
         .releases
         .get(&scope, &id)?
         .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("release {id} not found")))?;
-    let mut body = release_json(&release);
-    // Every verdict on this release id, oldest first: a rejected import
-    // stays visible after a later good one.
-    body["verdicts"] = json!(state.releases.verdicts(&scope, &id)?);
+    let mut body = ReleaseBody::of(&release);
+    body.verdicts = Some(state.releases.verdicts(&scope, &id)?);
     Ok(Json(body))
 }
 
@@ -195,13 +241,14 @@ async fn retire(
     raw: Option<String>,
     revoke: bool,
     policy: InFlightPolicy,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Retired>, ApiError> {
     let id = parse_release_id(&release_id)?;
     let scope = scope_of(principal, raw.as_deref())?.unwrap_or_else(|| principal.tenant_scope());
     let (release, report) = state.releases.retire(&scope, &id, revoke, policy).await?;
-    Ok(Json(
-        json!({ "release": release_json(&release), "inFlight": report }),
-    ))
+    Ok(Json(Retired {
+        release: ReleaseBody::of(&release),
+        in_flight: report,
+    }))
 }
 
 /// Deprecates a release: `finish` keeps dispatching it, `drain` and
@@ -209,7 +256,7 @@ async fn retire(
 #[utoipa::path(post, path = "/runtime/releases/{releaseId}/deprecate", tag = "releases",
     params(("releaseId" = String, Path, description = "Release id")),
     request_body(content = Retire),
-    responses((status = 200, description = "The release and what happened to its running attempts", body = Object)),
+    responses((status = 200, description = "The release and what happened to its running attempts", body = Retired)),
     security(("bearer" = [])))]
 pub async fn deprecate(
     State(state): State<AppState>,
@@ -217,7 +264,7 @@ pub async fn deprecate(
     Path(release_id): Path<String>,
     RawQuery(raw): RawQuery,
     ApiJson(body): ApiJson<Retire>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Retired>, ApiError> {
     retire(
         state,
         &auth.principal,
@@ -234,7 +281,7 @@ pub async fn deprecate(
 #[utoipa::path(post, path = "/runtime/releases/{releaseId}/revoke", tag = "releases",
     params(("releaseId" = String, Path, description = "Release id")),
     request_body(content = Retire),
-    responses((status = 200, description = "The release and what happened to its running attempts", body = Object)),
+    responses((status = 200, description = "The release and what happened to its running attempts", body = Retired)),
     security(("bearer" = [])))]
 pub async fn revoke(
     State(state): State<AppState>,
@@ -242,7 +289,7 @@ pub async fn revoke(
     Path(release_id): Path<String>,
     RawQuery(raw): RawQuery,
     ApiJson(body): ApiJson<Retire>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Retired>, ApiError> {
     retire(
         state,
         &auth.principal,

@@ -9,8 +9,11 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
+use chrono::{DateTime, Utc};
 use futures::Stream;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::capacity::query_pairs;
@@ -18,10 +21,18 @@ use super::error::ApiError;
 use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
-use crate::domain::attempt::{AttemptState, Checkpoint};
+use crate::domain::attempt::{
+    AttemptFailure, AttemptLease, AttemptPhase, AttemptState, AttemptUsage, CallKind, CallRecord,
+    CallStatus, CapacityGap, Checkpoint, CheckpointReason, DecisionRequest, InterruptRequest,
+    PhaseMark, ReplayOf, Settlement, StaleRefusal, SubAgentDelegation,
+};
 use crate::domain::ids::parse_uuid;
+use crate::domain::release::{AdapterKind, AttemptLimits, PolicyRule, SideEffectClass};
+use crate::domain::retention::Tombstone;
+use crate::domain::run::RerunOrigin;
 use crate::domain::run::RunState;
-use crate::domain::{FieldError, TenantId};
+use crate::domain::{FieldError, ProjectId, TenantId};
+use crate::runtime::content::{CallContent, OutcomeContent};
 use crate::runtime::grain::AttemptView;
 use crate::runtime::{PendingDecision, RuntimeError};
 use crate::store::{StoredEvent, TenantScope};
@@ -197,64 +208,274 @@ fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<TenantScope, Api
     }
 }
 
-fn checkpoint_json(c: &Checkpoint) -> Value {
-    json!({
-        "checkpointId": c.checkpoint_id,
-        "sequence": c.sequence,
-        "phase": c.phase.as_str(),
-        "adapterVersion": c.adapter_version,
-        "checkpointFormat": c.checkpoint_format,
-        "adapterStateRef": c.adapter_state_ref,
-        "contextSnapshotRef": c.context_snapshot_ref,
-        "hash": c.hash,
-        "reason": c.reason.as_str(),
-        "callId": c.call_id,
-        "evidence": c.evidence,
-        "callsBefore": c.calls_before,
-        "createdAt": c.created_at,
-        "purged": tombstone_json(c.purged.as_ref()),
-    })
+/// Where retention removed content: when, by whose retention, in words.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TombstoneBody {
+    /// When the content was removed.
+    pub purged_at: DateTime<Utc>,
+    /// The tenant whose retention removed it.
+    pub tenant_id: TenantId,
+    /// The payload retention in force then, in days.
+    pub payload_days: u32,
+    /// The same in words.
+    pub description: String,
 }
 
-/// Where retention removed content: when, by whose retention, in words.
-/// `null` while the content is there.
-pub fn tombstone_json(t: Option<&crate::domain::retention::Tombstone>) -> Value {
-    match t {
-        None => Value::Null,
-        Some(t) => json!({
-            "purgedAt": t.purged_at,
-            "tenantId": t.tenant_id,
-            "payloadDays": t.payload_days,
-            "description": t.describe(),
-        }),
+impl TombstoneBody {
+    fn of(t: Option<&Tombstone>) -> Option<TombstoneBody> {
+        t.map(|t| TombstoneBody {
+            purged_at: t.purged_at,
+            tenant_id: t.tenant_id.clone(),
+            payload_days: t.payload_days,
+            description: t.describe(),
+        })
     }
 }
 
-fn call_json(c: &crate::domain::attempt::CallRecord) -> Value {
-    json!({
-        "callId": c.call_id,
-        "sequence": c.sequence,
-        "kind": c.kind.as_str(),
-        "target": c.target,
-        "sideEffectClass": c.side_effect_class.map(|s| s.as_str()),
-        "requestHash": c.request_hash,
-        "policyDecisionId": c.policy_decision_id,
-        "policyRule": c.policy_rule,
-        "approvalId": c.approval_id,
-        "receiptRef": c.receipt_ref,
-        "servedBy": c.served_by,
-        "resultHash": c.result_hash,
-        "status": c.status.as_str(),
-        "error": c.error,
-        "preCheckpointId": c.pre_checkpoint_id,
-        "fencingToken": c.fencing_token,
-        "startedAt": c.started_at,
-        "endedAt": c.ended_at,
-        "lateReceiptRef": c.late_receipt_ref,
-        "settlement": c.settlement,
-        "replayOf": c.replay_of,
-        "purged": tombstone_json(c.purged.as_ref()),
-    })
+/// A checkpoint as the API shows it.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointBody {
+    /// The checkpoint.
+    pub checkpoint_id: Uuid,
+    /// 1-based, in the attempt.
+    pub sequence: u32,
+    /// The attempt's phase when it was taken.
+    pub phase: AttemptPhase,
+    /// The adapter that wrote it.
+    pub adapter_version: String,
+    /// Its format.
+    pub checkpoint_format: u32,
+    /// Artifact reference of the adapter's state.
+    pub adapter_state_ref: String,
+    /// Artifact reference of the context snapshot, if one was taken.
+    pub context_snapshot_ref: Option<String>,
+    /// SHA-256 over the checkpoint's content.
+    pub hash: String,
+    /// Why it was taken.
+    pub reason: CheckpointReason,
+    /// The call it precedes or follows, for call checkpoints.
+    pub call_id: Option<Uuid>,
+    /// Kept as evidence (the compactor never removes it).
+    pub evidence: bool,
+    /// Calls of the attempt before it.
+    pub calls_before: Option<u32>,
+    /// When.
+    pub created_at: DateTime<Utc>,
+    /// Set once retention removed its state.
+    pub purged: Option<TombstoneBody>,
+}
+
+impl From<&Checkpoint> for CheckpointBody {
+    fn from(c: &Checkpoint) -> Self {
+        CheckpointBody {
+            checkpoint_id: c.checkpoint_id,
+            sequence: c.sequence,
+            phase: c.phase,
+            adapter_version: c.adapter_version.clone(),
+            checkpoint_format: c.checkpoint_format,
+            adapter_state_ref: c.adapter_state_ref.clone(),
+            context_snapshot_ref: c.context_snapshot_ref.clone(),
+            hash: c.hash.clone(),
+            reason: c.reason,
+            call_id: c.call_id,
+            evidence: c.evidence,
+            calls_before: c.calls_before,
+            created_at: c.created_at,
+            purged: TombstoneBody::of(c.purged.as_ref()),
+        }
+    }
+}
+
+/// A call as the API shows it: what was asked, under which policy, and
+/// what came of it, by hash and reference.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CallBody {
+    /// The call.
+    pub call_id: Uuid,
+    /// 1-based, in the attempt.
+    pub sequence: u32,
+    /// model, tool or sub-agent.
+    pub kind: CallKind,
+    /// The tool, model profile or agent.
+    pub target: String,
+    /// A tool's side-effect class.
+    pub side_effect_class: Option<SideEffectClass>,
+    /// SHA-256 of the request.
+    pub request_hash: String,
+    /// The policy decision that let it through.
+    pub policy_decision_id: Option<Uuid>,
+    /// What the release's policy said of it.
+    pub policy_rule: Option<PolicyRule>,
+    /// The approval it waited for, if gated.
+    pub approval_id: Option<Uuid>,
+    /// Artifact reference of its receipt.
+    pub receipt_ref: Option<String>,
+    /// What served a model call (the site endpoint).
+    pub served_by: Option<String>,
+    /// SHA-256 of the result.
+    pub result_hash: Option<String>,
+    /// Where it is.
+    pub status: CallStatus,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// The checkpoint taken before it.
+    pub pre_checkpoint_id: Option<Uuid>,
+    /// The fencing token it was issued under.
+    pub fencing_token: u64,
+    /// Started.
+    pub started_at: DateTime<Utc>,
+    /// Ended.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// A receipt reported after it was settled as uncertain.
+    pub late_receipt_ref: Option<String>,
+    /// How an operator settled it, if it was uncertain.
+    pub settlement: Option<Settlement>,
+    /// The source call a re-run answered it from.
+    pub replay_of: Option<ReplayOf>,
+    /// Set once retention removed its content.
+    pub purged: Option<TombstoneBody>,
+}
+
+impl From<&CallRecord> for CallBody {
+    fn from(c: &CallRecord) -> Self {
+        CallBody {
+            call_id: c.call_id,
+            sequence: c.sequence,
+            kind: c.kind,
+            target: c.target.clone(),
+            side_effect_class: c.side_effect_class,
+            request_hash: c.request_hash.clone(),
+            policy_decision_id: c.policy_decision_id,
+            policy_rule: c.policy_rule,
+            approval_id: c.approval_id,
+            receipt_ref: c.receipt_ref.clone(),
+            served_by: c.served_by.clone(),
+            result_hash: c.result_hash.clone(),
+            status: c.status,
+            error: c.error.clone(),
+            pre_checkpoint_id: c.pre_checkpoint_id,
+            fencing_token: c.fencing_token,
+            started_at: c.started_at,
+            ended_at: c.ended_at,
+            late_receipt_ref: c.late_receipt_ref.clone(),
+            settlement: c.settlement.clone(),
+            replay_of: c.replay_of.clone(),
+            purged: TombstoneBody::of(c.purged.as_ref()),
+        }
+    }
+}
+
+/// An attempt's capacity: its lease and, while it waits, why.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityBody {
+    /// The capacity lease it holds or asked for.
+    pub lease_id: Option<Uuid>,
+    /// Whether the lease is granted.
+    pub granted: bool,
+    /// 1-based place in the pool's queue while it waits.
+    pub queue_position: Option<usize>,
+    /// The quota that holds it back, if one does.
+    pub limiting_quota: Option<String>,
+    /// Why it waits, in words.
+    pub reason: Option<String>,
+    /// Each stretch it spent without capacity.
+    pub gaps: Vec<CapacityGap>,
+}
+
+/// An attempt's timeline: where it is and why, and everything it did.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Timeline {
+    /// The attempt.
+    pub attempt_id: Uuid,
+    /// Its run.
+    pub run_id: Uuid,
+    /// Its step of the run.
+    pub step_id: Uuid,
+    /// 1-based, in its step.
+    pub number: u32,
+    /// Its tenant.
+    pub tenant_id: TenantId,
+    /// Its project.
+    pub project_id: ProjectId,
+    /// The release it runs.
+    pub release_id: String,
+    /// The release's agent.
+    pub agent_id: String,
+    /// The context snapshot it started from.
+    pub snapshot_id: Uuid,
+    /// The model profile it calls.
+    pub model_profile_id: String,
+    /// Who runs its loop.
+    pub adapter: AdapterKind,
+    /// The adapter and checkpoint format it runs with.
+    pub adapter_version: String,
+    /// Its state.
+    pub state: AttemptState,
+    /// Its phase.
+    pub phase: AttemptPhase,
+    /// Its fencing token: every write it makes carries it.
+    pub fencing_token: u64,
+    /// Its attempt lease (the runtime's, not capacity).
+    pub lease_id: Uuid,
+    /// Who holds the attempt lease and until when.
+    pub lease: AttemptLease,
+    /// Why it waits, while it does.
+    pub waiting_reason: Option<String>,
+    /// The decision it waits for, while it does.
+    pub pending_decision: Option<PendingDecision>,
+    /// Its capacity.
+    pub capacity: CapacityBody,
+    /// Its limits.
+    pub limits: AttemptLimits,
+    /// What it used of them.
+    pub usage: AttemptUsage,
+    /// Output corrections so far.
+    pub correction_count: u32,
+    /// At most.
+    pub max_corrections: u32,
+    /// An interrupt asked of it.
+    pub interrupt: Option<InterruptRequest>,
+    /// Why its lease could not be renewed, while it could not.
+    pub renewal_failure: Option<String>,
+    /// Why it is paused.
+    pub pause_reason: Option<String>,
+    /// Why it failed.
+    pub failure: Option<AttemptFailure>,
+    /// Artifact reference of its output.
+    pub output_ref: Option<String>,
+    /// SHA-256 of its outcome.
+    pub outcome_hash: Option<String>,
+    /// When it saw its run's cancellation.
+    pub cancellation_observed_at: Option<DateTime<Utc>>,
+    /// Why a resume was refused.
+    pub resume_refused: Option<String>,
+    /// Started.
+    pub started_at: DateTime<Utc>,
+    /// Ended.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// Each state it was in, from when.
+    pub phases: Vec<PhaseMark>,
+    /// Writes refused for a stale fencing token.
+    pub stale_refusals: Vec<StaleRefusal>,
+    /// Set once retention removed its content.
+    pub purged: Option<TombstoneBody>,
+    /// Its checkpoints in order.
+    pub checkpoints: Vec<CheckpointBody>,
+    /// Its calls in order (each one's content is `GetCall`).
+    pub calls: Vec<CallBody>,
+    /// The decisions it asked for.
+    pub decisions: Vec<DecisionRequest>,
+    /// The child runs it delegated to.
+    pub delegations: Vec<SubAgentDelegation>,
+    /// Its output and, when verification refused it, the violations.
+    pub outcome: OutcomeContent,
+    /// Where a re-run came from.
+    pub rerun_of: Option<RerunOrigin>,
 }
 
 /// The timeline of an attempt as the API shows it.
@@ -262,74 +483,129 @@ pub fn timeline(
     state: &AppState,
     scope: &TenantScope,
     attempt_id: Uuid,
-) -> Result<Value, ApiError> {
+) -> Result<Timeline, ApiError> {
     let runtime = &state.runtime;
     let view = runtime.view(scope, attempt_id)?;
     let a = &view.attempt;
-    let checkpoints: Vec<Value> = runtime
-        .checkpoints(scope, attempt_id)?
-        .iter()
-        .map(checkpoint_json)
-        .collect();
-    let calls = runtime.calls(scope, attempt_id)?;
-    let decisions = runtime.decisions(scope, attempt_id)?;
-    let delegations = runtime.delegations(scope, attempt_id)?;
-    let mut out = json!({
-        "attemptId": a.attempt_id,
-        "runId": a.run_id,
-        "stepId": a.step_id,
-        "number": a.number,
-        "tenantId": a.tenant_id,
-        "projectId": a.project_id,
-        "releaseId": a.release_id,
-        "agentId": a.agent_id,
-        "snapshotId": a.snapshot_id,
-        "modelProfileId": a.model_profile_id,
-        "adapter": a.adapter.as_str(),
-        "adapterVersion": a.adapter_version,
-        "state": a.state.as_str(),
-        "phase": a.phase.as_str(),
-        "fencingToken": a.fencing_token,
-        "leaseId": a.lease_id,
-        "lease": a.lease,
-        "waitingReason": view.waiting_reason(),
-        "pendingDecision": view
+    Ok(Timeline {
+        attempt_id: a.attempt_id,
+        run_id: a.run_id,
+        step_id: a.step_id,
+        number: a.number,
+        tenant_id: a.tenant_id.clone(),
+        project_id: a.project_id.clone(),
+        release_id: a.release_id.clone(),
+        agent_id: a.agent_id.clone(),
+        snapshot_id: a.snapshot_id,
+        model_profile_id: a.model_profile_id.clone(),
+        adapter: a.adapter,
+        adapter_version: a.adapter_version.clone(),
+        state: a.state,
+        phase: a.phase,
+        fencing_token: a.fencing_token,
+        lease_id: a.lease_id,
+        lease: a.lease.clone(),
+        waiting_reason: view.waiting_reason(),
+        pending_decision: view
             .decision
             .as_ref()
             .map(|d| PendingDecision::read(&state.store, scope, d)),
-        "capacity": {
-            "leaseId": a.capacity_lease_id,
-            "granted": a.capacity_granted,
-            "queuePosition": view.queue_position,
-            "limitingQuota": view.limiting_quota,
-            "reason": view.capacity_reason,
-            "gaps": a.capacity_gaps,
+        capacity: CapacityBody {
+            lease_id: a.capacity_lease_id,
+            granted: a.capacity_granted,
+            queue_position: view.queue_position,
+            limiting_quota: view.limiting_quota.clone(),
+            reason: view.capacity_reason.clone(),
+            gaps: a.capacity_gaps.clone(),
         },
-        "limits": a.limits,
-        "usage": a.usage,
-        "correctionCount": a.correction_count,
-        "maxCorrections": a.max_corrections,
-        "interrupt": a.interrupt,
-        "renewalFailure": a.renewal_failure,
-        "pauseReason": a.pause_reason,
-        "failure": a.failure,
-        "outputRef": a.output_ref,
-        "outcomeHash": a.outcome_hash,
-        "cancellationObservedAt": a.cancellation_observed_at,
-        "resumeRefused": a.resume_refused,
-        "startedAt": a.started_at,
-        "endedAt": a.ended_at,
-        "phases": a.phases,
-        "staleRefusals": a.stale_refusals,
-        "purged": tombstone_json(a.purged.as_ref()),
-        "checkpoints": checkpoints,
-        "calls": calls.iter().map(call_json).collect::<Vec<_>>(),
-        "decisions": decisions,
-        "delegations": delegations,
-    });
-    out["outcome"] = serde_json::to_value(runtime.outcome_content(scope, a)).expect("serialises");
-    out["rerunOf"] = serde_json::to_value(&a.rerun_of).expect("serialises");
-    Ok(out)
+        limits: a.limits,
+        usage: a.usage,
+        correction_count: a.correction_count,
+        max_corrections: a.max_corrections,
+        interrupt: a.interrupt.clone(),
+        renewal_failure: a.renewal_failure.clone(),
+        pause_reason: a.pause_reason.clone(),
+        failure: a.failure.clone(),
+        output_ref: a.output_ref.clone(),
+        outcome_hash: a.outcome_hash.clone(),
+        cancellation_observed_at: a.cancellation_observed_at,
+        resume_refused: a.resume_refused.clone(),
+        started_at: a.started_at,
+        ended_at: a.ended_at,
+        phases: a.phases.clone(),
+        stale_refusals: a.stale_refusals.clone(),
+        purged: TombstoneBody::of(a.purged.as_ref()),
+        checkpoints: runtime
+            .checkpoints(scope, attempt_id)?
+            .iter()
+            .map(CheckpointBody::from)
+            .collect(),
+        calls: runtime
+            .calls(scope, attempt_id)?
+            .iter()
+            .map(CallBody::from)
+            .collect(),
+        decisions: runtime.decisions(scope, attempt_id)?,
+        delegations: runtime.delegations(scope, attempt_id)?,
+        outcome: runtime.outcome_content(scope, a),
+        rerun_of: a.rerun_of.clone(),
+    })
+}
+
+/// A call with its content.
+#[derive(Serialize, ToSchema)]
+pub struct CallDetail {
+    /// The call.
+    #[serde(flatten)]
+    pub call: CallBody,
+    /// What it asked and answered.
+    pub content: CallContent,
+}
+
+/// An attempt's checkpoints, for a resume or re-run decision.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointList {
+    /// The attempt.
+    pub attempt_id: Uuid,
+    /// Its state.
+    pub state: AttemptState,
+    /// Its newest checkpoint.
+    pub last_checkpoint_id: Option<Uuid>,
+    /// The adapter and checkpoint format it runs with.
+    pub adapter_version: String,
+    /// Its checkpoint format.
+    pub checkpoint_format: u32,
+    /// Each checkpoint, in order.
+    pub checkpoints: Vec<CheckpointBody>,
+}
+
+/// One update of a watched attempt (the SSE event `attempt`).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptUpdate {
+    /// The attempt.
+    pub attempt_id: Uuid,
+    /// Its state.
+    pub state: AttemptState,
+    /// Its phase.
+    pub phase: AttemptPhase,
+    /// Checkpoints taken so far.
+    pub checkpoints: u32,
+    /// Its newest checkpoint.
+    pub last_checkpoint_id: Option<Uuid>,
+    /// Why it waits, while it does.
+    pub waiting_reason: Option<String>,
+    /// The decision it waits for, while it does.
+    pub pending_decision: Option<PendingDecision>,
+    /// 1-based place in its pool's queue while it waits for capacity.
+    pub queue_position: Option<usize>,
+    /// An interrupt asked of it.
+    pub interrupt: Option<InterruptRequest>,
+    /// SHA-256 of its outcome.
+    pub outcome_hash: Option<String>,
+    /// The attempt's version: the event's id.
+    pub version: u64,
 }
 
 /// `GetAttemptTimeline`: phases, checkpoints, calls (hashes and receipt
@@ -338,7 +614,7 @@ pub fn timeline(
 #[utoipa::path(get, path = "/runtime/attempts/{attemptId}", tag = "runtime",
     params(("attemptId" = String, Path, description = "The attempt")),
     responses(
-        (status = 200, description = "The timeline", body = Object),
+        (status = 200, description = "The timeline", body = Timeline),
         (status = 404, description = "No such attempt in the caller's tenant"),
     ),
     security(("bearer" = ["factory.runs.read"])))]
@@ -347,7 +623,7 @@ pub async fn get_attempt(
     auth: Authorized<need::RunsRead>,
     Path(attempt_id): Path<String>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Timeline>, ApiError> {
     let scope = scope_of(&auth.principal, raw.as_deref())?;
     let id = parse_uuid("attemptId", &attempt_id)?;
     Ok(Json(timeline(&state, &scope, id)?))
@@ -363,7 +639,7 @@ pub async fn get_attempt(
         ("callId" = String, Path, description = "The call"),
     ),
     responses(
-        (status = 200, description = "The call and its content", body = Object),
+        (status = 200, description = "The call and its content", body = CallDetail),
         (status = 404, description = "No such call in the caller's tenant"),
     ),
     security(("bearer" = ["factory.runs.read"])))]
@@ -372,15 +648,16 @@ pub async fn get_call(
     auth: Authorized<need::RunsRead>,
     Path((attempt_id, call_id)): Path<(String, String)>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<CallDetail>, ApiError> {
     let scope = scope_of(&auth.principal, raw.as_deref())?;
     let attempt_id = parse_uuid("attemptId", &attempt_id)?;
     let call_id = parse_uuid("callId", &call_id)?;
     let call = state.runtime.call(&scope, attempt_id, call_id)?;
     let content = state.runtime.call_content(&scope, &call);
-    let mut out = call_json(&call);
-    out["content"] = serde_json::to_value(content).expect("content serialises");
-    Ok(Json(out))
+    Ok(Json(CallDetail {
+        call: CallBody::from(&call),
+        content,
+    }))
 }
 
 /// `GetArtifact`: the whole content behind a hash of the caller's tenant,
@@ -389,7 +666,11 @@ pub async fn get_call(
 #[utoipa::path(get, path = "/runtime/artifacts/{hash}", tag = "runtime",
     params(("hash" = String, Path, description = "sha256:<hex>")),
     responses(
-        (status = 200, description = "The content"),
+        (status = 200, description = "The content: JSON as application/json, text as text/plain, anything else as an attachment", content(
+            (Value = "application/json"),
+            (String = "text/plain"),
+            (Vec<u8> = "application/octet-stream"),
+        )),
         (status = 404, description = "No such content in the caller's tenant (or purged)"),
     ),
     security(("bearer" = ["factory.runs.read"])))]
@@ -453,7 +734,7 @@ pub fn artifact_response(
 #[utoipa::path(get, path = "/runtime/attempts/{attemptId}/checkpoints", tag = "runtime",
     params(("attemptId" = String, Path, description = "The attempt")),
     responses(
-        (status = 200, description = "Checkpoints in order", body = Object),
+        (status = 200, description = "Checkpoints in order", body = CheckpointList),
         (status = 404, description = "No such attempt in the caller's tenant"),
     ),
     security(("bearer" = ["factory.runs.read"])))]
@@ -462,31 +743,31 @@ pub async fn list_checkpoints(
     auth: Authorized<need::RunsRead>,
     Path(attempt_id): Path<String>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<CheckpointList>, ApiError> {
     let scope = scope_of(&auth.principal, raw.as_deref())?;
     let id = parse_uuid("attemptId", &attempt_id)?;
     let attempt = state.runtime.attempt(&scope, id)?;
-    let checkpoints: Vec<Value> = state
+    let checkpoints = state
         .runtime
         .checkpoints(&scope, id)?
         .iter()
-        .map(checkpoint_json)
+        .map(CheckpointBody::from)
         .collect();
-    Ok(Json(json!({
-        "attemptId": id,
-        "state": attempt.state.as_str(),
-        "lastCheckpointId": attempt.last_checkpoint_id,
-        "adapterVersion": attempt.adapter_version,
-        "checkpointFormat": attempt.checkpoint_format,
-        "checkpoints": checkpoints,
-    })))
+    Ok(Json(CheckpointList {
+        attempt_id: id,
+        state: attempt.state,
+        last_checkpoint_id: attempt.last_checkpoint_id,
+        adapter_version: attempt.adapter_version,
+        checkpoint_format: attempt.checkpoint_format,
+        checkpoints,
+    }))
 }
 
 /// The attempt's state, phase and checkpoints as they happen (SSE, event
 /// `attempt`); the stream ends after the final state.
 #[utoipa::path(get, path = "/runtime/attempts/{attemptId}/watch", tag = "runtime",
     params(("attemptId" = String, Path, description = "The attempt")),
-    responses((status = 200, description = "text/event-stream of attempt views")),
+    responses((status = 200, description = "text/event-stream of attempt updates: each event is `attempt`, its id the attempt's version and its data an AttemptUpdate (JSON)", content_type = "text/event-stream", body = super::events::ServerSentEvent)),
     security(("bearer" = ["factory.runs.read"])))]
 pub async fn watch_attempt(
     State(state): State<AppState>,
@@ -500,26 +781,26 @@ pub async fn watch_attempt(
     let store = state.store.clone();
     let events = futures::StreamExt::map(updates, move |view| {
         let a = &view.attempt;
-        let data = json!({
-            "attemptId": a.attempt_id,
-            "state": a.state.as_str(),
-            "phase": a.phase.as_str(),
-            "checkpoints": a.usage.checkpoints,
-            "lastCheckpointId": a.last_checkpoint_id,
-            "waitingReason": view.waiting_reason(),
-            "pendingDecision": view
+        let update = AttemptUpdate {
+            attempt_id: a.attempt_id,
+            state: a.state,
+            phase: a.phase,
+            checkpoints: a.usage.checkpoints,
+            last_checkpoint_id: a.last_checkpoint_id,
+            waiting_reason: view.waiting_reason(),
+            pending_decision: view
                 .decision
                 .as_ref()
                 .map(|d| PendingDecision::read(&store, &scope, d)),
-            "queuePosition": view.queue_position,
-            "interrupt": a.interrupt,
-            "outcomeHash": a.outcome_hash,
-            "version": a.version,
-        });
+            queue_position: view.queue_position,
+            interrupt: a.interrupt.clone(),
+            outcome_hash: a.outcome_hash.clone(),
+            version: a.version,
+        };
         Ok(Event::default()
             .event("attempt")
             .id(a.version.to_string())
-            .data(data.to_string()))
+            .data(serde_json::to_string(&update).expect("updates serialise")))
     });
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

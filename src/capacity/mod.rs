@@ -181,7 +181,7 @@ fn tenant_leases(
 }
 
 /// Effective quotas of a tenant or a project, with their levels.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QuotaSet {
     /// The tenant.
@@ -207,7 +207,7 @@ pub struct QuotaSet {
 }
 
 /// Usage, for views.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageView {
     /// Attempt and build leases holding capacity.
@@ -229,7 +229,7 @@ impl From<Usage> for UsageView {
 }
 
 /// A tenant's quotas: edition, tenant and every project.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TenantQuotas {
     /// The tenant's edition.

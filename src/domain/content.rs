@@ -19,7 +19,7 @@ pub const MESSAGE_CHARS: usize = 1500;
 pub const SHOWN_MESSAGES: usize = 8;
 
 /// One artifact as a reader sees it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Shown {
     /// `sha256:<hex>`.
@@ -41,7 +41,7 @@ pub struct Shown {
 }
 
 /// Whether the content behind a hash can be shown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum ContentState {
     /// Here.
@@ -120,7 +120,7 @@ pub fn cut(text: &str, max: usize) -> (String, bool) {
 }
 
 /// One message of a model conversation.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Message {
     /// `system`, `user`, `assistant` or `tool`.
@@ -137,7 +137,7 @@ pub struct Message {
 }
 
 /// A tool call a model asked for.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ToolCall {
     /// The tool.
@@ -148,7 +148,7 @@ pub struct ToolCall {
 
 /// A model call's conversation: the messages it sent (the last
 /// [`SHOWN_MESSAGES`]) and how many came before them.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Conversation {
     /// Messages before the ones shown.

@@ -53,7 +53,7 @@ pub fn adapter_version(kind: AdapterKind) -> String {
 }
 
 /// Who runs the loop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum AdapterKind {
     /// The appliance runs it.
@@ -73,7 +73,19 @@ impl AdapterKind {
 }
 
 /// How risky a tool call is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum SideEffectClass {
     /// Reads only.
@@ -137,7 +149,7 @@ pub fn version_order(a: &str, b: &str) -> std::cmp::Ordering {
 }
 
 /// What the policy says of a call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyRule {
     /// Go ahead.
@@ -311,7 +323,7 @@ pub struct ToolDescriptor {
 
 /// Budgets of one attempt of the release (AttemptLimits), the maxima a run
 /// may ask for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AttemptLimits {
     /// Wall-clock minutes.
@@ -702,7 +714,7 @@ pub fn canonical_json(value: &Value) -> Vec<u8> {
 }
 
 /// Whether the release can be loaded and verified.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum LoadState {
     /// Signature, hashes and compatibility checked; usable.
     Verified,
@@ -727,7 +739,7 @@ impl LoadState {
 }
 
 /// Where the release is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum Lifecycle {
     /// Current.
     Published,
@@ -762,7 +774,7 @@ impl fmt::Display for InFlightPolicy {
 }
 
 /// What the appliance verified of a release, and its state.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LoadedRelease {
     /// The release.

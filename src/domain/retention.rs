@@ -103,7 +103,7 @@ impl Retention {
 }
 
 /// What stands where purged content was.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Tombstone {
     /// When the content was removed.

@@ -157,7 +157,7 @@ pub struct ParentLink {
 
 /// Where a re-run started: a checkpoint of a finished attempt of another
 /// run. The source run is never changed by its re-runs.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RerunOrigin {
     /// The source run.

@@ -252,7 +252,7 @@ impl EventPayload for PublisherKeyChanged<'_> {
 }
 
 /// What produced a verdict.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum VerdictCause {
     /// An import of a bundle.
     Import,
@@ -272,7 +272,7 @@ impl VerdictCause {
 }
 
 /// One verdict on a release, kept as evidence (id `<releaseId>/<verdictId>`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReleaseVerdict {
     /// The release's tenant.

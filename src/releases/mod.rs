@@ -77,7 +77,7 @@ impl Record for ReleaseVerdict {
 }
 
 /// What applying an in-flight policy did to running attempts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InFlightReport {
     /// Attempts of the release that were running.

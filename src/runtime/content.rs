@@ -14,7 +14,7 @@ use crate::domain::retention::Tombstone;
 use crate::store::TenantScope;
 
 /// One call with what it asked and answered.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CallContent {
     /// The request (a model call's messages and tools, a tool's arguments).
@@ -37,7 +37,7 @@ pub struct CallContent {
 }
 
 /// An attempt's outcome with its content.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OutcomeContent {
     /// The output the adapter reported (also when verification refused it).

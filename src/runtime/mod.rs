@@ -393,7 +393,7 @@ pub struct Reported {
 
 /// A decision an attempt waits for, as readers see it: the record with the
 /// question and the proposed call's arguments read from the artifact store.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingDecision {
     /// The decision (what `DecideApproval` and `AnswerDecision` take).
@@ -423,7 +423,7 @@ pub struct PendingDecision {
 }
 
 /// The call an approval is about, with its arguments.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProposedCallView {
     /// model | tool.

@@ -25,10 +25,11 @@ use crate::telemetry::names;
 use crate::worker::Worker;
 
 /// The newest backup and how it went.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LastBackup {
     /// The file.
+    #[schema(value_type = String)]
     pub file: PathBuf,
     /// When it was taken (appliance clock).
     pub at: DateTime<Utc>,
@@ -42,10 +43,11 @@ pub struct LastBackup {
 }
 
 /// What `/readyz` and the System page say of backups.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupReport {
     /// Where backups go.
+    #[schema(value_type = String)]
     pub dir: PathBuf,
     /// Minutes between backups.
     pub interval_minutes: u64,

@@ -22,7 +22,7 @@ pub fn json_hash(value: &serde_json::Value) -> String {
 }
 
 /// Why a checkpoint was written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum CheckpointReason {
     /// The attempt started: its first resumable point.
@@ -138,7 +138,7 @@ impl Checkpoint {
 }
 
 /// What a call goes to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum CallKind {
     /// A model invocation against the pinned profile.
@@ -168,7 +168,7 @@ impl CallKind {
 }
 
 /// Where a call is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum CallStatus {
     /// Started; no result observed yet.
@@ -199,7 +199,7 @@ impl CallStatus {
 }
 
 /// An operator's word on an uncertain call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Effect {
     /// The effect happened.
@@ -219,7 +219,7 @@ impl Effect {
 }
 
 /// How an operator settled an uncertain call.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Settlement {
     /// What they found.
@@ -297,7 +297,7 @@ pub struct CallRecord {
 }
 
 /// The source call a re-run's call was answered from.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplayOf {
     /// The source attempt.
@@ -343,7 +343,19 @@ impl CallRecord {
 }
 
 /// What a human is asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum DecisionKind {
     /// Permission for a gated call; owned by Run Control (approvalId).
@@ -377,7 +389,7 @@ impl DecisionKind {
 }
 
 /// Where a decision is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum DecisionStatus {
     /// Waiting for a human.
@@ -410,7 +422,7 @@ impl DecisionStatus {
 
 /// The call an approval is about: it is issued only once approved, and
 /// only with exactly this request.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProposedCall {
     /// Kind.
@@ -437,7 +449,7 @@ impl ProposedCall {
 }
 
 /// A human decision the attempt waits for.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DecisionRequest {
     /// The decision.
@@ -508,7 +520,7 @@ impl DecisionRequest {
 }
 
 /// A child run delegated by a supervisor attempt.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SubAgentDelegation {
     /// The delegation.

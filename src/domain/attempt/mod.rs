@@ -33,7 +33,19 @@ use crate::domain::ids::{ProjectId, TenantId};
 use crate::domain::release::{AdapterKind, AttemptLimits, PolicyRule, SideEffectClass};
 
 /// Where an attempt is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 pub enum AttemptState {
     /// Dispatched with its lease; the loop has not started.
     Claimed,
@@ -154,7 +166,7 @@ impl fmt::Display for AttemptState {
 }
 
 /// Where the loop is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum AttemptPhase {
     /// Resolving the snapshot.
     Resolving,
@@ -224,7 +236,19 @@ impl fmt::Display for AttemptPhase {
 }
 
 /// Why an attempt failed: decides whether Run Control tries again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum FailureClass {
     /// The output did not satisfy the contract within maxCorrections.
@@ -272,7 +296,7 @@ impl FailureClass {
 }
 
 /// How an attempt failed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptFailure {
     /// The class.
@@ -284,7 +308,7 @@ pub struct AttemptFailure {
 }
 
 /// Who asked an attempt to stop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum InterruptSource {
     /// `Runtime/Interrupt`.
@@ -310,7 +334,7 @@ impl InterruptSource {
 }
 
 /// A request to stop, recorded until it is observed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InterruptRequest {
     /// When.
@@ -324,7 +348,7 @@ pub struct InterruptRequest {
 }
 
 /// Counters checked against the limits.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptUsage {
     /// Model calls issued.
@@ -377,7 +401,7 @@ impl OpenCall {
 }
 
 /// The lease the attempt runs under (Run Control's, not capacity's).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptLease {
     /// Who holds it: the appliance for builtin attempts, the adapter
@@ -390,7 +414,7 @@ pub struct AttemptLease {
 }
 
 /// One entry of the phase history.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PhaseMark {
     /// When.
@@ -402,7 +426,7 @@ pub struct PhaseMark {
 }
 
 /// A call refused for a stale fencing token, kept as evidence.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StaleRefusal {
     /// When.
@@ -419,7 +443,7 @@ pub const HISTORY_LIMIT: usize = 64;
 /// A stretch in which the attempt held no capacity: it waited for a human
 /// (or was paused) longer than `runtime.return_capacity_after_seconds`,
 /// gave its capacity lease back, and asked again once it could go on.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CapacityGap {
     /// The lease given back.

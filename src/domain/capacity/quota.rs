@@ -21,7 +21,7 @@ use crate::domain::ids::{ProjectId, TenantId, new_id};
 
 /// Limits set at one level; `None` leaves the limit to the parent (or
 /// unlimited at the edition).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QuotaLimits {
     /// Concurrent attempt and build leases.
@@ -42,7 +42,9 @@ pub struct QuotaLimits {
 }
 
 /// Where a quota applies.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(tag = "level", rename_all = "camelCase")]
 pub enum QuotaScope {
     /// The defaults of an edition (PlatformAdmins).
@@ -160,7 +162,7 @@ impl fmt::Display for QuotaScope {
 }
 
 /// A quota as stored: the limits set at one level.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Quota {
     /// Stable id.
@@ -184,6 +186,28 @@ pub struct Effective<T> {
     /// The level that set it (`edition starter`, `tenant acme`, ...);
     /// `None` when no level limits it.
     pub source: Option<QuotaScope>,
+}
+
+/// The schema of an [`Effective`] limit of `T` in the API: `value` is `T`
+/// or null, `source` a quota scope or null, both always present.
+fn effective_schema<T: utoipa::PartialSchema>() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::Ref;
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    let null = || ObjectBuilder::new().schema_type(Type::Null);
+    ObjectBuilder::new()
+        .description(Some(
+            "One limit's effective value (null: unlimited) and the level it comes from (null: no level limits it)",
+        ))
+        .property("value", OneOfBuilder::new().item(null()).item(T::schema()))
+        .required("value")
+        .property(
+            "source",
+            OneOfBuilder::new()
+                .item(null())
+                .item(Ref::from_schema_name("QuotaScope")),
+        )
+        .required("source")
+        .build()
 }
 
 impl<T: Copy + PartialOrd> Effective<T> {
@@ -214,18 +238,23 @@ impl<T: Copy + PartialOrd> Effective<T> {
 }
 
 /// Every limit, resolved.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EffectiveLimits {
     /// See [`QuotaLimits::concurrent_runs`].
+    #[schema(schema_with = effective_schema::<u32>)]
     pub concurrent_runs: Effective<u32>,
     /// See [`QuotaLimits::concurrent_sandboxes`].
+    #[schema(schema_with = effective_schema::<u32>)]
     pub concurrent_sandboxes: Effective<u32>,
     /// See [`QuotaLimits::cpu_per_attempt`].
+    #[schema(schema_with = effective_schema::<Amount>)]
     pub cpu_per_attempt: Effective<Amount>,
     /// See [`QuotaLimits::memory_gb_per_attempt`].
+    #[schema(schema_with = effective_schema::<Amount>)]
     pub memory_gb_per_attempt: Effective<Amount>,
     /// See [`QuotaLimits::execution_minutes_per_day`].
+    #[schema(schema_with = effective_schema::<u32>)]
     pub execution_minutes_per_day: Effective<u32>,
 }
 
