@@ -73,8 +73,9 @@ const RELEASE_ID: &str = "^[a-z0-9][a-z0-9.-]{0,127}$";
 /// Completes every REST operation by one rule, so that the document says
 /// everything a route may answer and what its parameters must look like:
 /// a route with parameters or a body may answer 400, a route with a token
-/// 401 and 403, a route with a path parameter 404, a route with a body
-/// 413 and 415 — each as `application/problem+json`; identifiers are typed
+/// 401 and 403, a route with a path parameter 404, a route that writes 409
+/// (a concurrent change won) and 503 (the store cannot accept writes), a
+/// route with a body 413 and 415 — each as `application/problem+json`; identifiers are typed
 /// as the handlers parse them (slugs, UUIDs, content hashes), other text
 /// parameters are not empty.
 fn complete_rest(doc: &mut Value) {
@@ -102,7 +103,8 @@ fn complete_rest(doc: &mut Value) {
         let Some(ops) = ops.as_object_mut() else {
             continue;
         };
-        for op in ops.values_mut() {
+        for (method, op) in ops.iter_mut() {
+            let writes = matches!(method.as_str(), "post" | "put" | "patch" | "delete");
             let parameters = op
                 .get_mut("parameters")
                 .and_then(Value::as_array_mut)
@@ -184,6 +186,16 @@ fn complete_rest(doc: &mut Value) {
             }
             if path.contains('{') {
                 add("404", "Nothing of the caller's tenant has that id");
+            }
+            if writes && secured {
+                add(
+                    "409",
+                    "A concurrent change to the same record won; read it again and retry",
+                );
+                add(
+                    "503",
+                    "The store cannot accept writes now (see /readyz); nothing was changed",
+                );
             }
             if has_body {
                 add("413", "The body is larger than http.max_body_bytes");
