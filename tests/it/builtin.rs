@@ -41,15 +41,15 @@ fn release(root: &Path, id: &str, responses: Value, edit: impl FnOnce(&mut Value
     dir
 }
 
-struct Site {
-    a: Appliance,
+pub(crate) struct Site {
+    pub(crate) a: Appliance,
     cred: Credential,
-    token: String,
+    pub(crate) token: String,
     dir: tempfile::TempDir,
 }
 
 impl Site {
-    async fn start() -> Site {
+    pub(crate) async fn start() -> Site {
         Site::on(Appliance::start()).await
     }
 
@@ -77,7 +77,7 @@ impl Site {
         }
     }
 
-    async fn import(&self, id: &str, responses: Value, edit: impl FnOnce(&mut Value)) {
+    pub(crate) async fn import(&self, id: &str, responses: Value, edit: impl FnOnce(&mut Value)) {
         let dir = release(self.dir.path(), id, responses, edit);
         let (status, body) = upload(&self.a, &self.token, pack(&dir, |_| {})).await;
         assert_eq!(status, 201, "{body}");
@@ -90,7 +90,7 @@ impl Site {
         rn::RunsClient::new(pinned_transport(&self.a.fingerprint), config)
     }
 
-    async fn submit(&self, release: &str) -> String {
+    pub(crate) async fn submit(&self, release: &str) -> String {
         let r = self
             .runs()
             .submit_run(rn::SubmitRunRequest {
@@ -105,7 +105,7 @@ impl Site {
         r.run.as_option().unwrap().run_id.clone()
     }
 
-    async fn run(&self, run_id: &str) -> rn::Run {
+    pub(crate) async fn run(&self, run_id: &str) -> rn::Run {
         self.runs()
             .get_run(rn::GetRunRequest {
                 run_id: run_id.into(),
@@ -121,7 +121,7 @@ impl Site {
     }
 
     /// Waits until the run's first attempt is in `state` (or the run ends).
-    async fn until(&self, run_id: &str, state: &str) -> rn::Run {
+    pub(crate) async fn until(&self, run_id: &str, state: &str) -> rn::Run {
         for _ in 0..300 {
             let r = self.run(run_id).await;
             let a = r.steps[0].attempts.last().map(|a| a.state.clone());
@@ -136,7 +136,7 @@ impl Site {
         );
     }
 
-    async fn timeline(&self, attempt_id: &str) -> Value {
+    pub(crate) async fn timeline(&self, attempt_id: &str) -> Value {
         self.a
             .get(&self.token, &format!("/runtime/attempts/{attempt_id}"))
             .await
@@ -144,7 +144,11 @@ impl Site {
 
     /// Waits until the attempt's timeline satisfies `ready`, and returns it
     /// (the last one read when it never does, for the caller's assertion).
-    async fn timeline_until(&self, attempt_id: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    pub(crate) async fn timeline_until(
+        &self,
+        attempt_id: &str,
+        ready: impl Fn(&Value) -> bool,
+    ) -> Value {
         let mut t = self.timeline(attempt_id).await;
         for _ in 0..200 {
             if ready(&t) {
@@ -157,7 +161,7 @@ impl Site {
     }
 }
 
-fn answer(severity: &str, paged: bool) -> Value {
+pub(crate) fn answer(severity: &str, paged: bool) -> Value {
     json!({"content": json!({"severity": severity, "summary": "checked", "paged": paged}).to_string()})
 }
 
@@ -765,9 +769,19 @@ async fn model_server(script: Vec<Reply>) -> ModelServer {
     );
     async fn chat(
         State((script, seen)): State<Shared>,
+        headers: axum::http::HeaderMap,
         body: axum::Json<Value>,
     ) -> axum::response::Response {
-        seen.lock().unwrap().push(body.0);
+        // The request as asked, with the attempt's fence headers under
+        // `_headers`.
+        let mut request = body.0;
+        request["_headers"] = headers
+            .iter()
+            .filter(|(k, _)| k.as_str().starts_with("agentbay-"))
+            .map(|(k, v)| (k.to_string(), json!(v.to_str().unwrap())))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        seen.lock().unwrap().push(request);
         let next = script.lock().unwrap().pop_front();
         match next {
             Some(Reply::Chat(v)) => axum::Json(v).into_response(),
@@ -853,6 +867,24 @@ async fn an_openai_compatible_model_server_drives_the_loop_with_retries_and_corr
     let requests = server.requests.lock().unwrap().clone();
     assert_eq!(requests.len(), 4);
     assert_eq!(requests[0]["model"], "test-model");
+    // Every model request carries the attempt's fence: its id, fencing
+    // token, the call's id (each call its own) and the policy decision.
+    let model_calls: Vec<&Value> = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "model")
+        .collect();
+    for (request, call) in requests.iter().zip(&model_calls) {
+        let h = &request["_headers"];
+        assert_eq!(h["agentbay-attempt-id"], a.attempt_id.as_str(), "{h}");
+        assert_eq!(h["agentbay-fencing-token"], "1", "{h}");
+        assert_eq!(h["agentbay-call-id"], call["callId"], "{h}");
+        assert_eq!(
+            h["agentbay-policy-decision-id"], call["policyDecisionId"],
+            "{h}"
+        );
+    }
     assert_eq!(requests[0]["tools"][0]["function"]["name"], "lookup-ticket");
     assert_eq!(requests[0]["messages"][0]["role"], "system");
     // The tool result went back to the model with its call id.

@@ -10,6 +10,7 @@ mod backup;
 mod builtin;
 mod capacity;
 mod cli;
+mod confine;
 mod consistency;
 mod console;
 mod contract;

@@ -93,6 +93,25 @@ def call(method, **body):
         renewed = False
 
 
+def fence(ids, begun):
+    """The headers every request to a site tool or model server carries for
+    a call BeginCall started, as the builtin adapter sends them: a server
+    that has seen a higher fencing token for the attempt refuses the call."""
+    h = {"Agentbay-Attempt-Id": ids["attemptId"],
+         "Agentbay-Fencing-Token": str(begun.get("fencingToken", ids["fencingToken"])),
+         "Agentbay-Call-Id": begun["callId"]}
+    if begun.get("policyDecisionId"):
+        h["Agentbay-Policy-Decision-Id"] = begun["policyDecisionId"]
+    return h
+
+
+def lookup_tickets(customer, headers):
+    """A stand-in for the site's ticket service: a real adapter sends
+    `headers` with its request (urllib.request.Request(url, headers=headers))."""
+    assert headers["Agentbay-Call-Id"], "every outbound call carries its fence"
+    return {"open": 2}
+
+
 def run_attempt(t):
     ids = {"attemptId": t["attemptId"], "fencingToken": int(t["fencingToken"])}
     ticket = json.loads(t.get("inputJson") or "{}")
@@ -113,8 +132,9 @@ def run_attempt(t):
     customer = ticket.get("customer", "unknown")
     c = call("BeginCall", **ids, kind="tool", target="lookup-ticket",
              requestJson=json.dumps({"customer": customer}))
+    tickets = lookup_tickets(customer, fence(ids, c))
     call("CompleteCall", **ids, callId=c["callId"], ok=True,
-         resultJson=json.dumps({"open": 2}), receiptJson=json.dumps({"db": "tickets"}),
+         resultJson=json.dumps(tickets), receiptJson=json.dumps({"db": "tickets"}),
          stateJson=json.dumps({"severity": severity, "looked_up": True}))
 
     # Page on-call for an outage: shared-write, so a reviewer approves first.

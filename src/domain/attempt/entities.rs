@@ -558,3 +558,54 @@ impl SubAgentDelegation {
         format!("{attempt_id}/{delegation_id}")
     }
 }
+
+/// What every outbound call of an attempt carries, so that the site's tool
+/// or model server can refuse a call from an attempt that lost its lease
+/// (a stale fencing token) and tie what it did to the attempt's records:
+/// in HTTP headers for model requests, in the request's `_meta` (keys with
+/// the `agentbay/` prefix) for MCP calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallFence {
+    /// The attempt.
+    pub attempt_id: Uuid,
+    /// Its fencing token: a server that has seen a higher one for the
+    /// attempt's run refuses this call.
+    pub fencing_token: u64,
+    /// The call.
+    pub call_id: Uuid,
+    /// The policy decision that let it through.
+    pub policy_decision_id: Option<Uuid>,
+}
+
+impl CallFence {
+    /// The prefix of the keys in an MCP request's `_meta`.
+    pub const META_PREFIX: &'static str = "agentbay/";
+
+    /// The HTTP headers of a model request.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut h = vec![
+            ("Agentbay-Attempt-Id", self.attempt_id.to_string()),
+            ("Agentbay-Fencing-Token", self.fencing_token.to_string()),
+            ("Agentbay-Call-Id", self.call_id.to_string()),
+        ];
+        if let Some(p) = self.policy_decision_id {
+            h.push(("Agentbay-Policy-Decision-Id", p.to_string()));
+        }
+        h
+    }
+
+    /// The `_meta` entries of an MCP request: `agentbay/attemptId`,
+    /// `agentbay/fencingToken` (a number), `agentbay/callId` and
+    /// `agentbay/policyDecisionId`.
+    pub fn meta(&self) -> serde_json::Map<String, serde_json::Value> {
+        let key = |k: &str| format!("{}{k}", Self::META_PREFIX);
+        let mut m = serde_json::Map::new();
+        m.insert(key("attemptId"), self.attempt_id.to_string().into());
+        m.insert(key("fencingToken"), self.fencing_token.into());
+        m.insert(key("callId"), self.call_id.to_string().into());
+        if let Some(p) = self.policy_decision_id {
+            m.insert(key("policyDecisionId"), p.to_string().into());
+        }
+        m
+    }
+}

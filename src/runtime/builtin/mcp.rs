@@ -6,13 +6,14 @@
 
 use std::collections::HashMap;
 
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, RequestMetaObject};
 use rmcp::service::RunningService;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 use super::tools::ToolOutput;
+use crate::domain::attempt::CallFence;
 
 /// The MCP servers of one attempt, by command line.
 #[derive(Default)]
@@ -27,6 +28,7 @@ impl McpServers {
         command: &[String],
         tool: &str,
         arguments: &Value,
+        fence: &CallFence,
     ) -> Result<ToolOutput, String> {
         let Some((program, args)) = command.split_first() else {
             return Err("the tool declares no command".into());
@@ -44,7 +46,7 @@ impl McpServers {
             servers.insert(command.to_vec(), client);
         }
         let client = servers.get(command).expect("started above");
-        call(client, program, "mcp-stdio", tool, arguments).await
+        call(client, program, "mcp-stdio", tool, arguments, fence).await
     }
 
     /// Calls `tool` on the server at `url` (streamable HTTP).
@@ -53,6 +55,7 @@ impl McpServers {
         url: &str,
         tool: &str,
         arguments: &Value,
+        fence: &CallFence,
     ) -> Result<ToolOutput, String> {
         let key = vec!["http".to_string(), url.to_string()];
         let mut servers = self.servers.lock().await;
@@ -65,7 +68,7 @@ impl McpServers {
             servers.insert(key.clone(), client);
         }
         let client = servers.get(&key).expect("connected above");
-        call(client, url, "mcp-http", tool, arguments).await
+        call(client, url, "mcp-http", tool, arguments, fence).await
     }
 
     /// Stops every server.
@@ -83,9 +86,11 @@ async fn call(
     transport: &str,
     tool: &str,
     arguments: &Value,
+    fence: &CallFence,
 ) -> Result<ToolOutput, String> {
-    let params = CallToolRequestParams::new(tool.to_string())
+    let mut params = CallToolRequestParams::new(tool.to_string())
         .with_arguments(arguments.as_object().cloned().unwrap_or_default());
+    params.meta = Some(RequestMetaObject::from(fence.meta()));
     let result = client
         .call_tool(params)
         .await

@@ -36,7 +36,9 @@ use super::{
     BeginCall, BeginOutcome, Completion, DecisionAsk, Outcome, Report, Runtime, RuntimeError,
     Ticket,
 };
-use crate::domain::attempt::{CallKind, DecisionKind, DecisionStatus, FailureClass, Gate};
+use crate::domain::attempt::{
+    CallFence, CallKind, DecisionKind, DecisionStatus, FailureClass, Gate,
+};
 use crate::domain::release::{ToolTransport, canonical_json};
 use crate::domain::{DomainError, TenantId};
 use crate::store::TenantScope;
@@ -349,7 +351,13 @@ impl<'a> Loop<'a> {
             let started = Instant::now();
             // The span covers the model call itself, not just its setup.
             let answer = tracing::Instrument::instrument(
-                model.complete(self.http, &ctx.messages, &self.tools, state.turns),
+                model.complete(
+                    self.http,
+                    &ctx.messages,
+                    &self.tools,
+                    state.turns,
+                    &self.fence(&begun, call_id),
+                ),
                 span.clone(),
             )
             .await;
@@ -536,8 +544,9 @@ impl<'a> Loop<'a> {
                         checkpoint.sequence = self.checkpoint_sequence(),
                         phase = "Calling",
                     );
+                    let fence = self.fence(&begun, call_id);
                     let outcome = tokio::select! {
-                        out = tracing::Instrument::instrument(self.execute(call), span) => {
+                        out = tracing::Instrument::instrument(self.execute(call, &fence), span) => {
                             self.outside.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
                             out
                         }
@@ -738,8 +747,22 @@ impl<'a> Loop<'a> {
         self.checkpoint(state).await
     }
 
+    /// What a started call carries to the server that serves it.
+    fn fence(&self, begun: &crate::runtime::Begun, call_id: Uuid) -> CallFence {
+        CallFence {
+            attempt_id: self.attempt_id,
+            fencing_token: begun.fencing_token,
+            call_id,
+            policy_decision_id: begun.policy_decision_id,
+        }
+    }
+
     /// Runs a tool of the release.
-    async fn execute(&self, call: &ToolCall) -> Result<tools::ToolOutput, String> {
+    async fn execute(
+        &self,
+        call: &ToolCall,
+        fence: &CallFence,
+    ) -> Result<tools::ToolOutput, String> {
         let Some((t, _)) = self.info.tool(&call.tool) else {
             return Err(format!("tool {} is not in the release", call.tool));
         };
@@ -749,7 +772,7 @@ impl<'a> Loop<'a> {
         } else {
             None
         };
-        let out = self.run_tool(t, &name, call).await;
+        let out = self.run_tool(t, &name, call, fence).await;
         if let Some(lease) = sandbox {
             let _ = self
                 .runtime
@@ -807,6 +830,7 @@ impl<'a> Loop<'a> {
         t: &crate::domain::release::ToolDescriptor,
         name: &str,
         call: &ToolCall,
+        fence: &CallFence,
     ) -> Result<tools::ToolOutput, String> {
         let name = name.to_string();
         match t.transport {
@@ -815,11 +839,11 @@ impl<'a> Loop<'a> {
             }
             ToolTransport::McpStdio => {
                 self.mcp
-                    .call_stdio(&t.command, &name, &call.arguments)
+                    .call_stdio(&t.command, &name, &call.arguments, fence)
                     .await
             }
             ToolTransport::McpHttp => match &t.url {
-                Some(url) => self.mcp.call_http(url, &name, &call.arguments).await,
+                Some(url) => self.mcp.call_http(url, &name, &call.arguments, fence).await,
                 None => Err(format!("tool {} declares no url", t.id)),
             },
         }

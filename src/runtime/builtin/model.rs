@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::domain::attempt::CallFence;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -159,6 +160,7 @@ impl Model {
         messages: &[Value],
         tools: &[Value],
         turn: u32,
+        fence: &CallFence,
     ) -> Result<ModelReply, ModelError> {
         let started = Instant::now();
         match self {
@@ -227,6 +229,9 @@ impl Model {
                     .json(&body);
                 if let Some(key) = api_key {
                     request = request.bearer_auth(key);
+                }
+                for (name, value) in fence.headers() {
+                    request = request.header(name, value);
                 }
                 let response = request.send().await.map_err(|e| {
                     ModelError::Transient(format!("model server {endpoint} did not answer: {e}"))

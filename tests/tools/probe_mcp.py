@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""An MCP server over stdio (standard library only) whose tools probe what
+the process that runs them may do: the tests run it as a release's tool and
+read back what it saw. Newline-delimited JSON-RPC, as MCP's stdio
+transport is."""
+
+import json
+import os
+import socket
+import sys
+import time
+
+TOOLS = {
+    "meta": "Returns the request's _meta",
+    "whoami": "Returns the process's pid, cgroups, working directory and network interfaces",
+    "alloc": "Allocates `mb` megabytes and holds them",
+    "spawn": "Starts a child that sleeps `seconds` and outlives this call; returns its pid",
+    "spin": "Busy-loops for `seconds`; returns the CPU seconds it got",
+    "connect": "Opens a TCP connection to `host`:`port`",
+    "read": "Reads the file at `path`",
+    "write": "Writes `text` to the file at `path`",
+    "hang": "Never answers",
+}
+
+
+def answer(result):
+    return {
+        "content": [{"type": "text", "text": json.dumps(result)}],
+        "structuredContent": result,
+    }
+
+
+def call(name, args, meta):
+    if name == "meta":
+        return answer({"meta": meta})
+    if name == "whoami":
+        with open("/proc/self/cgroup") as f:
+            cgroups = f.read().splitlines()
+        return answer({
+            "pid": os.getpid(),
+            "cgroups": cgroups,
+            "cwd": os.getcwd(),
+            "interfaces": sorted(n for _, n in socket.if_nameindex()),
+        })
+    if name == "alloc":
+        mb = int(args.get("mb", 64))
+        held = [bytearray(1024 * 1024) for _ in range(mb)]
+        for block in held:
+            block[::4096] = b"x" * len(block[::4096])
+        return answer({"allocated_mb": len(held)})
+    if name == "spawn":
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            time.sleep(float(args.get("seconds", 300)))
+            os._exit(0)
+        return answer({"child": pid})
+    if name == "spin":
+        seconds = float(args.get("seconds", 3))
+        start, cpu = time.monotonic(), time.process_time()
+        while time.monotonic() - start < seconds:
+            pass
+        return answer({"cpu_seconds": time.process_time() - cpu,
+                       "wall_seconds": time.monotonic() - start})
+    if name == "connect":
+        try:
+            with socket.create_connection((args["host"], int(args["port"])), timeout=2):
+                return answer({"connected": True})
+        except OSError as e:
+            return answer({"connected": False, "error": str(e)})
+    if name == "read":
+        try:
+            with open(args["path"], "rb") as f:
+                return answer({"read": len(f.read())})
+        except OSError as e:
+            return answer({"read": None, "error": str(e)})
+    if name == "write":
+        try:
+            with open(args["path"], "w") as f:
+                f.write(args.get("text", ""))
+            return answer({"written": True})
+        except OSError as e:
+            return answer({"written": False, "error": str(e)})
+    if name == "hang":
+        while True:
+            time.sleep(60)
+    raise ValueError(f"unknown tool {name}")
+
+
+def main():
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        msg = json.loads(line)
+        if "id" not in msg:
+            continue  # a notification
+        method, params = msg.get("method"), msg.get("params") or {}
+        if method == "initialize":
+            result = {
+                "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "probe", "version": "1"},
+            }
+        elif method == "tools/list":
+            result = {"tools": [
+                {"name": n, "description": d, "inputSchema": {"type": "object"}}
+                for n, d in TOOLS.items()
+            ]}
+        elif method == "tools/call":
+            try:
+                result = call(params["name"], params.get("arguments") or {},
+                              params.get("_meta") or {})
+            except Exception as e:  # the tool's failure, as MCP reports it
+                result = {"content": [{"type": "text", "text": str(e)}], "isError": True}
+        elif method == "ping":
+            result = {}
+        else:
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "error": {
+                "code": -32601, "message": f"no method {method}"}}) + "\n")
+            sys.stdout.flush()
+            continue
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
