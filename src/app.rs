@@ -266,6 +266,11 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         capacity.clone(),
         releases.clone(),
         shutdown_rx.clone(),
+        #[cfg(unix)]
+        Arc::new(crate::runtime::confine::Confiner::detect(
+            config.data_dir.join("work"),
+            config.protected_paths(),
+        )),
     )
     .await
     .map_err(|e| anyhow::anyhow!("loading live attempts: {e}"))?;

@@ -594,6 +594,45 @@ pub struct RuntimeConfig {
     /// API keys of site model servers, by the name a release's model
     /// profile refers to (`apiKeyRef`). Never logged.
     pub model_api_keys: std::collections::BTreeMap<String, Secret>,
+    /// How tool processes are bound: `auto` (a cgroup where the host has
+    /// one, else what `when_unconfinable` says), `cgroup` (refuse tools
+    /// where there is none) or `rlimit` (resource limits and a process
+    /// group only).
+    pub confinement: Confinement,
+    /// Where a tool cannot be confined as its lease says (no cgroup, no
+    /// network namespace, no Landlock): `rlimit` runs it with the weaker
+    /// mechanism and says so on the call, `refuse` fails the call.
+    pub when_unconfinable: WhenUnconfinable,
+    /// Processes and threads one tool process tree may have.
+    pub tool_pids_max: u32,
+    /// Seconds a tool call may take unless its release says otherwise;
+    /// then its process tree is killed and the call settles by its class.
+    pub tool_timeout_seconds: u64,
+}
+
+/// How tool processes are bound (`runtime.confinement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Confinement {
+    /// A cgroup where the host has one.
+    #[default]
+    Auto,
+    /// A cgroup, or the tool is refused.
+    Cgroup,
+    /// Resource limits and a process group only.
+    Rlimit,
+}
+
+/// What happens where a tool cannot be confined as its lease says
+/// (`runtime.when_unconfinable`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WhenUnconfinable {
+    /// Run it with what the host has, and say so on the call.
+    #[default]
+    Rlimit,
+    /// Fail the call, naming what the host lacks.
+    Refuse,
 }
 
 /// A secret value from the configuration: it never shows in a log or in
@@ -632,6 +671,10 @@ impl Default for RuntimeConfig {
             compact_interval_seconds: 86_400,
             max_wait_seconds: 60,
             model_api_keys: std::collections::BTreeMap::new(),
+            confinement: Confinement::Auto,
+            when_unconfinable: WhenUnconfinable::Rlimit,
+            tool_pids_max: 256,
+            tool_timeout_seconds: 300,
         }
     }
 }
@@ -675,6 +718,18 @@ pub struct CliOverrides {
 /// The environment variable that overrides a dotted key.
 pub fn env_name(key: &str) -> String {
     format!("{ENV_PREFIX}{}", key.replace('.', "__").to_uppercase())
+}
+
+impl Config {
+    /// What no tool process may read: the data dir (the store, the
+    /// generated keys), the configuration file and the TLS files.
+    pub fn protected_paths(&self) -> Vec<PathBuf> {
+        let abs = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        let mut out = vec![abs(&self.data_dir)];
+        out.extend(self.source.file.iter().map(abs));
+        out.extend(self.tls.cert.iter().chain(self.tls.key.iter()).map(abs));
+        out
+    }
 }
 
 impl Config {

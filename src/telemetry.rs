@@ -275,6 +275,10 @@ pub mod names {
     pub const DECISIONS_WAITING: &str = "connectsoft_factory_runtime_decisions_waiting";
     /// `connectsoft.factory.runtime.uncertain_outcomes` (counter; tenant).
     pub const UNCERTAIN_OUTCOMES: &str = "connectsoft_factory_runtime_uncertain_outcomes";
+    /// Tool processes started, by the mechanism that bound them.
+    pub const TOOL_PROCESSES: &str = "agentbay_tool_processes_total";
+    /// Tool process trees ended by a limit, by reason (oom, pids, timeout).
+    pub const TOOL_KILLS: &str = "agentbay_tool_kills_total";
 }
 
 fn describe() {
@@ -340,6 +344,14 @@ fn describe() {
     describe_counter!(names::CHECKPOINTS_WRITTEN, "Checkpoints persisted");
     describe_gauge!(names::DECISIONS_WAITING, "Attempts waiting for a human");
     describe_counter!(names::UNCERTAIN_OUTCOMES, "Attempts settled as Uncertain");
+    describe_counter!(
+        names::TOOL_PROCESSES,
+        "Tool processes started, by the mechanism that bound them (cgroup-v2, cgroup-v1, rlimit)"
+    );
+    describe_counter!(
+        names::TOOL_KILLS,
+        "Tool process trees ended by a limit, by reason (oom, pids, timeout)"
+    );
     describe_counter!(
         names::ACCOUNTING_REPAIRS,
         "Pool counters repaired from their leases"

@@ -21,6 +21,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::amount::Amount;
 use super::error::{DomainError, FieldError};
 use super::events::{EventPayload, NewEvent};
 use super::ids::TenantId;
@@ -319,6 +320,20 @@ pub struct ToolDescriptor {
     /// Whether a call needs a sandbox capacity lease first.
     #[serde(default)]
     pub needs_sandbox: bool,
+    /// Whether its process needs the internet: its sandbox lease asks for
+    /// an egress pool (placement refuses it elsewhere), and only then does
+    /// the process get the host's network.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_egress: bool,
+    /// Seconds one call may take (default `runtime.tool_timeout_seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+    /// CPUs of its sandbox lease (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Amount>,
+    /// Memory of its sandbox lease, GB (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gb: Option<Amount>,
 }
 
 /// Budgets of one attempt of the release (AttemptLimits), the maxima a run

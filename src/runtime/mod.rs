@@ -9,6 +9,8 @@
 //! channel.
 
 pub mod builtin;
+#[cfg(unix)]
+pub mod confine;
 pub mod content;
 pub mod grain;
 pub mod profiles;
@@ -573,6 +575,9 @@ pub struct Shared {
     pub(crate) holder: String,
     /// Builtin attempts ready for the builtin loop.
     builtin: Mutex<Option<mpsc::UnboundedSender<(TenantId, Uuid)>>>,
+    /// Where tool processes start.
+    #[cfg(unix)]
+    pub(crate) confiner: Arc<confine::Confiner>,
 }
 
 impl Shared {
@@ -639,6 +644,7 @@ impl Runtime {
         capacity: Arc<Capacity>,
         releases: Arc<Releases>,
         shutdown: watch::Receiver<bool>,
+        #[cfg(unix)] confiner: Arc<confine::Confiner>,
     ) -> Result<Arc<Runtime>, RuntimeError> {
         let shared = Arc::new(Shared {
             store: store.clone(),
@@ -654,6 +660,8 @@ impl Runtime {
             shutdown,
             holder: format!("appliance:{}", crate::domain::ids::new_id()),
             builtin: Mutex::new(None),
+            #[cfg(unix)]
+            confiner,
         });
         let runtime = Arc::new(Runtime { shared });
         *runtime.shared.runtime.lock() = Arc::downgrade(&runtime);
@@ -675,6 +683,13 @@ impl Runtime {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.shared.store
+    }
+
+    /// What this host enforces on tool processes, under the configuration
+    /// now.
+    #[cfg(unix)]
+    pub fn confinement(&self) -> confine::HostReport {
+        self.shared.confiner.host(&self.config())
     }
 
     /// The configuration now (reloadable).
@@ -1548,6 +1563,30 @@ impl Runtime {
             }
         }
         Ok(settled)
+    }
+
+    /// A tool call with effects outlasted its timeout and its process tree
+    /// was killed: the call and the attempt are Uncertain.
+    pub async fn call_timed_out(
+        &self,
+        scope: &TenantScope,
+        attempt_id: Uuid,
+        token: u64,
+        call_id: Uuid,
+        why: String,
+    ) -> Result<ExecutionAttempt, RuntimeError> {
+        self.ask(
+            scope,
+            attempt_id,
+            |reply| Msg::CallTimedOut {
+                token,
+                call_id,
+                why,
+                reply,
+            },
+            Ok,
+        )
+        .await
     }
 
     /// Fails an attempt for a reason of the appliance (not startable).

@@ -7,10 +7,16 @@ use serde_json::{Value, json};
 
 use crate::builtin::{Site, answer};
 
-/// The probe MCP server's command line.
+/// The probe MCP server's command line: the system's Python (a Python
+/// manager's shim would need its own directories).
 fn probe() -> Vec<String> {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/probe_mcp.py");
-    vec!["python3".into(), script.display().to_string()]
+    let python = if std::path::Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    };
+    vec![python.into(), script.display().to_string()]
 }
 
 /// A release whose tools are the probe's `tools` (id = tool name), all of

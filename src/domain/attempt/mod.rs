@@ -1897,6 +1897,37 @@ impl ExecutionAttempt {
         Ok(events)
     }
 
+    /// A tool call with effects outlasted its timeout and its process tree
+    /// was killed: whether its effect happened is unknown, so the call is
+    /// Uncertain (never issued again) and so is the attempt. `open` is the
+    /// open call's record; it must be `call_id`.
+    pub fn call_timed_out(
+        &mut self,
+        open: Option<&mut CallRecord>,
+        call_id: Uuid,
+        why: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        match &self.open_call {
+            Some(c) if c.call_id == call_id && c.effect_unconfirmed() => {}
+            Some(c) if c.call_id == call_id => {
+                return Err(self.illegal(format!(
+                    "settle call {call_id} as uncertain: it has no effect to be unsure of"
+                )));
+            }
+            _ => return Err(self.illegal(format!("time out call {call_id}: it is not open"))),
+        }
+        let mut events = Vec::new();
+        self.settle_open_call(open, why, now, &mut events)?;
+        let failure = Some(AttemptFailure {
+            class: FailureClass::Infrastructure,
+            reason: why.to_string(),
+            feedback_ref: None,
+        });
+        events.extend(self.finish(AttemptState::Uncertain, failure, None, now)?);
+        Ok(events)
+    }
+
     /// A reported success: verified against the output contract by the
     /// caller (`violations` empty means valid). Valid -> Succeeded. Not
     /// valid: a correction while `correctionCount < maxCorrections`,

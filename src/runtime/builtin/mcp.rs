@@ -1,10 +1,18 @@
 //! MCP tools: the servers a release declares (rmcp's client), either run
-//! as stdio child processes for the attempt that uses them, or reached over
-//! streamable HTTP on the site. A connection starts on the attempt's first
-//! call and is closed when the attempt's loop ends, is interrupted, or the
-//! appliance stops (a child is killed when its handle is dropped).
+//! as stdio child processes, or reached over streamable HTTP on the site.
+//!
+//! A stdio server is a tool process: it starts through the confinement
+//! layer, bound to the lease it runs under. A tool's server serves every
+//! call of the attempt under the attempt's own lease, from the attempt's
+//! first call until its loop ends (or the appliance stops); a sandboxed
+//! tool (`needsSandbox`) gets a server of its own for each call, under the
+//! call's sandbox lease, and its process tree is killed when the call ends,
+//! before the lease is given back. A call that outlasts its timeout has its
+//! server's process tree killed.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, RequestMetaObject};
 use rmcp::service::RunningService;
@@ -12,41 +20,201 @@ use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-use super::tools::ToolOutput;
+use super::tools::{ToolError, ToolOutput};
+use crate::config::RuntimeConfig;
+use crate::domain::amount::Amount;
 use crate::domain::attempt::CallFence;
+#[cfg(unix)]
+use crate::runtime::confine::{Cage, Confiner, Request};
+
+/// What a tool's process may use: its lease's resources and network.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// CPUs.
+    pub cpu: Amount,
+    /// Memory, GB.
+    pub memory_gb: Amount,
+    /// Whether the lease allows internet egress.
+    pub egress: bool,
+}
+
+impl Bounds {
+    /// What a capacity lease grants.
+    pub fn of(lease: &crate::domain::capacity::CapacityLease) -> Bounds {
+        Bounds {
+            cpu: lease.cpu,
+            memory_gb: lease.memory_gb,
+            egress: lease.internet_egress,
+        }
+    }
+}
+
+/// A started server and the cage of its process tree.
+struct Server {
+    client: RunningService<RoleClient, ()>,
+    #[cfg(unix)]
+    cage: Option<Cage>,
+}
+
+impl Server {
+    fn confinement(&self) -> Option<Value> {
+        #[cfg(unix)]
+        {
+            self.cage
+                .as_ref()
+                .map(|c| serde_json::to_value(c.report()).expect("serialises"))
+        }
+        #[cfg(not(unix))]
+        {
+            Some(
+                json!({"mechanism": "none", "why": "tool processes are not confined on this platform yet"}),
+            )
+        }
+    }
+
+    fn kill(&self, why: &str) {
+        #[cfg(unix)]
+        if let Some(c) = &self.cage {
+            c.kill(why);
+        }
+        let _ = why;
+    }
+}
 
 /// The MCP servers of one attempt, by command line.
-#[derive(Default)]
 pub struct McpServers {
-    servers: tokio::sync::Mutex<HashMap<Vec<String>, RunningService<RoleClient, ()>>>,
+    servers: tokio::sync::Mutex<HashMap<Vec<String>, Server>>,
+    #[cfg(unix)]
+    confiner: Arc<Confiner>,
+    attempt: String,
 }
 
 impl McpServers {
-    /// Calls `tool` on the server started with `command` (stdio).
+    /// The servers of `attempt` (none started yet).
+    #[cfg(unix)]
+    pub fn new(confiner: Arc<Confiner>, attempt: String) -> McpServers {
+        McpServers {
+            servers: Default::default(),
+            confiner,
+            attempt,
+        }
+    }
+
+    /// The servers of `attempt` (none started yet).
+    #[cfg(not(unix))]
+    pub fn new(attempt: String) -> McpServers {
+        McpServers {
+            servers: Default::default(),
+            attempt,
+        }
+    }
+
+    /// Starts the server of `command` under `bounds`.
+    async fn start(
+        &self,
+        command: &[String],
+        bounds: Bounds,
+        config: &RuntimeConfig,
+    ) -> Result<Server, ToolError> {
+        let Some(program) = command.first() else {
+            return Err("the tool declares no command".to_string().into());
+        };
+        #[cfg(unix)]
+        let (cmd, cage) = {
+            let workdir = self
+                .confiner
+                .workdir(&self.attempt)
+                .map_err(|e| format!("no working directory for the tool: {e}"))?;
+            let request = Request {
+                label: self.attempt.clone(),
+                argv: command,
+                cpu: bounds.cpu,
+                memory_gb: bounds.memory_gb,
+                egress: bounds.egress,
+                workdir: &workdir,
+            };
+            self.confiner.command(&request, config)?
+        };
+        #[cfg(not(unix))]
+        let cmd = {
+            let _ = (bounds, config);
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(&command[1..]).kill_on_drop(true);
+            cmd
+        };
+        let transport = TokioChildProcess::new(cmd)
+            .map_err(|e| format!("MCP server {program} could not start: {e}"))?;
+        #[cfg(unix)]
+        cage.started(transport.id());
+        let client = ().serve(transport).await.map_err(|e| ToolError {
+            message: format!("MCP server {program} did not initialise: {e}"),
+            #[cfg(unix)]
+            confinement: Some(serde_json::to_value(cage.report()).expect("serialises")),
+            #[cfg(not(unix))]
+            confinement: None,
+            timed_out: false,
+        })?;
+        Ok(Server {
+            client,
+            #[cfg(unix)]
+            cage: Some(cage),
+        })
+    }
+
+    /// Calls `tool` on the server started with `command` (stdio): the
+    /// attempt's server under `bounds`, or with `dedicated` one of the
+    /// call's own, ended with the call.
+    #[allow(clippy::too_many_arguments)]
     pub async fn call_stdio(
         &self,
         command: &[String],
         tool: &str,
         arguments: &Value,
         fence: &CallFence,
-    ) -> Result<ToolOutput, String> {
-        let Some((program, args)) = command.split_first() else {
-            return Err("the tool declares no command".into());
-        };
+        bounds: Bounds,
+        dedicated: bool,
+        timeout: Duration,
+        config: &RuntimeConfig,
+    ) -> Result<ToolOutput, ToolError> {
+        let program = command.first().cloned().unwrap_or_default();
+        if dedicated {
+            let server = self.start(command, bounds, config).await?;
+            let out = timed(
+                &server,
+                &program,
+                "mcp-stdio",
+                tool,
+                arguments,
+                fence,
+                timeout,
+            )
+            .await;
+            let _ = server.client.cancel().await;
+            return out;
+        }
         let mut servers = self.servers.lock().await;
         if !servers.contains_key(command) {
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.args(args).kill_on_drop(true);
-            let transport = TokioChildProcess::new(cmd)
-                .map_err(|e| format!("MCP server {program} could not start: {e}"))?;
-            let client = ()
-                .serve(transport)
-                .await
-                .map_err(|e| format!("MCP server {program} did not initialise: {e}"))?;
-            servers.insert(command.to_vec(), client);
+            let server = self.start(command, bounds, config).await?;
+            servers.insert(command.to_vec(), server);
         }
-        let client = servers.get(command).expect("started above");
-        call(client, program, "mcp-stdio", tool, arguments, fence).await
+        let server = servers.get(command).expect("started above");
+        let out = timed(
+            server,
+            &program,
+            "mcp-stdio",
+            tool,
+            arguments,
+            fence,
+            timeout,
+        )
+        .await;
+        if out.as_ref().is_err_and(|e| e.timed_out) {
+            // Its process tree is gone: the next call starts it again.
+            if let Some(s) = servers.remove(command) {
+                let _ = s.client.cancel().await;
+            }
+        }
+        out
     }
 
     /// Calls `tool` on the server at `url` (streamable HTTP).
@@ -56,7 +224,8 @@ impl McpServers {
         tool: &str,
         arguments: &Value,
         fence: &CallFence,
-    ) -> Result<ToolOutput, String> {
+        timeout: Duration,
+    ) -> Result<ToolOutput, ToolError> {
         let key = vec!["http".to_string(), url.to_string()];
         let mut servers = self.servers.lock().await;
         if !servers.contains_key(&key) {
@@ -65,25 +234,74 @@ impl McpServers {
                 .serve(transport)
                 .await
                 .map_err(|e| format!("MCP server {url} did not initialise: {e}"))?;
-            servers.insert(key.clone(), client);
+            servers.insert(
+                key.clone(),
+                Server {
+                    client,
+                    #[cfg(unix)]
+                    cage: None,
+                },
+            );
         }
-        let client = servers.get(&key).expect("connected above");
-        call(client, url, "mcp-http", tool, arguments, fence).await
+        let server = servers.get(&key).expect("connected above");
+        timed(server, url, "mcp-http", tool, arguments, fence, timeout).await
     }
 
-    /// Stops every server.
+    /// Stops every server (their process trees with them) and removes the
+    /// attempt's working directory.
     pub async fn close(&self) {
         let servers: Vec<_> = self.servers.lock().await.drain().collect();
         for (_, server) in servers {
-            let _ = server.cancel().await;
+            let _ = server.client.cancel().await;
         }
+        #[cfg(unix)]
+        self.confiner.remove_workdir(&self.attempt);
     }
+}
+
+/// One call, bounded by `timeout`: past it the server's process tree is
+/// killed and the call fails saying so.
+async fn timed(
+    server: &Server,
+    name: &str,
+    transport: &str,
+    tool: &str,
+    arguments: &Value,
+    fence: &CallFence,
+    timeout: Duration,
+) -> Result<ToolOutput, ToolError> {
+    let answer =
+        tokio::time::timeout(timeout, call(&server.client, name, tool, arguments, fence)).await;
+    let mut out = match answer {
+        Ok(out) => out.map_err(ToolError::from),
+        Err(_) => {
+            server.kill("timeout");
+            Err(ToolError {
+                message: format!(
+                    "MCP tool {tool} on {name} timed out after {} s; its process tree was killed",
+                    timeout.as_secs()
+                ),
+                confinement: None,
+                timed_out: true,
+            })
+        }
+    };
+    let confinement = server.confinement();
+    match &mut out {
+        Ok(o) => {
+            o.receipt["transport"] = json!(transport);
+            if let Some(c) = confinement {
+                o.receipt["confinement"] = c;
+            }
+        }
+        Err(e) => e.confinement = confinement,
+    }
+    out
 }
 
 async fn call(
     client: &RunningService<RoleClient, ()>,
     server: &str,
-    transport: &str,
     tool: &str,
     arguments: &Value,
     fence: &CallFence,
@@ -101,6 +319,6 @@ async fn call(
     }
     Ok(ToolOutput {
         result: json!({"content": content, "structured": result.structured_content}),
-        receipt: json!({"schema": "tool-invocation-v1", "transport": transport, "server": server, "tool": tool}),
+        receipt: json!({"schema": "tool-invocation-v1", "server": server, "tool": tool}),
     })
 }

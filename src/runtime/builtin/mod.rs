@@ -39,7 +39,7 @@ use super::{
 use crate::domain::attempt::{
     CallFence, CallKind, DecisionKind, DecisionStatus, FailureClass, Gate,
 };
-use crate::domain::release::{ToolTransport, canonical_json};
+use crate::domain::release::{SideEffectClass, ToolTransport, canonical_json};
 use crate::domain::{DomainError, TenantId};
 use crate::store::TenantScope;
 
@@ -235,7 +235,10 @@ impl<'a> Loop<'a> {
             tools,
             context_ref,
             project_id: ticket.attempt.project_id.clone(),
-            mcp: mcp::McpServers::default(),
+            mcp: mcp::McpServers::new(
+                runtime.shared.confiner.clone(),
+                ticket.attempt.attempt_id.to_string(),
+            ),
             outside: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -554,13 +557,30 @@ impl<'a> Loop<'a> {
                             return Err(self.refused(Some("the attempt ended during the tool call".into())));
                         }
                     };
+                    let class = self.info.tool(&call.tool).map(|(t, _)| t.side_effect_class);
                     let (ok, result, receipt, error) = match outcome {
                         Ok(out) => (true, out.result, out.receipt, None),
-                        Err(error) => (
+                        // A call with effects that outlasted its timeout
+                        // may have had them: it is never issued again.
+                        Err(e)
+                            if e.timed_out && class.is_some_and(|c| c > SideEffectClass::Read) =>
+                        {
+                            self.runtime
+                                .call_timed_out(
+                                    self.scope,
+                                    self.attempt_id,
+                                    self.token,
+                                    call_id,
+                                    e.message.clone(),
+                                )
+                                .await?;
+                            return Err(self.refused(Some(e.message)));
+                        }
+                        Err(e) => (
                             false,
-                            json!({"error": error}),
-                            json!({"tool": call.tool, "error": error}),
-                            Some(error),
+                            json!({"error": e.message}),
+                            json!({"tool": call.tool, "error": e.message, "confinement": e.confinement}),
+                            Some(e.message),
                         ),
                     };
                     let next = observed(state, call, &result);
@@ -757,23 +777,26 @@ impl<'a> Loop<'a> {
         }
     }
 
-    /// Runs a tool of the release.
+    /// Runs a tool of the release: a sandboxed tool under a sandbox lease
+    /// of its own, given back once its process tree is gone.
     async fn execute(
         &self,
         call: &ToolCall,
         fence: &CallFence,
-    ) -> Result<tools::ToolOutput, String> {
+    ) -> Result<tools::ToolOutput, tools::ToolError> {
         let Some((t, _)) = self.info.tool(&call.tool) else {
-            return Err(format!("tool {} is not in the release", call.tool));
+            return Err(format!("tool {} is not in the release", call.tool).into());
         };
         let name = t.name.clone().unwrap_or_else(|| t.id.clone());
         let sandbox = if t.needs_sandbox {
-            Some(self.sandbox(&call.id).await?)
+            Some(self.sandbox(t, &call.id).await?)
         } else {
             None
         };
-        let out = self.run_tool(t, &name, call, fence).await;
-        if let Some(lease) = sandbox {
+        let out = self
+            .run_tool(t, &name, call, fence, sandbox.as_ref().map(|(_, b)| *b))
+            .await;
+        if let Some((lease, _)) = sandbox {
             let _ = self
                 .runtime
                 .shared
@@ -784,8 +807,13 @@ impl<'a> Loop<'a> {
         out
     }
 
-    /// A capacity lease of kind sandbox for one tool call.
-    async fn sandbox(&self, call_id: &str) -> Result<Uuid, String> {
+    /// A capacity lease of kind sandbox for one tool call, sized and
+    /// placed as the tool declares, and what it grants.
+    async fn sandbox(
+        &self,
+        t: &crate::domain::release::ToolDescriptor,
+        call_id: &str,
+    ) -> Result<(Uuid, mcp::Bounds), String> {
         use crate::capacity::{AcquireRequest, CapacityError};
         use crate::domain::capacity::{HolderKind, LeaseRequest};
         let request = LeaseRequest {
@@ -795,9 +823,11 @@ impl<'a> Loop<'a> {
             attempt_id: Some(self.attempt_id),
             holder_kind: HolderKind::Sandbox,
             holder_id: format!("{}:{call_id}", self.attempt_id),
-            cpu: crate::domain::amount::Amount::units(1),
-            memory_gb: crate::domain::amount::Amount::units(1),
-            internet_egress: false,
+            cpu: t.cpu.unwrap_or(crate::domain::amount::Amount::units(1)),
+            memory_gb: t
+                .memory_gb
+                .unwrap_or(crate::domain::amount::Amount::units(1)),
+            internet_egress: t.needs_egress,
         };
         loop {
             let acquired = self
@@ -812,7 +842,9 @@ impl<'a> Loop<'a> {
                 })
                 .await;
             match acquired {
-                Ok(view) if view.lease.state.holds_capacity() => return Ok(view.lease.lease_id),
+                Ok(view) if view.lease.state.holds_capacity() => {
+                    return Ok((view.lease.lease_id, mcp::Bounds::of(&view.lease)));
+                }
                 Ok(view) if view.lease.state.is_terminal() => {
                     return Err(format!("no sandbox: lease {} ended", view.lease.lease_id));
                 }
@@ -831,20 +863,59 @@ impl<'a> Loop<'a> {
         name: &str,
         call: &ToolCall,
         fence: &CallFence,
-    ) -> Result<tools::ToolOutput, String> {
+        sandbox: Option<mcp::Bounds>,
+    ) -> Result<tools::ToolOutput, tools::ToolError> {
         let name = name.to_string();
+        let config = self.runtime.config();
+        let timeout = Duration::from_secs(t.timeout_seconds.unwrap_or(config.tool_timeout_seconds));
         match t.transport {
             ToolTransport::Builtin => {
-                tools::run(&name, &call.arguments, self.runtime.shared.clock.now()).await
+                Ok(tools::run(&name, &call.arguments, self.runtime.shared.clock.now()).await?)
             }
             ToolTransport::McpStdio => {
+                let bounds = match sandbox {
+                    Some(b) => b,
+                    None => self.attempt_bounds(),
+                };
                 self.mcp
-                    .call_stdio(&t.command, &name, &call.arguments, fence)
+                    .call_stdio(
+                        &t.command,
+                        &name,
+                        &call.arguments,
+                        fence,
+                        bounds,
+                        sandbox.is_some(),
+                        timeout,
+                        &config,
+                    )
                     .await
             }
             ToolTransport::McpHttp => match &t.url {
-                Some(url) => self.mcp.call_http(url, &name, &call.arguments, fence).await,
-                None => Err(format!("tool {} declares no url", t.id)),
+                Some(url) => {
+                    self.mcp
+                        .call_http(url, &name, &call.arguments, fence, timeout)
+                        .await
+                }
+                None => Err(format!("tool {} declares no url", t.id).into()),
+            },
+        }
+    }
+
+    /// What the attempt's own capacity lease grants its tools' processes
+    /// (1 CPU and 1 GB without egress when it holds none).
+    fn attempt_bounds(&self) -> mcp::Bounds {
+        let lease = self
+            .runtime
+            .view(self.scope, self.attempt_id)
+            .ok()
+            .and_then(|v| v.attempt.capacity_lease_id)
+            .and_then(|id| self.runtime.shared.capacity.lease(self.scope, id).ok());
+        match lease {
+            Some(l) => mcp::Bounds::of(&l),
+            None => mcp::Bounds {
+                cpu: crate::domain::amount::Amount::units(1),
+                memory_gb: crate::domain::amount::Amount::units(1),
+                egress: false,
             },
         }
     }

@@ -13,6 +13,27 @@ pub struct ToolOutput {
     pub receipt: Value,
 }
 
+/// Why a tool call failed, and what bound its process.
+#[derive(Debug)]
+pub struct ToolError {
+    /// What went wrong, in words.
+    pub message: String,
+    /// What bound its process tree, and what it used (tool processes).
+    pub confinement: Option<Value>,
+    /// Whether it outlasted its timeout (and its process tree was killed).
+    pub timed_out: bool,
+}
+
+impl From<String> for ToolError {
+    fn from(message: String) -> Self {
+        ToolError {
+            message,
+            confinement: None,
+            timed_out: false,
+        }
+    }
+}
+
 /// Names of the builtin tools.
 pub const BUILTIN_TOOLS: &[&str] = &[
     "echo", "notify", "clock", "noop", "fail", "sleep", "delegate", "ask", "escalate",

@@ -187,6 +187,17 @@ pub enum Msg {
         /// The state it settled in, if it did.
         reply: Reply<Option<AttemptState>>,
     },
+    /// A tool call with effects outlasted its timeout.
+    CallTimedOut {
+        /// The adapter's token.
+        token: u64,
+        /// The call.
+        call_id: Uuid,
+        /// Why, in words.
+        why: String,
+        /// Answer.
+        reply: Reply<ExecutionAttempt>,
+    },
     /// The appliance fails the attempt.
     Fail {
         /// Why.
@@ -819,6 +830,23 @@ impl Grain {
             Msg::ChildEnded { child, reply } => reply_with(reply, self.child_ended(*child).await),
             Msg::Renew { reply } => reply_with(reply, self.renew().await),
             Msg::Reconcile { reply } => reply_with(reply, self.reconcile().await),
+            Msg::CallTimedOut {
+                token,
+                call_id,
+                why,
+                reply,
+            } => {
+                let r = async {
+                    self.fence(token, "CallTimedOut").await?;
+                    let mut a = self.attempt.clone();
+                    let mut open = self.open.clone();
+                    let events = a.call_timed_out(open.as_mut(), call_id, &why, self.now())?;
+                    self.save_with_open(a, events, open).await?;
+                    Ok(self.attempt.clone())
+                }
+                .await;
+                reply_with(reply, r)
+            }
             Msg::Fail { failure, reply } => {
                 let r = async {
                     let mut a = self.attempt.clone();

@@ -1,0 +1,508 @@
+//! Confinement: every process the appliance starts for a tool (an MCP
+//! stdio server, a sandboxed tool) starts here, bound to the lease it runs
+//! under. Nothing starts a tool process any other way.
+//!
+//! - CPU, memory and processes: a cgroup of its own under the appliance's
+//!   subtree (v2 where the host delegates one, else the v1 controllers),
+//!   with the lease's CPUs as a CFS quota, its memory as the hard limit
+//!   (swap off) and `runtime.tool_pids_max` processes; the whole tree is
+//!   killed when the lease ends. Where no cgroup can be made, resource
+//!   limits (`RLIMIT_AS`, `RLIMIT_NPROC`) and a process group, only if
+//!   `runtime.when_unconfinable` allows the weaker mechanism.
+//! - Network: without internet egress in its lease, a network namespace of
+//!   its own with only loopback.
+//! - Files: with Landlock (where the kernel has it), read access to the
+//!   system's directories and the command's own, read and write to the
+//!   attempt's working directory, nothing else: never the data dir, the
+//!   configuration or the TLS files.
+//! - Environment: only `PATH`, `LANG`, and `HOME` and `TMPDIR` set to the
+//!   working directory; the appliance's own (which may hold secrets) is
+//!   not passed on.
+
+pub mod cgroup;
+mod sys;
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use self::cgroup::{Group, Limits, Root};
+use crate::config::{Confinement as Mode, RuntimeConfig, WhenUnconfinable};
+use crate::domain::amount::Amount;
+
+/// What a process is started with: its command, its lease's resources and
+/// network, and where it works.
+pub struct Request<'a> {
+    /// A name for its group (unique while it runs).
+    pub label: String,
+    /// Program and arguments.
+    pub argv: &'a [String],
+    /// The lease's CPUs.
+    pub cpu: Amount,
+    /// The lease's memory, GB.
+    pub memory_gb: Amount,
+    /// Whether the lease allows internet egress.
+    pub egress: bool,
+    /// The attempt's working directory.
+    pub workdir: &'a Path,
+}
+
+/// What this host can enforce, found once at start.
+pub struct Confiner {
+    cgroup: Result<Root, String>,
+    network: Result<(), String>,
+    landlock: Result<u32, String>,
+    work_root: PathBuf,
+    protected: Vec<PathBuf>,
+    seq: AtomicU64,
+}
+
+/// What bound one process tree, and what it used: the timeline shows it
+/// per tool call.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Confinement {
+    /// `cgroup-v2`, `cgroup-v1` or `rlimit`.
+    pub mechanism: String,
+    /// Its cgroup, for the cgroup mechanisms.
+    pub group: Option<String>,
+    /// CPUs it may use (a CFS quota; not enforced by `rlimit`).
+    pub cpu: Amount,
+    /// Memory it may hold, bytes.
+    pub memory_bytes: u64,
+    /// Processes and threads it may have.
+    pub pids: u32,
+    /// `loopback-only`, or `host` (with egress, or where the host cannot
+    /// isolate: then why).
+    pub network: String,
+    /// `landlock` (the working directory, the system's and the command's
+    /// directories), or why not.
+    pub files: String,
+    /// The most memory it held at once, bytes (cgroups only).
+    pub peak_memory_bytes: Option<u64>,
+    /// CPU time it used, seconds (cgroups only).
+    pub cpu_seconds: Option<f64>,
+    /// `oom`, `pids` or `timeout` when a limit ended or refused it.
+    pub killed_by: Option<String>,
+}
+
+/// A running process tree under its limits. Dropping it kills the tree and
+/// removes its group.
+pub struct Cage {
+    group: Option<Group>,
+    report: Mutex<Confinement>,
+    pgid: AtomicI32,
+    /// The Landlock ruleset the child restricts itself with; held until it
+    /// has started.
+    ruleset: Mutex<Option<OwnedFd>>,
+}
+
+/// What the System page and `/readyz` say this host enforces.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostReport {
+    /// The mechanism tool processes get: `cgroup-v2`, `cgroup-v1`,
+    /// `rlimit`, or `refused` (sandboxed tools are refused).
+    pub mechanism: String,
+    /// Why not a cgroup, when not.
+    pub cgroup_unavailable: Option<String>,
+    /// Whether a tool without egress gets a network of its own, or why not.
+    pub network: String,
+    /// Whether files are restricted (Landlock and its ABI), or why not.
+    pub files: String,
+}
+
+const GB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The system's directories a tool may read.
+const SYSTEM_READ: &[&str] = &[
+    "/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/opt", "/proc", "/sys", "/run",
+];
+
+/// Device files a tool may read and write.
+const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/pts",
+    "/dev/shm",
+];
+
+impl Confiner {
+    /// Finds what this host can enforce: a cgroup subtree (v2 if the
+    /// host is v2-only and delegates the controllers, else v1), network
+    /// namespaces, Landlock. `work_root` holds the attempts' working
+    /// directories; `protected` (the data dir, the configuration, the TLS
+    /// files) is never readable by a tool.
+    pub fn detect(work_root: PathBuf, protected: Vec<PathBuf>) -> Confiner {
+        let (v1, v2) = cgroup::mounts();
+        let own = cgroup::own_paths();
+        let v2_only = v1.is_empty() && own.len() == 1 && own[0].0.is_empty();
+        let cgroup = match (&v2, v2_only) {
+            (Some(mount), true) => cgroup::prepare_v2(mount, &own[0].1),
+            _ if !v1.is_empty() => cgroup::prepare_v1(&v1, v2.as_deref(), &own),
+            _ => Err("no cgroup hierarchy is mounted".to_string()),
+        };
+        let network = Self::probe_network();
+        let landlock = Self::probe_landlock();
+        let c = Confiner {
+            cgroup,
+            network,
+            landlock,
+            work_root,
+            protected,
+            seq: AtomicU64::new(0),
+        };
+        let host = c.host(&RuntimeConfig::default());
+        tracing::info!(
+            mechanism = %host.mechanism,
+            cgroup_unavailable = host.cgroup_unavailable.as_deref().unwrap_or("-"),
+            network = %host.network,
+            files = %host.files,
+            "tool confinement"
+        );
+        c
+    }
+
+    fn probe_network() -> Result<(), String> {
+        use std::os::unix::process::CommandExt;
+        let steps = sys::Steps {
+            isolate_network: Some(sys::Isolation::for_this_process()),
+            ..sys::Steps::default()
+        };
+        let mut cmd = std::process::Command::new("/bin/true");
+        // SAFETY: Steps::apply makes only async-signal-safe calls.
+        unsafe {
+            cmd.pre_exec(move || steps.apply());
+        }
+        match cmd.status() {
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => Err(format!("a network namespace test ended {s}")),
+            Err(e) => Err(format!(
+                "a network namespace cannot be made here ({e}); needs root or unprivileged user namespaces"
+            )),
+        }
+    }
+
+    fn probe_landlock() -> Result<u32, String> {
+        // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+        // SAFETY: the documented version query; no memory is passed.
+        let abi = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<u8>(),
+                0usize,
+                1u32,
+            )
+        };
+        if abi > 0 {
+            Ok(abi as u32)
+        } else {
+            Err(format!(
+                "Landlock is not available in this kernel ({})",
+                std::io::Error::last_os_error()
+            ))
+        }
+    }
+
+    /// What this host enforces under `config`.
+    pub fn host(&self, config: &RuntimeConfig) -> HostReport {
+        let mechanism = match (&self.cgroup, config.confinement, config.when_unconfinable) {
+            (Ok(root), Mode::Auto | Mode::Cgroup, _) => root.mechanism(),
+            (_, Mode::Rlimit, _) => "rlimit",
+            (Err(_), _, WhenUnconfinable::Rlimit) => "rlimit",
+            (Err(_), _, WhenUnconfinable::Refuse) => "refused",
+        };
+        HostReport {
+            mechanism: mechanism.into(),
+            cgroup_unavailable: self.cgroup.as_ref().err().cloned(),
+            network: match &self.network {
+                Ok(()) => "a network namespace with only loopback for tools without egress".into(),
+                Err(e) => format!("not isolated: {e}"),
+            },
+            files: match &self.landlock {
+                Ok(abi) => format!("Landlock (ABI {abi})"),
+                Err(e) => format!("not restricted: {e}"),
+            },
+        }
+    }
+
+    /// The working directory of an attempt's tools (made if missing).
+    pub fn workdir(&self, attempt: &str) -> std::io::Result<PathBuf> {
+        let d = self.work_root.join(attempt);
+        std::fs::create_dir_all(&d)?;
+        Ok(d)
+    }
+
+    /// Removes an attempt's working directory.
+    pub fn remove_workdir(&self, attempt: &str) {
+        let _ = std::fs::remove_dir_all(self.work_root.join(attempt));
+    }
+
+    /// A command for `req`, confined, and its cage: spawn the command,
+    /// then call [`Cage::started`] with its pid. Refused, with the reason,
+    /// where the host cannot enforce what `config` requires.
+    pub fn command(
+        &self,
+        req: &Request<'_>,
+        config: &RuntimeConfig,
+    ) -> Result<(tokio::process::Command, Cage), String> {
+        use std::ffi::CString;
+        let Some((program, args)) = req.argv.split_first() else {
+            return Err("the tool declares no command".into());
+        };
+        let refuse = config.when_unconfinable == WhenUnconfinable::Refuse;
+        let memory_bytes = (req.memory_gb.as_f64() * GB) as u64;
+        let pids = config.tool_pids_max;
+        let limits = Limits::of(req.cpu.thousandths(), memory_bytes, pids);
+        let mut steps = sys::Steps::default();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{}-{seq}", req.label);
+        let (group, mechanism) = match (&self.cgroup, config.confinement) {
+            (Ok(root), Mode::Auto | Mode::Cgroup) => {
+                let group = root
+                    .create(&name, limits)
+                    .map_err(|e| format!("no cgroup for the tool: {e}"))?;
+                steps.join = group
+                    .procs_files()
+                    .iter()
+                    .map(|p| CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL"))
+                    .collect();
+                (Some(group), root.mechanism())
+            }
+            (Err(why), Mode::Cgroup) => {
+                return Err(format!(
+                    "runtime.confinement is cgroup and this host has none: {why}"
+                ));
+            }
+            (Err(why), Mode::Auto) if refuse => {
+                return Err(format!(
+                    "this host cannot confine tool processes with a cgroup ({why}) and runtime.when_unconfinable is refuse"
+                ));
+            }
+            _ => {
+                steps.address_space = Some(memory_bytes);
+                steps.processes = Some(u64::from(pids));
+                (None, "rlimit")
+            }
+        };
+        let network = if req.egress {
+            "host".to_string()
+        } else {
+            match &self.network {
+                Ok(()) => {
+                    steps.isolate_network = Some(sys::Isolation::for_this_process());
+                    "loopback-only".to_string()
+                }
+                Err(why) if refuse => {
+                    return Err(format!(
+                        "the tool's lease has no internet egress and this host cannot isolate its network: {why}"
+                    ));
+                }
+                Err(why) => format!("host (not isolated: {why})"),
+            }
+        };
+        let (ruleset, files) = match &self.landlock {
+            Ok(_) => {
+                let (fd, granted) = self.ruleset(req.argv, req.workdir)?;
+                steps.landlock = Some(fd.as_raw_fd());
+                (
+                    Some(fd),
+                    format!("landlock: read {granted}; write the working directory"),
+                )
+            }
+            Err(why) if refuse => {
+                return Err(format!(
+                    "this host cannot restrict a tool's files and runtime.when_unconfinable is refuse: {why}"
+                ));
+            }
+            Err(why) => (None, format!("not restricted: {why}")),
+        };
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .current_dir(req.workdir)
+            .env_clear()
+            .env(
+                "PATH",
+                std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into()),
+            )
+            .env("LANG", "C.UTF-8")
+            .env("HOME", req.workdir)
+            .env("TMPDIR", req.workdir)
+            .kill_on_drop(true);
+        // SAFETY: Steps::apply makes only async-signal-safe calls on data
+        // prepared here.
+        unsafe {
+            cmd.pre_exec(move || steps.apply());
+        }
+        let report = Confinement {
+            mechanism: mechanism.to_string(),
+            group: group.as_ref().map(|g| g.path().display().to_string()),
+            cpu: req.cpu,
+            memory_bytes,
+            pids,
+            network,
+            files,
+            peak_memory_bytes: None,
+            cpu_seconds: None,
+            killed_by: None,
+        };
+        metrics::counter!(crate::telemetry::names::TOOL_PROCESSES, "mechanism" => mechanism)
+            .increment(1);
+        Ok((
+            cmd,
+            Cage {
+                group,
+                report: Mutex::new(report),
+                pgid: AtomicI32::new(0),
+                ruleset: Mutex::new(ruleset),
+            },
+        ))
+    }
+
+    /// The Landlock ruleset of a tool: read the system's directories, the
+    /// directories of its program and of every argument that names an
+    /// existing path (for a script inside `node_modules`, the project that
+    /// holds it), read and write its working directory and the usual device
+    /// files; never what holds a protected path.
+    fn ruleset(&self, argv: &[String], workdir: &Path) -> Result<(OwnedFd, String), String> {
+        use landlock::{
+            ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, path_beneath_rules,
+        };
+        let abi = ABI::V5;
+        let mut read: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
+        if let Ok(entries) = std::fs::read_dir("/etc") {
+            read.extend(entries.flatten().map(|e| e.path()));
+        }
+        for arg in argv {
+            let p = Path::new(arg);
+            let found = if p.is_absolute() || arg.contains('/') {
+                std::fs::canonicalize(p).ok()
+            } else {
+                which(arg)
+            };
+            let Some(real) = found else { continue };
+            let dir = match real.ancestors().find(|a| a.ends_with("node_modules")) {
+                Some(modules) => modules.parent().unwrap_or(modules).to_path_buf(),
+                None if real.is_dir() => real.clone(),
+                None => real.parent().map(Path::to_path_buf).unwrap_or(real.clone()),
+            };
+            read.push(dir);
+        }
+        // Nothing that holds the data dir, the configuration or the TLS
+        // files, whatever the command names.
+        read.retain(|r| !self.protected.iter().any(|p| p.starts_with(r)));
+        read.sort();
+        read.dedup();
+        // In words: the command's own directories by name, the system's as
+        // one phrase.
+        let own: Vec<String> = read
+            .iter()
+            .filter(|r| {
+                r.exists()
+                    && !r.starts_with("/etc")
+                    && !SYSTEM_READ.iter().any(|s| Path::new(s) == r.as_path())
+            })
+            .map(|r| r.display().to_string())
+            .collect();
+        let granted = if own.is_empty() {
+            "the system's directories".to_string()
+        } else {
+            format!("the system's directories and {}", own.join(", "))
+        };
+        let err = |e: landlock::RulesetError| format!("no Landlock ruleset: {e}");
+        let ruleset = Ruleset::default()
+            .handle_access(AccessFs::from_all(abi))
+            .map_err(err)?
+            .create()
+            .map_err(err)?
+            .add_rules(path_beneath_rules(&read, AccessFs::from_read(abi)))
+            .map_err(err)?
+            .add_rules(path_beneath_rules(
+                DEVICES
+                    .iter()
+                    .chain(std::iter::once(&workdir.to_str().unwrap_or("/nonexistent"))),
+                AccessFs::from_all(abi),
+            ))
+            .map_err(err)?;
+        let fd: Option<OwnedFd> = ruleset.into();
+        let fd = fd.ok_or("Landlock is not enforced by this kernel")?;
+        Ok((fd, granted))
+    }
+}
+
+/// The program `name` on `PATH`.
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+            .and_then(|p| std::fs::canonicalize(p).ok())
+    })
+}
+
+impl Cage {
+    /// Records the started process (the leader of its process group).
+    pub fn started(&self, pid: Option<u32>) {
+        if let Some(pid) = pid {
+            self.pgid.store(pid as i32, Ordering::Relaxed);
+        }
+        self.ruleset.lock().take();
+    }
+
+    /// What bound the tree and what it used so far.
+    pub fn report(&self) -> Confinement {
+        let mut r = self.report.lock().clone();
+        if let Some(g) = &self.group {
+            let used = g.used();
+            r.peak_memory_bytes = used.peak_memory_bytes;
+            r.cpu_seconds = used.cpu_us.map(|us| us as f64 / 1e6);
+            if r.killed_by.is_none() {
+                if used.oom_kills > 0 {
+                    r.killed_by = Some("oom".into());
+                } else if used.pids_refused > 0 {
+                    r.killed_by = Some("pids".into());
+                }
+            }
+        }
+        r
+    }
+
+    /// Kills the whole tree, saying why (`timeout`, `lease-ended`).
+    pub fn kill(&self, why: &str) {
+        {
+            let mut r = self.report.lock();
+            if r.killed_by.is_none() && why != "lease-ended" {
+                r.killed_by = Some(why.to_string());
+                metrics::counter!(crate::telemetry::names::TOOL_KILLS, "reason" => why.to_string())
+                    .increment(1);
+            }
+        }
+        match &self.group {
+            Some(g) => g.kill(),
+            None => sys::kill_group(self.pgid.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+impl Drop for Cage {
+    fn drop(&mut self) {
+        let report = self.report();
+        if let Some(reason) = &report.killed_by
+            && self.report.lock().killed_by.is_none()
+        {
+            metrics::counter!(crate::telemetry::names::TOOL_KILLS, "reason" => reason.clone())
+                .increment(1);
+        }
+        match &self.group {
+            Some(g) => g.remove(),
+            None => sys::kill_group(self.pgid.load(Ordering::Relaxed)),
+        }
+    }
+}
