@@ -96,3 +96,264 @@ async fn every_mcp_call_carries_the_attempts_fence_in_its_meta() {
     }
     assert_ne!(calls[0]["callId"], calls[1]["callId"]);
 }
+
+/// A probe release of one tool with `descriptor` merged into its
+/// declaration, called once with `arguments`.
+async fn one_tool(site: &Site, id: &str, tool: &str, descriptor: Value, arguments: Value) {
+    let server = probe();
+    let mut t = json!({"id": tool, "name": tool, "description": tool, "sideEffectClass": "read",
+                       "transport": "mcp-stdio", "command": server, "inputSchema": {"type": "object"}});
+    for (k, v) in descriptor.as_object().unwrap() {
+        t[k] = v.clone();
+    }
+    site.import(
+        id,
+        json!([{"content": "probe", "toolCalls": [{"tool": tool, "arguments": arguments}]}, answer("low", false)]),
+        move |m| {
+            m["tools"] = json!([t]);
+            m["policy"]["tools"] = json!({tool: "allow"});
+        },
+    )
+    .await;
+}
+
+/// The tool call of a one-tool run that ends in `state`, with its content.
+async fn the_call(site: &Site, release: &str, state: &str) -> Value {
+    let run_id = site.submit(release).await;
+    let run = site.until(&run_id, state).await;
+    assert_eq!(run.steps[0].attempts[0].state, state, "{run:?}");
+    let attempt_id = run.steps[0].attempts[0].attempt_id.clone();
+    let t = site.timeline(&attempt_id).await;
+    let call = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "tool")
+        .cloned()
+        .unwrap_or_else(|| panic!("no tool call: {t}"));
+    let path = format!(
+        "/runtime/attempts/{attempt_id}/calls/{}",
+        call["callId"].as_str().unwrap()
+    );
+    site.a.get(&site.token, &path).await
+}
+
+/// What the probe answered (`structured`), or the call's error.
+fn answered(call: &Value) -> &Value {
+    &call["content"]["result"]["json"]["structured"]
+}
+
+fn confinement(call: &Value) -> &Value {
+    &call["content"]["receipt"]["json"]["confinement"]
+}
+
+#[tokio::test]
+async fn a_tool_past_its_memory_is_killed_and_its_call_names_the_limit() {
+    let site = Site::start().await;
+    one_tool(
+        &site,
+        "probe-alloc",
+        "alloc",
+        json!({"needsSandbox": true, "memoryGb": 0.1, "cpu": 1}),
+        json!({"mb": 400}),
+    )
+    .await;
+    let call = the_call(&site, "probe-alloc", "Succeeded").await;
+    assert_eq!(call["status"], "failed", "{call}");
+    let bound = confinement(&call);
+    let error = call["error"].as_str().unwrap();
+    if bound["mechanism"].as_str().unwrap().starts_with("cgroup") {
+        assert_eq!(bound["killedBy"], "oom", "{bound}");
+        assert!(error.contains("memory limit"), "{error}");
+        assert_eq!(bound["memoryBytes"], 107_374_182, "{bound}");
+    } else {
+        assert!(error.contains("MemoryError"), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn a_child_that_outlives_its_tool_is_gone_when_the_lease_ends() {
+    let site = Site::start().await;
+    one_tool(
+        &site,
+        "probe-spawn",
+        "spawn",
+        json!({"needsSandbox": true}),
+        json!({"seconds": 300}),
+    )
+    .await;
+    let call = the_call(&site, "probe-spawn", "Succeeded").await;
+    assert_eq!(call["status"], "completed", "{call}");
+    let child = answered(&call)["child"].as_i64().unwrap();
+    // The child started a session of its own (out of its parent's process
+    // group); the lease's end still took it.
+    let gone = |pid: i64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+            .unwrap_or(true)
+    };
+    for _ in 0..100 {
+        if gone(child) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(gone(child), "child {child} of the tool still runs");
+}
+
+#[tokio::test]
+async fn a_busy_tool_under_half_a_cpu_gets_about_half_a_core() {
+    let site = Site::start().await;
+    one_tool(
+        &site,
+        "probe-spin",
+        "spin",
+        json!({"needsSandbox": true, "cpu": 0.5}),
+        json!({"seconds": 3}),
+    )
+    .await;
+    let call = the_call(&site, "probe-spin", "Succeeded").await;
+    assert_eq!(call["status"], "completed", "{call}");
+    let got = answered(&call);
+    let share = got["cpu_seconds"].as_f64().unwrap() / got["wall_seconds"].as_f64().unwrap();
+    if confinement(&call)["mechanism"]
+        .as_str()
+        .unwrap()
+        .starts_with("cgroup")
+    {
+        assert!(
+            share < 0.62,
+            "a 0.5-CPU tool used {share:.2} of a core: {got}"
+        );
+        assert!(
+            share > 0.2,
+            "a 0.5-CPU tool used only {share:.2} of a core: {got}"
+        );
+        assert!(confinement(&call)["cpuSeconds"].as_f64().unwrap() > 0.5);
+    }
+}
+
+#[tokio::test]
+async fn a_tool_without_egress_reaches_no_host_port_and_one_with_egress_does() {
+    let site = Site::start().await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let target = json!({"host": "127.0.0.1", "port": port});
+    one_tool(&site, "probe-closed", "connect", json!({}), target.clone()).await;
+    let call = the_call(&site, "probe-closed", "Succeeded").await;
+    assert_eq!(answered(&call)["connected"], false, "{call}");
+    assert_eq!(confinement(&call)["network"], "loopback-only");
+
+    // An egress pool of the tenant's own; a tool that declares egress is
+    // placed there and keeps the host's network.
+    let admin = site.a.admin_token().await;
+    let (s, p) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/pools/demo-egress",
+            json!({"tenantId": "demo", "kind": "sandbox", "securityBoundary": "tenant-dedicated",
+                   "region": "local", "nodeProfile": "small", "minSize": 1, "maxSize": 2,
+                   "internetEgress": true}),
+        )
+        .await;
+    assert_eq!(s, 200, "{p}");
+    one_tool(
+        &site,
+        "probe-open",
+        "connect",
+        json!({"needsSandbox": true, "needsEgress": true}),
+        target,
+    )
+    .await;
+    let call = the_call(&site, "probe-open", "Succeeded").await;
+    assert_eq!(answered(&call)["connected"], true, "{call}");
+    assert_eq!(confinement(&call)["network"], "host");
+    drop(listener);
+}
+
+#[tokio::test]
+async fn a_tool_reads_its_working_directory_and_never_the_data_dir() {
+    let site = Site::start().await;
+    let secret = site.a.data_dir.join("tls").join("ca.pem");
+    assert!(secret.exists(), "{}", secret.display());
+    one_tool(
+        &site,
+        "probe-read",
+        "read",
+        json!({}),
+        json!({"path": secret.display().to_string()}),
+    )
+    .await;
+    let call = the_call(&site, "probe-read", "Succeeded").await;
+    let got = answered(&call);
+    assert!(
+        got["read"].is_null(),
+        "the tool read {}: {got}",
+        secret.display()
+    );
+    assert!(
+        got["error"].as_str().unwrap().contains("Permission denied"),
+        "{got}"
+    );
+    assert!(
+        confinement(&call)["files"]
+            .as_str()
+            .unwrap()
+            .starts_with("landlock"),
+        "{call}"
+    );
+    one_tool(
+        &site,
+        "probe-write",
+        "write",
+        json!({}),
+        json!({"path": "note.txt", "text": "kept"}),
+    )
+    .await;
+    let call = the_call(&site, "probe-write", "Succeeded").await;
+    assert_eq!(answered(&call)["written"], true, "{call}");
+}
+
+#[tokio::test]
+async fn a_hung_tool_times_out_and_settles_by_its_class() {
+    let site = Site::start().await;
+    // A read: the call fails, the loop goes on to its answer.
+    one_tool(
+        &site,
+        "probe-hang-read",
+        "hang",
+        json!({"timeoutSeconds": 1}),
+        json!({}),
+    )
+    .await;
+    let call = the_call(&site, "probe-hang-read", "Succeeded").await;
+    assert_eq!(call["status"], "failed", "{call}");
+    assert!(
+        call["error"]
+            .as_str()
+            .unwrap()
+            .contains("timed out after 1 s"),
+        "{call}"
+    );
+    assert_eq!(
+        call["content"]["receipt"]["json"]["confinement"]["killedBy"],
+        "timeout"
+    );
+    // A write: its effect is unknown, so the call and the attempt are
+    // Uncertain and it is never issued again.
+    one_tool(
+        &site,
+        "probe-hang-write",
+        "hang",
+        json!({"timeoutSeconds": 1, "sideEffectClass": "shared-write"}),
+        json!({}),
+    )
+    .await;
+    let call = the_call(&site, "probe-hang-write", "Uncertain").await;
+    assert_eq!(call["status"], "uncertain", "{call}");
+    assert!(
+        call["error"].as_str().unwrap().contains("timed out"),
+        "{call}"
+    );
+}

@@ -287,6 +287,24 @@ async fn timed(
         }
     };
     let confinement = server.confinement();
+    if let (Err(e), Some(c)) = (&mut out, &confinement) {
+        // Name the limit that ended it.
+        match c["killedBy"].as_str() {
+            Some("oom") => {
+                e.message = format!(
+                    "{}; its process tree was killed by its memory limit ({} bytes)",
+                    e.message, c["memoryBytes"]
+                )
+            }
+            Some("pids") => {
+                e.message = format!(
+                    "{}; it reached its process limit ({})",
+                    e.message, c["pids"]
+                )
+            }
+            _ => {}
+        }
+    }
     match &mut out {
         Ok(o) => {
             o.receipt["transport"] = json!(transport);
