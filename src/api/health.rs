@@ -48,6 +48,10 @@ pub struct Readiness {
     /// one, its age and size, and the last failure.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backup: Option<crate::store::scheduled::BackupReport>,
+    /// What this host enforces on tool processes: the mechanism, the
+    /// network and the files.
+    #[cfg(unix)]
+    pub tools: crate::runtime::confine::HostReport,
 }
 
 /// Readiness: store, workers, shutdown.
@@ -68,6 +72,8 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         shutting_down,
         workers: state.workers.statuses(),
         backup: state.backups.as_ref().map(|b| b.report(state.clock.now())),
+        #[cfg(unix)]
+        tools: state.runtime.confinement(),
     };
     let status = if ready {
         StatusCode::OK

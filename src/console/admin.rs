@@ -909,6 +909,30 @@ struct SystemPage {
     t: Table,
 }
 
+/// What this host enforces on tool processes, in one line.
+fn tool_confinement(state: &crate::app::AppState) -> String {
+    #[cfg(unix)]
+    {
+        let h = state.runtime.confinement();
+        let mechanism = match h.mechanism.as_str() {
+            "refused" => "REFUSED: no cgroup, and runtime.when_unconfinable is refuse".to_string(),
+            "rlimit" => format!(
+                "rlimit and a process group only (no cgroup: {})",
+                h.cgroup_unavailable
+                    .as_deref()
+                    .unwrap_or("runtime.confinement is rlimit")
+            ),
+            m => format!("{m} (CPU, memory and processes per lease)"),
+        };
+        format!("{mechanism}; network: {}; files: {}", h.network, h.files)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = state;
+        "not confined on this platform".to_string()
+    }
+}
+
 /// `GET /system`: the appliance itself (PlatformAdmin): version, store,
 /// certificate, sessions and every background worker with its last pass.
 pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageError> {
@@ -976,6 +1000,7 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
             "Data directory",
             state.config.data_dir.display().to_string(),
         ),
+        ("Tool processes", tool_confinement(state)),
         (
             "Store",
             format!(

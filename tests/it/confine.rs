@@ -161,6 +161,19 @@ async fn a_tool_past_its_memory_is_killed_and_its_call_names_the_limit() {
     let call = the_call(&site, "probe-alloc", "Succeeded").await;
     assert_eq!(call["status"], "failed", "{call}");
     let bound = confinement(&call);
+    // /readyz says what this host enforces: the mechanism the call got.
+    let ready: Value = site
+        .a
+        .http()
+        .get(format!("{}/readyz", site.a.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["tools"]["mechanism"], bound["mechanism"], "{ready}");
+    assert!(ready["tools"]["files"].is_string(), "{ready}");
     let error = call["error"].as_str().unwrap();
     if bound["mechanism"].as_str().unwrap().starts_with("cgroup") {
         assert_eq!(bound["killedBy"], "oom", "{bound}");
