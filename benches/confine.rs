@@ -1,0 +1,91 @@
+//! The cost of confinement: starting a tool process (`/bin/true`) and
+//! waiting for it, unconfined versus through the confinement layer (its
+//! cgroup, network namespace and Landlock ruleset where this host has
+//! them, and removing the cgroup afterwards), p50 and p99 of each and the
+//! difference.
+//!
+//! `cargo bench --bench confine`; `AGENTBAY_BENCH_SPAWNS` sets the number
+//! of starts per row (default 300). Run as root (or with a delegated
+//! cgroup subtree) to measure the cgroup mechanism.
+
+use std::time::{Duration, Instant};
+
+use agentbay::config::RuntimeConfig;
+use agentbay::domain::amount::Amount;
+use agentbay::runtime::confine::{Confiner, Request};
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn row(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
+    println!(
+        "{name:<34} p50 {:>8.2} ms   p99 {:>8.2} ms",
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3
+    );
+    (p50, p99)
+}
+
+#[tokio::main]
+async fn main() {
+    let spawns: usize = std::env::var("AGENTBAY_BENCH_SPAWNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let dir = tempfile::tempdir().unwrap();
+    let confiner = Confiner::detect(dir.path().join("work"), vec![dir.path().join("data")]);
+    let config = RuntimeConfig::default();
+    let host = confiner.host(&config);
+    println!(
+        "confinement on this host: {} | network: {} | files: {}",
+        host.mechanism, host.network, host.files
+    );
+    let workdir = confiner.workdir("bench").unwrap();
+    let argv = vec!["/bin/true".to_string()];
+
+    let mut plain = Vec::with_capacity(spawns);
+    for _ in 0..spawns {
+        let t = Instant::now();
+        let status = tokio::process::Command::new(&argv[0])
+            .current_dir(&workdir)
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success());
+        plain.push(t.elapsed());
+    }
+
+    let mut confined = Vec::with_capacity(spawns);
+    for i in 0..spawns {
+        let t = Instant::now();
+        let request = Request {
+            label: format!("bench{i}"),
+            argv: &argv,
+            cpu: Amount::units(1),
+            memory_gb: Amount::units(1),
+            egress: false,
+            workdir: &workdir,
+        };
+        let (mut cmd, cage) = confiner.command(&request, &config).unwrap();
+        let mut child = cmd.spawn().unwrap();
+        cage.started(child.id());
+        let status = child.wait().await.unwrap();
+        assert!(status.success(), "{status}");
+        drop(cage);
+        confined.push(t.elapsed());
+    }
+    confiner.remove_workdir("bench");
+
+    println!("{spawns} starts of /bin/true each");
+    let (p50a, p99a) = row("unconfined", plain);
+    let (p50b, p99b) = row(&format!("confined ({})", host.mechanism), confined);
+    println!(
+        "{:<34} p50 {:>8.2} ms   p99 {:>8.2} ms",
+        "added by confinement",
+        (p50b.as_secs_f64() - p50a.as_secs_f64()) * 1e3,
+        (p99b.as_secs_f64() - p99a.as_secs_f64()) * 1e3
+    );
+}
