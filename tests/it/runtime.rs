@@ -2486,3 +2486,89 @@ async fn an_external_adapter_resumes_a_re_run_from_the_handed_over_state() {
     );
     assert_eq!(replay.replayed_from_call_id, open.call_id);
 }
+
+/// The grain's call-timeout reminder, on the appliance's clock: an
+/// adapter's tool call that outlasts `runtime.tool_timeout_seconds` (300)
+/// settles by its class without the adapter. A read fails and the attempt
+/// goes on; a call with effects is Uncertain with its attempt. (The
+/// adapter's hold lasts an hour here, so that only the timeout acts.)
+#[tokio::test]
+async fn the_grain_times_out_an_adapters_tool_call_by_its_class() {
+    let mut site = Site::on(Appliance::start_with(
+        &["--manual-clock"],
+        &[("AGENTBAY_RUNTIME__ATTEMPT_LEASE_SECONDS", "3600")],
+    ))
+    .await;
+    site.submit(json!({"ticket": "slow"}), None).await;
+    let adapter = site.claim_and_start().await;
+    let look = adapter
+        .begin("tool", "lookup-ticket", json!({"customer": "acme"}), "")
+        .await
+        .unwrap();
+    assert_eq!(look.outcome, ad::BeginOutcome::STARTED);
+    site.advance(299).await;
+    let t = site.timeline(&adapter.id()).await;
+    assert_eq!(t["state"], "WaitingForTool", "not yet: {t}");
+    site.advance(2).await;
+    let call = |t: &Value, id: &str| {
+        t["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["callId"] == id)
+            .cloned()
+            .unwrap()
+    };
+    let mut t = site.timeline(&adapter.id()).await;
+    for _ in 0..100 {
+        if call(&t, &look.call_id)["status"] == "failed" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        t = site.timeline(&adapter.id()).await;
+    }
+    let c = call(&t, &look.call_id);
+    assert_eq!(c["status"], "failed", "{c}");
+    assert_eq!(
+        c["error"], "tool lookup-ticket timed out after 300 s",
+        "{c}"
+    );
+    assert_eq!(
+        t["state"], "Running",
+        "a read's timeout leaves the attempt going"
+    );
+    // The late answer is refused: the call is settled.
+    let late = adapter
+        .complete(&look.call_id, json!({"open": 2}))
+        .await
+        .unwrap_err();
+    assert!(
+        late.message.unwrap_or_default().contains("failed"),
+        "late answer"
+    );
+
+    // A call with effects: approved, started, then silent past its timeout.
+    let page = json!({"message": "checkout down"});
+    let ask = adapter
+        .begin("tool", "page-oncall", page.clone(), "")
+        .await
+        .unwrap();
+    assert_eq!(ask.outcome, ad::BeginOutcome::APPROVAL_REQUIRED);
+    site.decide(&ask.approval_id, true).await;
+    let go = adapter
+        .begin("tool", "page-oncall", page, &ask.approval_id)
+        .await
+        .unwrap();
+    assert_eq!(go.outcome, ad::BeginOutcome::STARTED);
+    site.advance(301).await;
+    let mut t = site.timeline(&adapter.id()).await;
+    for _ in 0..100 {
+        if t["state"] == "Uncertain" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        t = site.timeline(&adapter.id()).await;
+    }
+    assert_eq!(t["state"], "Uncertain", "{t}");
+    assert_eq!(call(&t, &go.call_id)["status"], "uncertain");
+}

@@ -384,6 +384,9 @@ pub struct OpenCall {
     pub kind: CallKind,
     /// Class (tools).
     pub side_effect_class: Option<SideEffectClass>,
+    /// When a tool call times out (the grain's call-timeout reminder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_at: Option<DateTime<Utc>>,
 }
 
 impl OpenCall {
@@ -676,6 +679,8 @@ pub struct CallStart {
     pub context_tokens: Option<u32>,
     /// The checkpoint written before it.
     pub pre_checkpoint_id: Option<Uuid>,
+    /// Seconds a tool call may take.
+    pub timeout_seconds: Option<u64>,
 }
 
 /// Why a call did not start.
@@ -1371,6 +1376,10 @@ impl ExecutionAttempt {
             sequence,
             kind: call.kind,
             side_effect_class: call.side_effect_class,
+            timeout_at: call
+                .timeout_seconds
+                .filter(|_| call.kind == CallKind::Tool)
+                .map(|s| now + Duration::seconds(s as i64)),
         });
         self.usage.calls_since_checkpoint += 1;
         let record = self.call_record(call, sequence, None, now);
@@ -1897,10 +1906,11 @@ impl ExecutionAttempt {
         Ok(events)
     }
 
-    /// A tool call with effects outlasted its timeout and its process tree
-    /// was killed: whether its effect happened is unknown, so the call is
-    /// Uncertain (never issued again) and so is the attempt. `open` is the
-    /// open call's record; it must be `call_id`.
+    /// A tool call outlasted its timeout (the grain's reminder, or the
+    /// builtin loop that killed its process tree) and settles by its
+    /// class: a read fails and the attempt goes on; a call with effects may
+    /// have had them, so it is Uncertain (never issued again) and so is
+    /// the attempt. `open` is the open call's record; it must be `call_id`.
     pub fn call_timed_out(
         &mut self,
         open: Option<&mut CallRecord>,
@@ -1908,23 +1918,35 @@ impl ExecutionAttempt {
         why: &str,
         now: DateTime<Utc>,
     ) -> Result<Vec<NewEvent>, IllegalTransition> {
-        match &self.open_call {
-            Some(c) if c.call_id == call_id && c.effect_unconfirmed() => {}
-            Some(c) if c.call_id == call_id => {
-                return Err(self.illegal(format!(
-                    "settle call {call_id} as uncertain: it has no effect to be unsure of"
-                )));
-            }
-            _ => return Err(self.illegal(format!("time out call {call_id}: it is not open"))),
-        }
+        let Some(call) = self.open_call.clone().filter(|c| c.call_id == call_id) else {
+            return Err(self.illegal(format!("time out call {call_id}: it is not open")));
+        };
         let mut events = Vec::new();
-        self.settle_open_call(open, why, now, &mut events)?;
-        let failure = Some(AttemptFailure {
-            class: FailureClass::Infrastructure,
-            reason: why.to_string(),
-            feedback_ref: None,
-        });
-        events.extend(self.finish(AttemptState::Uncertain, failure, None, now)?);
+        if call.effect_unconfirmed() {
+            self.settle_open_call(open, why, now, &mut events)?;
+            let failure = Some(AttemptFailure {
+                class: FailureClass::Infrastructure,
+                reason: why.to_string(),
+                feedback_ref: None,
+            });
+            events.extend(self.finish(AttemptState::Uncertain, failure, None, now)?);
+            return Ok(events);
+        }
+        let Some(record) = open.filter(|r| r.call_id == call_id) else {
+            return Err(self.illegal(format!("time out call {call_id} without its record")));
+        };
+        record.status = CallStatus::Failed;
+        record.ended_at = Some(now);
+        record.error = Some(why.to_string());
+        self.open_call = None;
+        if self.state == AttemptState::WaitingForTool {
+            self.move_to(
+                AttemptState::Running,
+                AttemptPhase::Observing,
+                now,
+                &mut events,
+            )?;
+        }
         Ok(events)
     }
 

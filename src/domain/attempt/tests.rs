@@ -65,6 +65,7 @@ fn tool(class: SideEffectClass) -> CallStart {
         approval_id: None,
         context_tokens: None,
         pre_checkpoint_id: None,
+        timeout_seconds: Some(30),
     }
 }
 
@@ -268,6 +269,40 @@ fn max_minutes_counts_active_time_only() {
         .unwrap();
     assert_eq!(a.budget_deadline(), None);
     assert_eq!(a.active_ms(t0() + Duration::hours(1)), 4 * 60_000);
+}
+
+#[test]
+fn a_timed_out_read_fails_and_a_timed_out_write_is_uncertain() {
+    let mut a = running();
+    let (mut rec, _) = a.begin_call(tool(SideEffectClass::Read), 2, t0()).unwrap();
+    let id = rec.call_id;
+    let due = a.open_call.as_ref().unwrap().timeout_at.unwrap();
+    assert_eq!(due, t0() + Duration::seconds(30));
+    a.call_timed_out(Some(&mut rec), id, "tool search timed out after 30 s", due)
+        .unwrap();
+    assert_eq!(rec.status, CallStatus::Failed);
+    assert_eq!(
+        rec.error.as_deref(),
+        Some("tool search timed out after 30 s")
+    );
+    assert_eq!(a.state, AttemptState::Running);
+    assert!(a.open_call.is_none());
+    // Settled once: a second timeout of it is refused.
+    assert!(a.call_timed_out(Some(&mut rec), id, "again", due).is_err());
+
+    let mut a = running();
+    let (mut rec, _) = a
+        .begin_call(tool(SideEffectClass::SharedWrite), 2, t0())
+        .unwrap();
+    let id = rec.call_id;
+    a.call_timed_out(Some(&mut rec), id, "tool search timed out after 30 s", t0())
+        .unwrap();
+    assert_eq!(rec.status, CallStatus::Uncertain);
+    assert_eq!(a.state, AttemptState::Uncertain);
+    // A model call has no timeout of its own.
+    let mut a = running();
+    a.begin_call(model(10), 2, t0()).unwrap();
+    assert!(a.open_call.as_ref().unwrap().timeout_at.is_none());
 }
 
 #[test]

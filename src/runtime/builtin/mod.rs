@@ -558,6 +558,21 @@ impl<'a> Loop<'a> {
                         }
                     };
                     let class = self.info.tool(&call.tool).map(|(t, _)| t.side_effect_class);
+                    if !self.still_open(call_id) {
+                        // The grain's call-timeout reminder settled it
+                        // first: a read failed (the loop goes on), a call
+                        // with effects ended the attempt Uncertain.
+                        if self
+                            .runtime
+                            .view(self.scope, self.attempt_id)
+                            .is_ok_and(|v| v.attempt.state.is_terminal())
+                        {
+                            return Err(self.refused(Some("the tool call timed out".into())));
+                        }
+                        *state =
+                            observed(state, call, &json!({"error": "the tool call timed out"}));
+                        return self.checkpoint(state).await;
+                    }
                     let (ok, result, receipt, error) = match outcome {
                         Ok(out) => (true, out.result, out.receipt, None),
                         // A call with effects that outlasted its timeout
@@ -765,6 +780,18 @@ impl<'a> Loop<'a> {
         };
         *state = observed(state, call, &observation);
         self.checkpoint(state).await
+    }
+
+    /// Whether `call_id` is still the attempt's open call.
+    fn still_open(&self, call_id: Uuid) -> bool {
+        self.runtime
+            .view(self.scope, self.attempt_id)
+            .is_ok_and(|v| {
+                v.attempt
+                    .open_call
+                    .as_ref()
+                    .is_some_and(|c| c.call_id == call_id)
+            })
     }
 
     /// What a started call carries to the server that serves it.

@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// Seconds after a builtin tool call's timeout at which the grain times it
+/// out, should the loop not have.
+const BUILTIN_TIMEOUT_GRACE_SECONDS: u64 = 5;
+
 impl Grain {
     /// The adapter state to keep with a checkpoint: the one sent now, else
     /// the last one.
@@ -182,6 +186,7 @@ impl Grain {
             approval_id: None,
             context_tokens: call.context_tokens,
             pre_checkpoint_id: None,
+            timeout_seconds: None,
         };
         if let Some(begun) = self.replay(&call, &start, &request, &info).await? {
             return Ok(begun);
@@ -200,6 +205,17 @@ impl Grain {
                 };
                 let class = tool.side_effect_class;
                 start.side_effect_class = Some(class);
+                // The builtin loop kills the tool's process tree at its
+                // timeout and records what bound it; the grain's reminder
+                // is then a backstop a little later. An external adapter's
+                // call times out at the grain.
+                let seconds = tool
+                    .timeout_seconds
+                    .unwrap_or(self.shared.config.get().tool_timeout_seconds);
+                start.timeout_seconds = Some(match self.attempt.adapter {
+                    AdapterKind::Builtin => seconds + BUILTIN_TIMEOUT_GRACE_SECONDS,
+                    AdapterKind::External => seconds,
+                });
                 if let Some(reason) =
                     crate::runtime::release::argument_mismatch(schema, &call.target, &call.request)
                 {

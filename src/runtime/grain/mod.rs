@@ -710,6 +710,9 @@ impl Grain {
         if let Some(d) = &self.pending {
             at.push(d.expires_at);
         }
+        if let Some(t) = a.open_call.as_ref().and_then(|c| c.timeout_at) {
+            at.push(t);
+        }
         if let Some(due) = self.capacity_return_due() {
             at.push(due);
         }
@@ -737,6 +740,21 @@ impl Grain {
                 let mut a = self.attempt.clone();
                 let mut open = self.open.clone();
                 let events = a.time_out(open.as_mut(), now)?;
+                return self.save_with_open(a, events, open).await;
+            }
+            if let Some(call) = self.attempt.open_call.clone()
+                && call.timeout_at.is_some_and(|t| t <= now)
+            {
+                // The call-timeout reminder.
+                let mut a = self.attempt.clone();
+                let mut open = self.open.clone();
+                let seconds = open
+                    .as_ref()
+                    .and_then(|r| call.timeout_at.map(|t| (t - r.started_at).num_seconds()))
+                    .unwrap_or(0);
+                let target = open.as_ref().map(|r| r.target.clone()).unwrap_or_default();
+                let why = format!("tool {target} timed out after {seconds} s");
+                let events = a.call_timed_out(open.as_mut(), call.call_id, &why, now)?;
                 return self.save_with_open(a, events, open).await;
             }
             if let Some(d) = self.pending.clone()
