@@ -442,6 +442,10 @@ impl Running {
         for task in self.workers {
             let _ = task.await;
         }
+        // Tool processes end with the appliance, whatever their loops are
+        // doing.
+        #[cfg(unix)]
+        self.state.runtime.end_tool_processes();
         let store = self.state.store.clone();
         drop(self.state);
         tokio::task::spawn_blocking(move || store.close())

@@ -685,6 +685,12 @@ impl Runtime {
         &self.shared.store
     }
 
+    /// Ends every tool process tree (the appliance is stopping).
+    #[cfg(unix)]
+    pub fn end_tool_processes(&self) {
+        self.shared.confiner.end_all();
+    }
+
     /// What this host enforces on tool processes, under the configuration
     /// now.
     #[cfg(unix)]

@@ -370,3 +370,71 @@ async fn a_hung_tool_times_out_and_settles_by_its_class() {
         "{call}"
     );
 }
+
+#[tokio::test]
+async fn tools_a_killed_appliance_left_running_end_at_its_next_start() {
+    let mut site = Site::start().await;
+    let server = probe();
+    site.import(
+        "probe-orphan",
+        json!([
+            {"content": "fork", "toolCalls": [{"tool": "spawn", "arguments": {"seconds": 300}}]},
+            {"content": "wait", "toolCalls": [{"tool": "hang", "arguments": {}}]},
+            answer("low", false)
+        ]),
+        move |m| {
+            m["tools"] = json!(["spawn", "hang"].map(|t| json!({
+                "id": t, "name": t, "description": t, "sideEffectClass": "read",
+                "transport": "mcp-stdio", "command": server, "inputSchema": {"type": "object"}})));
+        },
+    )
+    .await;
+    let run_id = site.submit("probe-orphan").await;
+    let run = site.until(&run_id, "WaitingForTool").await;
+    let attempt_id = run.steps[0].attempts[0].attempt_id.clone();
+    let t = site
+        .timeline_until(&attempt_id, |t| {
+            t["calls"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["target"] == "hang"))
+        })
+        .await;
+    let spawn = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["target"] == "spawn")
+        .unwrap();
+    let path = format!(
+        "/runtime/attempts/{attempt_id}/calls/{}",
+        spawn["callId"].as_str().unwrap()
+    );
+    let call = site.a.get(&site.token, &path).await;
+    let child = answered(&call)["child"].as_i64().unwrap();
+    let alive = |pid: i64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+            .unwrap_or(false)
+    };
+    assert!(alive(child), "the tool's child runs while its attempt does");
+    if !confinement(&call)["mechanism"]
+        .as_str()
+        .unwrap()
+        .starts_with("cgroup")
+    {
+        return; // Only a cgroup finds a child that left its process group.
+    }
+    site.a.kill9();
+    assert!(alive(child), "a kill -9 of the appliance leaves its tools");
+    site.a.restart();
+    for _ in 0..100 {
+        if !alive(child) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        !alive(child),
+        "the next start ended the tool's child {child}"
+    );
+}

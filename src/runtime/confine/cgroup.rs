@@ -184,6 +184,68 @@ impl Root {
     }
 }
 
+impl Root {
+    /// Removes the root's own directories (once its groups are gone).
+    pub fn remove(&self) {
+        let dirs: Vec<&PathBuf> = match self {
+            Root::V2 { dir } => vec![dir],
+            Root::V1 { dirs, unified } => {
+                dirs.iter().map(|(_, d)| d).chain(unified.iter()).collect()
+            }
+        };
+        for d in dirs {
+            let _ = fs::remove_dir(d);
+        }
+    }
+
+    /// Every group under the root (one per directory the root has):
+    /// what a previous run left behind, or what runs at shutdown.
+    pub fn groups(&self) -> Vec<Group> {
+        let parents: Vec<(&'static str, PathBuf)> = match self {
+            Root::V2 { dir } => vec![("", dir.clone())],
+            Root::V1 { dirs, unified } => dirs
+                .iter()
+                .cloned()
+                .chain(unified.iter().map(|u| ("unified", u.clone())))
+                .collect(),
+        };
+        let mut names: Vec<String> = parents
+            .iter()
+            .flat_map(|(_, d)| {
+                fs::read_dir(d)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .map(|name| {
+                let dirs: Vec<(&'static str, PathBuf)> = parents
+                    .iter()
+                    .map(|(c, d)| (*c, d.join(&name)))
+                    .filter(|(_, d)| d.is_dir())
+                    .collect();
+                let kill = dirs
+                    .iter()
+                    .find(|(c, d)| {
+                        (c.is_empty() || *c == "unified") && d.join("cgroup.kill").exists()
+                    })
+                    .map(|(_, d)| d.clone());
+                Group {
+                    root: self.clone(),
+                    dirs,
+                    kill,
+                }
+            })
+            .collect()
+    }
+}
+
 impl Group {
     /// The `cgroup.procs` files a process writes itself (`0`) into to
     /// join the group.
@@ -351,7 +413,7 @@ pub fn mounts() -> (Vec<(String, PathBuf)>, Option<PathBuf>) {
 /// that controllers can be enabled for the group's children (a group with
 /// processes may not have controllers enabled below it), and groups go
 /// under `tools`. Under systemd this needs `Delegate=yes`.
-pub fn prepare_v2(mount: &Path, own: &str) -> Result<Root, String> {
+pub fn prepare_v2(mount: &Path, own: &str, instance: &str) -> Result<Root, String> {
     let base = mount.join(own.trim_start_matches('/'));
     let available = read(&base, "cgroup.controllers").unwrap_or_default();
     let missing: Vec<&str> = CONTROLLERS
@@ -380,20 +442,25 @@ pub fn prepare_v2(mount: &Path, own: &str) -> Result<Root, String> {
         write(&leaf, "cgroup.procs", &std::process::id().to_string()).map_err(e)?;
     }
     write(&base, "cgroup.subtree_control", &enable).map_err(e)?;
-    let tools = base.join("agentbay-tools");
-    if !tools.exists() {
-        fs::create_dir(&tools).map_err(e)?;
+    let mut dir = base.clone();
+    for part in ["agentbay-tools", instance] {
+        dir = dir.join(part);
+        if !dir.exists() {
+            fs::create_dir(&dir).map_err(e)?;
+        }
+        write(&dir, "cgroup.subtree_control", &enable).map_err(e)?;
     }
-    write(&tools, "cgroup.subtree_control", &enable).map_err(e)?;
-    Ok(Root::V2 { dir: tools })
+    Ok(Root::V2 { dir })
 }
 
-/// The appliance's v1 subtrees (`agentbay-tools` under its own group of
-/// each controller), where each controller is mounted and writable.
+/// The appliance's v1 subtrees (`agentbay-tools/<instance>` under its own
+/// group of each controller), where each controller is mounted and
+/// writable.
 pub fn prepare_v1(
     v1: &[(String, PathBuf)],
     v2: Option<&Path>,
     own: &[(String, String)],
+    instance: &str,
 ) -> Result<Root, String> {
     let own_path = |controller: &str| {
         own.iter()
@@ -420,9 +487,10 @@ pub fn prepare_v1(
         let path = own_path(controller).unwrap_or_else(|| "/".into());
         let d = mount
             .join(path.trim_start_matches('/'))
-            .join("agentbay-tools");
+            .join("agentbay-tools")
+            .join(instance);
         if !d.exists() {
-            fs::create_dir(&d)
+            fs::create_dir_all(&d)
                 .map_err(|e| format!("cgroup v1 {controller} subtree {}: {e}", d.display()))?;
         }
         dirs.push((controller, d));
@@ -431,8 +499,11 @@ pub fn prepare_v1(
     // tree at once.
     let unified = v2.and_then(|m| {
         let path = own_path("").unwrap_or_else(|| "/".into());
-        let d = m.join(path.trim_start_matches('/')).join("agentbay-tools");
-        (d.exists() || fs::create_dir(&d).is_ok()).then_some(d)
+        let d = m
+            .join(path.trim_start_matches('/'))
+            .join("agentbay-tools")
+            .join(instance);
+        (d.exists() || fs::create_dir_all(&d).is_ok()).then_some(d)
     });
     Ok(Root::V1 { dirs, unified })
 }
@@ -486,7 +557,7 @@ mod tests {
     fn a_v2_subtree_without_its_controllers_is_refused_by_name() {
         let root = tempfile::tempdir().unwrap();
         fs::write(root.path().join("cgroup.controllers"), "cpu io\n").unwrap();
-        let err = prepare_v2(root.path(), "/").unwrap_err();
+        let err = prepare_v2(root.path(), "/", "i1").unwrap_err();
         assert!(err.contains("memory, pids"), "{err}");
         assert!(err.contains("Delegate=yes"), "{err}");
     }

@@ -139,18 +139,47 @@ impl Confiner {
     /// host is v2-only and delegates the controllers, else v1), network
     /// namespaces, Landlock. `work_root` holds the attempts' working
     /// directories; `protected` (the data dir, the configuration, the TLS
-    /// files) is never readable by a tool.
+    /// files) is never readable by a tool. Groups go under
+    /// `agentbay-tools/<instance>`, one subtree per appliance on the host
+    /// (named after its data dir): what a killed run of this appliance
+    /// left there is ended now.
     pub fn detect(work_root: PathBuf, protected: Vec<PathBuf>) -> Confiner {
+        let instance = {
+            use sha2::Digest;
+            let key = protected
+                .first()
+                .cloned()
+                .unwrap_or_else(|| work_root.clone());
+            let digest = sha2::Sha256::digest(key.as_os_str().as_encoded_bytes());
+            digest[..6]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
         let (v1, v2) = cgroup::mounts();
         let own = cgroup::own_paths();
         let v2_only = v1.is_empty() && own.len() == 1 && own[0].0.is_empty();
         let cgroup = match (&v2, v2_only) {
-            (Some(mount), true) => cgroup::prepare_v2(mount, &own[0].1),
-            _ if !v1.is_empty() => cgroup::prepare_v1(&v1, v2.as_deref(), &own),
+            (Some(mount), true) => cgroup::prepare_v2(mount, &own[0].1, &instance),
+            _ if !v1.is_empty() => cgroup::prepare_v1(&v1, v2.as_deref(), &own, &instance),
             _ => Err("no cgroup hierarchy is mounted".to_string()),
         };
         let network = Self::probe_network();
         let landlock = Self::probe_landlock();
+        if let Ok(root) = &cgroup {
+            // A previous run that was killed left its tools running: they
+            // end now, before anything new starts.
+            let left = root.groups();
+            if !left.is_empty() {
+                tracing::warn!(
+                    groups = left.len(),
+                    "ending tool processes a previous run left behind"
+                );
+            }
+            for g in left {
+                g.remove();
+            }
+        }
         let c = Confiner {
             cgroup,
             network,
@@ -230,6 +259,16 @@ impl Confiner {
                 Ok(abi) => format!("Landlock (ABI {abi})"),
                 Err(e) => format!("not restricted: {e}"),
             },
+        }
+    }
+
+    /// Ends every tool process tree (the appliance is stopping).
+    pub fn end_all(&self) {
+        if let Ok(root) = &self.cgroup {
+            for g in root.groups() {
+                g.remove();
+            }
+            root.remove();
         }
     }
 
