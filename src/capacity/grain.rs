@@ -149,6 +149,11 @@ pub enum Msg {
         lease_id: Uuid,
         reply: Reply<LeaseView>,
     },
+    Bind {
+        lease_id: Uuid,
+        mechanism: String,
+        reply: Reply<LeaseView>,
+    },
     Expire {
         now: DateTime<Utc>,
         reply: oneshot::Sender<usize>,
@@ -376,6 +381,11 @@ impl PoolGrain {
             } => self.poll(lease_id, listen, reply),
             Msg::Renew { lease_id, reply } => self.renew(lease_id, reply, &mut fx),
             Msg::Release { lease_id, reply } => self.release(lease_id, reply, &mut fx),
+            Msg::Bind {
+                lease_id,
+                mechanism,
+                reply,
+            } => self.bind(lease_id, mechanism, reply, &mut fx),
             Msg::Expire { now, reply } => {
                 let n = self.expire(now, &mut fx);
                 self.drain(&mut fx);
@@ -769,6 +779,32 @@ impl PoolGrain {
         }
     }
 
+    /// Records what binds a live lease's processes (once, or when it
+    /// changes).
+    fn bind(
+        &mut self,
+        lease_id: Uuid,
+        mechanism: String,
+        reply: Reply<LeaseView>,
+        fx: &mut Effects,
+    ) {
+        let Some(lease) = self.live.get_mut(&lease_id) else {
+            let _ = reply.send(Err(CapacityError::NotHere));
+            return;
+        };
+        if lease.bound_by.as_deref() == Some(mechanism.as_str()) {
+            let lease = lease.clone();
+            let _ = reply.send(Ok(self.view(&lease)));
+            return;
+        }
+        lease.bound_by = Some(mechanism);
+        let lease = fx.write_lease(lease);
+        let view = self.view(&lease);
+        fx.then(move |durable| {
+            let _ = reply.send(durable.map(|()| view));
+        });
+    }
+
     /// Gives a lease's capacity back and charges its minutes.
     fn end(
         &mut self,
@@ -931,6 +967,7 @@ fn msg_name(m: &Msg) -> &'static str {
         Msg::Poll { .. } => "poll",
         Msg::Renew { .. } => "renew",
         Msg::Release { .. } => "release",
+        Msg::Bind { .. } => "bind",
         Msg::Expire { .. } => "expire",
         Msg::Autoscale { .. } => "autoscale",
         Msg::Update { .. } => "update",

@@ -1149,6 +1149,27 @@ impl Capacity {
         Err(DomainError::FailedPrecondition(format!("lease {lease_id} cannot be renewed")).into())
     }
 
+    /// Records on a live lease what binds the processes that run under it
+    /// (`cgroup-v2`, `cgroup-v1`, `rlimit`).
+    pub async fn bind(
+        &self,
+        scope: &TenantScope,
+        lease_id: Uuid,
+        mechanism: &str,
+    ) -> Result<LeaseView, CapacityError> {
+        let pool = match self.shared.holders.lock().pool_of(lease_id, scope.tenant()) {
+            Some(pool) => pool,
+            None => self.lease(scope, lease_id)?.pool_id,
+        };
+        let mechanism = mechanism.to_string();
+        self.ask(&pool, |reply| Msg::Bind {
+            lease_id,
+            mechanism,
+            reply,
+        })
+        .await?
+    }
+
     /// Sets how long leases granted or renewed from now on last without
     /// renewal (a reload of `capacity.lease_ttl_seconds`).
     pub fn set_lease_ttl(&self, seconds: u64) {

@@ -173,6 +173,19 @@ async fn a_tool_past_its_memory_is_killed_and_its_call_names_the_limit() {
         .await
         .unwrap();
     assert_eq!(ready["tools"]["mechanism"], bound["mechanism"], "{ready}");
+    // So does the sandbox lease the tool ran under.
+    let admin = site.a.admin_token().await;
+    let leases = site
+        .a
+        .get(&admin, "/factory/capacity/leases?state=Released&tenant=demo")
+        .await;
+    let sandbox = leases["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["holderKind"] == "sandbox")
+        .unwrap_or_else(|| panic!("no sandbox lease: {leases}"));
+    assert_eq!(sandbox["boundBy"], bound["mechanism"], "{sandbox}");
     assert!(ready["tools"]["files"].is_string(), "{ready}");
     let error = call["error"].as_str().unwrap();
     if bound["mechanism"].as_str().unwrap().starts_with("cgroup") {

@@ -269,6 +269,10 @@ pub struct CapacityLease {
     pub limiting_quota: Option<String>,
     /// Seconds it held capacity (grant to end).
     pub execution_seconds: u64,
+    /// What binds the processes that run under it (`cgroup-v2`,
+    /// `cgroup-v1`, `rlimit`), once one has started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_by: Option<String>,
     /// The number of the stored state this value is (0: not stored yet);
     /// the store numbers every write and refuses one derived from an older
     /// state.
@@ -390,6 +394,7 @@ impl CapacityLease {
             reason: None,
             limiting_quota: None,
             execution_seconds: 0,
+            bound_by: None,
             version: 0,
         }
     }

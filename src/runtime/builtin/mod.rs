@@ -823,6 +823,29 @@ impl<'a> Loop<'a> {
         let out = self
             .run_tool(t, &name, call, fence, sandbox.as_ref().map(|(_, b)| *b))
             .await;
+        // The lease says what bound the process that ran under it.
+        let bound = match &out {
+            Ok(o) => o.receipt["confinement"]["mechanism"].as_str(),
+            Err(e) => e.confinement.as_ref().and_then(|c| c["mechanism"].as_str()),
+        };
+        let lease = match &sandbox {
+            Some((lease, _)) => Some(*lease),
+            None => self
+                .runtime
+                .view(self.scope, self.attempt_id)
+                .ok()
+                .and_then(|v| v.attempt.capacity_lease_id),
+        };
+        if let (Some(mechanism), Some(lease)) = (bound, lease)
+            && let Err(e) = self
+                .runtime
+                .shared
+                .capacity
+                .bind(self.scope, lease, mechanism)
+                .await
+        {
+            tracing::debug!(lease = %lease, error = %e, "recording what binds a lease");
+        }
         if let Some((lease, _)) = sandbox {
             let _ = self
                 .runtime
