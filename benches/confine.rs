@@ -43,7 +43,7 @@ async fn main() {
         "confinement on this host: {} | network: {} | files: {}",
         host.mechanism, host.network, host.files
     );
-    let workdir = confiner.workdir("bench").unwrap();
+    let workdir = confiner.workdir("bench", &config).unwrap();
     let argv = vec!["/bin/true".to_string()];
 
     let mut plain = Vec::with_capacity(spawns);

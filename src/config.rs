@@ -605,6 +605,9 @@ pub struct RuntimeConfig {
     pub when_unconfinable: WhenUnconfinable,
     /// Processes and threads one tool process tree may have.
     pub tool_pids_max: u32,
+    /// MiB an attempt's working directory may hold (a tmpfs, where the
+    /// appliance runs as root).
+    pub tool_workdir_mb: u64,
     /// Seconds a tool call may take unless its release says otherwise;
     /// then its process tree is killed and the call settles by its class.
     pub tool_timeout_seconds: u64,
@@ -674,6 +677,7 @@ impl Default for RuntimeConfig {
             confinement: Confinement::Auto,
             when_unconfinable: WhenUnconfinable::Rlimit,
             tool_pids_max: 256,
+            tool_workdir_mb: 1024,
             tool_timeout_seconds: 300,
         }
     }

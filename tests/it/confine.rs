@@ -138,6 +138,18 @@ async fn the_call(site: &Site, release: &str, state: &str) -> Value {
     site.a.get(&site.token, &path).await
 }
 
+/// Whether the tests (and the appliances they start) run as root.
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
 /// What the probe answered (`structured`), or the call's error.
 fn answered(call: &Value) -> &Value {
     &call["content"]["result"]["json"]["structured"]
@@ -177,7 +189,10 @@ async fn a_tool_past_its_memory_is_killed_and_its_call_names_the_limit() {
     let admin = site.a.admin_token().await;
     let leases = site
         .a
-        .get(&admin, "/factory/capacity/leases?state=Released&tenant=demo")
+        .get(
+            &admin,
+            "/factory/capacity/leases?state=Released&tenant=demo",
+        )
         .await;
     let sandbox = leases["leases"]
         .as_array()
@@ -339,6 +354,13 @@ async fn a_tool_reads_its_working_directory_and_never_the_data_dir() {
     .await;
     let call = the_call(&site, "probe-write", "Succeeded").await;
     assert_eq!(answered(&call)["written"], true, "{call}");
+    // As root, the working directory is a tmpfs of runtime.tool_workdir_mb.
+    let files = confinement(&call)["files"].as_str().unwrap();
+    if running_as_root() {
+        assert!(files.ends_with("a tmpfs of at most 1024 MiB"), "{files}");
+    } else {
+        assert!(files.contains("not size-limited"), "{files}");
+    }
 }
 
 #[tokio::test]

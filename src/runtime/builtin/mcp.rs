@@ -123,7 +123,7 @@ impl McpServers {
         let (cmd, cage) = {
             let workdir = self
                 .confiner
-                .workdir(&self.attempt)
+                .workdir(&self.attempt, config)
                 .map_err(|e| format!("no working directory for the tool: {e}"))?;
             let request = Request {
                 label: self.attempt.clone(),

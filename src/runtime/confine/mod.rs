@@ -188,6 +188,7 @@ impl Confiner {
             protected,
             seq: AtomicU64::new(0),
         };
+        c.remove_workdirs();
         let host = c.host(&RuntimeConfig::default());
         tracing::info!(
             mechanism = %host.mechanism,
@@ -273,15 +274,44 @@ impl Confiner {
     }
 
     /// The working directory of an attempt's tools (made if missing).
-    pub fn workdir(&self, attempt: &str) -> std::io::Result<PathBuf> {
+    /// Where the host allows it (the appliance runs as root), the
+    /// directory is a tmpfs of at most `runtime.tool_workdir_mb`, its pages
+    /// charged to the tools that write them.
+    pub fn workdir(&self, attempt: &str, config: &RuntimeConfig) -> std::io::Result<PathBuf> {
         let d = self.work_root.join(attempt);
-        std::fs::create_dir_all(&d)?;
+        if !d.exists() {
+            std::fs::create_dir_all(&d)?;
+            if sys::is_root() {
+                sys::mount_tmpfs(&d, config.tool_workdir_mb)?;
+            }
+        }
         Ok(d)
+    }
+
+    /// Whether working directories are size-limited, in words.
+    fn workdir_limit(workdir: &Path) -> String {
+        match sys::tmpfs_size(workdir) {
+            Some(bytes) => format!("a tmpfs of at most {} MiB", bytes >> 20),
+            None => "not size-limited (a tmpfs needs the appliance to run as root)".to_string(),
+        }
     }
 
     /// Removes an attempt's working directory.
     pub fn remove_workdir(&self, attempt: &str) {
-        let _ = std::fs::remove_dir_all(self.work_root.join(attempt));
+        let d = self.work_root.join(attempt);
+        sys::unmount(&d);
+        let _ = std::fs::remove_dir_all(d);
+    }
+
+    /// Removes every working directory (at start: what a killed run left).
+    fn remove_workdirs(&self) {
+        if let Ok(entries) = std::fs::read_dir(&self.work_root) {
+            for e in entries.flatten() {
+                if let Some(name) = e.file_name().to_str() {
+                    self.remove_workdir(name);
+                }
+            }
+        }
     }
 
     /// A command for `req`, confined, and its cage: spawn the command,
@@ -353,7 +383,10 @@ impl Confiner {
                 steps.landlock = Some(fd.as_raw_fd());
                 (
                     Some(fd),
-                    format!("landlock: read {granted}; write the working directory"),
+                    format!(
+                        "landlock: read {granted}; write the working directory, {}",
+                        Self::workdir_limit(req.workdir)
+                    ),
                 )
             }
             Err(why) if refuse => {
@@ -361,7 +394,13 @@ impl Confiner {
                     "this host cannot restrict a tool's files and runtime.when_unconfinable is refuse: {why}"
                 ));
             }
-            Err(why) => (None, format!("not restricted: {why}")),
+            Err(why) => (
+                None,
+                format!(
+                    "not restricted: {why}; the working directory is {}",
+                    Self::workdir_limit(req.workdir)
+                ),
+            ),
         };
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)

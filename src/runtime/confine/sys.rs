@@ -174,3 +174,53 @@ pub fn kill_group(pgid: i32) {
         }
     }
 }
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn c_path(path: &std::path::Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with NUL"))
+}
+
+/// Mounts a tmpfs of at most `mb` MiB, mode 0700, on `dir`.
+pub fn mount_tmpfs(dir: &std::path::Path, mb: u64) -> io::Result<()> {
+    let target = c_path(dir)?;
+    let options = CString::new(format!("size={mb}m,mode=0700")).expect("no NUL");
+    // SAFETY: NUL-terminated strings that outlive the call.
+    check(unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            options.as_ptr().cast(),
+        )
+    })
+}
+
+/// The size of the tmpfs mounted on `dir`, if one is.
+pub fn tmpfs_size(dir: &std::path::Path) -> Option<u64> {
+    let target = c_path(dir).ok()?;
+    // SAFETY: a zeroed statfs is valid and statfs fills it.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        if libc::statfs(target.as_ptr(), &mut st) != 0 || st.f_type != libc::TMPFS_MAGIC {
+            return None;
+        }
+        Some(st.f_blocks * st.f_bsize as u64)
+    }
+}
+
+/// Unmounts whatever is mounted on `dir` (nothing when nothing is).
+pub fn unmount(dir: &std::path::Path) {
+    if let Ok(target) = c_path(dir) {
+        // SAFETY: a NUL-terminated path.
+        unsafe {
+            libc::umount2(target.as_ptr(), libc::MNT_DETACH);
+        }
+    }
+}
