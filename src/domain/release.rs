@@ -334,6 +334,33 @@ pub struct ToolDescriptor {
     /// Memory of its sandbox lease, GB (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_gb: Option<Amount>,
+    /// Endpoints on the site (`host:port`) its process reaches without
+    /// internet egress: through the appliance, at `127.0.0.1:<port>` in
+    /// its own network.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub site_endpoints: Vec<String>,
+}
+
+impl ToolDescriptor {
+    /// Its site endpoints as `(host, port)`, each named on failure.
+    pub fn endpoints(&self) -> Result<Vec<(String, u16)>, String> {
+        self.site_endpoints
+            .iter()
+            .map(|e| {
+                let (host, port) = e
+                    .rsplit_once(':')
+                    .filter(|(h, _)| !h.is_empty())
+                    .ok_or_else(|| {
+                        format!("tool {}: site endpoint {e:?} is not host:port", self.id)
+                    })?;
+                let port =
+                    port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                        format!("tool {}: site endpoint {e:?} has no port", self.id)
+                    })?;
+                Ok((host.trim_matches(['[', ']']).to_string(), port))
+            })
+            .collect()
+    }
 }
 
 /// Budgets of one attempt of the release (AttemptLimits), the maxima a run
@@ -1075,6 +1102,40 @@ pub fn check_compatibility(manifest: &Manifest) -> Result<(), String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn site_endpoints_are_host_and_port_or_named_refusals() {
+        let tool = |endpoints: Value| -> ToolDescriptor {
+            serde_json::from_value(json!({
+                "id": "lookup", "sideEffectClass": "read", "transport": "mcp-stdio",
+                "inputSchema": {}, "command": ["lookup"], "siteEndpoints": endpoints,
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            tool(json!(["tickets.site:8080", "[::1]:9000"]))
+                .endpoints()
+                .unwrap(),
+            vec![
+                ("tickets.site".to_string(), 8080),
+                ("::1".to_string(), 9000)
+            ]
+        );
+        let err = tool(json!(["tickets.site"])).endpoints().unwrap_err();
+        assert!(
+            err.contains("not host:port") && err.contains("lookup"),
+            "{err}"
+        );
+        let err = tool(json!(["tickets.site:http"])).endpoints().unwrap_err();
+        assert!(err.contains("has no port"), "{err}");
+        // Absent, it is not written: manifests without it hash as before.
+        let plain = tool(json!([]));
+        assert!(
+            !serde_json::to_string(&plain)
+                .unwrap()
+                .contains("siteEndpoints")
+        );
+    }
 
     #[test]
     fn canonical_json_sorts_keys_and_drops_whitespace() {

@@ -285,6 +285,31 @@ async fn a_tool_without_egress_reaches_no_host_port_and_one_with_egress_does() {
     assert_eq!(answered(&call)["connected"], false, "{call}");
     assert_eq!(confinement(&call)["network"], "loopback-only");
 
+    // A site endpoint the tool declares is reachable without egress,
+    // through the appliance, at the same port on its own loopback.
+    one_tool(
+        &site,
+        "probe-site",
+        "connect",
+        json!({"siteEndpoints": [format!("127.0.0.1:{port}")]}),
+        target.clone(),
+    )
+    .await;
+    let accepted = std::thread::spawn(move || listener.accept().map(|_| listener));
+    let call = the_call(&site, "probe-site", "Succeeded").await;
+    assert_eq!(answered(&call)["connected"], true, "{call}");
+    assert!(
+        confinement(&call)["network"]
+            .as_str()
+            .unwrap()
+            .contains("site endpoints"),
+        "{call}"
+    );
+    let listener = accepted
+        .join()
+        .unwrap()
+        .expect("the endpoint saw the connection");
+
     // An egress pool of the tenant's own; a tool that declares egress is
     // placed there and keeps the host's network.
     let admin = site.a.admin_token().await;

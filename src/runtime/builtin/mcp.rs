@@ -114,6 +114,7 @@ impl McpServers {
         &self,
         command: &[String],
         bounds: Bounds,
+        endpoints: &[(String, u16)],
         config: &RuntimeConfig,
     ) -> Result<Server, ToolError> {
         let Some(program) = command.first() else {
@@ -145,7 +146,12 @@ impl McpServers {
         let transport = TokioChildProcess::new(cmd)
             .map_err(|e| format!("MCP server {program} could not start: {e}"))?;
         #[cfg(unix)]
-        cage.started(transport.id());
+        {
+            cage.started(transport.id());
+            cage.forward(endpoints)?;
+        }
+        #[cfg(not(unix))]
+        let _ = endpoints;
         let client = ().serve(transport).await.map_err(|e| ToolError {
             message: format!("MCP server {program} did not initialise: {e}"),
             #[cfg(unix)]
@@ -172,13 +178,14 @@ impl McpServers {
         arguments: &Value,
         fence: &CallFence,
         bounds: Bounds,
+        endpoints: &[(String, u16)],
         dedicated: bool,
         timeout: Duration,
         config: &RuntimeConfig,
     ) -> Result<ToolOutput, ToolError> {
         let program = command.first().cloned().unwrap_or_default();
         if dedicated {
-            let server = self.start(command, bounds, config).await?;
+            let server = self.start(command, bounds, endpoints, config).await?;
             let out = timed(
                 &server,
                 &program,
@@ -194,7 +201,7 @@ impl McpServers {
         }
         let mut servers = self.servers.lock().await;
         if !servers.contains_key(command) {
-            let server = self.start(command, bounds, config).await?;
+            let server = self.start(command, bounds, endpoints, config).await?;
             servers.insert(command.to_vec(), server);
         }
         let server = servers.get(command).expect("started above");

@@ -934,6 +934,7 @@ impl<'a> Loop<'a> {
                         &call.arguments,
                         fence,
                         bounds,
+                        &t.endpoints()?,
                         sandbox.is_some(),
                         timeout,
                         &config,

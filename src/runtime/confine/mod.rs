@@ -98,6 +98,8 @@ pub struct Cage {
     /// The Landlock ruleset the child restricts itself with; held until it
     /// has started.
     ruleset: Mutex<Option<OwnedFd>>,
+    /// The forwarders of its site endpoints, stopped with it.
+    forwards: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 /// What the System page and `/readyz` say this host enforces.
@@ -440,6 +442,7 @@ impl Confiner {
                 report: Mutex::new(report),
                 pgid: AtomicI32::new(0),
                 ruleset: Mutex::new(ruleset),
+                forwards: Mutex::new(Vec::new()),
             },
         ))
     }
@@ -552,6 +555,50 @@ impl Cage {
         r
     }
 
+    /// Makes each site endpoint (`host:port`) reachable from a tool without
+    /// egress, through the appliance: a listener on `127.0.0.1:<port>`
+    /// inside the tool's network, each connection to it forwarded to the
+    /// endpoint. With the host's network the tool reaches them itself.
+    pub fn forward(&self, endpoints: &[(String, u16)]) -> Result<(), String> {
+        let isolated = self.report.lock().network == "loopback-only";
+        let pid = self.pgid.load(Ordering::Relaxed);
+        if !isolated || endpoints.is_empty() || pid <= 0 {
+            return Ok(());
+        }
+        let mut forwards = self.forwards.lock();
+        for (host, port) in endpoints {
+            let listener = sys::listen_in_netns_of(pid as u32, *port)
+                .and_then(|l| {
+                    l.set_nonblocking(true)?;
+                    tokio::net::TcpListener::from_std(l)
+                })
+                .map_err(|e| {
+                    format!("site endpoint {host}:{port} cannot be offered to the tool: {e}")
+                })?;
+            let target = format!("{host}:{port}");
+            forwards.push(tokio::spawn(async move {
+                while let Ok((mut inside, _)) = listener.accept().await {
+                    let target = target.clone();
+                    tokio::spawn(async move {
+                        if let Ok(mut outside) = tokio::net::TcpStream::connect(&target).await {
+                            let _ = tokio::io::copy_bidirectional(&mut inside, &mut outside).await;
+                        }
+                    });
+                }
+            }));
+        }
+        let mut r = self.report.lock();
+        r.network = format!(
+            "loopback-only, with the site endpoints {} through the appliance",
+            endpoints
+                .iter()
+                .map(|(h, p)| format!("{h}:{p}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(())
+    }
+
     /// Kills the whole tree, saying why (`timeout`, `lease-ended`).
     pub fn kill(&self, why: &str) {
         {
@@ -571,6 +618,9 @@ impl Cage {
 
 impl Drop for Cage {
     fn drop(&mut self) {
+        for f in self.forwards.lock().drain(..) {
+            f.abort();
+        }
         let report = self.report();
         if let Some(reason) = &report.killed_by
             && self.report.lock().killed_by.is_none()

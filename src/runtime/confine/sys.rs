@@ -224,3 +224,27 @@ pub fn unmount(dir: &std::path::Path) {
         }
     }
 }
+
+/// A TCP listener on `127.0.0.1:port` inside the network namespace of
+/// process `pid`, made from a thread that enters that namespace for the
+/// moment of the bind (a socket keeps the namespace it was made in) and
+/// comes back.
+pub fn listen_in_netns_of(pid: u32, port: u16) -> io::Result<std::net::TcpListener> {
+    use std::os::fd::AsRawFd;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let own = std::fs::File::open("/proc/thread-self/ns/net")?;
+            let target = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+            // SAFETY: setns on open namespace files; this thread only.
+            check(unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) })?;
+            let bound = std::net::TcpListener::bind(("127.0.0.1", port));
+            // SAFETY: as above, back to where the thread was.
+            // (A thread that cannot go back ends here, and its namespace
+            // with it.)
+            check(unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) })?;
+            bound
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the namespace thread failed")))
+    })
+}
