@@ -11,6 +11,7 @@
 //! server's process tree killed.
 
 use std::collections::HashMap;
+#[cfg(unix)]
 use std::sync::Arc;
 use std::time::Duration;
 

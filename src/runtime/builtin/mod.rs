@@ -219,6 +219,11 @@ impl<'a> Loop<'a> {
         let input: Value = serde_json::from_slice(&ticket.input).unwrap_or(Value::Null);
         let first = context::build(&instructions, &skills, &input, &[], u32::MAX);
         let context_ref = crate::domain::attempt::json_hash(&Value::Array(first.messages));
+        let attempt = ticket.attempt.attempt_id.to_string();
+        #[cfg(unix)]
+        let mcp = mcp::McpServers::new(runtime.shared.confiner.clone(), attempt);
+        #[cfg(not(unix))]
+        let mcp = mcp::McpServers::new(attempt);
         Ok(Loop {
             runtime,
             http,
@@ -235,10 +240,7 @@ impl<'a> Loop<'a> {
             tools,
             context_ref,
             project_id: ticket.attempt.project_id.clone(),
-            mcp: mcp::McpServers::new(
-                runtime.shared.confiner.clone(),
-                ticket.attempt.attempt_id.to_string(),
-            ),
+            mcp,
             outside: std::sync::atomic::AtomicU64::new(0),
         })
     }
