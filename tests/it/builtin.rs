@@ -53,7 +53,7 @@ impl Site {
         Site::on(Appliance::start()).await
     }
 
-    async fn on(a: Appliance) -> Site {
+    pub(crate) async fn on(a: Appliance) -> Site {
         a.tenant("demo", "team", &[], &["support"]).await;
         let cred = a
             .create_client(

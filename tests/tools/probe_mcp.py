@@ -111,7 +111,8 @@ def main():
                 result = call(params["name"], params.get("arguments") or {},
                               params.get("_meta") or {})
             except Exception as e:  # the tool's failure, as MCP reports it
-                result = {"content": [{"type": "text", "text": str(e)}], "isError": True}
+                result = {"content": [{"type": "text", "text": f"{type(e).__name__}: {e}"}],
+                          "isError": True}
         elif method == "ping":
             result = {}
         else:
