@@ -13,6 +13,8 @@ pub mod builtin;
 pub mod confine;
 pub mod content;
 pub mod grain;
+#[cfg(windows)]
+pub mod jobobject;
 pub mod profiles;
 pub mod release;
 pub mod workers;

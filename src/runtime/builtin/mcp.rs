@@ -55,6 +55,8 @@ struct Server {
     client: RunningService<RoleClient, ()>,
     #[cfg(unix)]
     cage: Option<Cage>,
+    #[cfg(windows)]
+    job: Option<crate::runtime::jobobject::Job>,
 }
 
 impl Server {
@@ -65,10 +67,14 @@ impl Server {
                 .as_ref()
                 .map(|c| serde_json::to_value(c.report()).expect("serialises"))
         }
-        #[cfg(not(unix))]
+        #[cfg(windows)]
+        {
+            self.job.as_ref().map(|j| j.report())
+        }
+        #[cfg(not(any(unix, windows)))]
         {
             Some(
-                json!({"mechanism": "none", "why": "tool processes are not confined on this platform yet"}),
+                json!({"mechanism": "none", "why": "tool processes are not confined on this platform"}),
             )
         }
     }
@@ -77,6 +83,10 @@ impl Server {
         #[cfg(unix)]
         if let Some(c) = &self.cage {
             c.kill(why);
+        }
+        #[cfg(windows)]
+        if let Some(j) = &self.job {
+            j.kill(why);
         }
         let _ = why;
     }
@@ -87,6 +97,7 @@ pub struct McpServers {
     servers: tokio::sync::Mutex<HashMap<Vec<String>, Server>>,
     #[cfg(unix)]
     confiner: Arc<Confiner>,
+    #[cfg_attr(not(unix), allow(dead_code))]
     attempt: String,
 }
 
@@ -139,11 +150,18 @@ impl McpServers {
         };
         #[cfg(not(unix))]
         let cmd = {
-            let _ = (bounds, config);
             let mut cmd = tokio::process::Command::new(program);
             cmd.args(&command[1..]).kill_on_drop(true);
             cmd
         };
+        #[cfg(windows)]
+        let job = crate::runtime::jobobject::Job::new(
+            bounds.cpu,
+            (bounds.memory_gb.as_f64() * 1024.0 * 1024.0 * 1024.0) as u64,
+            config.tool_pids_max,
+        )?;
+        #[cfg(not(any(unix, windows)))]
+        let _ = (bounds, config);
         let transport = TokioChildProcess::new(cmd)
             .map_err(|e| format!("MCP server {program} could not start: {e}"))?;
         #[cfg(unix)]
@@ -151,13 +169,19 @@ impl McpServers {
             cage.started(transport.id());
             cage.forward(endpoints)?;
         }
+        #[cfg(windows)]
+        if let Some(pid) = transport.id() {
+            job.assign(pid)?;
+        }
         #[cfg(not(unix))]
         let _ = endpoints;
         let client = ().serve(transport).await.map_err(|e| ToolError {
             message: format!("MCP server {program} did not initialise: {e}"),
             #[cfg(unix)]
             confinement: Some(serde_json::to_value(cage.report()).expect("serialises")),
-            #[cfg(not(unix))]
+            #[cfg(windows)]
+            confinement: Some(job.report()),
+            #[cfg(not(any(unix, windows)))]
             confinement: None,
             timed_out: false,
         })?;
@@ -165,6 +189,8 @@ impl McpServers {
             client,
             #[cfg(unix)]
             cage: Some(cage),
+            #[cfg(windows)]
+            job: Some(job),
         })
     }
 
@@ -248,6 +274,8 @@ impl McpServers {
                     client,
                     #[cfg(unix)]
                     cage: None,
+                    #[cfg(windows)]
+                    job: None,
                 },
             );
         }

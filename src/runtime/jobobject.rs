@@ -1,0 +1,184 @@
+//! Tool processes on Windows: a Job Object per process tree, with the
+//! lease's CPUs as a hard CPU rate cap, its memory as the job's memory
+//! limit, `runtime.tool_pids_max` active processes, and kill-on-close, so
+//! that the tree ends when the lease does (or the appliance). The network
+//! and files are not restricted on Windows; each call says so.
+
+use std::ffi::c_void;
+
+use windows_sys::Win32::Foundation::{CloseHandle, HANDLE};
+use windows_sys::Win32::System::JobObjects::{
+    AssignProcessToJobObject, CreateJobObjectW, JOB_OBJECT_CPU_RATE_CONTROL_ENABLE,
+    JOB_OBJECT_CPU_RATE_CONTROL_HARD_CAP, JOB_OBJECT_LIMIT_ACTIVE_PROCESS,
+    JOB_OBJECT_LIMIT_JOB_MEMORY, JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE,
+    JOBOBJECT_BASIC_ACCOUNTING_INFORMATION, JOBOBJECT_CPU_RATE_CONTROL_INFORMATION,
+    JOBOBJECT_EXTENDED_LIMIT_INFORMATION, JobObjectBasicAccountingInformation,
+    JobObjectCpuRateControlInformation, JobObjectExtendedLimitInformation,
+    QueryInformationJobObject, SetInformationJobObject, TerminateJobObject,
+};
+use windows_sys::Win32::System::Threading::{OpenProcess, PROCESS_SET_QUOTA, PROCESS_TERMINATE};
+
+use crate::domain::amount::Amount;
+
+/// A Job Object holding one tool process tree.
+pub struct Job {
+    handle: HANDLE,
+    cpu: Amount,
+    memory_bytes: u64,
+    pids: u32,
+    killed_by: std::sync::Mutex<Option<String>>,
+}
+
+// SAFETY: a job handle may be used from any thread.
+unsafe impl Send for Job {}
+// SAFETY: as above; the handle is only read.
+unsafe impl Sync for Job {}
+
+fn size<T>() -> u32 {
+    std::mem::size_of::<T>() as u32
+}
+
+impl Job {
+    /// A job limited to `cpu` CPUs, `memory_bytes` and `pids` processes.
+    pub fn new(cpu: Amount, memory_bytes: u64, pids: u32) -> Result<Job, String> {
+        // SAFETY: no attributes, no name; a null handle is a failure.
+        let handle = unsafe { CreateJobObjectW(std::ptr::null(), std::ptr::null()) };
+        if handle.is_null() {
+            return Err(format!(
+                "no Job Object for the tool: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let job = Job {
+            handle,
+            cpu,
+            memory_bytes,
+            pids,
+            killed_by: std::sync::Mutex::new(None),
+        };
+        let mut limits = JOBOBJECT_EXTENDED_LIMIT_INFORMATION::default();
+        limits.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
+            | JOB_OBJECT_LIMIT_JOB_MEMORY
+            | JOB_OBJECT_LIMIT_ACTIVE_PROCESS;
+        limits.BasicLimitInformation.ActiveProcessLimit = pids;
+        limits.JobMemoryLimit = memory_bytes as usize;
+        job.set(
+            JobObjectExtendedLimitInformation,
+            &limits as *const _ as *const c_void,
+            size::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>(),
+        )?;
+        // The rate is in hundredths of a percent of all the machine's CPUs.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let rate = (cpu.thousandths() * 10 / cpus).clamp(1, 10_000) as u32;
+        let mut rate_info = JOBOBJECT_CPU_RATE_CONTROL_INFORMATION {
+            ControlFlags: JOB_OBJECT_CPU_RATE_CONTROL_ENABLE | JOB_OBJECT_CPU_RATE_CONTROL_HARD_CAP,
+            ..Default::default()
+        };
+        rate_info.Anonymous.CpuRate = rate;
+        job.set(
+            JobObjectCpuRateControlInformation,
+            &rate_info as *const _ as *const c_void,
+            size::<JOBOBJECT_CPU_RATE_CONTROL_INFORMATION>(),
+        )?;
+        Ok(job)
+    }
+
+    fn set(&self, class: i32, info: *const c_void, len: u32) -> Result<(), String> {
+        // SAFETY: `info` points at a live value of the class's type.
+        if unsafe { SetInformationJobObject(self.handle, class, info, len) } == 0 {
+            return Err(format!(
+                "the tool's Job Object refused its limits: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Puts the started process `pid` (and so its children) in the job.
+    pub fn assign(&self, pid: u32) -> Result<(), String> {
+        // SAFETY: a process handle opened for this and closed below.
+        unsafe {
+            let process = OpenProcess(PROCESS_SET_QUOTA | PROCESS_TERMINATE, 0, pid);
+            if process.is_null() {
+                return Err(format!(
+                    "the tool process {pid} cannot be opened: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            let ok = AssignProcessToJobObject(self.handle, process);
+            let err = std::io::Error::last_os_error();
+            CloseHandle(process);
+            if ok == 0 {
+                return Err(format!(
+                    "the tool process {pid} cannot join its Job Object: {err}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends every process of the job, saying why.
+    pub fn kill(&self, why: &str) {
+        if let Ok(mut k) = self.killed_by.lock()
+            && k.is_none()
+        {
+            *k = Some(why.to_string());
+        }
+        // SAFETY: the job's own handle.
+        unsafe {
+            TerminateJobObject(self.handle, 1);
+        }
+    }
+
+    /// What bound the tree and what it used, as each call's receipt shows
+    /// it.
+    pub fn report(&self) -> serde_json::Value {
+        let mut limits = JOBOBJECT_EXTENDED_LIMIT_INFORMATION::default();
+        let mut accounting: JOBOBJECT_BASIC_ACCOUNTING_INFORMATION =
+            // SAFETY: a plain C struct of integers.
+            unsafe { std::mem::zeroed() };
+        // SAFETY: buffers of the classes' types and sizes.
+        let (peak, cpu) = unsafe {
+            let peak = (QueryInformationJobObject(
+                self.handle,
+                JobObjectExtendedLimitInformation,
+                &mut limits as *mut _ as *mut c_void,
+                size::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>(),
+                std::ptr::null_mut(),
+            ) != 0)
+                .then_some(limits.PeakJobMemoryUsed as u64);
+            let cpu = (QueryInformationJobObject(
+                self.handle,
+                JobObjectBasicAccountingInformation,
+                &mut accounting as *mut _ as *mut c_void,
+                size::<JOBOBJECT_BASIC_ACCOUNTING_INFORMATION>(),
+                std::ptr::null_mut(),
+            ) != 0)
+                // 100-nanosecond units.
+                .then_some((accounting.TotalUserTime + accounting.TotalKernelTime) as f64 / 1e7);
+            (peak, cpu)
+        };
+        serde_json::json!({
+            "mechanism": "job-object",
+            "group": null,
+            "cpu": self.cpu,
+            "memoryBytes": self.memory_bytes,
+            "pids": self.pids,
+            "network": "host (not isolated on Windows)",
+            "files": "not restricted on Windows",
+            "peakMemoryBytes": peak,
+            "cpuSeconds": cpu,
+            "killedBy": self.killed_by.lock().ok().and_then(|k| k.clone()),
+        })
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        // Kill-on-close: closing the last handle ends every process in it.
+        // SAFETY: the job's own handle, closed once.
+        unsafe {
+            CloseHandle(self.handle);
+        }
+    }
+}
