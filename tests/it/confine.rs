@@ -544,3 +544,103 @@ async fn the_weaker_mechanism_bounds_memory_and_says_so() {
     let error = call["error"].as_str().unwrap();
     assert!(error.contains("MemoryError"), "{error}");
 }
+
+/// A sandbox lease is renewed while its tool runs; when it ends all the
+/// same (here an operator releases it), the tool's process tree ends with
+/// it and the call fails saying why.
+#[tokio::test]
+async fn a_tool_ends_with_its_sandbox_lease() {
+    let site = Site::on(Appliance::start_with(
+        &[],
+        &[("AGENTBAY_RUNTIME__HEARTBEAT_SECONDS", "1")],
+    ))
+    .await;
+    one_tool(
+        &site,
+        "probe-lease-end",
+        "hang",
+        json!({"needsSandbox": true, "timeoutSeconds": 600}),
+        json!({}),
+    )
+    .await;
+    let run_id = site.submit("probe-lease-end").await;
+    let run = site.until(&run_id, "WaitingForTool").await;
+    let attempt_id = run.steps[0].attempts[0].attempt_id.clone();
+    let pid_file = site
+        .a
+        .data_dir
+        .join("work")
+        .join(&attempt_id)
+        .join("hang.pid");
+    let mut pid = None;
+    for _ in 0..200 {
+        if let Ok(text) = std::fs::read_to_string(&pid_file) {
+            pid = text.trim().parse::<i64>().ok();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let pid = pid.expect("the hung tool wrote its pid");
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+
+    let admin = site.a.admin_token().await;
+    let leases = site
+        .a
+        .get(
+            &admin,
+            "/factory/capacity/leases?tenant=demo&state=Granted&state=Active",
+        )
+        .await;
+    let lease = leases["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["holderKind"] == "sandbox")
+        .unwrap_or_else(|| panic!("no live sandbox lease: {leases}"))["leaseId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A holder of the tenant's leases gives it back.
+    let holder = site
+        .a
+        .create_client("demo", &["factory.capacity.lease"])
+        .await;
+    let holder = site.a.token(&holder).await;
+    let released = site
+        .a
+        .http()
+        .post(format!(
+            "{}/agentbay.capacity.v1.Capacity/ReleaseLease",
+            site.a.url
+        ))
+        .bearer_auth(&holder)
+        .json(&json!({"leaseId": lease}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 200, "{}", released.text().await.unwrap());
+
+    let run = site.until(&run_id, "Succeeded").await;
+    assert_eq!(
+        run.state, "Succeeded",
+        "the loop goes on after the failed call: {run:?}"
+    );
+    let t = site.timeline(&attempt_id).await;
+    let call = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["target"] == "hang")
+        .unwrap();
+    assert_eq!(call["status"], "failed", "{call}");
+    assert!(
+        call["error"].as_str().unwrap().contains("sandbox lease"),
+        "{call}"
+    );
+    let gone = |pid: i64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+            .unwrap_or(true)
+    };
+    assert!(gone(pid), "the tool {pid} outlived its lease");
+}

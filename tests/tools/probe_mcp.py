@@ -19,7 +19,7 @@ TOOLS = {
     "connect": "Opens a TCP connection to `host`:`port`",
     "read": "Reads the file at `path`",
     "write": "Writes `text` to the file at `path`",
-    "hang": "Never answers",
+    "hang": "Writes its pid to hang.pid in its working directory, then never answers",
 }
 
 
@@ -82,6 +82,8 @@ def call(name, args, meta):
         except OSError as e:
             return answer({"written": False, "error": str(e)})
     if name == "hang":
+        with open("hang.pid", "w") as f:  # in its working directory
+            f.write(str(os.getpid()))
         while True:
             time.sleep(60)
     raise ValueError(f"unknown tool {name}")

@@ -822,9 +822,21 @@ impl<'a> Loop<'a> {
         } else {
             None
         };
-        let out = self
-            .run_tool(t, &name, call, fence, sandbox.as_ref().map(|(_, b)| *b))
-            .await;
+        let run = self.run_tool(t, &name, call, fence, sandbox.as_ref().map(|(_, b)| *b));
+        let out = match &sandbox {
+            None => run.await,
+            // The sandbox lease is renewed while the tool runs; should it
+            // end all the same (expired, revoked), the tool's process tree
+            // ends with it (dropping the call drops its server).
+            Some((lease, _)) => tokio::select! {
+                out = run => out,
+                why = self.hold(*lease) => Err(format!(
+                    "tool {} stopped: its sandbox lease {lease} ended ({why}); its process tree was killed",
+                    call.tool
+                )
+                .into()),
+            },
+        };
         // The lease says what bound the process that ran under it.
         let bound = match &out {
             Ok(o) => o.receipt["confinement"]["mechanism"].as_str(),
@@ -857,6 +869,20 @@ impl<'a> Loop<'a> {
                 .await;
         }
         out
+    }
+
+    /// Renews a sandbox lease every heartbeat while a tool runs under it;
+    /// returns why, once it cannot be renewed.
+    async fn hold(&self, lease: Uuid) -> String {
+        loop {
+            let every = self.runtime.config().heartbeat_seconds.max(1);
+            tokio::time::sleep(Duration::from_secs(every)).await;
+            match self.runtime.shared.capacity.renew(self.scope, lease).await {
+                Ok(view) if view.lease.state.holds_capacity() => {}
+                Ok(view) => return format!("it is {:?}", view.lease.state),
+                Err(e) => return e.to_string(),
+            }
+        }
     }
 
     /// A capacity lease of kind sandbox for one tool call, sized and
