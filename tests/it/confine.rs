@@ -644,3 +644,90 @@ async fn a_tool_ends_with_its_sandbox_lease() {
     };
     assert!(gone(pid), "the tool {pid} outlived its lease");
 }
+
+/// While the attempt waits for a human its servers stop (its capacity
+/// lease may be given back meanwhile), and the next call starts them
+/// again.
+#[tokio::test]
+async fn a_tools_server_stops_while_its_attempt_waits_for_a_human() {
+    let site = Site::start().await;
+    let server = probe();
+    site.import(
+        "probe-wait",
+        json!([
+            {"content": "look", "toolCalls": [{"tool": "whoami", "arguments": {}}]},
+            {"content": "note", "toolCalls": [{"tool": "write", "arguments": {"path": "n.txt", "text": "x"}}]},
+            answer("low", false)
+        ]),
+        move |m| {
+            m["tools"] = json!([
+                {"id": "whoami", "name": "whoami", "description": "who", "sideEffectClass": "read",
+                 "transport": "mcp-stdio", "command": server, "inputSchema": {"type": "object"}},
+                {"id": "write", "name": "write", "description": "write", "sideEffectClass": "shared-write",
+                 "transport": "mcp-stdio", "command": server, "inputSchema": {"type": "object"}},
+            ]);
+            m["policy"]["tools"] = json!({"write": "require-approval"});
+        },
+    )
+    .await;
+    let run_id = site.submit("probe-wait").await;
+    let run = site.until(&run_id, "WaitingForDecision").await;
+    let attempt_id = run.steps[0].attempts[0].attempt_id.clone();
+    let t = site.timeline(&attempt_id).await;
+    let whoami = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["target"] == "whoami")
+        .unwrap();
+    let path = format!(
+        "/runtime/attempts/{attempt_id}/calls/{}",
+        whoami["callId"].as_str().unwrap()
+    );
+    let call = site.a.get(&site.token, &path).await;
+    let pid = answered(&call)["pid"].as_i64().unwrap();
+    let gone = |pid: i64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+            .unwrap_or(true)
+    };
+    for _ in 0..100 {
+        if gone(pid) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        gone(pid),
+        "the server {pid} runs while its attempt waits for a human"
+    );
+    let approval = t["pendingDecision"]["approvalId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let decided = site
+        .a
+        .http()
+        .post(format!(
+            "{}/agentbay.runs.v1.Runs/DecideApproval",
+            site.a.url
+        ))
+        .bearer_auth(&site.token)
+        .json(&json!({"approvalId": approval, "approve": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(decided.status(), 200, "{}", decided.text().await.unwrap());
+    let run = site.until(&run_id, "Succeeded").await;
+    assert_eq!(run.state, "Succeeded", "{run:?}");
+    let t = site.timeline(&attempt_id).await;
+    let write = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["target"] == "write" && c["status"] == "completed");
+    assert!(
+        write.is_some(),
+        "the approved call ran on a fresh server: {t}"
+    );
+}

@@ -283,13 +283,18 @@ impl McpServers {
         timed(server, url, "mcp-http", tool, arguments, fence, timeout).await
     }
 
-    /// Stops every server (their process trees with them) and removes the
-    /// attempt's working directory.
-    pub async fn close(&self) {
+    /// Stops every server, their process trees with them (the next call
+    /// starts its server again).
+    pub async fn stop(&self) {
         let servers: Vec<_> = self.servers.lock().await.drain().collect();
         for (_, server) in servers {
             let _ = server.client.cancel().await;
         }
+    }
+
+    /// Stops every server and removes the attempt's working directory.
+    pub async fn close(&self) {
+        self.stop().await;
         #[cfg(unix)]
         self.confiner.remove_workdir(&self.attempt);
     }

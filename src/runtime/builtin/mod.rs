@@ -1015,6 +1015,11 @@ impl<'a> Loop<'a> {
     }
 
     async fn await_decision(&self, decision_id: Uuid) -> Result<DecisionStatus, RuntimeError> {
+        // A human's wait may outlast the attempt's capacity lease (it is
+        // given back after runtime.return_capacity_after_seconds): no tool
+        // process runs without one, so the servers stop now and the next
+        // call starts them again.
+        self.mcp.stop().await;
         loop {
             let (d, _) = self
                 .runtime
@@ -1115,6 +1120,8 @@ impl<'a> Loop<'a> {
                 return result;
             }
             tracing::debug!(attempt = %self.attempt_id, reason = %e, "the builtin loop waits before its next call");
+            // Paused or without capacity: its tools' processes stop too.
+            self.mcp.stop().await;
             loop {
                 if rx.changed().await.is_err() {
                     return result;
