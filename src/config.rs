@@ -608,6 +608,11 @@ pub struct RuntimeConfig {
     /// MiB an attempt's working directory may hold (a tmpfs, where the
     /// appliance runs as root).
     pub tool_workdir_mb: u64,
+    /// The account tool processes run as where the appliance runs as root
+    /// (so that a tool can read neither the appliance's memory nor its
+    /// files); empty runs them as root. Elsewhere tools run as the
+    /// appliance's own user, which cannot read its memory either.
+    pub tool_user: String,
     /// Seconds a tool call may take unless its release says otherwise;
     /// then its process tree is killed and the call settles by its class.
     pub tool_timeout_seconds: u64,
@@ -678,6 +683,7 @@ impl Default for RuntimeConfig {
             when_unconfinable: WhenUnconfinable::Rlimit,
             tool_pids_max: 256,
             tool_workdir_mb: 1024,
+            tool_user: "nobody".to_string(),
             tool_timeout_seconds: 300,
         }
     }

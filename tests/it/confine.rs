@@ -388,6 +388,25 @@ async fn a_tool_reads_its_working_directory_and_never_the_data_dir() {
             .starts_with("landlock"),
         "{call}"
     );
+    // Nor the appliance's environment through /proc.
+    let environ = format!("/proc/{}/environ", site.a.child.as_ref().unwrap().id());
+    one_tool(
+        &site,
+        "probe-environ",
+        "read",
+        json!({}),
+        json!({"path": environ}),
+    )
+    .await;
+    let call = the_call(&site, "probe-environ", "Succeeded").await;
+    if running_as_root() {
+        // A root appliance's tools run as runtime.tool_user.
+        assert_eq!(confinement(&call)["user"], "nobody", "{call}");
+    }
+    assert!(
+        answered(&call)["read"].is_null(),
+        "the tool read {environ}: {call}"
+    );
     one_tool(
         &site,
         "probe-write",

@@ -81,6 +81,8 @@ pub struct Confinement {
     /// `landlock` (the working directory, the system's and the command's
     /// directories), or why not.
     pub files: String,
+    /// The account it runs as.
+    pub user: String,
     /// The most memory it held at once, bytes (cgroups only).
     pub peak_memory_bytes: Option<u64>,
     /// CPU time it used, seconds (cgroups only).
@@ -168,6 +170,9 @@ impl Confiner {
         };
         let network = Self::probe_network();
         let landlock = Self::probe_landlock();
+        // The appliance's memory and environment (which may hold secrets)
+        // are not readable through /proc by tools running as its user.
+        sys::not_dumpable();
         if let Ok(root) = &cgroup {
             // A previous run that was killed left its tools running: they
             // end now, before anything new starts.
@@ -286,8 +291,21 @@ impl Confiner {
             if sys::is_root() {
                 sys::mount_tmpfs(&d, config.tool_workdir_mb)?;
             }
+            if let Some((uid, gid)) = Self::tool_user(config) {
+                sys::chown(&d, uid, gid)?;
+            }
         }
         Ok(d)
+    }
+
+    /// The account tools run as: where the appliance runs as root,
+    /// `runtime.tool_user` (empty: root, as the appliance); otherwise the
+    /// appliance's own user.
+    fn tool_user(config: &RuntimeConfig) -> Option<(libc::uid_t, libc::gid_t)> {
+        if !sys::is_root() || config.tool_user.is_empty() {
+            return None;
+        }
+        sys::account(&config.tool_user)
     }
 
     /// Whether working directories are size-limited, in words.
@@ -404,6 +422,16 @@ impl Confiner {
                 ),
             ),
         };
+        if sys::is_root() && !config.tool_user.is_empty() {
+            let Some(user) = Self::tool_user(config) else {
+                return Err(format!(
+                    "runtime.tool_user {:?} is not an account on this host",
+                    config.tool_user
+                ));
+            };
+            steps.user = Some(user);
+        }
+        let steps_user = steps.user;
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
             .current_dir(req.workdir)
@@ -429,6 +457,11 @@ impl Confiner {
             pids,
             network,
             files,
+            user: match steps_user {
+                Some(_) => config.tool_user.clone(),
+                None if sys::is_root() => "root (runtime.tool_user is empty)".to_string(),
+                None => "the appliance's own user".to_string(),
+            },
             peak_memory_bytes: None,
             cpu_seconds: None,
             killed_by: None,

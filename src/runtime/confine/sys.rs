@@ -20,6 +20,9 @@ pub struct Steps {
     /// namespace; otherwise also a user namespace that maps the caller's
     /// own ids (`uid_map` and `gid_map` contents prepared here).
     pub isolate_network: Option<Isolation>,
+    /// The user and group to become (the appliance runs as root; its
+    /// tools do not).
+    pub user: Option<(libc::uid_t, libc::gid_t)>,
     /// A Landlock ruleset to restrict itself with (its file descriptor).
     pub landlock: Option<i32>,
 }
@@ -143,6 +146,14 @@ impl Steps {
             }
             loopback_up()?;
         }
+        if let Some((uid, gid)) = self.user {
+            // SAFETY: plain system calls on values.
+            unsafe {
+                check(libc::setgroups(0, std::ptr::null()))?;
+                check(libc::setgid(gid))?;
+                check(libc::setuid(uid))?;
+            }
+        }
         if let Some(fd) = self.landlock {
             // SAFETY: plain system calls; fd is the parent's ruleset,
             // inherited across fork.
@@ -247,4 +258,30 @@ pub fn listen_in_netns_of(pid: u32, port: u16) -> io::Result<std::net::TcpListen
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("the namespace thread failed")))
     })
+}
+
+/// Makes this process not dumpable: its `/proc` memory, environment and
+/// descriptors are closed to other processes of its user (and no core
+/// file holds its secrets).
+pub fn not_dumpable() {
+    // SAFETY: a flag on the calling process.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+}
+
+/// The user and group ids of the account `name`.
+pub fn account(name: &str) -> Option<(libc::uid_t, libc::gid_t)> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: getpwnam returns a pointer into static storage or null; it is
+    // read at once, before any other call could reuse it.
+    unsafe {
+        let pw = libc::getpwnam(c.as_ptr());
+        (!pw.is_null()).then(|| ((*pw).pw_uid, (*pw).pw_gid))
+    }
+}
+
+/// Gives `path` to a user and group.
+pub fn chown(path: &std::path::Path, uid: libc::uid_t, gid: libc::gid_t) -> io::Result<()> {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid))
 }
