@@ -39,7 +39,7 @@ use super::{
 use crate::domain::attempt::{
     CallFence, CallKind, DecisionKind, DecisionStatus, FailureClass, Gate,
 };
-use crate::domain::release::{SideEffectClass, ToolTransport, canonical_json};
+use crate::domain::release::{ToolTransport, canonical_json};
 use crate::domain::{DomainError, TenantId};
 use crate::store::TenantScope;
 
@@ -559,8 +559,7 @@ impl<'a> Loop<'a> {
                             return Err(self.refused(Some("the attempt ended during the tool call".into())));
                         }
                     };
-                    let class = self.info.tool(&call.tool).map(|(t, _)| t.side_effect_class);
-                    if !self.still_open(call_id) {
+                    let Some(open) = self.open_call(call_id) else {
                         // The grain's call-timeout reminder settled it
                         // first: a read failed (the loop goes on), a call
                         // with effects ended the attempt Uncertain.
@@ -574,14 +573,12 @@ impl<'a> Loop<'a> {
                         *state =
                             observed(state, call, &json!({"error": "the tool call timed out"}));
                         return self.checkpoint(state).await;
-                    }
+                    };
                     let (ok, result, receipt, error) = match outcome {
                         Ok(out) => (true, out.result, out.receipt, None),
                         // A call with effects that outlasted its timeout
                         // may have had them: it is never issued again.
-                        Err(e)
-                            if e.timed_out && class.is_some_and(|c| c > SideEffectClass::Read) =>
-                        {
+                        Err(e) if e.timed_out && open.effect_unconfirmed() => {
                             self.runtime
                                 .call_timed_out(
                                     self.scope,
@@ -784,16 +781,13 @@ impl<'a> Loop<'a> {
         self.checkpoint(state).await
     }
 
-    /// Whether `call_id` is still the attempt's open call.
-    fn still_open(&self, call_id: Uuid) -> bool {
+    /// `call_id` while it is still the attempt's open call.
+    fn open_call(&self, call_id: Uuid) -> Option<crate::domain::attempt::OpenCall> {
         self.runtime
             .view(self.scope, self.attempt_id)
-            .is_ok_and(|v| {
-                v.attempt
-                    .open_call
-                    .as_ref()
-                    .is_some_and(|c| c.call_id == call_id)
-            })
+            .ok()
+            .and_then(|v| v.attempt.open_call.clone())
+            .filter(|c| c.call_id == call_id)
     }
 
     /// What a started call carries to the server that serves it.

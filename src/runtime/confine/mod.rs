@@ -248,13 +248,30 @@ impl Confiner {
         }
     }
 
+    /// The cgroup root tool processes get under `config`: a root, none
+    /// (the weaker mechanism), or refused with the reason.
+    fn cgroup_for(&self, config: &RuntimeConfig) -> Result<Option<&Root>, String> {
+        match (&self.cgroup, config.confinement) {
+            (_, Mode::Rlimit) => Ok(None),
+            (Ok(root), _) => Ok(Some(root)),
+            (Err(why), Mode::Cgroup) => Err(format!(
+                "runtime.confinement is cgroup and this host has none: {why}"
+            )),
+            (Err(why), Mode::Auto) if config.when_unconfinable == WhenUnconfinable::Refuse => {
+                Err(format!(
+                    "this host cannot confine tool processes with a cgroup ({why}) and runtime.when_unconfinable is refuse"
+                ))
+            }
+            (Err(_), Mode::Auto) => Ok(None),
+        }
+    }
+
     /// What this host enforces under `config`.
     pub fn host(&self, config: &RuntimeConfig) -> HostReport {
-        let mechanism = match (&self.cgroup, config.confinement, config.when_unconfinable) {
-            (Ok(root), Mode::Auto | Mode::Cgroup, _) => root.mechanism(),
-            (_, Mode::Rlimit, _) => "rlimit",
-            (Err(_), _, WhenUnconfinable::Rlimit) => "rlimit",
-            (Err(_), _, WhenUnconfinable::Refuse) => "refused",
+        let mechanism = match self.cgroup_for(config) {
+            Ok(Some(root)) => root.mechanism(),
+            Ok(None) => "rlimit",
+            Err(_) => "refused",
         };
         HostReport {
             mechanism: mechanism.into(),
@@ -291,7 +308,7 @@ impl Confiner {
             if sys::is_root() {
                 sys::mount_tmpfs(&d, config.tool_workdir_mb)?;
             }
-            if let Some((uid, gid)) = Self::tool_user(config) {
+            if let Ok(Some((uid, gid))) = Self::tool_user(config) {
                 sys::chown(&d, uid, gid)?;
             }
         }
@@ -301,11 +318,17 @@ impl Confiner {
     /// The account tools run as: where the appliance runs as root,
     /// `runtime.tool_user` (empty: root, as the appliance); otherwise the
     /// appliance's own user.
-    fn tool_user(config: &RuntimeConfig) -> Option<(libc::uid_t, libc::gid_t)> {
+    /// A name that is no account is refused by name.
+    fn tool_user(config: &RuntimeConfig) -> Result<Option<(libc::uid_t, libc::gid_t)>, String> {
         if !sys::is_root() || config.tool_user.is_empty() {
-            return None;
+            return Ok(None);
         }
-        sys::account(&config.tool_user)
+        sys::account(&config.tool_user).map(Some).ok_or_else(|| {
+            format!(
+                "runtime.tool_user {:?} is not an account on this host",
+                config.tool_user
+            )
+        })
     }
 
     /// Whether working directories are size-limited, in words.
@@ -353,8 +376,8 @@ impl Confiner {
         let mut steps = sys::Steps::default();
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}-{seq}", req.label);
-        let (group, mechanism) = match (&self.cgroup, config.confinement) {
-            (Ok(root), Mode::Auto | Mode::Cgroup) => {
+        let (group, mechanism) = match self.cgroup_for(config)? {
+            Some(root) => {
                 let group = root
                     .create(&name, limits)
                     .map_err(|e| format!("no cgroup for the tool: {e}"))?;
@@ -365,17 +388,7 @@ impl Confiner {
                     .collect();
                 (Some(group), root.mechanism())
             }
-            (Err(why), Mode::Cgroup) => {
-                return Err(format!(
-                    "runtime.confinement is cgroup and this host has none: {why}"
-                ));
-            }
-            (Err(why), Mode::Auto) if refuse => {
-                return Err(format!(
-                    "this host cannot confine tool processes with a cgroup ({why}) and runtime.when_unconfinable is refuse"
-                ));
-            }
-            _ => {
+            None => {
                 steps.address_space = Some(memory_bytes);
                 steps.processes = Some(u64::from(pids));
                 (None, "rlimit")
@@ -422,15 +435,7 @@ impl Confiner {
                 ),
             ),
         };
-        if sys::is_root() && !config.tool_user.is_empty() {
-            let Some(user) = Self::tool_user(config) else {
-                return Err(format!(
-                    "runtime.tool_user {:?} is not an account on this host",
-                    config.tool_user
-                ));
-            };
-            steps.user = Some(user);
-        }
+        steps.user = Self::tool_user(config)?;
         let steps_user = steps.user;
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
