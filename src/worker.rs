@@ -57,14 +57,25 @@ pub struct WorkerStatus {
 /// Every worker's status, and a way to run one at once.
 #[derive(Default)]
 pub struct WorkerRegistry {
-    statuses: Mutex<BTreeMap<&'static str, WorkerStatus>>,
+    workers: Mutex<BTreeMap<&'static str, Entry>>,
     triggers: Mutex<BTreeMap<&'static str, Arc<Notify>>>,
+}
+
+/// A worker's status and how many passes it has begun: a pass that began
+/// before a caller asked for one is not the pass it asked for.
+struct Entry {
+    status: WorkerStatus,
+    begun: u64,
 }
 
 impl WorkerRegistry {
     /// Snapshots of every worker, by name.
     pub fn statuses(&self) -> Vec<WorkerStatus> {
-        self.statuses.lock().values().cloned().collect()
+        self.workers
+            .lock()
+            .values()
+            .map(|e| e.status.clone())
+            .collect()
     }
 
     /// Asks a worker for an extra pass now. Returns false for an unknown name.
@@ -80,13 +91,20 @@ impl WorkerRegistry {
 
     /// Runs one pass of a worker now and waits for it (up to a minute).
     /// Returns its status after the pass, or `None` for an unknown name.
+    ///
+    /// The pass waited for is one that begins after this call: a pass
+    /// already under way when it is made saw the world before the caller's
+    /// last change (a moved clock, a new record), so its end does not count.
     pub async fn run_now(&self, name: &str) -> Option<WorkerStatus> {
-        let before = self.statuses.lock().get(name)?.runs;
+        // Passes end in the order they begin, one at a time: the pass asked
+        // for is done when the count of ended passes passes the count of
+        // begun ones now.
+        let begun = self.workers.lock().get(name)?.begun;
         self.trigger(name);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let status = self.statuses.lock().get(name).cloned()?;
-            if status.runs > before || !status.alive || tokio::time::Instant::now() > deadline {
+            let status = self.workers.lock().get(name)?.status.clone();
+            if status.runs > begun || !status.alive || tokio::time::Instant::now() > deadline {
                 return Some(status);
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -95,17 +113,23 @@ impl WorkerRegistry {
 
     /// Names of workers whose task has died.
     pub fn dead(&self) -> Vec<&'static str> {
-        self.statuses
+        self.workers
             .lock()
             .values()
-            .filter(|s| !s.alive)
-            .map(|s| s.name)
+            .filter(|e| !e.status.alive)
+            .map(|e| e.status.name)
             .collect()
     }
 
     fn update(&self, name: &'static str, f: impl FnOnce(&mut WorkerStatus)) {
-        if let Some(status) = self.statuses.lock().get_mut(name) {
-            f(status);
+        if let Some(e) = self.workers.lock().get_mut(name) {
+            f(&mut e.status);
+        }
+    }
+
+    fn begin(&self, name: &'static str) {
+        if let Some(e) = self.workers.lock().get_mut(name) {
+            e.begun += 1;
         }
     }
 }
@@ -122,17 +146,20 @@ pub fn spawn(
     let name = worker.name();
     let interval = worker.interval();
     let trigger = Arc::new(Notify::new());
-    registry.statuses.lock().insert(
+    registry.workers.lock().insert(
         name,
-        WorkerStatus {
-            name,
-            interval_seconds: interval.as_secs(),
-            runs: 0,
-            failures: 0,
-            last_run_at: None,
-            last_message: None,
-            last_ok: true,
-            alive: true,
+        Entry {
+            status: WorkerStatus {
+                name,
+                interval_seconds: interval.as_secs(),
+                runs: 0,
+                failures: 0,
+                last_run_at: None,
+                last_message: None,
+                last_ok: true,
+                alive: true,
+            },
+            begun: 0,
         },
     );
     registry.triggers.lock().insert(name, trigger.clone());
@@ -143,9 +170,12 @@ pub fn spawn(
         let mut next_due = clock.now();
         let mut forced = false;
         loop {
-            let now = clock.now();
-            if forced || now >= next_due {
+            if forced || clock.now() >= next_due {
                 forced = false;
+                registry.begin(name);
+                // Read after the pass is counted as begun, so that a pass
+                // asked for after a move of the clock sees the move.
+                let now = clock.now();
                 let outcome = worker.run(now).await;
                 let ended = clock.now();
                 registry.update(name, |s| {
@@ -268,6 +298,61 @@ mod tests {
         stop_tx.send(true).unwrap();
         handle.await.unwrap();
         assert_eq!(registry.dead(), vec!["Counter"]);
+    }
+
+    /// Holds its first pass until told; says at which time each pass ran.
+    struct Held(Arc<Notify>);
+
+    impl Worker for Held {
+        fn name(&self) -> &'static str {
+            "Held"
+        }
+        fn interval(&self) -> Duration {
+            Duration::from_secs(3600)
+        }
+        fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
+            Box::pin(async move {
+                self.0.notified().await;
+                Ok(now.to_rfc3339())
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pass_asked_for_is_one_that_begins_after_the_asking() {
+        let start = Utc::now();
+        let clock = ManualClock::new(start);
+        let registry = Arc::new(WorkerRegistry::default());
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let release = Arc::new(Notify::new());
+        let handle = spawn(
+            Arc::new(Held(release.clone())),
+            clock.clone(),
+            registry.clone(),
+            stop_rx,
+        );
+        // The pass at start is under way, held, when the clock moves and a
+        // pass is asked for.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        clock.advance(Duration::from_secs(60));
+        let asked = {
+            let registry = registry.clone();
+            tokio::spawn(async move { registry.run_now("Held").await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        release.notify_one();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            !asked.is_finished(),
+            "the held pass was taken for the one asked for"
+        );
+        release.notify_one();
+        let status = asked.await.unwrap();
+        assert_eq!(status.runs, 2);
+        let moved = (start + chrono::Duration::seconds(60)).to_rfc3339();
+        assert_eq!(status.last_message.as_deref(), Some(moved.as_str()));
+        stop_tx.send(true).unwrap();
+        handle.await.unwrap();
     }
 
     #[tokio::test]

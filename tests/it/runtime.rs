@@ -2278,7 +2278,12 @@ async fn kill_9_in_the_middle_of_a_purge_leaves_no_dangling_reference_and_no_orp
     assert!(pass.ok, "{}", pass.message);
     for id in &runs {
         let run = site.run(id).await;
-        assert!(!run.purged.is_empty(), "run {id} was purged");
+        assert!(
+            !run.purged.is_empty(),
+            "run {id} ({}) was not purged by the pass: {}",
+            run.state,
+            pass.message
+        );
         assert!(run.output_json.is_empty());
     }
     site.a.terminate().await;
