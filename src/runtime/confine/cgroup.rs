@@ -434,14 +434,27 @@ pub fn prepare_v2(mount: &Path, own: &str, instance: &str) -> Result<Root, Strin
         .collect::<Vec<_>>()
         .join(" ");
     let e = |e: io::Error| format!("cgroup v2 subtree {}: {e}", base.display());
-    if own != "/" {
+    // A group with controllers for its children holds no process of its
+    // own: the appliance moves into a leaf beside its tools. The host's
+    // root group is exempt; the root of a container's cgroup namespace is
+    // not, which the kernel says with EBUSY.
+    let into_leaf = || -> io::Result<()> {
         let leaf = base.join("supervisor");
         if !leaf.exists() {
-            fs::create_dir(&leaf).map_err(e)?;
+            fs::create_dir(&leaf)?;
         }
-        write(&leaf, "cgroup.procs", &std::process::id().to_string()).map_err(e)?;
+        write(&leaf, "cgroup.procs", &std::process::id().to_string())
+    };
+    if own != "/" {
+        into_leaf().map_err(e)?;
     }
-    write(&base, "cgroup.subtree_control", &enable).map_err(e)?;
+    match write(&base, "cgroup.subtree_control", &enable) {
+        Err(busy) if own == "/" && busy.kind() == io::ErrorKind::ResourceBusy => {
+            into_leaf().map_err(e)?;
+            write(&base, "cgroup.subtree_control", &enable).map_err(e)?;
+        }
+        done => done.map_err(e)?,
+    }
     let mut dir = base.clone();
     for part in ["agentbay-tools", instance] {
         dir = dir.join(part);
