@@ -338,7 +338,7 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
                 let (other, rest) = rest.trim_start_matches('`').split_once('`')?;
                 let v = rest
                     .trim_start_matches(" is ")
-                    .split(['.', ';', ','])
+                    .split(['.', ';', ',', ':', '('])
                     .next()?
                     .trim();
                 let v = match v {
@@ -415,7 +415,10 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
                 );
             }
         }
-        let mut schema = json!({"type": "object", "properties": properties});
+        // A field the message does not have is refused, not dropped (the
+        // server also takes each field's proto name, as proto3 JSON asks).
+        let mut schema =
+            json!({"type": "object", "properties": properties, "additionalProperties": false});
         if !required.is_empty() {
             schema["required"] = json!(required);
         }

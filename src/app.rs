@@ -465,16 +465,23 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let running = start(config.clone(), clocks).await?;
     if let Some(bootstrap) = &running.bootstrap {
-        // Secrets made earlier are printed again only to a terminal: the
-        // output of a service is a log (the journal), and a log holds no
-        // secret. `agentbay init` (offline) shows them on demand.
+        // The secrets are printed only to a terminal, at their first start
+        // as at every later one until used: the output of a service is a
+        // log (the journal), and a log holds no secret. `agentbay init`
+        // (offline) shows them on demand.
         use std::io::IsTerminal;
-        if bootstrap.first_time || std::io::stdout().is_terminal() {
+        if std::io::stdout().is_terminal() {
             print_bootstrap(bootstrap, &config, Some(&running.url));
         } else {
+            let made = if bootstrap.first_time {
+                "were made and are not shown here: this output is not a terminal, and may be a log"
+            } else {
+                "made earlier are not used yet"
+            };
             println!(
-                "The bootstrap PlatformAdmin credential and admin password made earlier are not used yet; \
-                 with the appliance stopped, `agentbay init` run as the data directory's owner shows them again."
+                "The bootstrap PlatformAdmin credential and admin password {made}; \
+                 with the appliance stopped, `agentbay init` run as the data directory's owner shows them \
+                 (or, at any time, `agentbay user reset-password --tenant platform admin` sets a new admin password)."
             );
         }
     }

@@ -230,7 +230,6 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         for (name, value) in this.0.headers {
             headers.insert(name, value);
         }

@@ -152,6 +152,9 @@ pub fn router(state: AppState) -> Router {
         .layer(header_layer(header::X_FRAME_OPTIONS, "DENY"))
         .layer(header_layer(header::REFERRER_POLICY, "no-referrer"))
         .layer(header_layer(header::CONTENT_SECURITY_POLICY, CSP))
+        // Every answer is a tenant's data or a secret (a client's secret, a
+        // reset password) unless it says otherwise, as static assets do.
+        .layer(header_layer(header::CACHE_CONTROL, "no-store"))
         .with_state(state)
 }
 

@@ -13,9 +13,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::header::{
-    AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, PRAGMA, RETRY_AFTER, WWW_AUTHENTICATE,
-};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, PRAGMA, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -249,9 +247,8 @@ pub async fn token(
         scope: issued.scope,
     })
     .into_response();
-    response
-        .headers_mut()
-        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // Cache-Control: no-store comes with every answer (the router); RFC
+    // 6749 asks for Pragma as well.
     response
         .headers_mut()
         .insert(PRAGMA, HeaderValue::from_static("no-cache"));

@@ -185,6 +185,7 @@ pub async fn authenticate(
     let found = find(store, username).ok().flatten();
     // Without a user, a dummy check keeps the timing of both answers alike.
     let hash_of = found.as_ref().map(|u| u.password_hash.clone());
+    let found_name = found.as_ref().map(|u| u.username.clone());
     let slot = turn.hash_slot().await?;
     let ok = {
         let password = password.to_string();
@@ -201,6 +202,10 @@ pub async fn authenticate(
     drop((slot, turn));
     let Some(user) = found.filter(|_| ok) else {
         auth.throttle.failed(&key, source);
+        // The name typed is logged only when it is an account's: a
+        // password typed into the user field stays out of the log.
+        let known = found_name.as_deref().unwrap_or("(no such user)");
+        tracing::info!(user = %known, %source, "sign-in refused");
         return Err(refused());
     };
     if user.disabled_at.is_some() {

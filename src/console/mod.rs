@@ -24,7 +24,7 @@ use askama::Template;
 use axum::Router;
 use axum::extract::{FromRequestParts, RawForm};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 
@@ -130,6 +130,7 @@ async fn framed_errors(
         state,
         session,
         cookie,
+        foreign: None,
     };
     let page = FramedErrorPage {
         l: console.layout(format!("{} {reason}", status.as_u16()), ""),
@@ -214,6 +215,35 @@ pub struct Console {
     /// The session.
     pub session: Session,
     cookie: String,
+    /// Why the request does not come from the appliance's own pages, when
+    /// it does not: a form from there is refused whatever its token.
+    foreign: Option<String>,
+}
+
+/// Why a request does not come from this appliance's own pages, if it does
+/// not: the browser says so (`Sec-Fetch-Site`), or its `Origin` is another
+/// site's (or `null`). A request with neither header (a browser of old, a
+/// script) is judged by the rest: the session's CSRF token.
+pub fn foreign_origin(parts: &Parts) -> Option<String> {
+    let headers = &parts.headers;
+    // A browser that says where the request comes from is believed: no
+    // page can forge the header, and a proxy in front may change Host.
+    if let Some(site) = headers.get("sec-fetch-site") {
+        let site = String::from_utf8_lossy(site.as_bytes());
+        return (!matches!(&*site, "same-origin" | "none"))
+            .then(|| format!("Sec-Fetch-Site: {site}"));
+    }
+    let origin = headers.get(header::ORIGIN)?;
+    let here = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| parts.uri.authority().map(|a| a.as_str()))?;
+    let same = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.strip_prefix("https://"))
+        .is_some_and(|o| o.eq_ignore_ascii_case(here));
+    (!same).then(|| format!("Origin: {}", String::from_utf8_lossy(origin.as_bytes())))
 }
 
 fn cookie_of(parts: &Parts) -> Option<String> {
@@ -241,6 +271,7 @@ impl FromRequestParts<AppState> for Console {
                 state: state.clone(),
                 session,
                 cookie,
+                foreign: foreign_origin(parts),
             }),
             None => {
                 let next = parts
@@ -398,6 +429,11 @@ impl Console {
     pub fn form(&self, raw: RawForm) -> Result<Fields, PageError> {
         let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(&raw.0)
             .map_err(|e| PageError::bad(format!("the form is malformed: {e}")))?;
+        if let Some(why) = &self.foreign {
+            return Err(PageError::forbidden(format!(
+                "forms are accepted from this appliance's own pages only ({why})"
+            )));
+        }
         let fields = Fields(pairs);
         let sent = fields.get("csrf").unwrap_or_default();
         let expected = self.session.csrf.as_bytes();
@@ -569,14 +605,10 @@ pub(crate) struct ListPage {
     pub t: table::Table,
 }
 
-/// Renders a page with headers that keep it out of caches.
+/// Renders a page (kept out of caches, as every answer, by the router).
 pub fn render<T: Template>(page: &T) -> Result<Response, PageError> {
     let body = page.render().map_err(ApiError::internal)?;
-    let mut response = Html(body).into_response();
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(response)
+    Ok(Html(body).into_response())
 }
 
 /// Short form of a long id or hash for tables: the full text stays in the

@@ -2,7 +2,7 @@
 
 use askama::Template;
 use axum::extract::{RawForm, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 
 use super::table::ListQuery;
@@ -62,14 +62,12 @@ pub async fn form(State(state): State<AppState>, raw: RawQuery) -> Result<Respon
 pub async fn submit(
     State(state): State<AppState>,
     crate::api::conn::Peer(source): crate::api::conn::Peer,
-    headers: HeaderMap,
+    parts: axum::http::request::Parts,
     raw: RawForm,
 ) -> Result<Response, PageError> {
-    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok())
-        && !matches!(site, "same-origin" | "none")
-    {
+    if let Some(why) = super::foreign_origin(&parts) {
         return Err(PageError::forbidden(format!(
-            "sign-in forms are accepted from this appliance's own pages only (Sec-Fetch-Site: {site})"
+            "sign-in forms are accepted from this appliance's own pages only ({why})"
         )));
     }
     let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(&raw.0).unwrap_or_default();
@@ -122,17 +120,14 @@ pub async fn submit(
             message,
             retry_after,
         }) => {
-            tracing::debug!(user = %username, "console sign-in throttled");
+            tracing::debug!(%source, "console sign-in throttled");
             let mut response = refuse(StatusCode::TOO_MANY_REQUESTS, message)?;
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
             Ok(response)
         }
-        Err(e) => {
-            tracing::info!(user = %username, "console sign-in refused");
-            refuse(StatusCode::UNAUTHORIZED, e.to_string())
-        }
+        Err(e) => refuse(StatusCode::UNAUTHORIZED, e.to_string()),
     }
 }
 

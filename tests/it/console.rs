@@ -364,6 +364,26 @@ async fn signing_in_sessions_csrf_and_rate_limits() {
         .await;
     assert_eq!(status, 403);
     assert!(body.contains("CSRF"), "{body}");
+    // With its own token, a form from another site is refused all the same,
+    // whether the browser says so or only its Origin does.
+    for (name, value) in [
+        ("origin", "https://evil.example"),
+        ("origin", "null"),
+        ("sec-fetch-site", "cross-site"),
+    ] {
+        let r = rita
+            .client
+            .post(format!("{}{action}", rita.base))
+            .header(COOKIE, &rita.cookie)
+            .header(name, value)
+            .form(&[("csrf", rita.csrf.as_str()), ("action", "approve")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{name}: {value}");
+        let body = r.text().await.unwrap();
+        assert!(body.contains("own pages only"), "{body}");
+    }
     let (_, page) = rita.get(&format!("/attempts/{waiting}")).await;
     assert!(page.contains(">WaitingForDecision<"), "nothing was decided");
 

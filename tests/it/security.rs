@@ -1420,6 +1420,70 @@ async fn client_mistakes_are_4xx_with_the_reason_never_5xx() {
         .await;
         assert_eq!((code.as_str(), status), ("invalid_argument", 400), "{body}");
     }
+    // A Connect JSON body is held to its message: a misspelt field, at any
+    // depth, and a value of the wrong type or range are refused naming the
+    // field; the proto name of a field is proto3 JSON too; a gzipped body
+    // is judged by its JSON.
+    for (method, body, field) in [
+        (
+            "agentbay.runs.v1.Runs/ListRuns",
+            json!({"tenantID": "acme"}),
+            "tenantID",
+        ),
+        (
+            "agentbay.runs.v1.Runs/ListRuns",
+            json!({"pageSize": -1}),
+            "pageSize",
+        ),
+        (
+            "agentbay.admin.v1.Admin/CreateUser",
+            json!({"tenantId": "acme", "username": "u1", "roles": "Observer"}),
+            "roles",
+        ),
+        (
+            "agentbay.adapter.v1.Adapter/Heartbeat",
+            json!({"attemptId": "0190e5a0-0000-7000-8000-0000000000ff", "fencingToken": "-1"}),
+            "fencingToken",
+        ),
+    ] {
+        let r = http
+            .post(format!("{}/{method}", a.url))
+            .bearer_auth(&admin)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{method} {body}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["code"], "invalid_argument", "{v}");
+        let message = v["message"].as_str().unwrap();
+        assert!(message.starts_with(&format!("{field}:")), "{method}: {v}");
+    }
+    let (code, status) = connect_call(
+        &http,
+        &a.url,
+        "agentbay.runs.v1.Runs/ListRuns",
+        Some(&admin),
+        &json!({"tenant_id": "acme", "page_size": 5}),
+    )
+    .await;
+    assert_eq!((code.as_str(), status), ("ok", 200));
+    let gzipped = {
+        use std::io::Write as _;
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(br#"{"tenantId": "acme"}"#).unwrap();
+        z.finish().unwrap()
+    };
+    let r = http
+        .post(format!("{}/agentbay.runs.v1.Runs/ListRuns", a.url))
+        .bearer_auth(&admin)
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(gzipped)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     // A quota that is not a whole number of thousandths.
     let (s, p) = a
         .put(

@@ -14,6 +14,7 @@ pub mod admin;
 pub mod capacity;
 pub mod runs;
 pub mod runtime;
+mod shape;
 
 use std::sync::Arc;
 
@@ -300,14 +301,17 @@ pub async fn precheck(
             ),
         ));
     }
-    // A Connect call without a valid token is refused with its HTTP status
-    // before anything streams (gRPC keeps its in-protocol status).
-    if !base.starts_with("application/grpc") {
+    // A Connect call without a valid token, or whose token lacks what the
+    // method requires, is refused with its HTTP status before anything
+    // streams or its body is judged (gRPC keeps its in-protocol status).
+    if !base.starts_with("application/grpc")
+        && let Some(access) = access_of(&format!("/{name}"))
+    {
         let authorization = request
             .headers()
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        if let Err(e) = auth.authenticate(authorization) {
+        if let Err(e) = admit(auth, access, authorization) {
             let e = ApiError::from(e);
             return Err(unary_error(e.code.spec().status, &e.code, &e.detail));
         }
@@ -349,17 +353,74 @@ pub async fn precheck(
                 )
             }
         })?;
-    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-        None | Some(b'{') => Ok(axum::extract::Request::from_parts(
-            parts,
-            axum::body::Body::from(bytes),
-        )),
-        Some(_) => Err(unary_error(
-            http::StatusCode::BAD_REQUEST,
-            &ErrorCode::InvalidArgument,
-            "the request body must be a JSON object ({...})",
-        )),
+    // The checks read the JSON as sent; a compressed body is read
+    // uncompressed (within the same limit), and passed on as it came.
+    let encoding = parts
+        .headers
+        .get(http::header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase());
+    let plain = match encoding.as_deref() {
+        None | Some("identity") => bytes.clone(),
+        Some("gzip") => {
+            use std::io::Read as _;
+            let mut out = Vec::new();
+            let read = flate2::read::GzDecoder::new(&bytes[..])
+                .take(max_body_bytes as u64 + 1)
+                .read_to_end(&mut out);
+            match read {
+                Ok(n) if n <= max_body_bytes => out.into(),
+                Ok(_) => {
+                    return Err(unary_error(
+                        http::StatusCode::PAYLOAD_TOO_LARGE,
+                        &ErrorCode::PayloadTooLarge,
+                        &format!(
+                            "the request body is larger uncompressed than this appliance accepts ({max_body_bytes} bytes, http.max_body_bytes)"
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    return Err(unary_error(
+                        http::StatusCode::BAD_REQUEST,
+                        &ErrorCode::InvalidArgument,
+                        &format!("the request body is not valid gzip: {e}"),
+                    ));
+                }
+            }
+        }
+        // Connect answers an encoding it does not speak itself.
+        Some(_) => return Ok(axum::extract::Request::from_parts(parts, bytes.into())),
+    };
+    let refuse = |e: ApiError| {
+        use axum::response::IntoResponse;
+        let e = ConnectError::from(e);
+        (
+            e.http_status(),
+            [(http::header::CONTENT_TYPE, "application/json")],
+            e.to_json(),
+        )
+            .into_response()
+    };
+    match plain.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => {}
+        Some(b'{') => {
+            let value: serde_json::Value = serde_json::from_slice(&plain).map_err(|e| {
+                refuse(ApiError::new(
+                    ErrorCode::MalformedJson,
+                    format!("the request body is not valid JSON: {e}"),
+                ))
+            })?;
+            shape::check(method.input, &value).map_err(|e| refuse(e.into()))?;
+        }
+        Some(_) => {
+            return Err(unary_error(
+                http::StatusCode::BAD_REQUEST,
+                &ErrorCode::InvalidArgument,
+                "the request body must be a JSON object ({...})",
+            ));
+        }
     }
+    Ok(axum::extract::Request::from_parts(parts, bytes.into()))
 }
 
 /// A Connect unary error: JSON `code` and `message` with an HTTP status.
@@ -417,13 +478,24 @@ impl AuthInterceptor {
         let header = ctx
             .header(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let principal = self.auth.authenticate(header).map_err(super::error::rpc)?;
-        if let Access::Scope(scope) = access {
-            principal.require(scope).map_err(super::error::rpc)?;
-        }
+        let principal = admit(&self.auth, access, header).map_err(super::error::rpc)?;
         ctx.extensions_mut().insert(principal);
         Ok(())
     }
+}
+
+/// The caller of a method, if its token is valid and holds what the
+/// method requires.
+fn admit(
+    auth: &Auth,
+    access: Access,
+    authorization: Option<&str>,
+) -> Result<Principal, crate::auth::AuthError> {
+    let principal = auth.authenticate(authorization)?;
+    if let Access::Scope(scope) = access {
+        principal.require(scope)?;
+    }
+    Ok(principal)
 }
 
 #[connectrpc::async_trait]
