@@ -402,6 +402,11 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         certificate_fingerprint: material.fingerprint.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         started_at: clock.now(),
+        config_file: config
+            .source
+            .file
+            .as_ref()
+            .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
     })?;
     tracing::info!(
         %url,

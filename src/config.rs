@@ -1003,11 +1003,18 @@ impl Config {
             1,
             300,
         )?;
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+        // Every directive names its level: a bare word that is not one
+        // (`loud`) would read as a target to trace, and silence the rest.
+        const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+        let leveled = self.log.level.split(',').all(|d| {
+            let level = d.rsplit('=').next().unwrap_or_default().trim();
+            LEVELS.iter().any(|l| l.eq_ignore_ascii_case(level))
+        });
+        if !leveled || tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return Err(ConfigError::new(
                 "log.level",
                 format!(
-                    "{:?} is not a log filter (try \"info\" or \"agentbay=debug,info\")",
+                    "{:?} is not a log filter: each of its comma-separated parts is a level (trace, debug, info, warn, error, off) or target=level (try \"info\" or \"agentbay=debug,info\")",
                     self.log.level
                 ),
                 "",

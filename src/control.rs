@@ -796,6 +796,27 @@ pub async fn reload(config: &Config) -> anyhow::Result<()> {
             config.data_dir.display()
         );
     };
+    // A reload reads the file the appliance started with; another one
+    // given here would be ignored in silence.
+    if let Some(given) = &config.source.file {
+        let same = |f: &std::path::Path| {
+            let canon = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+            canon(f).is_some() && canon(f) == canon(given)
+        };
+        if !info.config_file.as_deref().is_some_and(same) {
+            bail!(
+                "the appliance at {} reads {}, not {}: a reload reads the file it started with; \
+                 to use another file, restart it with --config {}",
+                info.url,
+                info.config_file
+                    .as_ref()
+                    .map(|f| f.display().to_string())
+                    .unwrap_or_else(|| "no configuration file (the built-in defaults)".into()),
+                given.display(),
+                given.display()
+            );
+        }
+    }
     let r = client
         .reload_configuration(pb::ReloadConfigurationRequest::default())
         .await

@@ -94,18 +94,48 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     };
     let mut document: serde_json::Value = serde_json::from_slice(bytes).map_err(syntax)?;
     integral_numbers(&mut document);
-    serde_path_to_error::deserialize(document).map_err(|e| {
-        let path = e.path().to_string();
-        let reason = strip_position(&e.into_inner().to_string());
-        if path == "." {
-            ApiError::new(
-                ErrorCode::InvalidArgument,
-                format!("the request body is wrong: {reason}"),
-            )
-        } else {
-            ApiError::invalid(path, reason)
+    // A key the body's type does not read, at any depth, is a mistake (a
+    // misspelt `retention.payloadDay` would otherwise clear the setting it
+    // meant), refused by name like a wrong value.
+    let mut ignored: Option<String> = None;
+    let mut track = serde_path_to_error::Track::new();
+    let read = serde_ignored::deserialize(
+        serde_path_to_error::Deserializer::new(document, &mut track),
+        |path| {
+            ignored.get_or_insert_with(|| path.to_string());
+        },
+    );
+    match read {
+        Err(e) => {
+            let mut path = track.path().to_string();
+            let mut reason = strip_position(&e.to_string());
+            // serde says a missing field at the object that misses it.
+            if let Some(name) = reason
+                .strip_prefix("missing field `")
+                .and_then(|r| r.strip_suffix('`'))
+            {
+                path = if path == "." {
+                    name.to_string()
+                } else {
+                    format!("{path}.{name}")
+                };
+                reason = "is required".into();
+            }
+            Err(if path == "." {
+                ApiError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("the request body is wrong: {reason}"),
+                )
+            } else {
+                ApiError::invalid(path, reason)
+            })
         }
-    })
+        Ok(_) if ignored.is_some() => Err(ApiError::invalid(
+            ignored.unwrap_or_default(),
+            "is not a field here (misspelt, or of another version of the API?)",
+        )),
+        Ok(value) => Ok(value),
+    }
 }
 
 /// JSON has one number type: `2.0` is the integer 2 (as JSON Schema says),
@@ -173,6 +203,20 @@ mod tests {
         let e = parse::<Body>(br#"{"tenantId": "a", "limits": {"maxMinutes": 1}} trailing"#)
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::MalformedJson);
+    }
+
+    #[test]
+    fn a_misspelt_nested_field_and_a_missing_one_are_named() {
+        // `Limits` does not deny unknown fields itself: the parser does.
+        let e = parse::<Body>(br#"{"tenantId": "a", "limits": {"maxMinutes": 1, "maxMinute": 2}}"#)
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        assert_eq!(e.field.as_deref(), Some("limits.maxMinute"));
+        let e = parse::<Body>(br#"{"tenantId": "a"}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("limits"));
+        let e = parse::<Body>(br#"{"tenantId": "a", "limits": {}}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("limits.maxMinutes"));
+        assert!(e.detail.contains("required"), "{}", e.detail);
     }
 
     #[test]

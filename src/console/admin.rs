@@ -43,6 +43,7 @@ pub async fn releases(console: Console, raw: RawQuery) -> Result<Response, PageE
                             ("inFlightPolicy".into(), "drain".into()),
                         ],
                         danger: false,
+                        ask: None,
                     });
                 }
                 actions.push(Action {
@@ -53,6 +54,7 @@ pub async fn releases(console: Console, raw: RawQuery) -> Result<Response, PageE
                         ("inFlightPolicy".into(), "interrupt".into()),
                     ],
                     danger: true,
+                    ask: None,
                 });
             }
             vec![
@@ -365,6 +367,7 @@ fn users_table(console: &Console, q: &ListQuery) -> Result<Table, PageError> {
                     label: "Enable".into(),
                     fields: vec![],
                     danger: false,
+                    ask: None,
                 });
             }
             if manageable && u.disabled_at.is_none() {
@@ -373,12 +376,14 @@ fn users_table(console: &Console, q: &ListQuery) -> Result<Table, PageError> {
                     label: "Reset password".into(),
                     fields: vec![],
                     danger: false,
+                    ask: None,
                 });
                 actions.push(Action {
                     href: format!("/users/{}/disable", u.username),
                     label: "Disable".into(),
                     fields: vec![],
                     danger: true,
+                    ask: None,
                 });
             }
             vec![
@@ -631,6 +636,7 @@ fn clients_table(console: &Console) -> Result<Table, PageError> {
                     label: "Revoke".into(),
                     fields: vec![],
                     danger: true,
+                    ask: None,
                 }]
             } else {
                 vec![]
@@ -791,8 +797,9 @@ pub async fn keys(console: Console, raw: RawQuery) -> Result<Response, PageError
                 actions.push(Action {
                     href: format!("/keys/{}/revoke", k.key_id),
                     label: "Revoke".into(),
-                    fields: vec![("reason".into(), String::new())],
+                    fields: Vec::new(),
                     danger: true,
+                    ask: Some("why revoke it (required)"),
                 });
             }
             vec![
@@ -1062,6 +1069,7 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
                     label: "Run now".into(),
                     fields: vec![("worker".into(), w.name.into())],
                     danger: false,
+                    ask: None,
                 }]),
             ]
         })

@@ -132,6 +132,9 @@ pub struct Action {
     pub label: String,
     /// Hidden fields besides the CSRF token.
     pub fields: Vec<(String, String)>,
+    /// A reason the action needs, asked in a text field of the form (its
+    /// prompt), sent as `reason`.
+    pub ask: Option<&'static str>,
     /// Whether it destroys or stops something.
     pub danger: bool,
 }

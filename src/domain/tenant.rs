@@ -170,7 +170,13 @@ impl Tenant {
                 .retention
                 .or(existing.map(|t| t.retention))
                 .unwrap_or_default(),
-            display_name: display_name("displayName", spec.display_name, tenant_id.as_str())?,
+            // What a change does not name, it keeps.
+            display_name: display_name(
+                "displayName",
+                spec.display_name
+                    .or_else(|| existing.map(|t| t.display_name.clone())),
+                tenant_id.as_str(),
+            )?,
             tenant_id,
             edition: spec.edition,
             residency_regions: regions,
@@ -206,7 +212,11 @@ impl Project {
         now: DateTime<Utc>,
     ) -> Result<(Project, NewEvent), DomainError> {
         let project = Project {
-            display_name: display_name("displayName", display, project_id.as_str())?,
+            display_name: display_name(
+                "displayName",
+                display.or_else(|| existing.map(|p| p.display_name.clone())),
+                project_id.as_str(),
+            )?,
             tenant_id,
             project_id,
             created_at: existing.map_or(now, |p| p.created_at),

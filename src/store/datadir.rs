@@ -42,6 +42,10 @@ pub struct RuntimeInfo {
     pub version: String,
     /// Start time.
     pub started_at: DateTime<Utc>,
+    /// The configuration file it reads (and reads again at a reload), if
+    /// any.
+    #[serde(default)]
+    pub config_file: Option<PathBuf>,
 }
 
 /// An open, locked data directory.

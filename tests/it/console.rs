@@ -827,6 +827,16 @@ async fn forms_act_only_for_the_roles_that_may() {
     let (_, keys) = pla.get("/keys").await;
     assert!(keys.contains("DEMO ONLY"), "{keys}");
     let demo_key = "ed25519:a4a3b5ce12458db5";
+    // The page's revoke form asks for the reason the revocation needs.
+    let form = keys
+        .split("<form")
+        .find(|f| f.contains(&format!("/keys/{demo_key}/revoke")))
+        .expect("a revoke form");
+    assert!(
+        form.contains(r#"type="text" name="reason" required"#)
+            && !form.contains(r#"type="hidden" name="reason""#),
+        "{form}"
+    );
     let (ok, message) = pla
         .act(&format!("/keys/{demo_key}/revoke"), &[("reason", " ")])
         .await;

@@ -1484,6 +1484,27 @@ async fn client_mistakes_are_4xx_with_the_reason_never_5xx() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    // A lease for a run or attempt that is not the tenant's is refused as
+    // for an unknown id.
+    for ids in [
+        json!({"runId": "0190e5a0-0000-7000-8000-0000000000ff"}),
+        json!({"attemptId": "0190e5a0-0000-7000-8000-0000000000ff"}),
+    ] {
+        let mut body = json!({"tenantId": "acme", "projectId": "default", "holderKind": "attempt",
+            "holderId": "h1", "cpu": 0.1, "memoryGb": 0.1});
+        body.as_object_mut()
+            .unwrap()
+            .extend(ids.as_object().unwrap().clone());
+        let (code, status) = connect_call(
+            &http,
+            &a.url,
+            "agentbay.capacity.v1.Capacity/AcquireLease",
+            Some(&admin),
+            &body,
+        )
+        .await;
+        assert_eq!((code.as_str(), status), ("not_found", 404), "{body}");
+    }
     // A quota that is not a whole number of thousandths.
     let (s, p) = a
         .put(
