@@ -78,6 +78,58 @@ const RELEASE_ID: &str = "^[a-z0-9][a-z0-9.-]{0,127}$";
 /// route with a body 413 and 415 — each as `application/problem+json`; identifiers are typed
 /// as the handlers parse them (slugs, UUIDs, content hashes), other text
 /// parameters are not empty.
+/// The REST parser refuses a key a body's type does not read, at any depth
+/// (`api::json`): every object a request body can hold says so.
+fn close_request_bodies(doc: &mut Value) {
+    fn refs(schema: &Value, out: &mut Vec<String>) {
+        match schema {
+            Value::Object(m) => {
+                if let Some(name) = m
+                    .get("$ref")
+                    .and_then(Value::as_str)
+                    .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                {
+                    out.push(name.to_string());
+                }
+                m.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    fn close(schema: &mut Value) {
+        match schema {
+            Value::Object(m) => {
+                if m.contains_key("properties") && !m.contains_key("additionalProperties") {
+                    m.insert("additionalProperties".into(), Value::Bool(false));
+                }
+                m.values_mut().for_each(close);
+            }
+            Value::Array(items) => items.iter_mut().for_each(close),
+            _ => {}
+        }
+    }
+    let mut todo = Vec::new();
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for op in paths.values_mut().filter_map(Value::as_object_mut) {
+            for body in op.values_mut().filter_map(|o| o.get_mut("requestBody")) {
+                refs(body, &mut todo);
+                close(body);
+            }
+        }
+    }
+    let mut done = std::collections::BTreeSet::new();
+    while let Some(name) = todo.pop() {
+        if !done.insert(name.clone()) {
+            continue;
+        }
+        if let Some(schema) = doc["components"]["schemas"].get_mut(&name) {
+            refs(schema, &mut todo);
+            close(schema);
+        }
+    }
+}
+
 fn complete_rest(doc: &mut Value) {
     doc["components"]["schemas"]["Problem"] = json!({
         "type": "object",
@@ -243,6 +295,7 @@ pub fn document() -> &'static Value {
             }),
         );
         complete_rest(&mut doc);
+        close_request_bodies(&mut doc);
         let paths = doc["paths"].as_object_mut().expect("paths is an object");
         for m in RPC_METHODS {
             let access = match access_of(&m.path()) {
