@@ -64,6 +64,11 @@ enum Command {
     Init {
         #[command(flatten)]
         common: Common,
+        /// The address the appliance serves on, for the sign-in and token
+        /// lines it prints (as `serve --listen`). Environment:
+        /// AGENTBAY_LISTEN. Default: 127.0.0.1:8443.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
         /// Print the credential as JSON for scripts.
         #[arg(long)]
         json: bool,
@@ -561,8 +566,12 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             telemetry::flush_traces();
             result
         }
-        Command::Init { common, json } => {
-            let config = load(&common, None)?;
+        Command::Init {
+            common,
+            listen,
+            json,
+        } => {
+            let config = load(&common, listen)?;
             quiet_logging(&config);
             control::init(&config, json).await
         }

@@ -193,7 +193,7 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
             .map_err(StoreError::io(format!("reading {}", data_root.display())))?;
         if entries.next().is_some() {
             return Err(StoreError::Backup(format!(
-                "{} is not empty; restore only fills an empty data directory",
+                "the data directory {} (--data-dir) is not empty; restore only fills an empty or new one",
                 data_root.display()
             )));
         }

@@ -2441,6 +2441,9 @@ async fn an_external_adapter_resumes_a_re_run_from_the_handed_over_state() {
     let verdict = resumed.report(good_output()).await.unwrap();
     assert_eq!(verdict.state, "Succeeded");
     assert_eq!(site.run(&rerun.run_id).await.state, "Succeeded");
+    // The source run lists its re-runs.
+    let source = site.run(&rerun.rerun_of.as_option().unwrap().run_id).await;
+    assert_eq!(source.rerun_ids, vec![rerun.run_id.clone()]);
 
     // An uncertain call must be settled before a re-run; settled as
     // happened, it is a confirmed effect that is not issued again.

@@ -783,6 +783,30 @@ async fn every_route_and_method_refuses_the_anonymous_the_unentitled_and_other_t
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // A PlatformAdmin acts on a tenant's run by naming the tenant; another
+    // tenant naming it is refused.
+    for release in [false, true] {
+        let body =
+            json!({"runId": v.run, "tenantId": "demo", "reason": "case 2", "release": release});
+        let (code, status) = connect_call(
+            &http,
+            &a.url,
+            "agentbay.runs.v1.Runs/HoldRun",
+            Some(&admin),
+            &body,
+        )
+        .await;
+        assert_eq!((code.as_str(), status), ("ok", 200), "{body}");
+        let (code, _) = connect_call(
+            &http,
+            &a.url,
+            "agentbay.runs.v1.Runs/HoldRun",
+            Some(&globex),
+            &body,
+        )
+        .await;
+        assert_eq!(code, "permission_denied", "{body}");
+    }
     assert!(
         !a.log().contains("\"level\":\"ERROR\"") && !a.log().contains(" ERROR "),
         "no probe is an internal error:\n{}",

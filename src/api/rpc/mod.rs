@@ -24,7 +24,7 @@ use connectrpc::{
     RequestContext,
 };
 
-use super::error::{ApiError, ErrorCode};
+use super::error::{ApiError, ErrorCode, rpc};
 use crate::app::AppState;
 use crate::auth::{Auth, Principal};
 use crate::domain::access::Scope;
@@ -446,6 +446,18 @@ pub fn access_of(path: &str) -> Option<Access> {
         .iter()
         .find(|(p, _)| *p == path)
         .map(|(_, a)| *a)
+}
+
+/// The caller's tenant, or (PlatformAdmin) the one a request names.
+pub fn tenant_scope(
+    caller: &Principal,
+    tenant: &str,
+) -> Result<crate::store::TenantScope, ConnectError> {
+    if tenant.is_empty() {
+        return Ok(caller.tenant_scope());
+    }
+    let id = crate::domain::TenantId::parse_field("tenantId", tenant).map_err(rpc)?;
+    caller.scope_for(&id).map_err(rpc)
 }
 
 /// An optional time on the wire: RFC 3339, or empty.

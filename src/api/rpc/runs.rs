@@ -4,7 +4,7 @@
 use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
 use uuid::Uuid;
 
-use super::{principal, time};
+use super::{principal, tenant_scope, time};
 use crate::api::error::rpc;
 use crate::api::runtime::{parse_json, parse_state};
 use crate::app::AppState;
@@ -209,18 +209,6 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
     }
 }
 
-/// The caller's tenant, or (PlatformAdmin) the one asked for.
-fn tenant_scope(
-    caller: &crate::auth::Principal,
-    tenant: &str,
-) -> Result<TenantScope, connectrpc::ConnectError> {
-    if tenant.is_empty() {
-        return Ok(caller.tenant_scope());
-    }
-    let id = crate::domain::TenantId::parse_field("tenantId", tenant).map_err(rpc)?;
-    caller.scope_for(&id).map_err(rpc)
-}
-
 #[allow(refining_impl_trait)]
 impl pb::Runs for RunsService {
     async fn submit_run(
@@ -229,7 +217,7 @@ impl pb::Runs for RunsService {
         request: ServiceRequest<'_, pb::SubmitRunRequest>,
     ) -> ServiceResult<pb::SubmitRunResponse> {
         let caller = principal(&ctx)?;
-        let scope = caller.tenant_scope();
+        let scope = tenant_scope(&caller, request.tenant_id)?;
         let run_request = (|| -> Result<RunRequest, FieldError> {
             FieldError::require("releaseId", request.release_id, "")?;
             let limits = request.limits.as_option().map(|l| AttemptLimits {
@@ -276,8 +264,17 @@ impl pb::Runs for RunsService {
         let scope = tenant_scope(&caller, request.tenant_id)?;
         let id = required_uuid("runId", request.run_id).map_err(rpc)?;
         let run = self.state.runs.get(&scope, id).map_err(rpc)?;
+        let mut message = run_message(&self.state, &scope, &run);
+        message.rerun_ids = self
+            .state
+            .runs
+            .reruns(&scope, id)
+            .map_err(rpc)?
+            .iter()
+            .map(|r| r.run_id.to_string())
+            .collect();
         Response::ok(pb::GetRunResponse {
-            run: buffa::MessageField::some(run_message(&self.state, &scope, &run)),
+            run: buffa::MessageField::some(message),
             ..Default::default()
         })
     }
@@ -338,7 +335,7 @@ impl pb::Runs for RunsService {
         request: ServiceRequest<'_, pb::CancelRunRequest>,
     ) -> ServiceResult<pb::CancelRunResponse> {
         let caller = principal(&ctx)?;
-        let scope = caller.tenant_scope();
+        let scope = tenant_scope(&caller, request.tenant_id)?;
         let id = required_uuid("runId", request.run_id).map_err(rpc)?;
         let run = self
             .state
@@ -358,7 +355,7 @@ impl pb::Runs for RunsService {
         request: ServiceRequest<'_, pb::HoldRunRequest>,
     ) -> ServiceResult<pb::HoldRunResponse> {
         let caller = principal(&ctx)?;
-        let scope = caller.tenant_scope();
+        let scope = tenant_scope(&caller, request.tenant_id)?;
         let id = required_uuid("runId", request.run_id).map_err(rpc)?;
         let reason = (!request.release).then_some(request.reason);
         let run = self
@@ -379,7 +376,7 @@ impl pb::Runs for RunsService {
         request: ServiceRequest<'_, pb::DecideApprovalRequest>,
     ) -> ServiceResult<pb::DecideApprovalResponse> {
         let caller = principal(&ctx)?;
-        let scope = caller.tenant_scope();
+        let scope = tenant_scope(&caller, request.tenant_id)?;
         let decision = optional_uuid("decisionId", request.decision_id).map_err(rpc)?;
         let approval = optional_uuid("approvalId", request.approval_id).map_err(rpc)?;
         let id = match (decision, approval) {
@@ -454,7 +451,7 @@ impl pb::Runs for RunsService {
         request: ServiceRequest<'_, pb::SettleCallRequest>,
     ) -> ServiceResult<pb::SettleCallResponse> {
         let caller = principal(&ctx)?;
-        let scope = caller.tenant_scope();
+        let scope = tenant_scope(&caller, request.tenant_id)?;
         let (attempt_id, call_id, effect) = (|| -> Result<(Uuid, Uuid, Effect), FieldError> {
             let effect = match request.effect {
                 "happened" => Effect::Happened,

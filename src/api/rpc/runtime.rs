@@ -2,7 +2,7 @@
 
 use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult, ServiceStream};
 
-use super::principal;
+use super::{principal, tenant_scope};
 use crate::api::error::rpc;
 use crate::api::runtime::{attempt_events, parse_json};
 use crate::app::AppState;
@@ -70,7 +70,7 @@ impl pb::Runtime for RuntimeService {
         request: ServiceRequest<'_, pb::InterruptRequest>,
     ) -> ServiceResult<pb::InterruptResponse> {
         let caller = principal(&ctx)?;
-        let scope = caller.tenant_scope();
+        let scope = tenant_scope(&caller, request.tenant_id)?;
         let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
         let attempt = self
             .state
@@ -99,7 +99,7 @@ impl pb::Runtime for RuntimeService {
         request: ServiceRequest<'_, pb::AnswerDecisionRequest>,
     ) -> ServiceResult<pb::AnswerDecisionResponse> {
         let caller = principal(&ctx)?;
-        let scope = caller.tenant_scope();
+        let scope = tenant_scope(&caller, request.tenant_id)?;
         let attempt_id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
         let decision_id = required_uuid("decisionId", request.decision_id).map_err(rpc)?;
         let answer = match request.answer_json {
@@ -134,7 +134,7 @@ impl pb::Runtime for RuntimeService {
         request: ServiceRequest<'_, pb::WatchAttemptRequest>,
     ) -> ServiceResult<ServiceStream<pb::AttemptUpdate>> {
         let caller = principal(&ctx)?;
-        let scope = caller.tenant_scope();
+        let scope = tenant_scope(&caller, request.tenant_id)?;
         let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
         let events =
             attempt_events(&self.state, &scope, id, request.after_sequence).map_err(rpc)?;
