@@ -192,6 +192,16 @@ impl ApiError {
         } else if self.code == ErrorCode::Unavailable {
             tracing::warn!(detail = %self.detail, "request refused: unavailable");
         }
+        // A refusal quotes what it refuses; a 40 KB id is not echoed whole.
+        const MAX_DETAIL: usize = 1000;
+        if self.detail.len() > MAX_DETAIL {
+            let mut end = MAX_DETAIL;
+            while !self.detail.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.detail.truncate(end);
+            self.detail.push_str(" … (cut)");
+        }
         self
     }
 

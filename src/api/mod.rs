@@ -141,7 +141,8 @@ pub fn router(state: AppState) -> Router {
                 }
             }
         });
-    api.layer(DefaultBodyLimit::max(state.config.http.max_body_bytes))
+    api.layer(middleware::map_response(problem_for_plain_rejections))
+        .layer(DefaultBodyLimit::max(state.config.http.max_body_bytes))
         .layer(middleware::map_request(conn::drain_unread_bodies))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(header_layer(
@@ -156,6 +157,33 @@ pub fn router(state: AppState) -> Router {
         // reset password) unless it says otherwise, as static assets do.
         .layer(header_layer(header::CACHE_CONTROL, "no-store"))
         .with_state(state)
+}
+
+/// The framework's own refusals (a path segment that is not UTF-8, a body
+/// over the limit before a handler reads it) answer in plain text: they
+/// answer problem+json, as every other refusal does.
+async fn problem_for_plain_rejections(response: Response) -> Response {
+    let plain = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/plain"));
+    let status = response.status();
+    if !plain || !status.is_client_error() {
+        return response;
+    }
+    let text = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let code = match status.as_u16() {
+        404 => ErrorCode::NotFound,
+        405 => ErrorCode::MethodNotAllowed,
+        413 => ErrorCode::PayloadTooLarge,
+        415 => ErrorCode::UnsupportedMediaType,
+        422 => ErrorCode::Unprocessable,
+        _ => ErrorCode::InvalidArgument,
+    };
+    ApiError::new(code, String::from_utf8_lossy(&text).trim().to_string()).into_response()
 }
 
 fn header_layer(name: HeaderName, value: &'static str) -> SetResponseHeaderLayer<HeaderValue> {

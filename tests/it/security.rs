@@ -1508,6 +1508,29 @@ async fn client_mistakes_are_4xx_with_the_reason_never_5xx() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    // The framework's own refusals are problem documents too, and a
+    // refusal does not echo a huge value whole.
+    let r = http
+        .get(format!("{}/runtime/attempts/%ff%fe", a.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.headers()["content-type"].to_str().unwrap(),
+        "application/problem+json"
+    );
+    let long = "x".repeat(40_000);
+    let r = http
+        .get(format!("{}/runtime/attempts/{long}", a.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_client_error());
+    let text = r.text().await.unwrap();
+    assert!(text.len() < 4_000, "{} bytes", text.len());
     // A lease for a run or attempt that is not the tenant's is refused as
     // for an unknown id.
     for ids in [
