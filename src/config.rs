@@ -221,6 +221,9 @@ pub struct HttpConfig {
     pub drain_seconds: u64,
     /// Concurrent connections accepted; one over the limit is closed at once.
     pub max_connections: usize,
+    /// Concurrent connections from one remote address (this host's own,
+    /// loopback, is exempt), so that one source cannot take every slot.
+    pub max_connections_per_address: usize,
     /// Time a client has to finish the TLS handshake and send a complete
     /// request head, counted from its first byte, in seconds.
     pub header_read_timeout_seconds: u64,
@@ -240,6 +243,7 @@ impl Default for HttpConfig {
             max_body_bytes: 1024 * 1024,
             drain_seconds: 20,
             max_connections: 1024,
+            max_connections_per_address: 256,
             header_read_timeout_seconds: 10,
             idle_timeout_seconds: 30,
             body_read_timeout_seconds: 120,
@@ -887,6 +891,12 @@ impl Config {
             "http.max_connections",
             self.http.max_connections as u64,
             8,
+            1_000_000,
+        )?;
+        range(
+            "http.max_connections_per_address",
+            self.http.max_connections_per_address as u64,
+            1,
             1_000_000,
         )?;
         range(

@@ -17,8 +17,10 @@
 //! timers. The watcher sees requests through a service wrapper that shares
 //! the connection's state, and sees bytes by wrapping the TCP stream.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,6 +41,8 @@ use crate::config::HttpConfig;
 pub struct Bounds {
     /// Concurrent connections accepted.
     pub max_connections: usize,
+    /// Concurrent connections from one remote (not loopback) address.
+    pub max_per_address: usize,
     /// Time to send a complete request head (and to finish the handshake).
     pub header_read: Duration,
     /// Time a connection may sit with no request in flight.
@@ -52,6 +56,7 @@ impl Bounds {
     pub fn from_config(http: &HttpConfig) -> Bounds {
         Bounds {
             max_connections: http.max_connections,
+            max_per_address: http.max_connections_per_address,
             header_read: Duration::from_secs(http.header_read_timeout_seconds),
             idle: Duration::from_secs(http.idle_timeout_seconds),
             body_read: Duration::from_secs(http.body_read_timeout_seconds),
@@ -67,6 +72,26 @@ pub struct BoundedAcceptor {
     epoch: Instant,
     /// Milliseconds since `epoch` of the last "limit reached" log line.
     last_refusal_log: Arc<AtomicU64>,
+    /// Open connections by remote address (loopback not counted).
+    by_address: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// A remote address's hold on one of its connections, given back on drop.
+struct AddressSlot {
+    address: IpAddr,
+    by_address: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.by_address.lock().expect("connections by address");
+        if let Some(n) = open.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.address);
+            }
+        }
+    }
 }
 
 impl BoundedAcceptor {
@@ -77,10 +102,30 @@ impl BoundedAcceptor {
             bounds: Arc::new(bounds),
             epoch: Instant::now(),
             last_refusal_log: Arc::new(AtomicU64::new(0)),
+            by_address: Arc::default(),
         }
     }
 
-    fn log_refusal(&self) {
+    /// A slot for one more connection from `peer`, unless it holds its
+    /// share already; loopback (this host) takes none.
+    fn address_slot(&self, peer: Option<IpAddr>) -> Result<Option<AddressSlot>, ()> {
+        let Some(address) = peer.map(|a| a.to_canonical()).filter(|a| !a.is_loopback()) else {
+            return Ok(None);
+        };
+        let mut open = self.by_address.lock().expect("connections by address");
+        let n = open.entry(address).or_insert(0);
+        if *n >= self.bounds.max_per_address {
+            return Err(());
+        }
+        *n += 1;
+        Ok(Some(AddressSlot {
+            address,
+            by_address: self.by_address.clone(),
+        }))
+    }
+
+    /// Logs a refused connection (at most every ten seconds) and counts it.
+    fn log_refusal(&self, key: &'static str, limit: usize) {
         const EVERY_MS: u64 = 10_000;
         let now = self.epoch.elapsed().as_millis() as u64 + EVERY_MS;
         let last = self.last_refusal_log.load(Ordering::Relaxed);
@@ -91,8 +136,8 @@ impl BoundedAcceptor {
                 .is_ok()
         {
             tracing::warn!(
-                max_connections = self.bounds.max_connections,
-                "the connection limit (http.max_connections) is reached; new connections are closed until others end"
+                limit,
+                "the connection limit ({key}) is reached; new connections are closed until others end"
             );
         }
         metrics::counter!(crate::telemetry::names::HTTP_CONNECTIONS_REFUSED).increment(1);
@@ -105,8 +150,17 @@ impl<S> axum_server::accept::Accept<TcpStream, S> for BoundedAcceptor {
     type Future = std::future::Ready<io::Result<(Watched, Tracked<S>)>>;
 
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        let Ok(address) = self.address_slot(stream.peer_addr().ok().map(|a| a.ip())) else {
+            self.log_refusal(
+                "http.max_connections_per_address",
+                self.bounds.max_per_address,
+            );
+            return std::future::ready(Err(io::Error::other(
+                "connection limit per address reached",
+            )));
+        };
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            self.log_refusal();
+            self.log_refusal("http.max_connections", self.bounds.max_connections);
             return std::future::ready(Err(io::Error::other("connection limit reached")));
         };
         // TCP_NODELAY: small RPC answers must not wait for Nagle's
@@ -121,6 +175,7 @@ impl<S> axum_server::accept::Accept<TcpStream, S> for BoundedAcceptor {
             bounds: self.bounds.clone(),
             timer: Box::pin(tokio::time::sleep(self.bounds.header_read)),
             _permit: permit,
+            _address: address,
         };
         std::future::ready(Ok((
             watched,
@@ -216,6 +271,7 @@ pub struct Watched {
     bounds: Arc<Bounds>,
     timer: Pin<Box<Sleep>>,
     _permit: OwnedSemaphorePermit,
+    _address: Option<AddressSlot>,
 }
 
 impl AsyncRead for Watched {
@@ -504,5 +560,42 @@ impl Drop for Drained {
             })
             .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_remote_address_holds_its_share_and_loopback_none() {
+        let mut bounds = Bounds::from_config(&HttpConfig::default());
+        bounds.max_per_address = 2;
+        let acceptor = BoundedAcceptor::new(bounds);
+        let remote: IpAddr = "192.0.2.7".parse().unwrap();
+        let other: IpAddr = "192.0.2.8".parse().unwrap();
+        let first = acceptor.address_slot(Some(remote)).unwrap();
+        let second = acceptor.address_slot(Some(remote)).unwrap();
+        assert!(first.is_some() && second.is_some());
+        assert!(
+            acceptor.address_slot(Some(remote)).is_err(),
+            "a third is refused"
+        );
+        assert!(acceptor.address_slot(Some(other)).unwrap().is_some());
+        // This host, also as an IPv4-mapped IPv6 address, is not counted.
+        for local in ["127.0.0.1", "::1", "::ffff:127.0.0.1"] {
+            for _ in 0..5 {
+                assert!(
+                    acceptor
+                        .address_slot(Some(local.parse().unwrap()))
+                        .unwrap()
+                        .is_none()
+                );
+            }
+        }
+        // A closed connection gives its slot back.
+        drop(first);
+        assert!(acceptor.address_slot(Some(remote)).unwrap().is_some());
+        drop(second);
     }
 }

@@ -547,8 +547,13 @@ fn quota_patch(fields: &Fields) -> Result<QuotaPatch, ApiError> {
             "no limit given: fill in at least one field",
         ));
     }
-    serde_json::from_value(Value::Object(patch))
-        .map_err(|e| ApiError::invalid("quota", e.to_string()))
+    serde_path_to_error::deserialize(Value::Object(patch)).map_err(|e| {
+        let field = e.path().to_string();
+        ApiError::invalid(
+            if field == "." { "quota".into() } else { field },
+            e.into_inner().to_string(),
+        )
+    })
 }
 
 /// `POST /quotas`: SetQuota. A WorkspaceAdmin tightens its projects'
