@@ -78,25 +78,28 @@ const RELEASE_ID: &str = "^[a-z0-9][a-z0-9.-]{0,127}$";
 /// route with a body 413 and 415 — each as `application/problem+json`; identifiers are typed
 /// as the handlers parse them (slugs, UUIDs, content hashes), other text
 /// parameters are not empty.
+/// The names of the component schemas `schema` refers to, at any depth,
+/// appended to `out`.
+pub fn refs(schema: &Value, out: &mut Vec<String>) {
+    match schema {
+        Value::Object(m) => {
+            if let Some(name) = m
+                .get("$ref")
+                .and_then(Value::as_str)
+                .and_then(|r| r.strip_prefix("#/components/schemas/"))
+            {
+                out.push(name.to_string());
+            }
+            m.values().for_each(|v| refs(v, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+        _ => {}
+    }
+}
+
 /// The REST parser refuses a key a body's type does not read, at any depth
 /// (`api::json`): every object a request body can hold says so.
 fn close_request_bodies(doc: &mut Value) {
-    fn refs(schema: &Value, out: &mut Vec<String>) {
-        match schema {
-            Value::Object(m) => {
-                if let Some(name) = m
-                    .get("$ref")
-                    .and_then(Value::as_str)
-                    .and_then(|r| r.strip_prefix("#/components/schemas/"))
-                {
-                    out.push(name.to_string());
-                }
-                m.values().for_each(|v| refs(v, out));
-            }
-            Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
-            _ => {}
-        }
-    }
     fn close(schema: &mut Value) {
         match schema {
             Value::Object(m) => {

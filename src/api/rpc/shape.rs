@@ -65,9 +65,23 @@ fn validator(message: &str) -> Option<Arc<jsonschema::Validator>> {
     if let Some(v) = cache.lock().get(message) {
         return v.clone();
     }
+    // Only the schemas the message reaches: a compiled copy of the whole
+    // document per message would cost megabytes.
+    let schemas = self::schemas();
+    let mut reached = Map::new();
+    let mut todo = vec![message.to_string()];
+    while let Some(name) = todo.pop() {
+        if reached.contains_key(&name) {
+            continue;
+        }
+        if let Some(schema) = schemas.get(&name) {
+            crate::api::openapi::refs(schema, &mut todo);
+            reached.insert(name, schema.clone());
+        }
+    }
     let schema = json!({
         "$ref": reference(message),
-        "components": crate::api::openapi::document()["components"],
+        "components": { "schemas": reached },
     });
     let compiled = match jsonschema::validator_for(&schema) {
         Ok(v) => Some(Arc::new(v)),
