@@ -52,8 +52,13 @@ pub struct EventsQuery {
 }
 
 impl EventsQuery {
-    /// Parses the query string; `topic` may repeat, unknown keys are refused.
-    pub fn parse(raw: Option<&str>) -> Result<EventsQuery, ApiError> {
+    /// Parses the query string of `route`, which takes the parameters
+    /// `allowed`; `topic` may repeat, any other key is refused.
+    pub fn parse(
+        raw: Option<&str>,
+        route: &str,
+        allowed: &[&str],
+    ) -> Result<EventsQuery, ApiError> {
         let pairs: Vec<(String, String)> =
             serde_urlencoded::from_str(raw.unwrap_or("")).map_err(|e| {
                 ApiError::new(
@@ -63,6 +68,12 @@ impl EventsQuery {
             })?;
         let mut query = EventsQuery::default();
         for (key, value) in pairs {
+            if !allowed.contains(&key.as_str()) {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("is not a parameter of {route} ({})", allowed.join(", ")),
+                ));
+            }
             match key.as_str() {
                 "after" => {
                     query.after = Some(value.parse().map_err(|_| {
@@ -85,7 +96,7 @@ impl EventsQuery {
                 other => {
                     return Err(ApiError::invalid(
                         other,
-                        "is not a parameter of /events (after, topic, tenant, until)",
+                        format!("is not a parameter of {route}"),
                     ));
                 }
             }
@@ -251,20 +262,7 @@ pub async fn head(
 ) -> Result<axum::Json<EventsHead>, ApiError> {
     // The same parameters and the same tenant rule as the stream itself:
     // the head is where a reader of that stream would catch up to.
-    let query = EventsQuery::parse(raw.as_deref())?;
-    if let Some(key) = [
-        ("after", query.after.is_some()),
-        ("topic", !query.topic.is_empty()),
-        ("until", query.until.is_some()),
-    ]
-    .iter()
-    .find_map(|(k, present)| present.then_some(*k))
-    {
-        return Err(ApiError::invalid(
-            key,
-            "is not a parameter of /events/head (tenant)",
-        ));
-    }
+    let query = EventsQuery::parse(raw.as_deref(), "/events/head", &["tenant"])?;
     filter_for(&auth.principal, query.tenant.as_deref(), Vec::new())?;
     Ok(axum::Json(EventsHead {
         sequence: state.store.events_head(),
@@ -301,7 +299,11 @@ pub async fn sse(
     ),
     ApiError,
 > {
-    let query = EventsQuery::parse(raw.as_deref())?;
+    let query = EventsQuery::parse(
+        raw.as_deref(),
+        "/events",
+        &["after", "topic", "tenant", "until"],
+    )?;
     let filter = filter_for(&auth.principal, query.tenant.as_deref(), query.topic)?;
     let last_event_id = headers
         .get("last-event-id")

@@ -1508,6 +1508,22 @@ async fn client_mistakes_are_4xx_with_the_reason_never_5xx() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    // A query key a route does not take is named with the route's own.
+    for (path, route) in [
+        ("/events/head?x=1", "/events/head (tenant)"),
+        ("/events/head?after=1", "/events/head (tenant)"),
+        ("/events?x=1", "/events (after, topic, tenant, until)"),
+    ] {
+        let r = http
+            .get(format!("{}{path}", a.url))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        let p: Value = r.json().await.unwrap();
+        assert!(p["detail"].as_str().unwrap().contains(route), "{path}: {p}");
+    }
     // The framework's own refusals are problem documents too, and a
     // refusal does not echo a huge value whole.
     let r = http
