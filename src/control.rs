@@ -671,7 +671,7 @@ pub async fn tenant_put(
     retention: Option<crate::domain::retention::RetentionOverride>,
 ) -> anyhow::Result<()> {
     let target = Target::of(config)?;
-    let (id, edition, regions) = match &target {
+    let (id, name, edition, regions, kept) = match &target {
         Target::Running { client, .. } => {
             let t = client
                 .put_tenant(pb::PutTenantRequest {
@@ -687,7 +687,14 @@ pub async fn tenant_put(
                 .map_err(connect_error)?
                 .into_owned();
             let t = t.tenant.as_option().cloned().unwrap_or_default();
-            (t.tenant_id, t.edition, t.residency_regions)
+            let kept = (t.payload_retention_days, t.history_retention_days);
+            (
+                t.tenant_id,
+                t.display_name,
+                t.edition,
+                t.residency_regions,
+                kept,
+            )
         }
         Target::Offline(local) => {
             let capacity = offline_capacity(config, local).await?;
@@ -702,7 +709,14 @@ pub async fn tenant_put(
                     },
                 )
                 .await?;
-            (t.tenant_id.to_string(), t.edition, t.residency_regions)
+            let kept = (t.retention.payload_days, t.retention.history_days);
+            (
+                t.tenant_id.to_string(),
+                t.display_name,
+                t.edition,
+                t.residency_regions,
+                kept,
+            )
         }
     };
     let regions = if regions.is_empty() {
@@ -710,8 +724,11 @@ pub async fn tenant_put(
     } else {
         regions.join(", ")
     };
+    let days = |d: Option<u32>| d.map_or("the default".to_string(), |d| format!("{d} days"));
     println!(
-        "tenant {id}: edition {edition}, regions {regions} ({})",
+        "tenant {id} ({name}): edition {edition}, regions {regions}; payloads kept {}, history kept {} ({})",
+        days(kept.0),
+        days(kept.1),
         target.describe()
     );
     close(target)

@@ -461,9 +461,38 @@ async fn the_cli_signs_verifies_and_imports_online_and_offline() {
     let data = root.join("data");
     let admin = crate::common::init(&data);
     let out = run(agentbay()
-        .args(["tenant", "put", "demo", "--edition", "team", "--data-dir"])
+        .args([
+            "tenant",
+            "put",
+            "demo",
+            "--edition",
+            "team",
+            "--name",
+            "Demo Co",
+            "--data-dir",
+        ])
         .arg(&data));
     assert!(out.status.success());
+    // A change keeps the name it does not give, and says what is kept.
+    let out = run(agentbay()
+        .args([
+            "tenant",
+            "put",
+            "demo",
+            "--edition",
+            "team",
+            "--payload-days",
+            "7",
+            "--data-dir",
+        ])
+        .arg(&data));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && said.contains("(Demo Co)")
+            && said.contains("payloads kept 7 days, history kept the default"),
+        "{said}"
+    );
 
     // Offline import.
     let out = run(agentbay()
