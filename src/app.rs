@@ -173,7 +173,7 @@ pub fn print_bootstrap(bootstrap: &Bootstrap, config: &Config, url: Option<&str>
     );
     println!();
     println!(
-        "Every start in a terminal shows these again until the credential gets a token or admin signs in;"
+        "Every start shows these again (on standard output, never in the log) until the credential gets a token or admin signs in;"
     );
     println!(
         "then never again (a lost password: agentbay user reset-password --tenant platform admin)."
@@ -470,25 +470,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let running = start(config.clone(), clocks).await?;
     if let Some(bootstrap) = &running.bootstrap {
-        // The secrets are printed only to a terminal, at their first start
-        // as at every later one until used: the output of a service is a
-        // log (the journal), and a log holds no secret. `agentbay init`
-        // (offline) shows them on demand.
-        use std::io::IsTerminal;
-        if std::io::stdout().is_terminal() {
-            print_bootstrap(bootstrap, &config, Some(&running.url));
-        } else {
-            let made = if bootstrap.first_time {
-                "were made and are not shown here: this output is not a terminal, and may be a log"
-            } else {
-                "made earlier are not used yet"
-            };
-            println!(
-                "The bootstrap PlatformAdmin credential and admin password {made}; \
-                 with the appliance stopped, `agentbay init` run as the data directory's owner shows them \
-                 (or, at any time, `agentbay user reset-password --tenant platform admin` sets a new admin password)."
-            );
-        }
+        // Until used, every start prints them, on standard output only:
+        // the log (standard error, the journal) never holds a secret, and
+        // the packaged service sends standard output nowhere.
+        print_bootstrap(bootstrap, &config, Some(&running.url));
     }
     println!(
         "agentbay {} serving {}",

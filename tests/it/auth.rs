@@ -439,29 +439,15 @@ async fn bootstrap_secrets_survive_a_failed_start_and_show_until_first_use() {
     );
     drop(taken);
 
-    // The first start that serves makes them; its output is not a
-    // terminal here, so it may be a log: it says where they are, not what.
+    // The first start that serves prints them, on standard output; the log
+    // (standard error) holds none of them.
     let nobody = Credential {
         id: String::new(),
         secret: String::new(),
     };
     let mut a = Appliance::serve_with(tmp.path(), &data, nobody, &[], &[]);
-    assert!(printed_secrets(tmp.path()).is_empty(), "no secret in a log");
-    assert!(
-        std::fs::read_to_string(tmp.path().join("serve.out"))
-            .unwrap()
-            .contains("were made and are not shown here"),
-    );
-    a.terminate().await;
-    let shown = run(agentbay().args(["init", "--json", "--data-dir"]).arg(&data));
-    assert!(shown.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
-    let first = [(
-        v["client_id"].as_str().unwrap().to_string(),
-        v["client_secret"].as_str().unwrap().to_string(),
-        v["console_password"].as_str().unwrap().to_string(),
-    )];
-    a.restart();
+    let first = printed_secrets(tmp.path());
+    assert_eq!(first.len(), 1, "printed once");
     let sealed = data.join("bootstrap.sealed");
     {
         use std::os::unix::fs::PermissionsExt;
@@ -475,20 +461,11 @@ async fn bootstrap_secrets_survive_a_failed_start_and_show_until_first_use() {
         );
     }
 
-    // Unused: the next start says so (its output is not a terminal here,
-    // so it may be a log: no secret in it), and `agentbay init` shows the
-    // same secrets again.
+    // Unused: the next start prints the same secrets again, and `agentbay
+    // init` shows them too.
     a.terminate().await;
     a.restart();
-    assert!(
-        printed_secrets(tmp.path()).is_empty(),
-        "no secret in a service's output"
-    );
-    assert!(
-        std::fs::read_to_string(tmp.path().join("serve.out"))
-            .unwrap()
-            .contains("not used yet")
-    );
+    assert_eq!(printed_secrets(tmp.path()), vec![first[0].clone(); 2]);
     a.terminate().await;
     let shown = run(agentbay().args(["init", "--json", "--data-dir"]).arg(&data));
     assert!(shown.status.success());
@@ -497,6 +474,11 @@ async fn bootstrap_secrets_survive_a_failed_start_and_show_until_first_use() {
     assert_eq!(v["client_secret"], first[0].1.as_str());
     assert_eq!(v["console_password"], first[0].2.as_str());
     a.restart();
+    assert_eq!(printed_secrets(tmp.path()).len(), 3);
+    let log = a.log();
+    for secret in [&first[0].1, &first[0].2] {
+        assert!(!log.contains(secret.as_str()), "a secret in the log");
+    }
 
     // The first token deletes the copy; no later start prints them.
     let credential = Credential {
@@ -507,9 +489,11 @@ async fn bootstrap_secrets_survive_a_failed_start_and_show_until_first_use() {
     assert!(!sealed.exists(), "the first use deletes the sealed copy");
     a.terminate().await;
     a.restart();
-    assert!(printed_secrets(tmp.path()).is_empty());
-    let out = std::fs::read_to_string(tmp.path().join("serve.out")).unwrap();
-    assert_eq!(out.matches("not used yet").count(), 3, "{out}");
+    assert_eq!(
+        printed_secrets(tmp.path()).len(),
+        3,
+        "not printed once used"
+    );
     // The credential itself still works.
     a.token(&credential).await;
 }
