@@ -112,22 +112,10 @@ impl pb::Capacity for CapacityService {
         // tenant's own, or the lease is refused as for any unknown id.
         let scope = crate::store::TenantScope::new(tenant.clone());
         if let Some(id) = lease_request.run_id {
-            let run: Option<crate::domain::run::Run> =
-                self.state.store.get(&scope, &id.to_string()).map_err(rpc)?;
-            if run.is_none() {
-                return Err(rpc(ApiError::from(crate::domain::DomainError::not_found(
-                    "run", id,
-                ))));
-            }
+            self.state.runs.get(&scope, id).map_err(rpc)?;
         }
         if let Some(id) = lease_request.attempt_id {
-            let attempt: Option<crate::domain::attempt::ExecutionAttempt> =
-                self.state.store.get(&scope, &id.to_string()).map_err(rpc)?;
-            if attempt.is_none() {
-                return Err(rpc(ApiError::from(crate::domain::DomainError::not_found(
-                    "attempt", id,
-                ))));
-            }
+            self.state.runtime.attempt(&scope, id).map_err(rpc)?;
         }
         let acquire = AcquireRequest {
             request: lease_request,

@@ -109,32 +109,36 @@ fn resolve<'a>(schemas: &'a Map<String, Value>, schema: &'a Value) -> (&'a Value
     }
 }
 
-/// The schema of an object (a message, or a map) that `schema` allows,
-/// looking through references and alternatives.
+/// The first schema `pick` takes among `schema` and its alternatives,
+/// looking through references.
+fn find<'a, T>(
+    schemas: &'a Map<String, Value>,
+    schema: &'a Value,
+    pick: &impl Fn(&'a Value, Option<&'a str>) -> Option<T>,
+) -> Option<T> {
+    let (s, name) = resolve(schemas, schema);
+    pick(s, name).or_else(|| {
+        s.get("anyOf")?
+            .as_array()?
+            .iter()
+            .find_map(|branch| find(schemas, branch, pick))
+    })
+}
+
+/// The schema of an object (a message, or a map) that `schema` allows.
 fn object_schema<'a>(
     schemas: &'a Map<String, Value>,
     schema: &'a Value,
 ) -> Option<(&'a Value, Option<&'a str>)> {
-    let (s, name) = resolve(schemas, schema);
-    if s.get("properties").is_some() || s.get("additionalProperties").is_some() {
-        return Some((s, name));
-    }
-    s.get("anyOf")?
-        .as_array()?
-        .iter()
-        .find_map(|branch| object_schema(schemas, branch))
+    find(schemas, schema, &|s: &'a Value, name| {
+        (s.get("properties").is_some() || s.get("additionalProperties").is_some())
+            .then_some((s, name))
+    })
 }
 
 /// The schema of a list's items that `schema` allows.
 fn items_schema<'a>(schemas: &'a Map<String, Value>, schema: &'a Value) -> Option<&'a Value> {
-    let (s, _) = resolve(schemas, schema);
-    if let Some(items) = s.get("items") {
-        return Some(items);
-    }
-    s.get("anyOf")?
-        .as_array()?
-        .iter()
-        .find_map(|branch| items_schema(schemas, branch))
+    find(schemas, schema, &|s: &'a Value, _| s.get("items"))
 }
 
 /// A field's JSON name from its proto name (`tenant_id` -> `tenantId`).

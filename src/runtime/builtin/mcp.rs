@@ -211,10 +211,9 @@ impl McpServers {
         config: &RuntimeConfig,
     ) -> Result<ToolOutput, ToolError> {
         let program = command.first().cloned().unwrap_or_default();
-        if dedicated {
-            let server = self.start(command, bounds, endpoints, config).await?;
-            let out = timed(
-                &server,
+        let call = |server| {
+            timed(
+                server,
                 &program,
                 "mcp-stdio",
                 tool,
@@ -222,7 +221,10 @@ impl McpServers {
                 fence,
                 timeout,
             )
-            .await;
+        };
+        if dedicated {
+            let server = self.start(command, bounds, endpoints, config).await?;
+            let out = call(&server).await;
             let _ = server.client.cancel().await;
             return out;
         }
@@ -231,17 +233,7 @@ impl McpServers {
             let server = self.start(command, bounds, endpoints, config).await?;
             servers.insert(command.to_vec(), server);
         }
-        let server = servers.get(command).expect("started above");
-        let out = timed(
-            server,
-            &program,
-            "mcp-stdio",
-            tool,
-            arguments,
-            fence,
-            timeout,
-        )
-        .await;
+        let out = call(servers.get(command).expect("started above")).await;
         if out.as_ref().is_err_and(|e| e.timed_out) {
             // Its process tree is gone: the next call starts it again.
             if let Some(s) = servers.remove(command) {
