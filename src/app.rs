@@ -245,15 +245,24 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         .await
         .context("loading pools, quotas and leases")?
     };
+    // `runtime.*` is live: one value that the reloader sets and that the
+    // runtime and the site's rules read.
+    let runtime_config = crate::config::Live::new(config.runtime.clone());
     let releases = Arc::new(
-        Releases::open(store.clone(), clock.clone(), &config.releases)
-            .await
-            .context("loading trusted publisher keys")?,
+        Releases::open(
+            store.clone(),
+            clock.clone(),
+            &config.releases,
+            crate::config::SiteRules::new(&config, runtime_config.clone()),
+        )
+        .await
+        .context("loading trusted publisher keys")?,
     );
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let reloader = Arc::new(crate::reload::Reloader::new(
         &config,
+        runtime_config,
         auth_config.clone(),
         releases.clone(),
         capacity.clone(),
@@ -269,7 +278,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         #[cfg(unix)]
         Arc::new(crate::runtime::confine::Confiner::detect(
             config.data_dir.join("work"),
-            config.protected_paths(),
+            releases.site().protected().to_vec(),
         )),
     )
     .await

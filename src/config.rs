@@ -620,6 +620,36 @@ pub struct RuntimeConfig {
     /// Seconds a tool call may take unless its release says otherwise;
     /// then its process tree is killed and the call settles by its class.
     pub tool_timeout_seconds: u64,
+    /// Directories whose contents a release may ask its tools to read
+    /// (its tools' `readPaths`); nothing at, above or below a protected
+    /// path (the data dir, the configuration, TLS, backups) is ever
+    /// granted, whatever this says.
+    pub tool_read_allow: Vec<PathBuf>,
+    /// Network targets every tenant's releases may name: exact
+    /// `host:port` entries, or URL prefixes (`https://host/path/`). Site
+    /// endpoints, `mcp-http` servers and model endpoints that a release
+    /// names must match; loopback, link-local and the appliance's own
+    /// listeners only by an exact `host:port` entry. The site's own model
+    /// profiles are not bound by it.
+    pub network_allow: Vec<crate::domain::reach::Allowed>,
+    /// More targets, for one tenant's releases each.
+    pub network_allow_by_tenant:
+        std::collections::BTreeMap<String, Vec<crate::domain::reach::Allowed>>,
+}
+
+impl RuntimeConfig {
+    /// The allowlist that applies to `tenant`'s releases.
+    pub fn network_allow_for(&self, tenant: &str) -> Vec<crate::domain::reach::Allowed> {
+        let mut out = self.network_allow.clone();
+        out.extend(
+            self.network_allow_by_tenant
+                .get(tenant)
+                .into_iter()
+                .flatten()
+                .cloned(),
+        );
+        out
+    }
 }
 
 /// How tool processes are bound (`runtime.confinement`).
@@ -689,6 +719,48 @@ impl Default for RuntimeConfig {
             tool_workdir_mb: 1024,
             tool_user: "nobody".to_string(),
             tool_timeout_seconds: 300,
+            tool_read_allow: Vec::new(),
+            network_allow: Vec::new(),
+            network_allow_by_tenant: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+/// What the site lets a release reach, as it stands now: the protected
+/// paths and the appliance's listeners, fixed at start, and the live
+/// `runtime.*` lists (`tool_read_allow`, `network_allow`,
+/// `network_allow_by_tenant`). Verification at import and every call at
+/// run time ask it, so a reload applies to both.
+#[derive(Clone)]
+pub struct SiteRules {
+    protected: Arc<Vec<PathBuf>>,
+    own: Arc<Vec<SocketAddr>>,
+    runtime: Live<RuntimeConfig>,
+}
+
+impl SiteRules {
+    /// The rules of `config`, with its live runtime keys.
+    pub fn new(config: &Config, runtime: Live<RuntimeConfig>) -> SiteRules {
+        SiteRules {
+            protected: Arc::new(config.protected_paths()),
+            own: Arc::new(vec![config.listen]),
+            runtime,
+        }
+    }
+
+    /// The paths no tool may be granted (nor above or below them).
+    pub fn protected(&self) -> &[PathBuf] {
+        &self.protected
+    }
+
+    /// The rules for `tenant`'s releases now.
+    pub fn reach(&self, tenant: &str) -> crate::domain::reach::SiteReach {
+        let runtime = self.runtime.get();
+        crate::domain::reach::SiteReach {
+            protected: self.protected.to_vec(),
+            read_allow: runtime.tool_read_allow.clone(),
+            allow: runtime.network_allow_for(tenant),
+            own: self.own.to_vec(),
         }
     }
 }
@@ -738,10 +810,28 @@ impl Config {
     /// What no tool process may read: the data dir (the store, the
     /// generated keys), the configuration file and the TLS files.
     pub fn protected_paths(&self) -> Vec<PathBuf> {
-        let abs = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        let abs = |p: &PathBuf| {
+            let p = if p.is_absolute() {
+                p.clone()
+            } else {
+                std::env::current_dir().unwrap_or_default().join(p)
+            };
+            std::fs::canonicalize(&p).unwrap_or(p)
+        };
+        // The data dir holds the store, the artifacts, the generated keys,
+        // the run files and the work root.
         let mut out = vec![abs(&self.data_dir)];
-        out.extend(self.source.file.iter().map(abs));
+        if let Some(file) = &self.source.file {
+            let file = abs(file);
+            // The configuration's directory holds what it names (keys,
+            // password files) as often as not.
+            out.extend(file.parent().map(Path::to_path_buf));
+            out.push(file);
+        }
         out.extend(self.tls.cert.iter().chain(self.tls.key.iter()).map(abs));
+        out.extend(self.backup.dir.iter().map(abs));
+        out.sort();
+        out.dedup();
         out
     }
 }
@@ -832,6 +922,13 @@ impl Config {
 
     /// Checks ranges and combinations that types cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(p) = self.runtime.tool_read_allow.iter().find(|p| !p.is_absolute()) {
+            return Err(ConfigError::new(
+                "runtime.tool_read_allow",
+                format!("{} is not an absolute path", p.display()),
+                "",
+            ));
+        }
         let range = |key: &str, value: u64, min: u64, max: u64| {
             if value < min || value > max {
                 Err(ConfigError::new(

@@ -787,6 +787,7 @@ async fn offline_releases(
         local.store.clone(),
         SystemClock::shared(),
         &config.releases,
+        crate::config::SiteRules::new(config, crate::config::Live::new(config.runtime.clone())),
     )
     .await?)
 }
@@ -1333,8 +1334,12 @@ pub fn release_verify(
         }
     };
     println!("  ok  bundle: {} files", read.files.len());
-    let report =
-        crate::releases::verify::verify(&read, &crate::releases::signing::Trust::of(trusted));
+    let site = crate::config::SiteRules::new(config, crate::config::Live::new(config.runtime.clone()));
+    let report = crate::releases::verify::verify(
+        &read,
+        &crate::releases::signing::Trust::of(trusted),
+        &|t| site.reach(t),
+    );
     for line in &report.passed {
         println!("  ok  {line}");
     }
@@ -1392,6 +1397,10 @@ pub async fn release_import(config: &Config, path: &Path) -> anyhow::Result<()> 
             local.store.clone(),
             SystemClock::shared(),
             &config.releases,
+            crate::config::SiteRules::new(
+                config,
+                crate::config::Live::new(config.runtime.clone()),
+            ),
         )
         .await?;
         let report = releases.check(&bundle);

@@ -80,13 +80,14 @@ impl Reloader {
     /// The reloader of a configuration in force since now.
     pub fn new(
         config: &Config,
+        runtime: Live<RuntimeConfig>,
         auth: Live<AuthConfig>,
         releases: Arc<Releases>,
         capacity: Arc<crate::capacity::Capacity>,
         clock: SharedClock,
     ) -> Reloader {
         Reloader {
-            runtime: Live::new(config.runtime.clone()),
+            runtime,
             retention: Live::new(config.retention.clone()),
             auth,
             loaded: Mutex::new((clock.now(), 0)),

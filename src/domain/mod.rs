@@ -14,6 +14,7 @@ pub mod error;
 pub mod events;
 pub mod ids;
 pub mod model_profile;
+pub mod reach;
 pub mod release;
 pub mod rerun;
 pub mod retention;

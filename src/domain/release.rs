@@ -339,6 +339,13 @@ pub struct ToolDescriptor {
     /// its own network.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub site_endpoints: Vec<String>,
+    /// Paths its process reads beyond the system's directories and the
+    /// release's own files (a model's weights, the site's reference data):
+    /// absolute, granted only inside what the site allows
+    /// (`runtime.tool_read_allow`), never at, above or below a protected
+    /// path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_paths: Vec<String>,
 }
 
 impl ToolDescriptor {
@@ -472,6 +479,11 @@ pub struct Manifest {
     /// Budgets and retries.
     #[serde(default)]
     pub contract: Contract,
+    /// Files its tools use (scripts, data): each attempt's tools find them
+    /// read in the `release/` directory of their working directory, as
+    /// signed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_files: Vec<FileRef>,
 }
 
 impl Manifest {
@@ -499,6 +511,9 @@ impl Manifest {
         }
         for s in &self.skills {
             out.push(("skill", s.path.as_str(), s.sha256.as_str()));
+        }
+        for f in &self.tool_files {
+            out.push(("toolFile", f.path.as_str(), f.sha256.as_str()));
         }
         out
     }
@@ -561,6 +576,18 @@ impl Manifest {
                         "an mcp-stdio tool needs the command that starts its server",
                     ));
                 }
+                ToolTransport::McpStdio
+                    if t.site_endpoints.len() > crate::domain::reach::MAX_SITE_ENDPOINTS =>
+                {
+                    return Err(FieldError::new(
+                        field("siteEndpoints"),
+                        format!(
+                            "{} endpoints; a tool may name at most {}",
+                            t.site_endpoints.len(),
+                            crate::domain::reach::MAX_SITE_ENDPOINTS
+                        ),
+                    ));
+                }
                 ToolTransport::McpHttp => {
                     let url = t.url.as_deref().unwrap_or("");
                     if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -571,6 +598,24 @@ impl Manifest {
                     }
                 }
                 _ => {}
+            }
+        }
+        for (i, t) in self.tools.iter().enumerate() {
+            for (j, p) in t.read_paths.iter().enumerate() {
+                let path = std::path::Path::new(p);
+                if !path.is_absolute()
+                    || path.components().any(|c| {
+                        matches!(
+                            c,
+                            std::path::Component::ParentDir | std::path::Component::CurDir
+                        )
+                    })
+                {
+                    return Err(FieldError::new(
+                        format!("tools[{i}].readPaths[{j}]"),
+                        format!("{p:?} is not an absolute path without . or .."),
+                    ));
+                }
             }
         }
         for tool in self.policy.tools.keys() {

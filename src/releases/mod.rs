@@ -142,6 +142,8 @@ pub struct Releases {
     trust_demo_key: bool,
     /// Bundle size limits.
     pub limits: Limits,
+    /// What the site lets a release reach (checked at every verification).
+    site: crate::config::SiteRules,
     in_flight: RwLock<Arc<dyn InFlight>>,
 }
 
@@ -159,6 +161,7 @@ impl Releases {
         store: Store,
         clock: SharedClock,
         config: &ReleasesConfig,
+        site: crate::config::SiteRules,
     ) -> Result<Releases, ReleaseError> {
         let releases = Releases {
             trust: RwLock::new(Arc::new(Current {
@@ -173,6 +176,7 @@ impl Releases {
                 max_file_bytes: config.max_file_bytes,
                 max_files: config.max_files,
             },
+            site,
             in_flight: RwLock::new(Arc::new(NothingRuns)),
         };
         releases.seed(config).await?;
@@ -191,7 +195,12 @@ impl Releases {
 
     /// LoadRelease's checks, without storing anything.
     pub fn check(&self, bundle: &Bundle) -> Report {
-        verify(bundle, &self.current().trust)
+        verify(bundle, &self.current().trust, &|t| self.site.reach(t))
+    }
+
+    /// What the site lets a release reach.
+    pub fn site(&self) -> &crate::config::SiteRules {
+        &self.site
     }
 
     /// Stores the verdict on a checked bundle: a Verified release with its
@@ -446,7 +455,7 @@ impl Releases {
             bundle.files.insert(path.to_string(), bytes);
         }
         let current = self.current();
-        let report = verify(&bundle, &current.trust);
+        let report = verify(&bundle, &current.trust, &|t| self.site.reach(t));
         let now = self.clock.now();
         let mut updated = release.clone();
         updated.verified_at = now;
@@ -667,10 +676,13 @@ fn store_contents(
                     .map_or(path, |s| s.id.as_str());
                 format!("skill:{id}")
             }
+            "toolFile" => format!("file:{path}"),
             other => other.to_string(),
         };
         let media = if path.ends_with(".json") {
             "application/json"
+        } else if role.starts_with("file:") {
+            "application/octet-stream"
         } else {
             "text/markdown"
         };
@@ -762,7 +774,15 @@ mod tests {
     async fn retiring_applies_the_in_flight_policy_through_the_engine() {
         let dir = tempfile::tempdir().unwrap();
         let store = demo_store(dir.path()).await;
-        let releases = Releases::open(store, SystemClock::shared(), &ReleasesConfig::default())
+        let releases = Releases::open(
+            store,
+            SystemClock::shared(),
+            &ReleasesConfig::default(),
+            crate::config::SiteRules::new(
+                &crate::config::Config::default(),
+                crate::config::Live::new(Default::default()),
+            ),
+        )
             .await
             .unwrap();
         let recorder = Arc::new(Recorder::default());
@@ -818,7 +838,15 @@ mod tests {
     async fn a_re_verification_of_an_older_copy_never_undoes_a_revocation() {
         let dir = tempfile::tempdir().unwrap();
         let store = demo_store(dir.path()).await;
-        let releases = Releases::open(store, SystemClock::shared(), &ReleasesConfig::default())
+        let releases = Releases::open(
+            store,
+            SystemClock::shared(),
+            &ReleasesConfig::default(),
+            crate::config::SiteRules::new(
+                &crate::config::Config::default(),
+                crate::config::Live::new(Default::default()),
+            ),
+        )
             .await
             .unwrap();
         releases.set_in_flight(Arc::new(Recorder::default()));

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use super::bundle::{Bundle, MANIFEST, SIGNATURE};
 use super::signing::{SignatureFile, Trust, TrustedKey};
+use crate::domain::reach::SiteReach;
 use crate::domain::release::{Manifest, ModelKind, canonical_json, check_compatibility};
 use crate::store::artifacts::content_hash;
 
@@ -25,7 +26,7 @@ use crate::store::artifacts::content_hash;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejection {
     /// manifest | signature | untrusted | missing-file | extra-file | hash |
-    /// content | adapter
+    /// content | adapter | site
     pub category: &'static str,
     /// The reason, naming what failed.
     pub reason: String,
@@ -127,20 +128,27 @@ fn strip(message: &str) -> String {
 }
 
 /// Runs every check of LoadRelease on a bundle.
-pub fn verify(bundle: &Bundle, trusted: &Trust) -> Report {
+/// `site` gives the site's rules for a tenant's releases: what its tools
+/// may read and connect to.
+pub fn verify(bundle: &Bundle, trusted: &Trust, site: &dyn Fn(&str) -> SiteReach) -> Report {
     let mut report = Report {
         passed: Vec::new(),
         parsed: None,
         signer: None,
         rejection: None,
     };
-    if let Err(r) = run(bundle, trusted, &mut report) {
+    if let Err(r) = run(bundle, trusted, site, &mut report) {
         report.rejection = Some(r);
     }
     report
 }
 
-fn run(bundle: &Bundle, trust: &Trust, report: &mut Report) -> Result<(), Rejection> {
+fn run(
+    bundle: &Bundle,
+    trust: &Trust,
+    site: &dyn Fn(&str) -> SiteReach,
+    report: &mut Report,
+) -> Result<(), Rejection> {
     let manifest_bytes = bundle.manifest().map_err(|e| reject("manifest", e.0))?;
     let parsed = parse_manifest(manifest_bytes)?;
     report.passed.push(format!(
@@ -297,6 +305,13 @@ fn run(bundle: &Bundle, trust: &Trust, report: &mut Report) -> Result<(), Reject
         manifest.adapter.version,
         manifest.checkpoint_format
     ));
+    // What it may reach on this site.
+    if let Some(why) = site(manifest.tenant_id.as_str()).release_refusal(manifest) {
+        return Err(reject("site", why));
+    }
+    report
+        .passed
+        .push("site: every path and network target it names is allowed here".to_string());
     match untrusted {
         Some(why) => Err(reject(UNTRUSTED, why)),
         None => Ok(()),

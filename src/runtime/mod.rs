@@ -16,6 +16,7 @@ pub mod grain;
 #[cfg(windows)]
 pub mod jobobject;
 pub mod profiles;
+pub mod reach;
 pub mod release;
 pub mod workers;
 

@@ -14,9 +14,20 @@ use crate::releases::{demo_key, example, pack, upload};
 
 /// A builtin release: the triage example with `responses` as its scripted
 /// model, and `edit` applied to its manifest.
-fn release(root: &Path, id: &str, responses: Value, edit: impl FnOnce(&mut Value)) -> PathBuf {
+fn release(
+    root: &Path,
+    id: &str,
+    responses: Value,
+    files: &[(&str, &[u8])],
+    edit: impl FnOnce(&mut Value),
+) -> PathBuf {
     let dir = root.join(id);
     crate::releases::copy_dir(&example(), &dir);
+    for (path, bytes) in files {
+        let target = dir.join(path);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::write(target, bytes).unwrap();
+    }
     std::fs::write(
         dir.join("model/responses.json"),
         serde_json::to_vec_pretty(&json!({ "responses": responses })).unwrap(),
@@ -78,9 +89,21 @@ impl Site {
     }
 
     pub(crate) async fn import(&self, id: &str, responses: Value, edit: impl FnOnce(&mut Value)) {
-        let dir = release(self.dir.path(), id, responses, edit);
-        let (status, body) = upload(&self.a, &self.token, pack(&dir, |_| {})).await;
+        let (status, body) = self.try_import(id, responses, &[], edit).await;
         assert_eq!(status, 201, "{body}");
+    }
+
+    /// Imports a release with extra files in its bundle (list them in the
+    /// manifest's `toolFiles`); the status and the answer.
+    pub(crate) async fn try_import(
+        &self,
+        id: &str,
+        responses: Value,
+        files: &[(&str, &[u8])],
+        edit: impl FnOnce(&mut Value),
+    ) -> (u16, Value) {
+        let dir = release(self.dir.path(), id, responses, files, edit);
+        upload(&self.a, &self.token, pack(&dir, |_| {})).await
     }
 
     fn runs(&self) -> rn::RunsClient<Transport> {
@@ -760,6 +783,23 @@ struct ModelServer {
     requests: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
 }
 
+impl ModelServer {
+    /// A site whose network allowlist names this server by its exact
+    /// `host:port` (it listens on loopback).
+    async fn site(&self) -> Site {
+        let host_port = self
+            .url
+            .trim_start_matches("http://")
+            .trim_end_matches("/v1")
+            .to_string();
+        Site::on(Appliance::start_with(
+            &[],
+            &[("AGENTBAY_RUNTIME__NETWORK_ALLOW", &host_port)],
+        ))
+        .await
+    }
+}
+
 async fn model_server(script: Vec<Reply>) -> ModelServer {
     use axum::extract::State;
     use axum::response::IntoResponse;
@@ -832,7 +872,6 @@ fn openai_profile(url: &str) -> impl FnOnce(&mut Value) + '_ {
 
 #[tokio::test]
 async fn an_openai_compatible_model_server_drives_the_loop_with_retries_and_corrections() {
-    let site = Site::start().await;
     let ok = json!({"severity": "low", "summary": "slow checkout", "paged": false}).to_string();
     let server = model_server(vec![
         Reply::Chat(completion(
@@ -844,6 +883,7 @@ async fn an_openai_compatible_model_server_drives_the_loop_with_retries_and_corr
         Reply::Chat(completion(Some(&ok), Value::Null)),
     ])
     .await;
+    let site = server.site().await;
     site.import("triage-llm", json!([]), openai_profile(&server.url))
         .await;
     let run_id = site.submit("triage-llm").await;
@@ -907,7 +947,6 @@ async fn an_openai_compatible_model_server_drives_the_loop_with_retries_and_corr
 
 #[tokio::test]
 async fn a_model_server_that_stays_slow_fails_the_attempt_as_transient_and_another_starts() {
-    let site = Site::start().await;
     let slow = completion(Some("{}"), Value::Null);
     let ok = json!({"severity": "low", "summary": "fine", "paged": false}).to_string();
     let server = model_server(vec![
@@ -917,6 +956,7 @@ async fn a_model_server_that_stays_slow_fails_the_attempt_as_transient_and_anoth
         Reply::Chat(completion(Some(&ok), Value::Null)),
     ])
     .await;
+    let site = server.site().await;
     site.import("triage-slow-llm", json!([]), openai_profile(&server.url))
         .await;
     let run_id = site.submit("triage-slow-llm").await;
@@ -943,6 +983,24 @@ fn mcp_server() -> Vec<String> {
     vec!["node".into(), index.display().to_string(), "stdio".into()]
 }
 
+/// Where the MCP test server's files are: its tools declare it in
+/// `readPaths`, and the site allows it (`runtime.tool_read_allow`).
+fn mcp_dir() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp")
+        .display()
+        .to_string()
+}
+
+/// A site whose tools may read the MCP test server's files.
+async fn mcp_site() -> Site {
+    Site::on(Appliance::start_with(
+        &[],
+        &[("AGENTBAY_RUNTIME__TOOL_READ_ALLOW", &mcp_dir())],
+    ))
+    .await
+}
+
 fn mcp_servers_running() -> usize {
     let out = std::process::Command::new("pgrep")
         .args(["-f", "server-everything/dist/index.js"])
@@ -953,18 +1011,19 @@ fn mcp_servers_running() -> usize {
 
 #[tokio::test]
 async fn mcp_tools_over_stdio_pass_the_policy_gate_and_stop_with_the_attempt() {
-    let site = Site::start().await;
+    let site = mcp_site().await;
+    let dir = mcp_dir();
     let server = mcp_server();
     let tools = move |m: &mut Value| {
         m["tools"] = json!([
             {"id": "mcp-echo", "name": "echo", "description": "Echoes", "sideEffectClass": "read",
-             "transport": "mcp-stdio", "command": server,
+             "transport": "mcp-stdio", "command": server, "readPaths": [dir],
              "inputSchema": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}},
             {"id": "mcp-sum", "name": "get-sum", "description": "Adds", "sideEffectClass": "external",
-             "transport": "mcp-stdio", "command": server,
+             "transport": "mcp-stdio", "command": server, "readPaths": [dir],
              "inputSchema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}},
             {"id": "mcp-long", "name": "trigger-long-running-operation", "description": "Works long",
-             "sideEffectClass": "shared-write", "transport": "mcp-stdio", "command": server,
+             "sideEffectClass": "shared-write", "transport": "mcp-stdio", "command": server, "readPaths": [dir],
              "inputSchema": {"type": "object", "properties": {"duration": {"type": "number"}, "steps": {"type": "number"}}}},
         ]);
         m["policy"]["tools"] = json!({"mcp-long": "allow", "mcp-sum": "deny"});
@@ -1111,7 +1170,6 @@ async fn the_model_delegates_to_a_child_run_and_limits_stop_the_loop() {
 
 #[tokio::test]
 async fn mcp_tools_over_streamable_http_on_the_site() {
-    let site = Site::start().await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -1132,6 +1190,12 @@ async fn mcp_tools_over_streamable_http_on_the_site() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let url = format!("http://127.0.0.1:{port}/mcp");
+    let listed = format!("127.0.0.1:{port}");
+    let site = Site::on(Appliance::start_with(
+        &[],
+        &[("AGENTBAY_RUNTIME__NETWORK_ALLOW", &listed)],
+    ))
+    .await;
     site.import(
         "triage-mcp-http",
         json!([
@@ -1307,7 +1371,6 @@ async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_aga
 
 #[tokio::test]
 async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
-    let site = Site::start().await;
     let answer = |s: &str| {
         Reply::Chat(completion(
             Some(&json!({"severity": s, "summary": "checked", "paged": false}).to_string()),
@@ -1318,6 +1381,9 @@ async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
     let release_default = model_server(vec![answer("low")]).await;
     let first = model_server(vec![answer("medium")]).await;
     let second = model_server(vec![answer("high")]).await;
+    // Only the release's own endpoint needs the site's allowance: the
+    // site's profiles are the site's.
+    let site = release_default.site().await;
     site.import(
         "triage-llm",
         json!([]),

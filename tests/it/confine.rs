@@ -8,16 +8,67 @@ use serde_json::{Value, json};
 use crate::builtin::{Site, answer};
 use crate::common::Appliance;
 
+/// Where the probe sits in its release's bundle (`toolFiles`).
+const PROBE_FILE: &str = "tools/probe_mcp.py";
+
 /// The probe MCP server's command line: the system's Python (a Python
-/// manager's shim would need its own directories).
+/// manager's shim would need its own directories) running the release's
+/// own copy of the probe, in its working directory's `release/`.
 fn probe() -> Vec<String> {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/probe_mcp.py");
     let python = if std::path::Path::new("/usr/bin/python3").exists() {
         "/usr/bin/python3"
     } else {
         "python3"
     };
-    vec![python.into(), script.display().to_string()]
+    vec![python.into(), format!("release/{PROBE_FILE}")]
+}
+
+/// Imports a release that carries the probe among its files.
+async fn import_probe(site: &Site, id: &str, responses: Value, edit: impl FnOnce(&mut Value)) {
+    let (status, body) = try_import_probe(site, id, responses, edit).await;
+    assert_eq!(status, 201, "{body}");
+}
+
+/// [`import_probe`], with the status and answer of the import.
+async fn try_import_probe(
+    site: &Site,
+    id: &str,
+    responses: Value,
+    edit: impl FnOnce(&mut Value),
+) -> (u16, Value) {
+    let script = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/probe_mcp.py"),
+    )
+    .unwrap();
+    site.try_import(id, responses, &[(PROBE_FILE, &script)], move |m| {
+        m["toolFiles"] = json!([{"path": PROBE_FILE, "sha256": format!("sha256:{}", "0".repeat(64))}]);
+        edit(m);
+    })
+    .await
+}
+
+/// The host's pid of a process that reported `pid` from the PID namespace
+/// `ns` (its own, where the host gives tools one), while it runs.
+fn host_pid(pid: i64, ns: &str) -> Option<i64> {
+    if std::fs::read_link("/proc/self/ns/pid").ok()?.to_str()? == ns {
+        return Some(pid);
+    }
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let host: i64 = e.file_name().to_str()?.parse().ok()?;
+        let link = std::fs::read_link(e.path().join("ns/pid")).ok()?;
+        if link.to_str()? != ns {
+            return None;
+        }
+        let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+        let inner: i64 = status
+            .lines()
+            .find(|l| l.starts_with("NSpid:"))?
+            .split_whitespace()
+            .last()?
+            .parse()
+            .ok()?;
+        (inner == pid).then_some(host)
+    })
 }
 
 /// A release whose tools are the probe's `tools` (id = tool name), all of
@@ -32,7 +83,8 @@ async fn probe_release(site: &Site, id: &str, tools: &[(&str, bool)], calls: Val
                    "inputSchema": {"type": "object"}})
         })
         .collect();
-    site.import(
+    import_probe(
+        &site,
         id,
         json!([{"content": "probe", "toolCalls": calls}, answer("low", false)]),
         move |m| m["tools"] = Value::Array(tools),
@@ -107,7 +159,8 @@ async fn one_tool(site: &Site, id: &str, tool: &str, descriptor: Value, argument
     for (k, v) in descriptor.as_object().unwrap() {
         t[k] = v.clone();
     }
-    site.import(
+    import_probe(
+        &site,
         id,
         json!([{"content": "probe", "toolCalls": [{"tool": tool, "arguments": arguments}]}, answer("low", false)]),
         move |m| {
@@ -226,7 +279,11 @@ async fn a_child_that_outlives_its_tool_is_gone_when_the_lease_ends() {
     .await;
     let call = the_call(&site, "probe-spawn", "Succeeded").await;
     assert_eq!(call["status"], "completed", "{call}");
-    let child = answered(&call)["child"].as_i64().unwrap();
+    let child = host_pid(
+        answered(&call)["child"].as_i64().unwrap(),
+        answered(&call)["pidns"].as_str().unwrap(),
+    )
+    .unwrap_or(-1);
     if confinement(&call)["mechanism"] == "rlimit" {
         // A process group cannot hold a child that starts its own
         // session: the weaker mechanism says what it is, and no more.
@@ -283,9 +340,15 @@ async fn a_busy_tool_under_half_a_cpu_gets_about_half_a_core() {
 
 #[tokio::test]
 async fn a_tool_without_egress_reaches_no_host_port_and_one_with_egress_does() {
-    let site = Site::start().await;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
+    // The site allows this one endpoint, by its exact host:port.
+    let listed = format!("127.0.0.1:{port}");
+    let site = Site::on(Appliance::start_with(
+        &[],
+        &[("AGENTBAY_RUNTIME__NETWORK_ALLOW", &listed)],
+    ))
+    .await;
     let target = json!({"host": "127.0.0.1", "port": port});
     one_tool(&site, "probe-closed", "connect", json!({}), target.clone()).await;
     let call = the_call(&site, "probe-closed", "Succeeded").await;
@@ -322,6 +385,19 @@ async fn a_tool_without_egress_reaches_no_host_port_and_one_with_egress_does() {
         .join()
         .unwrap()
         .expect("the endpoint saw the connection");
+
+    // An endpoint the site does not list, such as the appliance's own
+    // API, is a verdict at import that names it.
+    let own = site.a.url.trim_start_matches("https://").to_string();
+    let (status, body) = try_import_probe(&site, "probe-own-api", json!([answer("low", false)]), |m| {
+        m["tools"] = json!([{"id": "connect", "name": "connect", "description": "c",
+            "sideEffectClass": "read", "transport": "mcp-stdio", "command": probe(),
+            "siteEndpoints": [own], "inputSchema": {"type": "object"}}]);
+    })
+    .await;
+    assert_eq!(status, 422, "{body}");
+    let text = body.to_string();
+    assert!(text.contains(&format!("site endpoint {own} is not in the site's network allowlist")), "{text}");
 
     // An egress pool of the tenant's own; a tool that declares egress is
     // placed there and keeps the host's network.
@@ -473,7 +549,8 @@ async fn a_hung_tool_times_out_and_settles_by_its_class() {
 async fn tools_a_killed_appliance_left_running_end_at_its_next_start() {
     let mut site = Site::start().await;
     let server = probe();
-    site.import(
+    import_probe(
+        &site,
         "probe-orphan",
         json!([
             {"content": "fork", "toolCalls": [{"tool": "spawn", "arguments": {"seconds": 300}}]},
@@ -508,7 +585,11 @@ async fn tools_a_killed_appliance_left_running_end_at_its_next_start() {
         spawn["callId"].as_str().unwrap()
     );
     let call = site.a.get(&site.token, &path).await;
-    let child = answered(&call)["child"].as_i64().unwrap();
+    let child = host_pid(
+        answered(&call)["child"].as_i64().unwrap(),
+        answered(&call)["pidns"].as_str().unwrap(),
+    )
+    .unwrap_or(-1);
     let alive = |pid: i64| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| !s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
@@ -593,8 +674,11 @@ async fn a_tool_ends_with_its_sandbox_lease() {
         .join("hang.pid");
     let mut pid = None;
     for _ in 0..200 {
-        if let Ok(text) = std::fs::read_to_string(&pid_file) {
-            pid = text.trim().parse::<i64>().ok();
+        if let Ok(text) = std::fs::read_to_string(&pid_file)
+            && let Some((inner, ns)) = text.trim().split_once(' ')
+            && let Ok(inner) = inner.parse()
+        {
+            pid = host_pid(inner, ns);
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -671,7 +755,8 @@ async fn a_tool_ends_with_its_sandbox_lease() {
 async fn a_tools_server_stops_while_its_attempt_waits_for_a_human() {
     let site = Site::start().await;
     let server = probe();
-    site.import(
+    import_probe(
+        &site,
         "probe-wait",
         json!([
             {"content": "look", "toolCalls": [{"tool": "whoami", "arguments": {}}]},
@@ -704,7 +789,12 @@ async fn a_tools_server_stops_while_its_attempt_waits_for_a_human() {
         whoami["callId"].as_str().unwrap()
     );
     let call = site.a.get(&site.token, &path).await;
-    let pid = answered(&call)["pid"].as_i64().unwrap();
+    let pid = host_pid(
+        answered(&call)["pid"].as_i64().unwrap(),
+        answered(&call)["pidns"].as_str().unwrap(),
+    )
+    // None: it has stopped already (its namespace is gone with it).
+    .unwrap_or(-1);
     let gone = |pid: i64| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
@@ -748,5 +838,148 @@ async fn a_tools_server_stops_while_its_attempt_waits_for_a_human() {
     assert!(
         write.is_some(),
         "the approved call ran on a fresh server: {t}"
+    );
+}
+
+/// No grant comes from a tool's arguments, and nothing at, above or below
+/// a protected path (the data dir with its keys, tokens, store and work
+/// root; the backups) is readable, whatever the release names. What the
+/// site allows (`runtime.tool_read_allow`) is readable when declared.
+#[tokio::test]
+async fn a_tool_reads_no_protected_path_whatever_its_release_names() {
+    let outside = tempfile::tempdir().unwrap();
+    let shared = outside.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::write(shared.join("reference.txt"), "site data").unwrap();
+    let backups = outside.path().join("backups");
+    std::fs::create_dir_all(&backups).unwrap();
+    std::fs::write(backups.join("agentbay-old.backup"), "a backup").unwrap();
+    let site = Site::on(Appliance::start_with(
+        &[],
+        &[
+            ("AGENTBAY_RUNTIME__TOOL_READ_ALLOW", shared.to_str().unwrap()),
+            ("AGENTBAY_BACKUP__DIR", backups.to_str().unwrap()),
+        ],
+    ))
+    .await;
+    let data = site.a.data_dir.clone();
+    let mut secrets: Vec<String> = ["tls", "run"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(data.join(d)).unwrap().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(secrets.iter().any(|p| p.ends_with("ca.key")), "{secrets:?}");
+    secrets.push(data.join("store").join("db").display().to_string());
+    secrets.push(backups.join("agentbay-old.backup").display().to_string());
+    // Every argument names a protected path; none becomes a grant.
+    let mut command = probe();
+    command.extend(secrets.iter().cloned());
+    command.extend(
+        [data.join("work"), backups.clone(), data.join("tls")].map(|p| p.display().to_string()),
+    );
+    let reads: Vec<Value> = secrets
+        .iter()
+        .map(|p| json!({"tool": "read", "arguments": {"path": p}}))
+        .chain([json!({"tool": "read", "arguments": {"path": shared.join("reference.txt")}})])
+        .collect();
+    let tool = |command: Vec<String>, read_paths: Value| {
+        json!([{"id": "read", "name": "read", "description": "read", "sideEffectClass": "read",
+                "transport": "mcp-stdio", "command": command, "readPaths": read_paths,
+                "inputSchema": {"type": "object"}}])
+    };
+    let (c, r) = (command.clone(), reads.clone());
+    import_probe(
+        &site,
+        "probe-protected",
+        json!([{"content": "read", "toolCalls": r}, answer("low", false)]),
+        move |m| m["tools"] = tool(c, json!([])),
+    )
+    .await;
+    let calls = tool_calls(&site, "probe-protected").await;
+    assert_eq!(calls.len(), secrets.len() + 1);
+    if confinement(&calls[0])["files"]
+        .as_str()
+        .unwrap()
+        .starts_with("not restricted")
+    {
+        return; // No Landlock here, and the call says so.
+    }
+    for (call, path) in calls.iter().zip(secrets.iter().chain([&String::new()])) {
+        assert!(
+            answered(call)["read"].is_null(),
+            "the tool read {path}: {call}"
+        );
+    }
+    // Declared and allowed: readable.
+    let shared_path = shared.display().to_string();
+    let (c, r) = (command, reads);
+    import_probe(
+        &site,
+        "probe-allowed",
+        json!([{"content": "read", "toolCalls": r}, answer("low", false)]),
+        move |m| m["tools"] = tool(c, json!([shared_path])),
+    )
+    .await;
+    let calls = tool_calls(&site, "probe-allowed").await;
+    let last = calls.last().unwrap();
+    assert_eq!(answered(last)["read"], 9, "{last}");
+    for call in &calls[..calls.len() - 1] {
+        assert!(answered(call)["read"].is_null(), "{call}");
+    }
+    // A release that declares a protected path is refused at import,
+    // the path named.
+    for declared in [data.join("tls"), data.clone(), backups.clone(), data.join("work")] {
+        let d = declared.display().to_string();
+        let (status, body) = try_import_probe(&site, "probe-declares", json!([]), move |m| {
+            m["tools"] = tool(probe(), json!([d]));
+        })
+        .await;
+        assert_eq!(status, 422, "{body}");
+        assert!(
+            body.to_string().contains("protected path"),
+            "{}: {body}",
+            declared.display()
+        );
+    }
+}
+
+/// A tool gets a PID namespace and /proc of its own where the host allows
+/// it: it sees no host process and cannot signal the appliance; its PATH is
+/// the fixed one.
+#[tokio::test]
+async fn a_tool_sees_no_host_process_and_has_the_fixed_path() {
+    let site = Site::start().await;
+    let appliance = site.a.child.as_ref().unwrap().id();
+    probe_release(
+        &site,
+        "probe-processes",
+        &[("whoami", false), ("processes", false)],
+        json!([{"tool": "whoami", "arguments": {}},
+               {"tool": "processes", "arguments": {"pid": appliance}}]),
+    )
+    .await;
+    let calls = tool_calls(&site, "probe-processes").await;
+    assert_eq!(answered(&calls[0])["path"], "/usr/local/bin:/usr/bin:/bin", "{}", calls[0]);
+    let processes = confinement(&calls[1])["processes"].as_str().unwrap().to_string();
+    if processes != "own-namespace" {
+        assert!(processes.contains("not isolated"), "{processes}");
+        return;
+    }
+    let seen = answered(&calls[1]);
+    let pids: Vec<i64> = seen["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_i64().unwrap())
+        .collect();
+    assert!(pids.len() <= 3, "the tool sees {pids:?}");
+    assert!(!pids.contains(&i64::from(appliance)), "{pids:?}");
+    assert!(
+        seen["signal_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("No such process")),
+        "{seen}"
     );
 }

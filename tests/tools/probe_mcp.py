@@ -20,7 +20,13 @@ TOOLS = {
     "read": "Reads the file at `path`",
     "write": "Writes `text` to the file at `path`",
     "hang": "Writes its pid to hang.pid in its working directory, then never answers",
+    "processes": "Lists the processes it sees and tries to signal `pid`",
 }
+
+
+def pidns():
+    """The PID namespace this process is in (the host's pid is found by it)."""
+    return os.readlink("/proc/self/ns/pid")
 
 
 def answer(result):
@@ -38,6 +44,8 @@ def call(name, args, meta):
             cgroups = f.read().splitlines()
         return answer({
             "pid": os.getpid(),
+            "pidns": pidns(),
+            "path": os.environ.get("PATH"),
             "cgroups": cgroups,
             "cwd": os.getcwd(),
             "interfaces": sorted(n for _, n in socket.if_nameindex()),
@@ -54,7 +62,7 @@ def call(name, args, meta):
             os.setsid()
             time.sleep(float(args.get("seconds", 300)))
             os._exit(0)
-        return answer({"child": pid})
+        return answer({"child": pid, "pidns": pidns()})
     if name == "spin":
         seconds = float(args.get("seconds", 3))
         start, cpu = time.monotonic(), time.process_time()
@@ -83,9 +91,17 @@ def call(name, args, meta):
             return answer({"written": False, "error": str(e)})
     if name == "hang":
         with open("hang.pid", "w") as f:  # in its working directory
-            f.write(str(os.getpid()))
+            f.write(f"{os.getpid()} {pidns()}")
         while True:
             time.sleep(60)
+    if name == "processes":
+        seen = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+        try:
+            os.kill(int(args["pid"]), 0)
+            signalled = None
+        except OSError as e:
+            signalled = str(e)
+        return answer({"pids": seen, "signal_error": signalled})
     raise ValueError(f"unknown tool {name}")
 
 

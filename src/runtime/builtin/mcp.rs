@@ -50,6 +50,17 @@ impl Bounds {
     }
 }
 
+/// What the site lets a stdio server's process reach beyond its lease:
+/// site endpoints (with the addresses the appliance connects to) and read
+/// paths, each already allowed.
+#[derive(Clone, Copy)]
+pub struct Reach<'a> {
+    /// `(host, port, addresses)`.
+    pub endpoints: &'a [(String, u16, Vec<std::net::SocketAddr>)],
+    /// Paths it may read.
+    pub read_paths: &'a [std::path::PathBuf],
+}
+
 /// A started server and the cage of its process tree.
 struct Server {
     client: RunningService<RoleClient, ()>,
@@ -126,7 +137,7 @@ impl McpServers {
         &self,
         command: &[String],
         bounds: Bounds,
-        endpoints: &[(String, u16)],
+        reach: &Reach<'_>,
         config: &RuntimeConfig,
     ) -> Result<Server, ToolError> {
         let Some(program) = command.first() else {
@@ -145,6 +156,8 @@ impl McpServers {
                 memory_gb: bounds.memory_gb,
                 egress: bounds.egress,
                 workdir: &workdir,
+                endpoints: reach.endpoints,
+                read_paths: reach.read_paths,
             };
             self.confiner.command(&request, config)?
         };
@@ -165,16 +178,13 @@ impl McpServers {
         let transport = TokioChildProcess::new(cmd)
             .map_err(|e| format!("MCP server {program} could not start: {e}"))?;
         #[cfg(unix)]
-        {
-            cage.started(transport.id());
-            cage.forward(endpoints)?;
-        }
+        cage.started(transport.id())?;
         #[cfg(windows)]
         if let Some(pid) = transport.id() {
             job.assign(pid)?;
         }
         #[cfg(not(unix))]
-        let _ = endpoints;
+        let _ = reach;
         let client = ().serve(transport).await.map_err(|e| ToolError {
             message: format!("MCP server {program} did not initialise: {e}"),
             #[cfg(unix)]
@@ -205,7 +215,7 @@ impl McpServers {
         arguments: &Value,
         fence: &CallFence,
         bounds: Bounds,
-        endpoints: &[(String, u16)],
+        reach: &Reach<'_>,
         dedicated: bool,
         timeout: Duration,
         config: &RuntimeConfig,
@@ -223,14 +233,14 @@ impl McpServers {
             )
         };
         if dedicated {
-            let server = self.start(command, bounds, endpoints, config).await?;
+            let server = self.start(command, bounds, reach, config).await?;
             let out = call(&server).await;
             let _ = server.client.cancel().await;
             return out;
         }
         let mut servers = self.servers.lock().await;
         if !servers.contains_key(command) {
-            let server = self.start(command, bounds, endpoints, config).await?;
+            let server = self.start(command, bounds, reach, config).await?;
             servers.insert(command.to_vec(), server);
         }
         let out = call(servers.get(command).expect("started above")).await;
@@ -273,6 +283,52 @@ impl McpServers {
         }
         let server = servers.get(&key).expect("connected above");
         timed(server, url, "mcp-http", tool, arguments, fence, timeout).await
+    }
+
+    /// Puts the release's own files in the attempt's working directory,
+    /// under `release/`, unless they are there already.
+    pub fn put_release_files(
+        &self,
+        files: Vec<(String, Vec<u8>)>,
+        config: &RuntimeConfig,
+    ) -> std::io::Result<()> {
+        #[cfg(unix)]
+        {
+            let dir = self.confiner.workdir(&self.attempt, config)?.join("release");
+            if dir.exists() {
+                return Ok(());
+            }
+            let partial = dir.with_extension("partial");
+            let _ = std::fs::remove_dir_all(&partial);
+            use std::os::unix::fs::PermissionsExt;
+            // Readable by the tool's account whatever the umask; its
+            // working directory is its own, and so is this copy.
+            let mode = |p: &std::path::Path, m: u32| {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(m))
+            };
+            std::fs::create_dir_all(&partial)?;
+            mode(&partial, 0o755)?;
+            for (path, bytes) in files {
+                // Paths were checked at import: relative, inside the bundle.
+                let target = partial.join(&path);
+                let mut made = partial.clone();
+                for part in std::path::Path::new(&path).parent().into_iter().flat_map(|p| p.iter()) {
+                    made.push(part);
+                    if !made.exists() {
+                        std::fs::create_dir(&made)?;
+                        mode(&made, 0o755)?;
+                    }
+                }
+                std::fs::write(&target, bytes)?;
+                mode(&target, 0o644)?;
+            }
+            std::fs::rename(&partial, &dir)
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = (files, config);
+            Ok(())
+        }
     }
 
     /// Stops every server, their process trees with them (the next call

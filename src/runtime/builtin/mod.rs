@@ -39,6 +39,7 @@ use super::{
 use crate::domain::attempt::{
     CallFence, CallKind, DecisionKind, DecisionStatus, FailureClass, Gate,
 };
+use crate::domain::reach::Target;
 use crate::domain::release::{ToolTransport, canonical_json};
 use crate::domain::{DomainError, TenantId};
 use crate::store::TenantScope;
@@ -354,18 +355,29 @@ impl<'a> Loop<'a> {
                 phase = "Calling",
             );
             let started = Instant::now();
+            // A model endpoint the release names is reached only where the
+            // site allows it; the site's own profiles are the site's.
+            let refused = match (&site_model, model) {
+                (None, Model::OpenAi { endpoint, .. }) => self.unreachable("model endpoint", endpoint).await,
+                _ => None,
+            };
             // The span covers the model call itself, not just its setup.
-            let answer = tracing::Instrument::instrument(
-                model.complete(
-                    self.http,
-                    &ctx.messages,
-                    &self.tools,
-                    state.turns,
-                    &self.fence(&begun, call_id),
-                ),
-                span.clone(),
-            )
-            .await;
+            let answer = match refused {
+                Some(why) => Err(ModelError::Fatal(why)),
+                None => {
+                    tracing::Instrument::instrument(
+                        model.complete(
+                            self.http,
+                            &ctx.messages,
+                            &self.tools,
+                            state.turns,
+                            &self.fence(&begun, call_id),
+                        ),
+                        span.clone(),
+                    )
+                    .await
+                }
+            };
             self.outside
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             match answer {
@@ -949,6 +961,31 @@ impl<'a> Loop<'a> {
                     Some(b) => b,
                     None => self.attempt_bounds(),
                 };
+                let site = self.site();
+                let mut endpoints = Vec::new();
+                for (host, port) in t.endpoints()? {
+                    let target = Target {
+                        host: host.to_ascii_lowercase(),
+                        port,
+                        url: None,
+                    };
+                    let addresses =
+                        crate::runtime::reach::resolve_allowed(&site, "site endpoint", &target)
+                            .await?;
+                    endpoints.push((host, port, addresses));
+                }
+                let mut read_paths = Vec::new();
+                for p in &t.read_paths {
+                    if let Some(why) = crate::domain::reach::read_path_refusal(
+                        p,
+                        &site.protected,
+                        &site.read_allow,
+                    ) {
+                        return Err(why.into());
+                    }
+                    read_paths.push(std::path::PathBuf::from(p));
+                }
+                self.release_files().await?;
                 self.mcp
                     .call_stdio(
                         &t.command,
@@ -956,7 +993,10 @@ impl<'a> Loop<'a> {
                         &call.arguments,
                         fence,
                         bounds,
-                        &t.endpoints()?,
+                        &mcp::Reach {
+                            endpoints: &endpoints,
+                            read_paths: &read_paths,
+                        },
                         sandbox.is_some(),
                         timeout,
                         &config,
@@ -965,6 +1005,9 @@ impl<'a> Loop<'a> {
             }
             ToolTransport::McpHttp => match &t.url {
                 Some(url) => {
+                    if let Some(why) = self.unreachable("MCP server", url).await {
+                        return Err(why.into());
+                    }
                     self.mcp
                         .call_http(url, &name, &call.arguments, fence, timeout)
                         .await
@@ -972,6 +1015,48 @@ impl<'a> Loop<'a> {
                 None => Err(format!("tool {} declares no url", t.id).into()),
             },
         }
+    }
+
+    /// The site's rules for this attempt's release, as they stand now.
+    fn site(&self) -> crate::domain::reach::SiteReach {
+        self.runtime
+            .shared
+            .releases
+            .site()
+            .reach(self.scope.tenant().as_str())
+    }
+
+    /// Why the release may not reach `url` here, if it may not.
+    async fn unreachable(&self, what: &str, url: &str) -> Option<String> {
+        let target = match Target::of_url(url) {
+            Ok(t) => t,
+            Err(why) => return Some(format!("{what} {why}")),
+        };
+        crate::runtime::reach::resolve_allowed(&self.site(), what, &target)
+            .await
+            .err()
+    }
+
+    /// Puts the release's own files (its `toolFiles`, as signed) in the
+    /// attempt's working directory under `release/`, once.
+    async fn release_files(&self) -> Result<(), tools::ToolError> {
+        let manifest = &self.info.manifest;
+        if manifest.tool_files.is_empty() {
+            return Ok(());
+        }
+        let mut files = Vec::new();
+        for f in &manifest.tool_files {
+            let bytes = self
+                .runtime
+                .shared
+                .releases
+                .artifact(self.scope, &self.info.release, &format!("file:{}", f.path))
+                .map_err(|e| format!("the release's file {} cannot be read: {e}", f.path))?;
+            files.push((f.path.clone(), bytes));
+        }
+        self.mcp
+            .put_release_files(files, &self.runtime.config())
+            .map_err(|e| format!("the release's files cannot be put in the working directory: {e}").into())
     }
 
     /// What the attempt's own capacity lease grants its tools' processes

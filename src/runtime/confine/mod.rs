@@ -10,14 +10,22 @@
 //!   limits (`RLIMIT_AS`, `RLIMIT_NPROC`) and a process group, only if
 //!   `runtime.when_unconfinable` allows the weaker mechanism.
 //! - Network: without internet egress in its lease, a network namespace of
-//!   its own with only loopback.
+//!   its own with only loopback (and the site endpoints the site allows,
+//!   forwarded by the appliance).
+//! - Processes: a PID namespace and a `/proc` of its own, where the host
+//!   allows (as root, or with unprivileged user namespaces): it sees and
+//!   signals no host process.
 //! - Files: with Landlock (where the kernel has it), read access to the
-//!   system's directories and the command's own, read and write to the
-//!   attempt's working directory, nothing else: never the data dir, the
-//!   configuration or the TLS files.
-//! - Environment: only `PATH`, `LANG`, and `HOME` and `TMPDIR` set to the
-//!   working directory; the appliance's own (which may hold secrets) is
-//!   not passed on.
+//!   system's directories, the directories of its program and of the
+//!   program's interpreter, and the paths its release declares that the
+//!   site allows; read and write to the attempt's working directory (where
+//!   the release's own files are, under `release/`). Nothing is granted at,
+//!   above or below a protected path (the data dir, the configuration, TLS,
+//!   backups), wherever the grant came from, and nothing ever comes from the
+//!   command's arguments.
+//! - Environment: only `PATH` ([`TOOL_PATH`]), `LANG`, and `HOME` and
+//!   `TMPDIR` set to the working directory; the appliance's own (which may
+//!   hold secrets) is not passed on.
 
 pub mod cgroup;
 mod sys;
@@ -48,12 +56,22 @@ pub struct Request<'a> {
     pub egress: bool,
     /// The attempt's working directory.
     pub workdir: &'a Path,
+    /// Site endpoints offered inside its network, each already allowed by
+    /// the site: the `(host, port)` it names, and where the appliance
+    /// connects for it.
+    pub endpoints: &'a [(String, u16, Vec<std::net::SocketAddr>)],
+    /// Paths its release declares that the site allows it to read.
+    pub read_paths: &'a [PathBuf],
 }
+
+/// The `PATH` every tool process gets.
+pub const TOOL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// What this host can enforce, found once at start.
 pub struct Confiner {
     cgroup: Result<Root, String>,
     network: Result<(), String>,
+    pid: Result<(), String>,
     landlock: Result<u32, String>,
     work_root: PathBuf,
     protected: Vec<PathBuf>,
@@ -78,6 +96,10 @@ pub struct Confinement {
     /// `loopback-only`, or `host` (with egress, or where the host cannot
     /// isolate: then why).
     pub network: String,
+    /// `own-namespace` (its own PID namespace and `/proc`), or why the
+    /// host's processes are visible to it.
+    #[serde(default)]
+    pub processes: String,
     /// `landlock` (the working directory, the system's and the command's
     /// directories), or why not.
     pub files: String,
@@ -102,6 +124,9 @@ pub struct Cage {
     ruleset: Mutex<Option<OwnedFd>>,
     /// The forwarders of its site endpoints, stopped with it.
     forwards: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The appliance's end of the socket the child sends its site
+    /// endpoints' listeners over, with the endpoints, until it started.
+    listeners: Mutex<Option<(OwnedFd, OwnedFd, Vec<(String, u16, Vec<std::net::SocketAddr>)>)>>,
 }
 
 /// What the System page and `/readyz` say this host enforces.
@@ -115,6 +140,9 @@ pub struct HostReport {
     pub cgroup_unavailable: Option<String>,
     /// Whether a tool without egress gets a network of its own, or why not.
     pub network: String,
+    /// Whether a tool gets a PID namespace of its own, or why not.
+    #[serde(default)]
+    pub processes: String,
     /// Whether files are restricted (Landlock and its ABI), or why not.
     pub files: String,
 }
@@ -141,19 +169,19 @@ const DEVICES: &[&str] = &[
 impl Confiner {
     /// Finds what this host can enforce: a cgroup subtree (v2 if the
     /// host is v2-only and delegates the controllers, else v1), network
-    /// namespaces, Landlock. `work_root` holds the attempts' working
-    /// directories; `protected` (the data dir, the configuration, the TLS
-    /// files) is never readable by a tool. Groups go under
-    /// `agentbay-tools/<instance>`, one subtree per appliance on the host
-    /// (named after its data dir): what a killed run of this appliance
-    /// left there is ended now.
+    /// and PID namespaces, Landlock. `work_root` holds the attempts'
+    /// working directories (inside the data dir); `protected` is never
+    /// readable by a tool. Groups go under `agentbay-tools/<instance>`,
+    /// one subtree per appliance on the host (named after its data dir):
+    /// what a killed run of this appliance left there is ended now.
     pub fn detect(work_root: PathBuf, protected: Vec<PathBuf>) -> Confiner {
+        // The appliance's memory and environment (which may hold secrets)
+        // are not readable through /proc by tools running as its user.
+        // First: the probes below must see the process as its tools will.
+        sys::not_dumpable();
         let instance = {
             use sha2::Digest;
-            let key = protected
-                .first()
-                .cloned()
-                .unwrap_or_else(|| work_root.clone());
+            let key = work_root.parent().unwrap_or(&work_root);
             let digest = sha2::Sha256::digest(key.as_os_str().as_encoded_bytes());
             digest[..6]
                 .iter()
@@ -168,11 +196,11 @@ impl Confiner {
             _ if !v1.is_empty() => cgroup::prepare_v1(&v1, v2.as_deref(), &own, &instance),
             _ => Err("no cgroup hierarchy is mounted".to_string()),
         };
-        let network = Self::probe_network();
+        let network = Self::probe(sys::Namespaces::for_this_process(true, false))
+            .map_err(|e| format!("a network namespace cannot be made here ({e}); needs root or unprivileged user namespaces"));
+        let pid = Self::probe(sys::Namespaces::for_this_process(false, true))
+            .map_err(|e| format!("a PID namespace with its own /proc cannot be made here ({e}); needs root or unprivileged user namespaces"));
         let landlock = Self::probe_landlock();
-        // The appliance's memory and environment (which may hold secrets)
-        // are not readable through /proc by tools running as its user.
-        sys::not_dumpable();
         if let Ok(root) = &cgroup {
             // A previous run that was killed left its tools running: they
             // end now, before anything new starts.
@@ -190,6 +218,7 @@ impl Confiner {
         let c = Confiner {
             cgroup,
             network,
+            pid,
             landlock,
             work_root,
             protected,
@@ -201,29 +230,32 @@ impl Confiner {
             mechanism = %host.mechanism,
             cgroup_unavailable = host.cgroup_unavailable.as_deref().unwrap_or("-"),
             network = %host.network,
+            processes = %host.processes,
             files = %host.files,
             "tool confinement"
         );
         c
     }
 
-    fn probe_network() -> Result<(), String> {
+    /// Whether a process can make `namespaces` for itself here.
+    fn probe(namespaces: sys::Namespaces) -> Result<(), String> {
         use std::os::unix::process::CommandExt;
         let steps = sys::Steps {
-            isolate_network: Some(sys::Isolation::for_this_process()),
+            namespaces: Some(namespaces),
             ..sys::Steps::default()
         };
         let mut cmd = std::process::Command::new("/bin/true");
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
         // SAFETY: Steps::apply makes only async-signal-safe calls.
         unsafe {
             cmd.pre_exec(move || steps.apply());
         }
         match cmd.status() {
             Ok(s) if s.success() => Ok(()),
-            Ok(s) => Err(format!("a network namespace test ended {s}")),
-            Err(e) => Err(format!(
-                "a network namespace cannot be made here ({e}); needs root or unprivileged user namespaces"
-            )),
+            Ok(s) => Err(format!("a test ended {s}")),
+            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -278,6 +310,10 @@ impl Confiner {
             cgroup_unavailable: self.cgroup.as_ref().err().cloned(),
             network: match &self.network {
                 Ok(()) => "a network namespace with only loopback for tools without egress".into(),
+                Err(e) => format!("not isolated: {e}"),
+            },
+            processes: match &self.pid {
+                Ok(()) => "a PID namespace and /proc of its own for every tool".into(),
                 Err(e) => format!("not isolated: {e}"),
             },
             files: match &self.landlock {
@@ -394,12 +430,13 @@ impl Confiner {
                 (None, "rlimit")
             }
         };
+        let mut namespaces = sys::Namespaces::for_this_process(false, false);
         let network = if req.egress {
             "host".to_string()
         } else {
             match &self.network {
                 Ok(()) => {
-                    steps.isolate_network = Some(sys::Isolation::for_this_process());
+                    namespaces.network = true;
                     "loopback-only".to_string()
                 }
                 Err(why) if refuse => {
@@ -410,9 +447,30 @@ impl Confiner {
                 Err(why) => format!("host (not isolated: {why})"),
             }
         };
+        let processes = match &self.pid {
+            Ok(()) => {
+                namespaces.pid = true;
+                namespaces.workdir = Path::new(sys::TOOL_WORKDIR).is_dir().then_some(()).map(|()| {
+                    CString::new(req.workdir.as_os_str().as_encoded_bytes()).expect("no NUL")
+                });
+                "own-namespace".to_string()
+            }
+            Err(why) => format!("the host's (not isolated: {why})"),
+        };
+        let mut listeners = None;
+        if namespaces.network && !req.endpoints.is_empty() {
+            let (ours, theirs) =
+                sys::socket_pair().map_err(|e| format!("no socket for site endpoints: {e}"))?;
+            namespaces.listen = req.endpoints.iter().map(|(_, port, _)| *port).collect();
+            namespaces.listeners_to = Some(theirs.as_raw_fd());
+            listeners = Some((ours, theirs, req.endpoints.to_vec()));
+        }
+        if namespaces.network || namespaces.pid {
+            steps.namespaces = Some(namespaces);
+        }
         let (ruleset, files) = match &self.landlock {
             Ok(_) => {
-                let (fd, granted) = self.ruleset(req.argv, req.workdir)?;
+                let (fd, granted) = self.ruleset(program, req.read_paths, req.workdir)?;
                 steps.landlock = Some(fd.as_raw_fd());
                 (
                     Some(fd),
@@ -435,19 +493,22 @@ impl Confiner {
                 ),
             ),
         };
+        // The working directory as the tool sees it.
+        let home: &Path = if self.pid.is_ok() && Path::new(sys::TOOL_WORKDIR).is_dir() {
+            Path::new(sys::TOOL_WORKDIR)
+        } else {
+            req.workdir
+        };
         steps.user = Self::tool_user(config)?;
         let steps_user = steps.user;
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
             .current_dir(req.workdir)
             .env_clear()
-            .env(
-                "PATH",
-                std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into()),
-            )
+            .env("PATH", TOOL_PATH)
             .env("LANG", "C.UTF-8")
-            .env("HOME", req.workdir)
-            .env("TMPDIR", req.workdir)
+            .env("HOME", home)
+            .env("TMPDIR", home)
             .kill_on_drop(true);
         // SAFETY: Steps::apply makes only async-signal-safe calls on data
         // prepared here.
@@ -461,6 +522,7 @@ impl Confiner {
             memory_bytes,
             pids,
             network,
+            processes,
             files,
             user: match steps_user {
                 Some(_) => config.tool_user.clone(),
@@ -481,16 +543,22 @@ impl Confiner {
                 pgid: AtomicI32::new(0),
                 ruleset: Mutex::new(ruleset),
                 forwards: Mutex::new(Vec::new()),
+                listeners: Mutex::new(listeners),
             },
         ))
     }
 
     /// The Landlock ruleset of a tool: read the system's directories, the
-    /// directories of its program and of every argument that names an
-    /// existing path (for a script inside `node_modules`, the project that
-    /// holds it), read and write its working directory and the usual device
-    /// files; never what holds a protected path.
-    fn ruleset(&self, argv: &[String], workdir: &Path) -> Result<(OwnedFd, String), String> {
+    /// directories of its program and of the program's interpreter, and
+    /// the read paths the site allowed; read and write its working
+    /// directory and the usual device files. Whatever asked for it, no
+    /// read grant is at, above or below a protected path.
+    fn ruleset(
+        &self,
+        program: &str,
+        read_paths: &[PathBuf],
+        workdir: &Path,
+    ) -> Result<(OwnedFd, String), String> {
         use landlock::{
             ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, path_beneath_rules,
         };
@@ -499,29 +567,15 @@ impl Confiner {
         if let Ok(entries) = std::fs::read_dir("/etc") {
             read.extend(entries.flatten().map(|e| e.path()));
         }
-        for arg in argv {
-            let p = Path::new(arg);
-            let found = if p.is_absolute() || arg.contains('/') {
-                std::fs::canonicalize(p).ok()
-            } else {
-                which(arg)
-            };
-            let Some(real) = found else { continue };
-            let dir = match real.ancestors().find(|a| a.ends_with("node_modules")) {
-                Some(modules) => modules.parent().unwrap_or(modules).to_path_buf(),
-                None if real.is_dir() => real.clone(),
-                None => real.parent().map(Path::to_path_buf).unwrap_or(real.clone()),
-            };
-            read.push(dir);
-        }
-        // Nothing that holds the data dir, the configuration or the TLS
-        // files, whatever the command names.
-        read.retain(|r| !self.protected.iter().any(|p| p.starts_with(r)));
+        let own = program_dirs(program, workdir);
+        read.extend(own.iter().cloned());
+        read.extend(read_paths.iter().cloned());
+        read.retain(|r| crate::domain::reach::protected_conflict(r, &self.protected).is_none());
         read.sort();
         read.dedup();
-        // In words: the command's own directories by name, the system's as
-        // one phrase.
-        let own: Vec<String> = read
+        // In words: the program's and the declared directories by name,
+        // the system's as one phrase.
+        let named: Vec<String> = read
             .iter()
             .filter(|r| {
                 r.exists()
@@ -530,10 +584,10 @@ impl Confiner {
             })
             .map(|r| r.display().to_string())
             .collect();
-        let granted = if own.is_empty() {
+        let granted = if named.is_empty() {
             "the system's directories".to_string()
         } else {
-            format!("the system's directories and {}", own.join(", "))
+            format!("the system's directories and {}", named.join(", "))
         };
         let err = |e: landlock::RulesetError| format!("no Landlock ruleset: {e}");
         let ruleset = Ruleset::default()
@@ -556,23 +610,105 @@ impl Confiner {
     }
 }
 
-/// The program `name` on `PATH`.
+/// The directories a program needs to start: its own (resolved on
+/// [`TOOL_PATH`], or against the working directory), and that of the
+/// interpreter its `#!` line names (and of what `env` runs).
+fn program_dirs(program: &str, workdir: &Path) -> Vec<PathBuf> {
+    let resolve = |name: &str| -> Option<PathBuf> {
+        if name.contains('/') {
+            std::fs::canonicalize(workdir.join(name)).ok()
+        } else {
+            which(name)
+        }
+    };
+    let mut out = Vec::new();
+    let Some(real) = resolve(program) else {
+        return out;
+    };
+    out.extend(real.parent().map(Path::to_path_buf));
+    if let Some(line) = shebang(&real) {
+        let mut words = line.split_whitespace();
+        if let Some(interpreter) = words.next().and_then(resolve) {
+            let is_env = interpreter.file_name().is_some_and(|n| n == "env");
+            out.extend(interpreter.parent().map(Path::to_path_buf));
+            if is_env
+                && let Some(named) = words.find(|w| !w.starts_with('-')).and_then(resolve)
+            {
+                out.extend(named.parent().map(Path::to_path_buf));
+            }
+        }
+    }
+    out
+}
+
+/// The `#!` line of a script, without the `#!`.
+fn shebang(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let text = std::str::from_utf8(head.get(..n)?.strip_prefix(b"#!")?).ok()?;
+    Some(text.lines().next().unwrap_or("").trim().to_string())
+}
+
+/// The program `name` on [`TOOL_PATH`], resolved.
 fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-            .and_then(|p| std::fs::canonicalize(p).ok())
-    })
+    std::env::split_paths(TOOL_PATH)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .and_then(|p| std::fs::canonicalize(p).ok())
 }
 
 impl Cage {
-    /// Records the started process (the leader of its process group).
-    pub fn started(&self, pid: Option<u32>) {
+    /// Records the started process (the leader of its process group),
+    /// and offers it its site endpoints: the listeners its network made
+    /// at `127.0.0.1:<port>`, each connection forwarded by the appliance
+    /// to the endpoint's address.
+    pub fn started(&self, pid: Option<u32>) -> Result<(), String> {
         if let Some(pid) = pid {
             self.pgid.store(pid as i32, Ordering::Relaxed);
         }
         self.ruleset.lock().take();
+        let Some((ours, theirs, endpoints)) = self.listeners.lock().take() else {
+            return Ok(());
+        };
+        drop(theirs);
+        let listeners = sys::receive_listeners(&ours, endpoints.len())
+            .map_err(|e| format!("the tool's site endpoints cannot be offered to it: {e}"))?;
+        let mut forwards = self.forwards.lock();
+        for (listener, (_, _, addresses)) in listeners.into_iter().zip(&endpoints) {
+            let listener = listener
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpListener::from_std(listener))
+                .map_err(|e| format!("a site endpoint cannot be offered to the tool: {e}"))?;
+            let addresses = addresses.clone();
+            forwards.push(tokio::spawn(async move {
+                while let Ok((mut inside, _)) = listener.accept().await {
+                    let addresses = addresses.clone();
+                    tokio::spawn(async move {
+                        if let Ok(mut outside) =
+                            tokio::net::TcpStream::connect(&addresses[..]).await
+                        {
+                            let _ = tokio::io::copy_bidirectional(&mut inside, &mut outside).await;
+                        }
+                    });
+                }
+            }));
+        }
+        let mut r = self.report.lock();
+        r.network = format!(
+            "loopback-only, with the site endpoints {} through the appliance",
+            endpoints
+                .iter()
+                .map(|(h, p, _)| crate::domain::reach::Target {
+                    host: h.clone(),
+                    port: *p,
+                    url: None
+                }
+                .host_port())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(())
     }
 
     /// What bound the tree and what it used so far.
@@ -591,50 +727,6 @@ impl Cage {
             }
         }
         r
-    }
-
-    /// Makes each site endpoint (`host:port`) reachable from a tool without
-    /// egress, through the appliance: a listener on `127.0.0.1:<port>`
-    /// inside the tool's network, each connection to it forwarded to the
-    /// endpoint. With the host's network the tool reaches them itself.
-    pub fn forward(&self, endpoints: &[(String, u16)]) -> Result<(), String> {
-        let isolated = self.report.lock().network == "loopback-only";
-        let pid = self.pgid.load(Ordering::Relaxed);
-        if !isolated || endpoints.is_empty() || pid <= 0 {
-            return Ok(());
-        }
-        let mut forwards = self.forwards.lock();
-        for (host, port) in endpoints {
-            let listener = sys::listen_in_netns_of(pid as u32, *port)
-                .and_then(|l| {
-                    l.set_nonblocking(true)?;
-                    tokio::net::TcpListener::from_std(l)
-                })
-                .map_err(|e| {
-                    format!("site endpoint {host}:{port} cannot be offered to the tool: {e}")
-                })?;
-            let target = format!("{host}:{port}");
-            forwards.push(tokio::spawn(async move {
-                while let Ok((mut inside, _)) = listener.accept().await {
-                    let target = target.clone();
-                    tokio::spawn(async move {
-                        if let Ok(mut outside) = tokio::net::TcpStream::connect(&target).await {
-                            let _ = tokio::io::copy_bidirectional(&mut inside, &mut outside).await;
-                        }
-                    });
-                }
-            }));
-        }
-        let mut r = self.report.lock();
-        r.network = format!(
-            "loopback-only, with the site endpoints {} through the appliance",
-            endpoints
-                .iter()
-                .map(|(h, p)| format!("{h}:{p}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        Ok(())
     }
 
     /// Kills the whole tree, saying why (`timeout`, `lease-ended`).

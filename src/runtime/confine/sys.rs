@@ -6,6 +6,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 /// Everything the child applies to itself, prepared in the parent.
 #[derive(Clone, Debug, Default)]
@@ -16,37 +17,67 @@ pub struct Steps {
     pub address_space: Option<u64>,
     /// `RLIMIT_NPROC` (the weaker mechanism's process bound).
     pub processes: Option<u64>,
-    /// A network namespace of its own with only loopback: as root one
-    /// namespace; otherwise also a user namespace that maps the caller's
-    /// own ids (`uid_map` and `gid_map` contents prepared here).
-    pub isolate_network: Option<Isolation>,
+    /// The namespaces it leaves the host's for.
+    pub namespaces: Option<Namespaces>,
     /// The user and group to become (the appliance runs as root; its
     /// tools do not).
     pub user: Option<(libc::uid_t, libc::gid_t)>,
     /// A Landlock ruleset to restrict itself with (its file descriptor).
-    pub landlock: Option<i32>,
+    pub landlock: Option<RawFd>,
 }
 
-/// How a process leaves the host's network.
-#[derive(Clone, Debug)]
-pub struct Isolation {
-    /// `Some((uid_map, gid_map))` when a user namespace is needed too.
+/// Where a tool with a mount namespace of its own finds its working
+/// directory: a place of the host's that no tool is granted (Landlock
+/// gives none of `/var`), so that hiding it hides nothing a tool may use.
+pub const TOOL_WORKDIR: &str = "/var/tmp";
+const TOOL_WORKDIR_C: &CStr = c"/var/tmp";
+
+/// The most site endpoints one tool process may be offered.
+pub const MAX_LISTENERS: usize = crate::domain::reach::MAX_SITE_ENDPOINTS;
+
+/// Which namespaces a process makes for itself, and what it does in them.
+#[derive(Clone, Debug, Default)]
+pub struct Namespaces {
+    /// `Some((uid_map, gid_map))` when a user namespace is needed (the
+    /// appliance is not root): it maps the caller's own ids only.
     pub user_maps: Option<(CString, CString)>,
+    /// A network namespace with only loopback.
+    pub network: bool,
+    /// A PID namespace and a `/proc` of its own (in a mount namespace of
+    /// its own): the tool runs as its namespace's first process, under a
+    /// parent that waits for it, and sees no host process.
+    pub pid: bool,
+    /// With `pid`: the working directory, bound over [`TOOL_WORKDIR`] in
+    /// the tool's mount namespace and made its current directory there
+    /// (the real one lies under the data dir, whose ancestors the tool's
+    /// account may not be able to pass through).
+    pub workdir: Option<CString>,
+    /// Ports to listen on at `127.0.0.1` inside the new network (the site
+    /// endpoints the appliance forwards), and the socket the listeners are
+    /// sent back to the appliance over.
+    pub listen: Vec<u16>,
+    /// The child's end of that socket.
+    pub listeners_to: Option<RawFd>,
 }
 
-impl Isolation {
-    /// The isolation this process can make: a user namespace too unless
+impl Namespaces {
+    /// The namespaces this process can make: a user namespace too unless
     /// it is root.
-    pub fn for_this_process() -> Isolation {
+    pub fn for_this_process(network: bool, pid: bool) -> Namespaces {
         // SAFETY: geteuid and getegid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        Isolation {
+        Namespaces {
             user_maps: (uid != 0).then(|| {
                 (
                     CString::new(format!("{uid} {uid} 1\n")).expect("no NUL"),
                     CString::new(format!("{gid} {gid} 1\n")).expect("no NUL"),
                 )
             }),
+            network,
+            pid,
+            workdir: None,
+            listen: Vec::new(),
+            listeners_to: None,
         }
     }
 }
@@ -134,17 +165,8 @@ impl Steps {
                 check(libc::setrlimit(libc::RLIMIT_NPROC, &l))?;
             }
         }
-        if let Some(isolation) = &self.isolate_network {
-            match &isolation.user_maps {
-                None => check(unsafe { libc::unshare(libc::CLONE_NEWNET) })?,
-                Some((uid_map, gid_map)) => {
-                    check(unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) })?;
-                    write_file(SETGROUPS, b"deny")?;
-                    write_file(UID_MAP, uid_map.as_bytes())?;
-                    write_file(GID_MAP, gid_map.as_bytes())?;
-                }
-            }
-            loopback_up()?;
+        if let Some(ns) = &self.namespaces {
+            ns.enter()?;
         }
         if let Some((uid, gid)) = self.user {
             // SAFETY: plain system calls on values.
@@ -152,9 +174,25 @@ impl Steps {
                 check(libc::setgroups(0, std::ptr::null()))?;
                 check(libc::setgid(gid))?;
                 check(libc::setuid(uid))?;
+                // A change of user clears the parent-death signal: set it
+                // again for the namespace's first process.
+                if self.namespaces.as_ref().is_some_and(|n| n.pid) {
+                    check(libc::prctl(
+                        libc::PR_SET_PDEATHSIG,
+                        libc::SIGKILL as libc::c_ulong,
+                        0,
+                        0,
+                        0,
+                    ))?;
+                }
             }
         }
         if let Some(fd) = self.landlock {
+            if self.namespaces.as_ref().is_some_and(|n| n.pid) {
+                // The ruleset's /proc is the host's; the tool reads the one
+                // its PID namespace just mounted.
+                allow_read(fd, c"/proc")?;
+            }
             // SAFETY: plain system calls; fd is the parent's ruleset,
             // inherited across fork.
             unsafe {
@@ -163,6 +201,313 @@ impl Steps {
             }
         }
         Ok(())
+    }
+}
+
+impl Namespaces {
+    /// Leaves the host's namespaces. Runs between fork and exec.
+    fn enter(&self) -> io::Result<()> {
+        let mut flags = 0;
+        if self.user_maps.is_some() {
+            flags |= libc::CLONE_NEWUSER;
+        }
+        if self.network {
+            flags |= libc::CLONE_NEWNET;
+        }
+        if self.pid {
+            flags |= libc::CLONE_NEWPID | libc::CLONE_NEWNS;
+        }
+        match &self.user_maps {
+            None => check(unsafe { libc::unshare(flags) })?,
+            Some((uid_map, gid_map)) => {
+                // The appliance is not dumpable, and the /proc files of a
+                // process that is not dumpable belong to root: an
+                // unprivileged process could not write its own maps. It
+                // is dumpable for the three writes only; its memory is
+                // still the appliance's copy, but no tool can see it then
+                // (every tool of an unprivileged appliance runs in a PID
+                // namespace of its own).
+                // SAFETY: flags on the calling process; plain system calls.
+                unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+                let written = check(unsafe { libc::unshare(flags) })
+                    .and_then(|()| write_file(SETGROUPS, b"deny"))
+                    .and_then(|()| write_file(UID_MAP, uid_map.as_bytes()))
+                    .and_then(|()| write_file(GID_MAP, gid_map.as_bytes()));
+                unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+                written?;
+            }
+        }
+        if self.network {
+            loopback_up()?;
+            self.send_listeners()?;
+        }
+        if self.pid {
+            become_first_process()?;
+            if let Some(workdir) = &self.workdir {
+                // SAFETY: NUL-terminated paths prepared before the fork.
+                unsafe {
+                    check(libc::mount(
+                        workdir.as_ptr(),
+                        TOOL_WORKDIR_C.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND | libc::MS_REC,
+                        std::ptr::null(),
+                    ))?;
+                    check(libc::chdir(TOOL_WORKDIR_C.as_ptr()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Listens on each port at `127.0.0.1` inside the new network and
+    /// sends the listeners to the appliance (`SCM_RIGHTS`): a socket keeps
+    /// the namespace it was made in, and the appliance, unprivileged, may
+    /// not enter this one itself.
+    fn send_listeners(&self) -> io::Result<()> {
+        let Some(to) = self.listeners_to else {
+            return Ok(());
+        };
+        if self.listen.len() > MAX_LISTENERS {
+            return Err(io::Error::from_raw_os_error(libc::E2BIG));
+        }
+        let mut fds = [-1 as libc::c_int; MAX_LISTENERS];
+        for (i, port) in self.listen.iter().enumerate() {
+            fds[i] = listen_loopback(*port)?;
+        }
+        let n = self.listen.len();
+        // An aligned buffer for one control message of up to
+        // MAX_LISTENERS descriptors.
+        let mut control = [0u64; 16 + MAX_LISTENERS / 2];
+        let mut byte = [0u8; 1];
+        // SAFETY: every pointer is to a live local of the right size; the
+        // control buffer is larger than CMSG_SPACE(MAX_LISTENERS * 4).
+        unsafe {
+            let mut iov = libc::iovec {
+                iov_base: byte.as_mut_ptr().cast(),
+                iov_len: 1,
+            };
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            let data_len = (n * std::mem::size_of::<libc::c_int>()) as u32;
+            if n > 0 {
+                msg.msg_control = control.as_mut_ptr().cast();
+                msg.msg_controllen = libc::CMSG_SPACE(data_len) as _;
+                let cmsg = libc::CMSG_FIRSTHDR(&msg);
+                (*cmsg).cmsg_level = libc::SOL_SOCKET;
+                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as _;
+                std::ptr::copy_nonoverlapping(
+                    fds.as_ptr().cast::<u8>(),
+                    libc::CMSG_DATA(cmsg),
+                    data_len as usize,
+                );
+            }
+            let sent = libc::sendmsg(to, &msg, libc::MSG_NOSIGNAL);
+            let err = io::Error::last_os_error();
+            for fd in &fds[..n] {
+                libc::close(*fd);
+            }
+            if sent < 0 {
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Adds a Landlock rule to the ruleset `fd`: read (and execute) beneath
+/// `path`.
+fn allow_read(fd: RawFd, path: &CStr) -> io::Result<()> {
+    /// `struct landlock_path_beneath_attr`.
+    #[repr(C, packed)]
+    struct PathBeneath {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    // LANDLOCK_ACCESS_FS_EXECUTE | READ_FILE | READ_DIR.
+    const READ: u64 = 1 | (1 << 2) | (1 << 3);
+    const RULE_PATH_BENEATH: libc::c_int = 1;
+    // SAFETY: plain system calls on a NUL-terminated path and a local
+    // struct of the kernel's layout; the descriptor is closed on every path.
+    unsafe {
+        let dir = libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+        if dir < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let attr = PathBeneath {
+            allowed_access: READ,
+            parent_fd: dir,
+        };
+        let r = libc::syscall(
+            libc::SYS_landlock_add_rule,
+            fd,
+            RULE_PATH_BENEATH,
+            &attr as *const PathBeneath,
+            0u32,
+        );
+        let err = io::Error::last_os_error();
+        libc::close(dir);
+        if r < 0 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// A listening TCP socket on `127.0.0.1:port`, close-on-exec.
+fn listen_loopback(port: u16) -> io::Result<libc::c_int> {
+    // SAFETY: plain system calls on a zeroed sockaddr_in; the socket is
+    // closed on failure.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut addr: libc::sockaddr_in = std::mem::zeroed();
+        addr.sin_family = libc::AF_INET as libc::sa_family_t;
+        addr.sin_port = port.to_be();
+        addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let bound = libc::bind(
+            fd,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        if bound < 0 || libc::listen(fd, 128) < 0 {
+            let err = io::Error::last_os_error();
+            libc::close(fd);
+            return Err(err);
+        }
+        Ok(fd)
+    }
+}
+
+/// Makes the calling process the parent of its PID namespace's first
+/// process, which goes on to exec the tool; the parent waits for it and
+/// exits as it did. The first process is killed if its parent dies (the
+/// appliance kills the parent), and with it every process of the
+/// namespace.
+fn become_first_process() -> io::Result<()> {
+    // SAFETY: fork in a process that then makes only async-signal-safe
+    // calls (the caller's contract), waitpid and _exit in the parent.
+    unsafe {
+        let child = libc::fork();
+        if child < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if child > 0 {
+            // The parent holds nothing of the tool's: not its pipes (their
+            // ends must close when the tool's do) and not the pipe the
+            // appliance reads exec errors from.
+            if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
+                for fd in 0..1024 {
+                    libc::close(fd);
+                }
+            }
+            let mut status = 0;
+            loop {
+                let r = libc::waitpid(child, &mut status, 0);
+                if r == child {
+                    break;
+                }
+                if r < 0 && *libc::__errno_location() != libc::EINTR {
+                    libc::_exit(127);
+                }
+            }
+            if libc::WIFEXITED(status) {
+                libc::_exit(libc::WEXITSTATUS(status));
+            }
+            libc::_exit(128 + libc::WTERMSIG(status));
+        }
+        check(libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ))?;
+        // Mounts made here stay here.
+        check(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))?;
+        check(libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        ))?;
+    }
+    Ok(())
+}
+
+/// A pair of connected UNIX sockets (close-on-exec): the appliance's end
+/// and the child's, over which the child sends its listeners.
+pub fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: fds has room for the two descriptors socketpair writes.
+    check(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: both descriptors were just made and are owned here.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The listeners a child sent over `from`, `expected` of them.
+pub fn receive_listeners(from: &OwnedFd, expected: usize) -> io::Result<Vec<std::net::TcpListener>> {
+    use std::os::fd::AsRawFd;
+    if expected > MAX_LISTENERS {
+        return Err(io::Error::other("too many site endpoints"));
+    }
+    let mut control = [0u64; 16 + MAX_LISTENERS / 2];
+    let mut byte = [0u8; 1];
+    // SAFETY: pointers to live locals of the right sizes; the descriptors
+    // received are taken into ownership once each.
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        let got = libc::recvmsg(from.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+        if got < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut out = Vec::new();
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let n = len / std::mem::size_of::<libc::c_int>();
+                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                for i in 0..n {
+                    let fd = std::ptr::read_unaligned(data.add(i));
+                    out.push(std::net::TcpListener::from_raw_fd(fd));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        if out.len() != expected {
+            return Err(io::Error::other(format!(
+                "the tool's network sent {} listeners, not {expected}",
+                out.len()
+            )));
+        }
+        Ok(out)
     }
 }
 
@@ -234,30 +579,6 @@ pub fn unmount(dir: &std::path::Path) {
             libc::umount2(target.as_ptr(), libc::MNT_DETACH);
         }
     }
-}
-
-/// A TCP listener on `127.0.0.1:port` inside the network namespace of
-/// process `pid`, made from a thread that enters that namespace for the
-/// moment of the bind (a socket keeps the namespace it was made in) and
-/// comes back.
-pub fn listen_in_netns_of(pid: u32, port: u16) -> io::Result<std::net::TcpListener> {
-    use std::os::fd::AsRawFd;
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let own = std::fs::File::open("/proc/thread-self/ns/net")?;
-            let target = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-            // SAFETY: setns on open namespace files; this thread only.
-            check(unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) })?;
-            let bound = std::net::TcpListener::bind(("127.0.0.1", port));
-            // SAFETY: as above, back to where the thread was.
-            // (A thread that cannot go back ends here, and its namespace
-            // with it.)
-            check(unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) })?;
-            bound
-        })
-        .join()
-        .unwrap_or_else(|_| Err(io::Error::other("the namespace thread failed")))
-    })
 }
 
 /// Makes this process not dumpable: its `/proc` memory, environment and
