@@ -33,6 +33,11 @@ impl From<ReleaseError> for ApiError {
                 format!("the bundle cannot be read: {reason}"),
             )
             .with("reason", reason),
+            ReleaseError::TooLarge(reason) => ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("the bundle is too large: {reason}"),
+            )
+            .with("reason", reason),
             ReleaseError::Rejected(release) => {
                 let reason = release.reason.clone().unwrap_or_default();
                 ApiError::new(
@@ -134,6 +139,7 @@ fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<Option<TenantSco
         (status = 200, description = "The same release was already verified", body = ReleaseAnswer),
         (status = 400, description = "The bundle cannot be read (nothing stored): the reason names the entry"),
         (status = 409, description = "A different release with this id exists"),
+        (status = 413, description = "The bundle, decompressed, is larger than releases.max_bundle_bytes"),
         (status = 422, description = "Rejected: the reason names the file and hashes, the signer or the version"),
     ),
     security(("bearer" = [])))]
@@ -152,7 +158,10 @@ pub async fn import(
     })
     .await
     .map_err(ApiError::internal)?
-    .map_err(|e| ReleaseError::Bundle(e.0))?;
+    .map_err(|e| match e.1 {
+        true => ReleaseError::TooLarge(e.0),
+        false => ReleaseError::Bundle(e.0),
+    })?;
     if let Some(parsed) = &report.parsed {
         auth.principal.scope_for(&parsed.manifest.tenant_id)?;
     }

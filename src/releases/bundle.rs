@@ -47,13 +47,18 @@ impl Default for Limits {
     }
 }
 
-/// A bundle that cannot be read, and why.
+/// A bundle that cannot be read, and why; `.1` when it is larger than a
+/// limit allows (the upload is refused as too large).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct BundleError(pub String);
+pub struct BundleError(pub String, pub bool);
 
 fn err(reason: impl Into<String>) -> BundleError {
-    BundleError(reason.into())
+    BundleError(reason.into(), false)
+}
+
+fn too_large(reason: impl Into<String>) -> BundleError {
+    BundleError(reason.into(), true)
 }
 
 impl Bundle {
@@ -74,7 +79,7 @@ impl Bundle {
         }
         *total += bytes.len() as u64;
         if *total > limits.max_bundle_bytes {
-            return Err(err(format!(
+            return Err(too_large(format!(
                 "the bundle is larger than {} bytes (releases.max_bundle_bytes)",
                 limits.max_bundle_bytes
             )));
@@ -144,7 +149,7 @@ impl Bundle {
         let mut bundle = Bundle::default();
         let mut total = 0u64;
         let over_cap = || {
-            err(format!(
+            too_large(format!(
                 "the archive decompresses to more than {cap} bytes (releases.max_bundle_bytes, {} bytes, plus tar headers for releases.max_files, {} files)",
                 limits.max_bundle_bytes, limits.max_files
             ))
@@ -216,6 +221,9 @@ impl Bundle {
             }
             bundle.add(path, bytes, limits, &mut total)?;
         }
+        // What follows the archive's end still counts: a stream of zeros
+        // ends a tar archive at once, and would decompress for ever.
+        std::io::copy(&mut archive.into_inner(), &mut std::io::sink()).map_err(damaged)?;
         Ok(bundle.unwrap_top_directory())
     }
 
@@ -390,6 +398,27 @@ mod tests {
             "{}",
             e.0
         );
+    }
+
+    /// Zeros end a tar archive at once; they are counted all the same, and
+    /// a stream of them past the cap is refused as too large, naming it.
+    #[test]
+    fn a_bomb_of_zeros_is_too_large_not_a_bundle_without_a_manifest() {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..8 {
+            gz.write_all(&zeros).unwrap();
+        }
+        let bomb = gz.finish().unwrap();
+        assert!(bomb.len() < 64 * 1024);
+        let limits = Limits {
+            max_bundle_bytes: 1 << 20,
+            ..Limits::default()
+        };
+        let e = Bundle::from_archive(&bomb, &limits).unwrap_err();
+        assert!(e.1, "{e}");
+        assert!(e.0.contains("releases.max_bundle_bytes"), "{e}");
     }
 
     #[test]

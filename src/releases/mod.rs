@@ -120,6 +120,9 @@ pub enum ReleaseError {
     /// The bundle cannot be read at all (nothing stored).
     #[error("{0}")]
     Bundle(String),
+    /// The bundle is larger than a limit allows (nothing stored).
+    #[error("{0}")]
+    TooLarge(String),
     /// The bundle was read and not verified (Untrusted or Rejected); the
     /// record says why.
     #[error("release {} {}: {}", .0.release_id, .0.state.as_str().to_lowercase(), .0.reason.as_deref().unwrap_or(""))]

@@ -458,7 +458,154 @@ pub fn spawn_serve_with(
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
+    if let Some(account) = unprivileged_account() {
+        as_unprivileged(&mut cmd, root, data_dir, &account);
+    }
     cmd.spawn().expect("serve starts")
+}
+
+/// The account the appliances of this test run serve as, as the package
+/// runs them (`AGENTBAY_TEST_AS`: an unprivileged account; unset: the
+/// account the tests run as).
+pub fn unprivileged_account() -> Option<String> {
+    std::env::var("AGENTBAY_TEST_AS")
+        .ok()
+        .filter(|a| !a.is_empty())
+}
+
+/// Makes `cmd` serve as `account`, inside a cgroup subtree delegated to
+/// it, the way systemd's `Delegate=` hands one to the packaged service:
+/// on a v2-only host a group of the tests' own group with its controllers
+/// enabled, on a v1 host a group under each controller's hierarchy; both
+/// given to the account. The data directory is the account's too.
+fn as_unprivileged(cmd: &mut Command, root: &Path, data_dir: &Path, account: &str) {
+    use std::os::unix::process::CommandExt;
+    let (uid, gid) = account_ids(account);
+    // The account passes through the tests' temporary directory to its
+    // own data directory (the tests read it as root).
+    std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    chown_tree(data_dir, uid, gid);
+    let procs = delegate_cgroups(root, uid, gid);
+    let procs: Vec<std::ffi::CString> = procs
+        .iter()
+        .map(|p| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap())
+        .collect();
+    // SAFETY: between fork and exec only system calls on data prepared
+    // here (open, write, close, setgroups, setgid, setuid).
+    unsafe {
+        cmd.pre_exec(move || {
+            for p in &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+            }
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(gid) != 0
+                || libc::setuid(uid) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+fn account_ids(account: &str) -> (libc::uid_t, libc::gid_t) {
+    let name = std::ffi::CString::new(account).unwrap();
+    // SAFETY: getpwnam's answer is read at once.
+    unsafe {
+        let pw = libc::getpwnam(name.as_ptr());
+        assert!(!pw.is_null(), "AGENTBAY_TEST_AS={account} is not an account here");
+        ((*pw).pw_uid, (*pw).pw_gid)
+    }
+}
+
+fn chown_tree(path: &Path, uid: libc::uid_t, gid: libc::gid_t) {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid)).unwrap();
+    if path.is_dir() && !path.is_symlink() {
+        for e in std::fs::read_dir(path).unwrap().flatten() {
+            chown_tree(&e.path(), uid, gid);
+        }
+    }
+}
+
+/// The `cgroup.procs` files of a group made for one appliance and given to
+/// the account (its directory and the files it writes to add processes
+/// and children), one per hierarchy.
+fn delegate_cgroups(root: &Path, uid: libc::uid_t, gid: libc::gid_t) -> Vec<PathBuf> {
+    let name = format!(
+        "agentbay-test-{}",
+        root.file_name().unwrap().to_string_lossy().trim_start_matches('.')
+    );
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mut v1: Vec<(String, PathBuf)> = Vec::new();
+    let mut v2 = None;
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let point = PathBuf::from(left.split(' ').nth(4).unwrap());
+        let mut r = right.split(' ');
+        match (r.next(), r.nth(1)) {
+            (Some("cgroup2"), _) => v2 = Some(point),
+            (Some("cgroup"), Some(options)) => {
+                for o in options.split(',') {
+                    if ["cpu", "cpuacct", "memory", "pids"].contains(&o) {
+                        v1.push((o.to_string(), point.clone()));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let own_path = |controller: &str| -> String {
+        own.lines()
+            .find_map(|l| {
+                let mut p = l.splitn(3, ':');
+                let _ = p.next();
+                let cs = p.next()?;
+                let path = p.next()?;
+                (cs.split(',').any(|c| c == controller)).then(|| path.to_string())
+            })
+            .unwrap_or_else(|| "/".into())
+    };
+    let give = |dir: &Path| {
+        std::fs::create_dir_all(dir).unwrap();
+        for f in ["", "cgroup.procs", "tasks", "cgroup.subtree_control"] {
+            let p = if f.is_empty() { dir.to_path_buf() } else { dir.join(f) };
+            if p.exists() {
+                std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
+            }
+        }
+        dir.join("cgroup.procs")
+    };
+    let mut procs = Vec::new();
+    if v1.is_empty() {
+        let mount = v2.expect("a cgroup hierarchy");
+        let base = mount.join(own_path("").trim_start_matches('/'));
+        // Its controllers for its children, as systemd enables them for a
+        // delegated unit (refused where the tests' group holds processes:
+        // then the host's own delegation must give them).
+        let _ = std::fs::write(base.join("cgroup.subtree_control"), "+cpu +memory +pids");
+        let dir = base.join(&name);
+        procs.push(give(&dir));
+    } else {
+        let mut seen: Vec<PathBuf> = Vec::new();
+        for (controller, mount) in &v1 {
+            if seen.contains(mount) {
+                continue;
+            }
+            seen.push(mount.clone());
+            let dir = mount
+                .join(own_path(controller).trim_start_matches('/'))
+                .join(&name);
+            procs.push(give(&dir));
+        }
+    }
+    procs
 }
 
 /// Waits until the process `pid` has written where it listens.

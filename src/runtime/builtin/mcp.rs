@@ -186,7 +186,7 @@ impl McpServers {
         #[cfg(not(unix))]
         let _ = reach;
         let client = ().serve(transport).await.map_err(|e| ToolError {
-            message: format!("MCP server {program} did not initialise: {e}"),
+            message: format!("MCP server {program} did not initialise: {}", in_words(&e)),
             #[cfg(unix)]
             confinement: Some(serde_json::to_value(cage.report()).expect("serialises")),
             #[cfg(windows)]
@@ -269,7 +269,7 @@ impl McpServers {
             let client = ()
                 .serve(transport)
                 .await
-                .map_err(|e| format!("MCP server {url} did not initialise: {e}"))?;
+                .map_err(|e| format!("MCP server {url} did not initialise: {}", in_words(&e)))?;
             servers.insert(
                 key.clone(),
                 Server {
@@ -419,7 +419,7 @@ async fn call(
     let result = client
         .call_tool(params)
         .await
-        .map_err(|e| format!("MCP tool {tool} on {server} failed: {e}"))?;
+        .map_err(|e| format!("MCP tool {tool} on {server} failed: {}", in_words(&e)))?;
     let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
     if result.is_error == Some(true) {
         return Err(format!("MCP tool {tool} reported an error: {content}"));
@@ -428,4 +428,96 @@ async fn call(
         result: json!({"content": content, "structured": result.structured_content}),
         receipt: json!({"schema": "tool-invocation-v1", "server": server, "tool": tool}),
     })
+}
+
+/// An MCP transport's error in an operator's words: what failed (the
+/// connection refused, a TLS failure, a timeout, an HTTP status, the
+/// server closing its end), found along the error's chain of causes. The
+/// one place where transport errors enter the domain: the stored and
+/// shown text of a call never names a Rust type.
+pub fn in_words(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    let mut innermost = error;
+    while let Some(e) = cause {
+        if let Some(r) = e.downcast_ref::<reqwest::Error>() {
+            let url = r
+                .url()
+                .map(|u| format!(" {}", u.host_str().map_or(u.to_string(), |h| format!("{h}:{}", u.port_or_known_default().unwrap_or(0)))))
+                .unwrap_or_default();
+            if r.is_timeout() {
+                return format!("timed out reaching{url}");
+            }
+            if let Some(status) = r.status() {
+                return format!("the server answered HTTP {status}");
+            }
+            if r.is_connect() {
+                let why = std::iter::successors(std::error::Error::source(r), |e| e.source())
+                    .find_map(|e| e.downcast_ref::<std::io::Error>())
+                    .map(|io| io_words(io))
+                    .unwrap_or_else(|| "no connection".to_string());
+                return format!("{why}{}", if url.is_empty() { String::new() } else { format!(" to{url}") });
+            }
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return io_words(io);
+        }
+        innermost = e;
+        cause = e.source();
+    }
+    let text = innermost.to_string();
+    // What is left names no type: keep the words after the last "::"-free
+    // part (rmcp prefixes some messages with its transport's type).
+    match text.rfind(">: ").or_else(|| text.rfind(">, ")) {
+        Some(i) if text[..i].contains("::") => text[i + 3..].to_string(),
+        _ if text.contains("::") => "the connection to the server failed".to_string(),
+        _ => text,
+    }
+}
+
+fn io_words(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused => "connection refused".into(),
+        K::ConnectionReset => "connection reset by the server".into(),
+        K::TimedOut => "timed out".into(),
+        K::BrokenPipe | K::UnexpectedEof => "the server closed the connection".into(),
+        K::NotFound => "not found".into(),
+        K::PermissionDenied => "permission denied".into(),
+        _ => {
+            let text = e.to_string();
+            if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {
+                format!("TLS failure: {text}")
+            } else {
+                text
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "Transport [rmcp::transport::worker::WorkerTransport<X>] error: {}", self.0)
+        }
+    }
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn transport_errors_are_told_in_words_not_types() {
+        let refused = Wrapped(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(in_words(&refused), "connection refused");
+        let io = std::io::Error::other("no route");
+        assert_eq!(in_words(&io), "no route");
+        let typed = std::fmt::Error;
+        assert!(!in_words(&typed).contains("::"));
+    }
 }
