@@ -69,10 +69,12 @@ async fn main() {
             memory_gb: Amount::units(1),
             egress: false,
             workdir: &workdir,
+            endpoints: &[],
+            read_paths: &[],
         };
         let (mut cmd, cage) = confiner.command(&request, &config).unwrap();
         let mut child = cmd.spawn().unwrap();
-        cage.started(child.id());
+        cage.started(child.id()).unwrap();
         let status = child.wait().await.unwrap();
         assert!(status.success(), "{status}");
         confined.push(t.elapsed());

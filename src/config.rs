@@ -922,7 +922,12 @@ impl Config {
 
     /// Checks ranges and combinations that types cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(p) = self.runtime.tool_read_allow.iter().find(|p| !p.is_absolute()) {
+        if let Some(p) = self
+            .runtime
+            .tool_read_allow
+            .iter()
+            .find(|p| !p.is_absolute())
+        {
             return Err(ConfigError::new(
                 "runtime.tool_read_allow",
                 format!("{} is not an absolute path", p.display()),

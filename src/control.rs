@@ -1334,7 +1334,8 @@ pub fn release_verify(
         }
     };
     println!("  ok  bundle: {} files", read.files.len());
-    let site = crate::config::SiteRules::new(config, crate::config::Live::new(config.runtime.clone()));
+    let site =
+        crate::config::SiteRules::new(config, crate::config::Live::new(config.runtime.clone()));
     let report = crate::releases::verify::verify(
         &read,
         &crate::releases::signing::Trust::of(trusted),
@@ -1397,10 +1398,7 @@ pub async fn release_import(config: &Config, path: &Path) -> anyhow::Result<()> 
             local.store.clone(),
             SystemClock::shared(),
             &config.releases,
-            crate::config::SiteRules::new(
-                config,
-                crate::config::Live::new(config.runtime.clone()),
-            ),
+            crate::config::SiteRules::new(config, crate::config::Live::new(config.runtime.clone())),
         )
         .await?;
         let report = releases.check(&bundle);

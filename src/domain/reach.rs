@@ -308,7 +308,12 @@ impl SiteReach {
     }
 
     /// [`target_refusal`] under these rules.
-    pub fn target_refusal(&self, what: &str, target: &Target, resolved: &[IpAddr]) -> Option<String> {
+    pub fn target_refusal(
+        &self,
+        what: &str,
+        target: &Target,
+        resolved: &[IpAddr],
+    ) -> Option<String> {
         target_refusal(what, target, &self.allow, resolved, &self.own)
     }
 }
@@ -318,9 +323,13 @@ mod tests {
     use super::*;
 
     fn protected() -> Vec<PathBuf> {
-        ["/var/lib/agentbay", "/etc/agentbay", "/var/backups/agentbay"]
-            .map(PathBuf::from)
-            .to_vec()
+        [
+            "/var/lib/agentbay",
+            "/etc/agentbay",
+            "/var/backups/agentbay",
+        ]
+        .map(PathBuf::from)
+        .to_vec()
     }
 
     #[test]
@@ -351,16 +360,16 @@ mod tests {
     fn declared_read_paths_need_the_sites_allowance_and_no_protected_root() {
         let p = protected();
         let allowed = vec![PathBuf::from("/srv/models"), PathBuf::from("/var")];
-        assert_eq!(
-            read_path_refusal("/srv/models/llama", &p, &allowed),
-            None
-        );
+        assert_eq!(read_path_refusal("/srv/models/llama", &p, &allowed), None);
         let e = read_path_refusal("/var/lib/agentbay/tls", &p, &allowed).unwrap();
         assert!(e.contains("protected path /var/lib/agentbay"), "{e}");
         let e = read_path_refusal("/var/lib", &p, &allowed).unwrap();
         assert!(e.contains("protected"), "{e}");
         let e = read_path_refusal("/home/u", &p, &allowed).unwrap();
-        assert!(e.contains("runtime.tool_read_allow: /srv/models, /var"), "{e}");
+        assert!(
+            e.contains("runtime.tool_read_allow: /srv/models, /var"),
+            "{e}"
+        );
         let e = read_path_refusal("/srv/models/../../var/lib/agentbay", &p, &allowed).unwrap();
         assert!(e.contains("without . or .."), "{e}");
         let e = read_path_refusal("models", &p, &allowed).unwrap();
@@ -382,7 +391,10 @@ mod tests {
         assert_eq!(target_refusal("site endpoint", &t, &list, &[], &own), None);
         let t = Target::of_host_port("tickets.site:444").unwrap();
         let e = target_refusal("site endpoint", &t, &list, &[], &own).unwrap();
-        assert!(e.contains("site endpoint tickets.site:444 is not in"), "{e}");
+        assert!(
+            e.contains("site endpoint tickets.site:444 is not in"),
+            "{e}"
+        );
         let t = Target::of_url("https://tools.site/mcp/search").unwrap();
         assert_eq!(target_refusal("MCP server", &t, &list, &[], &own), None);
         let t = Target::of_url("https://tools.site/admin").unwrap();
@@ -422,9 +434,22 @@ mod tests {
         let t = Target::of_host_port("127.0.0.1:9000").unwrap();
         assert_eq!(target_refusal("site endpoint", &t, &list, &[], &own), None);
         let t = Target::of_host_port("[::ffff:127.0.0.1]:9001").unwrap();
-        assert!(target_refusal("site endpoint", &t, &allow(&["http://[::ffff:127.0.0.1]:9001/"]), &[], &[]).is_some());
+        assert!(
+            target_refusal(
+                "site endpoint",
+                &t,
+                &allow(&["http://[::ffff:127.0.0.1]:9001/"]),
+                &[],
+                &[]
+            )
+            .is_some()
+        );
         assert!(is_sensitive("fe80::1".parse().unwrap(), 1, &[]));
-        assert!(!is_sensitive("10.0.0.5".parse().unwrap(), 8443, &["127.0.0.1:8443".parse().unwrap()]));
+        assert!(!is_sensitive(
+            "10.0.0.5".parse().unwrap(),
+            8443,
+            &["127.0.0.1:8443".parse().unwrap()]
+        ));
     }
 
     #[test]
@@ -433,7 +458,15 @@ mod tests {
             let a = Allowed::try_from(e.to_string()).unwrap();
             assert_eq!(String::from(a), e);
         }
-        assert!(Allowed::try_from("tickets.site".to_string()).unwrap_err().contains("host:port"));
-        assert!(Allowed::try_from("ftp://x/".to_string()).unwrap_err().contains("http"));
+        assert!(
+            Allowed::try_from("tickets.site".to_string())
+                .unwrap_err()
+                .contains("host:port")
+        );
+        assert!(
+            Allowed::try_from("ftp://x/".to_string())
+                .unwrap_err()
+                .contains("http")
+        );
     }
 }

@@ -786,8 +786,8 @@ mod tests {
                 crate::config::Live::new(Default::default()),
             ),
         )
-            .await
-            .unwrap();
+        .await
+        .unwrap();
         let recorder = Arc::new(Recorder::default());
         releases.set_in_flight(recorder.clone());
         let example =
@@ -850,8 +850,8 @@ mod tests {
                 crate::config::Live::new(Default::default()),
             ),
         )
-            .await
-            .unwrap();
+        .await
+        .unwrap();
         releases.set_in_flight(Arc::new(Recorder::default()));
         let example =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage");

@@ -517,7 +517,10 @@ fn account_ids(account: &str) -> (libc::uid_t, libc::gid_t) {
     // SAFETY: getpwnam's answer is read at once.
     unsafe {
         let pw = libc::getpwnam(name.as_ptr());
-        assert!(!pw.is_null(), "AGENTBAY_TEST_AS={account} is not an account here");
+        assert!(
+            !pw.is_null(),
+            "AGENTBAY_TEST_AS={account} is not an account here"
+        );
         ((*pw).pw_uid, (*pw).pw_gid)
     }
 }
@@ -537,7 +540,10 @@ fn chown_tree(path: &Path, uid: libc::uid_t, gid: libc::gid_t) {
 fn delegate_cgroups(root: &Path, uid: libc::uid_t, gid: libc::gid_t) -> Vec<PathBuf> {
     let name = format!(
         "agentbay-test-{}",
-        root.file_name().unwrap().to_string_lossy().trim_start_matches('.')
+        root.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .trim_start_matches('.')
     );
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -575,7 +581,11 @@ fn delegate_cgroups(root: &Path, uid: libc::uid_t, gid: libc::gid_t) -> Vec<Path
     let give = |dir: &Path| {
         std::fs::create_dir_all(dir).unwrap();
         for f in ["", "cgroup.procs", "tasks", "cgroup.subtree_control"] {
-            let p = if f.is_empty() { dir.to_path_buf() } else { dir.join(f) };
+            let p = if f.is_empty() {
+                dir.to_path_buf()
+            } else {
+                dir.join(f)
+            };
             if p.exists() {
                 std::os::unix::fs::chown(&p, Some(uid), Some(gid)).unwrap();
             }

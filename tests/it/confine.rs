@@ -41,7 +41,8 @@ async fn try_import_probe(
     )
     .unwrap();
     site.try_import(id, responses, &[(PROBE_FILE, &script)], move |m| {
-        m["toolFiles"] = json!([{"path": PROBE_FILE, "sha256": format!("sha256:{}", "0".repeat(64))}]);
+        m["toolFiles"] =
+            json!([{"path": PROBE_FILE, "sha256": format!("sha256:{}", "0".repeat(64))}]);
         edit(m);
     })
     .await
@@ -84,7 +85,7 @@ async fn probe_release(site: &Site, id: &str, tools: &[(&str, bool)], calls: Val
         })
         .collect();
     import_probe(
-        &site,
+        site,
         id,
         json!([{"content": "probe", "toolCalls": calls}, answer("low", false)]),
         move |m| m["tools"] = Value::Array(tools),
@@ -160,7 +161,7 @@ async fn one_tool(site: &Site, id: &str, tool: &str, descriptor: Value, argument
         t[k] = v.clone();
     }
     import_probe(
-        &site,
+        site,
         id,
         json!([{"content": "probe", "toolCalls": [{"tool": tool, "arguments": arguments}]}, answer("low", false)]),
         move |m| {
@@ -231,6 +232,17 @@ async fn a_tool_past_its_memory_is_killed_and_its_call_names_the_limit() {
     let call = the_call(&site, "probe-alloc", "Succeeded").await;
     assert_eq!(call["status"], "failed", "{call}");
     let bound = confinement(&call);
+    if crate::common::unprivileged_account().is_some() {
+        // As installed: the delegated subtree bounds it, and it has its own
+        // network and processes, as the account the appliance runs as.
+        assert!(
+            bound["mechanism"].as_str().unwrap().starts_with("cgroup"),
+            "{bound}"
+        );
+        assert_eq!(bound["network"], "loopback-only", "{bound}");
+        assert_eq!(bound["processes"], "own-namespace", "{bound}");
+        assert_eq!(bound["user"], "the appliance's own user", "{bound}");
+    }
     // /readyz says what this host enforces: the mechanism the call got.
     let ready: Value = site
         .a
@@ -393,15 +405,21 @@ async fn a_tool_without_egress_reaches_no_host_port_and_one_with_egress_does() {
     // An endpoint the site does not list, such as the appliance's own
     // API, is a verdict at import that names it.
     let own = site.a.url.trim_start_matches("https://").to_string();
-    let (status, body) = try_import_probe(&site, "probe-own-api", json!([answer("low", false)]), |m| {
-        m["tools"] = json!([{"id": "connect", "name": "connect", "description": "c",
+    let (status, body) =
+        try_import_probe(&site, "probe-own-api", json!([answer("low", false)]), |m| {
+            m["tools"] = json!([{"id": "connect", "name": "connect", "description": "c",
             "sideEffectClass": "read", "transport": "mcp-stdio", "command": probe(),
             "siteEndpoints": [own], "inputSchema": {"type": "object"}}]);
-    })
-    .await;
+        })
+        .await;
     assert_eq!(status, 422, "{body}");
     let text = body.to_string();
-    assert!(text.contains(&format!("site endpoint {own} is not in the site's network allowlist")), "{text}");
+    assert!(
+        text.contains(&format!(
+            "site endpoint {own} is not in the site's network allowlist"
+        )),
+        "{text}"
+    );
 
     // An egress pool of the tenant's own; a tool that declares egress is
     // placed there and keeps the host's network.
@@ -861,7 +879,10 @@ async fn a_tool_reads_no_protected_path_whatever_its_release_names() {
     let site = Site::on(Appliance::start_with(
         &[],
         &[
-            ("AGENTBAY_RUNTIME__TOOL_READ_ALLOW", shared.to_str().unwrap()),
+            (
+                "AGENTBAY_RUNTIME__TOOL_READ_ALLOW",
+                shared.to_str().unwrap(),
+            ),
             ("AGENTBAY_BACKUP__DIR", backups.to_str().unwrap()),
         ],
     ))
@@ -934,7 +955,12 @@ async fn a_tool_reads_no_protected_path_whatever_its_release_names() {
     }
     // A release that declares a protected path is refused at import,
     // the path named.
-    for declared in [data.join("tls"), data.clone(), backups.clone(), data.join("work")] {
+    for declared in [
+        data.join("tls"),
+        data.clone(),
+        backups.clone(),
+        data.join("work"),
+    ] {
         let d = declared.display().to_string();
         let (status, body) = try_import_probe(&site, "probe-declares", json!([]), move |m| {
             m["tools"] = tool(probe(), json!([d]));
@@ -965,8 +991,16 @@ async fn a_tool_sees_no_host_process_and_has_the_fixed_path() {
     )
     .await;
     let calls = tool_calls(&site, "probe-processes").await;
-    assert_eq!(answered(&calls[0])["path"], "/usr/local/bin:/usr/bin:/bin", "{}", calls[0]);
-    let processes = confinement(&calls[1])["processes"].as_str().unwrap().to_string();
+    assert_eq!(
+        answered(&calls[0])["path"],
+        "/usr/local/bin:/usr/bin:/bin",
+        "{}",
+        calls[0]
+    );
+    let processes = confinement(&calls[1])["processes"]
+        .as_str()
+        .unwrap()
+        .to_string();
     if processes != "own-namespace" {
         assert!(processes.contains("not isolated"), "{processes}");
         return;

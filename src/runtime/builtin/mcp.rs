@@ -56,7 +56,7 @@ impl Bounds {
 #[derive(Clone, Copy)]
 pub struct Reach<'a> {
     /// `(host, port, addresses)`.
-    pub endpoints: &'a [(String, u16, Vec<std::net::SocketAddr>)],
+    pub endpoints: &'a [crate::runtime::confine::SiteEndpoint],
     /// Paths it may read.
     pub read_paths: &'a [std::path::PathBuf],
 }
@@ -294,7 +294,10 @@ impl McpServers {
     ) -> std::io::Result<()> {
         #[cfg(unix)]
         {
-            let dir = self.confiner.workdir(&self.attempt, config)?.join("release");
+            let dir = self
+                .confiner
+                .workdir(&self.attempt, config)?
+                .join("release");
             if dir.exists() {
                 return Ok(());
             }
@@ -312,7 +315,11 @@ impl McpServers {
                 // Paths were checked at import: relative, inside the bundle.
                 let target = partial.join(&path);
                 let mut made = partial.clone();
-                for part in std::path::Path::new(&path).parent().into_iter().flat_map(|p| p.iter()) {
+                for part in std::path::Path::new(&path)
+                    .parent()
+                    .into_iter()
+                    .flat_map(|p| p.iter())
+                {
                     made.push(part);
                     if !made.exists() {
                         std::fs::create_dir(&made)?;
@@ -442,7 +449,15 @@ pub fn in_words(error: &(dyn std::error::Error + 'static)) -> String {
         if let Some(r) = e.downcast_ref::<reqwest::Error>() {
             let url = r
                 .url()
-                .map(|u| format!(" {}", u.host_str().map_or(u.to_string(), |h| format!("{h}:{}", u.port_or_known_default().unwrap_or(0)))))
+                .map(|u| {
+                    format!(
+                        " {}",
+                        u.host_str().map_or(u.to_string(), |h| format!(
+                            "{h}:{}",
+                            u.port_or_known_default().unwrap_or(0)
+                        ))
+                    )
+                })
                 .unwrap_or_default();
             if r.is_timeout() {
                 return format!("timed out reaching{url}");
@@ -453,9 +468,16 @@ pub fn in_words(error: &(dyn std::error::Error + 'static)) -> String {
             if r.is_connect() {
                 let why = std::iter::successors(std::error::Error::source(r), |e| e.source())
                     .find_map(|e| e.downcast_ref::<std::io::Error>())
-                    .map(|io| io_words(io))
+                    .map(io_words)
                     .unwrap_or_else(|| "no connection".to_string());
-                return format!("{why}{}", if url.is_empty() { String::new() } else { format!(" to{url}") });
+                return format!(
+                    "{why}{}",
+                    if url.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" to{url}")
+                    }
+                );
             }
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
@@ -502,7 +524,11 @@ mod tests {
     struct Wrapped(std::io::Error);
     impl std::fmt::Display for Wrapped {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "Transport [rmcp::transport::worker::WorkerTransport<X>] error: {}", self.0)
+            write!(
+                f,
+                "Transport [rmcp::transport::worker::WorkerTransport<X>] error: {}",
+                self.0
+            )
         }
     }
     impl std::error::Error for Wrapped {

@@ -358,7 +358,9 @@ impl<'a> Loop<'a> {
             // A model endpoint the release names is reached only where the
             // site allows it; the site's own profiles are the site's.
             let refused = match (&site_model, model) {
-                (None, Model::OpenAi { endpoint, .. }) => self.unreachable("model endpoint", endpoint).await,
+                (None, Model::OpenAi { endpoint, .. }) => {
+                    self.unreachable("model endpoint", endpoint).await
+                }
                 _ => None,
             };
             // The span covers the model call itself, not just its setup.
@@ -1056,7 +1058,9 @@ impl<'a> Loop<'a> {
         }
         self.mcp
             .put_release_files(files, &self.runtime.config())
-            .map_err(|e| format!("the release's files cannot be put in the working directory: {e}").into())
+            .map_err(|e| {
+                format!("the release's files cannot be put in the working directory: {e}").into()
+            })
     }
 
     /// What the attempt's own capacity lease grants its tools' processes

@@ -59,10 +59,14 @@ pub struct Request<'a> {
     /// Site endpoints offered inside its network, each already allowed by
     /// the site: the `(host, port)` it names, and where the appliance
     /// connects for it.
-    pub endpoints: &'a [(String, u16, Vec<std::net::SocketAddr>)],
+    pub endpoints: &'a [SiteEndpoint],
     /// Paths its release declares that the site allows it to read.
     pub read_paths: &'a [PathBuf],
 }
+
+/// A site endpoint offered to a tool: the `host` and `port` it names, and
+/// the addresses the appliance connects to for it.
+pub type SiteEndpoint = (String, u16, Vec<std::net::SocketAddr>);
 
 /// The `PATH` every tool process gets.
 pub const TOOL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -126,7 +130,7 @@ pub struct Cage {
     forwards: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The appliance's end of the socket the child sends its site
     /// endpoints' listeners over, with the endpoints, until it started.
-    listeners: Mutex<Option<(OwnedFd, OwnedFd, Vec<(String, u16, Vec<std::net::SocketAddr>)>)>>,
+    listeners: Mutex<Option<(OwnedFd, OwnedFd, Vec<SiteEndpoint>)>>,
 }
 
 /// What the System page and `/readyz` say this host enforces.
@@ -450,9 +454,14 @@ impl Confiner {
         let processes = match &self.pid {
             Ok(()) => {
                 namespaces.pid = true;
-                namespaces.workdir = Path::new(sys::TOOL_WORKDIR).is_dir().then_some(()).map(|()| {
-                    CString::new(req.workdir.as_os_str().as_encoded_bytes()).expect("no NUL")
-                });
+                namespaces.workdir =
+                    Path::new(sys::TOOL_WORKDIR)
+                        .is_dir()
+                        .then_some(())
+                        .map(|()| {
+                            CString::new(req.workdir.as_os_str().as_encoded_bytes())
+                                .expect("no NUL")
+                        });
                 "own-namespace".to_string()
             }
             Err(why) => format!("the host's (not isolated: {why})"),
@@ -631,9 +640,7 @@ fn program_dirs(program: &str, workdir: &Path) -> Vec<PathBuf> {
         if let Some(interpreter) = words.next().and_then(resolve) {
             let is_env = interpreter.file_name().is_some_and(|n| n == "env");
             out.extend(interpreter.parent().map(Path::to_path_buf));
-            if is_env
-                && let Some(named) = words.find(|w| !w.starts_with('-')).and_then(resolve)
-            {
+            if is_env && let Some(named) = words.find(|w| !w.starts_with('-')).and_then(resolve) {
                 out.extend(named.parent().map(Path::to_path_buf));
             }
         }

@@ -464,7 +464,10 @@ pub fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// The listeners a child sent over `from`, `expected` of them.
-pub fn receive_listeners(from: &OwnedFd, expected: usize) -> io::Result<Vec<std::net::TcpListener>> {
+pub fn receive_listeners(
+    from: &OwnedFd,
+    expected: usize,
+) -> io::Result<Vec<std::net::TcpListener>> {
     use std::os::fd::AsRawFd;
     if expected > MAX_LISTENERS {
         return Err(io::Error::other("too many site endpoints"));
