@@ -1572,6 +1572,46 @@ mod tests {
     }
 
     #[test]
+    fn the_network_allowlist_and_read_allowance_are_read_and_bad_entries_named() {
+        let c = Config::load(
+            None,
+            env(&[
+                (
+                    "AGENTBAY_RUNTIME__NETWORK_ALLOW",
+                    "tickets.site:8080, https://tools.site/mcp/",
+                ),
+                ("AGENTBAY_RUNTIME__TOOL_READ_ALLOW", "/srv/models"),
+            ]),
+            &CliOverrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.runtime.network_allow.len(), 2);
+        assert_eq!(
+            c.runtime.tool_read_allow,
+            vec![PathBuf::from("/srv/models")]
+        );
+        let file = write("[runtime.network_allow_by_tenant]\nacme = [\"db.site:5432\"]\n");
+        let c = Config::load(Some(file.path()), env(&[]), &CliOverrides::default()).unwrap();
+        assert_eq!(c.runtime.network_allow_for("acme").len(), 1);
+        assert!(c.runtime.network_allow_for("demo").is_empty());
+        let err = Config::load(
+            None,
+            env(&[("AGENTBAY_RUNTIME__NETWORK_ALLOW", "tickets.site")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert!(err.key.starts_with("runtime.network_allow"), "{err}");
+        assert!(err.reason.contains("host:port"), "{err}");
+        let err = Config::load(
+            None,
+            env(&[("AGENTBAY_RUNTIME__TOOL_READ_ALLOW", "models")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "runtime.tool_read_allow");
+    }
+
+    #[test]
     fn the_packaged_example_config_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/agentbay.toml");
         Config::load(Some(&path), env(&[]), &CliOverrides::default()).unwrap();
