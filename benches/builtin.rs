@@ -60,7 +60,8 @@ fn bench_release(dir: &Path) -> Bundle {
     std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
     agentbay::control::release_sign(
         &dst,
-        &root.join("packaging/examples/demo-publisher.key"),
+        &dir.join("data")
+            .join(agentbay::releases::signing::DEMO_KEY_FILE),
         true,
     )
     .unwrap();

@@ -254,6 +254,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
             clock.clone(),
             &config.releases,
             crate::config::SiteRules::new(&config, runtime_config.clone()),
+            crate::releases::demo_key(&config).context("the demo publisher key")?,
         )
         .await
         .context("loading trusted publisher keys")?,

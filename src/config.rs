@@ -536,7 +536,8 @@ pub struct ReleasesConfig {
     pub max_file_bytes: u64,
     /// Most files in a bundle.
     pub max_files: usize,
-    /// Trust the published demo key, for the `demo` tenant only.
+    /// Trust this appliance's own demo publisher key (made at its first
+    /// start in the data dir), for the `demo` tenant only.
     pub trust_demo_key: bool,
     /// Publisher keys trusted to sign releases.
     pub trusted_keys: Vec<TrustedKeyConfig>,

@@ -788,6 +788,7 @@ async fn offline_releases(
         SystemClock::shared(),
         &config.releases,
         crate::config::SiteRules::new(config, crate::config::Live::new(config.runtime.clone())),
+        crate::releases::demo_key(config)?,
     )
     .await?)
 }
@@ -998,7 +999,7 @@ pub async fn trust_add(
                 .trust_key(name, public_key, tenants, "local administrator (offline)")
                 .await?;
             (
-                crate::api::rpc::admin::key_message(&key),
+                crate::api::rpc::admin::key_message(&key, releases.demo_key_id()),
                 crate::api::rpc::admin::reverified_message(done),
             )
         }
@@ -1043,7 +1044,7 @@ pub async fn trust_revoke(config: &Config, key_id: &str, reason: &str) -> anyhow
                 .revoke_key(key_id, reason, "local administrator (offline)")
                 .await?;
             (
-                crate::api::rpc::admin::key_message(&key),
+                crate::api::rpc::admin::key_message(&key, releases.demo_key_id()),
                 crate::api::rpc::admin::reverified_message(done),
             )
         }
@@ -1071,12 +1072,14 @@ pub async fn trust_list(config: &Config, json: bool) -> anyhow::Result<()> {
                 .into_owned()
                 .keys
         }
-        Target::Offline(local) => offline_releases(config, local)
-            .await?
-            .keys()?
-            .iter()
-            .map(crate::api::rpc::admin::key_message)
-            .collect(),
+        Target::Offline(local) => {
+            let releases = offline_releases(config, local).await?;
+            releases
+                .keys()?
+                .iter()
+                .map(|k| crate::api::rpc::admin::key_message(k, releases.demo_key_id()))
+                .collect()
+        }
     };
     if json {
         let rows: Vec<_> = keys
@@ -1399,6 +1402,7 @@ pub async fn release_import(config: &Config, path: &Path) -> anyhow::Result<()> 
             SystemClock::shared(),
             &config.releases,
             crate::config::SiteRules::new(config, crate::config::Live::new(config.runtime.clone())),
+            crate::releases::demo_key(config)?,
         )
         .await?;
         let report = releases.check(&bundle);

@@ -1,5 +1,6 @@
 //! The demo a zero-config start shows: tenant `demo` with project
-//! `support`, the example releases (signed with the public demo key), and
+//! `support`, the example releases (signed at seeding with this
+//! appliance's own demo key), and
 //! four runs of the builtin triage agent: one that succeeds, one that
 //! waits for a reviewer's approval, one whose model asks the support lead a
 //! question, one that runs out of corrections. It
@@ -55,6 +56,18 @@ fn bundle(dir: &str) -> Bundle {
     Bundle { files }
 }
 
+/// `bundle` with its manifest signed by `pair`.
+fn signed(mut bundle: Bundle, pair: &ring::signature::Ed25519KeyPair) -> anyhow::Result<Bundle> {
+    use crate::releases::bundle::SIGNATURE;
+    let parsed = crate::releases::verify::parse_manifest(bundle.manifest()?)
+        .map_err(|r| anyhow::anyhow!("example release: {}", r.reason))?;
+    let signature = crate::releases::signing::sign(pair, &parsed.canonical);
+    bundle
+        .files
+        .insert(SIGNATURE.into(), serde_json::to_vec_pretty(&signature)?);
+    Ok(bundle)
+}
+
 /// Seeds the demo unless the demo tenant exists already. Returns what it
 /// did, for the start banner.
 pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
@@ -79,6 +92,9 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
         .capacity
         .put_project(tenant.clone(), project.clone(), Some("Support".into()))
         .await?;
+    // The examples are signed here, with this appliance's own demo key:
+    // no key whose private half is published signs for anyone.
+    let pair = crate::releases::signing::instance_demo_pair(&state.config.data_dir)?;
     for dir in [
         "triage",
         "triage-approval",
@@ -86,7 +102,7 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
         "triage-corrections",
         "triage-external",
     ] {
-        let bundle = bundle(dir);
+        let bundle = signed(bundle(dir), &pair)?;
         let report = state.releases.check(&bundle);
         state.releases.record(bundle, report, "demo").await?;
     }

@@ -114,6 +114,18 @@ impl InFlight for NothingRuns {
     }
 }
 
+/// This appliance's demo publisher key when the configuration trusts it
+/// (made at the first start of the data directory).
+pub fn demo_key(
+    config: &crate::config::Config,
+) -> Result<Option<signing::TrustedKey>, signing::KeyError> {
+    config
+        .releases
+        .trust_demo_key
+        .then(|| signing::instance_demo_key(&config.data_dir))
+        .transpose()
+}
+
 /// Errors of release handling.
 #[derive(Debug, thiserror::Error)]
 pub enum ReleaseError {
@@ -141,8 +153,9 @@ pub struct Releases {
     clock: SharedClock,
     /// What verifications trust now, from the store (see `trust.rs`).
     trust: RwLock<Arc<Current>>,
-    /// Whether the demo publisher key is trusted (`releases.trust_demo_key`).
-    trust_demo_key: bool,
+    /// This appliance's own demo publisher key, trusted for the demo
+    /// tenant while `releases.trust_demo_key` is on.
+    demo: Option<signing::TrustedKey>,
     /// Bundle size limits.
     pub limits: Limits,
     /// What the site lets a release reach (checked at every verification).
@@ -165,13 +178,14 @@ impl Releases {
         clock: SharedClock,
         config: &ReleasesConfig,
         site: crate::config::SiteRules,
+        demo: Option<signing::TrustedKey>,
     ) -> Result<Releases, ReleaseError> {
         let releases = Releases {
             trust: RwLock::new(Arc::new(Current {
                 trust: Trust::default(),
                 fingerprint: String::new(),
             })),
-            trust_demo_key: config.trust_demo_key,
+            demo: demo.filter(|_| config.trust_demo_key),
             store,
             clock,
             limits: Limits {
@@ -199,6 +213,11 @@ impl Releases {
     /// LoadRelease's checks, without storing anything.
     pub fn check(&self, bundle: &Bundle) -> Report {
         verify(bundle, &self.current().trust, &|t| self.site.reach(t))
+    }
+
+    /// The key id of this appliance's demo publisher key, when trusted.
+    pub fn demo_key_id(&self) -> Option<&str> {
+        self.demo.as_ref().map(|k| k.key_id.as_str())
     }
 
     /// What the site lets a release reach.
@@ -785,6 +804,7 @@ mod tests {
                 &crate::config::Config::default(),
                 crate::config::Live::new(Default::default()),
             ),
+            None,
         )
         .await
         .unwrap();
@@ -849,6 +869,7 @@ mod tests {
                 &crate::config::Config::default(),
                 crate::config::Live::new(Default::default()),
             ),
+            None,
         )
         .await
         .unwrap();

@@ -19,11 +19,42 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::TenantId;
 
-/// The demo publisher's public key. Its private key ships in
-/// `packaging/examples/demo-publisher.key` so anyone can sign demo
-/// releases: it is trusted for the `demo` tenant only, and only while
-/// `releases.trust_demo_key` is on (packaged installs turn it off).
-pub const DEMO_PUBLIC_KEY: &str = "ygxSy398UPvGnOXD8+sFPISaChDKyOdH5V3hEWr+p5E=";
+/// Where a data directory keeps its demo publisher key (the private half,
+/// owner-only).
+pub const DEMO_KEY_FILE: &str = "demo/publisher.key";
+
+/// This appliance's own demo publisher key, trusted for the `demo` tenant
+/// only while `releases.trust_demo_key` is on: made at the first start of
+/// a data directory (`<data dir>/demo/publisher.key`, owner-only; a key
+/// already there is kept), so no published key signs for anyone here. The
+/// demo's example releases are signed with it when they are seeded; a
+/// developer signs their own demo releases with it.
+pub fn instance_demo_key(data_dir: &std::path::Path) -> Result<TrustedKey, KeyError> {
+    let pair = instance_demo_pair(data_dir)?;
+    let public = base64::engine::general_purpose::STANDARD.encode(pair.public_key().as_ref());
+    TrustedKey::new(
+        "this appliance's demo publisher (DEMO ONLY)",
+        &public,
+        vec![TenantId::parse(DEMO_TENANT).expect("valid tenant")],
+    )
+}
+
+/// The key pair of [`instance_demo_key`], made if missing.
+pub fn instance_demo_pair(data_dir: &std::path::Path) -> Result<Ed25519KeyPair, KeyError> {
+    let path = data_dir.join(DEMO_KEY_FILE);
+    if !path.exists() {
+        let (pem, _, _) = generate();
+        if let Some(dir) = path.parent() {
+            crate::store::datadir::create_private_dir(dir)
+                .map_err(|e| KeyError(format!("the demo key's directory: {e}")))?;
+        }
+        crate::store::datadir::write_private(&path, pem.as_bytes())
+            .map_err(|e| KeyError(format!("writing the demo key {}: {e}", path.display())))?;
+    }
+    let pem = std::fs::read_to_string(&path)
+        .map_err(|e| KeyError(format!("reading the demo key {}: {e}", path.display())))?;
+    read_private_key(&pem)
+}
 
 /// The tenant the demo key may sign for.
 pub const DEMO_TENANT: &str = "demo";
@@ -85,16 +116,6 @@ impl TrustedKey {
             public_key,
             tenants,
         })
-    }
-
-    /// The demo publisher key, for the demo tenant only.
-    pub fn demo() -> TrustedKey {
-        TrustedKey::new(
-            "agentbay demo publisher (DEMO ONLY)",
-            DEMO_PUBLIC_KEY,
-            vec![TenantId::parse(DEMO_TENANT).expect("valid tenant")],
-        )
-        .expect("the built-in demo key is valid")
     }
 
     /// Whether the key may sign for `tenant`.
@@ -211,10 +232,15 @@ mod tests {
     }
 
     #[test]
-    fn the_demo_key_signs_for_the_demo_tenant_only() {
-        let demo = TrustedKey::demo();
+    fn the_demo_key_is_the_data_dirs_own_and_signs_for_the_demo_tenant_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let demo = instance_demo_key(dir.path()).unwrap();
         assert!(demo.may_sign_for(&TenantId::parse("demo").unwrap()));
         assert!(!demo.may_sign_for(&TenantId::parse("acme").unwrap()));
         assert!(demo.name.contains("DEMO ONLY"));
+        // Made once, kept: the same key at the next start.
+        assert_eq!(instance_demo_key(dir.path()).unwrap(), demo);
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(instance_demo_key(other.path()).unwrap().key_id, demo.key_id);
     }
 }

@@ -41,14 +41,12 @@ fn platform() -> TenantScope {
 /// The keys a configuration names (for `agentbay release verify`, which
 /// checks a bundle on a publisher's machine without a store).
 pub fn configured_keys(config: &ReleasesConfig) -> Vec<TrustedKey> {
-    let mut keys: Vec<TrustedKey> = config
+    // A publisher's machine has no appliance's demo key to trust.
+    let keys: Vec<TrustedKey> = config
         .trusted_keys
         .iter()
         .filter_map(|k| TrustedKey::new(&k.name, &k.public_key, tenants(&k.tenants).ok()?).ok())
         .collect();
-    if config.trust_demo_key {
-        keys.push(TrustedKey::demo());
-    }
     keys
 }
 
@@ -129,12 +127,11 @@ impl Releases {
                 }
             }
         }
-        let demo = TrustedKey::demo();
-        if self.trust_demo_key
+        if let Some(demo) = &self.demo
             && !trust.revoked.contains_key(&demo.key_id)
             && !trust.keys.iter().any(|k| k.key_id == demo.key_id)
         {
-            trust.keys.push(demo);
+            trust.keys.push(demo.clone());
         }
         let fingerprint = trust.fingerprint();
         *self.trust.write() = Arc::new(Current { trust, fingerprint });
@@ -145,9 +142,10 @@ impl Releases {
     /// configuration trusts it.
     pub fn keys(&self) -> Result<Vec<PublisherKey>, StoreError> {
         let mut keys: Vec<PublisherKey> = self.store.list(&platform())?;
-        let demo = TrustedKey::demo();
-        if self.trust_demo_key && !keys.iter().any(|k| k.key_id == demo.key_id) {
-            keys.push(demo_record(&demo, self.clock.now()));
+        if let Some(demo) = &self.demo
+            && !keys.iter().any(|k| k.key_id == demo.key_id)
+        {
+            keys.push(demo_record(demo, self.clock.now()));
         }
         keys.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(keys)
@@ -204,9 +202,11 @@ impl Releases {
         by: &str,
     ) -> Result<(PublisherKey, Reverified), ReleaseError> {
         let now = self.clock.now();
-        let demo = TrustedKey::demo();
-        let demo_record =
-            (key_id == demo.key_id && self.trust_demo_key).then(|| demo_record(&demo, now));
+        let demo_record = self
+            .demo
+            .as_ref()
+            .filter(|d| d.key_id == key_id)
+            .map(|d| demo_record(d, now));
         let (id, reason, by_owned) = (key_id.to_string(), reason.to_string(), by.to_string());
         let key =
             self.store

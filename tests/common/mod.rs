@@ -49,6 +49,13 @@ pub struct Credential {
     pub secret: String,
 }
 
+/// The demo publisher key the tests sign demo releases with: every data
+/// directory [`init`] makes holds it as its own demo key (where an
+/// appliance would make one at its first start).
+pub fn test_demo_key() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/keys/demo-publisher.key")
+}
+
 /// Initialises `data_dir` and returns the bootstrap credential.
 pub fn init(data_dir: &Path) -> Credential {
     let out = run(agentbay()
@@ -59,6 +66,9 @@ pub fn init(data_dir: &Path) -> Credential {
         "init failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let key = data_dir.join(agentbay::releases::signing::DEMO_KEY_FILE);
+    std::fs::create_dir_all(key.parent().unwrap()).unwrap();
+    std::fs::copy(test_demo_key(), &key).unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).expect("init --json prints JSON");
     Credential {
         id: v["client_id"].as_str().unwrap().to_string(),

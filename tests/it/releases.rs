@@ -12,8 +12,10 @@ pub(crate) fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage")
 }
 
+/// The demo key of the tests' appliances ([`crate::common::init`] gives it
+/// to each data directory, where an appliance would make its own).
 pub(crate) fn demo_key() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/demo-publisher.key")
+    crate::common::test_demo_key()
 }
 
 /// A copy of the example bundle, changed by `edit`, signed with `key`.

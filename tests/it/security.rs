@@ -1694,3 +1694,67 @@ async fn a_rotated_token_key_refuses_every_earlier_token() {
     assert_eq!(status(old).await, 401);
     assert_eq!(status(a.admin_token().await).await, 200);
 }
+
+/// A zero-config start trusts no key whose private half is public: the
+/// demo tenant trusts this appliance's own demo key, made at its first
+/// start (owner-only in the data dir), which signs the example releases;
+/// a release signed with a published key is untrusted.
+#[tokio::test]
+async fn the_demo_trusts_its_own_key_and_no_published_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let out = common::run(
+        common::agentbay()
+            .args(["init", "--json", "--data-dir"])
+            .arg(&data),
+    );
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let admin = common::Credential {
+        id: v["client_id"].as_str().unwrap().into(),
+        secret: v["client_secret"].as_str().unwrap().into(),
+    };
+    let a = Appliance::serve_with(
+        tmp.path(),
+        &data,
+        admin,
+        &[],
+        &[("AGENTBAY_DEMO__ENABLED", "true")],
+    );
+    let own = data.join(agentbay::releases::signing::DEMO_KEY_FILE);
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&own).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{}", own.display());
+    assert_ne!(
+        std::fs::read(&own).unwrap(),
+        std::fs::read(common::test_demo_key()).unwrap(),
+        "the demo key is this appliance's own"
+    );
+    let token = a.admin_token().await;
+    let mut releases = Value::Null;
+    for _ in 0..200 {
+        releases = a.get(&token, "/runtime/releases?tenant=demo").await;
+        if releases["releases"]
+            .as_array()
+            .is_some_and(|r| r.len() >= 5)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let listed = releases["releases"].as_array().unwrap();
+    assert_eq!(listed.len(), 5, "{releases}");
+    for r in listed {
+        assert_eq!(r["state"], "Verified", "{r}");
+    }
+    // The formerly published demo key signs for nobody here.
+    let dir = tempfile::tempdir().unwrap();
+    let bundle =
+        crate::releases::variant(dir.path(), "foreign", &common::test_demo_key(), |_, m| {
+            m["releaseId"] = json!("foreign-1.0.0");
+        });
+    let (status, body) =
+        crate::releases::upload(&a, &token, crate::releases::pack(&bundle, |_| {})).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.to_string().contains("untrusted"), "{body}");
+}

@@ -47,7 +47,9 @@ pub fn client_message(c: &ClientCredential) -> pb::Client {
 }
 
 /// The wire form of a publisher key.
-pub fn key_message(k: &crate::domain::trust::PublisherKey) -> pb::PublisherKey {
+/// A publisher key as the API shows it; `demo` is this appliance's demo
+/// key's id, when it is trusted.
+pub fn key_message(k: &crate::domain::trust::PublisherKey, demo: Option<&str>) -> pb::PublisherKey {
     pb::PublisherKey {
         key_id: k.key_id.clone(),
         name: k.name.clone(),
@@ -60,7 +62,7 @@ pub fn key_message(k: &crate::domain::trust::PublisherKey) -> pb::PublisherKey {
         revoked_at: k.revoked_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
         revoked_by: k.revoked_by.clone().unwrap_or_default(),
         revoke_reason: k.revoke_reason.clone().unwrap_or_default(),
-        demo: k.key_id == crate::releases::signing::TrustedKey::demo().key_id,
+        demo: demo == Some(k.key_id.as_str()),
         ..Default::default()
     }
 }
@@ -494,7 +496,7 @@ impl pb::Admin for AdminService {
             .await
             .map_err(rpc)?;
         Response::ok(pb::TrustPublisherKeyResponse {
-            key: buffa::MessageField::some(key_message(&key)),
+            key: buffa::MessageField::some(key_message(&key, self.state.releases.demo_key_id())),
             reverified: buffa::MessageField::some(reverified_message(done)),
             ..Default::default()
         })
@@ -508,7 +510,10 @@ impl pb::Admin for AdminService {
         principal(&ctx)?.platform_scope().map_err(rpc)?;
         let keys = self.state.releases.keys().map_err(rpc)?;
         Response::ok(pb::ListPublisherKeysResponse {
-            keys: keys.iter().map(key_message).collect(),
+            keys: keys
+                .iter()
+                .map(|k| key_message(k, self.state.releases.demo_key_id()))
+                .collect(),
             ..Default::default()
         })
     }
@@ -528,7 +533,7 @@ impl pb::Admin for AdminService {
             .await
             .map_err(rpc)?;
         Response::ok(pb::RevokePublisherKeyResponse {
-            key: buffa::MessageField::some(key_message(&key)),
+            key: buffa::MessageField::some(key_message(&key, self.state.releases.demo_key_id())),
             reverified: buffa::MessageField::some(reverified_message(done)),
             ..Default::default()
         })
