@@ -42,10 +42,26 @@ if command -v systemd-analyze >/dev/null; then
     systemd-analyze security --offline=true /lib/systemd/system/agentbay.service | tail -1
 fi
 
-echo "--- the installed appliance (packaged config, data in /var/lib/agentbay)"
+# What systemd's Delegate= gives the packaged unit, where this machine has
+# the v1 controllers and no systemd: a group under each controller's
+# hierarchy that the service account owns, with the service in it.
+DELEGATED=()
+if [ -d /sys/fs/cgroup/memory ] && [ -d /sys/fs/cgroup/pids ]; then
+    for c in cpu cpuacct memory pids; do
+        [ -d "/sys/fs/cgroup/$c" ] || continue
+        own=$(awk -F: -v c="$c" '{n=split($2,a,","); for(i=1;i<=n;i++) if(a[i]==c) print $3}' /proc/self/cgroup)
+        d="/sys/fs/cgroup/$c${own%/}/agentbay-package-test-$$"
+        $SUDO mkdir -p "$d"
+        for f in "$d" "$d/cgroup.procs" "$d/tasks"; do $SUDO chown agentbay:agentbay "$f"; done
+        DELEGATED+=("$d")
+    done
+fi
+
+echo "--- the installed appliance (packaged config, data in /var/lib/agentbay, delegated cgroups: ${#DELEGATED[@]})"
 URL="https://127.0.0.1:$PORT"
-$SUDO runuser -u agentbay -- agentbay serve --config /etc/agentbay/agentbay.toml --listen "127.0.0.1:$PORT" \
-    > "$TMP/serve.log" 2>&1 &
+$SUDO sh -c 'for d in "$@"; do echo $$ > "$d/cgroup.procs"; done
+    exec runuser -u agentbay -- agentbay serve --config /etc/agentbay/agentbay.toml --listen "127.0.0.1:'"$PORT"'"' \
+    sh "${DELEGATED[@]}" > "$TMP/serve.log" 2>&1 &
 echo $! > "$TMP/pid1"
 $SUDO cp /var/lib/agentbay/tls/ca.pem "$TMP/ca.pem"
 wait_healthy "$URL" "$TMP/ca.pem"
@@ -64,7 +80,13 @@ case "$SIGNIN" in
 esac
 curl -fsS --cacert "$TMP/ca.pem" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
     -d '{"tenantId":"site","edition":"team"}' "$URL/agentbay.admin.v1.Admin/PutTenant" >/dev/null
+# A release's MCP stdio tool runs under the packaged account and
+# configuration, and its receipt says what bound it.
+mkdir -p "$TMP/tool-run"
+python3 packaging/test-tool-run.py "$URL" "$TMP/ca.pem" "$TOKEN" "$TMP/tool-run" ||
+    { tail -50 "$TMP/serve.log"; fail "a release's MCP tool did not run under the packaged account"; }
 $SUDO kill -TERM "$(cat "$TMP/pid1")"; wait "$(cat "$TMP/pid1")" 2>/dev/null || true
+for d in "${DELEGATED[@]}"; do $SUDO rmdir "$d" 2>/dev/null || true; done
 echo "install-to-healthy: $(python3 -c "print(round($HEALTHY - $START, 2))") s"
 
 echo "--- init and serve with the packaged config from a temp location"
