@@ -5,8 +5,9 @@
 //! time to remove a finished tree's cgroup, which no call waits for.
 //!
 //! `cargo bench --bench confine`; `AGENTBAY_BENCH_SPAWNS` sets the number
-//! of starts per row (default 300). Run as root (or with a delegated
-//! cgroup subtree) to measure the cgroup mechanism.
+//! of starts per row (default 300). Run as root, or as an unprivileged
+//! account with a delegated cgroup subtree (the packaged service), to
+//! measure the cgroup mechanism; without one it measures the weaker one.
 
 use std::time::{Duration, Instant};
 
@@ -40,8 +41,8 @@ async fn main() {
     let config = RuntimeConfig::default();
     let host = confiner.host(&config);
     println!(
-        "confinement on this host: {} | network: {} | files: {}",
-        host.mechanism, host.network, host.files
+        "confinement on this host: {} | network: {} | processes: {} | files: {}",
+        host.mechanism, host.network, host.processes, host.files
     );
     let workdir = confiner.workdir("bench", &config).unwrap();
     let argv = vec!["/bin/true".to_string()];

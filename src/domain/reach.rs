@@ -25,6 +25,16 @@ use serde::{Deserialize, Serialize};
 /// The most site endpoints one tool may name.
 pub const MAX_SITE_ENDPOINTS: usize = 16;
 
+/// A site endpoint offered to a tool: the `host` and `port` it names, and
+/// the addresses the appliance connects to for it.
+pub type SiteEndpoint = (String, u16, Vec<SocketAddr>);
+
+/// Where a tool with a mount namespace of its own finds its working
+/// directory: a place of the host's that no tool is granted (none of
+/// `/var` is), so that hiding it hides nothing a tool may use; a release
+/// cannot ask to read it.
+pub const TOOL_WORKDIR: &str = "/var/tmp";
+
 /// The protected root `grant` is at, above or below, if any.
 pub fn protected_conflict<'a>(grant: &Path, protected: &'a [PathBuf]) -> Option<&'a Path> {
     protected
@@ -49,6 +59,11 @@ pub fn read_path_refusal(path: &str, protected: &[PathBuf], allowed: &[PathBuf])
         return Some(format!(
             "read path {path} is at, above or below the protected path {}: no tool may read it",
             root.display()
+        ));
+    }
+    if p.starts_with(TOOL_WORKDIR) {
+        return Some(format!(
+            "read path {path} is inside {TOOL_WORKDIR}, where a tool finds its own working directory"
         ));
     }
     if !allowed.iter().any(|a| p.starts_with(a)) {
@@ -372,6 +387,8 @@ mod tests {
         );
         let e = read_path_refusal("/srv/models/../../var/lib/agentbay", &p, &allowed).unwrap();
         assert!(e.contains("without . or .."), "{e}");
+        let e = read_path_refusal("/var/tmp/x", &p, &allowed).unwrap();
+        assert!(e.contains("working directory"), "{e}");
         let e = read_path_refusal("models", &p, &allowed).unwrap();
         assert!(e.contains("absolute"), "{e}");
     }

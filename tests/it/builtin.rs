@@ -54,7 +54,7 @@ fn release(
 
 pub(crate) struct Site {
     pub(crate) a: Appliance,
-    cred: Credential,
+    pub(crate) cred: Credential,
     pub(crate) token: String,
     dir: tempfile::TempDir,
 }

@@ -1758,3 +1758,135 @@ async fn the_demo_trusts_its_own_key_and_no_published_one() {
     assert_eq!(status, 422, "{body}");
     assert!(body.to_string().contains("untrusted"), "{body}");
 }
+
+/// Where a release may connect is the site's allowlist: an `mcp-http`
+/// server at an internal listener is a verdict at import; a URL prefix does
+/// not open loopback (only an exact host:port does); a target the site
+/// stops allowing is refused at call time; a refused connection is told in
+/// words.
+#[tokio::test]
+async fn a_release_reaches_only_what_the_sites_allowlist_names() {
+    use crate::builtin::{Site, answer};
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed); // Nothing listens there now: a connection is refused.
+    let internal = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let internal_port = internal.local_addr().unwrap().port();
+    let allow = format!("127.0.0.1:{port},http://127.0.0.1:{internal_port}/");
+    let mut site = Site::on(Appliance::start_with(
+        &[],
+        &[("AGENTBAY_RUNTIME__NETWORK_ALLOW", &allow)],
+    ))
+    .await;
+    let http_tool = |url: String| {
+        move |m: &mut Value| {
+            m["tools"] = json!([{"id": "remote", "name": "remote", "description": "r",
+                "sideEffectClass": "read", "transport": "mcp-http", "url": url,
+                "inputSchema": {"type": "object"}}]);
+        }
+    };
+    let calls = json!([{"content": "call", "toolCalls": [{"tool": "remote", "arguments": {}}]}, answer("low", false)]);
+    // Not listed: refused at import, the target named.
+    let (status, body) = site
+        .try_import(
+            "mcp-unlisted",
+            calls.clone(),
+            &[],
+            http_tool("http://127.0.0.1:18999/internal-admin".into()),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.to_string().contains("MCP server http://127.0.0.1:18999/internal-admin is not in the site's network allowlist"),
+        "{body}"
+    );
+    // Listed by a URL prefix only: loopback needs the exact host:port.
+    let (status, body) = site
+        .try_import(
+            "mcp-prefix",
+            calls.clone(),
+            &[],
+            http_tool(format!("http://127.0.0.1:{internal_port}/admin")),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.to_string().contains("only an exact"), "{body}");
+    // Listed exactly, nothing listening: the call fails in words.
+    site.import(
+        "mcp-listed",
+        calls.clone(),
+        http_tool(format!("http://127.0.0.1:{port}/mcp")),
+    )
+    .await;
+    let run_id = site.submit("mcp-listed").await;
+    let run = site.until(&run_id, "Succeeded").await;
+    let attempt = &run.steps[0].attempts[0].attempt_id;
+    let t = site.timeline(attempt).await;
+    let call = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "tool")
+        .unwrap()
+        .clone();
+    let error = call["error"].as_str().unwrap();
+    assert_eq!(call["status"], "failed", "{call}");
+    assert!(error.contains("connection refused"), "{error}");
+    assert!(!error.contains("::"), "a Rust type in the error: {error}");
+    // The site stops allowing it: the stored release is refused at call
+    // time.
+    site.a.kill9();
+    site.a.restart_with_env(&[]);
+    let token = site.a.token(&site.cred).await;
+    site.token = token;
+    let run_id = site.submit("mcp-listed").await;
+    let run = site.until(&run_id, "Succeeded").await;
+    let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
+    let call = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "tool")
+        .unwrap()
+        .clone();
+    assert_eq!(call["status"], "failed", "{call}");
+    assert!(
+        call["error"]
+            .as_str()
+            .unwrap()
+            .contains("is not in the site's network allowlist"),
+        "{call}"
+    );
+    drop(internal);
+}
+
+/// A compressed upload is counted decompressed as it streams: zeros that
+/// would end a tar archive at once still count, and past the cap the
+/// upload is refused as too large, naming it, and nothing is stored.
+#[tokio::test]
+async fn a_gzip_bomb_upload_is_refused_as_too_large_naming_the_cap() {
+    use std::io::Write;
+    let a = Appliance::start_with(
+        &[],
+        &[
+            ("AGENTBAY_RELEASES__MAX_BUNDLE_BYTES", "1048576"),
+            ("AGENTBAY_RELEASES__MAX_FILE_BYTES", "524288"),
+        ],
+    );
+    let token = a.admin_token().await;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..64 {
+        gz.write_all(&zeros).unwrap();
+    }
+    let bomb = gz.finish().unwrap();
+    assert!(bomb.len() < 256 * 1024, "{}", bomb.len());
+    let (status, body) = crate::releases::upload(&a, &token, bomb).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body.to_string().contains("releases.max_bundle_bytes"),
+        "{body}"
+    );
+    let listed = a.get(&token, "/runtime/releases").await;
+    assert_eq!(listed["releases"], json!([]), "{listed}");
+}

@@ -56,7 +56,7 @@ impl Bounds {
 #[derive(Clone, Copy)]
 pub struct Reach<'a> {
     /// `(host, port, addresses)`.
-    pub endpoints: &'a [crate::runtime::confine::SiteEndpoint],
+    pub endpoints: &'a [crate::domain::reach::SiteEndpoint],
     /// Paths it may read.
     pub read_paths: &'a [std::path::PathBuf],
 }
@@ -484,16 +484,60 @@ pub fn in_words(error: &(dyn std::error::Error + 'static)) -> String {
             return io_words(io);
         }
         innermost = e;
-        cause = e.source();
+        // rmcp's initialisation error holds its transport's error without
+        // naming it as the source.
+        // rmcp's initialisation error and its HTTP transport's hold their
+        // causes without naming them as the source.
+        use rmcp::transport::streamable_http_client::StreamableHttpError;
+        cause =
+            if let Some(rmcp::service::ClientInitializeError::TransportError { error, .. }) =
+                e.downcast_ref::<rmcp::service::ClientInitializeError>()
+            {
+                Some(error as &(dyn std::error::Error + 'static))
+            } else if let Some(StreamableHttpError::Client(r)) =
+                e.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+            {
+                Some(r as &(dyn std::error::Error + 'static))
+            } else {
+                e.source()
+            };
     }
-    let text = innermost.to_string();
-    // What is left names no type: keep the words after the last "::"-free
-    // part (rmcp prefixes some messages with its transport's type).
-    match text.rfind(">: ").or_else(|| text.rfind(">, ")) {
-        Some(i) if text[..i].contains("::") => text[i + 3..].to_string(),
-        _ if text.contains("::") => "the connection to the server failed".to_string(),
-        _ => text,
+    without_types(&innermost.to_string())
+}
+
+/// `text` without the Rust type names some errors carry (rmcp names its
+/// transport's type in brackets): bracketed segments and words that hold
+/// a path (`::`) are dropped.
+fn without_types(text: &str) -> String {
+    let mut out = String::new();
+    let mut depth = 0usize;
+    let mut segment = String::new();
+    for c in text.chars() {
+        match c {
+            '[' | '<' => {
+                depth += 1;
+                segment.push(c);
+            }
+            ']' | '>' if depth > 0 => {
+                depth -= 1;
+                segment.push(c);
+                if depth == 0 {
+                    if !segment.contains("::") {
+                        out.push_str(&segment);
+                    }
+                    segment.clear();
+                }
+            }
+            _ if depth > 0 => segment.push(c),
+            _ => out.push(c),
+        }
     }
+    out.push_str(&segment);
+    let words: Vec<&str> = out
+        .split_whitespace()
+        .filter(|w| !w.contains("::"))
+        .collect();
+    words.join(" ")
 }
 
 fn io_words(e: &std::io::Error) -> String {
@@ -545,5 +589,11 @@ mod tests {
         assert_eq!(in_words(&io), "no route");
         let typed = std::fmt::Error;
         assert!(!in_words(&typed).contains("::"));
+        assert_eq!(
+            without_types(
+                "Transport [rmcp::transport::worker::WorkerTransport<rmcp::X<Y>>] error: Client error: closed"
+            ),
+            "Transport error: Client error: closed"
+        );
     }
 }

@@ -64,9 +64,7 @@ pub struct Request<'a> {
     pub read_paths: &'a [PathBuf],
 }
 
-/// A site endpoint offered to a tool: the `host` and `port` it names, and
-/// the addresses the appliance connects to for it.
-pub type SiteEndpoint = (String, u16, Vec<std::net::SocketAddr>);
+pub use crate::domain::reach::SiteEndpoint;
 
 /// The `PATH` every tool process gets.
 pub const TOOL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";

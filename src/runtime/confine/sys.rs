@@ -26,10 +26,8 @@ pub struct Steps {
     pub landlock: Option<RawFd>,
 }
 
-/// Where a tool with a mount namespace of its own finds its working
-/// directory: a place of the host's that no tool is granted (Landlock
-/// gives none of `/var`), so that hiding it hides nothing a tool may use.
-pub const TOOL_WORKDIR: &str = "/var/tmp";
+pub use crate::domain::reach::TOOL_WORKDIR;
+/// [`TOOL_WORKDIR`] for the system calls.
 const TOOL_WORKDIR_C: &CStr = c"/var/tmp";
 
 /// The most site endpoints one tool process may be offered.
@@ -608,4 +606,14 @@ pub fn account(name: &str) -> Option<(libc::uid_t, libc::gid_t)> {
 /// Gives `path` to a user and group.
 pub fn chown(path: &std::path::Path, uid: libc::uid_t, gid: libc::gid_t) -> io::Result<()> {
     std::os::unix::fs::chown(path, Some(uid), Some(gid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tools_working_directory_is_one_path() {
+        assert_eq!(TOOL_WORKDIR_C.to_str().unwrap(), TOOL_WORKDIR);
+    }
 }
