@@ -770,6 +770,33 @@ mod tests {
         }
     }
 
+    /// The service over `store`, trusting the tests' demo key (which
+    /// signed the example bundles) for the demo tenant.
+    async fn open(store: Store) -> Releases {
+        let public = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/keys/demo-publisher.pub"),
+        )
+        .unwrap();
+        let demo = signing::TrustedKey::new(
+            "tests' demo publisher",
+            &public,
+            vec![TenantId::parse("demo").unwrap()],
+        )
+        .unwrap();
+        Releases::open(
+            store,
+            SystemClock::shared(),
+            &ReleasesConfig::default(),
+            crate::config::SiteRules::new(
+                &crate::config::Config::default(),
+                crate::config::Live::new(Default::default()),
+            ),
+            Some(demo),
+        )
+        .await
+        .unwrap()
+    }
+
     async fn demo_store(dir: &Path) -> Store {
         let store = Store::open(&dir.join("store"), &StoreOptions::default()).unwrap();
         let (tenant, _) = Tenant::put(
@@ -796,18 +823,7 @@ mod tests {
     async fn retiring_applies_the_in_flight_policy_through_the_engine() {
         let dir = tempfile::tempdir().unwrap();
         let store = demo_store(dir.path()).await;
-        let releases = Releases::open(
-            store,
-            SystemClock::shared(),
-            &ReleasesConfig::default(),
-            crate::config::SiteRules::new(
-                &crate::config::Config::default(),
-                crate::config::Live::new(Default::default()),
-            ),
-            None,
-        )
-        .await
-        .unwrap();
+        let releases = open(store).await;
         let recorder = Arc::new(Recorder::default());
         releases.set_in_flight(recorder.clone());
         let example =
@@ -861,18 +877,7 @@ mod tests {
     async fn a_re_verification_of_an_older_copy_never_undoes_a_revocation() {
         let dir = tempfile::tempdir().unwrap();
         let store = demo_store(dir.path()).await;
-        let releases = Releases::open(
-            store,
-            SystemClock::shared(),
-            &ReleasesConfig::default(),
-            crate::config::SiteRules::new(
-                &crate::config::Config::default(),
-                crate::config::Live::new(Default::default()),
-            ),
-            None,
-        )
-        .await
-        .unwrap();
+        let releases = open(store).await;
         releases.set_in_flight(Arc::new(Recorder::default()));
         let example =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage");
