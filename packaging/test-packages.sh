@@ -55,6 +55,19 @@ if [ -d /sys/fs/cgroup/memory ] && [ -d /sys/fs/cgroup/pids ]; then
         for f in "$d" "$d/cgroup.procs" "$d/tasks"; do $SUDO chown agentbay:agentbay "$f"; done
         DELEGATED+=("$d")
     done
+elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    # cgroup v2: one group with cpu, memory and pids for its children,
+    # beside this script's own when that holds processes (a group with
+    # processes gives its children no controllers).
+    own=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)
+    base="/sys/fs/cgroup${own%/}"
+    if ! echo "+cpu +memory +pids" | $SUDO tee "$base/cgroup.subtree_control" >/dev/null 2>&1; then
+        base=$(dirname "$base")
+    fi
+    d="$base/agentbay-package-test-$$"
+    $SUDO mkdir -p "$d"
+    for f in "$d" "$d/cgroup.procs" "$d/cgroup.subtree_control"; do $SUDO chown agentbay:agentbay "$f"; done
+    DELEGATED+=("$d")
 fi
 
 echo "--- the installed appliance (packaged config, data in /var/lib/agentbay, delegated cgroups: ${#DELEGATED[@]})"
@@ -83,7 +96,7 @@ curl -fsS --cacert "$TMP/ca.pem" -H "Authorization: Bearer $TOKEN" -H 'Content-T
 # A release's MCP stdio tool runs under the packaged account and
 # configuration, and its receipt says what bound it.
 mkdir -p "$TMP/tool-run"
-python3 packaging/test-tool-run.py "$URL" "$TMP/ca.pem" "$TOKEN" "$TMP/tool-run" ||
+EXPECT_CGROUP=${#DELEGATED[@]} python3 packaging/test-tool-run.py "$URL" "$TMP/ca.pem" "$TOKEN" "$TMP/tool-run" ||
     { tail -50 "$TMP/serve.log"; fail "a release's MCP tool did not run under the packaged account"; }
 $SUDO kill -TERM "$(cat "$TMP/pid1")"; wait "$(cat "$TMP/pid1")" 2>/dev/null || true
 for d in "${DELEGATED[@]}"; do $SUDO rmdir "$d" 2>/dev/null || true; done

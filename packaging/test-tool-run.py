@@ -112,6 +112,12 @@ status, detail = call(f"/runtime/attempts/{attempt}/calls/{tools[0]['callId']}?t
 if tools[0]["status"] != "completed":
     fail(f"the tool call {tools[0]['status']}: {json.dumps(detail)[:2000]}")
 bound = detail["content"]["receipt"]["json"]["confinement"]
+# As installed, the tool has a network of its own (no egress), processes
+# of its own, and, where the service has a delegated subtree, a cgroup.
+if bound["network"] != "loopback-only" or bound["processes"] != "own-namespace":
+    fail(f"the tool was not isolated: {json.dumps(bound)}")
+if os.environ.get("EXPECT_CGROUP", "0") != "0" and not bound["mechanism"].startswith("cgroup"):
+    fail(f"the delegated subtree did not bound the tool: {json.dumps(bound)}")
 print(f"tool run: Succeeded; the MCP stdio tool was bound by {bound['mechanism']}, "
       f"network {bound['network']}, processes {bound['processes']}, user {bound['user']}; "
       f"files: {bound['files']}")

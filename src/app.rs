@@ -253,7 +253,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
             store.clone(),
             clock.clone(),
             &config.releases,
-            crate::config::SiteRules::new(&config, runtime_config.clone()),
+            crate::config::SiteRules::new(&config, runtime_config.clone(), addr),
             crate::releases::demo_key(&config).context("the demo publisher key")?,
         )
         .await

@@ -740,11 +740,13 @@ pub struct SiteRules {
 }
 
 impl SiteRules {
-    /// The rules of `config`, with its live runtime keys.
-    pub fn new(config: &Config, runtime: Live<RuntimeConfig>) -> SiteRules {
+    /// The rules of `config`, with its live runtime keys, for an
+    /// appliance listening on `own` (the address it bound, which differs
+    /// from `listen` when that names port 0).
+    pub fn new(config: &Config, runtime: Live<RuntimeConfig>, own: SocketAddr) -> SiteRules {
         SiteRules {
             protected: Arc::new(config.protected_paths()),
-            own: Arc::new(vec![config.listen]),
+            own: Arc::new(vec![own]),
             runtime,
         }
     }

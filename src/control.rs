@@ -787,7 +787,11 @@ async fn offline_releases(
         local.store.clone(),
         SystemClock::shared(),
         &config.releases,
-        crate::config::SiteRules::new(config, crate::config::Live::new(config.runtime.clone())),
+        crate::config::SiteRules::new(
+            config,
+            crate::config::Live::new(config.runtime.clone()),
+            config.listen,
+        ),
         crate::releases::demo_key(config)?,
     )
     .await?)
@@ -1337,8 +1341,11 @@ pub fn release_verify(
         }
     };
     println!("  ok  bundle: {} files", read.files.len());
-    let site =
-        crate::config::SiteRules::new(config, crate::config::Live::new(config.runtime.clone()));
+    let site = crate::config::SiteRules::new(
+        config,
+        crate::config::Live::new(config.runtime.clone()),
+        config.listen,
+    );
     let report = crate::releases::verify::verify(
         &read,
         &crate::releases::signing::Trust::of(trusted),
@@ -1401,7 +1408,11 @@ pub async fn release_import(config: &Config, path: &Path) -> anyhow::Result<()> 
             local.store.clone(),
             SystemClock::shared(),
             &config.releases,
-            crate::config::SiteRules::new(config, crate::config::Live::new(config.runtime.clone())),
+            crate::config::SiteRules::new(
+                config,
+                crate::config::Live::new(config.runtime.clone()),
+                config.listen,
+            ),
             crate::releases::demo_key(config)?,
         )
         .await?;

@@ -56,18 +56,6 @@ fn bundle(dir: &str) -> Bundle {
     Bundle { files }
 }
 
-/// `bundle` with its manifest signed by `pair`.
-fn signed(mut bundle: Bundle, pair: &ring::signature::Ed25519KeyPair) -> anyhow::Result<Bundle> {
-    use crate::releases::bundle::SIGNATURE;
-    let parsed = crate::releases::verify::parse_manifest(bundle.manifest()?)
-        .map_err(|r| anyhow::anyhow!("example release: {}", r.reason))?;
-    let signature = crate::releases::signing::sign(pair, &parsed.canonical);
-    bundle
-        .files
-        .insert(SIGNATURE.into(), serde_json::to_vec_pretty(&signature)?);
-    Ok(bundle)
-}
-
 /// Seeds the demo unless the demo tenant exists already. Returns what it
 /// did, for the start banner.
 pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
@@ -102,7 +90,9 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
         "triage-corrections",
         "triage-external",
     ] {
-        let bundle = signed(bundle(dir), &pair)?;
+        let bundle = bundle(dir)
+            .signed(&pair)
+            .map_err(|e| anyhow::anyhow!("example release {dir}: {}", e.0))?;
         let report = state.releases.check(&bundle);
         state.releases.record(bundle, report, "demo").await?;
     }

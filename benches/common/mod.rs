@@ -96,7 +96,12 @@ pub async fn external_site(state: &AppState) -> (TenantScope, ProjectId) {
         .unwrap();
     let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("packaging/examples/releases/triage-external");
-    let bundle = Bundle::from_dir(&example, &state.releases.limits).unwrap();
+    // Signed as the demo signs it: with the data directory's own demo key.
+    let pair = agentbay::releases::signing::instance_demo_pair(&state.config.data_dir).unwrap();
+    let bundle = Bundle::from_dir(&example, &state.releases.limits)
+        .unwrap()
+        .signed(&pair)
+        .unwrap();
     let report = state.releases.check(&bundle);
     state
         .releases

@@ -199,7 +199,13 @@ pub fn is_sensitive(ip: IpAddr, port: u16, own: &[SocketAddr]) -> bool {
         v4 => v4,
     };
     let special = match ip {
-        IpAddr::V4(v4) => v4.is_loopback() || v4.is_unspecified() || v4.is_link_local(),
+        IpAddr::V4(v4) => {
+            v4.is_loopback()
+                || v4.is_unspecified()
+                || v4.is_link_local()
+                // Alibaba Cloud's metadata service (the others are link-local).
+                || v4.octets() == [100, 100, 100, 200]
+        }
         IpAddr::V6(v6) => {
             v6.is_loopback()
                 || v6.is_unspecified()
@@ -462,6 +468,12 @@ mod tests {
             .is_some()
         );
         assert!(is_sensitive("fe80::1".parse().unwrap(), 1, &[]));
+        for metadata in ["169.254.169.254", "100.100.100.200", "fd00:ec2::254"] {
+            assert!(
+                is_sensitive(metadata.parse().unwrap(), 80, &[]),
+                "{metadata}"
+            );
+        }
         assert!(!is_sensitive(
             "10.0.0.5".parse().unwrap(),
             8443,

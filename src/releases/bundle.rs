@@ -122,6 +122,19 @@ impl Bundle {
         self
     }
 
+    /// The bundle with its manifest signed by `pair` (its `signature.json`
+    /// replaced): how the demo signs the example releases with the
+    /// appliance's own demo key as it seeds them.
+    pub fn signed(mut self, pair: &ring::signature::Ed25519KeyPair) -> Result<Bundle, BundleError> {
+        let parsed = crate::releases::verify::parse_manifest(self.manifest()?)
+            .map_err(|r| err(format!("{MANIFEST}: {}", r.reason)))?;
+        let signature = crate::releases::signing::sign(pair, &parsed.canonical);
+        let bytes =
+            serde_json::to_vec_pretty(&signature).map_err(|e| err(format!("{SIGNATURE}: {e}")))?;
+        self.files.insert(SIGNATURE.into(), bytes);
+        Ok(self)
+    }
+
     /// The manifest's bytes.
     pub fn manifest(&self) -> Result<&[u8], BundleError> {
         self.files

@@ -770,8 +770,8 @@ mod tests {
         }
     }
 
-    /// The service over `store`, trusting the tests' demo key (which
-    /// signed the example bundles) for the demo tenant.
+    /// The service over `store`, trusting the tests' demo key for the
+    /// demo tenant.
     async fn open(store: Store) -> Releases {
         let public = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/keys/demo-publisher.pub"),
@@ -790,11 +790,23 @@ mod tests {
             crate::config::SiteRules::new(
                 &crate::config::Config::default(),
                 crate::config::Live::new(Default::default()),
+                crate::config::Config::default().listen,
             ),
             Some(demo),
         )
         .await
         .unwrap()
+    }
+
+    /// `bundle` signed with the tests' demo key.
+    fn signed(bundle: Bundle) -> Bundle {
+        let pem = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/keys/demo-publisher.key"),
+        )
+        .unwrap();
+        bundle
+            .signed(&signing::read_private_key(&pem).unwrap())
+            .unwrap()
     }
 
     async fn demo_store(dir: &Path) -> Store {
@@ -828,7 +840,7 @@ mod tests {
         releases.set_in_flight(recorder.clone());
         let example =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage");
-        let bundle = Bundle::from_dir(&example, &releases.limits).unwrap();
+        let bundle = signed(Bundle::from_dir(&example, &releases.limits).unwrap());
         let report = releases.check(&bundle);
         assert!(report.verified(), "{:?}", report.rejection);
         let release = releases.record(bundle, report, "test").await.unwrap();
@@ -881,7 +893,7 @@ mod tests {
         releases.set_in_flight(Arc::new(Recorder::default()));
         let example =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage");
-        let bundle = Bundle::from_dir(&example, &releases.limits).unwrap();
+        let bundle = signed(Bundle::from_dir(&example, &releases.limits).unwrap());
         let report = releases.check(&bundle);
         let listed = releases.record(bundle, report, "test").await.unwrap();
         let scope = TenantScope::new(listed.tenant_id.clone());

@@ -26,3 +26,30 @@ pub async fn resolve_allowed(
         None => Ok(addresses),
     }
 }
+
+/// An HTTP client that reaches `url` only at the addresses the site's rule
+/// was just checked against, or why `url` may not be reached.
+///
+/// The host is looked up once, here, and the client is pinned to those
+/// addresses: a name that resolves elsewhere a moment later (DNS
+/// rebinding) is never looked up again. It follows no redirect, so an
+/// allowed server cannot send the appliance on to a target the site did
+/// not allow (loopback, its own listener, cloud metadata).
+pub async fn pinned_client(
+    site: &SiteReach,
+    what: &str,
+    url: &str,
+    connect_timeout: std::time::Duration,
+) -> Result<reqwest::Client, String> {
+    let target = Target::of_url(url).map_err(|why| format!("{what} {why}"))?;
+    let addresses = resolve_allowed(site, what, &target).await?;
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .redirect(reqwest::redirect::Policy::none());
+    if target.host.parse::<std::net::IpAddr>().is_err() {
+        builder = builder.resolve_to_addrs(&target.host, &addresses);
+    }
+    builder
+        .build()
+        .map_err(|e| format!("{what} {target}: no HTTP client: {e}"))
+}

@@ -56,6 +56,52 @@ pub fn test_demo_key() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/keys/demo-publisher.key")
 }
 
+/// The example release `name` of `packaging/examples/releases`, signed
+/// with [`test_demo_key`]: the examples ship unsigned (an appliance signs
+/// them with its own demo key as it seeds them), so the tests sign a copy
+/// once per test process, as a developer would.
+pub fn signed_example(name: &str) -> PathBuf {
+    static ROOT: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let root = ROOT.get_or_init(|| {
+        let root = tempfile::tempdir().unwrap();
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases");
+        for entry in std::fs::read_dir(&examples).unwrap() {
+            let entry = entry.unwrap();
+            let dir = root.path().join(entry.file_name());
+            copy_tree(&entry.path(), &dir);
+            let out = run(agentbay()
+                .args(["release", "sign"])
+                .arg(&dir)
+                .arg("--key")
+                .arg(test_demo_key()));
+            assert!(
+                out.status.success(),
+                "signing the example {}: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        root
+    });
+    let dir = root.path().join(name);
+    assert!(dir.is_dir(), "no example release {name}");
+    dir
+}
+
+/// Copies the directory tree `from` to `to`.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
 /// Initialises `data_dir` and returns the bootstrap credential.
 pub fn init(data_dir: &Path) -> Credential {
     let out = run(agentbay()
@@ -535,6 +581,16 @@ fn account_ids(account: &str) -> (libc::uid_t, libc::gid_t) {
     }
 }
 
+/// Gives the tree at `path` to the account the appliances serve as, when
+/// that is not the tests' own (`AGENTBAY_TEST_AS`): what a site makes
+/// readable to the packaged service is the service account's to read.
+pub fn hand_to_appliance(path: &Path) {
+    if let Some(account) = unprivileged_account() {
+        let (uid, gid) = account_ids(&account);
+        chown_tree(path, uid, gid);
+    }
+}
+
 fn chown_tree(path: &Path, uid: libc::uid_t, gid: libc::gid_t) {
     std::os::unix::fs::lchown(path, Some(uid), Some(gid)).unwrap();
     if path.is_dir() && !path.is_symlink() {
@@ -607,10 +663,16 @@ fn delegate_cgroups(root: &Path, uid: libc::uid_t, gid: libc::gid_t) -> Vec<Path
         let mount = v2.expect("a cgroup hierarchy");
         let base = mount.join(own_path("").trim_start_matches('/'));
         // Its controllers for its children, as systemd enables them for a
-        // delegated unit (refused where the tests' group holds processes:
-        // then the host's own delegation must give them).
-        let _ = std::fs::write(base.join("cgroup.subtree_control"), "+cpu +memory +pids");
-        let dir = base.join(&name);
+        // delegated unit.
+        // A group that holds processes cannot give controllers to its
+        // children: the appliance's group then goes beside the tests'
+        // own, under their parent, whose controllers the tests' group has.
+        let dir =
+            if std::fs::write(base.join("cgroup.subtree_control"), "+cpu +memory +pids").is_ok() {
+                base.join(&name)
+            } else {
+                base.parent().unwrap_or(&base).join(&name)
+            };
         procs.push(give(&dir));
     } else {
         let mut seen: Vec<PathBuf> = Vec::new();

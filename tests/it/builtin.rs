@@ -22,7 +22,7 @@ fn release(
     edit: impl FnOnce(&mut Value),
 ) -> PathBuf {
     let dir = root.join(id);
-    crate::releases::copy_dir(&example(), &dir);
+    crate::common::copy_tree(&example(), &dir);
     for (path, bytes) in files {
         let target = dir.join(path);
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
@@ -143,12 +143,16 @@ impl Site {
             .clone()
     }
 
-    /// Waits until the run's first attempt is in `state` (or the run ends).
+    /// Waits until the run's last attempt is in `state` (or the run is).
+    /// For an ended state, until the run has ended too: an attempt ends
+    /// a moment before its run records the outcome.
     pub(crate) async fn until(&self, run_id: &str, state: &str) -> rn::Run {
+        const ENDED: [&str; 3] = ["Succeeded", "Failed", "Cancelled"];
         for _ in 0..300 {
             let r = self.run(run_id).await;
             let a = r.steps[0].attempts.last().map(|a| a.state.clone());
-            if a.as_deref() == Some(state) || r.state == state {
+            let reached = a.as_deref() == Some(state) || r.state == state;
+            if reached && (!ENDED.contains(&state) || ENDED.contains(&r.state.as_str())) {
                 return r;
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -1183,10 +1187,12 @@ async fn mcp_tools_over_streamable_http_on_the_site() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MCP server never listened on {port}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let url = format!("http://127.0.0.1:{port}/mcp");

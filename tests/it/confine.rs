@@ -282,6 +282,42 @@ async fn a_tool_past_its_memory_is_killed_and_its_call_names_the_limit() {
     }
 }
 
+/// `runtime.tool_pids_max` bounds the processes of a tool's tree: a tool
+/// that forks past it is refused the surplus, and its call says the bound.
+#[tokio::test]
+async fn a_tool_forks_no_more_processes_than_its_bound() {
+    let site = Site::on(Appliance::start_with(
+        &[],
+        &[("AGENTBAY_RUNTIME__TOOL_PIDS_MAX", "16")],
+    ))
+    .await;
+    one_tool(
+        &site,
+        "probe-forks",
+        "forks",
+        json!({"needsSandbox": true}),
+        json!({"n": 64}),
+    )
+    .await;
+    let call = the_call(&site, "probe-forks", "Succeeded").await;
+    assert_eq!(call["status"], "completed", "{call}");
+    let bound = confinement(&call);
+    assert_eq!(bound["pids"], 16, "{bound}");
+    let seen = answered(&call);
+    let started = seen["started"].as_i64().unwrap();
+    if bound["mechanism"] == "rlimit" && running_as_root() {
+        // RLIMIT_NPROC counts every process of the user and binds no root.
+        return;
+    }
+    assert!(started < 16, "{seen}");
+    assert!(
+        seen["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Resource temporarily unavailable")),
+        "{seen}"
+    );
+}
+
 #[tokio::test]
 async fn a_child_that_outlives_its_tool_is_gone_when_the_lease_ends() {
     let site = Site::start().await;
@@ -876,8 +912,15 @@ async fn a_tool_reads_no_protected_path_whatever_its_release_names() {
     let backups = outside.path().join("backups");
     std::fs::create_dir_all(&backups).unwrap();
     std::fs::write(backups.join("agentbay-old.backup"), "a backup").unwrap();
+    // The configuration, in a directory of its own beside what it names.
+    let etc = outside.path().join("etc");
+    std::fs::create_dir_all(&etc).unwrap();
+    let config = etc.join("agentbay.toml");
+    std::fs::write(&config, "[log]\nlevel = \"info\"\n").unwrap();
+    std::fs::write(etc.join("client.secret"), "a secret beside it").unwrap();
+    crate::common::hand_to_appliance(outside.path());
     let site = Site::on(Appliance::start_with(
-        &[],
+        &["--config", config.to_str().unwrap()],
         &[
             (
                 "AGENTBAY_RUNTIME__TOOL_READ_ALLOW",
@@ -898,6 +941,18 @@ async fn a_tool_reads_no_protected_path_whatever_its_release_names() {
     assert!(secrets.iter().any(|p| p.ends_with("ca.key")), "{secrets:?}");
     secrets.push(data.join("store").join("db").display().to_string());
     secrets.push(backups.join("agentbay-old.backup").display().to_string());
+    secrets.push(config.display().to_string());
+    secrets.push(etc.join("client.secret").display().to_string());
+    // Another attempt's working directory.
+    let other = data.join("work").join("another-attempt");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "another tenant's work").unwrap();
+    crate::common::hand_to_appliance(&data.join("work"));
+    secrets.push(other.join("notes.txt").display().to_string());
+    // A link inside what the site allows that points at a protected
+    // directory grants nothing: the rule judges what a path resolves to.
+    std::os::unix::fs::symlink(data.join("tls"), shared.join("tls-link")).unwrap();
+    secrets.push(shared.join("tls-link").join("ca.key").display().to_string());
     // Every argument names a protected path; none becomes a grant.
     let mut command = probe();
     command.extend(secrets.iter().cloned());
@@ -926,7 +981,7 @@ async fn a_tool_reads_no_protected_path_whatever_its_release_names() {
     assert_eq!(calls.len(), secrets.len() + 1);
     if confinement(&calls[0])["files"]
         .as_str()
-        .unwrap()
+        .unwrap_or_else(|| panic!("{}", calls[0]))
         .starts_with("not restricted")
     {
         return; // No Landlock here, and the call says so.
@@ -960,6 +1015,8 @@ async fn a_tool_reads_no_protected_path_whatever_its_release_names() {
         data.clone(),
         backups.clone(),
         data.join("work"),
+        etc.clone(),
+        config.clone(),
     ] {
         let d = declared.display().to_string();
         let (status, body) = try_import_probe(&site, "probe-declares", json!([]), move |m| {

@@ -8,8 +8,9 @@ use serde_json::{Value, json};
 
 use crate::common::{Appliance, agentbay, run};
 
+/// The triage example, signed with the tests' demo key.
 pub(crate) fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/examples/releases/triage")
+    crate::common::signed_example("triage")
 }
 
 /// The demo key of the tests' appliances ([`crate::common::init`] gives it
@@ -26,7 +27,7 @@ pub(crate) fn variant(
     edit: impl FnOnce(&Path, &mut Value),
 ) -> PathBuf {
     let dir = root.join(name);
-    copy_dir(&example(), &dir);
+    crate::common::copy_tree(&example(), &dir);
     let manifest_path = dir.join("manifest.json");
     let mut manifest: Value =
         serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
@@ -58,19 +59,6 @@ fn broken(root: &Path, name: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
     edit(&mut manifest);
     std::fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
     dir
-}
-
-pub(crate) fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 /// A .tar.gz of a directory, written with tar so hostile entries are

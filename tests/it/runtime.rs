@@ -1523,7 +1523,7 @@ async fn a_watched_attempt_says_what_a_human_is_asked() {
 async fn the_example_python_adapter_runs_a_run_end_to_end() {
     let site = Site::start(false).await;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let example = root.join("packaging/examples/releases/triage-external");
+    let example = crate::common::signed_example("triage-external");
     let (status, body) = upload(&site.a, &site.token, pack(&example, |_| {})).await;
     assert_eq!(status, 201, "{body}");
     let adapter_cred = site
@@ -1882,8 +1882,12 @@ async fn a_cancelled_attempt_gives_back_its_capacity_even_before_it_heard_of_its
         .unwrap();
     let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("packaging/examples/releases/triage-external");
-    let bundle =
-        agentbay::releases::bundle::Bundle::from_dir(&example, &state.releases.limits).unwrap();
+    // Signed as the demo signs it: with this data directory's own demo key.
+    let pair = agentbay::releases::signing::instance_demo_pair(&state.config.data_dir).unwrap();
+    let bundle = agentbay::releases::bundle::Bundle::from_dir(&example, &state.releases.limits)
+        .unwrap()
+        .signed(&pair)
+        .unwrap();
     let report = state.releases.check(&bundle);
     state.releases.record(bundle, report, "test").await.unwrap();
     let scope = TenantScope::new(tenant);

@@ -1760,22 +1760,52 @@ async fn the_demo_trusts_its_own_key_and_no_published_one() {
 }
 
 /// Where a release may connect is the site's allowlist: an `mcp-http`
-/// server at an internal listener is a verdict at import; a URL prefix does
-/// not open loopback (only an exact host:port does); a target the site
-/// stops allowing is refused at call time; a refused connection is told in
-/// words.
+/// server or a model endpoint at an unlisted or internal target is a
+/// verdict at import; a URL prefix does not open loopback (only an exact
+/// host:port does); a listed server that redirects does not lead the
+/// appliance on; a target the site stops allowing (a reload) is refused at
+/// call time; a refused connection is told in words.
 #[tokio::test]
 async fn a_release_reaches_only_what_the_sites_allowlist_names() {
     use crate::builtin::{Site, answer};
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed); // Nothing listens there now: a connection is refused.
+    // An internal listener: nothing of a release may reach it.
     let internal = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    internal.set_nonblocking(true).unwrap();
     let internal_port = internal.local_addr().unwrap().port();
-    let allow = format!("127.0.0.1:{port},http://127.0.0.1:{internal_port}/");
-    let mut site = Site::on(Appliance::start_with(
+    // A model server the site lists, which sends every request on to the
+    // internal listener.
+    let redirector = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let model_port = redirector.local_addr().unwrap().port();
+    let to = format!("http://127.0.0.1:{internal_port}/v1/chat/completions");
+    let app = axum::Router::new().fallback(move || {
+        let to = to.clone();
+        async move { axum::response::Redirect::temporary(&to) }
+    });
+    tokio::spawn(async move { axum::serve(redirector, app).await.unwrap() });
+
+    let etc = tempfile::tempdir().unwrap();
+    let file = etc.path().join("agentbay.toml");
+    let allow = |entries: &[String]| {
+        let list: Vec<String> = entries.iter().map(|e| format!("{e:?}")).collect();
+        std::fs::write(
+            &file,
+            format!("[runtime]\nnetwork_allow = [{}]\n", list.join(", ")),
+        )
+        .unwrap();
+    };
+    let listed = [
+        format!("127.0.0.1:{port}"),
+        format!("http://127.0.0.1:{internal_port}/"),
+        format!("127.0.0.1:{model_port}"),
+    ];
+    allow(&listed);
+    crate::common::hand_to_appliance(etc.path());
+    let site = Site::on(Appliance::start_with(
+        &["--config", file.to_str().unwrap()],
         &[],
-        &[("AGENTBAY_RUNTIME__NETWORK_ALLOW", &allow)],
     ))
     .await;
     let http_tool = |url: String| {
@@ -1785,21 +1815,34 @@ async fn a_release_reaches_only_what_the_sites_allowlist_names() {
                 "inputSchema": {"type": "object"}}]);
         }
     };
+    let model = |url: String| {
+        move |m: &mut Value| {
+            m["modelProfile"] = json!({
+                "id": "site-llm", "kind": "openai-compatible", "endpoint": url,
+                "model": "test-model", "timeoutSeconds": 2,
+                "responses": m["modelProfile"]["responses"].clone(),
+            });
+        }
+    };
     let calls = json!([{"content": "call", "toolCalls": [{"tool": "remote", "arguments": {}}]}, answer("low", false)]);
     // Not listed: refused at import, the target named.
-    let (status, body) = site
-        .try_import(
+    for (id, edit, said) in [
+        (
             "mcp-unlisted",
-            calls.clone(),
-            &[],
-            http_tool("http://127.0.0.1:18999/internal-admin".into()),
-        )
-        .await;
-    assert_eq!(status, 422, "{body}");
-    assert!(
-        body.to_string().contains("MCP server http://127.0.0.1:18999/internal-admin is not in the site's network allowlist"),
-        "{body}"
-    );
+            Box::new(http_tool("http://127.0.0.1:18999/internal-admin".into()))
+                as Box<dyn FnOnce(&mut Value)>,
+            "MCP server http://127.0.0.1:18999/internal-admin is not in the site's network allowlist",
+        ),
+        (
+            "model-metadata",
+            Box::new(model("http://169.254.169.254/latest".into())),
+            "model endpoint http://169.254.169.254/latest is not in the site's network allowlist",
+        ),
+    ] {
+        let (status, body) = site.try_import(id, calls.clone(), &[], edit).await;
+        assert_eq!(status, 422, "{body}");
+        assert!(body.to_string().contains(said), "{body}");
+    }
     // Listed by a URL prefix only: loopback needs the exact host:port.
     let (status, body) = site
         .try_import(
@@ -1818,37 +1861,63 @@ async fn a_release_reaches_only_what_the_sites_allowlist_names() {
         http_tool(format!("http://127.0.0.1:{port}/mcp")),
     )
     .await;
-    let run_id = site.submit("mcp-listed").await;
-    let run = site.until(&run_id, "Succeeded").await;
-    let attempt = &run.steps[0].attempts[0].attempt_id;
-    let t = site.timeline(attempt).await;
-    let call = t["calls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["kind"] == "tool")
-        .unwrap()
-        .clone();
-    let error = call["error"].as_str().unwrap();
-    assert_eq!(call["status"], "failed", "{call}");
-    assert!(error.contains("connection refused"), "{error}");
-    assert!(!error.contains("::"), "a Rust type in the error: {error}");
-    // The site stops allowing it: the stored release is refused at call
-    // time.
-    site.a.kill9();
-    site.a.restart_with_env(&[]);
-    let token = site.a.token(&site.cred).await;
-    site.token = token;
+    let tool_call = |t: &Value, kind: &str| {
+        t["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} call: {t}"))
+            .clone()
+    };
     let run_id = site.submit("mcp-listed").await;
     let run = site.until(&run_id, "Succeeded").await;
     let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
-    let call = t["calls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["kind"] == "tool")
-        .unwrap()
-        .clone();
+    let call = tool_call(&t, "tool");
+    let error = call["error"].as_str().unwrap();
+    assert_eq!(call["status"], "failed", "{call}");
+    assert!(
+        error.contains(&format!(
+            "connection refused (connecting to 127.0.0.1:{port})"
+        )),
+        "{error}"
+    );
+    assert!(!error.contains("::"), "a Rust type in the error: {error}");
+    // A listed model server that redirects: the redirect is not followed,
+    // and the internal listener hears nothing.
+    site.import(
+        "model-redirects",
+        json!([]),
+        model(format!("http://127.0.0.1:{model_port}/v1")),
+    )
+    .await;
+    let run_id = site.submit("model-redirects").await;
+    let run = site.until(&run_id, "Failed").await;
+    let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
+    let call = tool_call(&t, "model");
+    assert!(call["error"].as_str().unwrap().contains("307"), "{call}");
+    assert!(
+        internal.accept().is_err(),
+        "the redirect reached the internal listener"
+    );
+    // The site stops allowing the MCP server (a reload): the stored
+    // release is refused at call time.
+    allow(&listed[1..]);
+    let out = crate::common::run(
+        crate::common::agentbay()
+            .arg("reload")
+            .arg("--data-dir")
+            .arg(&site.a.data_dir),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run_id = site.submit("mcp-listed").await;
+    let run = site.until(&run_id, "Succeeded").await;
+    let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
+    let call = tool_call(&t, "tool");
     assert_eq!(call["status"], "failed", "{call}");
     assert!(
         call["error"]
@@ -1857,7 +1926,6 @@ async fn a_release_reaches_only_what_the_sites_allowlist_names() {
             .contains("is not in the site's network allowlist"),
         "{call}"
     );
-    drop(internal);
 }
 
 /// A compressed upload is counted decompressed as it streams: zeros that

@@ -21,6 +21,7 @@ TOOLS = {
     "write": "Writes `text` to the file at `path`",
     "hang": "Writes its pid to hang.pid in its working directory, then never answers",
     "processes": "Lists the processes it sees and tries to signal `pid`",
+    "forks": "Starts up to `n` children that sleep; returns how many started",
 }
 
 
@@ -102,6 +103,22 @@ def call(name, args, meta):
         except OSError as e:
             signalled = str(e)
         return answer({"pids": seen, "signal_error": signalled})
+    if name == "forks":
+        children, error = [], None
+        for _ in range(int(args.get("n", 64))):
+            try:
+                pid = os.fork()
+            except OSError as e:
+                error = str(e)
+                break
+            if pid == 0:
+                time.sleep(30)
+                os._exit(0)
+            children.append(pid)
+        for pid in children:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        return answer({"started": len(children), "error": error})
     raise ValueError(f"unknown tool {name}")
 
 

@@ -17,11 +17,13 @@ use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, RequestMetaObject};
 use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 use super::tools::{ToolError, ToolOutput};
+use super::words::in_words;
 use crate::config::RuntimeConfig;
 use crate::domain::amount::Amount;
 use crate::domain::attempt::CallFence;
@@ -253,10 +255,12 @@ impl McpServers {
         out
     }
 
-    /// Calls `tool` on the server at `url` (streamable HTTP).
+    /// Calls `tool` on the server at `url` (streamable HTTP), connecting
+    /// with `client` when no session is open yet.
     pub async fn call_http(
         &self,
         url: &str,
+        client: reqwest::Client,
         tool: &str,
         arguments: &Value,
         fence: &CallFence,
@@ -265,7 +269,10 @@ impl McpServers {
         let key = vec!["http".to_string(), url.to_string()];
         let mut servers = self.servers.lock().await;
         if !servers.contains_key(&key) {
-            let transport = StreamableHttpClientTransport::from_uri(url.to_string());
+            let transport = StreamableHttpClientTransport::with_client(
+                client,
+                StreamableHttpClientTransportConfig::with_uri(url.to_string()),
+            );
             let client = ()
                 .serve(transport)
                 .await
@@ -435,165 +442,4 @@ async fn call(
         result: json!({"content": content, "structured": result.structured_content}),
         receipt: json!({"schema": "tool-invocation-v1", "server": server, "tool": tool}),
     })
-}
-
-/// An MCP transport's error in an operator's words: what failed (the
-/// connection refused, a TLS failure, a timeout, an HTTP status, the
-/// server closing its end), found along the error's chain of causes. The
-/// one place where transport errors enter the domain: the stored and
-/// shown text of a call never names a Rust type.
-pub fn in_words(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    let mut innermost = error;
-    while let Some(e) = cause {
-        if let Some(r) = e.downcast_ref::<reqwest::Error>() {
-            let url = r
-                .url()
-                .map(|u| {
-                    format!(
-                        " {}",
-                        u.host_str().map_or(u.to_string(), |h| format!(
-                            "{h}:{}",
-                            u.port_or_known_default().unwrap_or(0)
-                        ))
-                    )
-                })
-                .unwrap_or_default();
-            if r.is_timeout() {
-                return format!("timed out reaching{url}");
-            }
-            if let Some(status) = r.status() {
-                return format!("the server answered HTTP {status}");
-            }
-            if r.is_connect() {
-                let why = std::iter::successors(std::error::Error::source(r), |e| e.source())
-                    .find_map(|e| e.downcast_ref::<std::io::Error>())
-                    .map(io_words)
-                    .unwrap_or_else(|| "no connection".to_string());
-                return format!(
-                    "{why}{}",
-                    if url.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" to{url}")
-                    }
-                );
-            }
-        }
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return io_words(io);
-        }
-        innermost = e;
-        // rmcp's initialisation error holds its transport's error without
-        // naming it as the source.
-        // rmcp's initialisation error and its HTTP transport's hold their
-        // causes without naming them as the source.
-        use rmcp::transport::streamable_http_client::StreamableHttpError;
-        cause =
-            if let Some(rmcp::service::ClientInitializeError::TransportError { error, .. }) =
-                e.downcast_ref::<rmcp::service::ClientInitializeError>()
-            {
-                Some(error as &(dyn std::error::Error + 'static))
-            } else if let Some(StreamableHttpError::Client(r)) =
-                e.downcast_ref::<StreamableHttpError<reqwest::Error>>()
-            {
-                Some(r as &(dyn std::error::Error + 'static))
-            } else {
-                e.source()
-            };
-    }
-    without_types(&innermost.to_string())
-}
-
-/// `text` without the Rust type names some errors carry (rmcp names its
-/// transport's type in brackets): bracketed segments and words that hold
-/// a path (`::`) are dropped.
-fn without_types(text: &str) -> String {
-    let mut out = String::new();
-    let mut depth = 0usize;
-    let mut segment = String::new();
-    for c in text.chars() {
-        match c {
-            '[' | '<' => {
-                depth += 1;
-                segment.push(c);
-            }
-            ']' | '>' if depth > 0 => {
-                depth -= 1;
-                segment.push(c);
-                if depth == 0 {
-                    if !segment.contains("::") {
-                        out.push_str(&segment);
-                    }
-                    segment.clear();
-                }
-            }
-            _ if depth > 0 => segment.push(c),
-            _ => out.push(c),
-        }
-    }
-    out.push_str(&segment);
-    let words: Vec<&str> = out
-        .split_whitespace()
-        .filter(|w| !w.contains("::"))
-        .collect();
-    words.join(" ")
-}
-
-fn io_words(e: &std::io::Error) -> String {
-    use std::io::ErrorKind as K;
-    match e.kind() {
-        K::ConnectionRefused => "connection refused".into(),
-        K::ConnectionReset => "connection reset by the server".into(),
-        K::TimedOut => "timed out".into(),
-        K::BrokenPipe | K::UnexpectedEof => "the server closed the connection".into(),
-        K::NotFound => "not found".into(),
-        K::PermissionDenied => "permission denied".into(),
-        _ => {
-            let text = e.to_string();
-            if text.contains("certificate") || text.contains("tls") || text.contains("TLS") {
-                format!("TLS failure: {text}")
-            } else {
-                text
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug)]
-    struct Wrapped(std::io::Error);
-    impl std::fmt::Display for Wrapped {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(
-                f,
-                "Transport [rmcp::transport::worker::WorkerTransport<X>] error: {}",
-                self.0
-            )
-        }
-    }
-    impl std::error::Error for Wrapped {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
-    }
-
-    #[test]
-    fn transport_errors_are_told_in_words_not_types() {
-        let refused = Wrapped(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert_eq!(in_words(&refused), "connection refused");
-        let io = std::io::Error::other("no route");
-        assert_eq!(in_words(&io), "no route");
-        let typed = std::fmt::Error;
-        assert!(!in_words(&typed).contains("::"));
-        assert_eq!(
-            without_types(
-                "Transport [rmcp::transport::worker::WorkerTransport<rmcp::X<Y>>] error: Client error: closed"
-            ),
-            "Transport error: Client error: closed"
-        );
-    }
 }

@@ -19,6 +19,7 @@ pub mod context;
 pub mod mcp;
 pub mod model;
 pub mod tools;
+pub mod words;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -87,11 +88,14 @@ impl LoopState {
     }
 }
 
+/// How long a model server may take to accept a connection.
+const MODEL_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Starts the executor: it takes the builtin attempts the grains hand it
 /// and drives each in a task of its own.
 pub fn start(runtime: Arc<Runtime>, mut rx: mpsc::UnboundedReceiver<(TenantId, Uuid)>) {
     let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
+        .connect_timeout(MODEL_CONNECT_TIMEOUT)
         .build()
         .expect("an HTTP client for model servers");
     tokio::spawn(async move {
@@ -356,20 +360,31 @@ impl<'a> Loop<'a> {
             );
             let started = Instant::now();
             // A model endpoint the release names is reached only where the
-            // site allows it; the site's own profiles are the site's.
-            let refused = match (&site_model, model) {
-                (None, Model::OpenAi { endpoint, .. }) => {
-                    self.unreachable("model endpoint", endpoint).await
-                }
+            // site allows it, at the addresses just checked; the site's own
+            // profiles are the site's.
+            let pinned = match (&site_model, model) {
+                (None, Model::OpenAi { endpoint, .. }) => Some(
+                    crate::runtime::reach::pinned_client(
+                        &self.site(),
+                        "model endpoint",
+                        endpoint,
+                        MODEL_CONNECT_TIMEOUT,
+                    )
+                    .await,
+                ),
                 _ => None,
             };
             // The span covers the model call itself, not just its setup.
-            let answer = match refused {
-                Some(why) => Err(ModelError::Fatal(why)),
-                None => {
+            let answer = match &pinned {
+                Some(Err(why)) => Err(ModelError::Fatal(why.clone())),
+                Some(Ok(_)) | None => {
+                    let http = match &pinned {
+                        Some(Ok(client)) => client,
+                        _ => self.http,
+                    };
                     tracing::Instrument::instrument(
                         model.complete(
-                            self.http,
+                            http,
                             &ctx.messages,
                             &self.tools,
                             state.turns,
@@ -1007,11 +1022,18 @@ impl<'a> Loop<'a> {
             }
             ToolTransport::McpHttp => match &t.url {
                 Some(url) => {
-                    if let Some(why) = self.unreachable("MCP server", url).await {
-                        return Err(why.into());
-                    }
+                    // Checked at every call (the site may have stopped
+                    // allowing it); a new connection goes to the addresses
+                    // just checked.
+                    let client = crate::runtime::reach::pinned_client(
+                        &self.site(),
+                        "MCP server",
+                        url,
+                        MODEL_CONNECT_TIMEOUT,
+                    )
+                    .await?;
                     self.mcp
-                        .call_http(url, &name, &call.arguments, fence, timeout)
+                        .call_http(url, client, &name, &call.arguments, fence, timeout)
                         .await
                 }
                 None => Err(format!("tool {} declares no url", t.id).into()),
@@ -1026,17 +1048,6 @@ impl<'a> Loop<'a> {
             .releases
             .site()
             .reach(self.scope.tenant().as_str())
-    }
-
-    /// Why the release may not reach `url` here, if it may not.
-    async fn unreachable(&self, what: &str, url: &str) -> Option<String> {
-        let target = match Target::of_url(url) {
-            Ok(t) => t,
-            Err(why) => return Some(format!("{what} {why}")),
-        };
-        crate::runtime::reach::resolve_allowed(&self.site(), what, &target)
-            .await
-            .err()
     }
 
     /// Puts the release's own files (its `toolFiles`, as signed) in the

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::words::in_words;
 use crate::domain::attempt::CallFence;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -234,12 +235,16 @@ impl Model {
                     request = request.header(name, value);
                 }
                 let response = request.send().await.map_err(|e| {
-                    ModelError::Transient(format!("model server {endpoint} did not answer: {e}"))
+                    ModelError::Transient(format!(
+                        "model server {endpoint} did not answer: {}",
+                        in_words(&e)
+                    ))
                 })?;
                 let status = response.status();
                 let text = response.text().await.map_err(|e| {
                     ModelError::Transient(format!(
-                        "model server {endpoint} broke off its answer: {e}"
+                        "model server {endpoint} broke off its answer: {}",
+                        in_words(&e)
                     ))
                 })?;
                 if status.as_u16() == 429 || status.is_server_error() {

@@ -462,6 +462,11 @@ impl Confiner {
                         });
                 "own-namespace".to_string()
             }
+            Err(why) if refuse => {
+                return Err(format!(
+                    "this host cannot give a tool a process namespace of its own (it could see and signal the appliance) and runtime.when_unconfinable is refuse: {why}"
+                ));
+            }
             Err(why) => format!("the host's (not isolated: {why})"),
         };
         let mut listeners = None;
@@ -574,9 +579,16 @@ impl Confiner {
         if let Ok(entries) = std::fs::read_dir("/etc") {
             read.extend(entries.flatten().map(|e| e.path()));
         }
+        // Landlock grants what a path resolves to when the rule is added:
+        // the rule below judges the resolved path, so a symbolic link in
+        // an allowed directory that points at a protected one grants
+        // nothing. A path that does not exist is granted nothing either.
         let own = program_dirs(program, workdir);
-        read.extend(own.iter().cloned());
-        read.extend(read_paths.iter().cloned());
+        read.extend(
+            own.iter()
+                .chain(read_paths)
+                .filter_map(|p| std::fs::canonicalize(p).ok()),
+        );
         read.retain(|r| crate::domain::reach::protected_conflict(r, &self.protected).is_none());
         read.sort();
         read.dedup();

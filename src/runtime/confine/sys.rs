@@ -616,4 +616,51 @@ mod tests {
     fn the_tools_working_directory_is_one_path() {
         assert_eq!(TOOL_WORKDIR_C.to_str().unwrap(), TOOL_WORKDIR);
     }
+
+    /// The packaged service lets the appliance confine its tools as this
+    /// module does: every namespace [`Namespaces::enter`] makes, the
+    /// system calls it and [`become_first_process`] make, and no mask
+    /// over `/proc` (with one, the kernel refuses a PID namespace's own
+    /// `/proc`, and tools would run beside the appliance's processes).
+    #[test]
+    fn the_packaged_unit_allows_what_tools_are_confined_with() {
+        let unit = include_str!("../../../packaging/debian/agentbay.service");
+        let values = |key: &str| -> Vec<String> {
+            unit.lines()
+                .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+                .map(str::to_string)
+                .collect()
+        };
+        let namespaces = values("RestrictNamespaces").join(" ");
+        for ns in ["user", "net", "pid", "mnt"] {
+            assert!(
+                namespaces.split_whitespace().any(|n| n == ns),
+                "RestrictNamespaces={namespaces} forbids {ns}"
+            );
+        }
+        let allowed: Vec<String> = values("SystemCallFilter")
+            .iter()
+            .filter(|v| !v.starts_with('~'))
+            .flat_map(|v| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .collect();
+        for call in [
+            "unshare",
+            "mount",
+            "umount2",
+            "landlock_create_ruleset",
+            "landlock_add_rule",
+            "landlock_restrict_self",
+        ] {
+            assert!(
+                allowed.iter().any(|a| a == call),
+                "SystemCallFilter does not allow {call}"
+            );
+        }
+        for mask in ["ProtectKernelTunables", "ProtectKernelLogs"] {
+            assert!(
+                values(mask).iter().all(|v| v == "false" || v == "no"),
+                "{mask} masks part of /proc"
+            );
+        }
+    }
 }
