@@ -112,6 +112,14 @@ async fn in_process() -> Row {
         latencies.extend(t.await.unwrap());
     }
     let elapsed = start.elapsed();
+    let stats = store.commit_stats();
+    eprintln!(
+        "in-process store: {} commits, {:.1} keys per commit, {:.1} commits per group, {:.1} per flush",
+        stats.commits,
+        stats.keys as f64 / stats.commits.max(1) as f64,
+        stats.commits as f64 / stats.groups.max(1) as f64,
+        stats.commits as f64 / stats.flushes.max(1) as f64
+    );
     store.close().unwrap();
     Row {
         label: format!("in-process, {CLIENTS} clients"),
@@ -263,17 +271,18 @@ fn main() {
         seconds()
     );
     println!(
-        "{:<62} {:>10} {:>10} {:>10}",
-        "row", "pairs/s", "p50 ms", "p99 ms"
+        "{:<62} {:>10} {:>10} {:>10} {:>8}",
+        "row", "pairs/s", "p50 ms", "p99 ms", "x raw"
     );
+    let raw = common::raw_sled_reference();
     let wants = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
     if wants("in-process") {
-        runtime.block_on(in_process()).print();
+        runtime.block_on(in_process()).print(raw);
     }
     if wants("https-json") {
-        runtime.block_on(over_https(CodecFormat::Json)).print();
+        runtime.block_on(over_https(CodecFormat::Json)).print(raw);
     }
     if wants("https-proto") {
-        runtime.block_on(over_https(CodecFormat::Proto)).print();
+        runtime.block_on(over_https(CodecFormat::Proto)).print(raw);
     }
 }

@@ -290,18 +290,21 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         println!(
-            "{:<62} {:>10} {:>10} {:>10}",
-            "attempt core", "per s", "p50 ms", "p99 ms"
+            "{:<62} {:>10} {:>10} {:>10} {:>8}",
+            "attempt core", "per s", "p50 ms", "p99 ms", "x raw"
         );
+        let raw = common::raw_sled_reference();
         let dir = tempfile::tempdir().unwrap();
         let (running, tickets) = site(dir.path()).await;
         let state = running.state.clone();
         let tickets = Arc::new(tickets);
         checkpoints_in_process(state.clone(), &tickets)
             .await
-            .print();
-        checkpoints_over_https(&running, &tickets).await.print();
-        decisions_in_process(state.clone(), &tickets).await.print();
+            .print(raw);
+        checkpoints_over_https(&running, &tickets).await.print(raw);
+        decisions_in_process(state.clone(), &tickets)
+            .await
+            .print(raw);
         drop(state);
         running.stop().await.unwrap();
     });

@@ -4,16 +4,18 @@
 //! Every row writes 200-byte records and counts a record only once it is
 //! flushed (and, where the row says so, fdatasync'ed). Run with
 //! `cargo bench --bench store`; `AGENTBAY_BENCH_SECONDS` sets the time per
-//! row (default 3).
+//! row (default 5).
 
 use std::fs::File;
-use std::path::Path;
 use std::sync::Arc;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use agentbay::domain::TenantId;
+
+mod common;
+
 use agentbay::store::{Record, Store, StoreError, StoreOptions, Table, TenantScope};
+use common::{dir_size, seconds};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]
@@ -32,32 +34,6 @@ impl Record for Row {
     fn id(&self) -> String {
         self.id.clone()
     }
-}
-
-fn seconds() -> Duration {
-    let s = std::env::var("AGENTBAY_BENCH_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3.0);
-    Duration::from_secs_f64(s)
-}
-
-fn dir_size(path: &Path) -> u64 {
-    std::fs::read_dir(path)
-        .map(|entries| {
-            entries
-                .filter_map(|e| e.ok())
-                .map(|e| {
-                    let m = e.metadata().unwrap();
-                    if m.is_dir() {
-                        dir_size(&e.path())
-                    } else {
-                        m.len()
-                    }
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 struct Outcome {
@@ -109,72 +85,14 @@ fn raw_single(sync: bool) -> Outcome {
     }
 }
 
-/// Raw sled driven by one group-commit thread: `writers` threads insert and
-/// wait for the flusher, which flushes once per batch.
+/// Raw sled through the benches' shared group-commit driver.
 fn raw_group(writers: usize, sync: bool) -> Outcome {
-    let dir = tempfile::tempdir().unwrap();
-    let db = sled::Config::new()
-        .path(dir.path())
-        .flush_every_ms(None)
-        .open()
-        .unwrap();
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .open(dir.path().join("db"))
-        .unwrap();
-    let (tx, rx) = mpsc::channel::<mpsc::SyncSender<()>>();
-    let flusher = {
-        let db = db.clone();
-        std::thread::spawn(move || {
-            while let Ok(first) = rx.recv() {
-                let mut batch = vec![first];
-                while let Ok(more) = rx.try_recv() {
-                    batch.push(more);
-                }
-                db.flush().unwrap();
-                if sync {
-                    file.sync_data().unwrap();
-                }
-                for w in batch {
-                    let _ = w.send(());
-                }
-            }
-        })
-    };
-    let deadline = Instant::now() + seconds();
-    let start = Instant::now();
-    let handles: Vec<_> = (0..writers)
-        .map(|w| {
-            let db = db.clone();
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                let value = vec![7u8; 200];
-                let mut n = 0u64;
-                let (done_tx, done_rx) = mpsc::sync_channel(1);
-                while Instant::now() < deadline {
-                    let key = ((w as u64) << 40 | n).to_be_bytes();
-                    db.insert(key, value.as_slice()).unwrap();
-                    tx.send(done_tx.clone()).unwrap();
-                    done_rx.recv().unwrap();
-                    n += 1;
-                }
-                n
-            })
-        })
-        .collect();
-    let writes: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
-    let elapsed = start.elapsed();
-    drop(tx);
-    flusher.join().unwrap();
+    let raw = common::raw_sled(writers, sync);
     Outcome {
-        label: format!(
-            "raw sled, {writers} writers, one group-commit thread{}",
-            if sync { " + fdatasync" } else { "" }
-        ),
-        writes,
-        elapsed,
-        disk: dir_size(dir.path()),
+        label: raw.label,
+        writes: raw.writes,
+        elapsed: raw.elapsed,
+        disk: raw.disk,
     }
 }
 
@@ -230,14 +148,17 @@ fn facade(writers: usize, sync: bool) -> Outcome {
     let elapsed = start.elapsed();
     let stats = store.commit_stats();
     store.close().unwrap();
+    eprintln!(
+        "store facade, {writers} writers: {:.1} commits per flush",
+        stats.commits as f64 / stats.flushes.max(1) as f64
+    );
     let label = format!(
-        "store facade, {writers} writers{} ({:.1} commits per flush)",
+        "store facade, {writers} writers{}",
         if sync {
             " + fdatasync"
         } else {
             ", no fdatasync"
         },
-        stats.commits as f64 / stats.flushes.max(1) as f64
     );
     Outcome {
         label,
@@ -245,6 +166,64 @@ fn facade(writers: usize, sync: bool) -> Outcome {
         elapsed,
         disk: dir_size(dir.path()),
     }
+}
+
+/// Records written before the store is opened again
+/// (`AGENTBAY_BENCH_RECORDS`, default 1,000,000).
+fn records() -> u64 {
+    std::env::var("AGENTBAY_BENCH_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000)
+}
+
+/// Fills a store with `records()` records (1,000 per transaction), closes
+/// it, and times opening it again: what a restart of the appliance pays
+/// for its store.
+fn reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let total = records();
+    let store = Store::open(&path, &StoreOptions::default()).unwrap();
+    let scope = TenantScope::new(TenantId::parse("bench").unwrap());
+    let body = "x".repeat(200);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut written = 0u64;
+    while written < total {
+        let batch: Vec<Row> = (written..(written + 1000).min(total))
+            .map(|n| Row {
+                tenant: scope.tenant().clone(),
+                id: format!("{n:012}"),
+                body: body.clone(),
+            })
+            .collect();
+        written += batch.len() as u64;
+        let s = scope.clone();
+        runtime
+            .block_on(store.transact(move |tx| {
+                for row in &batch {
+                    tx.put(&s, row)?;
+                }
+                Ok::<_, StoreError>(())
+            }))
+            .unwrap();
+    }
+    store.close().unwrap();
+    drop(store);
+    let start = Instant::now();
+    let store = Store::open(&path, &StoreOptions::default()).unwrap();
+    let took = start.elapsed();
+    let last: Option<Row> = store.get(&scope, &format!("{:012}", total - 1)).unwrap();
+    assert!(last.is_some(), "the last record reads back");
+    store.close().unwrap();
+    println!(
+        "store opened again after {written} records of 200 bytes: {:.0} ms (disk {:.1} MiB)",
+        took.as_secs_f64() * 1000.0,
+        dir_size(dir.path()) as f64 / (1024.0 * 1024.0)
+    );
 }
 
 fn main() {
@@ -278,6 +257,9 @@ fn main() {
             outcome.disk as f64 / (1024.0 * 1024.0)
         );
         results.push((name, outcome));
+    }
+    if filter.as_deref().is_none_or(|f| "reopen".contains(f)) {
+        reopen();
     }
     let rate = |n: &str| results.iter().find(|(k, _)| *k == n).map(|(_, o)| o.rate());
     if let (Some(facade), Some(raw)) = (rate("facade-32"), rate("raw-32-sync")) {

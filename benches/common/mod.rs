@@ -2,7 +2,10 @@
 
 #![allow(dead_code)]
 
-use std::time::Duration;
+use std::fs::File;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use agentbay::app::AppState;
 use agentbay::domain::capacity::{PoolKind, PoolSpec, SecurityBoundary};
@@ -33,21 +36,147 @@ pub struct Row {
 }
 
 impl Row {
-    /// Prints the label, operations per second, p50 and p99 in ms.
-    pub fn print(&mut self) {
+    /// Prints the label, operations per second, p50 and p99 in ms, and the
+    /// rate as a multiple of `raw`, raw sled's rate in the same run (see
+    /// [`raw_sled_reference`]).
+    pub fn print(&mut self, raw: f64) {
         self.latencies.sort();
         let pct = |p: f64| {
             let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
             self.latencies.get(i).copied().unwrap_or_default()
         };
+        let rate = self.count as f64 / self.elapsed.as_secs_f64();
         println!(
-            "{:<62} {:>10.0} {:>10.2} {:>10.2}",
+            "{:<62} {:>10.0} {:>10.2} {:>10.2} {:>8.3}",
             self.label,
-            self.count as f64 / self.elapsed.as_secs_f64(),
+            rate,
             pct(0.50).as_secs_f64() * 1000.0,
             pct(0.99).as_secs_f64() * 1000.0,
+            rate / raw,
         );
     }
+}
+
+/// Raw sled writes in a time (see [`raw_sled`]).
+pub struct RawRun {
+    /// What was measured.
+    pub label: String,
+    /// Writes made durable.
+    pub writes: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Bytes on disk at the end.
+    pub disk: u64,
+}
+
+impl RawRun {
+    /// Writes per second.
+    pub fn rate(&self) -> f64 {
+        self.writes as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Bytes of the files under `path`.
+pub fn dir_size(path: &Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| {
+                    let m = e.metadata().unwrap();
+                    if m.is_dir() {
+                        dir_size(&e.path())
+                    } else {
+                        m.len()
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Raw sled driven by one group-commit thread, for [`seconds`]: `writers`
+/// threads insert 200-byte values and wait for the flusher, which flushes
+/// (and, with `sync`, fdatasyncs) once per batch. The ceiling the store
+/// facade is measured against.
+pub fn raw_sled(writers: usize, sync: bool) -> RawRun {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sled::Config::new()
+        .path(dir.path())
+        .flush_every_ms(None)
+        .open()
+        .unwrap();
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("db"))
+        .unwrap();
+    let (tx, rx) = mpsc::channel::<mpsc::SyncSender<()>>();
+    let flusher = {
+        let db = db.clone();
+        std::thread::spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut batch = vec![first];
+                while let Ok(more) = rx.try_recv() {
+                    batch.push(more);
+                }
+                db.flush().unwrap();
+                if sync {
+                    file.sync_data().unwrap();
+                }
+                for w in batch {
+                    let _ = w.send(());
+                }
+            }
+        })
+    };
+    let deadline = Instant::now() + seconds();
+    let start = Instant::now();
+    let handles: Vec<_> = (0..writers)
+        .map(|w| {
+            let db = db.clone();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let value = vec![7u8; 200];
+                let mut n = 0u64;
+                let (done_tx, done_rx) = mpsc::sync_channel(1);
+                while Instant::now() < deadline {
+                    let key = ((w as u64) << 40 | n).to_be_bytes();
+                    db.insert(key, value.as_slice()).unwrap();
+                    tx.send(done_tx.clone()).unwrap();
+                    done_rx.recv().unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let writes: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let elapsed = start.elapsed();
+    drop(tx);
+    flusher.join().unwrap();
+    RawRun {
+        label: format!(
+            "raw sled, {writers} writers, one group-commit thread{}",
+            if sync { " + fdatasync" } else { "" }
+        ),
+        writes,
+        elapsed,
+        disk: dir_size(dir.path()),
+    }
+}
+
+/// Raw sled's rate with 32 writers and fdatasync, measured now and printed
+/// as a row: every bench prints its rows as multiples of it, so that one
+/// run gives ratios that hold on whatever machine it ran.
+pub fn raw_sled_reference() -> f64 {
+    let raw = raw_sled(32, true);
+    let rate = raw.rate();
+    println!(
+        "{:<62} {:>10.0} {:>10} {:>10} {:>8.3}",
+        "raw sled, 32 writers, group commit + fdatasync (reference)", rate, "-", "-", 1.0
+    );
+    rate
 }
 
 /// An agent pool large enough that no request waits: the figures measure

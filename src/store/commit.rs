@@ -28,7 +28,7 @@ use tokio::sync::{broadcast, oneshot};
 use super::StoreError;
 use super::engine::Engine;
 use super::outbox::StoredEvent;
-use super::tx::{Tx, Writes};
+use super::tx::{DerivedCache, Finished, Tx, Writes};
 
 /// Most transactions applied as one group; bounds the size of one sled
 /// transaction and the latency a group adds to its first member.
@@ -46,6 +46,8 @@ pub(super) struct WriterCtx {
     snapshot_every: u64,
     /// Writes of the current group, not yet applied to sled.
     group: Writes,
+    /// What the versioned records written lately derive.
+    derived: DerivedCache,
     /// Events of the current group.
     events: Vec<Arc<StoredEvent>>,
     /// Sequence number of the next event.
@@ -84,6 +86,9 @@ pub struct CommitStats {
     pub commits: u64,
     /// Groups applied to sled.
     pub groups: u64,
+    /// Keys written or removed in sled by those groups (a key a group
+    /// writes twice counts once).
+    pub keys: u64,
     /// Flush-and-sync rounds.
     pub flushes: u64,
     /// Reopens of the database (see [`Engine`]).
@@ -99,6 +104,7 @@ struct Shared {
     last_error: Mutex<Option<String>>,
     commits: AtomicU64,
     groups: AtomicU64,
+    keys: AtomicU64,
     flushes: AtomicU64,
     reopens: AtomicU64,
     longest_reopen_ms: AtomicU64,
@@ -147,6 +153,7 @@ impl Committer {
             last_error: Mutex::new(None),
             commits: AtomicU64::new(0),
             groups: AtomicU64::new(0),
+            keys: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             reopens: AtomicU64::new(0),
             longest_reopen_ms: AtomicU64::new(0),
@@ -158,6 +165,7 @@ impl Committer {
             written: 0,
             snapshot_every,
             group: Writes::default(),
+            derived: DerivedCache::default(),
             events: Vec::new(),
             next_seq,
         };
@@ -211,12 +219,17 @@ impl Committer {
                     return None;
                 }
             };
-            let mut tx = Tx::new(&open.trees, &ctx.group, ctx.next_seq);
+            let mut tx = Tx::new(&open.trees, &ctx.group, &ctx.derived, ctx.next_seq);
             match f(&mut tx) {
                 Ok(value) => {
-                    let (writes, events) = tx.finish();
+                    let Finished {
+                        writes,
+                        events,
+                        learnt,
+                    } = tx.finish();
                     ctx.next_seq += events.len() as u64;
                     ctx.group.merge(writes);
+                    ctx.derived.merge(learnt);
                     ctx.events.extend(events);
                     Some(Box::new(move |durable: Result<(), StoreError>| {
                         let _ = reply.send(durable.map(|()| value).map_err(E::from));
@@ -265,6 +278,7 @@ impl Committer {
         CommitStats {
             commits: self.shared.commits.load(Ordering::Relaxed),
             groups: self.shared.groups.load(Ordering::Relaxed),
+            keys: self.shared.keys.load(Ordering::Relaxed),
             flushes: self.shared.flushes.load(Ordering::Relaxed),
             reopens: self.shared.reopens.load(Ordering::Relaxed),
             longest_reopen_ms: self.shared.longest_reopen_ms.load(Ordering::Relaxed),
@@ -318,16 +332,16 @@ fn apply_group(ctx: &mut WriterCtx) -> Result<(), StoreError> {
     }
     ctx.written += writes
         .iter()
-        .map(|((_, key), value)| (key.len() + value.as_ref().map_or(0, |v| v.len())) as u64)
+        .map(|(_, key, value)| (key.len() + value.as_ref().map_or(0, |v| v.len())) as u64)
         .sum::<u64>();
     let open = ctx.engine.read()?;
     open.trees
         .as_ref()
         .transaction(|trees| {
-            for ((table, key), value) in writes.iter() {
+            for (table, key, value) in writes.iter() {
                 match value {
-                    Some(v) => trees[*table].insert(key.as_slice(), v.as_slice())?,
-                    None => trees[*table].remove(key.as_slice())?,
+                    Some(v) => trees[table].insert(key, v.as_slice())?,
+                    None => trees[table].remove(key)?,
                 };
             }
             Ok::<_, ConflictableTransactionError<()>>(())
@@ -352,6 +366,9 @@ fn writer_loop(
         }
         let group_start = ctx.next_seq - ctx.events.len() as u64;
         let applied = if shared.healthy.load(Ordering::Acquire) {
+            shared
+                .keys
+                .fetch_add(ctx.group.len() as u64, Ordering::Relaxed);
             apply_group(ctx)
         } else {
             Err(shared.failure())
@@ -360,9 +377,11 @@ fn writer_loop(
             if shared.healthy.load(Ordering::Acquire) {
                 shared.fail(e);
             }
-            // Nothing of the group exists: its sequence numbers are free.
+            // Nothing of the group exists: its sequence numbers are free,
+            // and what it derived was never stored.
             ctx.next_seq = group_start;
             ctx.group = Writes::default();
+            ctx.derived.clear();
         }
         shared
             .commits

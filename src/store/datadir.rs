@@ -552,21 +552,22 @@ mod tests {
     }
 
     #[test]
-    fn a_store_written_uncompressed_keeps_working_and_compaction_compresses_it() {
+    fn a_store_written_compressed_keeps_working_and_compaction_rewrites_it_uncompressed() {
         let dir = tempfile::tempdir().unwrap();
         let data = DataDir::open(&dir.path().join("data")).unwrap();
         let store = data.store_path();
         {
-            // A store as an agentbay before compression wrote it.
+            // A store as the versions that compressed wrote it.
             let s = crate::store::Store::open(&store, &Default::default()).unwrap();
             drop(s);
+            assert!(!compressed(&store), "a new store is written uncompressed");
             let old = store.with_extension("old-format");
-            let from = sled::Config::new()
-                .path(&store)
+            let from = sled::Config::new().path(&store).open().unwrap();
+            let to = sled::Config::new()
+                .path(&old)
                 .use_compression(true)
                 .open()
                 .unwrap();
-            let to = sled::Config::new().path(&old).open().unwrap();
             for name in from.tree_names() {
                 let (a, b) = (from.open_tree(&name).unwrap(), to.open_tree(&name).unwrap());
                 for item in a.iter() {
@@ -581,13 +582,14 @@ mod tests {
             fs::remove_dir_all(&store).unwrap();
             fs::rename(&old, &store).unwrap();
         }
-        assert!(!compressed(&store));
-        let before = records(&store);
-        // It opens as it was written.
-        drop(crate::store::Store::open(&store, &Default::default()).unwrap());
-        assert!(!compressed(&store));
-        data.compact().unwrap();
         assert!(compressed(&store));
+        let before = records(&store);
+        // It opens as it was written, and keeps its format while it is used.
+        drop(crate::store::Store::open(&store, &Default::default()).unwrap());
+        assert!(compressed(&store));
+        assert_eq!(records(&store), before);
+        data.compact().unwrap();
+        assert!(!compressed(&store));
         assert_eq!(records(&store), before);
         drop(crate::store::Store::open(&store, &Default::default()).unwrap());
     }

@@ -32,7 +32,7 @@ pub(crate) const GLOBAL: &[u8] = b"~/";
 const COUNTS: &str = "#";
 
 /// What one state of a record derives.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Derived {
     pub(crate) entries: Vec<Entry>,
     pub(crate) refs: Vec<String>,

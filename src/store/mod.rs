@@ -534,13 +534,14 @@ impl fmt::Debug for Store {
 /// How every sled database of agentbay is opened: the store, a backup being
 /// restored, a compaction's copy.
 ///
-/// - A new database compresses what it writes (zstd, fastest level): the
-///   records, events and artifact chunks are JSON and MessagePack, and sled
-///   keeps up to twice the live bytes in its segments before it cleans
-///   them; compressed, a rewritten store measured 0.6x its logical size
-///   against 2.2x uncompressed. sled fixes the choice when the database is
-///   created, so an existing database keeps its own (read from its `conf`),
-///   and `agentbay compact` or a restore rewrites it compressed.
+/// - A new database is written uncompressed. sled 0.34 compresses every
+///   page fragment it logs with a zstd context made for that one call, and
+///   making one costs two `cpuid` instructions, which trap in a virtual
+///   machine: compressed, the store spent a quarter of its writer's time
+///   there and lease pairs ran at half the rate. sled fixes the choice when
+///   the database is created, so a database written compressed by an earlier
+///   version keeps its format (read from its `conf`) until `agentbay compact`
+///   or a restore rewrites it, uncompressed.
 /// - sled's own flusher runs once a second. Its syncs are redundant with
 ///   the store's flusher, but it is also the thread that rewrites the live
 ///   pages of half-empty segments so that their space is used again; with
@@ -552,7 +553,7 @@ pub fn open_sled(path: &Path, cache_bytes: Option<u64>) -> Result<sled::Db, Stor
         Ok(bytes) => bytes
             .split(|b| *b == b'\n')
             .any(|line| line == b"use_compression: true"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
         Err(e) => return Err(StoreError::io(format!("reading {}", conf.display()))(e)),
     };
     let mut config = sled::Config::new()

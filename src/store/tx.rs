@@ -6,7 +6,8 @@
 //! returns `Ok`; an `Err` drops them, so an aborted transaction leaves no
 //! trace.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::Arc;
 
 use super::derived::{self, Change, Derived};
@@ -18,31 +19,56 @@ use super::{
 use crate::domain::events::NewEvent;
 use crate::telemetry::names;
 
-/// Pending writes by (tree position, key); `None` deletes.
+/// Pending writes by tree position, then key; `None` deletes.
 #[derive(Default)]
-pub(super) struct Writes(BTreeMap<(usize, Vec<u8>), Option<Vec<u8>>>);
+pub(super) struct Writes(Vec<BTreeMap<Vec<u8>, Option<Vec<u8>>>>);
 
 impl Writes {
     pub(super) fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.0.iter().all(BTreeMap::is_empty)
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&(usize, Vec<u8>), &Option<Vec<u8>>)> {
-        self.0.iter()
+    pub(super) fn len(&self) -> usize {
+        self.0.iter().map(BTreeMap::len).sum()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (usize, &[u8], &Option<Vec<u8>>)> {
+        self.0.iter().enumerate().flat_map(|(table, writes)| {
+            writes
+                .iter()
+                .map(move |(key, value)| (table, key.as_slice(), value))
+        })
     }
 
     pub(super) fn merge(&mut self, newer: Writes) {
-        self.0.extend(newer.0);
+        for (table, writes) in newer.0.into_iter().enumerate() {
+            if !writes.is_empty() {
+                self.table_mut(table).extend(writes);
+            }
+        }
+    }
+
+    fn table_mut(&mut self, table: usize) -> &mut BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+        if self.0.len() <= table {
+            self.0.resize_with(table + 1, BTreeMap::new);
+        }
+        &mut self.0[table]
+    }
+
+    fn insert(&mut self, table: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.table_mut(table).insert(key, value);
     }
 
     fn get(&self, table: usize, key: &[u8]) -> Option<&Option<Vec<u8>>> {
-        // Owned key for the lookup: the map is keyed by (usize, Vec<u8>).
-        self.0.get(&(table, key.to_vec()))
+        self.0.get(table)?.get(key)
     }
 
     fn overlay_prefix(&self, table: usize, prefix: &[u8], into: &mut BTreeMap<Vec<u8>, Vec<u8>>) {
-        for ((t, key), value) in self.0.range((table, prefix.to_vec())..) {
-            if *t != table || !key.starts_with(prefix) {
+        let Some(writes) = self.0.get(table) else {
+            return;
+        };
+        for (key, value) in writes.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded)) {
+            if !key.starts_with(prefix) {
                 break;
             }
             match value {
@@ -53,11 +79,57 @@ impl Writes {
     }
 }
 
+/// What a transaction's writes make known (`Some`: the version and what it
+/// derives) or unknown (`None`) of keys, by (tree position, key).
+pub(super) type Learnt = HashMap<(usize, Vec<u8>), Option<(u64, Derived)>>;
+
+/// What the versioned records the writer wrote last derive, by (tree
+/// position, key), with the version they belong to. A version names one
+/// stored state, so a save over exactly that version takes the entries it
+/// moves away from here instead of decoding the stored record again; any
+/// other write of the key forgets them. Bounded: past [`DerivedCache::MAX`]
+/// keys it starts again empty.
+#[derive(Default)]
+pub(super) struct DerivedCache(HashMap<(usize, Vec<u8>), (u64, Derived)>);
+
+impl DerivedCache {
+    const MAX: usize = 16_384;
+
+    /// Forgets everything (the group it described was not applied).
+    pub(super) fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// Takes in what a committed transaction learnt.
+    pub(super) fn merge(&mut self, learnt: Learnt) {
+        if self.0.len() + learnt.len() > Self::MAX {
+            self.0.clear();
+        }
+        for (key, known) in learnt {
+            match known {
+                Some(known) => self.0.insert(key, known),
+                None => self.0.remove(&key),
+            };
+        }
+    }
+}
+
+/// What a committed transaction hands the writer.
+pub(super) struct Finished {
+    pub writes: Writes,
+    pub events: Vec<Arc<StoredEvent>>,
+    pub learnt: Learnt,
+}
+
 /// A transaction in progress. Reads see the transaction's own writes.
 pub struct Tx<'a> {
     trees: &'a [sled::Tree],
     group: &'a Writes,
+    cache: &'a DerivedCache,
     writes: Writes,
+    /// What this transaction's writes make known (`Some`) or unknown
+    /// (`None`) in the cache, once it commits.
+    learnt: Learnt,
     next_seq: u64,
     events: Vec<Arc<StoredEvent>>,
 }
@@ -84,18 +156,29 @@ fn check_index_part(part: &str) -> Result<(), StoreError> {
 }
 
 impl<'a> Tx<'a> {
-    pub(super) fn new(trees: &'a [sled::Tree], group: &'a Writes, next_seq: u64) -> Tx<'a> {
+    pub(super) fn new(
+        trees: &'a [sled::Tree],
+        group: &'a Writes,
+        cache: &'a DerivedCache,
+        next_seq: u64,
+    ) -> Tx<'a> {
         Tx {
             trees,
             group,
+            cache,
             writes: Writes::default(),
+            learnt: HashMap::new(),
             next_seq,
             events: Vec::new(),
         }
     }
 
-    pub(super) fn finish(self) -> (Writes, Vec<Arc<StoredEvent>>) {
-        (self.writes, self.events)
+    pub(super) fn finish(self) -> Finished {
+        Finished {
+            writes: self.writes,
+            events: self.events,
+            learnt: self.learnt,
+        }
     }
 
     fn read(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -107,7 +190,7 @@ impl<'a> Tx<'a> {
     }
 
     fn write(&mut self, table: Table, key: Vec<u8>, value: Option<Vec<u8>>) {
-        self.writes.0.insert((table.position(), key), value);
+        self.writes.insert(table.position(), key, value);
     }
 
     fn scan_prefix(
@@ -177,7 +260,9 @@ impl<'a> Tx<'a> {
         let id = record.id();
         let key = record_key(scope.tenant(), &id);
         let value = encode(record)?;
-        self.rederive(scope, &id, &key, Some(record))?;
+        let before = self.stored_derived::<R>(&key, None)?;
+        self.rederive(scope, &id, before, Some(record))?;
+        self.forget(R::TABLE, &key);
         self.write(R::TABLE, key, Some(value));
         Ok(())
     }
@@ -202,9 +287,10 @@ impl<'a> Tx<'a> {
         check_scope(scope, record)?;
         let id = record.id();
         let key = record_key(scope.tenant(), &id);
-        let stored = self
-            .read(R::TABLE, &key)?
-            .map(|bytes| project::<R, R::Stored>(&key, &bytes))
+        let stored_bytes = self.read(R::TABLE, &key)?;
+        let stored = stored_bytes
+            .as_deref()
+            .map(|bytes| project::<R, R::Stored>(&key, bytes))
             .transpose()?;
         let base = record.version();
         match &stored {
@@ -247,9 +333,33 @@ impl<'a> Tx<'a> {
                 return Err(e);
             }
         };
-        if let Err(e) = self.rederive(scope, &id, &key, Some(&*record)) {
-            record.set_version(base);
-            return Err(e);
+        let before = match self.known_derived::<R>(&key, base) {
+            Some(known) => {
+                // Tests run debug builds: there the cache is checked
+                // against the stored state on every save.
+                debug_assert_eq!(
+                    Some(&known),
+                    self.stored_derived::<R>(&key, Some(stored_bytes.as_deref()))
+                        .ok()
+                        .as_ref(),
+                    "the writer's cache of derived entries disagrees with {}",
+                    String::from_utf8_lossy(&key)
+                );
+                Ok(known)
+            }
+            None => self.stored_derived::<R>(&key, Some(stored_bytes.as_deref())),
+        };
+        let derived = before.and_then(|before| self.rederive(scope, &id, before, Some(&*record)));
+        let after = match derived {
+            Ok(after) => after,
+            Err(e) => {
+                record.set_version(base);
+                return Err(e);
+            }
+        };
+        if R::DERIVES {
+            self.learnt
+                .insert((R::TABLE.position(), key.clone()), Some((base + 1, after)));
         }
         self.write(R::TABLE, key, Some(value));
         Ok(())
@@ -259,33 +369,77 @@ impl<'a> Tx<'a> {
     /// artifact references.
     pub fn delete<R: Record>(&mut self, scope: &TenantScope, id: &str) -> Result<(), StoreError> {
         let key = record_key(scope.tenant(), id);
-        self.rederive::<R>(scope, id, &key, None)?;
+        let before = self.stored_derived::<R>(&key, None)?;
+        self.rederive::<R>(scope, id, before, None)?;
+        self.forget(R::TABLE, &key);
         self.write(R::TABLE, key, None);
         Ok(())
     }
 
+    /// What the stored state of `key` derives, decoded from `stored` (the
+    /// bytes already read, `Some(None)`: nothing stored) or read now.
+    fn stored_derived<R: Record>(
+        &self,
+        key: &[u8],
+        stored: Option<Option<&[u8]>>,
+    ) -> Result<Derived, StoreError> {
+        let mut before = Derived::default();
+        if !R::DERIVES {
+            return Ok(before);
+        }
+        let read;
+        let bytes = match stored {
+            Some(bytes) => bytes,
+            None => {
+                read = self.read(R::TABLE, key)?;
+                read.as_deref()
+            }
+        };
+        if let Some(bytes) = bytes {
+            decode::<R>(key, bytes)?.derive(&mut before);
+        }
+        Ok(before)
+    }
+
+    /// What version `version` of `key` derives, if the writer still knows.
+    fn known_derived<R: Record>(&self, key: &[u8], version: u64) -> Option<Derived> {
+        if !R::DERIVES || version == 0 {
+            return None;
+        }
+        let at = (R::TABLE.position(), key.to_vec());
+        let known = match self.learnt.get(&at) {
+            Some(known) => known.as_ref(),
+            None => self.cache.0.get(&at),
+        };
+        known
+            .filter(|(v, _)| *v == version)
+            .map(|(_, derived)| derived.clone())
+    }
+
+    /// The cache no longer knows what `key` derives.
+    fn forget(&mut self, table: Table, key: &[u8]) {
+        self.learnt.insert((table.position(), key.to_vec()), None);
+    }
+
     /// Moves the derived entries, counts and artifact references of record
-    /// `id` from its stored state to `next` (`None`: deleted).
+    /// `id` from `before` (what its stored state derives) to `next`
+    /// (`None`: deleted); returns what `next` derives.
     fn rederive<R: Record>(
         &mut self,
         scope: &TenantScope,
         id: &str,
-        key: &[u8],
+        before: Derived,
         next: Option<&R>,
-    ) -> Result<(), StoreError> {
-        if !R::DERIVES {
-            return Ok(());
-        }
-        let mut before = Derived::default();
-        if let Some(bytes) = self.read(R::TABLE, key)? {
-            decode::<R>(key, &bytes)?.derive(&mut before);
-        }
+    ) -> Result<Derived, StoreError> {
         let mut after = Derived::default();
+        if !R::DERIVES {
+            return Ok(after);
+        }
         if let Some(n) = next {
             n.derive(&mut after);
         }
         if before == after {
-            return Ok(());
+            return Ok(after);
         }
         let change = Change::between(&before, &after);
         let tenant = scope.tenant();
@@ -308,7 +462,7 @@ impl<'a> Tx<'a> {
         for (hash, delta) in change.refs {
             self.adjust_refs(scope, &hash, delta)?;
         }
-        Ok(())
+        Ok(after)
     }
 
     fn add_count(
