@@ -267,15 +267,20 @@ async fn serve_until_ready(data: &std::path::Path) -> Restart {
     });
     let port = 20_000 + (std::process::id() % 20_000) as u16;
     let started = Instant::now();
-    let mut child = std::process::Command::new(&bin)
+    let mut command = std::process::Command::new(&bin);
+    // The benches' own settings (AGENTBAY_BIN, AGENTBAY_SOAK_*,
+    // AGENTBAY_BENCH_*) are not configuration keys: the appliance would
+    // refuse them.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("AGENTBAY_") {
+            command.env_remove(name);
+        }
+    }
+    let mut child = command
         .args(["serve", "--manual-clock", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
         .arg("--data-dir")
         .arg(data)
-        // The soak's own settings are not configuration keys.
-        .env_remove("AGENTBAY_BIN")
-        .env_remove("AGENTBAY_SOAK_PER_DAY")
-        .env_remove("AGENTBAY_SOAK_DAYS")
         .env("AGENTBAY_DEMO__ENABLED", "false")
         .env("AGENTBAY_LOG__LEVEL", "warn")
         .stdout(std::process::Stdio::null())
