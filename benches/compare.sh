@@ -114,6 +114,7 @@ import os, re, statistics, sys
 
 out, benches = sys.argv[1], sys.argv[2].split()
 number = re.compile(r"^(-?[0-9]+(\.[0-9]+)?|-)$")
+volatile = re.compile(r"\s*\(\s*[0-9]+\.[0-9]+[^)]*\)")
 
 def rows(path):
     """Label -> figures, for every line that ends in two or more figures
@@ -126,7 +127,10 @@ def rows(path):
             t = tokens.pop()
             tail.insert(0, float("nan") if t == "-" else float(t))
         if len(tail) >= 2 and tokens:
-            found[" ".join(tokens)] = tail
+            # Statistics in a label, such as "(27.8 commits per flush)" in
+            # older revisions, vary from run to run: they are not its name.
+            label = volatile.sub("", " ".join(tokens))
+            found[label] = tail
     return found
 
 def medians(side, bench):
@@ -149,5 +153,6 @@ for bench in benches:
     for label in labels:
         b, h = base.get(label), head.get(label)
         ratio = f"{h[0] / b[0]:.2f}x" if b and h and b[0] else "-"
-        print(f"{label[:64]:<64} {b[0] if b else float('nan'):>10.0f} {h[0] if h else float('nan'):>10.0f} {ratio:>9}  {fmt(b)} | {fmt(h)}")
+        rate = lambda figures: f"{figures[0]:.0f}" if figures else "-"
+        print(f"{label[:64]:<64} {rate(b):>10} {rate(h):>10} {ratio:>9}  {fmt(b)} | {fmt(h)}")
 EOF
