@@ -6,16 +6,15 @@
 //! `cargo bench --bench store`; `AGENTBAY_BENCH_SECONDS` sets the time per
 //! row (default 5).
 
-use std::fs::File;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use agentbay::domain::TenantId;
 
 mod common;
 
 use agentbay::store::{Record, Store, StoreError, StoreOptions, Table, TenantScope};
-use common::{dir_size, seconds};
+use common::{RawRun, dir_size, raw_sled, raw_sled_one, seconds};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize)]
@@ -36,69 +35,9 @@ impl Record for Row {
     }
 }
 
-struct Outcome {
-    label: String,
-    writes: u64,
-    elapsed: Duration,
-    disk: u64,
-}
-
-impl Outcome {
-    fn rate(&self) -> f64 {
-        self.writes as f64 / self.elapsed.as_secs_f64()
-    }
-}
-
-/// Raw sled, one writer: insert, flush, (sync), next.
-fn raw_single(sync: bool) -> Outcome {
-    let dir = tempfile::tempdir().unwrap();
-    let db = sled::Config::new()
-        .path(dir.path())
-        .flush_every_ms(None)
-        .open()
-        .unwrap();
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .open(dir.path().join("db"))
-        .unwrap();
-    let value = vec![7u8; 200];
-    let deadline = Instant::now() + seconds();
-    let start = Instant::now();
-    let mut n = 0u64;
-    while Instant::now() < deadline {
-        db.insert(n.to_be_bytes(), value.as_slice()).unwrap();
-        db.flush().unwrap();
-        if sync {
-            file.sync_data().unwrap();
-        }
-        n += 1;
-    }
-    Outcome {
-        label: format!(
-            "raw sled, 1 writer, flush each{}",
-            if sync { " + fdatasync" } else { "" }
-        ),
-        writes: n,
-        elapsed: start.elapsed(),
-        disk: dir_size(dir.path()),
-    }
-}
-
-/// Raw sled through the benches' shared group-commit driver.
-fn raw_group(writers: usize, sync: bool) -> Outcome {
-    let raw = common::raw_sled(writers, sync);
-    Outcome {
-        label: raw.label,
-        writes: raw.writes,
-        elapsed: raw.elapsed,
-        disk: raw.disk,
-    }
-}
-
 /// The store facade: `writers` tasks each committing one record per
 /// transaction and waiting for it to be durable.
-fn facade(writers: usize, sync: bool) -> Outcome {
+fn facade(writers: usize, sync: bool) -> RawRun {
     let dir = tempfile::tempdir().unwrap();
     let options = StoreOptions {
         sync_data: sync,
@@ -160,7 +99,7 @@ fn facade(writers: usize, sync: bool) -> Outcome {
             ", no fdatasync"
         },
     );
-    Outcome {
+    RawRun {
         label,
         writes,
         elapsed,
@@ -229,12 +168,12 @@ fn reopen() {
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument selects rows.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    type Row = (&'static str, Box<dyn Fn() -> Outcome>);
+    type Row = (&'static str, Box<dyn Fn() -> RawRun>);
     let rows: Vec<Row> = vec![
-        ("raw-1", Box::new(|| raw_single(false))),
-        ("raw-1-sync", Box::new(|| raw_single(true))),
-        ("raw-32", Box::new(|| raw_group(32, false))),
-        ("raw-32-sync", Box::new(|| raw_group(32, true))),
+        ("raw-1", Box::new(|| raw_sled_one(false))),
+        ("raw-1-sync", Box::new(|| raw_sled_one(true))),
+        ("raw-32", Box::new(|| raw_sled(32, false))),
+        ("raw-32-sync", Box::new(|| raw_sled(32, true))),
         ("facade-1", Box::new(|| facade(1, true))),
         ("facade-32-nosync", Box::new(|| facade(32, false))),
         ("facade-32", Box::new(|| facade(32, true))),

@@ -57,7 +57,7 @@ impl Row {
     }
 }
 
-/// Raw sled writes in a time (see [`raw_sled`]).
+/// Durable writes in a time: raw sled's ([`raw_sled`]) or the store's.
 pub struct RawRun {
     /// What was measured.
     pub label: String,
@@ -95,22 +95,56 @@ pub fn dir_size(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// Raw sled driven by one group-commit thread, for [`seconds`]: `writers`
-/// threads insert 200-byte values and wait for the flusher, which flushes
-/// (and, with `sync`, fdatasyncs) once per batch. The ceiling the store
-/// facade is measured against.
-pub fn raw_sled(writers: usize, sync: bool) -> RawRun {
-    let dir = tempfile::tempdir().unwrap();
+/// A sled database of its own in `dir`, with no flusher of its own, and
+/// its data file for fdatasync.
+fn raw_db(dir: &Path) -> (sled::Db, File) {
     let db = sled::Config::new()
-        .path(dir.path())
+        .path(dir)
         .flush_every_ms(None)
         .open()
         .unwrap();
     let file = File::options()
         .read(true)
         .write(true)
-        .open(dir.path().join("db"))
+        .open(dir.join("db"))
         .unwrap();
+    (db, file)
+}
+
+/// Raw sled, one writer, for [`seconds`]: insert, flush, (fdatasync), next.
+pub fn raw_sled_one(sync: bool) -> RawRun {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, file) = raw_db(dir.path());
+    let value = vec![7u8; 200];
+    let deadline = Instant::now() + seconds();
+    let start = Instant::now();
+    let mut n = 0u64;
+    while Instant::now() < deadline {
+        db.insert(n.to_be_bytes(), value.as_slice()).unwrap();
+        db.flush().unwrap();
+        if sync {
+            file.sync_data().unwrap();
+        }
+        n += 1;
+    }
+    RawRun {
+        label: format!(
+            "raw sled, 1 writer, flush each{}",
+            if sync { " + fdatasync" } else { "" }
+        ),
+        writes: n,
+        elapsed: start.elapsed(),
+        disk: dir_size(dir.path()),
+    }
+}
+
+/// Raw sled driven by one group-commit thread, for [`seconds`]: `writers`
+/// threads insert 200-byte values and wait for the flusher, which flushes
+/// (and, with `sync`, fdatasyncs) once per batch. The ceiling the store
+/// facade is measured against.
+pub fn raw_sled(writers: usize, sync: bool) -> RawRun {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, file) = raw_db(dir.path());
     let (tx, rx) = mpsc::channel::<mpsc::SyncSender<()>>();
     let flusher = {
         let db = db.clone();
