@@ -70,14 +70,15 @@ impl Record for Run {
     }
     fn derive(&self, d: &mut Derived) {
         let state = self.state.as_str();
-        d.index(index::STATE, state)
-            .index(index::PROJECT, self.project_id.as_str())
-            .index(
+        // Counted: the runs page shows how many runs a filter admits.
+        d.counted(index::STATE, state)
+            .counted(index::PROJECT, self.project_id.as_str())
+            .counted(
                 index::PROJECT_STATE,
                 format!("{} {state}", self.project_id.as_str()),
             )
-            .index(index::AGENT, &*self.agent_id)
-            .index(index::RELEASE, &*self.snapshot.release_id);
+            .counted(index::AGENT, &*self.agent_id)
+            .counted(index::RELEASE, &*self.snapshot.release_id);
         if let Some(key) = &self.request_id {
             d.index(index::REQUEST, &**key);
         }

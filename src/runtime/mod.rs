@@ -71,7 +71,8 @@ pub mod index {
 
 impl Record for ExecutionAttempt {
     const TABLE: Table = Table::Attempts;
-    const VERSION: u16 = 1;
+    /// 2: the phase history is stored compactly (`phase_history`).
+    const VERSION: u16 = 2;
     const VERSIONED: bool = true;
     const DERIVES: bool = true;
     fn tenant(&self) -> &TenantId {
@@ -80,8 +81,16 @@ impl Record for ExecutionAttempt {
     fn id(&self) -> String {
         self.attempt_id.to_string()
     }
+    fn upgrade(version: u16, bytes: &[u8]) -> Result<Self, String> {
+        match version {
+            // Version 1 differs only in how phase marks are written, and
+            // the phase history reads both.
+            1 => rmp_serde::from_slice(bytes).map_err(|e| e.to_string()),
+            v => Err(format!("no upgrade from version {v}")),
+        }
+    }
     fn derive(&self, d: &mut Derived) {
-        d.index(index::ATTEMPT_STATE, self.state.as_str());
+        d.counted(index::ATTEMPT_STATE, self.state.as_str());
         if self.state.is_terminal() {
             d.index(
                 index::ATTEMPT_ENDED,

@@ -13,6 +13,16 @@
 //! One transaction per group pays that once for dozens of writes. And since
 //! only this thread writes, closures run exactly once, in one global order,
 //! and events are numbered by a plain counter.
+//!
+//! What bounds the rate: once a process has run one sled transaction, sled
+//! takes a process-wide lock for every operation, exclusively for a
+//! transaction, and its `flush` holds it shared while it writes the log and
+//! waits for `sync_file_range`. So applying a group and flushing the
+//! previous one take turns: a cycle is the group's apply plus sled's log
+//! write, and only the closures of the next group, the `fdatasync` and the
+//! answers overlap. The writer therefore keeps the apply short (no decode
+//! it can skip, few keys per write: see `derived.rs` for counts) and
+//! everything else outside it.
 
 use std::fs::File;
 use std::path::PathBuf;

@@ -16,7 +16,10 @@
 //!
 //! - tenant entry: `<tenant>/<index>/<value>/<id>`, newest last for UUIDv7
 //!   ids, so a page is a reverse range read of `limit` keys;
-//! - its count: `<tenant>/#/<index>/<value>` (u64, big-endian);
+//! - the count of a counted index's value: `<tenant>/#/<index>/<value>`
+//!   (u64, big-endian). Only indexes whose counts something reads are
+//!   counted ([`Derived::counted`]): a count is a read and a write in every
+//!   transaction that moves an entry, so an index nobody counts keeps none;
 //! - global entry: `~/<index>/<value>/<tenant>/<id>`, for the appliance's
 //!   own workers (live work at startup, what is due for purge).
 //!
@@ -42,15 +45,31 @@ pub struct Derived {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Entry {
     pub global: bool,
+    /// A tenant entry whose index keeps a count per value.
+    pub counted: bool,
     pub index: &'static str,
     pub value: String,
 }
 
 impl Derived {
-    /// A tenant-scoped entry under `index`/`value`, counted.
+    /// A tenant-scoped entry under `index`/`value`.
     pub fn index(&mut self, index: &'static str, value: impl Into<String>) -> &mut Self {
         self.entries.push(Entry {
             global: false,
+            counted: false,
+            index,
+            value: value.into(),
+        });
+        self
+    }
+
+    /// A tenant-scoped entry under `index`/`value`, with a count per value
+    /// that [`Store::index_count`](super::Store::index_count) reads. Every
+    /// record of a table must count an index or none must.
+    pub fn counted(&mut self, index: &'static str, value: impl Into<String>) -> &mut Self {
+        self.entries.push(Entry {
+            global: false,
+            counted: true,
             index,
             value: value.into(),
         });
@@ -61,6 +80,7 @@ impl Derived {
     pub fn global(&mut self, index: &'static str, value: impl Into<String>) -> &mut Self {
         self.entries.push(Entry {
             global: true,
+            counted: false,
             index,
             value: value.into(),
         });
@@ -186,6 +206,8 @@ impl Change {
 /// 2), or kept to compare with what is stored ([`super::Store::audit`]).
 pub(crate) struct Rebuild {
     index: Option<sled::Tree>,
+    /// Whether to keep every entry key expected (when not writing them).
+    keep_keys: bool,
     /// Every entry key expected (when auditing).
     pub keys: std::collections::BTreeSet<Vec<u8>>,
     /// Expected counts by count key.
@@ -199,6 +221,7 @@ impl Rebuild {
     pub(crate) fn writing(db: &sled::Db) -> Result<Rebuild, super::StoreError> {
         Ok(Rebuild {
             index: Some(db.open_tree(super::Table::Index.name())?),
+            keep_keys: false,
             keys: Default::default(),
             counts: BTreeMap::new(),
             refs: Default::default(),
@@ -209,9 +232,19 @@ impl Rebuild {
     pub(crate) fn computing() -> Rebuild {
         Rebuild {
             index: None,
+            keep_keys: true,
             keys: Default::default(),
             counts: BTreeMap::new(),
             refs: Default::default(),
+        }
+    }
+
+    /// A rebuild that computes counts and references only, not keeping
+    /// the entry keys (a million records' keys would not fit in memory).
+    pub(crate) fn counting() -> Rebuild {
+        Rebuild {
+            keep_keys: false,
+            ..Rebuild::computing()
         }
     }
 
@@ -244,9 +277,10 @@ impl Rebuild {
                     Some(index) => {
                         index.insert(&key, &[])?;
                     }
-                    None => {
+                    None if self.keep_keys => {
                         self.keys.insert(key);
                     }
+                    None => {}
                 }
                 n += 1;
             }
@@ -268,11 +302,12 @@ impl Rebuild {
                 Some(tree) => {
                     tree.insert(&key, &[])?;
                 }
-                None => {
+                None if self.keep_keys => {
                     self.keys.insert(key);
                 }
+                None => {}
             }
-            if !e.global {
+            if e.counted {
                 *self
                     .counts
                     .entry(count_key(record.tenant(), e.index, &e.value))
@@ -288,15 +323,24 @@ impl Rebuild {
         Ok(())
     }
 
-    /// Writes the counts.
+    /// Writes the counts (a rebuild that writes).
     pub(crate) fn finish(self) -> Result<(), super::StoreError> {
         if let Some(tree) = &self.index {
-            for (k, n) in &self.counts {
-                tree.insert(k, &n.to_be_bytes())?;
-            }
+            write_counts(tree, &self.counts)?;
         }
         Ok(())
     }
+}
+
+/// Writes counts computed by a [`Rebuild`] into the index tree.
+pub(crate) fn write_counts(
+    index: &sled::Tree,
+    counts: &BTreeMap<Vec<u8>, u64>,
+) -> Result<(), super::StoreError> {
+    for (k, n) in counts {
+        index.insert(k, &n.to_be_bytes())?;
+    }
+    Ok(())
 }
 
 /// Whether an index key is a count (`<tenant>/#/...`).
@@ -325,6 +369,7 @@ mod tests {
         let t = TenantId::parse("acme").unwrap();
         let e = Entry {
             global: true,
+            counted: false,
             index: "x",
             value: "a/b%c".into(),
         };

@@ -827,7 +827,9 @@ impl Store {
         self.ids_before(Table::Index, &prefix, end, limit)
     }
 
-    /// How many derived entries `index`/`value` the tenant has.
+    /// How many derived entries `index`/`value` the tenant has, for an
+    /// index its records count ([`Derived::counted`]); an index kept
+    /// without counts reads 0.
     pub fn index_count(
         &self,
         scope: &TenantScope,

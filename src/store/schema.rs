@@ -12,7 +12,7 @@ use std::path::Path;
 use super::StoreError;
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 pub(super) const FORMAT_KEY: &str = "format";
 pub(super) const FORMAT_VALUE: &[u8] = b"agentbay-store";
@@ -49,6 +49,11 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         from: 4,
         description: "index every attempt's events (WatchAttempt resumes from a sequence)",
         apply: index_attempt_events,
+    },
+    Migration {
+        from: 5,
+        description: "keep counts only for the indexes whose counts are read",
+        apply: recount_indexes,
     },
 ];
 
@@ -95,6 +100,23 @@ fn index_attempt_events(db: &sled::Db) -> Result<(), StoreError> {
     let mut rebuild = super::derived::Rebuild::writing(db)?;
     rebuild.outbox(db)?;
     Ok(())
+}
+
+/// Version 6: only the indexes whose counts something reads keep counts
+/// ([`Derived::counted`](super::Derived::counted)). Removes every stored
+/// count and writes those of the counted indexes again, computed from the
+/// records. Safe to run again: it starts by removing what it writes.
+fn recount_indexes(db: &sled::Db) -> Result<(), StoreError> {
+    let index = db.open_tree(super::Table::Index.name())?;
+    for key in index.iter().keys() {
+        let key = key?;
+        if super::derived::is_count_key(&key) {
+            index.remove(key)?;
+        }
+    }
+    let mut rebuild = super::derived::Rebuild::counting();
+    derive_tables(db, &mut rebuild)?;
+    super::derived::write_counts(&index, &rebuild.counts)
 }
 
 /// Derives every table whose records derive entries or references (the
@@ -288,6 +310,80 @@ mod tests {
         db.insert("something", "else").unwrap();
         let err = prepare(&db, &meta, other.path(), false, &[]).unwrap_err();
         assert!(matches!(err, StoreError::NotAStore { .. }), "{err}");
+    }
+
+    #[test]
+    fn only_counted_indexes_keep_counts_after_version_6() {
+        use crate::domain::TenantId;
+        use crate::domain::attempt::{ExecutionAttempt, NewAttempt};
+        use crate::domain::release::{AdapterKind, AttemptLimits};
+        use crate::store::Table;
+        let dir = tempfile::tempdir().unwrap();
+        let (db, _) = open(dir.path());
+        let acme = TenantId::parse("acme").unwrap();
+        let attempt = ExecutionAttempt::new(
+            NewAttempt {
+                attempt_id: uuid::Uuid::now_v7(),
+                run_id: uuid::Uuid::now_v7(),
+                step_id: uuid::Uuid::now_v7(),
+                number: 1,
+                tenant_id: acme.clone(),
+                project_id: crate::domain::ProjectId::parse("ops").unwrap(),
+                environment_id: None,
+                fencing_token: 1,
+                snapshot_id: uuid::Uuid::now_v7(),
+                release_id: "triage@1.0.0".into(),
+                agent_id: "triage".into(),
+                model_profile_id: "local".into(),
+                adapter: AdapterKind::External,
+                adapter_version: "external/1".into(),
+                checkpoint_format: 1,
+                limits: AttemptLimits {
+                    max_minutes: 10,
+                    max_model_calls: 3,
+                    max_tool_calls: 3,
+                    max_context_tokens: 1000,
+                    max_sub_agent_depth: 1,
+                },
+                max_corrections: 2,
+                depth: 0,
+            },
+            chrono::Utc::now(),
+        );
+        db.open_tree(Table::Attempts.name())
+            .unwrap()
+            .insert(
+                crate::store::record_key(&acme, &attempt.attempt_id.to_string()),
+                crate::store::encode(&attempt).unwrap(),
+            )
+            .unwrap();
+        let index = db.open_tree(Table::Index.name()).unwrap();
+        let count =
+            |index: &str, value: &str| super::super::derived::count_key(&acme, index, value);
+        let state = attempt.state.as_str();
+        // As schema 5 left it: every tenant index counted, one count wrong.
+        index
+            .insert(count("lease-state", "Granted"), &3u64.to_be_bytes())
+            .unwrap();
+        index
+            .insert(count("attempt-state", state), &9u64.to_be_bytes())
+            .unwrap();
+        index
+            .insert(count("attempt-state", "Succeeded"), &2u64.to_be_bytes())
+            .unwrap();
+        let entry = b"acme/lease-state/Granted/0190".to_vec();
+        index.insert(&entry, &[]).unwrap();
+        for _ in 0..2 {
+            recount_indexes(&db).unwrap();
+            let counts: Vec<(Vec<u8>, u64)> = index
+                .iter()
+                .map(|kv| kv.unwrap())
+                .filter(|(k, _)| super::super::derived::is_count_key(k))
+                .map(|(k, v)| (k.to_vec(), crate::store::tx::read_u64(Some(&v))))
+                .collect();
+            assert_eq!(counts, vec![(count("attempt-state", state), 1)]);
+            assert!(index.contains_key(&entry).unwrap(), "entries stay");
+        }
     }
 
     #[test]

@@ -402,7 +402,7 @@ impl Record for Doc {
         self.id.clone()
     }
     fn derive(&self, d: &mut Derived) {
-        d.index("kind", &*self.kind);
+        d.counted("kind", &*self.kind);
         for r in &self.refs {
             d.reference(Some(r));
         }

@@ -445,7 +445,7 @@ impl<'a> Tx<'a> {
         let tenant = scope.tenant();
         for e in &change.removed {
             self.write(Table::Index, derived::entry_key(tenant, id, e), None);
-            if !e.global {
+            if e.counted {
                 self.add_count(tenant, e.index, &e.value, -1)?;
             }
         }
@@ -455,7 +455,7 @@ impl<'a> Tx<'a> {
                 derived::entry_key(tenant, id, e),
                 Some(Vec::new()),
             );
-            if !e.global {
+            if e.counted {
                 self.add_count(tenant, e.index, &e.value, 1)?;
             }
         }
@@ -484,7 +484,7 @@ impl<'a> Tx<'a> {
     }
 
     /// How many tenant entries `index`/`value` has, including this
-    /// transaction's.
+    /// transaction's, for a counted index ([`Derived::counted`]).
     pub fn index_count(
         &self,
         scope: &TenantScope,

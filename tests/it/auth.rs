@@ -392,8 +392,22 @@ async fn a_revoked_client_loses_its_tokens_at_once() {
 
 /// The bootstrap secrets as `serve` printed them, one entry per start that
 /// printed them: (client id, client secret, admin password).
-fn printed_secrets(root: &std::path::Path) -> Vec<(String, String, String)> {
-    let out = std::fs::read_to_string(root.join("serve.out")).unwrap_or_default();
+/// The secrets printed on standard output by the first `starts` starts
+/// that served. A start writes its runtime file (what `restart` waits for)
+/// a moment before it prints, so this waits for the line each start prints
+/// last.
+fn printed_secrets(root: &std::path::Path, starts: usize) -> Vec<(String, String, String)> {
+    let read = || std::fs::read_to_string(root.join("serve.out")).unwrap_or_default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut out = read();
+    while out.matches(" serving https://").count() < starts {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "start {starts} printed nothing: {out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        out = read();
+    }
     let value = |line: &str, key: &str| line.trim().strip_prefix(key).map(|v| v.trim().to_string());
     let mut found = Vec::new();
     let mut current = (String::new(), String::new());
@@ -446,7 +460,7 @@ async fn bootstrap_secrets_survive_a_failed_start_and_show_until_first_use() {
         secret: String::new(),
     };
     let mut a = Appliance::serve_with(tmp.path(), &data, nobody, &[], &[]);
-    let first = printed_secrets(tmp.path());
+    let first = printed_secrets(tmp.path(), 1);
     assert_eq!(first.len(), 1, "printed once");
     let sealed = data.join("bootstrap.sealed");
     {
@@ -465,7 +479,7 @@ async fn bootstrap_secrets_survive_a_failed_start_and_show_until_first_use() {
     // init` shows them too.
     a.terminate().await;
     a.restart();
-    assert_eq!(printed_secrets(tmp.path()), vec![first[0].clone(); 2]);
+    assert_eq!(printed_secrets(tmp.path(), 2), vec![first[0].clone(); 2]);
     a.terminate().await;
     let shown = run(agentbay().args(["init", "--json", "--data-dir"]).arg(&data));
     assert!(shown.status.success());
@@ -474,7 +488,7 @@ async fn bootstrap_secrets_survive_a_failed_start_and_show_until_first_use() {
     assert_eq!(v["client_secret"], first[0].1.as_str());
     assert_eq!(v["console_password"], first[0].2.as_str());
     a.restart();
-    assert_eq!(printed_secrets(tmp.path()).len(), 3);
+    assert_eq!(printed_secrets(tmp.path(), 3).len(), 3);
     let log = a.log();
     for secret in [&first[0].1, &first[0].2] {
         assert!(!log.contains(secret.as_str()), "a secret in the log");
@@ -490,7 +504,7 @@ async fn bootstrap_secrets_survive_a_failed_start_and_show_until_first_use() {
     a.terminate().await;
     a.restart();
     assert_eq!(
-        printed_secrets(tmp.path()).len(),
+        printed_secrets(tmp.path(), 4).len(),
         3,
         "not printed once used"
     );

@@ -428,6 +428,118 @@ pub struct PhaseMark {
     pub phase: AttemptPhase,
 }
 
+/// How an attempt record stores its phase history: each mark as
+/// `[seconds, nanoseconds, state, phase]`. The history is most of an
+/// attempt record and the record is written at every step, so a mark is
+/// kept in about 30 bytes instead of the 80 of a named map with an RFC 3339
+/// time (and without formatting 64 times at every write). Marks an earlier
+/// version stored as maps read as before.
+pub mod phase_history {
+    use std::fmt;
+
+    use chrono::DateTime;
+    use serde::de::{self, MapAccess, SeqAccess, Visitor};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::PhaseMark;
+
+    /// Writes the marks as arrays.
+    pub fn serialize<S: Serializer>(phases: &[PhaseMark], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(phases.iter().map(|p| {
+            (
+                p.at.timestamp(),
+                p.at.timestamp_subsec_nanos(),
+                p.state,
+                p.phase,
+            )
+        }))
+    }
+
+    /// Reads marks stored as arrays or, as before, as maps.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<PhaseMark>, D::Error> {
+        Vec::<Mark>::deserialize(d).map(|marks| marks.into_iter().map(|m| m.0).collect())
+    }
+
+    struct Mark(PhaseMark);
+
+    impl<'de> Deserialize<'de> for Mark {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Mark, D::Error> {
+            d.deserialize_any(MarkVisitor).map(Mark)
+        }
+    }
+
+    struct MarkVisitor;
+
+    impl<'de> Visitor<'de> for MarkVisitor {
+        type Value = PhaseMark;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a phase mark [seconds, nanoseconds, state, phase]")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PhaseMark, A::Error> {
+            let missing = |i| de::Error::invalid_length(i, &MarkVisitor);
+            let secs: i64 = seq.next_element()?.ok_or_else(|| missing(0))?;
+            let nanos: u32 = seq.next_element()?.ok_or_else(|| missing(1))?;
+            let state = seq.next_element()?.ok_or_else(|| missing(2))?;
+            let phase = seq.next_element()?.ok_or_else(|| missing(3))?;
+            let at = DateTime::from_timestamp(secs, nanos)
+                .ok_or_else(|| de::Error::custom(format!("time {secs}.{nanos} out of range")))?;
+            Ok(PhaseMark { at, state, phase })
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PhaseMark, A::Error> {
+            PhaseMark::deserialize(de::value::MapAccessDeserializer::new(map))
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::super::{AttemptPhase, AttemptState, PhaseMark};
+        use chrono::{TimeZone, Utc};
+
+        #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+        struct Holder {
+            #[serde(with = "super")]
+            phases: Vec<PhaseMark>,
+        }
+
+        #[derive(serde::Serialize)]
+        struct Before {
+            phases: Vec<PhaseMark>,
+        }
+
+        #[test]
+        fn marks_round_trip_compactly_and_older_maps_still_read() {
+            let phases: Vec<PhaseMark> = (0..64)
+                .map(|i| PhaseMark {
+                    at: Utc.timestamp_opt(1_790_000_000 + i, 123_456_789).unwrap(),
+                    state: AttemptState::Running,
+                    phase: AttemptPhase::Calling,
+                })
+                .collect();
+            let compact = rmp_serde::to_vec_named(&Holder {
+                phases: phases.clone(),
+            })
+            .unwrap();
+            let named = rmp_serde::to_vec_named(&Before {
+                phases: phases.clone(),
+            })
+            .unwrap();
+            assert!(
+                compact.len() * 2 < named.len(),
+                "{} bytes against {}",
+                compact.len(),
+                named.len()
+            );
+            for bytes in [&compact, &named] {
+                let back: Holder = rmp_serde::from_slice(bytes).unwrap();
+                assert_eq!(back.phases, phases);
+            }
+        }
+    }
+}
+
 /// A call refused for a stale fencing token, kept as evidence.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -605,7 +717,9 @@ pub struct ExecutionAttempt {
     pub outcome_report_hash: Option<String>,
     /// The adapter state of the latest checkpoint.
     pub adapter_state_ref: Option<String>,
-    /// Phase history (the latest [`HISTORY_LIMIT`]).
+    /// Phase history (the latest [`HISTORY_LIMIT`]), stored compactly
+    /// ([`phase_history`]).
+    #[serde(with = "phase_history")]
     pub phases: Vec<PhaseMark>,
     /// Stale-token refusals (the latest [`HISTORY_LIMIT`]).
     pub stale_refusals: Vec<StaleRefusal>,
