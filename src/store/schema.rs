@@ -315,41 +315,11 @@ mod tests {
     #[test]
     fn only_counted_indexes_keep_counts_after_version_6() {
         use crate::domain::TenantId;
-        use crate::domain::attempt::{ExecutionAttempt, NewAttempt};
-        use crate::domain::release::{AdapterKind, AttemptLimits};
         use crate::store::Table;
         let dir = tempfile::tempdir().unwrap();
         let (db, _) = open(dir.path());
         let acme = TenantId::parse("acme").unwrap();
-        let attempt = ExecutionAttempt::new(
-            NewAttempt {
-                attempt_id: uuid::Uuid::now_v7(),
-                run_id: uuid::Uuid::now_v7(),
-                step_id: uuid::Uuid::now_v7(),
-                number: 1,
-                tenant_id: acme.clone(),
-                project_id: crate::domain::ProjectId::parse("ops").unwrap(),
-                environment_id: None,
-                fencing_token: 1,
-                snapshot_id: uuid::Uuid::now_v7(),
-                release_id: "triage@1.0.0".into(),
-                agent_id: "triage".into(),
-                model_profile_id: "local".into(),
-                adapter: AdapterKind::External,
-                adapter_version: "external/1".into(),
-                checkpoint_format: 1,
-                limits: AttemptLimits {
-                    max_minutes: 10,
-                    max_model_calls: 3,
-                    max_tool_calls: 3,
-                    max_context_tokens: 1000,
-                    max_sub_agent_depth: 1,
-                },
-                max_corrections: 2,
-                depth: 0,
-            },
-            chrono::Utc::now(),
-        );
+        let attempt = crate::domain::attempt::tests::attempt();
         db.open_tree(Table::Attempts.name())
             .unwrap()
             .insert(

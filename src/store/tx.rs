@@ -114,6 +114,15 @@ impl DerivedCache {
     }
 }
 
+/// What a stored state (`None`: nothing stored) of record `R` derives.
+fn derived_of<R: Record>(key: &[u8], stored: Option<&[u8]>) -> Result<Derived, StoreError> {
+    let mut derived = Derived::default();
+    if let Some(bytes) = stored {
+        decode::<R>(key, bytes)?.derive(&mut derived);
+    }
+    Ok(derived)
+}
+
 /// What a committed transaction hands the writer.
 pub(super) struct Finished {
     pub writes: Writes,
@@ -260,9 +269,9 @@ impl<'a> Tx<'a> {
         let id = record.id();
         let key = record_key(scope.tenant(), &id);
         let value = encode(record)?;
-        let before = self.stored_derived::<R>(&key, None)?;
+        let before = self.stored_derived::<R>(&key)?;
         self.rederive(scope, &id, before, Some(record))?;
-        self.forget(R::TABLE, &key);
+        self.forget::<R>(&key);
         self.write(R::TABLE, key, Some(value));
         Ok(())
     }
@@ -339,15 +348,14 @@ impl<'a> Tx<'a> {
                 // against the stored state on every save.
                 debug_assert_eq!(
                     Some(&known),
-                    self.stored_derived::<R>(&key, Some(stored_bytes.as_deref()))
-                        .ok()
-                        .as_ref(),
+                    derived_of::<R>(&key, stored_bytes.as_deref()).ok().as_ref(),
                     "the writer's cache of derived entries disagrees with {}",
                     String::from_utf8_lossy(&key)
                 );
                 Ok(known)
             }
-            None => self.stored_derived::<R>(&key, Some(stored_bytes.as_deref())),
+            None if R::DERIVES => derived_of::<R>(&key, stored_bytes.as_deref()),
+            None => Ok(Derived::default()),
         };
         let derived = before.and_then(|before| self.rederive(scope, &id, before, Some(&*record)));
         let after = match derived {
@@ -369,36 +377,19 @@ impl<'a> Tx<'a> {
     /// artifact references.
     pub fn delete<R: Record>(&mut self, scope: &TenantScope, id: &str) -> Result<(), StoreError> {
         let key = record_key(scope.tenant(), id);
-        let before = self.stored_derived::<R>(&key, None)?;
+        let before = self.stored_derived::<R>(&key)?;
         self.rederive::<R>(scope, id, before, None)?;
-        self.forget(R::TABLE, &key);
+        self.forget::<R>(&key);
         self.write(R::TABLE, key, None);
         Ok(())
     }
 
-    /// What the stored state of `key` derives, decoded from `stored` (the
-    /// bytes already read, `Some(None)`: nothing stored) or read now.
-    fn stored_derived<R: Record>(
-        &self,
-        key: &[u8],
-        stored: Option<Option<&[u8]>>,
-    ) -> Result<Derived, StoreError> {
-        let mut before = Derived::default();
+    /// What the stored state of `key` derives (read now).
+    fn stored_derived<R: Record>(&self, key: &[u8]) -> Result<Derived, StoreError> {
         if !R::DERIVES {
-            return Ok(before);
+            return Ok(Derived::default());
         }
-        let read;
-        let bytes = match stored {
-            Some(bytes) => bytes,
-            None => {
-                read = self.read(R::TABLE, key)?;
-                read.as_deref()
-            }
-        };
-        if let Some(bytes) = bytes {
-            decode::<R>(key, bytes)?.derive(&mut before);
-        }
-        Ok(before)
+        derived_of::<R>(key, self.read(R::TABLE, key)?.as_deref())
     }
 
     /// What version `version` of `key` derives, if the writer still knows.
@@ -416,9 +407,13 @@ impl<'a> Tx<'a> {
             .map(|(_, derived)| derived.clone())
     }
 
-    /// The cache no longer knows what `key` derives.
-    fn forget(&mut self, table: Table, key: &[u8]) {
-        self.learnt.insert((table.position(), key.to_vec()), None);
+    /// The cache no longer knows what `key` derives (it only holds records
+    /// that derive).
+    fn forget<R: Record>(&mut self, key: &[u8]) {
+        if R::DERIVES {
+            self.learnt
+                .insert((R::TABLE.position(), key.to_vec()), None);
+        }
     }
 
     /// Moves the derived entries, counts and artifact references of record

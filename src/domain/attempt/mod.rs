@@ -2425,4 +2425,4 @@ impl EventPayload for CallSettled<'_> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

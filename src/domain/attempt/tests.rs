@@ -18,7 +18,8 @@ fn limits() -> AttemptLimits {
     }
 }
 
-fn attempt() -> ExecutionAttempt {
+/// A new attempt of tenant acme (also the store's tests' sample).
+pub(crate) fn attempt() -> ExecutionAttempt {
     ExecutionAttempt::new(
         NewAttempt {
             attempt_id: Uuid::now_v7(),
