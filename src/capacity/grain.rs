@@ -453,7 +453,7 @@ impl PoolGrain {
         }
         let now = self.now();
         let mut leases = leases;
-        let write = self.shared.store.submit(move |tx: &mut Tx| {
+        let write = move |tx: &mut Tx| {
             for lease in &mut leases {
                 tx.save(&TenantScope::new(lease.tenant_id.clone()), lease)?;
             }
@@ -479,9 +479,11 @@ impl PoolGrain {
             }
             tx.emit_all(events)?;
             Ok::<_, StoreError>(())
-        });
-        tokio::spawn(async move {
-            let result = write.await.map_err(|e| {
+        };
+        // The replies are sent from the store's flusher as soon as the
+        // write is durable.
+        self.shared.store.submit_then(write, move |durable| {
+            let result = durable.map_err(|e| {
                 CapacityError::Unavailable(format!(
                     "the lease change could not be made durable: {e}"
                 ))

@@ -220,12 +220,30 @@ impl Committer {
         E: From<StoreError> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel::<Result<R, E>>();
+        self.submit_then(f, move |result| {
+            let _ = reply.send(result);
+        })?;
+        Ok(rx)
+    }
+
+    /// Queues a transaction; `done` is called with its result once it is
+    /// durable (on the flusher thread: it must only hand the result on),
+    /// at once if it aborted, or with [`StoreError::Closed`] if the store
+    /// stopped first.
+    pub(super) fn submit_then<R, E, F, D>(&self, f: F, done: D) -> Result<(), StoreError>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        D: FnOnce(Result<R, E>) + Send + 'static,
+    {
+        let mut done = Answer(Some(done), std::marker::PhantomData);
         self.send(Job::Tx(Box::new(move |ctx: &mut WriterCtx| {
             let engine = ctx.engine.clone();
             let open = match engine.read() {
                 Ok(open) => open,
                 Err(e) => {
-                    let _ = reply.send(Err(E::from(e)));
+                    done.answer(Err(E::from(e)));
                     return None;
                 }
             };
@@ -242,17 +260,16 @@ impl Committer {
                     ctx.derived.merge(learnt);
                     ctx.events.extend(events);
                     Some(Box::new(move |durable: Result<(), StoreError>| {
-                        let _ = reply.send(durable.map(|()| value).map_err(E::from));
+                        done.answer(durable.map(|()| value).map_err(E::from));
                     }) as Completion)
                 }
                 Err(e) => {
                     // Its writes are dropped with the Tx: answer at once.
-                    let _ = reply.send(Err(e));
+                    done.answer(Err(e));
                     None
                 }
             }
-        })))?;
-        Ok(rx)
+        })))
     }
 
     /// Runs `f` on the writer thread between two groups: no write
@@ -319,6 +336,36 @@ impl Drop for Committer {
     fn drop(&mut self) {
         // A store dropped without close() still finishes queued writes.
         let _ = self.stop();
+    }
+}
+
+/// Whoever waits for a transaction: answered once, with
+/// [`StoreError::Closed`] if the transaction is dropped unanswered (the
+/// writer stopped before it ran).
+struct Answer<D, R, E>(Option<D>, std::marker::PhantomData<fn(R, E)>)
+where
+    D: FnOnce(Result<R, E>),
+    E: From<StoreError>;
+
+impl<D, R, E> Answer<D, R, E>
+where
+    D: FnOnce(Result<R, E>),
+    E: From<StoreError>,
+{
+    fn answer(&mut self, result: Result<R, E>) {
+        if let Some(done) = self.0.take() {
+            done(result);
+        }
+    }
+}
+
+impl<D, R, E> Drop for Answer<D, R, E>
+where
+    D: FnOnce(Result<R, E>),
+    E: From<StoreError>,
+{
+    fn drop(&mut self) {
+        self.answer(Err(E::from(StoreError::Closed)));
     }
 }
 

@@ -676,6 +676,21 @@ impl Store {
         }
     }
 
+    /// Queues `f` now, as [`Store::submit`] does, and calls `done` with its
+    /// result once it is durable, without a task to wait for it: `done`
+    /// runs on the store's flusher thread and must only hand the result
+    /// on (send a reply). For actors that answer many callers per write.
+    pub fn submit_then<R, E, F, D>(&self, f: F, done: D)
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<R, E> + Send + 'static,
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        D: FnOnce(Result<R, E>) + Send + 'static,
+    {
+        // A store already closed drops the job, whose answer then says so.
+        let _ = self.inner.committer.submit_then(f, done);
+    }
+
     /// Runs `f` as one atomic transaction and returns once its effects are
     /// durably on disk. `f` runs exactly once, on the store's writer thread:
     /// it must be quick and must not block.

@@ -922,3 +922,50 @@ fn the_store_reopens_itself_under_concurrent_writes_and_reads_and_loses_nothing(
     assert_eq!(store.list::<Note>(&scope).unwrap().len(), 400);
     assert_eq!(store.audit().unwrap(), Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn submit_then_answers_once_durable_at_once_when_aborted_and_closed_after_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let acme = tenant("acme");
+    let (answered, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    let (scope, mut t) = (acme.clone(), tally(&acme, "t"));
+    let to = answered.clone();
+    store.submit_then(
+        move |tx: &mut Tx| {
+            tx.save(&scope, &mut t)?;
+            Ok::<_, StoreError>(t.version)
+        },
+        move |result| to.send(("saved", result)).unwrap(),
+    );
+    let (what, result) = answers.recv().await.unwrap();
+    assert_eq!((what, result.unwrap()), ("saved", 1));
+    // Answered after the flush: a plain read sees it.
+    assert_eq!(store.get::<Tally>(&acme, "t").unwrap().unwrap().version, 1);
+
+    let (scope, mut stale) = (acme.clone(), tally(&acme, "t"));
+    let to = answered.clone();
+    store.submit_then(
+        move |tx: &mut Tx| {
+            tx.save(&scope, &mut stale)?;
+            Ok::<_, StoreError>(stale.version)
+        },
+        move |result| to.send(("stale", result)).unwrap(),
+    );
+    let (what, result) = answers.recv().await.unwrap();
+    assert_eq!(what, "stale");
+    assert!(
+        matches!(result, Err(StoreError::Stale { .. })),
+        "{result:?}"
+    );
+
+    store.close().unwrap();
+    let to = answered.clone();
+    store.submit_then(
+        |_: &mut Tx| Ok::<_, StoreError>(0),
+        move |result| to.send(("closed", result)).unwrap(),
+    );
+    let (what, result) = answers.recv().await.unwrap();
+    assert_eq!(what, "closed");
+    assert!(matches!(result, Err(StoreError::Closed)), "{result:?}");
+}

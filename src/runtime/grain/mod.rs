@@ -956,18 +956,20 @@ impl Grain {
     {
         let scope = self.scope.clone();
         let mut record = next.clone();
-        let durable = self.shared.store.submit(move |tx: &mut Tx| {
-            extra(tx, &scope)?;
-            tx.save(&scope, &mut record)?;
-            tx.emit_all(events)?;
-            Ok::<_, RuntimeError>(())
-        });
         let attempt_id = self.attempt.attempt_id;
-        tokio::spawn(async move {
-            if let Err(e) = durable.await {
-                tracing::error!(attempt = %attempt_id, error = %e, "a queued write of the attempt failed");
-            }
-        });
+        self.shared.store.submit_then(
+            move |tx: &mut Tx| {
+                extra(tx, &scope)?;
+                tx.save(&scope, &mut record)?;
+                tx.emit_all(events)?;
+                Ok::<_, RuntimeError>(())
+            },
+            move |durable| {
+                if let Err(e) = durable {
+                    tracing::error!(attempt = %attempt_id, error = %e, "a queued write of the attempt failed");
+                }
+            },
+        );
         // The write's place in the order is fixed: the version it will
         // carry is known. Should it fail, the next write is refused as
         // stale and the grain reads the attempt again.
