@@ -41,12 +41,21 @@ pub struct Derived {
     pub(crate) refs: Vec<String>,
 }
 
+/// Where an index entry lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Kind {
+    /// Under its tenant.
+    Tenant,
+    /// Under its tenant, in an index that keeps a count per value.
+    Counted,
+    /// Appliance-wide.
+    Global,
+}
+
 /// One index entry.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Entry {
-    pub global: bool,
-    /// A tenant entry whose index keeps a count per value.
-    pub counted: bool,
+    pub kind: Kind,
     pub index: &'static str,
     pub value: String,
 }
@@ -55,8 +64,7 @@ impl Derived {
     /// A tenant-scoped entry under `index`/`value`.
     pub fn index(&mut self, index: &'static str, value: impl Into<String>) -> &mut Self {
         self.entries.push(Entry {
-            global: false,
-            counted: false,
+            kind: Kind::Tenant,
             index,
             value: value.into(),
         });
@@ -68,8 +76,7 @@ impl Derived {
     /// record of a table must count an index or none must.
     pub fn counted(&mut self, index: &'static str, value: impl Into<String>) -> &mut Self {
         self.entries.push(Entry {
-            global: false,
-            counted: true,
+            kind: Kind::Counted,
             index,
             value: value.into(),
         });
@@ -79,8 +86,7 @@ impl Derived {
     /// An entry of the appliance-wide index `index`/`value`.
     pub fn global(&mut self, index: &'static str, value: impl Into<String>) -> &mut Self {
         self.entries.push(Entry {
-            global: true,
-            counted: false,
+            kind: Kind::Global,
             index,
             value: value.into(),
         });
@@ -133,7 +139,7 @@ pub(crate) fn global_prefix(index: &str, value: Option<&str>) -> Vec<u8> {
 
 /// The key of an entry of record `id` of `tenant`.
 pub(crate) fn entry_key(tenant: &TenantId, id: &str, e: &Entry) -> Vec<u8> {
-    if e.global {
+    if e.kind == Kind::Global {
         let mut key = global_prefix(e.index, Some(&e.value));
         key.extend_from_slice(tenant.as_str().as_bytes());
         key.push(b'/');
@@ -311,7 +317,7 @@ impl Rebuild {
                 }
                 None => {}
             }
-            if e.counted {
+            if e.kind == Kind::Counted {
                 *self
                     .counts
                     .entry(count_key(record.tenant(), e.index, &e.value))
@@ -372,8 +378,7 @@ mod tests {
     fn values_escape_and_global_keys_split_back() {
         let t = TenantId::parse("acme").unwrap();
         let e = Entry {
-            global: true,
-            counted: false,
+            kind: Kind::Global,
             index: "x",
             value: "a/b%c".into(),
         };

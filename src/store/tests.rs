@@ -929,29 +929,23 @@ async fn submit_then_answers_once_durable_at_once_when_aborted_and_closed_after_
     let store = open(dir.path());
     let acme = tenant("acme");
     let (answered, mut answers) = tokio::sync::mpsc::unbounded_channel();
-    let (scope, mut t) = (acme.clone(), tally(&acme, "t"));
-    let to = answered.clone();
-    store.submit_then(
-        move |tx: &mut Tx| {
-            tx.save(&scope, &mut t)?;
-            Ok::<_, StoreError>(t.version)
-        },
-        move |result| to.send(("saved", result)).unwrap(),
-    );
+    let save_then = |label: &'static str, mut t: Tally| {
+        let (scope, to) = (acme.clone(), answered.clone());
+        store.submit_then(
+            move |tx: &mut Tx| {
+                tx.save(&scope, &mut t)?;
+                Ok::<_, StoreError>(t.version)
+            },
+            move |result| to.send((label, result)).unwrap(),
+        );
+    };
+    save_then("saved", tally(&acme, "t"));
     let (what, result) = answers.recv().await.unwrap();
     assert_eq!((what, result.unwrap()), ("saved", 1));
     // Answered after the flush: a plain read sees it.
     assert_eq!(store.get::<Tally>(&acme, "t").unwrap().unwrap().version, 1);
 
-    let (scope, mut stale) = (acme.clone(), tally(&acme, "t"));
-    let to = answered.clone();
-    store.submit_then(
-        move |tx: &mut Tx| {
-            tx.save(&scope, &mut stale)?;
-            Ok::<_, StoreError>(stale.version)
-        },
-        move |result| to.send(("stale", result)).unwrap(),
-    );
+    save_then("stale", tally(&acme, "t"));
     let (what, result) = answers.recv().await.unwrap();
     assert_eq!(what, "stale");
     assert!(

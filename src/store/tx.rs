@@ -440,7 +440,7 @@ impl<'a> Tx<'a> {
         let tenant = scope.tenant();
         for e in &change.removed {
             self.write(Table::Index, derived::entry_key(tenant, id, e), None);
-            if e.counted {
+            if e.kind == derived::Kind::Counted {
                 self.add_count(tenant, e.index, &e.value, -1)?;
             }
         }
@@ -450,7 +450,7 @@ impl<'a> Tx<'a> {
                 derived::entry_key(tenant, id, e),
                 Some(Vec::new()),
             );
-            if e.counted {
+            if e.kind == derived::Kind::Counted {
                 self.add_count(tenant, e.index, &e.value, 1)?;
             }
         }
