@@ -2,27 +2,21 @@
 //!
 //! The writer takes every transaction that has queued up, runs each closure
 //! against an in-memory overlay of the group's writes (so later closures
-//! read what earlier ones wrote), and applies the whole group to sled as one
-//! multi-tree transaction. The flusher then flushes sled and syncs its data
-//! file once for all groups that arrived meanwhile, and only after that
-//! publishes their events and answers their writers.
+//! read what earlier ones wrote), and applies the whole group to sled
+//! atomically: its redo record first, then plain inserts (`redo.rs`),
+//! while no reader reads (`engine.rs`, [`Reading`](super::engine::Reading)).
+//! The flusher then flushes sled and syncs its data file once for all
+//! groups that arrived meanwhile, and only after that publishes their
+//! events and answers their writers.
 //!
-//! Why not one sled transaction per write: on sled 0.34 a transaction that
-//! overlaps a flush waits for it (measured: ~60 µs per transaction against
-//! ~9 µs alone), so per-write transactions cap the store far below raw sled.
-//! One transaction per group pays that once for dozens of writes. And since
-//! only this thread writes, closures run exactly once, in one global order,
-//! and events are numbered by a plain counter.
-//!
-//! What bounds the rate: once a process has run one sled transaction, sled
-//! takes a process-wide lock for every operation, exclusively for a
-//! transaction, and its `flush` holds it shared while it writes the log and
-//! waits for `sync_file_range`. So applying a group and flushing the
-//! previous one take turns: a cycle is the group's apply plus sled's log
-//! write, and only the closures of the next group, the `fdatasync` and the
-//! answers overlap. The writer therefore keeps the apply short (no decode
-//! it can skip, few keys per write: see `derived.rs` for counts) and
-//! everything else outside it.
+//! Why not sled transactions: a sled 0.34 transaction takes a process-wide
+//! lock exclusively, and once one has run in a process, every `flush`
+//! holds that lock shared while it writes the log and waits for
+//! `sync_file_range`. Applying a group and flushing the previous one then
+//! take turns, and the cycle is their sum. With plain inserts they
+//! overlap: a cycle is the longer of the two. And since only this thread
+//! writes, closures run exactly once, in one global order, and events are
+//! numbered by a plain counter.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -31,14 +25,12 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
-use sled::Transactional;
-use sled::transaction::{ConflictableTransactionError, TransactionError};
 use tokio::sync::{broadcast, oneshot};
 
-use super::StoreError;
 use super::engine::Engine;
 use super::outbox::StoredEvent;
 use super::tx::{DerivedCache, Finished, Tx, Writes};
+use super::{StoreError, Table, redo};
 
 /// Most transactions applied as one group; bounds the size of one sled
 /// transaction and the latency a group adds to its first member.
@@ -54,6 +46,9 @@ pub(super) struct WriterCtx {
     written: u64,
     /// Reopen the database after this many (0: never); see [`Engine`].
     snapshot_every: u64,
+    /// Groups applied since the database was last opened: numbers each
+    /// group's redo record.
+    groups: u64,
     /// Writes of the current group, not yet applied to sled.
     group: Writes,
     /// What the versioned records written lately derive.
@@ -174,6 +169,7 @@ impl Committer {
             engine: engine.clone(),
             written: 0,
             snapshot_every,
+            groups: 0,
             group: Writes::default(),
             derived: DerivedCache::default(),
             events: Vec::new(),
@@ -381,7 +377,7 @@ enum Flush {
     Stop(mpsc::SyncSender<Result<(), StoreError>>),
 }
 
-/// Applies the group's overlay to sled as one atomic transaction.
+/// Applies the group's overlay to sled, atomically (see `redo.rs`).
 fn apply_group(ctx: &mut WriterCtx) -> Result<(), StoreError> {
     let writes = std::mem::take(&mut ctx.group);
     if writes.is_empty() {
@@ -391,22 +387,16 @@ fn apply_group(ctx: &mut WriterCtx) -> Result<(), StoreError> {
         .iter()
         .map(|(_, key, value)| (key.len() + value.as_ref().map_or(0, |v| v.len())) as u64)
         .sum::<u64>();
+    ctx.groups += 1;
     let open = ctx.engine.read()?;
-    open.trees
-        .as_ref()
-        .transaction(|trees| {
-            for (table, key, value) in writes.iter() {
-                match value {
-                    Some(v) => trees[table].insert(key, v.as_slice())?,
-                    None => trees[table].remove(key)?,
-                };
-            }
-            Ok::<_, ConflictableTransactionError<()>>(())
-        })
-        .map_err(|e| match e {
-            TransactionError::Storage(e) => StoreError::Engine(e),
-            TransactionError::Abort(()) => StoreError::Closed,
-        })
+    // `written` counts records only, as `store.snapshot_every_mb` says.
+    redo::apply(
+        &open.trees,
+        Table::Meta.position(),
+        ctx.groups,
+        writes,
+        || ctx.engine.applying(),
+    )
 }
 
 fn writer_loop(

@@ -131,17 +131,13 @@ impl DataDir {
             for name in old.tree_names() {
                 let from = old.open_tree(&name)?;
                 let to = new.open_tree(&name)?;
-                let mut batch = sled::Batch::default();
-                let mut n = 0;
+                // Plain inserts: the copy counts once its marker is
+                // written, and a sled batch would take sled's process-wide
+                // lock for good (see `redo.rs`).
                 for item in from.iter() {
                     let (k, v) = item?;
-                    batch.insert(k, v);
-                    n += 1;
-                    if n % 10_000 == 0 {
-                        to.apply_batch(std::mem::take(&mut batch))?;
-                    }
+                    to.insert(k, v)?;
                 }
-                to.apply_batch(batch)?;
             }
             new.flush()?;
         }

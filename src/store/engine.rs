@@ -17,13 +17,14 @@
 //! moment of it leaves the files as sled wrote them: an open is the same
 //! recovery a start does.
 
+use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
+use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::{StoreError, Table, open_sled};
+use super::{StoreError, Table, open_sled, redo};
 
 /// Longest the writer waits for the reads in progress before it leaves
 /// the reopen for a later group.
@@ -36,7 +37,8 @@ pub(super) struct Open {
 }
 
 impl Open {
-    /// Opens the database at `path` and every table.
+    /// Opens the database at `path` and every table, and completes the
+    /// last group of writes if a crash cut it short (see `redo.rs`).
     pub fn at(path: &Path, cache_bytes: u64) -> Result<Open, StoreError> {
         let db = open_sled(path, Some(cache_bytes))?;
         let trees: Arc<[sled::Tree]> = Table::ALL
@@ -44,6 +46,13 @@ impl Open {
             .map(|t| db.open_tree(t.name()))
             .collect::<Result<Vec<_>, _>>()?
             .into();
+        let replayed = redo::replay(&trees, &trees[Table::Meta.position()])?;
+        if replayed > 0 {
+            tracing::info!(
+                writes = replayed,
+                "store: completed the last group of writes, which the previous run left unfinished"
+            );
+        }
         Ok(Open { db, trees })
     }
 }
@@ -53,6 +62,9 @@ impl Open {
 #[derive(Clone)]
 pub(super) struct Engine {
     open: Arc<RwLock<Option<Open>>>,
+    /// Held exclusively while a group's writes are applied, and shared by
+    /// each read: a reader sees a group whole or not at all.
+    whole: Arc<RwLock<()>>,
     path: PathBuf,
     cache_bytes: u64,
 }
@@ -64,6 +76,7 @@ impl Engine {
     pub fn new(open: Open, path: &Path, cache_bytes: u64) -> Engine {
         Engine {
             open: Arc::new(RwLock::new(Some(open))),
+            whole: Arc::new(RwLock::new(())),
             path: path.to_path_buf(),
             cache_bytes,
         }
@@ -74,6 +87,19 @@ impl Engine {
     pub fn read(&self) -> Result<OpenRef<'_>, StoreError> {
         RwLockReadGuard::try_map(self.open.read_recursive(), |o| o.as_ref())
             .map_err(|_| StoreError::FlushFailed("the store could not be reopened".into()))
+    }
+
+    /// A table for a reader (see [`Reading`]).
+    pub fn reading(&self, table: Table) -> Result<Reading<'_>, StoreError> {
+        Ok(Reading {
+            tree: MappedRwLockReadGuard::map(self.read()?, |o| &o.trees[table.position()]),
+            whole: &self.whole,
+        })
+    }
+
+    /// Held by the writer while it applies a group: no read runs meanwhile.
+    pub fn applying(&self) -> RwLockWriteGuard<'_, ()> {
+        self.whole.write()
     }
 
     /// Closes the database and opens it again, so that sled writes a fresh
@@ -103,5 +129,72 @@ impl Engine {
                 Ok(Some(started.elapsed()))
             }
         }
+    }
+}
+
+/// A table as the store's readers see it: each read (a get, one step of a
+/// scan) sees every group of writes whole or not at all, as a sled
+/// transaction would show it.
+pub(super) struct Reading<'a> {
+    tree: MappedRwLockReadGuard<'a, sled::Tree>,
+    whole: &'a RwLock<()>,
+}
+
+impl Reading<'_> {
+    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<sled::IVec>, StoreError> {
+        let _whole = self.whole.read();
+        Ok(self.tree.get(key)?)
+    }
+
+    pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Whole<'_> {
+        self.steps(self.tree.range(range))
+    }
+
+    pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Whole<'_> {
+        self.steps(self.tree.scan_prefix(prefix))
+    }
+
+    pub fn iter(&self) -> Whole<'_> {
+        self.steps(self.tree.iter())
+    }
+
+    /// Number of entries: a scan.
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        let _whole = self.whole.read();
+        self.tree.is_empty()
+    }
+
+    fn steps(&self, inner: sled::Iter) -> Whole<'_> {
+        Whole {
+            inner,
+            whole: self.whole,
+        }
+    }
+}
+
+/// A scan of a [`Reading`], one whole view per step.
+pub(super) struct Whole<'a> {
+    inner: sled::Iter,
+    whole: &'a RwLock<()>,
+}
+
+impl Iterator for Whole<'_> {
+    type Item = sled::Result<(sled::IVec, sled::IVec)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let _whole = self.whole.read();
+        self.inner.next()
+    }
+}
+
+impl DoubleEndedIterator for Whole<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        let _whole = self.whole.read();
+        self.inner.next_back()
     }
 }

@@ -18,8 +18,10 @@
 //!
 //! Every write is a [`Tx`] closure handed to [`Store::transact`]. One writer
 //! thread runs the closures in one global order and applies each group of
-//! them that queued up together to sled as one multi-tree transaction, so an
-//! aggregate, its indexes and its outbox events commit atomically. One
+//! them that queued up together to sled atomically, across its trees, so an
+//! aggregate, its indexes and its outbox events commit together: a redo
+//! record (and, for large new values, an undo record) first, then plain
+//! inserts, with readers held off while they are made (`redo.rs`). One
 //! flusher thread then flushes sled and `fdatasync`s its data file once per
 //! batch of groups, and only then answers the writers: concurrent writers
 //! share the cost of the sync (group commit), and a reply always means "on
@@ -60,6 +62,7 @@ pub mod datadir;
 mod derived;
 mod engine;
 mod outbox;
+mod redo;
 pub mod scheduled;
 mod schema;
 mod tx;
@@ -69,7 +72,6 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::MappedRwLockReadGuard;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
@@ -647,11 +649,18 @@ impl Store {
         &self.inner.path
     }
 
-    /// A table, read while no reopen runs (see [`engine`]).
-    fn tree(&self, table: Table) -> Result<MappedRwLockReadGuard<'_, sled::Tree>, StoreError> {
-        Ok(MappedRwLockReadGuard::map(self.inner.engine.read()?, |o| {
+    /// A table, read while no reopen runs (see [`engine`]), each read
+    /// seeing groups of writes whole.
+    fn tree(&self, table: Table) -> Result<engine::Reading<'_>, StoreError> {
+        self.inner.engine.reading(table)
+    }
+
+    /// A table as sled holds it, for tests that damage what is stored.
+    #[cfg(test)]
+    fn raw_tree(&self, table: Table) -> parking_lot::MappedRwLockReadGuard<'_, sled::Tree> {
+        parking_lot::MappedRwLockReadGuard::map(self.inner.engine.read().unwrap(), |o| {
             &o.trees[table.position()]
-        }))
+        })
     }
 
     /// Queues `f` now and returns a future that resolves once it is durable.
@@ -1068,7 +1077,7 @@ impl Store {
         after: u64,
         limit: usize,
     ) -> Result<Vec<Arc<StoredEvent>>, StoreError> {
-        outbox::read_after(&*self.tree(Table::Outbox)?, filter, after, limit)
+        outbox::read_after(&self.tree(Table::Outbox)?, filter, after, limit)
     }
 
     /// Deletes up to `limit` of the oldest events that occurred before
@@ -1079,7 +1088,7 @@ impl Store {
         cutoff: chrono::DateTime<chrono::Utc>,
         limit: usize,
     ) -> Result<usize, StoreError> {
-        let expired = outbox::expired(&*self.tree(Table::Outbox)?, cutoff, limit)?;
+        let expired = outbox::expired(&self.tree(Table::Outbox)?, cutoff, limit)?;
         let Some(&(last, _)) = expired.last() else {
             return Ok(0);
         };
@@ -1107,8 +1116,8 @@ impl Store {
     ) -> Result<Vec<Arc<StoredEvent>>, StoreError> {
         let head = self.events_head();
         let mut events = outbox::attempt_events_after(
-            &*self.tree(Table::Outbox)?,
-            &*self.tree(Table::Index)?,
+            &self.tree(Table::Outbox)?,
+            &self.tree(Table::Index)?,
             scope.tenant(),
             &attempt_id.to_string(),
             after,

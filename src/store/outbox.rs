@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
+use super::engine::Reading;
 use crate::domain::TenantId;
 
 const EVENT_VERSION: u16 = 1;
@@ -112,7 +113,7 @@ impl EventFilter {
 }
 
 pub(super) fn read_after(
-    tree: &sled::Tree,
+    tree: &Reading<'_>,
     filter: &EventFilter,
     after: u64,
     limit: usize,
@@ -135,8 +136,8 @@ pub(super) fn read_after(
 /// The events of one attempt after `after`, by the attempt's index, at
 /// most `limit`, in sequence order.
 pub(super) fn attempt_events_after(
-    outbox: &sled::Tree,
-    index: &sled::Tree,
+    outbox: &Reading<'_>,
+    index: &Reading<'_>,
     tenant: &TenantId,
     attempt_id: &str,
     after: u64,
@@ -174,7 +175,7 @@ pub(super) type Expired = (u64, Option<Vec<u8>>);
 /// The oldest events that occurred before `cutoff`, at most `limit`,
 /// stopping at the first younger one.
 pub(super) fn expired(
-    tree: &sled::Tree,
+    tree: &Reading<'_>,
     cutoff: DateTime<Utc>,
     limit: usize,
 ) -> Result<Vec<Expired>, StoreError> {

@@ -12,7 +12,7 @@ use std::path::Path;
 use super::StoreError;
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 pub(super) const FORMAT_KEY: &str = "format";
 pub(super) const FORMAT_VALUE: &[u8] = b"agentbay-store";
@@ -55,7 +55,20 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         description: "keep counts only for the indexes whose counts are read",
         apply: recount_indexes,
     },
+    Migration {
+        from: 6,
+        description: "groups of writes are made atomic by redo and undo records (nothing stored changes)",
+        apply: records_of_groups,
+    },
 ];
+
+/// Version 7: a group of writes is applied as plain inserts after its redo
+/// and undo records, not as a sled transaction (see `redo.rs`). Nothing
+/// stored changes; the version makes a binary that would not complete a
+/// group a crash cut short refuse the store.
+fn records_of_groups(_: &sled::Db) -> Result<(), StoreError> {
+    Ok(())
+}
 
 /// Version 4: a release kept with its contents and rejected at a
 /// re-verification because its signer was not trusted (unknown, or not
@@ -154,15 +167,11 @@ pub(super) fn prepare(
     let format = meta.get(FORMAT_KEY)?;
     let version = match (format, fresh) {
         (None, true) => {
-            meta.transaction(|m| {
-                m.insert(FORMAT_KEY, FORMAT_VALUE)?;
-                m.insert(VERSION_KEY, &target.to_be_bytes())?;
-                Ok::<_, sled::transaction::ConflictableTransactionError<()>>(())
-            })
-            .map_err(|e| match e {
-                sled::transaction::TransactionError::Storage(e) => StoreError::Engine(e),
-                sled::transaction::TransactionError::Abort(()) => StoreError::Closed,
-            })?;
+            // The version first: sled recovers a prefix of these inserts,
+            // so a store with the format marker has its version. No sled
+            // transaction, ever (see `redo.rs`).
+            meta.insert(VERSION_KEY, &target.to_be_bytes())?;
+            meta.insert(FORMAT_KEY, FORMAT_VALUE)?;
             db.flush()?;
             return Ok(target);
         }

@@ -318,15 +318,13 @@ async fn older_record_versions_are_upgraded_and_newer_refused() {
     )
     .unwrap();
     store
-        .tree(Table::Clients)
-        .unwrap()
+        .raw_tree(Table::Clients)
         .insert("acme/old", old)
         .unwrap();
     let mut newer = 9u16.to_be_bytes().to_vec();
     newer.extend_from_slice(b"whatever");
     store
-        .tree(Table::Clients)
-        .unwrap()
+        .raw_tree(Table::Clients)
         .insert("acme/new", newer)
         .unwrap();
 
@@ -670,8 +668,7 @@ async fn artifacts_are_shared_by_hash_but_read_only_by_their_tenants() {
     );
     // Tampering with a chunk is detected on read.
     store
-        .tree(Table::ArtifactChunks)
-        .unwrap()
+        .raw_tree(Table::ArtifactChunks)
         .insert(artifacts_chunk_key(&hash, 1), vec![0u8; 10])
         .unwrap();
     assert!(store.read_artifact(&acme, &hash).is_err());

@@ -55,8 +55,23 @@ impl Writes {
         &mut self.0[table]
     }
 
-    fn insert(&mut self, table: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
+    pub(super) fn insert(&mut self, table: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
         self.table_mut(table).insert(key, value);
+    }
+
+    /// Every write, by table position then key.
+    pub(super) fn into_writes(self) -> impl Iterator<Item = (usize, Vec<u8>, Option<Vec<u8>>)> {
+        self.0.into_iter().enumerate().flat_map(|(table, writes)| {
+            writes
+                .into_iter()
+                .map(move |(key, value)| (table, key, value))
+        })
+    }
+
+    /// Takes the write of `key` out: its value, or `None` (a removal, or
+    /// no write).
+    pub(super) fn take(&mut self, table: usize, key: &[u8]) -> Option<Vec<u8>> {
+        self.0.get_mut(table)?.remove(key).flatten()
     }
 
     fn get(&self, table: usize, key: &[u8]) -> Option<&Option<Vec<u8>>> {
