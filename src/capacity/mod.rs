@@ -309,17 +309,12 @@ impl Capacity {
             let store = store.clone();
             let platform = platform.clone();
             // Configuration-sized tables whole; of the leases and minutes
-            // only what is live: the leases not yet ended (their index)
-            // and today's minutes of each tenant.
+            // only what is live: the leases not yet ended (their state
+            // index) and today's minutes of each tenant.
             let today = now.date_naive().to_string();
             tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
                 let tenants = store.scan_all::<Tenant>(&platform)?;
-                let mut leases = Vec::new();
-                for (tenant, id) in store.global_ids(&platform, records::index::LIVE, "_")? {
-                    if let Some(l) = store.get::<CapacityLease>(&TenantScope::new(tenant), &id)? {
-                        leases.push(l);
-                    }
-                }
+                let leases = records::live_leases(&store)?;
                 let mut minutes = Vec::new();
                 for t in &tenants {
                     let scope = TenantScope::new(t.tenant_id.clone());

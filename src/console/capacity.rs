@@ -93,7 +93,7 @@ const QUEUE_SHOWN: usize = 50;
 const HISTORY_MINUTES: usize = 60;
 
 /// Leases that held capacity at some point since `start`: the live ones
-/// (their index) and those that ended since (each tenant's end index).
+/// (each tenant's state index) and those that ended since (its end index).
 fn recent_spans(
     store: &crate::store::Store,
     start: chrono::DateTime<chrono::Utc>,
@@ -101,10 +101,7 @@ fn recent_spans(
     use crate::capacity::records::index;
     use crate::store::{PlatformScope, TenantScope};
     let platform = PlatformScope::internal();
-    let mut out = Vec::new();
-    for (tenant, id) in store.global_ids(&platform, index::LIVE, "_")? {
-        out.extend(store.get(&TenantScope::new(tenant), &id)?);
-    }
+    let mut out = crate::capacity::records::live_leases(store)?;
     let from = crate::store::time_value(start);
     for t in store.scan_all::<crate::domain::tenant::Tenant>(&platform)? {
         let scope = TenantScope::new(t.tenant_id);

@@ -57,16 +57,25 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         from: 6,
-        description: "groups of writes are made atomic by redo and undo records (nothing stored changes)",
-        apply: records_of_groups,
+        description: "remove the appliance-wide index of live leases (each tenant's state index answers it); groups of writes are made atomic by redo and undo records",
+        apply: no_live_lease_index,
     },
 ];
 
-/// Version 7: a group of writes is applied as plain inserts after its redo
-/// and undo records, not as a sled transaction (see `redo.rs`). Nothing
-/// stored changes; the version makes a binary that would not complete a
-/// group a crash cut short refuse the store.
-fn records_of_groups(_: &sled::Db) -> Result<(), StoreError> {
+/// Version 7: leases no longer derive the appliance-wide `lease-live`
+/// index; its entries are removed. And a group of writes is applied as
+/// plain inserts after its redo and undo records, not as a sled
+/// transaction (see `redo.rs`): the version also makes a binary that would
+/// not complete a group a crash cut short refuse the store. Safe to run
+/// again: it only removes.
+fn no_live_lease_index(db: &sled::Db) -> Result<(), StoreError> {
+    let index = db.open_tree(super::Table::Index.name())?;
+    for key in index
+        .scan_prefix(super::derived::global_prefix("lease-live", None))
+        .keys()
+    {
+        index.remove(key?)?;
+    }
     Ok(())
 }
 
@@ -299,6 +308,31 @@ mod tests {
         );
         assert_eq!(meta.get("greeting").unwrap().unwrap().as_ref(), b"HELLO");
         assert_eq!(read_version(&meta, dir.path()).unwrap(), v + 2);
+    }
+
+    #[test]
+    fn version_7_removes_the_live_lease_index_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, meta) = open(dir.path());
+        prepare(&db, &meta, dir.path(), true, &[]).unwrap();
+        meta.insert(VERSION_KEY, &6u32.to_be_bytes()).unwrap();
+        let index = db.open_tree(super::super::Table::Index.name()).unwrap();
+        index.insert(b"~/lease-live/_/acme/0190", b"").unwrap();
+        index.insert(b"~/lease-live/_/beta/0191", b"").unwrap();
+        index.insert(b"acme/lease-state/Granted/0190", b"").unwrap();
+        index.insert(b"~/attempt-live/all/acme/0192", b"").unwrap();
+        assert_eq!(
+            prepare(&db, &meta, dir.path(), false, MIGRATIONS).unwrap(),
+            7
+        );
+        let left: Vec<_> = index.iter().keys().map(|k| k.unwrap().to_vec()).collect();
+        assert_eq!(
+            left,
+            vec![
+                b"acme/lease-state/Granted/0190".to_vec(),
+                b"~/attempt-live/all/acme/0192".to_vec()
+            ]
+        );
     }
 
     #[test]

@@ -147,6 +147,13 @@ pub enum LeaseState {
 }
 
 impl LeaseState {
+    /// The states that are not final.
+    pub const LIVE: [LeaseState; 3] = [
+        LeaseState::Requested,
+        LeaseState::Granted,
+        LeaseState::Active,
+    ];
+
     /// Final states.
     pub fn is_terminal(self) -> bool {
         matches!(
