@@ -960,3 +960,185 @@ async fn submit_then_answers_once_durable_at_once_when_aborted_and_closed_after_
     assert_eq!(what, "closed");
     assert!(matches!(result, Err(StoreError::Closed)), "{result:?}");
 }
+
+/// Environment of [`crash_child`]: the data directory, and the first
+/// transaction number.
+const CRASH_DIR: &str = "AGENTBAY_STORE_CRASH_DIR";
+const CRASH_FROM: &str = "AGENTBAY_STORE_CRASH_FROM";
+
+/// Transaction `i` of the crash test: a small new record, a large new one
+/// (past the undo record's threshold), a large one over an older value
+/// (in the redo record), and an event, all naming `i`.
+fn crash_transaction(tx: &mut Tx, i: u64) -> Result<(), StoreError> {
+    let scope = tenant("acme");
+    tx.put(
+        &scope,
+        &note(&scope, &format!("small-{i:09}"), &i.to_string()),
+    )?;
+    let big = format!("{i} {}", "b".repeat(2 * redo::LARGE));
+    tx.put(&scope, &note(&scope, &format!("big-{i:09}"), &big))?;
+    let shared = format!("{i} {}", "s".repeat(redo::LARGE));
+    tx.put(&scope, &note(&scope, &format!("shared-{}", i % 8), &shared))?;
+    tx.emit(NewEvent {
+        payload: serde_json::json!({ "i": i }),
+        ..event(&scope, "test.v1.crashed")
+    })?;
+    Ok(())
+}
+
+/// The child side of [`a_kill_9_at_any_moment_leaves_every_group_whole`]:
+/// 32 writers commit transactions until the process is killed, printing
+/// `ack <i>` once each is durable.
+#[test]
+#[ignore = "run in a child process by a_kill_9_at_any_moment_leaves_every_group_whole"]
+fn crash_child() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let (Ok(dir), Ok(from)) = (std::env::var(CRASH_DIR), std::env::var(CRASH_FROM)) else {
+        return;
+    };
+    let next = Arc::new(AtomicU64::new(from.parse().unwrap()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let store = Store::open(std::path::Path::new(&dir), &StoreOptions::default()).unwrap();
+        for _ in 0..32 {
+            let (store, next) = (store.clone(), next.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = store
+                        .transact(move |tx: &mut Tx| crash_transaction(tx, i))
+                        .await
+                    {
+                        // The parent sees the output end.
+                        eprintln!("transaction {i}: {e}");
+                        std::process::exit(1);
+                    }
+                    let mut out = std::io::stdout().lock();
+                    writeln!(out, "ack {i}").unwrap();
+                    out.flush().unwrap();
+                }
+            });
+        }
+        // Until killed.
+        std::future::pending::<()>().await;
+    });
+}
+
+/// kill -9 of a process writing groups of transactions (each a small and a
+/// large new record, a large overwrite and an event), at a different
+/// moment each cycle, then a reopen: every acknowledged transaction is
+/// there, and every transaction is there whole or not at all, in every
+/// table. `AGENTBAY_STORE_CRASH_CYCLES` sets the cycles (default 24).
+#[test]
+fn a_kill_9_at_any_moment_leaves_every_group_whole() {
+    use std::io::BufRead;
+    let cycles: u64 = std::env::var("AGENTBAY_STORE_CRASH_CYCLES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(24);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let scope = tenant("acme");
+    let mut acked_total = 0;
+    for cycle in 0..cycles {
+        let from = cycle * 1_000_000;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "store::tests::crash_child",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(CRASH_DIR, &path)
+            .env(CRASH_FROM, from.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // A different moment each cycle: after 40 to 1,000 acknowledgements.
+        let kill_after = 40 + (cycle * 397) % 960;
+        let mut acked = BTreeSet::new();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        while acked.len() < kill_after as usize {
+            let line = lines
+                .next()
+                .expect("the child writes until it is killed")
+                .unwrap();
+            if let Some(i) = line.strip_prefix("ack ") {
+                acked.insert(i.parse::<u64>().unwrap());
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // What the child printed before it died was acknowledged too.
+        for line in lines {
+            if let Some(i) = line.unwrap().strip_prefix("ack ") {
+                acked.insert(i.parse::<u64>().unwrap());
+            }
+        }
+        acked_total += acked.len();
+
+        let store = Store::open(&path, &StoreOptions::default()).unwrap();
+        let notes = store.list::<Note>(&scope).unwrap();
+        let numbered = |prefix: &str| -> BTreeSet<u64> {
+            notes
+                .iter()
+                .filter_map(|n| n.id.strip_prefix(prefix))
+                .map(|i| i.parse::<u64>().unwrap())
+                .filter(|i| *i >= from)
+                .collect()
+        };
+        let small = numbered("small-");
+        let big = numbered("big-");
+        let events: BTreeSet<u64> = store
+            .events_after(&EventFilter::default(), 0, usize::MAX)
+            .unwrap()
+            .iter()
+            .filter(|e| e.topic == "test.v1.crashed")
+            .map(|e| e.payload["i"].as_u64().unwrap())
+            .filter(|i| *i >= from)
+            .collect();
+        let lost: Vec<_> = acked.difference(&small).collect();
+        assert!(
+            lost.is_empty(),
+            "cycle {cycle}: acknowledged and lost: {lost:?}"
+        );
+        let torn = |other: &BTreeSet<u64>| -> Vec<u64> {
+            small.symmetric_difference(other).copied().collect()
+        };
+        assert!(
+            torn(&big).is_empty(),
+            "cycle {cycle}: a large new record without the rest of its transaction, or the reverse: {:?}",
+            torn(&big)
+        );
+        assert!(
+            torn(&events).is_empty(),
+            "cycle {cycle}: an event without the rest of its transaction, or the reverse: {:?}",
+            torn(&events)
+        );
+        for n in notes.iter().filter(|n| n.id.starts_with("shared-")) {
+            let i: u64 = n.text.split(' ').next().unwrap().parse().unwrap();
+            assert_eq!(n.text, format!("{i} {}", "s".repeat(redo::LARGE)));
+            assert!(
+                i < from || small.contains(&i),
+                "cycle {cycle}: {} holds transaction {i}, which did not survive",
+                n.id
+            );
+        }
+        for n in notes.iter().filter(|n| n.id.starts_with("big-")) {
+            let i: u64 = n.id["big-".len()..].parse().unwrap();
+            assert!(
+                n.text == format!("{i} {}", "b".repeat(2 * redo::LARGE)),
+                "cycle {cycle}: {} was cut",
+                n.id
+            );
+        }
+        store.close().unwrap();
+    }
+    assert!(acked_total > 0);
+}
