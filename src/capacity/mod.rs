@@ -139,9 +139,9 @@ impl LeaseFilter {
     }
 }
 
-/// A page of a tenant's leases, newest first, read through the index that
-/// narrows the filter most (a state, else a pool; several states merge a
-/// page of each).
+/// A page of a tenant's leases, newest first: through the state index when
+/// the filter names states (several states merge a page of each), else the
+/// lease table itself; pool, holder and project are row filters.
 fn tenant_leases(
     store: &Store,
     scope: &TenantScope,
@@ -150,7 +150,7 @@ fn tenant_leases(
 ) -> Result<Vec<CapacityLease>, StoreError> {
     let before = filter.before.map(|id| id.to_string());
     let keep = |l: &CapacityLease| filter.admits(&l.holder_id, &l.pool_id, l.state, &l.project_id);
-    if filter.states.len() > 1 && filter.pool_id.is_none() {
+    if filter.states.len() > 1 {
         let mut all = Vec::new();
         for st in &filter.states {
             let value = st.to_string();
@@ -166,14 +166,10 @@ fn tenant_leases(
         all.truncate(limit);
         return Ok(all);
     }
-    let by = match (filter.states.as_slice(), &filter.pool_id) {
-        ([one], _) => Some((records::index::STATE, one.to_string())),
-        (_, Some(p)) => Some((records::index::POOL, p.clone())),
-        _ => None,
-    };
+    let state = filter.states.first().map(ToString::to_string);
     store.page(
         scope,
-        by.as_ref().map(|(i, v)| (*i, v.as_str())),
+        state.as_deref().map(|v| (records::index::STATE, v)),
         before.as_deref(),
         limit,
         keep,

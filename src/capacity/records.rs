@@ -92,8 +92,6 @@ fn platform() -> &'static TenantId {
 pub mod index {
     /// Leases of a tenant by state.
     pub const STATE: &str = "lease-state";
-    /// Leases of a tenant by pool.
-    pub const POOL: &str = "lease-pool";
     /// Ended leases of a tenant by end time.
     pub const ENDED: &str = "lease-ended";
 }
@@ -110,8 +108,7 @@ impl Record for CapacityLease {
         self.lease_id.to_string()
     }
     fn derive(&self, d: &mut Derived) {
-        d.index(index::STATE, self.state.to_string())
-            .index(index::POOL, &*self.pool_id);
+        d.index(index::STATE, self.state.to_string());
         if self.state.is_terminal() {
             d.index(
                 index::ENDED,

@@ -57,24 +57,29 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         from: 6,
-        description: "remove the appliance-wide index of live leases (each tenant's state index answers it); groups of writes are made atomic by redo and undo records",
-        apply: no_live_lease_index,
+        description: "remove the leases' appliance-wide live index and per-pool index (the state index and the lease table answer them); groups of writes are made atomic by redo and undo records",
+        apply: fewer_lease_indexes,
     },
 ];
 
 /// Version 7: leases no longer derive the appliance-wide `lease-live`
-/// index; its entries are removed. And a group of writes is applied as
-/// plain inserts after its redo and undo records, not as a sled
-/// transaction (see `redo.rs`): the version also makes a binary that would
-/// not complete a group a crash cut short refuse the store. Safe to run
-/// again: it only removes.
-fn no_live_lease_index(db: &sled::Db) -> Result<(), StoreError> {
+/// index nor the tenant index `lease-pool`; their entries are removed.
+/// And a group of writes is applied as plain inserts after its redo and
+/// undo records, not as a sled transaction (see `redo.rs`): the version
+/// also makes a binary that would not complete a group a crash cut short
+/// refuse the store. Safe to run again: it only removes.
+fn fewer_lease_indexes(db: &sled::Db) -> Result<(), StoreError> {
     let index = db.open_tree(super::Table::Index.name())?;
-    for key in index
-        .scan_prefix(super::derived::global_prefix("lease-live", None))
-        .keys()
-    {
-        index.remove(key?)?;
+    let live = super::derived::global_prefix("lease-live", None);
+    for key in index.iter().keys() {
+        let key = key?;
+        let by_pool = key
+            .splitn(3, |b| *b == b'/')
+            .nth(1)
+            .is_some_and(|name| name == b"lease-pool");
+        if key.starts_with(&live) || by_pool {
+            index.remove(key)?;
+        }
     }
     Ok(())
 }
@@ -311,7 +316,7 @@ mod tests {
     }
 
     #[test]
-    fn version_7_removes_the_live_lease_index_and_nothing_else() {
+    fn version_7_removes_the_live_and_pool_lease_indexes_and_nothing_else() {
         let dir = tempfile::tempdir().unwrap();
         let (db, meta) = open(dir.path());
         prepare(&db, &meta, dir.path(), true, &[]).unwrap();
@@ -320,6 +325,9 @@ mod tests {
         index.insert(b"~/lease-live/_/acme/0190", b"").unwrap();
         index.insert(b"~/lease-live/_/beta/0191", b"").unwrap();
         index.insert(b"acme/lease-state/Granted/0190", b"").unwrap();
+        index.insert(b"acme/lease-pool/gpu/0190", b"").unwrap();
+        index.insert(b"beta/lease-pool/a%2Fb/0191", b"").unwrap();
+        index.insert(b"acme/run-pool/gpu/0193", b"").unwrap();
         index.insert(b"~/attempt-live/all/acme/0192", b"").unwrap();
         assert_eq!(
             prepare(&db, &meta, dir.path(), false, MIGRATIONS).unwrap(),
@@ -330,6 +338,7 @@ mod tests {
             left,
             vec![
                 b"acme/lease-state/Granted/0190".to_vec(),
+                b"acme/run-pool/gpu/0193".to_vec(),
                 b"~/attempt-live/all/acme/0192".to_vec()
             ]
         );
