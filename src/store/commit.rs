@@ -424,8 +424,10 @@ fn writer_loop(
             if shared.healthy.load(Ordering::Acquire) {
                 shared.fail(e);
             }
-            // Nothing of the group exists: its sequence numbers are free,
-            // and what it derived was never stored.
+            // The group is answered with the error and the store stops
+            // taking writes. What sled holds of it is completed or removed
+            // when the store is next opened (`redo.rs`), before the event
+            // numbers are read again; what it derived is forgotten.
             ctx.next_seq = group_start;
             ctx.group = Writes::default();
             ctx.derived.clear();
