@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::{StoreError, Table, open_sled, redo};
+use super::{StoreError, Table, open_sled, redo, schema};
 
 /// Longest the writer waits for the reads in progress before it leaves
 /// the reopen for a later group.
@@ -46,7 +46,12 @@ impl Open {
             .map(|t| db.open_tree(t.name()))
             .collect::<Result<Vec<_>, _>>()?
             .into();
-        let replayed = redo::replay(&trees, &trees[Table::Meta.position()])?;
+        let meta = &trees[Table::Meta.position()];
+        let replayed = if schema::is_newer(meta)? {
+            0
+        } else {
+            redo::replay(&trees, meta)?
+        };
         if replayed > 0 {
             tracing::info!(
                 writes = replayed,

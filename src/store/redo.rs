@@ -27,9 +27,13 @@
 //! applied again (each write is the key's final value, so applying it
 //! twice changes nothing; and no later group's write can have been
 //! recovered, since a later group writes its records first). A whole
-//! undo record of a later group than the last whole redo record belongs
-//! to a group cut short before its commit: its keys are removed (they
-//! were new, so nothing older is lost). An incomplete record means none of
+//! undo record belongs to a group cut short before its commit when no
+//! redo record of that group or a later one was begun, or that group's
+//! own is not whole: its keys are removed (they were new, so nothing
+//! older is lost). One older than the redo record begun last belongs to a
+//! committed group and stays untouched: a group without large new values
+//! writes no undo record, so one can outlive its group, even past a cut
+//! redo record of a later group. An incomplete record means none of
 //! what followed it was recovered. Then both records are removed, the
 //! undo record first: a crash in between must not take a committed
 //! group's undo record for a cut one.
@@ -231,9 +235,10 @@ fn record<'a>(
         .collect()
 }
 
-/// A record read back: its group and writes when it is whole, and the
-/// keys of its chunks.
+/// A record read back: the group of its first chunk, its group and writes
+/// when it is whole, and the keys of its chunks.
 struct Found {
+    first: Option<u64>,
     whole: Option<(u64, Vec<Decoded>)>,
     keys: Vec<sled::IVec>,
 }
@@ -261,6 +266,10 @@ fn read_record(meta: &sled::Tree, prefix: &[u8]) -> Result<Found, StoreError> {
         keys.push(key);
     }
     let mut whole = None;
+    let first = match chunks.first() {
+        Some(&(0, group, _, _)) => Some(group),
+        _ => None,
+    };
     if let Some(&(0, group, count, _)) = chunks.first() {
         let parts: Vec<&[u8]> = chunks
             .iter()
@@ -275,7 +284,7 @@ fn read_record(meta: &sled::Tree, prefix: &[u8]) -> Result<Found, StoreError> {
             whole = Some((group, writes));
         }
     }
-    Ok(Found { whole, keys })
+    Ok(Found { first, whole, keys })
 }
 
 /// Completes the last group a crash may have left committed but not
@@ -286,13 +295,21 @@ fn read_record(meta: &sled::Tree, prefix: &[u8]) -> Result<Found, StoreError> {
 pub(super) fn replay(trees: &[sled::Tree], meta: &sled::Tree) -> Result<usize, StoreError> {
     let redo = read_record(meta, REDO)?;
     let undo = read_record(meta, UNDO)?;
-    let committed = redo.whole.as_ref().map(|(group, _)| *group);
+    // The undo record's group committed once its redo record was whole,
+    // and for certain once a later group began its own redo record: a
+    // group without new large values leaves the undo record of an earlier,
+    // committed one in place.
+    let redo_whole = redo.whole.as_ref().map(|(group, _)| *group);
+    let cut = |group: u64| match redo.first {
+        None => true,
+        Some(first) => first < group || (first == group && redo_whole != Some(group)),
+    };
     let mut todo = Vec::new();
     if let Some((_, writes)) = redo.whole {
         todo.extend(writes);
     }
     if let Some((group, removals)) = undo.whole
-        && committed.is_none_or(|c| c < group)
+        && cut(group)
     {
         todo.extend(removals);
     }
@@ -383,14 +400,6 @@ mod tests {
 
     #[test]
     fn a_crash_after_any_write_of_a_group_leaves_all_of_it_or_none() {
-        // The state before group 3 and after it, applied whole.
-        let (_db, t) = open();
-        earlier(&t);
-        let before = contents(&t);
-        apply(&t, META, 3, third(), || ()).unwrap();
-        let after = contents(&t);
-        assert_ne!(before, after);
-
         let (_db, t) = open();
         earlier(&t);
         let plan = plan(&t, META, 3, third()).unwrap();
@@ -419,8 +428,29 @@ mod tests {
             "the overwritten large value is in the redo record, the new ones are not: {redo_bytes}"
         );
 
-        // A crash after each prefix of group 3's writes (the longer
-        // records of groups 1 and 2 still in place, as they would be).
+        every_cut(third);
+    }
+
+    /// A crash after each prefix of group 3's writes, with the records of
+    /// groups 1 and 2 still in place as they would be: the tables hold
+    /// what they held before group 3 until its redo record is whole, and
+    /// what they hold after it from then on.
+    fn every_cut(group: fn() -> Writes) {
+        let (_db, t) = open();
+        earlier(&t);
+        let before = contents(&t);
+        apply(&t, META, 3, group(), || ()).unwrap();
+        let after = contents(&t);
+        assert_ne!(before, after);
+
+        let (_db, t) = open();
+        earlier(&t);
+        let plan = plan(&t, META, 3, group()).unwrap();
+        let committed = 1 + plan
+            .ops
+            .iter()
+            .rposition(|(table, key, _)| *table == META && key.starts_with(REDO))
+            .unwrap();
         for cut in 0..=plan.ops.len() {
             let (_db, t) = open();
             earlier(&t);
@@ -444,6 +474,25 @@ mod tests {
                 "and nothing is left to do"
             );
         }
+    }
+
+    #[test]
+    fn a_cut_redo_record_never_takes_an_earlier_committed_groups_new_values_back() {
+        // Group 1 wrote new large values (its undo record); group 2 only
+        // overwrote them, so group 1's undo record is still there. Group 3
+        // overwrites them again: a redo record of several chunks, which a
+        // crash can cut after its first.
+        let (_db, t) = open();
+        earlier(&t);
+        assert_eq!(read_record(&t[META], UNDO).unwrap().whole.unwrap().0, 1);
+        let plan = plan(&t, META, 3, large(3)).unwrap();
+        let chunks = plan
+            .ops
+            .iter()
+            .filter(|(table, key, _)| *table == META && key.starts_with(REDO))
+            .count();
+        assert!(chunks > 1, "{chunks} chunks");
+        every_cut(|| large(3));
     }
 
     #[test]
