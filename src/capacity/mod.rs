@@ -310,10 +310,11 @@ impl Capacity {
             let today = now.date_naive().to_string();
             tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
                 let tenants = store.scan_all::<Tenant>(&platform)?;
-                let leases = records::live_leases(&store)?;
+                let mut leases = Vec::new();
                 let mut minutes = Vec::new();
                 for t in &tenants {
                     let scope = TenantScope::new(t.tenant_id.clone());
+                    leases.extend(records::live_leases(&store, &scope)?);
                     minutes.extend(store.get::<ExecutionMinutes>(&scope, &today)?);
                 }
                 Ok((

@@ -8,9 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::domain::capacity::{CapacityLease, LeaseState, Quota, WorkerPool};
 use crate::domain::tenant::{Project, Tenant};
 use crate::domain::{ProjectId, TenantId};
-use crate::store::{
-    Derived, PlatformScope, Record, Store, StoreError, Table, TenantScope, time_value,
-};
+use crate::store::{Derived, Record, Store, StoreError, Table, TenantScope, time_value};
 
 impl Record for Tenant {
     const TABLE: Table = Table::Tenants;
@@ -67,18 +65,15 @@ impl Record for Quota {
     }
 }
 
-/// The leases not yet ended, of every tenant: each tenant's state index
-/// under the states that are not final. (No appliance-wide index of them:
-/// it would be two more keys in every lease's life for a read made at
-/// start and by the console.)
-pub fn live_leases(store: &Store) -> Result<Vec<CapacityLease>, StoreError> {
+/// A tenant's leases not yet ended: its state index under the states that
+/// are not final. (No appliance-wide index of them: it would be two more
+/// keys in every lease's life for a read made at start and by the
+/// console, which go through the tenants anyway.)
+pub fn live_leases(store: &Store, scope: &TenantScope) -> Result<Vec<CapacityLease>, StoreError> {
     let mut out = Vec::new();
-    for tenant in store.scan_all::<Tenant>(&PlatformScope::internal())? {
-        let scope = TenantScope::new(tenant.tenant_id);
-        for state in LeaseState::LIVE {
-            let ids = store.index_ids(&scope, index::STATE, &state.to_string())?;
-            out.extend(store.get_many::<CapacityLease>(&scope, &ids)?);
-        }
+    for state in LeaseState::LIVE {
+        let ids = store.index_ids(scope, index::STATE, &state.to_string())?;
+        out.extend(store.get_many::<CapacityLease>(scope, &ids)?);
     }
     Ok(out)
 }

@@ -101,10 +101,11 @@ fn recent_spans(
     use crate::capacity::records::index;
     use crate::store::{PlatformScope, TenantScope};
     let platform = PlatformScope::internal();
-    let mut out = crate::capacity::records::live_leases(store)?;
+    let mut out = Vec::new();
     let from = crate::store::time_value(start);
     for t in store.scan_all::<crate::domain::tenant::Tenant>(&platform)? {
         let scope = TenantScope::new(t.tenant_id);
+        out.extend(crate::capacity::records::live_leases(store, &scope)?);
         let ids: Vec<String> = store
             .index_range(&scope, index::ENDED, Some(&from), None, usize::MAX)?
             .into_iter()

@@ -32,8 +32,8 @@ use super::outbox::StoredEvent;
 use super::tx::{DerivedCache, Finished, Tx, Writes};
 use super::{StoreError, Table, redo};
 
-/// Most transactions applied as one group; bounds the size of one sled
-/// transaction and the latency a group adds to its first member.
+/// Most transactions applied as one group; bounds the size of a group's
+/// redo record and the latency a group adds to its first member.
 const MAX_GROUP: usize = 512;
 
 /// A committed write waiting for the flusher: how to answer it.

@@ -93,10 +93,7 @@ fn encode<'a>(writes: impl Iterator<Item = (usize, &'a [u8], Option<&'a [u8]>)>)
     out
 }
 
-/// One write of a decoded record: table, key, value (none: removed).
-type Decoded = (usize, Vec<u8>, Option<Vec<u8>>);
-
-fn decode(mut bytes: &[u8]) -> Result<Vec<Decoded>, String> {
+fn decode(mut bytes: &[u8]) -> Result<Vec<Op>, String> {
     fn take<'b>(bytes: &mut &'b [u8], n: usize) -> Result<&'b [u8], String> {
         if bytes.len() < n {
             return Err(format!("{n} bytes wanted, {} left", bytes.len()));
@@ -239,7 +236,7 @@ fn record<'a>(
 /// when it is whole, and the keys of its chunks.
 struct Found {
     first: Option<u64>,
-    whole: Option<(u64, Vec<Decoded>)>,
+    whole: Option<(u64, Vec<Op>)>,
     keys: Vec<sled::IVec>,
 }
 

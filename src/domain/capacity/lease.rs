@@ -154,12 +154,9 @@ impl LeaseState {
         LeaseState::Active,
     ];
 
-    /// Final states.
+    /// Final states: every state but the live ones.
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            LeaseState::Released | LeaseState::Expired | LeaseState::Denied
-        )
+        !Self::LIVE.contains(&self)
     }
 
     /// States that hold capacity.
