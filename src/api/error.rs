@@ -356,6 +356,7 @@ impl From<AuthError> for ApiError {
                 message,
                 retry_after,
             } => ApiError::new(ErrorCode::RateLimited, message)
+                .with("retryAfterSeconds", retry_after)
                 .with_header(axum::http::header::RETRY_AFTER, &retry_after.to_string()),
         }
     }

@@ -17,6 +17,7 @@ use crate::domain::attempt::{
 use crate::domain::ids::{optional_uuid, required_uuid};
 use crate::domain::release::canonical_json;
 use crate::proto::agentbay::adapter::v1 as pb;
+use crate::runtime::builtin::{ModelAsk, adapter_model_call};
 use crate::runtime::{self, BeginOutcome, Outcome};
 
 /// The Adapter service.
@@ -301,6 +302,90 @@ impl pb::Adapter for AdapterService {
             result_hash: done.result_hash.unwrap_or_default(),
             receipt_ref: done.receipt_ref.unwrap_or_default(),
             interrupt_requested: done.interrupt_requested,
+            ..Default::default()
+        })
+    }
+
+    async fn call_model(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::CallModelRequest>,
+    ) -> ServiceResult<pb::CallModelResponse> {
+        let caller = principal(&ctx)?;
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        let array = |field: &str, text: &str| -> Result<Vec<serde_json::Value>, FieldError> {
+            if text.is_empty() {
+                return Ok(Vec::new());
+            }
+            match parse_json(field, text)? {
+                serde_json::Value::Array(items) => Ok(items),
+                _ => Err(FieldError::new(field, "must be a JSON array")),
+            }
+        };
+        let ask = (|| -> Result<ModelAsk, FieldError> {
+            let messages = array("messagesJson", request.messages_json)?;
+            if messages.is_empty() {
+                return Err(FieldError::new(
+                    "messagesJson",
+                    "must hold at least one message",
+                ));
+            }
+            if let Some(i) = messages
+                .iter()
+                .position(|m| m.get("role").and_then(serde_json::Value::as_str).is_none())
+            {
+                return Err(FieldError::new(
+                    format!("messagesJson[{i}].role"),
+                    "every message needs a role (system, user, assistant or tool)",
+                ));
+            }
+            Ok(ModelAsk {
+                messages,
+                tools: array("toolsJson", request.tools_json)?,
+                context_tokens: (request.context_tokens > 0).then_some(request.context_tokens),
+                state: document("stateJson", request.state_json)?,
+            })
+        })()
+        .map_err(rpc)?;
+        let turn = adapter_model_call(
+            &self.state.runtime,
+            &caller.tenant_scope(),
+            id,
+            request.fencing_token,
+            ask,
+        )
+        .await
+        .map_err(rpc)?;
+        let reply = turn.reply.as_ref();
+        let completed = turn.completed.as_ref();
+        let checkpoint = completed.and_then(|c| c.checkpoint.as_ref());
+        Response::ok(pb::CallModelResponse {
+            outcome: match turn.begun.outcome {
+                BeginOutcome::Started => pb::BeginOutcome::STARTED,
+                BeginOutcome::Refused | BeginOutcome::ApprovalRequired => pb::BeginOutcome::REFUSED,
+                BeginOutcome::Replayed => pb::BeginOutcome::REPLAYED,
+            }
+            .into(),
+            call_id: turn
+                .begun
+                .call_id
+                .map(|u| u.to_string())
+                .unwrap_or_default(),
+            reason: turn.begun.reason.clone().unwrap_or_default(),
+            content: reply.and_then(|r| r.content.clone()).unwrap_or_default(),
+            tool_calls_json: reply
+                .map(|r| serde_json::to_string(&r.tool_calls).expect("json"))
+                .unwrap_or_else(|| "[]".into()),
+            input_tokens: reply.map_or(0, |r| r.input_tokens),
+            output_tokens: reply.map_or(0, |r| r.output_tokens),
+            model: reply.map(|r| r.model.clone()).unwrap_or_default(),
+            served_by: turn.served_by.clone(),
+            latency_ms: reply.map_or(0, |r| r.latency_ms),
+            checkpoint_id: checkpoint
+                .map(|c| c.checkpoint_id.to_string())
+                .unwrap_or_default(),
+            checkpoint_sequence: checkpoint.map_or(0, |c| c.sequence),
+            interrupt_requested: completed.is_some_and(|c| c.interrupt_requested),
             ..Default::default()
         })
     }

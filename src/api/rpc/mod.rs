@@ -169,6 +169,10 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
             Needs(Scope::RunsExecute),
         ),
         (
+            "agentbay.adapter.v1.Adapter/CallModel",
+            Needs(Scope::RunsExecute),
+        ),
+        (
             "agentbay.adapter.v1.Adapter/AwaitCall",
             Needs(Scope::RunsExecute),
         ),

@@ -94,16 +94,12 @@ const MODEL_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Starts the executor: it takes the builtin attempts the grains hand it
 /// and drives each in a task of its own.
 pub fn start(runtime: Arc<Runtime>, mut rx: mpsc::UnboundedReceiver<(TenantId, Uuid)>) {
-    let http = reqwest::Client::builder()
-        .connect_timeout(MODEL_CONNECT_TIMEOUT)
-        .build()
-        .expect("an HTTP client for model servers");
     tokio::spawn(async move {
         while let Some((tenant, attempt_id)) = rx.recv().await {
-            let (runtime, http) = (runtime.clone(), http.clone());
+            let runtime = runtime.clone();
             tokio::spawn(async move {
                 let scope = TenantScope::new(tenant);
-                if let Err(e) = drive(&runtime, &http, &scope, attempt_id).await {
+                if let Err(e) = drive(&runtime, &scope, attempt_id).await {
                     tracing::debug!(attempt = %attempt_id, error = %e, "the builtin loop stopped");
                 }
             });
@@ -111,10 +107,285 @@ pub fn start(runtime: Arc<Runtime>, mut rx: mpsc::UnboundedReceiver<(TenantId, U
     });
 }
 
+/// The HTTP client for the site's model servers, one for the process.
+fn model_http() -> &'static reqwest::Client {
+    static HTTP: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    HTTP.get_or_init(|| {
+        reqwest::Client::builder()
+            .connect_timeout(MODEL_CONNECT_TIMEOUT)
+            .build()
+            .expect("an HTTP client for model servers")
+    })
+}
+
+/// The model a release's profile calls: its scripted responses, or its
+/// OpenAI-compatible endpoint (or none), with the site's key for it.
+fn release_model(
+    runtime: &Runtime,
+    scope: &TenantScope,
+    info: &ReleaseInfo,
+) -> Result<Model, RuntimeError> {
+    let profile = &info.manifest.model_profile;
+    let responses = match &profile.responses {
+        Some(_) => Some(runtime.shared.releases.artifact(
+            scope,
+            &info.release,
+            "modelResponses",
+        )?),
+        None => None,
+    };
+    let api_key = profile
+        .api_key_ref
+        .as_deref()
+        .and_then(|name| runtime.model_api_key(name));
+    Model::of(profile, responses.as_deref(), api_key).map_err(|e| {
+        DomainError::FailedPrecondition(format!("model profile {}: {e}", profile.id)).into()
+    })
+}
+
+/// The model of the next call: the site's profile for the release's
+/// profile id when there is one (read at every call, so re-pointing a
+/// profile moves the next call), else none and the release's own; and what
+/// serves the call, in words, for its record.
+fn serving(
+    runtime: &Runtime,
+    scope: &TenantScope,
+    info: &ReleaseInfo,
+    own: &Model,
+) -> Result<(Option<Model>, String), RuntimeError> {
+    let profile = &info.manifest.model_profile;
+    let site = super::profiles::resolve(runtime.store(), scope.tenant(), &profile.id)?;
+    let Some(site) = site else {
+        let served = match own {
+            Model::OpenAi {
+                endpoint, model, ..
+            } => format!(
+                "{endpoint} (model {model}, the release's profile {})",
+                profile.id
+            ),
+            Model::Scripted { .. } => {
+                format!(
+                    "the scripted responses of the release's profile {}",
+                    profile.id
+                )
+            }
+            Model::Unmapped { .. } => format!("nothing: profile {} is not mapped", profile.id),
+        };
+        return Ok((None, served));
+    };
+    let api_key = site
+        .api_key_ref
+        .as_deref()
+        .and_then(|name| runtime.model_api_key(name));
+    let served = format!(
+        "{} (model {}, site profile {} for {})",
+        site.endpoint,
+        site.model,
+        site.profile_id,
+        site.scope_text()
+    );
+    Ok((Some(Model::site(&site, profile, api_key)), served))
+}
+
+/// Sends one chat completion to `model`: a model endpoint the release
+/// names is reached only where the site allows it, at the addresses just
+/// checked; the site's own profiles are the site's.
+async fn ask_model(
+    model: &Model,
+    site_model: bool,
+    reach: &crate::domain::reach::SiteReach,
+    messages: &[Value],
+    tools: &[Value],
+    turn: u32,
+    fence: &CallFence,
+) -> Result<ModelReply, ModelError> {
+    let pinned = match model {
+        Model::OpenAi { endpoint, .. } if !site_model => Some(
+            crate::runtime::reach::pinned_client(
+                reach,
+                "model endpoint",
+                endpoint,
+                MODEL_CONNECT_TIMEOUT,
+            )
+            .await,
+        ),
+        _ => None,
+    };
+    match &pinned {
+        Some(Err(why)) => Err(ModelError::Fatal(why.clone())),
+        Some(Ok(client)) => model.complete(client, messages, tools, turn, fence).await,
+        None => {
+            model
+                .complete(model_http(), messages, tools, turn, fence)
+                .await
+        }
+    }
+}
+
+/// The receipt of a model call that answered.
+fn model_receipt(reply: &ModelReply, served_by: &str) -> Value {
+    json!({
+        "schema": "model-invocation-v1", "model": reply.model,
+        "inputTokens": reply.input_tokens, "outputTokens": reply.output_tokens,
+        "latencyMs": reply.latency_ms, "servedBy": served_by,
+    })
+}
+
+/// An external adapter's model call (`Adapter/CallModel`).
+pub struct ModelAsk {
+    /// The conversation, OpenAI chat messages.
+    pub messages: Vec<Value>,
+    /// The tools the model may ask for, OpenAI function definitions.
+    pub tools: Vec<Value>,
+    /// The context size the adapter declares (else estimated).
+    pub context_tokens: Option<u32>,
+    /// The adapter's state for the checkpoint after the answer.
+    pub state: Option<Vec<u8>>,
+}
+
+/// What an external adapter's model call came to.
+pub struct ModelTurn {
+    /// How the begin ended (started, refused, replayed).
+    pub begun: super::Begun,
+    /// The answer (started and answered, or replayed).
+    pub reply: Option<ModelReply>,
+    /// What served the call, in words.
+    pub served_by: String,
+    /// The completion (checkpoint, interrupt) of a started call.
+    pub completed: Option<super::Completed>,
+}
+
+/// Makes a model call for an external adapter through the same gate and
+/// the same routing as the builtin loop: begin (limits, policy, context
+/// size), the site's model server for the release's profile, the usage in
+/// the receipt, complete with a checkpoint. A scripted profile answers
+/// with the response after the conversation's assistant messages.
+pub async fn adapter_model_call(
+    runtime: &Runtime,
+    scope: &TenantScope,
+    attempt_id: Uuid,
+    token: u64,
+    ask: ModelAsk,
+) -> Result<ModelTurn, RuntimeError> {
+    let attempt = runtime.attempt(scope, attempt_id)?;
+    let info = runtime
+        .shared
+        .release_info(scope, &attempt.release_id)
+        .await?;
+    let own = release_model(runtime, scope, &info)?;
+    let (site_model, served_by) = serving(runtime, scope, &info, &own)?;
+    let context_tokens = ask.context_tokens.unwrap_or_else(|| {
+        ask.messages
+            .iter()
+            .map(|m| context::tokens(&m.to_string()))
+            .sum()
+    });
+    let begun = runtime
+        .begin_call(
+            scope,
+            attempt_id,
+            token,
+            BeginCall {
+                kind: CallKind::Model,
+                target: info.manifest.model_profile.id.clone(),
+                request: json!({"messages": ask.messages, "tools": ask.tools}),
+                context_tokens: Some(context_tokens),
+                approval_id: None,
+                state: ask.state.clone(),
+                in_process: false,
+            },
+        )
+        .await?;
+    let (call_id, true) = (begun.call_id, begun.outcome == BeginOutcome::Started) else {
+        let reply = begun
+            .result
+            .as_deref()
+            .and_then(|r| serde_json::from_slice::<ModelReply>(r).ok());
+        return Ok(ModelTurn {
+            begun,
+            reply,
+            served_by,
+            completed: None,
+        });
+    };
+    let call_id = call_id.expect("a started call has an id");
+    let fence = CallFence {
+        attempt_id,
+        fencing_token: begun.fencing_token,
+        call_id,
+        policy_decision_id: begun.policy_decision_id,
+    };
+    let turn = ask
+        .messages
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+        .count() as u32;
+    let reach = runtime
+        .shared
+        .releases
+        .site()
+        .reach(scope.tenant().as_str());
+    let model = site_model.as_ref().unwrap_or(&own);
+    let answer = ask_model(
+        model,
+        site_model.is_some(),
+        &reach,
+        &ask.messages,
+        &ask.tools,
+        turn,
+        &fence,
+    )
+    .await;
+    let (ok, result, receipt, error) = match &answer {
+        Ok(reply) => (
+            true,
+            Some(canonical_json(&serde_json::to_value(reply).expect("json"))),
+            model_receipt(reply, &served_by),
+            None,
+        ),
+        Err(e) => (
+            false,
+            None,
+            json!({"schema": "model-invocation-v1", "error": e.to_string(), "servedBy": served_by}),
+            Some(e.to_string()),
+        ),
+    };
+    let completed = runtime
+        .complete_call(
+            scope,
+            attempt_id,
+            token,
+            Completion {
+                call_id,
+                ok,
+                result,
+                receipt: Some(canonical_json(&receipt)),
+                error,
+                state: ask.state,
+            },
+        )
+        .await?;
+    match answer {
+        Ok(reply) => Ok(ModelTurn {
+            begun,
+            reply: Some(reply),
+            served_by,
+            completed: Some(completed),
+        }),
+        Err(ModelError::Transient(e)) => Err(DomainError::Unavailable(format!(
+            "the model server did not answer ({e}); the call {call_id} is recorded as failed and may be made again"
+        ))
+        .into()),
+        Err(ModelError::Fatal(e)) => Err(DomainError::FailedPrecondition(format!(
+            "the model call {call_id} failed: {e}"
+        ))
+        .into()),
+    }
+}
+
 /// One attempt's loop, from claim to outcome.
 async fn drive(
     runtime: &Runtime,
-    http: &reqwest::Client,
     scope: &TenantScope,
     attempt_id: Uuid,
 ) -> Result<(), RuntimeError> {
@@ -123,7 +394,7 @@ async fn drive(
     };
     let a = &ticket.attempt;
     let info = runtime.shared.release_info(scope, &a.release_id).await?;
-    let loop_ = Loop::new(runtime, http, scope, &ticket, info)?;
+    let loop_ = Loop::new(runtime, scope, &ticket, info)?;
     let attempt = runtime
         .start_attempt(
             scope,
@@ -158,7 +429,6 @@ async fn drive(
 
 struct Loop<'a> {
     runtime: &'a Runtime,
-    http: &'a reqwest::Client,
     scope: &'a TenantScope,
     attempt_id: Uuid,
     run_id: Uuid,
@@ -180,7 +450,6 @@ struct Loop<'a> {
 impl<'a> Loop<'a> {
     fn new(
         runtime: &'a Runtime,
-        http: &'a reqwest::Client,
         scope: &'a TenantScope,
         ticket: &Ticket,
         info: Arc<ReleaseInfo>,
@@ -191,22 +460,7 @@ impl<'a> Loop<'a> {
             Ok(String::from_utf8_lossy(&releases.artifact(scope, release, role)?).into_owned())
         };
         let manifest = &info.manifest;
-        let responses = match &manifest.model_profile.responses {
-            Some(_) => Some(releases.artifact(scope, release, "modelResponses")?),
-            None => None,
-        };
-        let api_key = manifest
-            .model_profile
-            .api_key_ref
-            .as_deref()
-            .and_then(|name| runtime.model_api_key(name));
-        let model =
-            Model::of(&manifest.model_profile, responses.as_deref(), api_key).map_err(|e| {
-                DomainError::FailedPrecondition(format!(
-                    "model profile {}: {e}",
-                    manifest.model_profile.id
-                ))
-            })?;
+        let model = release_model(runtime, scope, &info)?;
         let mut skills = Vec::new();
         for s in &manifest.skills {
             skills.push((s.id.clone(), text(&format!("skill:{}", s.id))?));
@@ -231,7 +485,6 @@ impl<'a> Loop<'a> {
         let mcp = mcp::McpServers::new(attempt);
         Ok(Loop {
             runtime,
-            http,
             scope,
             attempt_id: ticket.attempt.attempt_id,
             run_id: ticket.attempt.run_id,
@@ -359,42 +612,20 @@ impl<'a> Loop<'a> {
                 phase = "Calling",
             );
             let started = Instant::now();
-            // A model endpoint the release names is reached only where the
-            // site allows it, at the addresses just checked; the site's own
-            // profiles are the site's.
-            let pinned = match (&site_model, model) {
-                (None, Model::OpenAi { endpoint, .. }) => Some(
-                    crate::runtime::reach::pinned_client(
-                        &self.site(),
-                        "model endpoint",
-                        endpoint,
-                        MODEL_CONNECT_TIMEOUT,
-                    )
-                    .await,
-                ),
-                _ => None,
-            };
             // The span covers the model call itself, not just its setup.
-            let answer = match &pinned {
-                Some(Err(why)) => Err(ModelError::Fatal(why.clone())),
-                Some(Ok(_)) | None => {
-                    let http = match &pinned {
-                        Some(Ok(client)) => client,
-                        _ => self.http,
-                    };
-                    tracing::Instrument::instrument(
-                        model.complete(
-                            http,
-                            &ctx.messages,
-                            &self.tools,
-                            state.turns,
-                            &self.fence(&begun, call_id),
-                        ),
-                        span.clone(),
-                    )
-                    .await
-                }
-            };
+            let answer = tracing::Instrument::instrument(
+                ask_model(
+                    model,
+                    site_model.is_some(),
+                    &self.site(),
+                    &ctx.messages,
+                    &self.tools,
+                    state.turns,
+                    &self.fence(&begun, call_id),
+                ),
+                span.clone(),
+            )
+            .await;
             self.outside
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             match answer {
@@ -402,11 +633,7 @@ impl<'a> Loop<'a> {
                     span.record("gen_ai.response.model", reply.model.as_str());
                     span.record("gen_ai.usage.input_tokens", reply.input_tokens);
                     span.record("gen_ai.usage.output_tokens", reply.output_tokens);
-                    let receipt = json!({
-                        "schema": "model-invocation-v1", "model": reply.model,
-                        "inputTokens": reply.input_tokens, "outputTokens": reply.output_tokens,
-                        "latencyMs": reply.latency_ms, "servedBy": served_by,
-                    });
+                    let receipt = model_receipt(&reply, &served_by);
                     let mut next = state.clone();
                     next.turns += 1;
                     let mut assistant = json!({"role": "assistant", "content": reply.content});
@@ -465,44 +692,9 @@ impl<'a> Loop<'a> {
         }
     }
 
-    /// The model of the next call: the site's profile for the release's
-    /// profile id when there is one (read at every call, so re-pointing a
-    /// profile moves the next call), else none and the release's own; and
-    /// what serves the call, in words, for its record.
+    /// The model of the next call and what serves it ([`serving`]).
     fn model_now(&self) -> Result<(Option<Model>, String), RuntimeError> {
-        let profile = &self.info.manifest.model_profile;
-        let site =
-            super::profiles::resolve(self.runtime.store(), self.scope.tenant(), &profile.id)?;
-        let Some(site) = site else {
-            let served = match &self.model {
-                Model::OpenAi {
-                    endpoint, model, ..
-                } => format!(
-                    "{endpoint} (model {model}, the release's profile {})",
-                    profile.id
-                ),
-                Model::Scripted { .. } => {
-                    format!(
-                        "the scripted responses of the release's profile {}",
-                        profile.id
-                    )
-                }
-                Model::Unmapped { .. } => format!("nothing: profile {} is not mapped", profile.id),
-            };
-            return Ok((None, served));
-        };
-        let api_key = site
-            .api_key_ref
-            .as_deref()
-            .and_then(|name| self.runtime.model_api_key(name));
-        let served = format!(
-            "{} (model {}, site profile {} for {})",
-            site.endpoint,
-            site.model,
-            site.profile_id,
-            site.scope_text()
-        );
-        Ok((Some(Model::site(&site, profile, api_key)), served))
+        serving(self.runtime, self.scope, &self.info, &self.model)
     }
 
     /// One tool call through the gate; its observation joins the state,

@@ -1,0 +1,212 @@
+"""Clients of an agentbay appliance: every RPC of its five services, sync
+(:class:`Client`) and async (:class:`AsyncClient`), over HTTPS with the
+appliance's CA pinned and a client-credential token.
+
+    from agentbay import Client
+    from agentbay.runs.v1 import runs_pb2
+
+    with Client.from_env() as ab:
+        run = ab.runs.get_run(runs_pb2.GetRunRequest(run_id="..."))
+
+The services are the generated Connect clients (``agentbay.<service>.v1.
+<service>_connect``): their methods take and return the generated
+protobuf messages, and raise :mod:`agentbay.errors` exceptions.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pyqwest
+
+from ._connection import (
+    DEFAULT_URL,
+    AuthRetry,
+    AuthRetrySync,
+    Retry,
+    TokenSource,
+    load_ca,
+)
+from .adapter.v1.adapter_connect import AdapterClient, AdapterClientSync
+from .admin.v1.admin_connect import AdminClient, AdminClientSync
+from .capacity.v1.capacity_connect import CapacityClient, CapacityClientSync
+from .runs.v1.runs_connect import RunsClient, RunsClientSync
+from .runtime.v1.runtime_connect import RuntimeClient, RuntimeClientSync
+
+
+def _settings(
+    url: str | None,
+    ca: str | bytes | os.PathLike[str] | None,
+    fingerprint: str | None,
+    client_id: str | None,
+    client_secret: str | None,
+    token: str | None,
+    env: bool,
+) -> dict[str, Any]:
+    def pick(value: Any, name: str) -> Any:
+        if value is None and env:
+            return os.environ.get(name) or None
+        return value
+
+    return {
+        "url": (pick(url, "AGENTBAY_URL") or DEFAULT_URL).rstrip("/"),
+        "ca": pick(ca, "AGENTBAY_CA"),
+        "fingerprint": pick(fingerprint, "AGENTBAY_FINGERPRINT"),
+        "client_id": pick(client_id, "AGENTBAY_CLIENT_ID"),
+        "client_secret": pick(client_secret, "AGENTBAY_CLIENT_SECRET"),
+        "token": pick(token, "AGENTBAY_TOKEN"),
+    }
+
+
+class _Base:
+    url: str
+    ca_pem: bytes
+    tokens: TokenSource
+
+    def _setup(
+        self,
+        url: str | None,
+        ca: str | bytes | os.PathLike[str] | None,
+        fingerprint: str | None,
+        client_id: str | None,
+        client_secret: str | None,
+        token: str | None,
+        env: bool,
+    ) -> None:
+        s = _settings(url, ca, fingerprint, client_id, client_secret, token, env)
+        self.url = s["url"]
+        self.ca_pem = load_ca(self.url, s["ca"], s["fingerprint"])
+        # The token endpoint is reached over the same pinned TLS.
+        token_http = pyqwest.SyncClient(
+            pyqwest.SyncHTTPTransport(tls_ca_cert=self.ca_pem, connect_timeout=10.0)
+        )
+        self.tokens = TokenSource(
+            self.url, token_http, s["client_id"], s["client_secret"], s["token"]
+        )
+
+
+class Client(_Base):
+    """A synchronous client of one appliance.
+
+    ``url`` defaults to ``https://127.0.0.1:8443``; ``ca`` is the
+    appliance's ``tls/ca.pem`` (a path or PEM bytes) or ``fingerprint`` the
+    ``certificate sha256:...`` it prints at start; ``client_id`` and
+    ``client_secret`` a client credential (``agentbay client create``), or
+    ``token`` a bearer token. :meth:`from_env` reads the same from
+    ``AGENTBAY_URL``, ``AGENTBAY_CA``, ``AGENTBAY_FINGERPRINT``,
+    ``AGENTBAY_CLIENT_ID``, ``AGENTBAY_CLIENT_SECRET`` and ``AGENTBAY_TOKEN``.
+    ``retry_within`` is how long a call is tried again while the appliance
+    cannot be reached (see :func:`agentbay._connection.repeatable`).
+    """
+
+    adapter: AdapterClientSync
+    runs: RunsClientSync
+    runtime: RuntimeClientSync
+    capacity: CapacityClientSync
+    admin: AdminClientSync
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        ca: str | bytes | os.PathLike[str] | None = None,
+        fingerprint: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        token: str | None = None,
+        timeout: float = 120.0,
+        retry_within: float = 300.0,
+        binary: bool = True,
+        _env: bool = False,
+    ) -> None:
+        self._setup(url, ca, fingerprint, client_id, client_secret, token, _env)
+        self._http = pyqwest.SyncClient(
+            pyqwest.SyncHTTPTransport(
+                tls_ca_cert=self.ca_pem, connect_timeout=10.0, read_timeout=timeout
+            )
+        )
+        options: dict[str, Any] = {
+            "proto_json": not binary,
+            "timeout_ms": int(timeout * 1000),
+            "interceptors": [AuthRetrySync(self.tokens, Retry(retry_within))],
+            "http_client": self._http,
+        }
+        self.adapter = AdapterClientSync(self.url, **options)
+        self.runs = RunsClientSync(self.url, **options)
+        self.runtime = RuntimeClientSync(self.url, **options)
+        self.capacity = CapacityClientSync(self.url, **options)
+        self.admin = AdminClientSync(self.url, **options)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Client:
+        """A client configured from ``AGENTBAY_*`` environment variables;
+        keyword arguments win."""
+        return cls(_env=True, **overrides)
+
+    def close(self) -> None:
+        for c in (self.adapter, self.runs, self.runtime, self.capacity, self.admin):
+            c.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient(_Base):
+    """An asynchronous client of one appliance (arguments as :class:`Client`)."""
+
+    adapter: AdapterClient
+    runs: RunsClient
+    runtime: RuntimeClient
+    capacity: CapacityClient
+    admin: AdminClient
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        ca: str | bytes | os.PathLike[str] | None = None,
+        fingerprint: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        token: str | None = None,
+        timeout: float = 120.0,
+        retry_within: float = 300.0,
+        binary: bool = True,
+        _env: bool = False,
+    ) -> None:
+        self._setup(url, ca, fingerprint, client_id, client_secret, token, _env)
+        self._http = pyqwest.Client(
+            pyqwest.HTTPTransport(
+                tls_ca_cert=self.ca_pem, connect_timeout=10.0, read_timeout=timeout
+            )
+        )
+        options: dict[str, Any] = {
+            "proto_json": not binary,
+            "timeout_ms": int(timeout * 1000),
+            "interceptors": [AuthRetry(self.tokens, Retry(retry_within))],
+            "http_client": self._http,
+        }
+        self.adapter = AdapterClient(self.url, **options)
+        self.runs = RunsClient(self.url, **options)
+        self.runtime = RuntimeClient(self.url, **options)
+        self.capacity = CapacityClient(self.url, **options)
+        self.admin = AdminClient(self.url, **options)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> AsyncClient:
+        """A client configured from ``AGENTBAY_*`` environment variables."""
+        return cls(_env=True, **overrides)
+
+    async def close(self) -> None:
+        for c in (self.adapter, self.runs, self.runtime, self.capacity, self.admin):
+            await c.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,712 @@
+"""An external adapter in a few lines: a :class:`Worker` claims the
+attempts of one agent and runs a handler for each, and the handler's
+:class:`Context` makes every move through the appliance, so that fencing,
+the tool closure, policy and approvals, checkpoints, limits and exactly one
+outcome hold without the handler doing anything for them.
+
+    from agentbay import Worker
+
+    def triage(ctx):
+        state = ctx.state or {}
+        if "tickets" not in state:
+            state["tickets"] = ctx.call("lookup-ticket", {"customer": "acme"},
+                                        side_effect_class="read", fn=lookup)
+            ctx.checkpoint(state)
+        return {"severity": "low", "summary": "...", "paged": False}
+
+    Worker(agent="triage").run(triage)
+
+A handler is written to resume: it starts again from ``ctx.state`` (the
+state of the attempt's last checkpoint) whenever the attempt comes back to
+a worker — after a crash of the worker that held it (on any worker), after a
+human answered a question (the worker was free meanwhile), or in a re-run
+from a checkpoint. Calls whose effect was confirmed are not made again:
+:meth:`Context.call` and :meth:`Context.model` answer a repeated call of
+the same target and arguments from the checkpointed record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from . import errors
+from .adapter.v1 import adapter_pb2 as pb
+from .client import Client
+
+log = logging.getLogger("agentbay.worker")
+
+STATE_FORMAT = "agentbay-python/1"
+ADAPTER_VERSION = "1"
+WRITE_CLASSES = frozenset({"shared-write", "external", "production"})
+SAFE_CLASSES = frozenset({"read", "workspace-write"})
+
+
+class Failed(Exception):
+    """Raised by a handler to end its attempt Failed with a class (one of
+    validation, infrastructure, transient, policy, budget) and a reason.
+    Infrastructure and transient failures get a new attempt, up to the
+    release's maxAttempts."""
+
+    def __init__(self, failure_class: str, reason: str) -> None:
+        super().__init__(f"{failure_class}: {reason}")
+        self.failure_class = failure_class
+        self.reason = reason
+
+
+class _Suspended(Exception):
+    """The attempt waits for a human: the handler stops, the worker is
+    free, and the answer resumes it."""
+
+    def __init__(self, decision_id: str) -> None:
+        super().__init__(decision_id)
+        self.decision_id = decision_id
+
+
+class _Stopping(Exception):
+    """The worker stops (SIGTERM): the handler stops at its next call and
+    the attempt is handed back (its lease lapses and another worker resumes
+    it from its last checkpoint)."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a started call carries to the server that serves it: a server
+    that has seen a higher fencing token for the attempt refuses it."""
+
+    attempt_id: str
+    fencing_token: int
+    call_id: str
+    policy_decision_id: str = ""
+
+    def headers(self) -> dict[str, str]:
+        h = {
+            "Agentbay-Attempt-Id": self.attempt_id,
+            "Agentbay-Fencing-Token": str(self.fencing_token),
+            "Agentbay-Call-Id": self.call_id,
+        }
+        if self.policy_decision_id:
+            h["Agentbay-Policy-Decision-Id"] = self.policy_decision_id
+        return h
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call a model asked for."""
+
+    id: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    """A model's answer, with the usage the appliance recorded."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    input_tokens: int
+    output_tokens: int
+    model: str
+    served_by: str
+    call_id: str
+    replayed: bool = False
+
+    def message(self) -> dict[str, Any]:
+        """The answer as an OpenAI assistant message, for the conversation."""
+        m: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            m["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.tool, "arguments": json.dumps(c.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        return m
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A human's decision: ``status`` is approved, rejected, answered,
+    expired or cancelled; ``choice`` the option chosen, ``value`` the
+    answer's JSON."""
+
+    status: str
+    choice: str
+    value: Any
+    reason: str
+    answered_by: str
+
+    @property
+    def approved(self) -> bool:
+        return self.status in ("approved", "answered")
+
+
+def _key(*parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _doc(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+class _Hold:
+    """One attempt this worker holds: its fence, and a heartbeat thread
+    that keeps the attempt lease and notices interrupts."""
+
+    def __init__(self, client: Client, attempt_id: str, token: int, every: float) -> None:
+        self.client = client
+        self.attempt_id = attempt_id
+        self.token = token
+        self.interrupt: str | None = None
+        self.lost: str | None = None
+        self._every = every
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{attempt_id[:8]}", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._done.wait(self._every):
+            try:
+                s = self.client.adapter.heartbeat(
+                    pb.HeartbeatRequest(attempt_id=self.attempt_id, fencing_token=self.token)
+                )
+                if s.interrupt_requested:
+                    self.interrupt = s.interrupt_reason or "interrupted"
+            except errors.Aborted as e:
+                self.lost = e.message
+                return
+            except errors.AgentbayError as e:
+                log.warning("heartbeat of attempt %s: %s", self.attempt_id, e)
+
+    def release(self) -> None:
+        self._done.set()
+
+
+class Context:
+    """A handler's view of its attempt and the moves it makes. Every
+    method raises :class:`~agentbay.errors.Interrupted` once the attempt
+    was interrupted or cancelled (or its fence went stale)."""
+
+    def __init__(self, worker: Worker, ticket: pb.AttemptTicket, hold: _Hold, doc: dict[str, Any]) -> None:
+        self._worker = worker
+        self._client = worker.client
+        self._hold = hold
+        self.ticket = ticket
+        self.attempt_id: str = ticket.attempt_id
+        self.run_id: str = ticket.run_id
+        self.step_id: str = ticket.step_id
+        self.release_id: str = ticket.release_id
+        self.input: Any = json.loads(ticket.input_json) if ticket.input_json else None
+        self.resumed: bool = ticket.resumed or bool(doc.get("state") is not None)
+        self.state: Any = doc.get("state")
+        #: Set when the output failed verification: what the validator said.
+        self.feedback: str | None = None
+        self._records: dict[str, Any] = dict(doc.get("records") or {})
+        self._seen: dict[str, int] = {}
+
+    # -- the fence -------------------------------------------------------
+
+    @property
+    def fencing_token(self) -> int:
+        return self._hold.token
+
+    def _ids(self) -> dict[str, Any]:
+        self._check()
+        return {"attempt_id": self.attempt_id, "fencing_token": self._hold.token}
+
+    def _check(self) -> None:
+        if self._worker._stopping.is_set():
+            raise _Stopping()
+        if self._hold.lost is not None:
+            raise errors.Interrupted(f"the attempt is no longer this worker's: {self._hold.lost}")
+        if self._hold.interrupt is not None:
+            raise errors.Interrupted(self._hold.interrupt)
+
+    def _rpc(self, fn: Callable[..., Any], request: Any) -> Any:
+        try:
+            return fn(request)
+        except errors.Aborted as e:
+            raise errors.Interrupted(e.message) from e
+
+    def _document(self, state: Any) -> str:
+        return _doc({"format": STATE_FORMAT, "state": state, "records": self._records})
+
+    def _occurrence(self, base: str) -> str:
+        """The record key of the n-th identical call in this run of the
+        handler: the same call made twice is two calls."""
+        n = self._seen.get(base, 0)
+        self._seen[base] = n + 1
+        return f"{base}.{n}"
+
+    # -- moves -----------------------------------------------------------
+
+    def checkpoint(self, state: Any, phase: str = "") -> int:
+        """Makes `state` (any JSON value) the point this attempt resumes
+        from; answers the checkpoint's sequence."""
+        self.state = state
+        r = self._rpc(
+            self._client.adapter.checkpoint,
+            pb.CheckpointRequest(**self._ids(), state_json=self._document(state), phase=phase),
+        )
+        return int(r.sequence)
+
+    def call(
+        self,
+        tool: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        side_effect_class: str | None = None,
+        fn: Callable[..., Any] | None = None,
+        receipt: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Calls a tool of the release through the appliance's gate:
+        BeginCall (closure, input schema, policy; an approval when the
+        policy wants one), then ``fn(args, fence)`` (or the worker's tool of
+        that name), then CompleteCall with its result. A tool that raises
+        is recorded as a failed call and the exception propagates — unless
+        its side-effect class is shared-write or above (or not given): then
+        its effect is unknown, the call stays open, and :class:`~agentbay.
+        errors.Uncertain` is raised; the appliance settles the attempt
+        Uncertain and nothing tries the call again."""
+        args = dict(args or {})
+        impl = fn or self._worker.tools.get(tool)
+        if impl is None:
+            raise ValueError(f"no implementation for tool {tool!r}: pass fn= or Worker(tools=...)")
+        key = self._occurrence(_key("tool", tool, args))
+        done = self._records.get(key)
+        if done is not None and "result" in done:
+            return done["result"]
+        begun = self._begin("tool", tool, args, key)
+        if begun.outcome == pb.REPLAYED:
+            result = json.loads(begun.result_json) if begun.result_json else None
+            self._records[key] = {"result": result}
+            return result
+        fence = Fence(self.attempt_id, begun.fencing_token or self._hold.token, begun.call_id, begun.policy_decision_id)
+        started = time.monotonic()
+        try:
+            result = impl(args, fence)
+        except Exception as e:
+            cls = side_effect_class or "unknown"
+            if cls not in SAFE_CLASSES:
+                raise errors.Uncertain(
+                    begun.call_id,
+                    f"tool {tool} ({cls}) raised {e!r} after it was issued: its effect cannot be confirmed",
+                ) from e
+            self._rpc(
+                self._client.adapter.complete_call,
+                pb.CompleteCallRequest(
+                    **self._ids(), call_id=begun.call_id, ok=False, error=f"{type(e).__name__}: {e}"[:2000],
+                    receipt_json=_doc({"tool": tool, "durationMs": int((time.monotonic() - started) * 1000)}),
+                    state_json=self._document(self.state),
+                ),
+            )
+            raise
+        self._records[key] = {"result": result}
+        self._rpc(
+            self._client.adapter.complete_call,
+            pb.CompleteCallRequest(
+                **self._ids(), call_id=begun.call_id, ok=True, result_json=_doc(result),
+                receipt_json=_doc(dict(receipt) if receipt else {"tool": tool, "durationMs": int((time.monotonic() - started) * 1000)}),
+                state_json=self._document(self.state),
+            ),
+        )
+        return result
+
+    def _begin(self, kind: str, target: str, request: Any, key: str) -> pb.BeginCallResponse:
+        """BeginCall; an approval the policy asks for suspends the attempt
+        and, once decided, is used for exactly this call."""
+        pending = self._records.get(key) or {}
+        approval_id = ""
+        if "decisionId" in pending:
+            answer = self._decision(pending["decisionId"])
+            if answer.status == "pending":
+                raise _Suspended(pending["decisionId"])
+            if answer.status != "approved":
+                self._records[key] = {"refused": answer.status}
+                raise errors.Refused(target, f"{answer.status} by {answer.answered_by or 'nobody'}: {answer.reason}")
+            approval_id = pending["approvalId"]
+        begun = self._rpc(
+            self._client.adapter.begin_call,
+            pb.BeginCallRequest(
+                **self._ids(), kind=kind, target=target, request_json=_doc(request),
+                approval_id=approval_id, state_json=self._document(self.state),
+            ),
+        )
+        if begun.outcome == pb.REFUSED:
+            raise errors.Refused(target, begun.reason)
+        if begun.outcome == pb.APPROVAL_REQUIRED:
+            self._records[key] = {"decisionId": begun.decision_id, "approvalId": begun.approval_id}
+            self.checkpoint(self.state)
+            raise _Suspended(begun.decision_id)
+        return begun
+
+    def _decision(self, decision_id: str, wait: int = 0) -> Answer:
+        d = self._rpc(
+            self._client.adapter.await_decision,
+            pb.AwaitDecisionRequest(**self._ids(), decision_id=decision_id, wait_seconds=wait),
+        )
+        return Answer(
+            status=d.status or "pending",
+            choice=d.choice,
+            value=json.loads(d.answer_json) if d.answer_json else None,
+            reason=d.reason,
+            answered_by=d.answered_by,
+        )
+
+    def _ask(self, kind: str, question: Any, summary: str, options: list[str], recommendation: str, key: str | None) -> Answer:
+        rkey = self._occurrence(key or _key("ask", kind, question, summary, options))
+        pending = self._records.get(rkey) or {}
+        if "answer" in pending:
+            return Answer(**pending["answer"])
+        if "decisionId" in pending:
+            answer = self._decision(pending["decisionId"])
+            if answer.status == "pending":
+                raise _Suspended(pending["decisionId"])
+            self._records[rkey] = {"decisionId": pending["decisionId"], "answer": answer.__dict__}
+            self.checkpoint(self.state)
+            return answer
+        r = self._rpc(
+            self._client.adapter.request_decision,
+            pb.RequestDecisionRequest(
+                **self._ids(), kind=kind, question_json=_doc(question), summary=summary,
+                options=options, recommendation=recommendation,
+            ),
+        )
+        self._records[rkey] = {"decisionId": r.decision_id}
+        self.checkpoint(self.state)
+        raise _Suspended(r.decision_id)
+
+    def ask_input(self, schema: Mapping[str, Any], summary: str, *, question: str = "", key: str | None = None) -> Any:
+        """Asks a human for input matching the JSON `schema`. The attempt
+        waits (the console's inbox shows the question); the worker is free
+        meanwhile, and the answer resumes the handler, which gets it here."""
+        answer = self._ask("input", {"question": question or summary, "schema": dict(schema)}, summary, [], "", key)
+        if answer.status != "answered":
+            raise errors.Refused("input", f"the question was {answer.status}: {answer.reason}")
+        return answer.value
+
+    def ask_approval(self, summary: str, *, options: tuple[str, ...] = ("approve", "reject"),
+                     recommendation: str = "", context: Any = None, key: str | None = None) -> Answer:
+        """Asks a human to choose among `options` (an escalation). The
+        attempt waits; the answer resumes the handler, which gets it here."""
+        return self._ask("escalation", {"question": summary, "context": context}, summary,
+                         list(options), recommendation, key)
+
+    def model(
+        self,
+        messages: list[Mapping[str, Any]],
+        tools: list[Mapping[str, Any]] | None = None,
+        *,
+        context_tokens: int = 0,
+    ) -> ModelReply:
+        """A chat completion through the site's routing (``Adapter/
+        CallModel``): the appliance checks the limits, calls the model
+        server the site maps the release's profile to, and records the
+        usage. A model turn already completed (same conversation) is
+        answered from the checkpoint, never billed twice."""
+        key = self._occurrence(_key("model", messages, tools))
+        done = self._records.get(key)
+        if done is not None:
+            return ModelReply(**{**done, "tool_calls": tuple(ToolCall(**c) for c in done["tool_calls"]), "replayed": True})
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                r = self._rpc(
+                    self._client.adapter.call_model,
+                    pb.CallModelRequest(
+                        **self._ids(), messages_json=_doc(list(messages)),
+                        tools_json=_doc(list(tools)) if tools else "", context_tokens=context_tokens,
+                        state_json=self._document(self.state),
+                    ),
+                )
+                break
+            except errors.Unavailable:
+                if tries >= 3:
+                    raise
+                time.sleep(0.5 * tries)
+        if r.outcome == pb.REFUSED:
+            raise errors.Refused("model", r.reason)
+        calls = tuple(ToolCall(c["id"], c["tool"], c.get("arguments") or {}) for c in json.loads(r.tool_calls_json or "[]"))
+        reply = ModelReply(
+            content=r.content or None, tool_calls=calls, input_tokens=r.input_tokens,
+            output_tokens=r.output_tokens, model=r.model, served_by=r.served_by, call_id=r.call_id,
+            replayed=r.outcome == pb.REPLAYED,
+        )
+        self._records[key] = {k: v for k, v in reply.__dict__.items() if k != "replayed"} | {
+            "tool_calls": [c.__dict__ for c in calls]
+        }
+        return reply
+
+    def delegate(self, release_id: str, input: Any, *, wait_seconds: int = 30) -> Any:
+        """Runs a sub-agent (a child run of `release_id` on `input`) and
+        answers its output; a child that failed raises :class:`~agentbay.
+        errors.Refused`."""
+        key = self._occurrence(_key("delegate", release_id, input))
+        done = self._records.get(key)
+        if done is not None and "result" in done:
+            return done["result"]
+        call_id = (done or {}).get("callId")
+        if call_id is None:
+            begun = self._begin("sub-agent", release_id, input, key)
+            call_id = begun.call_id
+            self._records[key] = {"callId": call_id}
+        while True:
+            r = self._rpc(
+                self._client.adapter.await_call,
+                pb.AwaitCallRequest(**self._ids(), call_id=call_id, wait_seconds=wait_seconds),
+            )
+            if r.status == "completed":
+                result = json.loads(r.result_json) if r.result_json else None
+                self._records[key] = {"callId": call_id, "result": result}
+                return result
+            if r.status in ("failed", "abandoned", "uncertain"):
+                raise errors.Refused(release_id, f"the sub-agent run {r.status}: {r.error}")
+
+
+Handler = Callable[[Context], Any]
+
+
+@dataclass
+class _Job:
+    ticket: pb.AttemptTicket
+    hold: _Hold
+    doc: dict[str, Any] = field(default_factory=dict)
+    fresh: bool = True
+
+
+class Worker:
+    """Claims the attempts of `agent` and runs a handler for each, up to
+    `concurrency` at once.
+
+    ``client`` defaults to :meth:`Client.from_env`; ``tools`` maps tool ids
+    to ``fn(args, fence)`` for :meth:`Context.call`; ``session`` names this
+    process in the attempts' timelines (default host:pid)."""
+
+    def __init__(
+        self,
+        agent: str,
+        *,
+        client: Client | None = None,
+        concurrency: int = 1,
+        tools: Mapping[str, Callable[..., Any]] | None = None,
+        session: str | None = None,
+        wait_seconds: int = 30,
+        heartbeat_seconds: float | None = None,
+    ) -> None:
+        self.agent = agent
+        self.client = client or Client.from_env()
+        self.concurrency = max(1, concurrency)
+        self.tools = dict(tools or {})
+        self.session = session or f"{socket.gethostname()}:{os.getpid()}"
+        self.wait_seconds = wait_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self._stopping = threading.Event()
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+        self._idle = threading.Semaphore(self.concurrency)
+        self._active = 0
+        self._lock = threading.Lock()
+        #: Attempts that reached an outcome in this process.
+        self.finished: list[tuple[str, str]] = []
+
+    # -- control ---------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stops claiming; handlers stop at their next call and hand their
+        attempts back (another worker resumes them from their last
+        checkpoint once their lease lapses)."""
+        self._stopping.set()
+
+    def run(self, handler: Handler, *, max_attempts: int | None = None) -> None:
+        """Runs until :meth:`stop` (or SIGTERM / SIGINT in the main
+        thread), or until `max_attempts` attempts reached an outcome."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop())
+        runners = [
+            threading.Thread(target=self._runner, args=(handler, max_attempts), name=f"agentbay-runner-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        for t in runners:
+            t.start()
+        try:
+            while not self._stopping.is_set():
+                if max_attempts is not None and len(self.finished) >= max_attempts:
+                    self.stop()
+                    break
+                if not self._idle.acquire(timeout=0.5):
+                    continue
+                if self._stopping.is_set() or (max_attempts is not None and len(self.finished) >= max_attempts):
+                    self._idle.release()
+                    continue
+                try:
+                    got = self.client.adapter.claim_attempt(
+                        pb.ClaimAttemptRequest(agent_id=self.agent, session=self.session, wait_seconds=self.wait_seconds)
+                    )
+                except errors.AgentbayError as e:
+                    self._idle.release()
+                    log.warning("claim: %s", e)
+                    self._stopping.wait(2)
+                    continue
+                if not got.HasField("attempt"):
+                    self._idle.release()
+                    continue
+                t = got.attempt
+                self._jobs.put(_Job(t, _Hold(self.client, t.attempt_id, t.fencing_token, self._every(t))))
+        finally:
+            self.stop()
+            for t in runners:
+                t.join()
+
+    def _every(self, t: pb.AttemptTicket) -> float:
+        if self.heartbeat_seconds:
+            return self.heartbeat_seconds
+        try:
+            expires = datetime.fromisoformat(t.lease_expires_at.replace("Z", "+00:00"))
+            left = (expires - datetime.now(timezone.utc)).total_seconds()
+            return max(1.0, min(left / 3, 20.0))
+        except ValueError:
+            return 10.0
+
+    # -- attempts --------------------------------------------------------
+
+    def _runner(self, handler: Handler, max_attempts: int | None) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=0.5)
+            except queue.Empty:
+                if self._stopping.is_set():
+                    return
+                continue
+            try:
+                self._attempt(handler, job)
+            except Exception:
+                log.exception("attempt %s", job.ticket.attempt_id)
+            finally:
+                self._idle.release()
+
+    def _attempt(self, handler: Handler, job: _Job) -> None:
+        t, hold = job.ticket, job.hold
+        try:
+            if job.fresh:
+                self.client.adapter.start_attempt(
+                    pb.StartAttemptRequest(
+                        attempt_id=t.attempt_id, fencing_token=t.fencing_token,
+                        adapter_version=t.adapter_version or ADAPTER_VERSION,
+                        checkpoint_format=t.checkpoint_format or 1,
+                    )
+                )
+                job.doc = _parse_state(t.state_json)
+            ctx = Context(self, t, hold, job.doc)
+            self._drive(handler, ctx, job)
+        except _Stopping:
+            log.info("attempt %s handed back (stopping)", t.attempt_id)
+            hold.release()
+        except errors.Interrupted as e:
+            log.info("attempt %s stopped: %s", t.attempt_id, e.reason)
+            hold.release()
+        except errors.Uncertain as e:
+            log.error("attempt %s: %s; it stays open for an operator to settle", t.attempt_id, e)
+            hold.release()
+        except errors.Aborted as e:
+            log.info("attempt %s is no longer this worker's: %s", t.attempt_id, e.message)
+            hold.release()
+
+    def _drive(self, handler: Handler, ctx: Context, job: _Job) -> None:
+        hold = job.hold
+        while True:
+            try:
+                output = handler(ctx)
+            except _Suspended as s:
+                # The worker is free while a human decides; the answer
+                # resumes the attempt here (or, if this process is gone by
+                # then, on another worker once the lease lapses).
+                hold.release()
+                job.doc = {"state": ctx.state, "records": ctx._records}
+                threading.Thread(target=self._await, args=(job, s.decision_id), daemon=True).start()
+                return
+            except (errors.Interrupted, errors.Uncertain, _Stopping, errors.Aborted):
+                raise
+            except Failed as f:
+                self._report(ctx, succeeded=False, failure_class=f.failure_class, reason=f.reason)
+                hold.release()
+                return
+            except errors.Refused as e:
+                self._report(ctx, succeeded=False, failure_class="policy", reason=str(e))
+                hold.release()
+                return
+            except Exception as e:
+                log.exception("handler of attempt %s", ctx.attempt_id)
+                self._report(ctx, succeeded=False, failure_class="infrastructure", reason=f"{type(e).__name__}: {e}")
+                hold.release()
+                return
+            r = self._report(ctx, succeeded=True, output=output)
+            if r is not None and r.verdict == pb.CORRECT:
+                ctx.feedback = r.feedback
+                ctx._seen.clear()
+                continue
+            hold.release()
+            return
+
+    def _report(self, ctx: Context, *, succeeded: bool, output: Any = None, failure_class: str = "", reason: str = "") -> pb.ReportOutcomeResponse | None:
+        r = ctx._rpc(
+            self.client.adapter.report_outcome,
+            pb.ReportOutcomeRequest(
+                **ctx._ids(), succeeded=succeeded, output_json=_doc(output) if succeeded else "",
+                failure_class=failure_class, reason=reason[:2000],
+            ),
+        )
+        if r.verdict != pb.CORRECT:
+            with self._lock:
+                self.finished.append((ctx.attempt_id, r.state))
+            log.info("attempt %s: %s -> %s", ctx.attempt_id, pb.Verdict.Name(r.verdict), r.state)
+        return r
+
+    def _await(self, job: _Job, decision_id: str) -> None:
+        t = job.ticket
+        while not self._stopping.is_set():
+            try:
+                d = self.client.adapter.await_decision(
+                    pb.AwaitDecisionRequest(attempt_id=t.attempt_id, fencing_token=job.hold.token,
+                                            decision_id=decision_id, wait_seconds=self.wait_seconds)
+                )
+            except errors.Aborted:
+                return  # resumed elsewhere, or ended
+            except errors.AgentbayError as e:
+                log.warning("waiting for decision %s: %s", decision_id, e)
+                self._stopping.wait(2)
+                continue
+            if d.status and d.status != "pending":
+                if d.attempt_state not in ("Running", "Claimed", "WaitingForDecision", "Paused", ""):
+                    return  # the answer ended the attempt
+                while not self._idle.acquire(timeout=0.5):
+                    if self._stopping.is_set():
+                        return
+                hold = _Hold(self.client, t.attempt_id, job.hold.token, self._every(t))
+                self._jobs.put(_Job(t, hold, job.doc, fresh=False))
+                return
+
+
+def _parse_state(text: str) -> dict[str, Any]:
+    """The SDK's checkpoint document, or a foreign adapter's state as is."""
+    if not text:
+        return {}
+    value = json.loads(text)
+    if isinstance(value, dict) and value.get("format") == STATE_FORMAT:
+        return value
+    return {"state": value}
