@@ -216,7 +216,12 @@ class Context:
         self.state: Any = doc.get("state")
         #: Set when the output failed verification: what the validator said.
         self.feedback: str | None = None
-        self._records: dict[str, Any] = dict(doc.get("records") or {})
+        # What this attempt's calls and questions came to. A document that
+        # another attempt wrote (a re-run starts from its source's
+        # checkpoint) brings none: a re-run makes its calls anew, and the
+        # appliance answers the effects its source confirmed (REPLAYED).
+        own = doc.get("attempt") in (None, ticket.attempt_id)
+        self._records: dict[str, Any] = dict(doc.get("records") or {}) if own else {}
         self._seen: dict[str, int] = {}
 
     # -- the fence -------------------------------------------------------
@@ -244,7 +249,7 @@ class Context:
             raise errors.Interrupted(e.message) from e
 
     def _document(self, state: Any) -> str:
-        return _doc({"format": STATE_FORMAT, "state": state, "records": self._records})
+        return _doc({"format": STATE_FORMAT, "attempt": self.attempt_id, "state": state, "records": self._records})
 
     def _occurrence(self, base: str) -> str:
         """The record key of the n-th identical call in this run of the
@@ -518,9 +523,11 @@ class Worker:
         self.heartbeat_seconds = heartbeat_seconds
         self._stopping = threading.Event()
         self._jobs: queue.Queue[_Job] = queue.Queue()
-        self._idle = threading.Semaphore(self.concurrency)
-        self._active = 0
-        self._lock = threading.Lock()
+        # Attempts queued or running here. The claimer claims only below
+        # `concurrency`; an answered question resumes its attempt at once
+        # (it may go over for a while: it was this worker's already).
+        self._load = 0
+        self._lock = threading.Condition()
         #: Attempts that reached an outcome in this process.
         self.finished: list[tuple[str, str]] = []
 
@@ -549,25 +556,22 @@ class Worker:
                 if max_attempts is not None and len(self.finished) >= max_attempts:
                     self.stop()
                     break
-                if not self._idle.acquire(timeout=0.5):
-                    continue
-                if self._stopping.is_set() or (max_attempts is not None and len(self.finished) >= max_attempts):
-                    self._idle.release()
-                    continue
+                with self._lock:
+                    if self._load >= self.concurrency:
+                        self._lock.wait(0.5)
+                        continue
                 try:
                     got = self.client.adapter.claim_attempt(
                         pb.ClaimAttemptRequest(agent_id=self.agent, session=self.session, wait_seconds=self.wait_seconds)
                     )
                 except errors.AgentbayError as e:
-                    self._idle.release()
                     log.warning("claim: %s", e)
                     self._stopping.wait(2)
                     continue
                 if not got.HasField("attempt"):
-                    self._idle.release()
                     continue
                 t = got.attempt
-                self._jobs.put(_Job(t, _Hold(self.client, t.attempt_id, t.fencing_token, self._every(t))))
+                self._enqueue(_Job(t, _Hold(self.client, t.attempt_id, t.fencing_token, self._every(t))))
         finally:
             self.stop()
             for t in runners:
@@ -598,7 +602,14 @@ class Worker:
             except Exception:
                 log.exception("attempt %s", job.ticket.attempt_id)
             finally:
-                self._idle.release()
+                with self._lock:
+                    self._load -= 1
+                    self._lock.notify_all()
+
+    def _enqueue(self, job: _Job) -> None:
+        with self._lock:
+            self._load += 1
+        self._jobs.put(job)
 
     def _attempt(self, handler: Handler, job: _Job) -> None:
         t, hold = job.ticket, job.hold
@@ -637,7 +648,7 @@ class Worker:
                 # resumes the attempt here (or, if this process is gone by
                 # then, on another worker once the lease lapses).
                 hold.release()
-                job.doc = {"state": ctx.state, "records": ctx._records}
+                job.doc = {"attempt": ctx.attempt_id, "state": ctx.state, "records": ctx._records}
                 threading.Thread(target=self._await, args=(job, s.decision_id), daemon=True).start()
                 return
             except (errors.Interrupted, errors.Uncertain, _Stopping, errors.Aborted):
@@ -694,11 +705,8 @@ class Worker:
             if d.status and d.status != "pending":
                 if d.attempt_state not in ("Running", "Claimed", "WaitingForDecision", "Paused", ""):
                     return  # the answer ended the attempt
-                while not self._idle.acquire(timeout=0.5):
-                    if self._stopping.is_set():
-                        return
                 hold = _Hold(self.client, t.attempt_id, job.hold.token, self._every(t))
-                self._jobs.put(_Job(t, hold, job.doc, fresh=False))
+                self._enqueue(_Job(t, hold, job.doc, fresh=False))
                 return
 
 
