@@ -1,0 +1,151 @@
+"""The Worker against the real appliance: every move of an attempt, a
+worker killed with SIGKILL and its attempt resumed by another, a stale
+fence refused, the rewritten example adapter."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+from conftest import EXAMPLES, TESTS, spawn, wait_for
+
+import agentbay
+from agentbay.adapter.v1 import adapter_pb2
+from agentbay.runs.v1 import runs_pb2
+from agentbay.runtime.v1 import runtime_pb2
+
+
+def submit(operator, **ticket) -> str:
+    r = operator.runs.submit_run(
+        runs_pb2.SubmitRunRequest(
+            project_id="support", release_id="triage-external-1.0.0", input_json=json.dumps(ticket)
+        )
+    )
+    return r.run.run_id
+
+
+def attempts(operator, run_id: str):
+    return [a for s in operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run.steps for a in s.attempts]
+
+
+def run_state(operator, run_id: str) -> str:
+    return operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run.state
+
+
+def waiting(operator, run_id: str, kind: str):
+    def check():
+        for a in attempts(operator, run_id):
+            if a.state == "WaitingForDecision" and a.pending_decision.kind == kind:
+                return a
+        return None
+
+    return wait_for(f"a {kind} decision", check)
+
+
+def events(operator, attempt_id: str) -> list[runtime_pb2.AttemptUpdate]:
+    return list(operator.runtime.watch_attempt(runtime_pb2.WatchAttemptRequest(attempt_id=attempt_id)))
+
+
+def finish(proc, timeout: float = 60) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+def test_a_worker_drives_an_attempt_through_every_move_to_one_outcome(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="acme", text="checkout is down")
+    worker = spawn(TESTS / "workers" / "full.py", appliance.env(adapter_cred))
+    try:
+        question = waiting(operator, run_id, "input")
+        assert "support tier" in question.pending_decision.summary
+        operator.runtime.answer_decision(
+            runtime_pb2.AnswerDecisionRequest(
+                attempt_id=question.attempt_id,
+                decision_id=question.pending_decision_id,
+                answer_json=json.dumps({"tier": "gold"}),
+            )
+        )
+        approval = waiting(operator, run_id, "approval")
+        assert approval.pending_decision.proposed_call.target == "page-oncall"
+        assert json.loads(approval.pending_decision.proposed_call.arguments_json) == {"message": "outage at acme (gold)"}
+        operator.runs.decide_approval(
+            runs_pb2.DecideApprovalRequest(approval_id=approval.pending_decision.approval_id, approve=True, reason="real outage")
+        )
+        out = finish(worker)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, out
+    assert "VERIFIED -> Succeeded" in out, out
+    assert run_state(operator, run_id) == "Succeeded"
+    (attempt,) = attempts(operator, run_id)
+    assert attempt.tool_calls == 2 and attempt.state == "Succeeded"
+    output = json.loads(operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run.output_json)
+    assert output == {"severity": "high", "summary": "2 open tickets, tier gold", "paged": True}
+    topics = [e.topic for e in events(operator, attempt.attempt_id)]
+    assert topics.count("execution.attempts.v1.attempt-outcome-reported") == 1, topics
+    assert topics.count("execution.attempts.v1.attempt-decision-requested") == 2, topics
+
+
+def test_a_killed_worker_s_attempt_resumes_on_another_from_its_last_checkpoint(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="globex", text="slow")
+    env = appliance.env(adapter_cred)
+    first = spawn(TESTS / "workers" / "crash.py", env, "--stall")
+    lines: list[str] = []
+    try:
+        for line in first.stdout:
+            lines.append(line)
+            if line.startswith("STEP 2"):
+                break
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        first.kill()
+    assert any(line.startswith("STEP 2") for line in lines), "".join(lines)
+    stale_token = int(lines[-1].split("token=")[1].split()[0])
+    attempt_id = lines[-1].split("attempt=")[1].strip()
+
+    # Nobody heartbeats any more: once the attempt lease lapses (the
+    # appliance's clock moves past runtime.attempt_lease_seconds, 60 s, and
+    # not as far as the OrphanedAttemptReconciler's next pass, which would
+    # settle an attempt nobody took over), another worker takes it over.
+    second = spawn(TESTS / "workers" / "crash.py", env)
+    appliance.advance(61)
+    out = finish(second)
+    assert second.returncode == 0, out
+    start = next(line for line in out.splitlines() if line.startswith("START"))
+    assert "resumed=True" in start and "done=[1, 2]" in start, "".join(lines) + out
+    # Steps 1 and 2 were not called again: only 3 and 4 in this process.
+    assert "CALLS [3, 4]" in out, out
+    assert run_state(operator, run_id) == "Succeeded"
+    (attempt,) = attempts(operator, run_id)
+    assert attempt.attempt_id == attempt_id
+    assert attempt.tool_calls == 4
+    assert attempt.fencing_token > stale_token
+
+    # The killed worker's fence is stale now: refused, and recorded.
+    with appliance.client(adapter_cred) as c:
+        with pytest.raises(agentbay.Aborted) as refused:
+            c.adapter.checkpoint(
+                adapter_pb2.CheckpointRequest(attempt_id=attempt_id, fencing_token=stale_token, state_json="{}")
+            )
+    assert refused.value.code == "aborted"
+    assert "token" in refused.value.message
+
+
+def test_the_example_adapter_runs_a_run_end_to_end(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="acme", text="checkout is down")
+    worker = spawn(EXAMPLES / "adapter" / "triage_adapter.py", appliance.env(adapter_cred), "--once")
+    try:
+        approval = waiting(operator, run_id, "approval")
+        operator.runs.decide_approval(
+            runs_pb2.DecideApprovalRequest(approval_id=approval.pending_decision.approval_id, approve=True, reason="real outage")
+        )
+        out = finish(worker)
+    finally:
+        worker.kill()
+    assert "VERIFIED -> Succeeded" in out, out
+    run = operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run
+    assert run.state == "Succeeded"
+    assert json.loads(run.output_json)["paged"] is True
+    (attempt,) = [a for s in run.steps for a in s.attempts]
+    assert attempt.model_calls == 1
