@@ -176,27 +176,29 @@ class AgentbaySaver(BaseCheckpointSaver[int]):
             "step": metadata.get("step"),
             "writes": [],
         }
-        self._doc[ns] = {"latest": entry, "writes": entry["writes"]}
-        self._history.setdefault(ns, []).append(entry)
-        self._save()
+        with self.ctx._turn:  # put_writes may run on another thread
+            self._doc[ns] = {"latest": entry, "writes": entry["writes"]}
+            self._history.setdefault(ns, []).append(entry)
+            self._save()
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
 
     def put_writes(self, config: Any, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str = "") -> None:
         ns = config["configurable"].get("checkpoint_ns", "")
         checkpoint_id = config["configurable"]["checkpoint_id"]
-        entry = self._doc.get(ns)
-        if entry is None or entry["latest"]["id"] != checkpoint_id:
-            return
-        pending = entry["writes"]
-        have = {(w[0], w[1]) for w in pending}
-        added = False
-        for channel, value in writes:
-            if (task_id, channel) in have:
-                continue
-            pending.append([task_id, channel, _pack(self.serde, value), task_path])
-            added = True
-        if added:
-            self._save()
+        with self.ctx._turn:
+            entry = self._doc.get(ns)
+            if entry is None or entry["latest"]["id"] != checkpoint_id:
+                return
+            pending = entry["writes"]
+            have = {(w[0], w[1]) for w in pending}
+            added = False
+            for channel, value in writes:
+                if (task_id, channel) in have:
+                    continue
+                pending.append([task_id, channel, _pack(self.serde, value), task_path])
+                added = True
+            if added:
+                self._save()
 
     def delete_thread(self, thread_id: str) -> None:
         """A thread's checkpoints are the attempt's records: they go with
@@ -336,7 +338,9 @@ def graph_handler(
             first_input = input(ctx.input) if input else ctx.input
             command: Any = None if started else first_input
             while True:
-                result = contextvars.copy_context().run(compiled.invoke, command, config)
+                # durability="sync": each checkpoint is durable before the
+                # next step starts, so a crash never loses a finished node.
+                result = contextvars.copy_context().run(compiled.invoke, command, config, durability="sync")
                 snapshot = compiled.get_state(config)
                 interrupts = [i for task in snapshot.tasks for i in task.interrupts]
                 if not interrupts:

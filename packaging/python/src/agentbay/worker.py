@@ -27,6 +27,7 @@ the same target and arguments from the checkpointed record.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -155,6 +156,15 @@ class Answer:
         return self.status in ("approved", "answered")
 
 
+def _one_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def move(self: Context, *args: Any, **kwargs: Any) -> Any:
+        with self._turn:
+            return method(self, *args, **kwargs)
+
+    return move
+
+
 def _key(*parts: Any) -> str:
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -223,6 +233,10 @@ class Context:
         own = doc.get("attempt") in (None, ticket.attempt_id)
         self._records: dict[str, Any] = dict(doc.get("records") or {}) if own else {}
         self._seen: dict[str, int] = {}
+        # One move at a time: the appliance keeps at most one call of an
+        # attempt open, and the records travel with every checkpoint.
+        # Parallel branches of a graph (a node's tool calls) take turns.
+        self._turn = threading.RLock()
 
     # -- the fence -------------------------------------------------------
 
@@ -260,6 +274,7 @@ class Context:
 
     # -- moves -----------------------------------------------------------
 
+    @_one_at_a_time
     def checkpoint(self, state: Any, phase: str = "") -> int:
         """Makes `state` (any JSON value) the point this attempt resumes
         from; answers the checkpoint's sequence."""
@@ -270,6 +285,7 @@ class Context:
         )
         return int(r.sequence)
 
+    @_one_at_a_time
     def call(
         self,
         tool: str,
@@ -396,6 +412,7 @@ class Context:
         self.checkpoint(self.state)
         raise _Suspended(r.decision_id)
 
+    @_one_at_a_time
     def ask_input(self, schema: Mapping[str, Any], summary: str, *, question: str = "", key: str | None = None) -> Any:
         """Asks a human for input matching the JSON `schema`. The attempt
         waits (the console's inbox shows the question); the worker is free
@@ -405,6 +422,7 @@ class Context:
             raise errors.Refused("input", f"the question was {answer.status}: {answer.reason}")
         return answer.value
 
+    @_one_at_a_time
     def ask_approval(self, summary: str, *, options: tuple[str, ...] = ("approve", "reject"),
                      recommendation: str = "", context: Any = None, key: str | None = None) -> Answer:
         """Asks a human to choose among `options` (an escalation). The
@@ -412,6 +430,7 @@ class Context:
         return self._ask("escalation", {"question": summary, "context": context}, summary,
                          list(options), recommendation, key)
 
+    @_one_at_a_time
     def model(
         self,
         messages: list[Mapping[str, Any]],
@@ -458,6 +477,7 @@ class Context:
         }
         return reply
 
+    @_one_at_a_time
     def delegate(self, release_id: str, input: Any, *, wait_seconds: int = 30) -> Any:
         """Runs a sub-agent (a child run of `release_id` on `input`) and
         answers its output; a child that failed raises :class:`~agentbay.
@@ -560,9 +580,12 @@ class Worker:
                     if self._load >= self.concurrency:
                         self._lock.wait(0.5)
                         continue
+                # A worker bounded by max_attempts polls in short waits, so
+                # that it exits as soon as its last attempt ended.
+                wait = self.wait_seconds if max_attempts is None else min(self.wait_seconds, 1)
                 try:
                     got = self.client.adapter.claim_attempt(
-                        pb.ClaimAttemptRequest(agent_id=self.agent, session=self.session, wait_seconds=self.wait_seconds)
+                        pb.ClaimAttemptRequest(agent_id=self.agent, session=self.session, wait_seconds=wait)
                     )
                 except errors.AgentbayError as e:
                     log.warning("claim: %s", e)

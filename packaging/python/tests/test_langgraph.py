@@ -1,0 +1,153 @@
+"""LangGraph on agentbay: the example graph against the demo's scripted
+model, through an approval given over the API, a worker killed between two
+nodes, its checkpoints on the console's page, a re-run from one of them."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import urllib.parse
+import urllib.request
+import ssl
+
+import pytest
+from conftest import EXAMPLES, TESTS, spawn, wait_for
+
+from agentbay.runs.v1 import runs_pb2
+from agentbay.runtime.v1 import runtime_pb2
+
+pytest.importorskip("langgraph")
+
+GRAPH = EXAMPLES / "langgraph" / "triage_graph.py"
+
+
+def submit(operator, **ticket) -> str:
+    r = operator.runs.submit_run(
+        runs_pb2.SubmitRunRequest(project_id="support", release_id="triage-external-1.0.0", input_json=json.dumps(ticket))
+    )
+    return r.run.run_id
+
+
+def run_of(operator, run_id):
+    return operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run
+
+
+def the_attempt(operator, run_id):
+    (a,) = [a for s in run_of(operator, run_id).steps for a in s.attempts]
+    return a
+
+
+def confirm(operator, run_id) -> None:
+    def pending():
+        a = the_attempt(operator, run_id)
+        return a if a.state == "WaitingForDecision" else None
+
+    a = wait_for("the reviewer's question", pending)
+    assert a.pending_decision.kind == "escalation"
+    assert a.pending_decision.options == ["confirm", "escalate"]
+    assert a.pending_decision.summary.startswith("Confirm severity medium")
+    operator.runtime.answer_decision(
+        runtime_pb2.AnswerDecisionRequest(attempt_id=a.attempt_id, decision_id=a.pending_decision_id, choice="confirm")
+    )
+
+
+def test_the_example_graph_runs_to_succeeded_through_an_approval(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="acme", text="checkout is slow")
+    worker = spawn(GRAPH, appliance.env(adapter_cred), "--once")
+    try:
+        confirm(operator, run_id)
+        out, _ = worker.communicate(timeout=120)
+    finally:
+        worker.kill()
+    assert "VERIFIED -> Succeeded" in out, out
+    run = run_of(operator, run_id)
+    assert run.state == "Succeeded"
+    assert json.loads(run.output_json) == {
+        "severity": "medium", "summary": "Checkout latency for one customer; no outage.", "paged": False,
+    }
+    a = the_attempt(operator, run_id)
+    assert (a.model_calls, a.tool_calls) == (2, 1)
+
+
+def sign_in(appliance) -> tuple[urllib.request.OpenerDirector, str]:
+    """A reviewer's console session (a real sign-in over HTTPS)."""
+    password = appliance.root / "operator.pw"
+    password.write_text("correct horse battery staple\n")
+    appliance.cli("user", "create", "--tenant", "demo", "--username", "olga", "--role", "Operator",
+                  "--password-file", str(password))
+    tls = ssl.create_default_context(cafile=appliance.ca)
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a, **k):
+            return None
+
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls), NoRedirect)
+    body = urllib.parse.urlencode({"username": "olga", "password": "correct horse battery staple", "next": "/"}).encode()
+    try:
+        opener.open(urllib.request.Request(f"{appliance.url}/signin", data=body))
+    except urllib.error.HTTPError as e:
+        assert e.code == 303, e.read()
+        cookie = e.headers["Set-Cookie"].split(";")[0]
+    return opener, cookie
+
+
+def test_a_graph_killed_between_two_nodes_resumes_on_another_worker(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="acme", text="checkout is slow")
+    env = appliance.env(adapter_cred)
+    # The first worker is killed with SIGKILL right after the tool node's
+    # checkpoint: between the tool call and the second model turn.
+    first = spawn(TESTS / "workers" / "graph_kill.py", env)
+    try:
+        for line in first.stdout:
+            if line.startswith("KILL-POINT"):
+                break
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        first.kill()
+    a = the_attempt(operator, run_id)
+    assert (a.model_calls, a.tool_calls) == (1, 1), a
+    checkpoints_before = a.checkpoints
+
+    second = spawn(GRAPH, env, "--once")
+    try:
+        appliance.advance(61)  # the killed worker's attempt lease lapses
+        confirm(operator, run_id)
+        out, _ = second.communicate(timeout=120)
+    finally:
+        second.kill()
+    assert "VERIFIED -> Succeeded" in out, out
+    a = the_attempt(operator, run_id)
+    assert a.state == "Succeeded"
+    # The completed model turn and tool call were not made again.
+    assert (a.model_calls, a.tool_calls) == (2, 1), a
+    assert a.fencing_token == 2
+
+    # Its checkpoints, the graph's state among them, on the console's page.
+    opener, cookie = sign_in(appliance)
+    page = opener.open(urllib.request.Request(f"{appliance.url}/attempts/{a.attempt_id}/checkpoints",
+                                              headers={"Cookie": cookie})).read().decode()
+    rows = re.findall(r"<tr", page)
+    assert len(rows) > checkpoints_before, page[:2000]
+    assert "Checkpointing" in page or "checkpoint" in page.lower()
+
+    # Re-run from a checkpoint taken before the reviewer's question: the
+    # graph resumes from there (the model answers the last turn again,
+    # the reviewer is asked again).
+    rerun = operator.runs.rerun_from_checkpoint(
+        runs_pb2.RerunFromCheckpointRequest(attempt_id=a.attempt_id, checkpoint_sequence=checkpoints_before)
+    )
+    new_run = rerun.run.run_id
+    third = spawn(GRAPH, env, "--once")
+    try:
+        confirm(operator, new_run)
+        out, _ = third.communicate(timeout=120)
+    finally:
+        third.kill()
+    assert "VERIFIED -> Succeeded" in out, out
+    b = the_attempt(operator, new_run)
+    assert b.state == "Succeeded"
+    # Only what came after the checkpoint ran again: one model turn.
+    assert (b.model_calls, b.tool_calls) == (1, 0), b
