@@ -31,8 +31,18 @@ const MOVED: &[(&str, &str)] = &[
     ),
 ];
 
-/// Environment variables with the prefix that are not config keys.
-const RESERVED_ENV: &[&str] = &["AGENTBAY_CONFIG"];
+/// Environment variables with the prefix that are not config keys: the
+/// file, and the settings of the appliance's clients (the Python SDK, the
+/// example adapters), which share a shell with the CLI.
+const RESERVED_ENV: &[&str] = &[
+    "AGENTBAY_CONFIG",
+    "AGENTBAY_URL",
+    "AGENTBAY_CA",
+    "AGENTBAY_FINGERPRINT",
+    "AGENTBAY_CLIENT_ID",
+    "AGENTBAY_CLIENT_SECRET",
+    "AGENTBAY_TOKEN",
+];
 
 /// The whole configuration of the appliance.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
