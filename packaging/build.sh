@@ -23,6 +23,13 @@ install -D -m 0640 packaging/agentbay.toml "$ROOT/etc/agentbay/agentbay.toml"
 install -D -m 0644 packaging/debian/agentbay.service "$ROOT/lib/systemd/system/agentbay.service"
 install -D -m 0644 README.md "$ROOT/usr/share/doc/agentbay/README.md"
 install -D -m 0644 LICENSE "$ROOT/usr/share/doc/agentbay/copyright"
+# The Python SDK and the wheels of its dependencies, for an offline
+# `pip install /usr/share/agentbay/python/agentbay-*.whl`, with the
+# examples that use it.
+packaging/python/build-wheels.sh "$ROOT/usr/share/agentbay/python" linux-x86_64 >/dev/null
+chmod 0644 "$ROOT"/usr/share/agentbay/python/*.whl
+install -D -m 0644 packaging/examples/adapter/triage_adapter.py "$ROOT/usr/share/agentbay/examples/adapter/triage_adapter.py"
+install -D -m 0644 packaging/examples/langgraph/triage_graph.py "$ROOT/usr/share/agentbay/examples/langgraph/triage_graph.py"
 install -d "$ROOT/DEBIAN"
 install -m 0755 packaging/debian/postinst packaging/debian/prerm packaging/debian/postrm "$ROOT/DEBIAN/"
 echo "/etc/agentbay/agentbay.toml" > "$ROOT/DEBIAN/conffiles"
@@ -57,10 +64,16 @@ if grep -qx x86_64-pc-windows-gnu <<<"$TARGETS" \
     # program data.
     WINCONF="$OUT/agentbay-windows.toml"
     sed "s#^dir = \"/var/lib/agentbay-backups\"#dir = 'C:\\\\ProgramData\\\\agentbay\\\\backups'#" packaging/agentbay.toml > "$WINCONF"
+    # The Python SDK's wheels for Windows, beside the binary in python\.
+    WHEELS="$OUT/python-windows"
+    rm -rf "$WHEELS"
+    packaging/python/build-wheels.sh "$WHEELS" windows-x86_64 >/dev/null
+    WXS="$OUT/agentbay.wxs"
+    python3 packaging/windows/with-wheels.py packaging/windows/agentbay.wxs "$WHEELS" > "$WXS"
     wixl --arch x64 -D Version="$VERSION" \
         -D Binary=target/x86_64-pc-windows-gnu/release/agentbay.exe \
         -D Config="$WINCONF" -D Readme=README.md \
-        -o "$MSI" packaging/windows/agentbay.wxs
+        -o "$MSI" "$WXS"
     echo "built $MSI ($(du -h "$MSI" | cut -f1))"
 else
     echo "msi: skipped: needs the x86_64-pc-windows-gnu target, mingw-w64 and wixl (rustup target add x86_64-pc-windows-gnu; apt-get install mingw-w64 wixl)"

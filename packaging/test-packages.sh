@@ -37,6 +37,12 @@ $SUDO test -f /etc/agentbay/bootstrap-credential.json || fail "no bootstrap cred
 [ "$($SUDO stat -c '%U %a' /etc/agentbay/bootstrap-credential.json)" = "root 600" ] || fail "the credential file is not root-only"
 $SUDO test -d /var/lib/agentbay/store || fail "no store in /var/lib/agentbay"
 
+echo "--- the Python SDK installs from the package with no network"
+ls /usr/share/agentbay/python/agentbay-*.whl >/dev/null || fail "no SDK wheel in /usr/share/agentbay/python"
+python3 -m venv "$TMP/sdk"
+PIP_CONFIG_FILE=/dev/null "$TMP/sdk/bin/pip" install -q --no-index \
+    --find-links /usr/share/agentbay/python agentbay || fail "the SDK does not install offline"
+
 if command -v systemd-analyze >/dev/null; then
     systemd-analyze verify /lib/systemd/system/agentbay.service
     systemd-analyze security --offline=true /lib/systemd/system/agentbay.service | tail -1
@@ -83,6 +89,13 @@ ID=$($SUDO python3 -c 'import json; print(json.load(open("/etc/agentbay/bootstra
 SECRET=$($SUDO python3 -c 'import json; print(json.load(open("/etc/agentbay/bootstrap-credential.json"))["client_secret"])')
 TOKEN=$(token "$URL" "$TMP/ca.pem" "$ID" "$SECRET")
 [ -n "$TOKEN" ] || fail "no token"
+# The SDK installed from the package talks to the installed appliance.
+AGENTBAY_URL="$URL" AGENTBAY_CA="$TMP/ca.pem" AGENTBAY_TOKEN="$TOKEN" "$TMP/sdk/bin/python" -c '
+import agentbay
+from agentbay.admin.v1 import admin_pb2
+c = agentbay.Client.from_env()
+print("sdk: appliance", c.admin.get_version(admin_pb2.GetVersionRequest()).version)
+' || fail "the packaged SDK cannot call the installed appliance"
 # The console's admin signs in with the password from the same file.
 PASSWORD=$($SUDO python3 -c 'import json; print(json.load(open("/etc/agentbay/bootstrap-credential.json"))["console_password"])')
 SIGNIN=$(curl -sS --cacert "$TMP/ca.pem" -o /dev/null -w '%{http_code} %header{set-cookie}' \
@@ -149,6 +162,8 @@ if [ -n "$MSI" ]; then
     grep -q "serve --windows-service" <<<"$SERVICE" || fail "the service is not registered"
     grep -q agentbay <<<"$CONTROL" || fail "no service control"
     grep -q "agentbay.exe" <<<"$FILES" || fail "agentbay.exe is not in the MSI"
+    grep -q "agentbay-.*-py3-none-any.whl" <<<"$FILES" || fail "the Python SDK's wheel is not in the MSI"
+    grep -q "pyqwest-.*win_amd64.whl" <<<"$FILES" || fail "the SDK's dependencies are not in the MSI"
     grep -q "README" <<<"$SHORTCUTS" || fail "no shortcut"
     grep -q CommonAppDataFolder <<<"$DIRS" || fail "no ProgramData directory"
 else

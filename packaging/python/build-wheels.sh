@@ -20,7 +20,7 @@ case "$target" in
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 
-venv="${AGENTBAY_PY_BUILD_VENV:-$root/target/python-build}"
+venv="${PY_BUILD_VENV:-$root/target/python-build}"
 if [[ ! -x "$venv/bin/pip" ]]; then
   python3 -m venv "$venv"
 fi

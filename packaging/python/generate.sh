@@ -13,7 +13,7 @@ root="$(cd "$here/../.." && pwd)"
 check=0
 [[ "${1:-}" == "--check" ]] && check=1
 
-venv="${AGENTBAY_PY_GEN_VENV:-$root/target/python-gen}"
+venv="${PY_GEN_VENV:-$root/target/python-gen}"
 if [[ ! -x "$venv/bin/protoc-gen-connect-python" ]]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q -c "$here/constraints.txt" grpcio-tools protoc-gen-connect-python

@@ -21,4 +21,5 @@ mod readme;
 mod releases;
 mod rpc;
 mod runtime;
+mod python;
 mod security;

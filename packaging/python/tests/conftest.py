@@ -20,10 +20,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "packaging" / "examples"
 TESTS = Path(__file__).resolve().parent
+# The SDK under test is the source tree, here and in the workers the tests
+# start; the shipped wheel is tested by test_client's offline install.
+SRC = str(ROOT / "packaging" / "python" / "src")
+sys.path.insert(0, SRC)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
 
 
 def binary() -> str:
     return os.environ.get("AGENTBAY_BIN") or str(ROOT / "target" / "debug" / "agentbay")
+
+
+def appliance_env() -> dict[str, str]:
+    """The environment of the appliance and its CLI: none of the caller's
+    AGENTBAY_* settings (the appliance refuses keys it does not know)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AGENTBAY_")}
 
 
 @dataclass
@@ -61,7 +72,7 @@ class Appliance:
     def cli(self, *args: str) -> dict:
         r = subprocess.run(
             [binary(), *args, "--data-dir", str(self.data_dir)],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True, text=True, timeout=120, env=appliance_env(),
         )
         assert r.returncode == 0, f"agentbay {' '.join(args)}: {r.stderr}"
         return json.loads(r.stdout) if "--json" in args else {"out": r.stdout}
@@ -71,7 +82,7 @@ class Appliance:
         log = open(self.root / "serve.log", "ab")
         self.proc = subprocess.Popen(
             [binary(), "serve", "--manual-clock", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=appliance_env(),
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

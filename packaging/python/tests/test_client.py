@@ -40,9 +40,10 @@ def test_the_wheel_installs_offline_into_a_fresh_environment_and_calls_the_appli
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing but the venv
     install = subprocess.run(
         [str(py), "-m", "pip", "install", "--no-index", "--find-links", str(wheels), "agentbay"],
-        capture_output=True, text=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull},
+        capture_output=True, text=True, env={**clean, "PIP_CONFIG_FILE": os.devnull},
     )
     assert install.returncode == 0, install.stdout + install.stderr
     cred = appliance.client_credential("demo", "factory.runs.read")
@@ -53,7 +54,8 @@ def test_the_wheel_installs_offline_into_a_fresh_environment_and_calls_the_appli
         "r = c.runs.list_runs(runs_pb2.ListRunsRequest())\n"
         "print(json.dumps({'runs': len(r.runs), 'file': agentbay.__file__}))\n"
     )
-    r = subprocess.run([str(py), "-c", script], capture_output=True, text=True, env=appliance.env(cred), cwd=tmp_path)
+    env = {k: v for k, v in appliance.env(cred).items() if k != "PYTHONPATH"}  # the installed SDK only
+    r = subprocess.run([str(py), "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["runs"] >= 1  # the demo's runs
