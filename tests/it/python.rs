@@ -31,6 +31,9 @@ fn the_python_sdk_passes_its_tests_against_the_appliance() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    assert!(!text.contains(" skipped"), "no SDK test may be skipped: {text}");
+    assert!(
+        !text.contains(" skipped"),
+        "no SDK test may be skipped: {text}"
+    );
     println!("{text}");
 }

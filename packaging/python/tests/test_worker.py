@@ -105,9 +105,8 @@ def test_a_killed_worker_s_attempt_resumes_on_another_from_its_last_checkpoint(a
     attempt_id = lines[-1].split("attempt=")[1].strip()
 
     # Nobody heartbeats any more: once the attempt lease lapses (the
-    # appliance's clock moves past runtime.attempt_lease_seconds, 60 s, and
-    # not as far as the OrphanedAttemptReconciler's next pass, which would
-    # settle an attempt nobody took over), another worker takes it over.
+    # appliance's clock moves past runtime.attempt_lease_seconds, 60 s),
+    # another worker takes it over.
     second = spawn(TESTS / "workers" / "crash.py", env)
     appliance.advance(61)
     out = finish(second)
@@ -149,3 +148,32 @@ def test_the_example_adapter_runs_a_run_end_to_end(appliance, adapter_cred, oper
     assert json.loads(run.output_json)["paged"] is True
     (attempt,) = [a for s in run.steps for a in s.attempts]
     assert attempt.model_calls == 1
+
+
+def test_sigterm_stops_claiming_and_hands_the_attempt_back(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="umbrella", text="slow")
+    env = appliance.env(adapter_cred)
+    worker = spawn(TESTS / "workers" / "busy.py", env)
+    try:
+        for line in worker.stdout:
+            if line.startswith("TICKING"):
+                break
+        worker.send_signal(signal.SIGTERM)
+        out = finish(worker, timeout=15)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, out
+    assert "handed back (stopping)" in out, out
+    (attempt,) = attempts(operator, run_id)
+    assert attempt.state == "Running"  # not ended: handed back
+    ticks = attempt.checkpoints
+
+    second = spawn(TESTS / "workers" / "busy.py", env, "--finish")
+    appliance.advance(61)
+    out = finish(second)
+    assert second.returncode == 0, out
+    start = next(line for line in out.splitlines() if line.startswith("START"))
+    assert "resumed=True" in start and "ticks=0" not in start, out
+    assert run_state(operator, run_id) == "Succeeded"
+    (attempt,) = attempts(operator, run_id)
+    assert attempt.checkpoints > ticks

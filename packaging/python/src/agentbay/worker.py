@@ -533,8 +533,10 @@ class Worker:
         session: str | None = None,
         wait_seconds: int = 30,
         heartbeat_seconds: float | None = None,
+        stop_grace: float = 30.0,
     ) -> None:
         self.agent = agent
+        self.stop_grace = stop_grace
         self.client = client or Client.from_env()
         self.concurrency = max(1, concurrency)
         self.tools = dict(tools or {})
@@ -571,34 +573,47 @@ class Worker:
         ]
         for t in runners:
             t.start()
+        # The long poll runs beside the main thread, so that a signal is
+        # seen at once: a claim that answers after the stop is not started
+        # (its lease lapses and another worker takes it).
+        claimer = threading.Thread(target=self._claim, args=(max_attempts,), name="agentbay-claimer", daemon=True)
+        claimer.start()
         try:
-            while not self._stopping.is_set():
+            while not self._stopping.wait(0.5):
                 if max_attempts is not None and len(self.finished) >= max_attempts:
                     self.stop()
-                    break
-                with self._lock:
-                    if self._load >= self.concurrency:
-                        self._lock.wait(0.5)
-                        continue
-                # A worker bounded by max_attempts polls in short waits, so
-                # that it exits as soon as its last attempt ended.
-                wait = self.wait_seconds if max_attempts is None else min(self.wait_seconds, 1)
-                try:
-                    got = self.client.adapter.claim_attempt(
-                        pb.ClaimAttemptRequest(agent_id=self.agent, session=self.session, wait_seconds=wait)
-                    )
-                except errors.AgentbayError as e:
-                    log.warning("claim: %s", e)
-                    self._stopping.wait(2)
-                    continue
-                if not got.HasField("attempt"):
-                    continue
-                t = got.attempt
-                self._enqueue(_Job(t, _Hold(self.client, t.attempt_id, t.fencing_token, self._every(t))))
         finally:
             self.stop()
+            # Handlers stop at their next move; one busy in its own code
+            # gets `stop_grace` seconds, then the process goes and its
+            # attempt's lease lapses as any other's.
+            deadline = time.monotonic() + self.stop_grace
             for t in runners:
-                t.join()
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    def _claim(self, max_attempts: int | None) -> None:
+        while not self._stopping.is_set():
+            with self._lock:
+                if self._load >= self.concurrency:
+                    self._lock.wait(0.5)
+                    continue
+            # A worker bounded by max_attempts polls in short waits, so that
+            # it claims nothing more once its last attempt ended.
+            wait = self.wait_seconds if max_attempts is None else min(self.wait_seconds, 1)
+            try:
+                got = self.client.adapter.claim_attempt(
+                    pb.ClaimAttemptRequest(agent_id=self.agent, session=self.session, wait_seconds=wait)
+                )
+            except errors.AgentbayError as e:
+                log.warning("claim: %s", e)
+                self._stopping.wait(2)
+                continue
+            if not got.HasField("attempt") or self._stopping.is_set():
+                continue
+            if max_attempts is not None and len(self.finished) >= max_attempts:
+                continue
+            t = got.attempt
+            self._enqueue(_Job(t, _Hold(self.client, t.attempt_id, t.fencing_token, self._every(t))))
 
     def _every(self, t: pb.AttemptTicket) -> float:
         if self.heartbeat_seconds:
