@@ -126,7 +126,8 @@ fn leading_comments(
 ///   message without it (a text must not be blank, a list not empty);
 /// - `at most N characters`: the text's longest;
 /// - `one of: a, b.`: the only values (of each item, for a list);
-/// - `a JSON document`: the text is JSON (`format: json`);
+/// - `a JSON document`: the text is JSON (`format: json`); `a JSON array`:
+///   JSON whose top level is an array;
 /// - `(a UUID)`, `(a slug)`, `(a key)`: the text's form;
 ///
 /// and an optional field may always be null, an optional text empty
@@ -263,6 +264,13 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
         }
         if !text {
             return value;
+        }
+        if comment.contains("a JSON array") {
+            // JSON whose top level is an array.
+            value["format"] = json!("json");
+            value["contentMediaType"] = json!("application/json");
+            value["pattern"] = json!("^[ \\t\\n\\r]*\\[");
+            return empty_too(value);
         }
         if comment.contains("a JSON document") {
             // `format: json` lets a client generate one (JSON Schema 2020-12

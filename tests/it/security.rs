@@ -474,6 +474,10 @@ fn rpc_table(v: &Victim) -> HashMap<&'static str, Option<Value>> {
             adapter(json!({"callId": uuid, "ok": true})),
         ),
         (
+            "agentbay.adapter.v1.Adapter/CallModel",
+            adapter(json!({"messagesJson": "[{\"role\":\"user\",\"content\":\"hi\"}]"})),
+        ),
+        (
             "agentbay.adapter.v1.Adapter/AwaitCall",
             adapter(json!({"callId": uuid})),
         ),

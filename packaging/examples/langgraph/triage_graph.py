@@ -88,7 +88,7 @@ def to_messages(ticket: dict) -> dict:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    run_graph(build(), agent="triage", input=to_messages, output=lambda values: values["verdict"],
+    run_graph(build().compile(), agent="triage", input=to_messages, output=lambda values: values["verdict"],
               max_attempts=1 if "--once" in sys.argv else None)
 
 

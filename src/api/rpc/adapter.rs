@@ -313,6 +313,12 @@ impl pb::Adapter for AdapterService {
     ) -> ServiceResult<pb::CallModelResponse> {
         let caller = principal(&ctx)?;
         let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        // The attempt first: what its model call may carry is checked for
+        // an attempt the caller may act on.
+        self.state
+            .runtime
+            .attempt(&caller.tenant_scope(), id)
+            .map_err(rpc)?;
         let array = |field: &str, text: &str| -> Result<Vec<serde_json::Value>, FieldError> {
             if text.is_empty() {
                 return Ok(Vec::new());

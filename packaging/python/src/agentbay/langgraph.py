@@ -17,7 +17,7 @@
 
     from agentbay.langgraph import ChatAgentbay, agentbay_tools, run_graph
 
-    run_graph(builder, agent="triage")   # builder: a StateGraph
+    run_graph(graph, agent="triage")   # a compiled graph (or its StateGraph)
 """
 
 from __future__ import annotations
@@ -316,16 +316,18 @@ def graph_handler(
     input: Callable[[Any], Any] | None = None,
     output: Callable[[dict[str, Any]], Any] | None = None,
 ) -> Callable[[Context], Any]:
-    """The :class:`~agentbay.Worker` handler that runs `graph` (a
-    ``StateGraph`` builder, compiled per attempt with an
-    :class:`AgentbaySaver`, or a function from a checkpointer to a compiled
-    graph) on the step's input; `input` maps the step's input to the
+    """The :class:`~agentbay.Worker` handler that runs `graph` (a compiled
+    graph, a ``StateGraph`` builder, or a function from a checkpointer to a
+    compiled graph: each attempt runs it with an :class:`AgentbaySaver` of
+    its own) on the step's input; `input` maps the step's input to the
     graph's, and `output` the final values to the attempt's output
     (default: the values as they are)."""
 
     def compile_with(saver: AgentbaySaver) -> Any:
-        if hasattr(graph, "compile"):
+        if hasattr(graph, "compile"):  # a StateGraph builder
             return graph.compile(checkpointer=saver)
+        if hasattr(graph, "invoke") and hasattr(graph, "copy"):  # a compiled graph
+            return graph.copy(update={"checkpointer": saver})
         return graph(saver)
 
     def handle(ctx: Context) -> Any:
