@@ -151,3 +151,23 @@ def test_a_graph_killed_between_two_nodes_resumes_on_another_worker(appliance, a
     assert b.state == "Succeeded"
     # Only what came after the checkpoint ran again: one model turn.
     assert (b.model_calls, b.tool_calls) == (1, 0), b
+
+
+def test_two_interrupts_in_one_node_are_two_questions(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="acme", text="two questions")
+    worker = spawn(TESTS / "workers" / "two_questions.py", appliance.env(adapter_cred))
+    try:
+        for summary, answer in (("First question?", "one"), ("Second question?", "two")):
+            def asked(summary=summary):
+                a = the_attempt(operator, run_id)
+                return a if a.state == "WaitingForDecision" and a.pending_decision.summary == summary else None
+
+            a = wait_for(summary, asked)
+            operator.runtime.answer_decision(runtime_pb2.AnswerDecisionRequest(
+                attempt_id=a.attempt_id, decision_id=a.pending_decision_id, answer_json=json.dumps(answer)))
+        out, _ = worker.communicate(timeout=60)
+    finally:
+        worker.kill()
+    run = run_of(operator, run_id)
+    assert run.state == "Succeeded", out
+    assert json.loads(run.output_json)["summary"] == "one/two"

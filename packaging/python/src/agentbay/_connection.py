@@ -32,17 +32,17 @@ DEFAULT_URL = "https://127.0.0.1:8443"
 # named here is sent again only when it surely never left this process
 # (the connection was refused or never made). BeginCall, CallModel and
 # RequestDecision are not here: a repeat would issue a second call, bill a
-# second model turn or open a second question.
+# second model turn or open a second question; nor ClaimAttempt (a second
+# attempt claimed) or ReportOutcome (an invalid output counted twice
+# against maxCorrections).
 _REPEATABLE = frozenset(
     {
-        "agentbay.adapter.v1.Adapter/ClaimAttempt",
         "agentbay.adapter.v1.Adapter/StartAttempt",
         "agentbay.adapter.v1.Adapter/Heartbeat",
         "agentbay.adapter.v1.Adapter/CompleteCall",
         "agentbay.adapter.v1.Adapter/AwaitCall",
         "agentbay.adapter.v1.Adapter/Checkpoint",
         "agentbay.adapter.v1.Adapter/AwaitDecision",
-        "agentbay.adapter.v1.Adapter/ReportOutcome",
         "agentbay.runs.v1.Runs/GetRun",
         "agentbay.runs.v1.Runs/ListRuns",
         "agentbay.runs.v1.Runs/CancelRun",
@@ -61,9 +61,10 @@ def repeatable(service: str, method: str, level: IdempotencyLevel) -> bool:
 
 
 def never_sent(e: BaseException) -> bool:
-    """Whether a transport failure happened before the request left: the
-    connection was refused, reset before use, or never made."""
-    cause: BaseException | None = e
+    """Whether a transport failure in this process happened before the
+    request left: the connection was refused or never made. Only the local
+    exceptions behind `e` count, never what a server said."""
+    cause: BaseException | None = e.__cause__
     seen = 0
     while cause is not None and seen < 8:
         if isinstance(cause, (ConnectionRefusedError, pyqwest.ConnectTimeout, socket.gaierror)):
@@ -210,7 +211,10 @@ class TokenSource:
                 time.sleep(delay)
                 delay = min(delay * 2, 10)
                 continue
-            body: dict[str, Any] = json.loads(r.content or b"{}")
+            try:
+                body: dict[str, Any] = json.loads(r.content or b"{}")
+            except ValueError:
+                body = {}
             if r.status == 200:
                 self._token = str(body["access_token"])
                 self._renew_at = time.monotonic() + max(int(body.get("expires_in", 900)) - 60, 1)
@@ -263,7 +267,17 @@ class Retry:
         return next_delay
 
 
+def _fresh_deadline(ctx: Any, budget_ms: float | None) -> None:
+    """Gives a try sent again the whole timeout, not what the first try
+    left of it (connect-python 0.9 keeps the deadline on the context)."""
+    if budget_ms is not None and hasattr(ctx, "_end_time"):
+        ctx._end_time = time.monotonic() + budget_ms / 1000.0
+
+
 def _worth_again(e: ConnectError, safe: bool) -> bool:
+    if e.code == Code.DEADLINE_EXCEEDED:
+        # A connection that was never made (connect timeout) sent nothing.
+        return never_sent(e)
     if e.code not in (Code.UNAVAILABLE, Code.UNKNOWN):
         return False
     return safe or never_sent(e)
@@ -282,8 +296,10 @@ class AuthRetrySync:
         m = ctx.method()
         safe = repeatable(m.service_name, m.name, m.idempotency_level)
         delays = self._retry.delays()
+        budget = ctx.timeout_ms()
         renewed = False
         while True:
+            _fresh_deadline(ctx, budget)
             token = self._tokens.get()
             ctx.request_headers()["authorization"] = f"Bearer {token}"
             try:
@@ -322,8 +338,10 @@ class AuthRetry:
         m = ctx.method()
         safe = repeatable(m.service_name, m.name, m.idempotency_level)
         delays = self._retry.delays()
+        budget = ctx.timeout_ms()
         renewed = False
         while True:
+            _fresh_deadline(ctx, budget)
             token = await self._token()
             ctx.request_headers()["authorization"] = f"Bearer {token}"
             try:

@@ -78,9 +78,8 @@ class _Base:
         self.url = s["url"]
         self.ca_pem = load_ca(self.url, s["ca"], s["fingerprint"])
         # The token endpoint is reached over the same pinned TLS.
-        token_http = pyqwest.SyncClient(
-            pyqwest.SyncHTTPTransport(tls_ca_cert=self.ca_pem, connect_timeout=10.0)
-        )
+        self._token_transport = pyqwest.SyncHTTPTransport(tls_ca_cert=self.ca_pem, connect_timeout=10.0)
+        token_http = pyqwest.SyncClient(self._token_transport)
         self.tokens = TokenSource(
             self.url, token_http, s["client_id"], s["client_secret"], s["token"]
         )
@@ -98,6 +97,8 @@ class Client(_Base):
     ``AGENTBAY_CLIENT_ID``, ``AGENTBAY_CLIENT_SECRET`` and ``AGENTBAY_TOKEN``.
     ``retry_within`` is how long a call is tried again while the appliance
     cannot be reached (see :func:`agentbay._connection.repeatable`).
+    ``timeout`` bounds each try of a call, streams too: pass ``timeout_ms=``
+    to a long ``watch_attempt`` or ``watch_events``.
     """
 
     adapter: AdapterClientSync
@@ -121,11 +122,10 @@ class Client(_Base):
         _env: bool = False,
     ) -> None:
         self._setup(url, ca, fingerprint, client_id, client_secret, token, _env)
-        self._http = pyqwest.SyncClient(
-            pyqwest.SyncHTTPTransport(
-                tls_ca_cert=self.ca_pem, connect_timeout=10.0, read_timeout=timeout
-            )
+        self._transport = pyqwest.SyncHTTPTransport(
+            tls_ca_cert=self.ca_pem, connect_timeout=10.0, read_timeout=timeout
         )
+        self._http = pyqwest.SyncClient(self._transport)
         options: dict[str, Any] = {
             "proto_json": not binary,
             "timeout_ms": int(timeout * 1000),
@@ -145,8 +145,11 @@ class Client(_Base):
         return cls(_env=True, **overrides)
 
     def close(self) -> None:
+        """Closes the connections (the services' and the token endpoint's)."""
         for c in (self.adapter, self.runs, self.runtime, self.capacity, self.admin):
             c.close()
+        self._transport.close()
+        self._token_transport.close()
 
     def __enter__(self) -> Client:
         return self
@@ -179,11 +182,10 @@ class AsyncClient(_Base):
         _env: bool = False,
     ) -> None:
         self._setup(url, ca, fingerprint, client_id, client_secret, token, _env)
-        self._http = pyqwest.Client(
-            pyqwest.HTTPTransport(
-                tls_ca_cert=self.ca_pem, connect_timeout=10.0, read_timeout=timeout
-            )
+        self._transport = pyqwest.HTTPTransport(
+            tls_ca_cert=self.ca_pem, connect_timeout=10.0, read_timeout=timeout
         )
+        self._http = pyqwest.Client(self._transport)
         options: dict[str, Any] = {
             "proto_json": not binary,
             "timeout_ms": int(timeout * 1000),
@@ -202,8 +204,11 @@ class AsyncClient(_Base):
         return cls(_env=True, **overrides)
 
     async def close(self) -> None:
+        """Closes the connections (the services' and the token endpoint's)."""
         for c in (self.adapter, self.runs, self.runtime, self.capacity, self.admin):
             await c.close()
+        await self._transport.aclose()
+        self._token_transport.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

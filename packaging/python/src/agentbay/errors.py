@@ -53,6 +53,10 @@ class AgentbayError(Exception):
         self.facts: dict[str, Any] = dict(facts or {})
         self.field_violations = field_violations
         self.method = method
+        #: True when the failure arose in this process (the connection),
+        #: not in an answer of the appliance: whether the request was
+        #: acted on is then unknown.
+        self.local = False
 
     @property
     def field(self) -> str | None:
@@ -164,7 +168,7 @@ def from_connect(e: ConnectError, method: str = "") -> AgentbayError:
                 FieldViolation(v.field, v.description) for v in bad.field_violations
             )
     cls = _BY_CODE.get(e.code, AgentbayError)
-    return cls(
+    error = cls(
         e.code.value,
         e.message,
         reason=reason,
@@ -172,6 +176,8 @@ def from_connect(e: ConnectError, method: str = "") -> AgentbayError:
         field_violations=tuple(violations),
         method=method,
     )
+    error.local = e.__cause__ is not None
+    return error
 
 
 class Interrupted(Exception):

@@ -37,6 +37,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
     BaseCheckpointSaver,
     ChannelVersions,
     Checkpoint,
@@ -45,10 +46,11 @@ from langgraph.checkpoint.base import (
     get_checkpoint_id,
     get_checkpoint_metadata,
 )
+from langgraph.config import get_config
 from langgraph.types import Command
 
 from .client import Client
-from .worker import Context, Worker
+from .worker import Context, Failed, Worker, record_scope
 
 log = logging.getLogger("agentbay.langgraph")
 
@@ -61,6 +63,16 @@ def current_context() -> Context:
     if ctx is None:
         raise RuntimeError("not inside an agentbay attempt: run the graph with agentbay.langgraph.run_graph")
     return ctx
+
+
+def _task_scope() -> str:
+    """The running task of the graph (its namespace holds its id): a task
+    run again after a crash makes the same calls under the same key and is
+    answered from their records; another task's identical call is its own."""
+    try:
+        return str(get_config().get("configurable", {}).get("checkpoint_ns", ""))
+    except RuntimeError:  # not inside a graph
+        return ""
 
 
 def _pack(serde: Any, value: Any) -> list[str]:
@@ -189,15 +201,24 @@ class AgentbaySaver(BaseCheckpointSaver[int]):
             entry = self._doc.get(ns)
             if entry is None or entry["latest"]["id"] != checkpoint_id:
                 return
+            # As LangGraph's own savers: a write is keyed by its task and
+            # its index, and the special channels (error, interrupt,
+            # resume) keep only their latest value.
             pending = entry["writes"]
-            have = {(w[0], w[1]) for w in pending}
-            added = False
-            for channel, value in writes:
-                if (task_id, channel) in have:
-                    continue
-                pending.append([task_id, channel, _pack(self.serde, value), task_path])
-                added = True
-            if added:
+            at = {(w[0], w[4]): i for i, w in enumerate(pending)}
+            changed = False
+            for idx, (channel, value) in enumerate(writes):
+                slot = (task_id, WRITES_IDX_MAP.get(channel, idx))
+                packed = [task_id, channel, _pack(self.serde, value), task_path, slot[1]]
+                if slot in at:
+                    if slot[1] >= 0:
+                        continue
+                    pending[at[slot]] = packed
+                else:
+                    at[slot] = len(pending)
+                    pending.append(packed)
+                changed = True
+            if changed:
                 self._save()
 
     def delete_thread(self, thread_id: str) -> None:
@@ -223,8 +244,9 @@ class AgentbaySaver(BaseCheckpointSaver[int]):
 
 def agentbay_tools(tools: Sequence[BaseTool], side_effect_classes: Mapping[str, str] | None = None) -> list[BaseTool]:
     """LangChain tools whose every call goes through the appliance's gate
-    (BeginCall / CompleteCall, fence forwarded) as a tool of the release
-    with the same name; `side_effect_classes` names each tool's class
+    (BeginCall / CompleteCall) as the release's tool of the same name (a
+    tool that reaches a site service sends the fence itself: use
+    :meth:`~agentbay.Context.call` with ``fn(args, fence)`` for that); `side_effect_classes` names each tool's class
     (read, workspace-write, shared-write, external, production) as the
     release declares it — a write whose effect cannot be confirmed ends the
     attempt Uncertain, never tried again."""
@@ -233,12 +255,16 @@ def agentbay_tools(tools: Sequence[BaseTool], side_effect_classes: Mapping[str, 
     for tool in tools:
         def run(_tool: BaseTool = tool, **kwargs: Any) -> Any:
             ctx = current_context()
-            return ctx.call(
-                _tool.name,
-                kwargs,
-                side_effect_class=classes.get(_tool.name),
-                fn=lambda args, fence: _tool.invoke(args),
-            )
+            scope = record_scope.set(_task_scope())
+            try:
+                return ctx.call(
+                    _tool.name,
+                    kwargs,
+                    side_effect_class=classes.get(_tool.name),
+                    fn=lambda args, fence: _tool.invoke(args),
+                )
+            finally:
+                record_scope.reset(scope)
 
         wrapped.append(
             StructuredTool.from_function(
@@ -276,7 +302,11 @@ class ChatAgentbay(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         ctx = current_context()
-        reply = ctx.model(convert_to_openai_messages(messages), self.tools_json or None)
+        scope = record_scope.set(_task_scope())
+        try:
+            reply = ctx.model(convert_to_openai_messages(messages), self.tools_json or None)
+        finally:
+            record_scope.reset(scope)
         message = AIMessage(
             content=reply.content or "",
             tool_calls=[{"id": c.id, "name": c.tool, "args": c.arguments, "type": "tool_call"} for c in reply.tool_calls],
@@ -331,6 +361,10 @@ def graph_handler(
         return graph(saver)
 
     def handle(ctx: Context) -> Any:
+        if ctx.feedback is not None:
+            # The graph ran to its end; running it again gives the same
+            # output. The validator's words end the attempt.
+            raise Failed("validation", f"the graph's output does not meet the release's contract: {ctx.feedback}")
         saver = AgentbaySaver(ctx)
         compiled = compile_with(saver)
         config = {"configurable": {"thread_id": ctx.step_id}, "recursion_limit": 100}

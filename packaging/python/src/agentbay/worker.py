@@ -27,6 +27,7 @@ the same target and arguments from the checkpointed record.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import json
@@ -49,7 +50,9 @@ from .client import Client
 log = logging.getLogger("agentbay.worker")
 
 STATE_FORMAT = "agentbay-python/1"
-ADAPTER_VERSION = "1"
+# The adapter version and checkpoint format this SDK's handlers are, as a
+# release names them (`"adapter": {"kind": "external", "version": "1"}`).
+ADAPTER_VERSION = "external/1"
 WRITE_CLASSES = frozenset({"shared-write", "external", "production"})
 SAFE_CLASSES = frozenset({"read", "workspace-write"})
 
@@ -60,7 +63,11 @@ class Failed(Exception):
     Infrastructure and transient failures get a new attempt, up to the
     release's maxAttempts."""
 
+    CLASSES = ("validation", "infrastructure", "transient", "policy", "budget")
+
     def __init__(self, failure_class: str, reason: str) -> None:
+        if failure_class not in self.CLASSES:
+            raise ValueError(f"failure class {failure_class!r} is not one of {', '.join(self.CLASSES)}")
         super().__init__(f"{failure_class}: {reason}")
         self.failure_class = failure_class
         self.reason = reason
@@ -156,6 +163,12 @@ class Answer:
         return self.status in ("approved", "answered")
 
 
+#: A prefix of the record keys of the calls made under it: a graph's task,
+#: so that a later node's identical call is a call of its own (set by
+#: :mod:`agentbay.langgraph`).
+record_scope: contextvars.ContextVar[str] = contextvars.ContextVar("agentbay_record_scope", default="")
+
+
 def _one_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def move(self: Context, *args: Any, **kwargs: Any) -> Any:
@@ -184,13 +197,13 @@ class _Hold:
         self.token = token
         self.interrupt: str | None = None
         self.lost: str | None = None
-        self._every = every
+        self.every = every
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{attempt_id[:8]}", daemon=True)
         self._thread.start()
 
     def _beat(self) -> None:
-        while not self._done.wait(self._every):
+        while not self._done.wait(self.every):
             try:
                 s = self.client.adapter.heartbeat(
                     pb.HeartbeatRequest(attempt_id=self.attempt_id, fencing_token=self.token)
@@ -200,7 +213,7 @@ class _Hold:
             except errors.Aborted as e:
                 self.lost = e.message
                 return
-            except errors.AgentbayError as e:
+            except Exception as e:  # the next beat tries again
                 log.warning("heartbeat of attempt %s: %s", self.attempt_id, e)
 
     def release(self) -> None:
@@ -268,6 +281,7 @@ class Context:
     def _occurrence(self, base: str) -> str:
         """The record key of the n-th identical call in this run of the
         handler: the same call made twice is two calls."""
+        base = f"{record_scope.get()}/{base}"
         n = self._seen.get(base, 0)
         self._seen[base] = n + 1
         return f"{base}.{n}"
@@ -361,13 +375,26 @@ class Context:
                 self._records[key] = {"refused": answer.status}
                 raise errors.Refused(target, f"{answer.status} by {answer.answered_by or 'nobody'}: {answer.reason}")
             approval_id = pending["approvalId"]
-        begun = self._rpc(
-            self._client.adapter.begin_call,
-            pb.BeginCallRequest(
-                **self._ids(), kind=kind, target=target, request_json=_doc(request),
-                approval_id=approval_id, state_json=self._document(self.state),
-            ),
-        )
+        delay = 0.5
+        while True:
+            try:
+                begun = self._rpc(
+                    self._client.adapter.begin_call,
+                    pb.BeginCallRequest(
+                        **self._ids(), kind=kind, target=target, request_json=_doc(request),
+                        approval_id=approval_id, state_json=self._document(self.state),
+                    ),
+                )
+                break
+            except errors.Unavailable as e:
+                # The appliance said not now (the attempt is paused, or
+                # waits for capacity again after a long decision): nothing
+                # was issued; ask again until it may call or is stopped.
+                if e.local:
+                    raise
+                log.info("attempt %s waits before %s: %s", self.attempt_id, target, e.message)
+                self._worker._stopping.wait(delay)
+                delay = min(delay * 2, 10.0)
         if begun.outcome == pb.REFUSED:
             raise errors.Refused(target, begun.reason)
         if begun.outcome == pb.APPROVAL_REQUIRED:
@@ -460,8 +487,11 @@ class Context:
                     ),
                 )
                 break
-            except errors.Unavailable:
-                if tries >= 3:
+            except errors.Unavailable as e:
+                # The appliance recorded the model server's failure: worth
+                # another call. A lost answer (local) is not: the turn may
+                # have been billed.
+                if e.local or tries >= 3:
                     raise
                 time.sleep(0.5 * tries)
         if r.outcome == pb.REFUSED:
@@ -475,6 +505,9 @@ class Context:
         self._records[key] = {k: v for k, v in reply.__dict__.items() if k != "replayed"} | {
             "tool_calls": [c.__dict__ for c in calls]
         }
+        # The answer is durable before the handler goes on: a crash after
+        # this never bills the turn again.
+        self.checkpoint(self.state)
         return reply
 
     @_one_at_a_time
@@ -491,6 +524,7 @@ class Context:
             begun = self._begin("sub-agent", release_id, input, key)
             call_id = begun.call_id
             self._records[key] = {"callId": call_id}
+            self.checkpoint(self.state)  # a resume waits for this child, never starts another
         while True:
             r = self._rpc(
                 self._client.adapter.await_call,
@@ -534,9 +568,16 @@ class Worker:
         wait_seconds: int = 30,
         heartbeat_seconds: float | None = None,
         stop_grace: float = 30.0,
+        adapter_version: str = ADAPTER_VERSION,
+        checkpoint_format: int = 1,
     ) -> None:
         self.agent = agent
         self.stop_grace = stop_grace
+        #: What this worker's handler is: checked against the release and,
+        #: resuming, the last checkpoint (StartAttempt refuses a mismatch).
+        self.adapter_version = adapter_version
+        self.checkpoint_format = checkpoint_format
+        self._own_client = client is None
         self.client = client or Client.from_env()
         self.concurrency = max(1, concurrency)
         self.tools = dict(tools or {})
@@ -590,6 +631,8 @@ class Worker:
             deadline = time.monotonic() + self.stop_grace
             for t in runners:
                 t.join(max(0.0, deadline - time.monotonic()))
+            if self._own_client and not any(t.is_alive() for t in runners):
+                self.client.close()
 
     def _claim(self, max_attempts: int | None) -> None:
         while not self._stopping.is_set():
@@ -604,7 +647,7 @@ class Worker:
                 got = self.client.adapter.claim_attempt(
                     pb.ClaimAttemptRequest(agent_id=self.agent, session=self.session, wait_seconds=wait)
                 )
-            except errors.AgentbayError as e:
+            except Exception as e:  # the appliance is away longer than retry_within
                 log.warning("claim: %s", e)
                 self._stopping.wait(2)
                 continue
@@ -656,8 +699,8 @@ class Worker:
                 self.client.adapter.start_attempt(
                     pb.StartAttemptRequest(
                         attempt_id=t.attempt_id, fencing_token=t.fencing_token,
-                        adapter_version=t.adapter_version or ADAPTER_VERSION,
-                        checkpoint_format=t.checkpoint_format or 1,
+                        adapter_version=self.adapter_version,
+                        checkpoint_format=self.checkpoint_format,
                     )
                 )
                 job.doc = _parse_state(t.state_json)
@@ -665,15 +708,26 @@ class Worker:
             self._drive(handler, ctx, job)
         except _Stopping:
             log.info("attempt %s handed back (stopping)", t.attempt_id)
-            hold.release()
         except errors.Interrupted as e:
             log.info("attempt %s stopped: %s", t.attempt_id, e.reason)
-            hold.release()
         except errors.Uncertain as e:
             log.error("attempt %s: %s; it stays open for an operator to settle", t.attempt_id, e)
-            hold.release()
         except errors.Aborted as e:
             log.info("attempt %s is no longer this worker's: %s", t.attempt_id, e.message)
+        except Exception as e:
+            # The worker's own moves failed (StartAttempt refused, a report
+            # refused, the appliance gone for longer than retry_within):
+            # report what is known; the attempt's lease is given up either way.
+            log.exception("attempt %s", t.attempt_id)
+            try:
+                self.client.adapter.report_outcome(pb.ReportOutcomeRequest(
+                    attempt_id=t.attempt_id, fencing_token=hold.token, succeeded=False,
+                    failure_class="infrastructure", reason=f"the worker failed: {type(e).__name__}: {e}"[:2000],
+                ))
+            except Exception as report_error:
+                log.warning("attempt %s: its failure could not be reported: %s", t.attempt_id, report_error)
+        finally:
+            # A suspended attempt has a new hold once answered.
             hold.release()
 
     def _drive(self, handler: Handler, ctx: Context, job: _Job) -> None:
@@ -743,7 +797,7 @@ class Worker:
             if d.status and d.status != "pending":
                 if d.attempt_state not in ("Running", "Claimed", "WaitingForDecision", "Paused", ""):
                     return  # the answer ended the attempt
-                hold = _Hold(self.client, t.attempt_id, job.hold.token, self._every(t))
+                hold = _Hold(self.client, t.attempt_id, job.hold.token, job.hold.every)
                 self._enqueue(_Job(t, hold, job.doc, fresh=False))
                 return
 
