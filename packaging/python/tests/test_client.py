@@ -147,3 +147,22 @@ def test_a_call_waits_out_a_restart_and_a_new_signing_key(appliance):
     assert "error" not in result, result["error"]
     assert len(result["runs"].runs) == len(before.runs)
     assert c.tokens.get() != old_token
+
+
+def test_a_rate_limited_credential_says_when_to_try_again(appliance):
+    """Wrong secrets for one client id: the token endpoint refuses them,
+    then limits the name and says when to try again (Retry-After)."""
+    cred = appliance.client_credential("demo", "factory.runs.read")
+    c = Client(appliance.url, ca=appliance.ca, client_id=cred.client_id, client_secret="wrong")
+    seen = []
+    for _ in range(30):
+        try:
+            c.tokens.get()
+        except agentbay.Unauthenticated as e:
+            seen.append(e)
+            continue
+        except agentbay.ResourceExhausted as e:
+            assert e.retry_after is not None and e.retry_after > 0, e.facts
+            assert seen, "refused as unauthenticated before it was limited"
+            return
+    pytest.fail(f"never rate-limited after {len(seen)} refusals")

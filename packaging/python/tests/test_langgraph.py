@@ -171,3 +171,19 @@ def test_two_interrupts_in_one_node_are_two_questions(appliance, adapter_cred, o
     run = run_of(operator, run_id)
     assert run.state == "Succeeded", out
     assert json.loads(run.output_json)["summary"] == "one/two"
+
+
+def test_the_saver_s_async_forms_keep_and_read_the_graph(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="acme", text="async")
+    worker = spawn(TESTS / "workers" / "async_graph.py", appliance.env(adapter_cred))
+    try:
+        out, _ = worker.communicate(timeout=60)
+    finally:
+        worker.kill()
+    run = run_of(operator, run_id)
+    assert run.state == "Succeeded", out
+    summary = json.loads(run.output_json)["summary"]
+    # 5 steps: the input's checkpoint and one per step, newest first.
+    assert summary == "n=5 listed=7 newest_first=True", summary
+    # Each put and each task's writes was a checkpoint of the attempt.
+    assert the_attempt(operator, run_id).checkpoints >= 12

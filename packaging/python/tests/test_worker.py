@@ -177,3 +177,21 @@ def test_sigterm_stops_claiming_and_hands_the_attempt_back(appliance, adapter_cr
     assert run_state(operator, run_id) == "Succeeded"
     (attempt,) = attempts(operator, run_id)
     assert attempt.checkpoints > ticks
+
+
+def test_a_cancel_reaches_the_handler_at_its_next_move(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="hooli", text="slow")
+    worker = spawn(TESTS / "workers" / "busy.py", appliance.env(adapter_cred))
+    try:
+        for line in worker.stdout:
+            if line.startswith("TICKING"):
+                break
+        operator.runs.cancel_run(runs_pb2.CancelRunRequest(run_id=run_id, reason="not needed"))
+        for line in worker.stdout:
+            if "stopped:" in line:
+                break
+        else:
+            pytest.fail("the worker never saw the cancel")
+    finally:
+        worker.kill()
+    assert wait_for("the run cancelled", lambda: run_state(operator, run_id) == "Cancelled")
