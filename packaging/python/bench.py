@@ -228,5 +228,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     threading.current_thread().name = "bench"
     main()
