@@ -547,6 +547,7 @@ class _Job:
     hold: _Hold
     doc: dict[str, Any] = field(default_factory=dict)
     fresh: bool = True
+    suspended: bool = False
 
 
 class Worker:
@@ -590,6 +591,8 @@ class Worker:
         # `concurrency`; an answered question resumes its attempt at once
         # (it may go over for a while: it was this worker's already).
         self._load = 0
+        # Attempts claimed here and not ended (a suspended one too).
+        self._owned: set[str] = set()
         self._lock = threading.Condition()
         #: Attempts that reached an outcome in this process.
         self.finished: list[tuple[str, str]] = []
@@ -637,7 +640,10 @@ class Worker:
     def _claim(self, max_attempts: int | None) -> None:
         while not self._stopping.is_set():
             with self._lock:
-                if self._load >= self.concurrency:
+                # Bounded by max_attempts: no more claims than attempts
+                # still to finish, counting those it holds or waits for.
+                needed = max_attempts is None or len(self.finished) + len(self._owned) < max_attempts
+                if self._load >= self.concurrency or not needed:
                     self._lock.wait(0.5)
                     continue
             # A worker bounded by max_attempts polls in short waits, so that
@@ -651,11 +657,16 @@ class Worker:
                 log.warning("claim: %s", e)
                 self._stopping.wait(2)
                 continue
-            if not got.HasField("attempt") or self._stopping.is_set():
-                continue
-            if max_attempts is not None and len(self.finished) >= max_attempts:
+            if not got.HasField("attempt"):
                 continue
             t = got.attempt
+            if self._stopping.is_set():
+                # Answered after the stop: not started. Its lease lapses and
+                # the appliance settles it and starts the step again.
+                log.warning("attempt %s was claimed as the worker stopped; it is not started", t.attempt_id)
+                continue
+            with self._lock:
+                self._owned.add(t.attempt_id)
             self._enqueue(_Job(t, _Hold(self.client, t.attempt_id, t.fencing_token, self._every(t))))
 
     def _every(self, t: pb.AttemptTicket) -> float:
@@ -729,6 +740,13 @@ class Worker:
         finally:
             # A suspended attempt has a new hold once answered.
             hold.release()
+            if not job.suspended:
+                self._disown(t.attempt_id)
+
+    def _disown(self, attempt_id: str) -> None:
+        with self._lock:
+            self._owned.discard(attempt_id)
+            self._lock.notify_all()
 
     def _drive(self, handler: Handler, ctx: Context, job: _Job) -> None:
         hold = job.hold
@@ -742,6 +760,7 @@ class Worker:
                 hold.release()
                 job.doc = {"attempt": ctx.attempt_id, "state": ctx.state, "records": ctx._records}
                 threading.Thread(target=self._await, args=(job, s.decision_id), daemon=True).start()
+                job.suspended = True
                 return
             except (errors.Interrupted, errors.Uncertain, _Stopping, errors.Aborted):
                 raise
@@ -789,6 +808,7 @@ class Worker:
                                             decision_id=decision_id, wait_seconds=self.wait_seconds)
                 )
             except errors.Aborted:
+                self._disown(t.attempt_id)
                 return  # resumed elsewhere, or ended
             except errors.AgentbayError as e:
                 log.warning("waiting for decision %s: %s", decision_id, e)
@@ -796,6 +816,7 @@ class Worker:
                 continue
             if d.status and d.status != "pending":
                 if d.attempt_state not in ("Running", "Claimed", "WaitingForDecision", "Paused", ""):
+                    self._disown(t.attempt_id)
                     return  # the answer ended the attempt
                 hold = _Hold(self.client, t.attempt_id, job.hold.token, job.hold.every)
                 self._enqueue(_Job(t, hold, job.doc, fresh=False))
