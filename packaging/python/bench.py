@@ -214,8 +214,8 @@ def main() -> None:
                       flush=True)
             ours_m = statistics.median(o for o, _ in saver_rows)
             theirs_m = statistics.median(t for _, t in saver_rows)
-            print(f"checkpoints/s (median): AgentbaySaver {ours_m:,.0f} (durable: fdatasync'ed, replicated into the "
-                  f"attempt's record) vs SqliteSaver {theirs_m:,.0f} (local file): {ours_m / theirs_m:.2f}x")
+            print(f"checkpoints/s (median): AgentbaySaver {ours_m:,.0f} (each a durable checkpoint of the attempt, "
+                  f"over HTTPS) vs SqliteSaver {theirs_m:,.0f} (a local file): {ours_m / theirs_m:.2f}x")
             rows = overhead_rounds(appliance, cred, operator, op)
             for method, pairs in rows.items():
                 sdk_m = statistics.median(s for s, _ in pairs)
