@@ -195,3 +195,25 @@ def test_a_cancel_reaches_the_handler_at_its_next_move(appliance, adapter_cred, 
     finally:
         worker.kill()
     assert wait_for("the run cancelled", lambda: run_state(operator, run_id) == "Cancelled")
+
+
+def test_a_sub_agent_runs_and_its_output_comes_back(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="acme-corp", text="checkout is slow")
+    worker = spawn(TESTS / "workers" / "delegate.py", appliance.env(adapter_cred))
+    try:
+        out = finish(worker, timeout=120)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0, out
+    run = operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run
+    assert run.state == "Succeeded", out
+    output = json.loads(run.output_json)
+    assert output["summary"].startswith("delegated: "), output
+    # The child: a run of the builtin triage release under this run, which
+    # succeeded with the output the parent reported.
+    children = [r for r in operator.runs.list_runs(runs_pb2.ListRunsRequest(release_id="triage-1.0.0")).runs
+                if r.parent_run_id == run_id]
+    assert len(children) == 1, children
+    child = operator.runs.get_run(runs_pb2.GetRunRequest(run_id=children[0].run_id)).run
+    assert child.state == "Succeeded" and child.depth == 1
+    assert output["summary"] == "delegated: " + json.loads(child.output_json)["summary"]
