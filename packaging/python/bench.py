@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE / "tests"))
 sys.path.insert(0, str(HERE / "src"))
 os.environ.setdefault("AGENTBAY_BIN", str(HERE.parents[1] / "target" / "release" / "agentbay"))
 
-from conftest import Appliance  # noqa: E402
+from conftest import Appliance, submit  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 
@@ -106,17 +106,9 @@ def sqlite_round(tmp: Path, i: int) -> float:
     return writes / seconds
 
 
-def submit(operator: Any) -> str:
-    r = operator.runs.submit_run(runs_pb2.SubmitRunRequest(
-        project_id="support", release_id="triage-external-1.0.0",
-        input_json=json.dumps({"customer": "bench", "text": "bench"}),
-    ))
-    return r.run.run_id
-
-
 def with_attempt(appliance: Appliance, cred: Any, operator: Any, body: Any) -> Any:
     """Runs `body(ctx)` inside a claimed attempt; answers what it returned."""
-    submit(operator)
+    submit(operator, customer="bench", text="bench")
     result: dict[str, Any] = {}
 
     def handler(ctx: Context) -> Any:
@@ -166,7 +158,7 @@ def per_call(fn: Any, n: int) -> float:
 
 
 def overhead_rounds(appliance: Appliance, cred: Any, operator: Any, reader: Any) -> dict[str, list[tuple[float, float]]]:
-    run_id = submit(operator)
+    run_id = submit(operator, customer="bench", text="bench")
     rows: dict[str, list[tuple[float, float]]] = {"Runs/GetRun": [], "Adapter/Checkpoint": []}
     sdk_reader = appliance.client(reader)
     raw_reader = RawConnect(appliance, sdk_reader.tokens.get())

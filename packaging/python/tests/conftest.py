@@ -171,3 +171,23 @@ def wait_for(what: str, check, timeout: float = 60.0, every: float = 0.1):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(every)
+
+
+def submit(operator, **ticket) -> str:
+    """A run of the triage-external example release on `ticket`."""
+    from agentbay.runs.v1 import runs_pb2
+
+    r = operator.runs.submit_run(
+        runs_pb2.SubmitRunRequest(project_id="support", release_id="triage-external-1.0.0", input_json=json.dumps(ticket))
+    )
+    return r.run.run_id
+
+
+def run_of(operator, run_id: str):
+    from agentbay.runs.v1 import runs_pb2
+
+    return operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run
+
+
+def attempts(operator, run_id: str):
+    return [a for s in run_of(operator, run_id).steps for a in s.attempts]

@@ -13,7 +13,7 @@ import urllib.request
 import ssl
 
 import pytest
-from conftest import EXAMPLES, TESTS, spawn, wait_for
+from conftest import EXAMPLES, TESTS, attempts, run_of, spawn, submit, wait_for
 
 from agentbay.runs.v1 import runs_pb2
 from agentbay.runtime.v1 import runtime_pb2
@@ -23,19 +23,8 @@ pytest.importorskip("langgraph")
 GRAPH = EXAMPLES / "langgraph" / "triage_graph.py"
 
 
-def submit(operator, **ticket) -> str:
-    r = operator.runs.submit_run(
-        runs_pb2.SubmitRunRequest(project_id="support", release_id="triage-external-1.0.0", input_json=json.dumps(ticket))
-    )
-    return r.run.run_id
-
-
-def run_of(operator, run_id):
-    return operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run
-
-
 def the_attempt(operator, run_id):
-    (a,) = [a for s in run_of(operator, run_id).steps for a in s.attempts]
+    (a,) = attempts(operator, run_id)
     return a
 
 

@@ -3,8 +3,8 @@ the block is written to my_agent.py and run against the appliance."""
 
 import json
 
-from conftest import ROOT, spawn
-from test_worker import attempts, submit, waiting
+from conftest import ROOT, attempts, spawn, submit
+from test_worker import waiting
 
 from agentbay.runs.v1 import runs_pb2
 from agentbay.runtime.v1 import runtime_pb2

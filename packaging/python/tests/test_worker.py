@@ -8,7 +8,7 @@ import json
 import signal
 
 import pytest
-from conftest import EXAMPLES, TESTS, spawn, wait_for
+from conftest import EXAMPLES, TESTS, attempts, run_of, spawn, submit, wait_for
 
 import agentbay
 from agentbay.adapter.v1 import adapter_pb2
@@ -16,21 +16,8 @@ from agentbay.runs.v1 import runs_pb2
 from agentbay.runtime.v1 import runtime_pb2
 
 
-def submit(operator, **ticket) -> str:
-    r = operator.runs.submit_run(
-        runs_pb2.SubmitRunRequest(
-            project_id="support", release_id="triage-external-1.0.0", input_json=json.dumps(ticket)
-        )
-    )
-    return r.run.run_id
-
-
-def attempts(operator, run_id: str):
-    return [a for s in operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run.steps for a in s.attempts]
-
-
 def run_state(operator, run_id: str) -> str:
-    return operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run.state
+    return run_of(operator, run_id).state
 
 
 def waiting(operator, run_id: str, kind: str):

@@ -68,6 +68,15 @@ fn document(field: &str, text: &str) -> Result<Option<Vec<u8>>, FieldError> {
     Ok(Some(canonical_json(&parse_json(field, text)?)))
 }
 
+fn outcome(o: BeginOutcome) -> pb::BeginOutcome {
+    match o {
+        BeginOutcome::Started => pb::BeginOutcome::STARTED,
+        BeginOutcome::Refused => pb::BeginOutcome::REFUSED,
+        BeginOutcome::ApprovalRequired => pb::BeginOutcome::APPROVAL_REQUIRED,
+        BeginOutcome::Replayed => pb::BeginOutcome::REPLAYED,
+    }
+}
+
 fn wait(seconds: u32) -> Duration {
     Duration::from_secs(u64::from(seconds))
 }
@@ -232,13 +241,7 @@ impl pb::Adapter for AdapterService {
             .map_err(rpc)?;
         let opt = |u: Option<uuid::Uuid>| u.map(|u| u.to_string()).unwrap_or_default();
         Response::ok(pb::BeginCallResponse {
-            outcome: match begun.outcome {
-                BeginOutcome::Started => pb::BeginOutcome::STARTED,
-                BeginOutcome::Refused => pb::BeginOutcome::REFUSED,
-                BeginOutcome::ApprovalRequired => pb::BeginOutcome::APPROVAL_REQUIRED,
-                BeginOutcome::Replayed => pb::BeginOutcome::REPLAYED,
-            }
-            .into(),
+            outcome: outcome(begun.outcome).into(),
             call_id: opt(begun.call_id),
             policy_decision_id: opt(begun.policy_decision_id),
             fencing_token: begun.fencing_token,
@@ -315,10 +318,8 @@ impl pb::Adapter for AdapterService {
         let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
         // The attempt first: what its model call may carry is checked for
         // an attempt the caller may act on.
-        self.state
-            .runtime
-            .attempt(&caller.tenant_scope(), id)
-            .map_err(rpc)?;
+        let scope = caller.tenant_scope();
+        let attempt = self.state.runtime.attempt(&scope, id).map_err(rpc)?;
         let array = |field: &str, text: &str| -> Result<Vec<serde_json::Value>, FieldError> {
             if text.is_empty() {
                 return Ok(Vec::new());
@@ -355,8 +356,8 @@ impl pb::Adapter for AdapterService {
         .map_err(rpc)?;
         let turn = adapter_model_call(
             &self.state.runtime,
-            &caller.tenant_scope(),
-            id,
+            &scope,
+            &attempt,
             request.fencing_token,
             ask,
         )
@@ -366,12 +367,7 @@ impl pb::Adapter for AdapterService {
         let completed = turn.completed.as_ref();
         let checkpoint = completed.and_then(|c| c.checkpoint.as_ref());
         Response::ok(pb::CallModelResponse {
-            outcome: match turn.begun.outcome {
-                BeginOutcome::Started => pb::BeginOutcome::STARTED,
-                BeginOutcome::Refused | BeginOutcome::ApprovalRequired => pb::BeginOutcome::REFUSED,
-                BeginOutcome::Replayed => pb::BeginOutcome::REPLAYED,
-            }
-            .into(),
+            outcome: outcome(turn.begun.outcome).into(),
             call_id: turn
                 .begun
                 .call_id

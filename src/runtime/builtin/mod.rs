@@ -263,11 +263,11 @@ pub struct ModelTurn {
 pub async fn adapter_model_call(
     runtime: &Runtime,
     scope: &TenantScope,
-    attempt_id: Uuid,
+    attempt: &crate::domain::attempt::ExecutionAttempt,
     token: u64,
     ask: ModelAsk,
 ) -> Result<ModelTurn, RuntimeError> {
-    let attempt = runtime.attempt(scope, attempt_id)?;
+    let attempt_id = attempt.attempt_id;
     let info = runtime
         .shared
         .release_info(scope, &attempt.release_id)

@@ -16,7 +16,7 @@ protobuf messages, and raise :mod:`agentbay.errors` exceptions.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Self
 
 import pyqwest
 
@@ -74,29 +74,57 @@ def _transport_options(ca_pem: bytes, timeout: float) -> dict[str, Any]:
 
 
 class _Base:
+    """What both clients are: settings, the pinned CA, the token source,
+    one HTTPS transport and the five services over it. A subclass names its
+    transport, HTTP client, interceptor and service classes."""
+
     url: str
     ca_pem: bytes
     tokens: TokenSource
+    _transport_type: Any
+    _http_type: Any
+    _interceptor_type: Any
+    _services: tuple[tuple[str, Any], ...]
 
-    def _setup(
+    def __init__(
         self,
-        url: str | None,
-        ca: str | bytes | os.PathLike[str] | None,
-        fingerprint: str | None,
-        client_id: str | None,
-        client_secret: str | None,
-        token: str | None,
-        env: bool,
+        url: str | None = None,
+        *,
+        ca: str | bytes | os.PathLike[str] | None = None,
+        fingerprint: str | None = None,
+        client_id: str | None = None,
+        client_secret: str | None = None,
+        token: str | None = None,
+        timeout: float = 120.0,
+        retry_within: float = 300.0,
+        binary: bool = True,
+        _env: bool = False,
     ) -> None:
-        s = _settings(url, ca, fingerprint, client_id, client_secret, token, env)
+        s = _settings(url, ca, fingerprint, client_id, client_secret, token, _env)
         self.url = s["url"]
         self.ca_pem = load_ca(self.url, s["ca"], s["fingerprint"])
         # The token endpoint is reached over the same pinned TLS.
         self._token_transport = pyqwest.SyncHTTPTransport(**_transport_options(self.ca_pem, 30.0))
-        token_http = pyqwest.SyncClient(self._token_transport)
         self.tokens = TokenSource(
-            self.url, token_http, s["client_id"], s["client_secret"], s["token"]
+            self.url, pyqwest.SyncClient(self._token_transport), s["client_id"], s["client_secret"], s["token"]
         )
+        self._transport = self._transport_type(**_transport_options(self.ca_pem, timeout))
+        options: dict[str, Any] = {
+            "proto_json": not binary,
+            "timeout_ms": int(timeout * 1000),
+            "interceptors": [self._interceptor_type(self.tokens, Retry(retry_within))],
+            "http_client": self._http_type(self._transport),
+            # Requests are small; compressing each costs more than it saves.
+            "send_compression": None,
+        }
+        for name, service in self._services:
+            setattr(self, name, service(self.url, **options))
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Self:
+        """A client configured from ``AGENTBAY_*`` environment variables;
+        keyword arguments win."""
+        return cls(_env=True, **overrides)
 
 
 class Client(_Base):
@@ -120,43 +148,16 @@ class Client(_Base):
     runtime: RuntimeClientSync
     capacity: CapacityClientSync
     admin: AdminClientSync
-
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        ca: str | bytes | os.PathLike[str] | None = None,
-        fingerprint: str | None = None,
-        client_id: str | None = None,
-        client_secret: str | None = None,
-        token: str | None = None,
-        timeout: float = 120.0,
-        retry_within: float = 300.0,
-        binary: bool = True,
-        _env: bool = False,
-    ) -> None:
-        self._setup(url, ca, fingerprint, client_id, client_secret, token, _env)
-        self._transport = pyqwest.SyncHTTPTransport(**_transport_options(self.ca_pem, timeout))
-        self._http = pyqwest.SyncClient(self._transport)
-        options: dict[str, Any] = {
-            "proto_json": not binary,
-            "timeout_ms": int(timeout * 1000),
-            "interceptors": [AuthRetrySync(self.tokens, Retry(retry_within))],
-            # Requests are small; compressing each costs more than it saves.
-            "send_compression": None,
-            "http_client": self._http,
-        }
-        self.adapter = AdapterClientSync(self.url, **options)
-        self.runs = RunsClientSync(self.url, **options)
-        self.runtime = RuntimeClientSync(self.url, **options)
-        self.capacity = CapacityClientSync(self.url, **options)
-        self.admin = AdminClientSync(self.url, **options)
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> Client:
-        """A client configured from ``AGENTBAY_*`` environment variables;
-        keyword arguments win."""
-        return cls(_env=True, **overrides)
+    _transport_type = pyqwest.SyncHTTPTransport
+    _http_type = pyqwest.SyncClient
+    _interceptor_type = AuthRetrySync
+    _services = (
+        ("adapter", AdapterClientSync),
+        ("runs", RunsClientSync),
+        ("runtime", RuntimeClientSync),
+        ("capacity", CapacityClientSync),
+        ("admin", AdminClientSync),
+    )
 
     def close(self) -> None:
         """Closes the connections (the services' and the token endpoint's)."""
@@ -180,41 +181,16 @@ class AsyncClient(_Base):
     runtime: RuntimeClient
     capacity: CapacityClient
     admin: AdminClient
-
-    def __init__(
-        self,
-        url: str | None = None,
-        *,
-        ca: str | bytes | os.PathLike[str] | None = None,
-        fingerprint: str | None = None,
-        client_id: str | None = None,
-        client_secret: str | None = None,
-        token: str | None = None,
-        timeout: float = 120.0,
-        retry_within: float = 300.0,
-        binary: bool = True,
-        _env: bool = False,
-    ) -> None:
-        self._setup(url, ca, fingerprint, client_id, client_secret, token, _env)
-        self._transport = pyqwest.HTTPTransport(**_transport_options(self.ca_pem, timeout))
-        self._http = pyqwest.Client(self._transport)
-        options: dict[str, Any] = {
-            "proto_json": not binary,
-            "timeout_ms": int(timeout * 1000),
-            "interceptors": [AuthRetry(self.tokens, Retry(retry_within))],
-            "send_compression": None,
-            "http_client": self._http,
-        }
-        self.adapter = AdapterClient(self.url, **options)
-        self.runs = RunsClient(self.url, **options)
-        self.runtime = RuntimeClient(self.url, **options)
-        self.capacity = CapacityClient(self.url, **options)
-        self.admin = AdminClient(self.url, **options)
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> AsyncClient:
-        """A client configured from ``AGENTBAY_*`` environment variables."""
-        return cls(_env=True, **overrides)
+    _transport_type = pyqwest.HTTPTransport
+    _http_type = pyqwest.Client
+    _interceptor_type = AuthRetry
+    _services = (
+        ("adapter", AdapterClient),
+        ("runs", RunsClient),
+        ("runtime", RuntimeClient),
+        ("capacity", CapacityClient),
+        ("admin", AdminClient),
+    )
 
     async def close(self) -> None:
         """Closes the connections (the services' and the token endpoint's)."""
