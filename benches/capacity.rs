@@ -84,6 +84,7 @@ async fn in_process() -> Row {
                                 project_id: project.clone(),
                                 run_id: None,
                                 attempt_id: None,
+                                run_slot: None,
                                 holder_kind: HolderKind::Attempt,
                                 holder_id: format!("c{c}-{i}"),
                                 cpu: Amount::units(1),

@@ -530,11 +530,15 @@ pub struct UsageLine {
     pub tenant_id: TenantId,
     /// The project; null for the tenant's own line.
     pub project_id: Option<ProjectId>,
-    /// Attempt and build leases holding capacity.
+    /// Run slots held by live runs (see `UsageView.concurrentRuns`).
     pub concurrent_runs: u32,
     /// Sandbox and browser-session leases holding capacity.
     pub concurrent_sandboxes: u32,
-    /// Lease seconds used today (UTC).
+    /// CPU held by leases now.
+    pub cpu_in_use: Amount,
+    /// Memory held by leases now, GB.
+    pub memory_gb_in_use: Amount,
+    /// Lease seconds used today (UTC): time leases held CPU and memory.
     pub execution_seconds_today: u64,
     /// The limits in force; null when the tenant is no longer registered.
     pub limits: Option<EffectiveLimits>,
@@ -577,6 +581,8 @@ pub async fn accounting(
             project_id: project,
             concurrent_runs: usage.runs,
             concurrent_sandboxes: usage.sandboxes,
+            cpu_in_use: usage.cpu,
+            memory_gb_in_use: usage.memory_gb,
             execution_seconds_today: usage.seconds_today,
         })
         .collect();

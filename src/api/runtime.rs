@@ -384,6 +384,13 @@ pub struct CapacityBody {
     pub reason: Option<String>,
     /// Each stretch it spent without capacity.
     pub gaps: Vec<CapacityGap>,
+    /// The run whose run slot (`concurrentRuns`) it counts in: its own
+    /// run, or for a delegated child run its top-level run.
+    pub run_slot: Uuid,
+    /// Whether that run holds its slot now: from the grant of its first
+    /// lease to its end, also while the attempt gave its CPU and memory
+    /// back.
+    pub run_slot_held: bool,
 }
 
 /// An attempt's timeline: where it is and why, and everything it did.
@@ -517,6 +524,8 @@ pub fn timeline(
             limiting_quota: view.limiting_quota.clone(),
             reason: view.capacity_reason.clone(),
             gaps: a.capacity_gaps.clone(),
+            run_slot: a.run_slot(),
+            run_slot_held: state.capacity.holds_slot(a.run_slot()),
         },
         limits: a.limits,
         usage: a.usage,

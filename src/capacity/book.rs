@@ -48,24 +48,40 @@ impl Minutes {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Counts {
+    /// Run slots held.
     runs: u32,
+    /// Sandbox and browser-session leases holding capacity.
     sandboxes: u32,
+    /// CPU of the leases holding capacity.
+    cpu: Amount,
+    /// Memory of the leases holding capacity, GB.
+    memory_gb: Amount,
 }
 
 impl Counts {
-    fn add(&mut self, kind: HolderKind) {
-        if kind.counts_as_run() {
-            self.runs += 1;
-        } else {
+    fn add(&mut self, lease: &OpenLease) {
+        if !lease.kind.counts_as_run() {
             self.sandboxes += 1;
         }
+        self.cpu = self.cpu + lease.cpu;
+        self.memory_gb = self.memory_gb + lease.memory_gb;
     }
 
-    fn remove(&mut self, kind: HolderKind) {
-        if kind.counts_as_run() {
-            self.runs = self.runs.saturating_sub(1);
-        } else {
+    fn remove(&mut self, lease: &OpenLease) {
+        if !lease.kind.counts_as_run() {
             self.sandboxes = self.sandboxes.saturating_sub(1);
+        }
+        self.cpu = self.cpu.saturating_sub(lease.cpu);
+        self.memory_gb = self.memory_gb.saturating_sub(lease.memory_gb);
+    }
+
+    fn usage(&self, seconds_today: u64) -> Usage {
+        Usage {
+            runs: self.runs,
+            sandboxes: self.sandboxes,
+            cpu: self.cpu,
+            memory_gb: self.memory_gb,
+            seconds_today,
         }
     }
 }
@@ -75,6 +91,19 @@ struct OpenLease {
     project: ProjectId,
     kind: HolderKind,
     since: i64,
+    cpu: Amount,
+    memory_gb: Amount,
+    /// The run slot it took as its own (a run lease with no run slot).
+    own_slot: bool,
+}
+
+/// Where a run slot is counted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotHolder {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The project.
+    pub project: ProjectId,
 }
 
 type ProjectKey = (TenantId, ProjectId);
@@ -98,6 +127,9 @@ pub struct Book {
     minutes_tenant: HashMap<TenantId, Minutes>,
     minutes_project: HashMap<ProjectKey, Minutes>,
     open: HashMap<Uuid, OpenLease>,
+    /// Run slots held, by the run (or, for a run lease with no run slot,
+    /// the lease) that holds each.
+    slots: HashMap<Uuid, SlotHolder>,
     /// Pools that have requests waiting on a quota, by tenant: who to wake
     /// when that tenant's usage drops or its quotas change.
     quota_blocked: HashMap<TenantId, BTreeSet<String>>,
@@ -143,6 +175,7 @@ impl Book {
             minutes_tenant: HashMap::new(),
             minutes_project: HashMap::new(),
             open: HashMap::new(),
+            slots: HashMap::new(),
             quota_blocked: HashMap::new(),
         }
     }
@@ -381,12 +414,10 @@ impl Book {
     ) -> (Usage, Usage) {
         let key = (tenant.clone(), project.clone());
         let usage = |counts: Option<&Counts>, minutes: Option<&Minutes>| {
-            let c = counts.copied().unwrap_or_default();
-            Usage {
-                runs: c.runs,
-                sandboxes: c.sandboxes,
-                seconds_today: minutes.map_or(0, |m| m.seconds(now)),
-            }
+            counts
+                .copied()
+                .unwrap_or_default()
+                .usage(minutes.map_or(0, |m| m.seconds(now)))
         };
         (
             usage(
@@ -400,19 +431,81 @@ impl Book {
         )
     }
 
+    /// Whether `slot` (a run, see [`LeaseRequest::run_slot`]) holds a run
+    /// slot.
+    ///
+    /// [`LeaseRequest::run_slot`]: crate::domain::capacity::LeaseRequest::run_slot
+    pub fn holds_slot(&self, slot: Option<Uuid>) -> bool {
+        slot.is_some_and(|s| self.slots.contains_key(&s))
+    }
+
+    /// Counts a run slot held by `run` (found in the store at start, or
+    /// taken by a grant). Returns whether it was not counted yet.
+    pub fn take_slot(&mut self, run: Uuid, tenant: &TenantId, project: &ProjectId) -> bool {
+        if self.slots.contains_key(&run) {
+            return false;
+        }
+        self.slots.insert(
+            run,
+            SlotHolder {
+                tenant: tenant.clone(),
+                project: project.clone(),
+            },
+        );
+        self.counts_tenant.entry(tenant.clone()).or_default().runs += 1;
+        self.counts_project
+            .entry((tenant.clone(), project.clone()))
+            .or_default()
+            .runs += 1;
+        true
+    }
+
+    /// Frees the run slot of `run`. Returns the pools waiting on this
+    /// tenant's quotas, to wake (none when it held no slot).
+    pub fn end_slot(&mut self, run: Uuid) -> BTreeSet<String> {
+        let Some(holder) = self.slots.remove(&run) else {
+            return BTreeSet::new();
+        };
+        if let Some(c) = self.counts_tenant.get_mut(&holder.tenant) {
+            c.runs = c.runs.saturating_sub(1);
+        }
+        if let Some(c) = self
+            .counts_project
+            .get_mut(&(holder.tenant.clone(), holder.project.clone()))
+        {
+            c.runs = c.runs.saturating_sub(1);
+        }
+        self.quota_blocked
+            .get(&holder.tenant)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The run slots held by runs (not by run leases of their own).
+    pub fn run_slots(&self) -> Vec<(Uuid, SlotHolder)> {
+        self.slots
+            .iter()
+            .filter(|(id, _)| !self.open.get(id).is_some_and(|o| o.own_slot))
+            .map(|(id, h)| (*id, h.clone()))
+            .collect()
+    }
+
     /// Runs `f` with the quota context of a request, or `None` when the
     /// tenant is not registered.
     pub fn with_context<R>(
         &mut self,
         tenant: &TenantId,
         project: &ProjectId,
+        slot: Option<Uuid>,
         now: DateTime<Utc>,
         f: impl FnOnce(&QuotaContext<'_>) -> R,
     ) -> Option<R> {
         self.roll(now);
         let limits = self.limits(tenant, project)?;
         let (tenant_usage, project_usage) = self.usage(tenant, project, now);
+        let holds_slot = self.holds_slot(slot);
         Some(f(&QuotaContext {
+            holds_slot,
             tenant,
             project,
             tenant_limits: &limits.0,
@@ -423,23 +516,35 @@ impl Book {
     }
 
     /// Counts a lease that holds capacity (granted now, or found at start).
-    pub fn reserve(&mut self, lease: &CapacityLease) {
+    /// A run lease counts in its run slot, taken now if its run holds
+    /// none; returns the run whose slot it took, for the store.
+    pub fn reserve(&mut self, lease: &CapacityLease) -> Option<Uuid> {
         if self.open.contains_key(&lease.lease_id) {
-            return;
+            return None;
         }
         let key = (lease.tenant_id.clone(), lease.project_id.clone());
-        self.counts_tenant
-            .entry(lease.tenant_id.clone())
-            .or_default()
-            .add(lease.holder_kind);
-        self.counts_project
-            .entry(key.clone())
-            .or_default()
-            .add(lease.holder_kind);
         let since = lease
             .granted_at
             .map_or(self.day_start(), |t| t.timestamp())
             .max(self.day_start());
+        let own_slot = lease.holder_kind.counts_as_run() && lease.run_slot.is_none();
+        let open = OpenLease {
+            tenant: lease.tenant_id.clone(),
+            project: lease.project_id.clone(),
+            kind: lease.holder_kind,
+            since,
+            cpu: lease.cpu,
+            memory_gb: lease.memory_gb,
+            own_slot,
+        };
+        self.counts_tenant
+            .entry(lease.tenant_id.clone())
+            .or_default()
+            .add(&open);
+        self.counts_project
+            .entry(key.clone())
+            .or_default()
+            .add(&open);
         let m = self
             .minutes_tenant
             .entry(lease.tenant_id.clone())
@@ -449,16 +554,17 @@ impl Book {
         let m = self.minutes_project.entry(key).or_default();
         m.open += 1;
         m.since_sum += since;
-        self.open.insert(
-            lease.lease_id,
-            OpenLease {
-                tenant: lease.tenant_id.clone(),
-                project: lease.project_id.clone(),
-                kind: lease.holder_kind,
-                since,
-            },
-        );
+        self.open.insert(lease.lease_id, open);
         self.gauge(&lease.tenant_id, lease.holder_kind, 1);
+        if own_slot {
+            self.take_slot(lease.lease_id, &lease.tenant_id, &lease.project_id);
+            None
+        } else {
+            lease.run_slot.filter(|run| {
+                lease.holder_kind.counts_as_run()
+                    && self.take_slot(*run, &lease.tenant_id, &lease.project_id)
+            })
+        }
     }
 
     fn day_start(&self) -> i64 {
@@ -474,10 +580,13 @@ impl Book {
         };
         let key = (open.tenant.clone(), open.project.clone());
         if let Some(c) = self.counts_tenant.get_mut(&open.tenant) {
-            c.remove(open.kind);
+            c.remove(&open);
         }
         if let Some(c) = self.counts_project.get_mut(&key) {
-            c.remove(open.kind);
+            c.remove(&open);
+        }
+        if open.own_slot {
+            self.end_slot(lease.lease_id);
         }
         let today = (ended.timestamp() - open.since).max(0) as u64;
         let m = self.minutes_tenant.entry(open.tenant.clone()).or_default();
@@ -552,32 +661,18 @@ impl Book {
     pub fn usage_report(&self, now: DateTime<Utc>) -> Vec<(TenantId, Option<ProjectId>, Usage)> {
         let mut out = Vec::new();
         for (tenant, c) in &self.counts_tenant {
-            out.push((
-                tenant.clone(),
-                None,
-                Usage {
-                    runs: c.runs,
-                    sandboxes: c.sandboxes,
-                    seconds_today: self
-                        .minutes_tenant
-                        .get(tenant)
-                        .map_or(0, |m| m.seconds(now)),
-                },
-            ));
+            let seconds = self
+                .minutes_tenant
+                .get(tenant)
+                .map_or(0, |m| m.seconds(now));
+            out.push((tenant.clone(), None, c.usage(seconds)));
         }
         for ((tenant, project), c) in &self.counts_project {
-            out.push((
-                tenant.clone(),
-                Some(project.clone()),
-                Usage {
-                    runs: c.runs,
-                    sandboxes: c.sandboxes,
-                    seconds_today: self
-                        .minutes_project
-                        .get(&(tenant.clone(), project.clone()))
-                        .map_or(0, |m| m.seconds(now)),
-                },
-            ));
+            let seconds = self
+                .minutes_project
+                .get(&(tenant.clone(), project.clone()))
+                .map_or(0, |m| m.seconds(now));
+            out.push((tenant.clone(), Some(project.clone()), c.usage(seconds)));
         }
         out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         out

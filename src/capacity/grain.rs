@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use super::book::{Book, seconds_by_day};
 use super::holders::Holders;
-use super::records::ExecutionMinutes;
+use super::records::{ExecutionMinutes, RunSlot};
 use super::{CapacityError, LeaseView};
 use crate::clock::SharedClock;
 use crate::domain::amount::Amount;
@@ -224,6 +224,7 @@ impl Waiter {
             project_id: self.lease.project_id.clone(),
             run_id: self.lease.run_id,
             attempt_id: self.lease.attempt_id,
+            run_slot: self.lease.run_slot,
             holder_kind: self.lease.holder_kind,
             holder_id: self.lease.holder_id.clone(),
             cpu: self.lease.cpu,
@@ -240,6 +241,8 @@ struct Effects {
     pool_dirty: bool,
     events: Vec<NewEvent>,
     minutes: Vec<(TenantId, ProjectId, NaiveDate, u64)>,
+    /// Run slots taken by grants.
+    slots: Vec<RunSlot>,
     after: Vec<AfterDurable>,
 }
 
@@ -438,9 +441,15 @@ impl PoolGrain {
             pool_dirty,
             events,
             minutes,
+            slots,
             after,
         } = fx;
-        if leases.is_empty() && !pool_dirty && events.is_empty() && minutes.is_empty() {
+        if leases.is_empty()
+            && !pool_dirty
+            && events.is_empty()
+            && minutes.is_empty()
+            && slots.is_empty()
+        {
             for f in after {
                 f(Ok(()));
             }
@@ -476,6 +485,9 @@ impl PoolGrain {
                 *record.projects.entry(project.clone()).or_default() += seconds;
                 record.updated_at = now;
                 tx.put(&scope, &record)?;
+            }
+            for slot in &slots {
+                tx.put(&TenantScope::new(slot.tenant_id.clone()), slot)?;
             }
             tx.emit_all(events)?;
             Ok::<_, StoreError>(())
@@ -628,7 +640,15 @@ impl PoolGrain {
             .lease
             .grant(now, self.shared.ttl())
             .expect("only requested leases wait");
-        book.reserve(&waiter.lease);
+        if let Some(run_id) = book.reserve(&waiter.lease) {
+            fx.slots.push(RunSlot {
+                tenant_id: waiter.lease.tenant_id.clone(),
+                project_id: waiter.lease.project_id.clone(),
+                run_id,
+                lease_id: waiter.lease.lease_id,
+                taken_at: now,
+            });
+        }
         self.pool.take(waiter.lease.cpu, waiter.lease.memory_gb);
         fx.pool_dirty = true;
         fx.events.push(event);
@@ -679,9 +699,13 @@ impl PoolGrain {
             waiter.listeners.retain(|l| !l.is_closed());
             let request = waiter.request();
             let verdict = book
-                .with_context(&request.tenant_id, &request.project_id, now, |q| {
-                    decide(&request, &self.pool, held_back, q)
-                })
+                .with_context(
+                    &request.tenant_id,
+                    &request.project_id,
+                    request.run_slot,
+                    now,
+                    |q| decide(&request, &self.pool, held_back, q),
+                )
                 .unwrap_or_else(|| {
                     Verdict::Deny(Limit::NoPool {
                         why: format!("tenant {} is not registered", request.tenant_id),

@@ -32,7 +32,7 @@ use self::grain::{
     AcquireOutcome, GrainHandle, Mode, Msg, PoolGrain, PoolSnapshot, PoolStatus, Shared,
 };
 use self::holders::{Claim, HolderKey, Holders};
-use self::records::{ExecutionMinutes, TENANT_RECORD};
+use self::records::{ExecutionMinutes, RunSlot, TENANT_RECORD};
 use crate::clock::SharedClock;
 use crate::config::CapacityConfig;
 use crate::domain::access::Actor;
@@ -206,11 +206,20 @@ pub struct QuotaSet {
 #[derive(Clone, Copy, Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageView {
-    /// Attempt and build leases holding capacity.
+    /// Run slots held by live runs: from the grant of a run's first lease
+    /// to its end, whatever it waits for (a delegated child run counts in
+    /// its top-level run's slot).
     pub concurrent_runs: u32,
     /// Sandbox and browser-session leases holding capacity.
     pub concurrent_sandboxes: u32,
-    /// Lease minutes used today (UTC).
+    /// CPU held by leases now: an attempt waiting for a human, a child
+    /// run or a renewal gives its back after
+    /// `runtime.return_capacity_after_seconds`.
+    pub cpu_in_use: Amount,
+    /// Memory held by leases now, GB.
+    pub memory_gb_in_use: Amount,
+    /// Lease minutes used today (UTC): time leases held CPU and memory,
+    /// not time a run held only its run slot.
     pub execution_minutes_today: u64,
 }
 
@@ -219,6 +228,8 @@ impl From<Usage> for UsageView {
         UsageView {
             concurrent_runs: u.runs,
             concurrent_sandboxes: u.sandboxes,
+            cpu_in_use: u.cpu,
+            memory_gb_in_use: u.memory_gb,
             execution_minutes_today: u.seconds_today / 60,
         }
     }
@@ -301,7 +312,7 @@ impl Capacity {
             create_default_pools(&store, &profiles, &config.default_region, now).await?;
         }
 
-        let (tenants, projects, quotas, pools, leases, minutes) = {
+        let (tenants, projects, quotas, pools, leases, minutes, slots) = {
             let store = store.clone();
             let platform = platform.clone();
             // Configuration-sized tables whole; of the leases and minutes
@@ -324,6 +335,7 @@ impl Capacity {
                     store.scan_all::<WorkerPool>(&platform)?,
                     leases,
                     minutes,
+                    records::recorded_slots(&store, &platform)?,
                 ))
             })
             .await
@@ -345,17 +357,48 @@ impl Capacity {
                 book.add_closed(&m.tenant_id, Some(project), *seconds);
             }
         }
+        let (slots, ended_slots) = slots;
+        for slot in &slots {
+            book.take_slot(slot.run_id, &slot.tenant_id, &slot.project_id);
+        }
         let mut by_pool: HashMap<String, Vec<CapacityLease>> = HashMap::new();
         let mut holders = Holders::default();
+        let mut unrecorded = Vec::new();
         for lease in leases.into_iter().filter(|l| !l.state.is_terminal()) {
-            if lease.state.holds_capacity() {
-                book.reserve(&lease);
+            if lease.state.holds_capacity()
+                && let Some(run) = book.reserve(&lease)
+            {
+                // A lease granted before run slots were recorded: its run
+                // holds the slot from now on.
+                unrecorded.push(RunSlot {
+                    tenant_id: lease.tenant_id.clone(),
+                    project_id: lease.project_id.clone(),
+                    run_id: run,
+                    lease_id: lease.lease_id,
+                    taken_at: now,
+                });
             }
             holders.note(&lease);
             by_pool
                 .entry(lease.pool_id.clone())
                 .or_default()
                 .push(lease);
+        }
+        if !unrecorded.is_empty() || !ended_slots.is_empty() {
+            store
+                .transact(move |tx: &mut Tx| {
+                    for slot in &unrecorded {
+                        tx.put(&TenantScope::new(slot.tenant_id.clone()), slot)?;
+                    }
+                    for slot in &ended_slots {
+                        tx.delete::<RunSlot>(
+                            &TenantScope::new(slot.tenant_id.clone()),
+                            &slot.run_id.to_string(),
+                        )?;
+                    }
+                    Ok::<_, StoreError>(())
+                })
+                .await?;
         }
         let shared = Arc::new(Shared {
             store,
@@ -1333,6 +1376,46 @@ impl Capacity {
             .into_iter()
             .filter_map(|(id, m)| m.map(|m| (id, m)))
             .collect()
+    }
+
+    /// Frees the run slot of `run_id` once its run has ended (idempotent;
+    /// a child run holds no slot of its own). Queued requests waiting on
+    /// `concurrentRuns` are woken.
+    pub async fn end_run_slot(&self, scope: &TenantScope, run_id: Uuid) -> Result<(), StoreError> {
+        let s = scope.clone();
+        self.store()
+            .transact(move |tx: &mut Tx| tx.delete::<RunSlot>(&s, &run_id.to_string()))
+            .await?;
+        let to_wake = self.shared.book.lock().end_slot(run_id);
+        self.shared.wake(&to_wake, "");
+        Ok(())
+    }
+
+    /// The accounting reconciler's pass over run slots: a slot whose run
+    /// has ended (its end was written but the slot not freed, or a lease
+    /// was granted to an attempt of a run that had just ended) is freed.
+    /// Returns the runs whose slots it freed.
+    pub async fn reconcile_slots(&self) -> Result<Vec<Uuid>, StoreError> {
+        let held = self.shared.book.lock().run_slots();
+        let mut freed = Vec::new();
+        for (run_id, holder) in held {
+            if records::slot_run_ended(self.store(), &holder.tenant, run_id)? {
+                self.end_run_slot(&TenantScope::new(holder.tenant), run_id)
+                    .await?;
+                freed.push(run_id);
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Whether the run `run_id` holds a run slot now.
+    pub fn holds_slot(&self, run_id: Uuid) -> bool {
+        self.shared.book.lock().holds_slot(Some(run_id))
+    }
+
+    /// Run slots held by live runs now.
+    pub fn slots_held(&self) -> usize {
+        self.shared.book.lock().run_slots().len()
     }
 
     /// Usage per tenant and project, for the accounting view.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 use crate::domain::capacity::{CapacityLease, LeaseState, Quota, WorkerPool};
 use crate::domain::tenant::{Project, Tenant};
@@ -78,6 +79,33 @@ pub fn live_leases(store: &Store, scope: &TenantScope) -> Result<Vec<CapacityLea
     Ok(out)
 }
 
+/// Whether the run holding a run slot has ended (or is gone): its slot is
+/// free.
+pub fn slot_run_ended(store: &Store, tenant: &TenantId, run_id: Uuid) -> Result<bool, StoreError> {
+    let scope = TenantScope::new(tenant.clone());
+    Ok(store
+        .get::<crate::domain::run::Run>(&scope, &run_id.to_string())?
+        .is_none_or(|run| run.state.is_terminal()))
+}
+
+/// The run slots recorded: those of live runs, and those whose run ended
+/// without its slot being freed (a crash between the two), to remove.
+pub fn recorded_slots(
+    store: &Store,
+    platform: &crate::store::PlatformScope,
+) -> Result<(Vec<RunSlot>, Vec<RunSlot>), StoreError> {
+    let mut live = Vec::new();
+    let mut ended = Vec::new();
+    for slot in store.scan_all::<RunSlot>(platform)? {
+        if slot_run_ended(store, &slot.tenant_id, slot.run_id)? {
+            ended.push(slot);
+        } else {
+            live.push(slot);
+        }
+    }
+    Ok((live, ended))
+}
+
 fn platform() -> &'static TenantId {
     static PLATFORM: std::sync::OnceLock<TenantId> = std::sync::OnceLock::new();
     PLATFORM.get_or_init(TenantId::platform)
@@ -118,6 +146,36 @@ crate::versioned!(
     version,
     crate::domain::capacity::lease::StoredLease
 );
+
+/// A run slot held by a live run (`concurrentRuns`): taken with the first
+/// lease granted to one of its attempts, in the same write, and freed when
+/// the run ends. A waiting attempt gives its compute lease back; its run
+/// keeps this.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunSlot {
+    /// The tenant.
+    pub tenant_id: TenantId,
+    /// The project whose `concurrentRuns` it counts in.
+    pub project_id: ProjectId,
+    /// The top-level run that holds it.
+    pub run_id: Uuid,
+    /// The lease whose grant took it.
+    pub lease_id: Uuid,
+    /// When.
+    pub taken_at: DateTime<Utc>,
+}
+
+impl Record for RunSlot {
+    const TABLE: Table = Table::RunSlots;
+    const VERSION: u16 = 1;
+    fn tenant(&self) -> &TenantId {
+        &self.tenant_id
+    }
+    fn id(&self) -> String {
+        self.run_id.to_string()
+    }
+}
 
 /// Lease seconds charged to a tenant and its projects on one UTC day.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

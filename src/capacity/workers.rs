@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
+use uuid::Uuid;
 
 use super::Capacity;
 use crate::worker::Worker;
@@ -90,18 +91,32 @@ impl Worker for AccountingReconciler {
 
     fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
         Box::pin(async move {
-            let repairs = self.capacity.reconcile().await;
-            if repairs.is_empty() {
-                Ok("every pool's counters match its leases".into())
-            } else {
-                Ok(format!(
-                    "repaired {}",
-                    repairs
+            let mut repairs: Vec<String> = self
+                .capacity
+                .reconcile()
+                .await
+                .into_iter()
+                .map(|(p, m)| format!("{p}: {m}"))
+                .collect();
+            let freed = self.capacity.reconcile_slots().await?;
+            if !freed.is_empty() {
+                repairs.push(format!(
+                    "freed the run slots of {} ended run(s): {}",
+                    freed.len(),
+                    freed
                         .iter()
-                        .map(|(p, m)| format!("{p}: {m}"))
+                        .map(Uuid::to_string)
                         .collect::<Vec<_>>()
-                        .join("; ")
+                        .join(", ")
+                ));
+            }
+            let slots = self.capacity.slots_held();
+            if repairs.is_empty() {
+                Ok(format!(
+                    "every pool's counters match its leases; {slots} run slot(s) held by live runs"
                 ))
+            } else {
+                Ok(format!("repaired {}", repairs.join("; ")))
             }
         })
     }

@@ -439,7 +439,7 @@ fn level(set: &crate::capacity::QuotaSet, actor: &crate::domain::access::Actor) 
                 "concurrentRuns",
                 show(&o.concurrent_runs),
                 effective(&e.concurrent_runs),
-                u.concurrent_runs.to_string(),
+                format!("{} run slot(s) held", u.concurrent_runs),
             ),
             row(
                 "concurrentSandboxes",
@@ -451,13 +451,13 @@ fn level(set: &crate::capacity::QuotaSet, actor: &crate::domain::access::Actor) 
                 "cpuPerAttempt",
                 show(&o.cpu_per_attempt),
                 effective(&e.cpu_per_attempt),
-                String::new(),
+                format!("{} CPU held now", u.cpu_in_use),
             ),
             row(
                 "memoryGbPerAttempt",
                 show(&o.memory_gb_per_attempt),
                 effective(&e.memory_gb_per_attempt),
-                String::new(),
+                format!("{} GB held now", u.memory_gb_in_use),
             ),
             row(
                 "executionMinutesPerDay",

@@ -153,6 +153,10 @@ pub struct ParentLink {
     pub delegation_id: Uuid,
     /// The sub-agent call of the supervisor that waits for this run.
     pub call_id: Uuid,
+    /// The runs above the supervisor's run, nearest first (empty when the
+    /// supervisor's run is a top-level run).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ancestors: Vec<Uuid>,
 }
 
 /// Where a re-run started: a checkpoint of a finished attempt of another
@@ -253,6 +257,17 @@ pub struct Run {
 }
 
 impl Run {
+    /// The runs above this one, nearest first: empty for a top-level run.
+    /// A child run counts in its top-level run's run slot, and its token
+    /// usage is charged to every run above it as well as to itself.
+    pub fn ancestors(&self) -> Vec<Uuid> {
+        self.parent.as_ref().map_or_else(Vec::new, |p| {
+            std::iter::once(p.run_id)
+                .chain(p.ancestors.iter().copied())
+                .collect()
+        })
+    }
+
     /// Places (`Some`) or releases (`None`) a legal hold; the event of the
     /// change, or `None` when nothing changed (the same hold again, or no
     /// hold to release).
@@ -806,6 +821,7 @@ mod tests {
                 limits: AttemptLimits::default(),
                 max_corrections: 2,
                 depth: 0,
+                ancestors: Vec::new(),
             },
             now(),
         );

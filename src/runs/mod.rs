@@ -396,6 +396,7 @@ fn next_attempt(
             limits: run.snapshot.limits,
             max_corrections: run.max_corrections,
             depth: run.depth,
+            ancestors: run.ancestors(),
         },
         now,
     );
@@ -450,6 +451,19 @@ pub struct Followup {
     pub next_attempt: Option<Uuid>,
     /// A child run that ended: its supervisor's call completes.
     pub child_ended: Option<ChildEnded>,
+    /// A top-level run that ended: its run slot is freed.
+    pub run_ended: Option<Uuid>,
+}
+
+impl Followup {
+    /// What follows `run` as written, with its next attempt.
+    fn of(run: &Run, next_attempt: Option<Uuid>) -> Followup {
+        Followup {
+            next_attempt,
+            child_ended: ended_child(run),
+            run_ended: (run.state.is_terminal() && run.parent.is_none()).then_some(run.run_id),
+        }
+    }
 }
 
 /// A child run's end, for its supervisor.
@@ -500,10 +514,7 @@ pub fn record_outcome(
         tx.save(scope, a)?;
     }
     tx.save(scope, &mut run)?;
-    Ok(Followup {
-        next_attempt: next_attempt.map(|a| a.attempt_id),
-        child_ended: ended_child(&run),
-    })
+    Ok(Followup::of(&run, next_attempt.map(|a| a.attempt_id)))
 }
 
 fn apply_next(run: &mut Run, next: Next, now: DateTime<Utc>) -> Option<ExecutionAttempt> {
@@ -986,12 +997,12 @@ impl RunControl {
                     let why = format!("{} by {by}: {reason}", effect.as_str());
                     let (next, events) = run.on_settled(retry, &why, now);
                     tx.emit_all(events)?;
-                    if let Some(mut a) = apply_next(&mut run, next, now) {
-                        tx.save(&s, &mut a)?;
-                        followup.next_attempt = Some(a.attempt_id);
+                    let mut next_attempt = apply_next(&mut run, next, now);
+                    if let Some(a) = &mut next_attempt {
+                        tx.save(&s, a)?;
                     }
-                    followup.child_ended = ended_child(&run);
                     tx.save(&s, &mut run)?;
+                    followup = Followup::of(&run, next_attempt.map(|a| a.attempt_id));
                 }
                 Ok::<_, RuntimeError>((run, followup))
             })

@@ -1507,6 +1507,11 @@ impl Runtime {
         if let Some(child) = followup.child_ended {
             self.child_ended(scope, child).await;
         }
+        if let Some(run_id) = followup.run_ended
+            && let Err(e) = self.shared.capacity.end_run_slot(scope, run_id).await
+        {
+            tracing::error!(run = %run_id, error = %e, "freeing an ended run's run slot; the accounting reconciler will retry");
+        }
     }
 
     async fn child_ended(&self, scope: &TenantScope, child: ChildEnded) {

@@ -137,6 +137,8 @@ pub enum Table {
     ReleaseVerdicts,
     /// The site's model profiles (platform-wide, or one tenant's), by id.
     ModelProfiles,
+    /// Run slots held by live runs (RunSlots), by run.
+    RunSlots,
 }
 
 impl Table {
@@ -165,6 +167,7 @@ impl Table {
         Table::PublisherKeys,
         Table::ReleaseVerdicts,
         Table::ModelProfiles,
+        Table::RunSlots,
     ];
 
     /// The sled tree name.
@@ -193,6 +196,7 @@ impl Table {
             Table::PublisherKeys => "publisher_keys",
             Table::ReleaseVerdicts => "release_verdicts",
             Table::ModelProfiles => "model_profiles",
+            Table::RunSlots => "run_slots",
         }
     }
 

@@ -1232,28 +1232,32 @@ async fn mcp_tools_over_streamable_http_on_the_site() {
 }
 
 #[tokio::test]
-async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_again() {
+async fn a_human_who_takes_long_holds_no_compute_and_the_answer_asks_for_it_again() {
     let site = Site::on(Appliance::start_manual_clock()).await;
+    // The agents pool has room for one attempt's CPU: compute, not run
+    // slots, is what the runs wait for here.
     let admin = site.a.admin_token().await;
     let (status, body) = site
         .a
         .put(
             &admin,
-            "/factory/capacity/quotas/tenant.demo",
-            json!({"concurrentRuns": 1}),
+            "/factory/capacity/pools/agents",
+            json!({"kind": "agent-runtime", "securityBoundary": "shared", "region": "local",
+                   "nodeProfile": "small", "minSize": 1, "maxSize": 1}),
         )
         .await;
     assert_eq!(status, 200, "{body}");
+    let whole_node = |m: &mut Value| m["contract"]["cpu"] = json!(2.0);
     site.import(
         "triage-page",
         json!([
             {"content": "Paging", "toolCalls": [{"tool": "page-oncall", "arguments": {"message": "checkout down"}}]},
             answer("high", true)
         ]),
-        |_| {},
+        whole_node,
     )
     .await;
-    site.import("triage-quick", json!([answer("low", false)]), |_| {})
+    site.import("triage-quick", json!([answer("low", false)]), whole_node)
         .await;
     let reader = site
         .a
@@ -1269,7 +1273,7 @@ async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_aga
         }
     };
 
-    // The first run waits for a human while it holds the tenant's one run.
+    // The first run waits for a human while it holds the pool's CPU.
     let paged = site.submit("triage-page").await;
     let waiting = site.until(&paged, "WaitingForDecision").await;
     let attempt = waiting.steps[0].attempts[0].attempt_id.clone();
@@ -1289,11 +1293,12 @@ async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_aga
         qt["waitingReason"]
             .as_str()
             .unwrap()
-            .contains("concurrentRuns"),
+            .contains("pool agents: maxSize 1 reached"),
         "{qt}"
     );
 
-    // Past the grace, the lease goes back: the other run gets it.
+    // Past the grace, the lease goes back: the other run gets it. The
+    // first run keeps its run slot.
     site.a.advance(61).await;
     let done = site.until(&quick, "Succeeded").await;
     assert_eq!(done.state, "Succeeded");
@@ -1309,6 +1314,7 @@ async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_aga
         "{t}"
     );
     assert_eq!(lease(first_lease.clone()).await["state"], "Released");
+    assert_eq!(t["capacity"]["runSlotHeld"], true, "{t}");
 
     // A third run takes the capacity and waits for its own human.
     let other = site.submit("triage-page").await;
@@ -1317,8 +1323,8 @@ async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_aga
         .pending_decision_id
         .clone();
 
-    // The answer asks for capacity again, and says that it queues, where
-    // and behind which quota; no call is made meanwhile.
+    // The answer asks for compute again, and says that it queues, where
+    // and behind what; no call is made meanwhile.
     site.runs()
         .decide_approval(rn::DecideApprovalRequest {
             decision_id: decision.clone(),
@@ -1334,7 +1340,7 @@ async fn a_human_who_takes_long_holds_no_capacity_and_the_answer_asks_for_it_aga
     assert_eq!(t["state"], "Running", "{t}");
     let why = t["waitingReason"].as_str().unwrap();
     assert!(
-        why.contains("waiting for capacity again") && why.contains("concurrentRuns"),
+        why.contains("waiting for capacity again") && why.contains("maxSize 1 reached"),
         "{why}"
     );
     assert_eq!(t["capacity"]["queuePosition"], 1, "{t}");

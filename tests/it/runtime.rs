@@ -1090,8 +1090,19 @@ async fn kill_9_in_the_middle_of_runs_loses_nothing_and_reissues_nothing() {
 }
 
 #[tokio::test]
-async fn a_supervisor_delegates_to_a_child_run_within_the_depth_limit() {
+async fn a_supervisor_delegates_to_a_child_run_within_the_depth_limit_and_its_run_slot() {
     let site = Site::start(false).await;
+    // One run slot for the project: a child run runs in its supervisor's.
+    let admin = site.a.token(&site.workspace).await;
+    let (status, body) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/quotas/project.demo.support",
+            json!({"concurrentRuns": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
     let dir = tempfile::tempdir().unwrap();
     let helper = variant(dir.path(), "helper", &demo_key(), |_, m| {
         m["releaseId"] = json!("helper-ext-1.0.0");
@@ -1130,8 +1141,12 @@ async fn a_supervisor_delegates_to_a_child_run_within_the_depth_limit() {
     .await;
     assert_eq!(delegated[0]["childAgentId"], "helper");
 
-    // The child runs under its own adapter; it may not delegate deeper.
+    // The child runs under its own adapter, in its supervisor's run slot;
+    // it may not delegate deeper.
     let child = site.claim_and_start_agent("helper").await;
+    let slot = site.timeline(&child.id()).await["capacity"].clone();
+    assert_eq!(slot["runSlot"], run.run_id.as_str(), "{slot}");
+    assert_eq!(slot["runSlotHeld"], true, "{slot}");
     let deeper = child
         .begin("sub-agent", "helper-ext-1.0.0", json!({}), "")
         .await
@@ -1535,31 +1550,22 @@ async fn a_waiting_attempt_names_its_quota_and_a_failed_renewal_pauses_until_ren
     site.submit(json!({"n": 1}), None).await;
     let first = site.claim_and_start().await;
 
-    // A second run waits for capacity and says why.
-    let second = site.submit(json!({"n": 2}), None).await;
-    let mut waiting = rn::Attempt::default();
-    for _ in 0..100 {
-        waiting = site.run(&second.run_id).await.steps[0].attempts[0].clone();
-        if waiting.queue_position == 1 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert_eq!(waiting.state, "Claimed");
-    assert_eq!(waiting.queue_position, 1);
-    assert_eq!(waiting.limiting_quota, "concurrentRuns");
-    assert!(
-        waiting.waiting_reason.contains("waiting for capacity")
-            && waiting.waiting_reason.contains("queue position 1"),
-        "{}",
-        waiting.waiting_reason
-    );
-
-    // The first attempt loses its capacity lease to the second.
+    // The first attempt loses its capacity lease, and a new one is
+    // refused (cpuPerAttempt now below what it asks). Its run keeps its
+    // run slot: the second run still waits on concurrentRuns.
     let lease = site.timeline(&first.id()).await["capacity"]["leaseId"]
         .as_str()
         .unwrap()
         .to_string();
+    let (status, body) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/quotas/project.demo.support",
+            json!({"cpuPerAttempt": 0.1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
     site.a
         .capacity(&admin)
         .release_lease(
@@ -1570,13 +1576,11 @@ async fn a_waiting_attempt_names_its_quota_and_a_failed_renewal_pauses_until_ren
         )
         .await
         .unwrap();
-    for _ in 0..100 {
-        if site.run(&second.run_id).await.steps[0].attempts[0].queue_position == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
     site.a.run_worker("LeaseHeartbeat").await;
+    assert_eq!(
+        site.timeline(&first.id()).await["capacity"]["runSlotHeld"],
+        true
+    );
     // It pauses at its next checkpoint, and no call starts while paused.
     let cp = first
         .client
@@ -1605,13 +1609,15 @@ async fn a_waiting_attempt_names_its_quota_and_a_failed_renewal_pauses_until_ren
     );
 
     // Capacity comes back: the next heartbeat renews and it runs again.
-    site.runs()
-        .cancel_run(rn::CancelRunRequest {
-            run_id: second.run_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (status, body) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/quotas/project.demo.support",
+            json!({"cpuPerAttempt": null}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
     site.a.run_worker("LeaseHeartbeat").await;
     assert_eq!(site.timeline(&first.id()).await["state"], "Running");
     let go = first
@@ -1619,6 +1625,200 @@ async fn a_waiting_attempt_names_its_quota_and_a_failed_renewal_pauses_until_ren
         .await
         .unwrap();
     assert_eq!(go.outcome, ad::BeginOutcome::STARTED);
+
+    // A second run waits for the run slot and says why.
+    let second = site.submit(json!({"n": 2}), None).await;
+    let mut waiting = rn::Attempt::default();
+    for _ in 0..100 {
+        waiting = site.run(&second.run_id).await.steps[0].attempts[0].clone();
+        if waiting.queue_position == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(waiting.state, "Claimed");
+    assert_eq!(waiting.queue_position, 1);
+    assert_eq!(waiting.limiting_quota, "concurrentRuns");
+    assert!(
+        waiting.waiting_reason.contains("waiting for capacity")
+            && waiting.waiting_reason.contains("queue position 1"),
+        "{}",
+        waiting.waiting_reason
+    );
+}
+
+/// Waits until `f` holds for the attempt's timeline.
+async fn timeline_until(site: &Site, attempt_id: &str, f: impl Fn(&Value) -> bool) -> Value {
+    let mut t = Value::Null;
+    for _ in 0..100 {
+        t = site.timeline(attempt_id).await;
+        if f(&t) {
+            return t;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the attempt's timeline never got there: {t}");
+}
+
+/// The first attempt of a run, once it has been dispatched.
+async fn first_attempt(site: &Site, run_id: &str) -> rn::Attempt {
+    for _ in 0..100 {
+        let run = site.run(run_id).await;
+        if let Some(a) = run.steps.first().and_then(|s| s.attempts.first()) {
+            return a.clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("run {run_id} has no attempt");
+}
+
+#[tokio::test]
+async fn a_run_keeps_its_slot_through_a_human_wait_while_its_cpu_serves_another_project() {
+    let mut site = Site::start(true).await;
+    site.a.tenant("demo", "team", &[], &["ops"]).await;
+    let admin = site.a.token(&site.workspace).await;
+    let (status, body) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/quotas/project.demo.support",
+            json!({"concurrentRuns": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let run = site.submit(json!({"n": 1}), None).await;
+    let first = site.claim_and_start().await;
+    let d = first
+        .client
+        .request_decision(ad::RequestDecisionRequest {
+            attempt_id: first.id(),
+            fencing_token: first.ticket.fencing_token,
+            kind: "escalation".into(),
+            question_json: json!({"q": "which priority?"}).to_string(),
+            summary: "Which priority?".into(),
+            options: vec!["p1".into(), "p2".into()],
+            recommendation: "p1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+
+    // Past runtime.return_capacity_after_seconds the waiting attempt gives
+    // its CPU and memory back; its run keeps the project's one run slot.
+    site.advance(61).await;
+    let t = timeline_until(&site, &first.id(), |t| t["capacity"]["granted"] == false).await;
+    assert_eq!(t["state"], "WaitingForDecision");
+    assert_eq!(t["capacity"]["runSlotHeld"], true, "{t}");
+    assert_eq!(t["capacity"]["runSlot"], run.run_id.as_str());
+    let gap = &t["capacity"]["gaps"][0];
+    assert!(
+        gap["reason"]
+            .as_str()
+            .unwrap()
+            .contains("for human escalation decision"),
+        "{gap}"
+    );
+    let quotas = site.a.get(&admin, "/factory/capacity/quotas").await;
+    let support = quotas["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["projectId"] == "support")
+        .unwrap_or_else(|| panic!("{quotas}"));
+    assert_eq!(support["usage"]["concurrentRuns"], 1, "{support}");
+    assert_eq!(
+        support["usage"]["cpuInUse"].as_f64(),
+        Some(0.0),
+        "{support}"
+    );
+
+    // Another run of the project cannot start: the slot is held.
+    let second = site.submit(json!({"n": 2}), None).await;
+    let waiting = first_attempt(&site, &second.run_id).await;
+    let waiting = timeline_until(&site, &waiting.attempt_id, |t| {
+        t["capacity"]["limitingQuota"] == "concurrentRuns"
+    })
+    .await;
+    assert_eq!(waiting["state"], "Claimed");
+    assert!(
+        waiting["capacity"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("concurrentRuns of project support: 1 in use, limit 1"),
+        "{waiting}"
+    );
+
+    // A run of another project uses the CPU meanwhile.
+    let other = site
+        .runs()
+        .submit_run(rn::SubmitRunRequest {
+            project_id: "ops".into(),
+            release_id: RELEASE.into(),
+            input_json: json!({"n": 3}).to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    let other = first_attempt(&site, &other.run.as_option().unwrap().run_id).await;
+    let other = timeline_until(&site, &other.attempt_id, |t| {
+        t["capacity"]["granted"] == true
+    })
+    .await;
+    assert_eq!(other["projectId"], "ops");
+
+    // The answer comes: the first attempt takes CPU again (no new slot)
+    // and goes on; the second run still waits for the slot.
+    site.runtime()
+        .answer_decision(rt::AnswerDecisionRequest {
+            attempt_id: first.id(),
+            decision_id: d.decision_id.clone(),
+            choice: "p2".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let t = timeline_until(&site, &first.id(), |t| t["capacity"]["granted"] == true).await;
+    assert_eq!(t["state"], "Running");
+    let go = first
+        .begin("model", "triage-scripted", json!({}), "")
+        .await
+        .unwrap();
+    assert_eq!(go.outcome, ad::BeginOutcome::STARTED, "{}", go.reason);
+    first
+        .complete(&go.call_id, json!({"text": "p2"}))
+        .await
+        .unwrap();
+    let again = site.timeline(waiting["attemptId"].as_str().unwrap()).await;
+    assert_eq!(
+        again["capacity"]["limitingQuota"], "concurrentRuns",
+        "{again}"
+    );
+
+    // The first run ends: its slot goes to the second.
+    first.report(good_output()).await.unwrap();
+    let started = timeline_until(&site, waiting["attemptId"].as_str().unwrap(), |t| {
+        t["capacity"]["granted"] == true
+    })
+    .await;
+    assert_eq!(started["capacity"]["runSlotHeld"], true);
+    let accounting = site
+        .a
+        .get(&site.a.admin_token().await, "/factory/capacity/accounting")
+        .await;
+    let line = accounting["usage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["tenantId"] == "demo" && u["projectId"] == "support")
+        .unwrap_or_else(|| panic!("{accounting}"));
+    assert_eq!(line["concurrentRuns"], 1, "{line}");
+    let reconciled = site.a.run_worker("AccountingReconciler").await;
+    assert!(
+        reconciled.message.contains("run slot(s) held by live runs"),
+        "{reconciled:?}"
+    );
 }
 
 #[tokio::test]

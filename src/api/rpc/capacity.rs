@@ -100,6 +100,7 @@ impl pb::Capacity for CapacityService {
                 project_id: ProjectId::parse_field("projectId", request.project_id)?,
                 run_id: optional_uuid("runId", request.run_id)?,
                 attempt_id: optional_uuid("attemptId", request.attempt_id)?,
+                run_slot: None,
                 holder_kind: HolderKind::parse(request.holder_kind)?,
                 holder_id: parse_holder_id(request.holder_id)?,
                 cpu: positive("cpu", request.cpu)?,

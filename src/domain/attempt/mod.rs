@@ -617,6 +617,8 @@ pub struct NewAttempt {
     pub max_corrections: u32,
     /// Sub-agent depth of its run (0 for a top-level run).
     pub depth: u32,
+    /// The runs above its run, nearest first (see [`crate::domain::run::Run::ancestors`]).
+    pub ancestors: Vec<Uuid>,
 }
 
 /// One try of one step under one lease.
@@ -684,6 +686,10 @@ pub struct ExecutionAttempt {
     pub limits: AttemptLimits,
     /// Sub-agent depth of its run.
     pub depth: u32,
+    /// The runs above its run, nearest first: empty for an attempt of a
+    /// top-level run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ancestors: Vec<Uuid>,
     /// Counters.
     pub usage: AttemptUsage,
     /// The call in flight.
@@ -1019,6 +1025,7 @@ impl ExecutionAttempt {
             checkpoint_format: spec.checkpoint_format,
             limits: spec.limits,
             depth: spec.depth,
+            ancestors: spec.ancestors,
             usage: AttemptUsage::default(),
             open_call: None,
             pending_decision: None,
@@ -1239,13 +1246,26 @@ impl ExecutionAttempt {
         self.set_phase(AttemptPhase::LoadingRelease, now)
     }
 
+    /// The run whose run slot the attempt counts in: its top-level run.
+    pub fn run_slot(&self) -> Uuid {
+        self.ancestors.last().copied().unwrap_or(self.run_id)
+    }
+
     /// Since when the attempt has made no calls and waits for a human
-    /// decision or for its lease to be renewed (Paused); none otherwise.
+    /// decision, for a delegated child run, or for its lease to be renewed
+    /// (Paused); none otherwise. Its run keeps its run slot meanwhile.
     pub fn idle_since(&self) -> Option<DateTime<Utc>> {
-        if !matches!(
-            self.state,
-            AttemptState::WaitingForDecision | AttemptState::Paused
-        ) {
+        let waits_for_child = self.state == AttemptState::WaitingForTool
+            && self
+                .open_call
+                .as_ref()
+                .is_some_and(|c| c.kind == CallKind::SubAgent);
+        if !waits_for_child
+            && !matches!(
+                self.state,
+                AttemptState::WaitingForDecision | AttemptState::Paused
+            )
+        {
             return None;
         }
         self.phases

@@ -40,6 +40,7 @@ pub(crate) fn attempt() -> ExecutionAttempt {
             limits: limits(),
             max_corrections: 2,
             depth: 0,
+            ancestors: Vec::new(),
         },
         t0(),
     )

@@ -254,19 +254,29 @@ pub enum Verdict {
     Deny(Limit),
 }
 
-/// Leases holding capacity and minutes used, at one level.
+/// Run slots, leases holding capacity and minutes used, at one level.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
-    /// Attempt and build leases holding capacity.
+    /// Run slots held: a run holds one from the grant of its first lease
+    /// to its end, whatever it waits for; a delegated child run counts in
+    /// its top-level run's slot.
     pub runs: u32,
     /// Sandbox and browser-session leases holding capacity.
     pub sandboxes: u32,
+    /// CPU held by leases now (a waiting attempt gives its back).
+    pub cpu: Amount,
+    /// Memory held by leases now, GB.
+    pub memory_gb: Amount,
     /// Lease seconds today (UTC), closed and running.
     pub seconds_today: u64,
 }
 
 /// The quota situation of one request.
 pub struct QuotaContext<'a> {
+    /// Whether the request's run already holds a run slot (its run goes
+    /// on after a wait, or a child run runs in its top-level run's slot):
+    /// `concurrentRuns` is then not asked again.
+    pub holds_slot: bool,
     /// The tenant.
     pub tenant: &'a TenantId,
     /// The project.
@@ -318,7 +328,9 @@ fn check_quota(request: &LeaseRequest, q: &QuotaContext<'_>) -> Result<(), Verdi
             }));
         }
     }
-    // Concurrency, project first when it sets its own limit.
+    // Concurrency, project first when it sets its own limit. A run that
+    // holds its slot only asks for compute.
+    let slot_held = request.holder_kind.counts_as_run() && q.holds_slot;
     let (field, tenant_eff, project_eff, tenant_used, project_used) =
         if request.holder_kind.counts_as_run() {
             (
@@ -338,10 +350,12 @@ fn check_quota(request: &LeaseRequest, q: &QuotaContext<'_>) -> Result<(), Verdi
             )
         };
     let mut checks = Vec::new();
-    if project_binds(project_eff) {
+    if project_binds(project_eff) && !slot_held {
         checks.push((project.clone(), project_eff, project_used));
     }
-    checks.push((tenant.clone(), tenant_eff, tenant_used));
+    if !slot_held {
+        checks.push((tenant.clone(), tenant_eff, tenant_used));
+    }
     for (level, eff, used) in checks {
         if let Some(limit) = eff.value
             && used >= limit
@@ -566,6 +580,7 @@ mod tests {
             project_id: ProjectId::parse("web").unwrap(),
             run_id: None,
             attempt_id: None,
+            run_slot: None,
             holder_kind: HolderKind::Attempt,
             holder_id: "a".into(),
             cpu: Amount::units(cpu),
@@ -609,6 +624,7 @@ mod tests {
 
         fn ctx(&self, tenant: Usage, project: Usage) -> QuotaContext<'_> {
             QuotaContext {
+                holds_slot: false,
                 tenant: &self.tenant,
                 project: &self.project,
                 tenant_limits: &self.tenant_limits,
@@ -860,6 +876,7 @@ mod properties {
                             project_id: projects[p].clone(),
                             run_id: None,
                             attempt_id: None,
+                            run_slot: None,
                             holder_kind: HolderKind::Attempt,
                             holder_id: "h".into(),
                             cpu: Amount::units(cpu),
@@ -868,6 +885,7 @@ mod properties {
                         };
                         let count = |pr: Option<usize>| held.iter().filter(|(q, _)| pr.is_none_or(|x| x == *q)).count() as u32;
                         let ctx = QuotaContext {
+                            holds_slot: false,
                             tenant: &tenant,
                             project: &projects[p],
                             tenant_limits: &tenant_limits,

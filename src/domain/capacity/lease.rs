@@ -215,6 +215,10 @@ pub struct LeaseRequest {
     pub run_id: Option<Uuid>,
     /// The attempt, if any.
     pub attempt_id: Option<Uuid>,
+    /// The run slot it counts in, for an attempt of a run: its own run, or
+    /// for a delegated child run the root run it runs in. `None`: a run
+    /// or sandbox lease is its own slot, freed with it.
+    pub run_slot: Option<Uuid>,
     /// What holds it.
     pub holder_kind: HolderKind,
     /// Which one.
@@ -241,6 +245,9 @@ pub struct CapacityLease {
     pub run_id: Option<Uuid>,
     /// The attempt, if any.
     pub attempt_id: Option<Uuid>,
+    /// The run slot it counts in (see [`LeaseRequest::run_slot`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_slot: Option<Uuid>,
     /// What holds it.
     pub holder_kind: HolderKind,
     /// Which one.
@@ -382,6 +389,7 @@ impl CapacityLease {
             tenant_id: request.tenant_id,
             project_id: request.project_id,
             run_id: request.run_id,
+            run_slot: request.run_slot,
             attempt_id: request.attempt_id,
             holder_kind: request.holder_kind,
             holder_id: request.holder_id,
@@ -576,6 +584,7 @@ mod tests {
             project_id: ProjectId::parse("web").unwrap(),
             run_id: None,
             attempt_id: None,
+            run_slot: None,
             holder_kind: HolderKind::Attempt,
             holder_id: "attempt-1".into(),
             cpu: Amount::units(1),

@@ -1114,6 +1114,7 @@ impl<'a> Loop<'a> {
             project_id: self.project_id.clone(),
             run_id: None,
             attempt_id: Some(self.attempt_id),
+            run_slot: None,
             holder_kind: HolderKind::Sandbox,
             holder_id: format!("{}:{call_id}", self.attempt_id),
             cpu: t.cpu.unwrap_or(crate::domain::amount::Amount::units(1)),

@@ -295,6 +295,7 @@ impl Grain {
                         attempt_id: self.attempt.attempt_id,
                         delegation_id,
                         call_id: start.call_id,
+                        ancestors: self.attempt.ancestors.clone(),
                     },
                     depth,
                     &format!("attempt {}", self.attempt.attempt_id),
@@ -822,6 +823,11 @@ impl Grain {
         self.open = None;
         self.checkpoint_metric();
         self.call_metric(CallKind::SubAgent, record.status);
+        // It gave its compute back while the child ran: it asks again
+        // (its run kept its run slot).
+        if self.attempt.needs_capacity() {
+            self.acquire_capacity();
+        }
         Ok(())
     }
 }

@@ -382,6 +382,14 @@ impl Grain {
             (Some(d), AttemptState::WaitingForDecision) => {
                 format!("for human {} decision {}", d.kind.as_str(), d.decision_id)
             }
+            (_, AttemptState::WaitingForTool) => format!(
+                "for delegated child run(s) of sub-agent call {}",
+                self.attempt
+                    .open_call
+                    .as_ref()
+                    .map(|c| c.call_id.to_string())
+                    .unwrap_or_default()
+            ),
             _ => "paused".to_string(),
         };
         let mut a = self.attempt.clone();

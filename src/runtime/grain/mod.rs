@@ -637,6 +637,7 @@ impl Grain {
             project_id: a.project_id.clone(),
             run_id: Some(a.run_id),
             attempt_id: Some(a.attempt_id),
+            run_slot: Some(a.run_slot()),
             holder_kind: HolderKind::Attempt,
             holder_id: a.attempt_id.to_string(),
             cpu: amount(cpu),
