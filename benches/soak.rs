@@ -137,6 +137,8 @@ async fn one_run(state: &AppState, scope: &TenantScope, project: &ProjectId, i: 
                     receipt: Some(serde_json::to_vec(&json!({"receipt": i})).unwrap()),
                     error: None,
                     state: Some(serde_json::to_vec(&payload("observed", i, 2)).unwrap()),
+                    usage: None,
+                    latency_ms: None,
                 },
             )
             .await

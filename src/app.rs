@@ -275,6 +275,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         reloader.runtime.clone(),
         capacity.clone(),
         releases.clone(),
+        Arc::new(crate::runs::Port),
         shutdown_rx.clone(),
         #[cfg(unix)]
         Arc::new(crate::runtime::confine::Confiner::detect(

@@ -449,6 +449,9 @@ pub struct EditionLimits {
     /// Lease minutes per UTC day.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub execution_minutes_per_day: Option<u32>,
+    /// Model tokens (input and output) per UTC day.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
 }
 
 /// The CPU and memory of one slot of a node profile.
@@ -618,6 +621,11 @@ pub struct RuntimeConfig {
     /// network namespace, no Landlock): `rlimit` runs it with the weaker
     /// mechanism and says so on the call, `refuse` fails the call.
     pub when_unconfinable: WhenUnconfinable,
+    /// What an attempt does when its project's or tenant's `tokensPerDay`
+    /// refuses a model call: `wait` pauses it until the next UTC day (or
+    /// until the quota is raised; it gives its compute back meanwhile),
+    /// `fail` fails it (budget) naming the quota.
+    pub when_tokens_run_out: WhenTokensRunOut,
     /// Processes and threads one tool process tree may have.
     pub tool_pids_max: u32,
     /// MiB an attempt's working directory may hold (a tmpfs, where the
@@ -688,6 +696,18 @@ pub enum WhenUnconfinable {
     Refuse,
 }
 
+/// What an attempt does when `tokensPerDay` refuses its model call
+/// (`runtime.when_tokens_run_out`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WhenTokensRunOut {
+    /// Pause until the UTC day turns or the quota allows calls again.
+    #[default]
+    Wait,
+    /// Fail the attempt (budget), naming the quota.
+    Fail,
+}
+
 /// A secret value from the configuration: it never shows in a log or in
 /// `Debug` output.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -726,6 +746,7 @@ impl Default for RuntimeConfig {
             model_api_keys: std::collections::BTreeMap::new(),
             confinement: Confinement::Auto,
             when_unconfinable: WhenUnconfinable::Rlimit,
+            when_tokens_run_out: WhenTokensRunOut::Wait,
             tool_pids_max: 256,
             tool_workdir_mb: 1024,
             tool_user: "nobody".to_string(),

@@ -279,6 +279,11 @@ pub mod names {
     pub const TOOL_PROCESSES: &str = "agentbay_tool_processes_total";
     /// Tool process trees ended by a limit, by reason (oom, pids, timeout).
     pub const TOOL_KILLS: &str = "agentbay_tool_kills_total";
+    /// Model tokens charged, by tenant, agent and kind (input, output,
+    /// cached), as the model servers counted them.
+    pub const MODEL_TOKENS: &str = "agentbay_model_tokens_total";
+    /// Model call latency (histogram, s; tenant, agent).
+    pub const MODEL_CALL_SECONDS: &str = "agentbay_model_call_seconds";
 }
 
 fn describe() {
@@ -324,6 +329,15 @@ fn describe() {
     describe_counter!(
         names::AUTH_THROTTLED,
         "Secret checks delayed or refused by the throttle, by key"
+    );
+    describe_counter!(
+        names::MODEL_TOKENS,
+        "Model tokens charged by tenant, agent and kind (input, output, cached)"
+    );
+    describe_histogram!(
+        names::MODEL_CALL_SECONDS,
+        metrics::Unit::Seconds,
+        "Model call latency by tenant and agent"
     );
     describe_gauge!(names::POOL_UTILISATION, "Pool utilisation (0 to 1)");
     describe_gauge!(names::LEASES_ACTIVE, "Capacity leases holding capacity");

@@ -540,6 +540,8 @@ pub struct UsageLine {
     pub memory_gb_in_use: Amount,
     /// Lease seconds used today (UTC): time leases held CPU and memory.
     pub execution_seconds_today: u64,
+    /// Model tokens (input and output) charged today (UTC).
+    pub tokens_today: u64,
     /// The limits in force; null when the tenant is no longer registered.
     pub limits: Option<EffectiveLimits>,
 }
@@ -584,6 +586,7 @@ pub async fn accounting(
             cpu_in_use: usage.cpu,
             memory_gb_in_use: usage.memory_gb,
             execution_seconds_today: usage.seconds_today,
+            tokens_today: usage.tokens_today,
         })
         .collect();
     Ok(Json(Accounting { pools, usage }))
@@ -621,4 +624,78 @@ pub async fn get_lease(
             limit: None,
         });
     Ok(Json(LeaseBody::of(&view)))
+}
+
+/// `GetUsage`: the tenant's model tokens from the ledger, per UTC day,
+/// project, agent or release (any combination), as JSON or CSV.
+#[utoipa::path(get, path = "/factory/usage", tag = "capacity",
+    params(
+        ("tenant" = Option<String>, Query, description = "PlatformAdmins: another tenant"),
+        ("from" = Option<String>, Query, description = "First UTC day, YYYY-MM-DD (default: 29 days before to)"),
+        ("to" = Option<String>, Query, description = "Last UTC day, YYYY-MM-DD (default: today); at most 366 days after from"),
+        ("groupBy" = Option<String>, Query, description = "Comma-separated: day, project, agent, release (default: day)"),
+        ("projectId" = Option<String>, Query, description = "Only this project"),
+        ("agentId" = Option<String>, Query, description = "Only this agent"),
+        ("format" = Option<String>, Query, description = "json (default) or csv"),
+    ),
+    responses(
+        (status = 200, description = "Rows in key order with their input, output, cached and total tokens and model calls, and the total", body = crate::capacity::ledger::UsageReport),
+        (status = 400, description = "A malformed day, grouping or range, named"),
+    ),
+    security(("bearer" = [])))]
+pub async fn usage(
+    State(state): State<AppState>,
+    auth: Authorized<need::RunsRead>,
+    RawQuery(raw): RawQuery,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let pairs = query_pairs(
+        raw.as_deref(),
+        &[
+            "tenant",
+            "from",
+            "to",
+            "groupBy",
+            "projectId",
+            "agentId",
+            "format",
+        ],
+    )?;
+    let scope = tenant_of(&auth.principal, &pairs)?;
+    let arg = |k: &str| first(&pairs, k).unwrap_or("");
+    let query = crate::capacity::ledger::UsageQuery::parse(
+        arg("from"),
+        arg("to"),
+        arg("groupBy"),
+        arg("projectId"),
+        arg("agentId"),
+        state.clock.now().date_naive(),
+    )?;
+    let report = crate::capacity::ledger::usage(&state.store, &scope, &query)?;
+    match arg("format") {
+        "" | "json" => Ok(Json(report).into_response()),
+        "csv" => Ok((
+            [
+                (
+                    axum::http::header::CONTENT_TYPE,
+                    "text/csv; charset=utf-8".to_string(),
+                ),
+                (
+                    axum::http::header::CONTENT_DISPOSITION,
+                    format!(
+                        "attachment; filename=\"usage-{}-{}-{}.csv\"",
+                        scope.tenant(),
+                        report.from,
+                        report.to
+                    ),
+                ),
+            ],
+            crate::capacity::ledger::csv(&report.rows, query.by),
+        )
+            .into_response()),
+        other => Err(ApiError::invalid(
+            "format",
+            format!("{other:?} is not a format; use json or csv"),
+        )),
+    }
 }

@@ -77,6 +77,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/factory/capacity/queue", get(capacity::my_queue))
         .route("/factory/capacity/accounting", get(capacity::accounting))
+        .route("/factory/usage", get(capacity::usage))
         .route(
             "/runtime/releases",
             get(releases::list)

@@ -22,7 +22,7 @@ use super::{capacity, events, health, oauth, releases, runtime, tenants};
     paths(
         oauth::token, events::sse, events::head, health::healthz, health::readyz, health::metrics,
         capacity::list_pools, capacity::set_pool, capacity::pool_queue, capacity::get_quotas, capacity::set_quota,
-        capacity::list_leases, capacity::get_lease, capacity::my_queue, capacity::accounting,
+        capacity::list_leases, capacity::get_lease, capacity::my_queue, capacity::accounting, capacity::usage,
         tenants::list, tenants::get, tenants::put, tenants::put_project,
         releases::import, releases::list, releases::get, releases::deprecate, releases::revoke,
         runtime::get_attempt, runtime::list_checkpoints, runtime::watch_attempt,

@@ -337,6 +337,11 @@ pub struct CallBody {
     pub replay_of: Option<ReplayOf>,
     /// Set once retention removed its content.
     pub purged: Option<TombstoneBody>,
+    /// The tokens a model call used, as its server counted them.
+    pub usage: Option<crate::domain::usage::TokenUsage>,
+    /// Milliseconds the call took (a model call: as measured where the
+    /// model was called).
+    pub latency_ms: Option<u64>,
 }
 
 impl From<&CallRecord> for CallBody {
@@ -364,6 +369,8 @@ impl From<&CallRecord> for CallBody {
             settlement: c.settlement.clone(),
             replay_of: c.replay_of.clone(),
             purged: TombstoneBody::of(c.purged.as_ref()),
+            usage: c.usage,
+            latency_ms: c.latency_ms,
         }
     }
 }

@@ -75,13 +75,14 @@ impl Counts {
         self.memory_gb = self.memory_gb.saturating_sub(lease.memory_gb);
     }
 
-    fn usage(&self, seconds_today: u64) -> Usage {
+    fn usage(&self, seconds_today: u64, tokens_today: u64) -> Usage {
         Usage {
             runs: self.runs,
             sandboxes: self.sandboxes,
             cpu: self.cpu,
             memory_gb: self.memory_gb,
             seconds_today,
+            tokens_today,
         }
     }
 }
@@ -126,6 +127,9 @@ pub struct Book {
     day: NaiveDate,
     minutes_tenant: HashMap<TenantId, Minutes>,
     minutes_project: HashMap<ProjectKey, Minutes>,
+    /// Model tokens charged today (the ledger's day records mirrored).
+    tokens_tenant: HashMap<TenantId, u64>,
+    tokens_project: HashMap<ProjectKey, u64>,
     open: HashMap<Uuid, OpenLease>,
     /// Run slots held, by the run (or, for a run lease with no run slot,
     /// the lease) that holds each.
@@ -144,6 +148,7 @@ pub fn edition_limits(config: &EditionLimits) -> QuotaLimits {
         cpu_per_attempt: amount(config.cpu_per_attempt),
         memory_gb_per_attempt: amount(config.memory_gb_per_attempt),
         execution_minutes_per_day: config.execution_minutes_per_day,
+        tokens_per_day: config.tokens_per_day,
     }
 }
 
@@ -174,6 +179,8 @@ impl Book {
             day: now.date_naive(),
             minutes_tenant: HashMap::new(),
             minutes_project: HashMap::new(),
+            tokens_tenant: HashMap::new(),
+            tokens_project: HashMap::new(),
             open: HashMap::new(),
             slots: HashMap::new(),
             quota_blocked: HashMap::new(),
@@ -385,6 +392,8 @@ impl Book {
         let start = midnight(today);
         self.minutes_tenant.clear();
         self.minutes_project.clear();
+        self.tokens_tenant.clear();
+        self.tokens_project.clear();
         for lease in self.open.values_mut() {
             lease.since = lease.since.max(start);
             let since = lease.since;
@@ -413,20 +422,22 @@ impl Book {
         now: DateTime<Utc>,
     ) -> (Usage, Usage) {
         let key = (tenant.clone(), project.clone());
-        let usage = |counts: Option<&Counts>, minutes: Option<&Minutes>| {
-            counts
-                .copied()
-                .unwrap_or_default()
-                .usage(minutes.map_or(0, |m| m.seconds(now)))
+        let usage = |counts: Option<&Counts>, minutes: Option<&Minutes>, tokens: Option<&u64>| {
+            counts.copied().unwrap_or_default().usage(
+                minutes.map_or(0, |m| m.seconds(now)),
+                tokens.copied().unwrap_or_default(),
+            )
         };
         (
             usage(
                 self.counts_tenant.get(tenant),
                 self.minutes_tenant.get(tenant),
+                self.tokens_tenant.get(tenant),
             ),
             usage(
                 self.counts_project.get(&key),
                 self.minutes_project.get(&key),
+                self.tokens_project.get(&key),
             ),
         )
     }
@@ -604,6 +615,26 @@ impl Book {
             .unwrap_or_default()
     }
 
+    /// Counts model tokens charged on `day` (at start, from the ledger's
+    /// day records; then as each call's usage is charged). Another day's
+    /// tokens are not today's.
+    pub fn add_tokens(
+        &mut self,
+        tenant: &TenantId,
+        project: &ProjectId,
+        day: NaiveDate,
+        tokens: u64,
+    ) {
+        if day != self.day {
+            return;
+        }
+        *self.tokens_tenant.entry(tenant.clone()).or_default() += tokens;
+        *self
+            .tokens_project
+            .entry((tenant.clone(), project.clone()))
+            .or_default() += tokens;
+    }
+
     /// Adds closed seconds recorded in the store for today (at start).
     pub fn add_closed(&mut self, tenant: &TenantId, project: Option<&ProjectId>, seconds: u64) {
         match project {
@@ -660,19 +691,30 @@ impl Book {
     /// Usage per tenant and project, for the accounting view.
     pub fn usage_report(&self, now: DateTime<Utc>) -> Vec<(TenantId, Option<ProjectId>, Usage)> {
         let mut out = Vec::new();
-        for (tenant, c) in &self.counts_tenant {
+        let tenants: BTreeSet<&TenantId> = self
+            .counts_tenant
+            .keys()
+            .chain(self.tokens_tenant.keys())
+            .collect();
+        for tenant in tenants {
+            let c = self.counts_tenant.get(tenant).copied().unwrap_or_default();
             let seconds = self
                 .minutes_tenant
                 .get(tenant)
                 .map_or(0, |m| m.seconds(now));
-            out.push((tenant.clone(), None, c.usage(seconds)));
+            let tokens = self.tokens_tenant.get(tenant).copied().unwrap_or_default();
+            out.push((tenant.clone(), None, c.usage(seconds, tokens)));
         }
-        for ((tenant, project), c) in &self.counts_project {
-            let seconds = self
-                .minutes_project
-                .get(&(tenant.clone(), project.clone()))
-                .map_or(0, |m| m.seconds(now));
-            out.push((tenant.clone(), Some(project.clone()), c.usage(seconds)));
+        let projects: BTreeSet<&ProjectKey> = self
+            .counts_project
+            .keys()
+            .chain(self.tokens_project.keys())
+            .collect();
+        for key in projects {
+            let c = self.counts_project.get(key).copied().unwrap_or_default();
+            let seconds = self.minutes_project.get(key).map_or(0, |m| m.seconds(now));
+            let tokens = self.tokens_project.get(key).copied().unwrap_or_default();
+            out.push((key.0.clone(), Some(key.1.clone()), c.usage(seconds, tokens)));
         }
         out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         out

@@ -14,6 +14,7 @@
 pub mod book;
 pub mod grain;
 pub mod holders;
+pub mod ledger;
 pub mod records;
 pub mod workers;
 
@@ -41,7 +42,7 @@ use crate::domain::capacity::quota::quota_changed;
 use crate::domain::capacity::{
     CapacityLease, EffectiveLimits, LeaseRequest, LeaseState, Limit, PoolKind, PoolSpec, PoolState,
     Quota, QuotaLimits, QuotaPatch, QuotaScope, SecurityBoundary, SlotSize, Usage, WorkerPool,
-    placement,
+    placement, token_quota,
 };
 use crate::domain::events::NewEvent;
 use crate::domain::ids::new_id;
@@ -221,6 +222,8 @@ pub struct UsageView {
     /// Lease minutes used today (UTC): time leases held CPU and memory,
     /// not time a run held only its run slot.
     pub execution_minutes_today: u64,
+    /// Model tokens (input and output) charged today (UTC).
+    pub tokens_today: u64,
 }
 
 impl From<Usage> for UsageView {
@@ -231,6 +234,7 @@ impl From<Usage> for UsageView {
             cpu_in_use: u.cpu,
             memory_gb_in_use: u.memory_gb,
             execution_minutes_today: u.seconds_today / 60,
+            tokens_today: u.tokens_today,
         }
     }
 }
@@ -312,7 +316,7 @@ impl Capacity {
             create_default_pools(&store, &profiles, &config.default_region, now).await?;
         }
 
-        let (tenants, projects, quotas, pools, leases, minutes, slots) = {
+        let (tenants, projects, quotas, pools, leases, minutes, slots, tokens) = {
             let store = store.clone();
             let platform = platform.clone();
             // Configuration-sized tables whole; of the leases and minutes
@@ -323,10 +327,12 @@ impl Capacity {
                 let tenants = store.scan_all::<Tenant>(&platform)?;
                 let mut leases = Vec::new();
                 let mut minutes = Vec::new();
+                let mut tokens = Vec::new();
                 for t in &tenants {
                     let scope = TenantScope::new(t.tenant_id.clone());
                     leases.extend(records::live_leases(&store, &scope)?);
                     minutes.extend(store.get::<ExecutionMinutes>(&scope, &today)?);
+                    tokens.extend(store.get::<ledger::TokenDay>(&scope, &today)?);
                 }
                 Ok((
                     tenants,
@@ -336,6 +342,7 @@ impl Capacity {
                     leases,
                     minutes,
                     records::recorded_slots(&store, &platform)?,
+                    tokens,
                 ))
             })
             .await
@@ -355,6 +362,16 @@ impl Capacity {
             book.add_closed(&m.tenant_id, None, m.seconds);
             for (project, seconds) in &m.projects {
                 book.add_closed(&m.tenant_id, Some(project), *seconds);
+            }
+        }
+        for day in &tokens {
+            for line in &day.lines {
+                book.add_tokens(
+                    &day.tenant_id,
+                    &line.project_id,
+                    day.day,
+                    line.usage.total(),
+                );
             }
         }
         let (slots, ended_slots) = slots;
@@ -1406,6 +1423,31 @@ impl Capacity {
             }
         }
         Ok(freed)
+    }
+
+    /// The `tokensPerDay` quota that refuses a new model call of a
+    /// project now, if one does.
+    pub fn token_quota(&self, tenant: &TenantId, project: &ProjectId) -> Option<Limit> {
+        let now = self.now();
+        self.shared
+            .book
+            .lock()
+            .with_context(tenant, project, None, now, token_quota)
+            .flatten()
+    }
+
+    /// Mirrors a charge the ledger committed (see [`ledger::charge`]) in
+    /// today's sums the `tokensPerDay` quota is checked against.
+    pub fn tokens_charged(
+        &self,
+        tenant: &TenantId,
+        project: &ProjectId,
+        at: chrono::DateTime<Utc>,
+        tokens: u64,
+    ) {
+        let mut book = self.shared.book.lock();
+        book.roll(self.now());
+        book.add_tokens(tenant, project, at.date_naive(), tokens);
     }
 
     /// Whether the run `run_id` holds a run slot now.

@@ -465,6 +465,12 @@ fn level(set: &crate::capacity::QuotaSet, actor: &crate::domain::access::Actor) 
                 effective(&e.execution_minutes_per_day),
                 format!("{} today", u.execution_minutes_today),
             ),
+            row(
+                "tokensPerDay",
+                show(&o.tokens_per_day),
+                effective(&e.tokens_per_day),
+                format!("{} today", u.tokens_today),
+            ),
         ],
     }
 }
@@ -485,6 +491,7 @@ pub async fn quotas(console: Console) -> Result<Response, PageError> {
             "executionMinutesPerDay",
             show(&el.execution_minutes_per_day),
         ),
+        ("tokensPerDay", show(&el.tokens_per_day)),
     ];
     let actor = console.principal().actor();
     let mut levels = vec![level(&q.tenant, &actor)];
@@ -499,13 +506,14 @@ pub async fn quotas(console: Console) -> Result<Response, PageError> {
     })
 }
 
-/// The five limits of a quota.
-const LIMIT_FIELDS: [&str; 5] = [
+/// The limits of a quota.
+const LIMIT_FIELDS: [&str; 6] = [
     "concurrentRuns",
     "concurrentSandboxes",
     "cpuPerAttempt",
     "memoryGbPerAttempt",
     "executionMinutesPerDay",
+    "tokensPerDay",
 ];
 
 fn quota_patch(fields: &Fields) -> Result<QuotaPatch, ApiError> {

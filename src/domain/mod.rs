@@ -21,6 +21,7 @@ pub mod retention;
 pub mod run;
 pub mod tenant;
 pub mod trust;
+pub mod usage;
 pub mod user;
 
 pub use error::{DomainError, FieldError};

@@ -375,7 +375,10 @@ impl ToolDescriptor {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AttemptLimits {
-    /// Wall-clock minutes.
+    /// Active minutes: time the attempt spent Running or waiting for a
+    /// tool or model call, not time spent waiting for capacity, for a
+    /// human, for a delegated child run, or paused. The attempt page shows
+    /// this clock beside the wall clock.
     pub max_minutes: u32,
     /// Model calls.
     pub max_model_calls: u32,
@@ -385,6 +388,12 @@ pub struct AttemptLimits {
     pub max_context_tokens: u32,
     /// Depth of sub-agent delegation.
     pub max_sub_agent_depth: u32,
+    /// Tokens (input and output, as the model servers count them) of all
+    /// the attempt's model calls; 0: no budget. A model call that would
+    /// pass it (the tokens used plus the context it declares) is not made
+    /// and the attempt ends TimedOut (budget).
+    #[serde(default)]
+    pub max_total_tokens: u64,
 }
 
 impl Default for AttemptLimits {
@@ -395,6 +404,7 @@ impl Default for AttemptLimits {
             max_tool_calls: 100,
             max_context_tokens: 32_000,
             max_sub_agent_depth: 2,
+            max_total_tokens: 0,
         }
     }
 }
@@ -1141,6 +1151,32 @@ pub fn check_compatibility(manifest: &Manifest) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The steps of a release's workflow (`workflow.json`: `{"steps": [{"id":
+/// ...}]}`); one step named after the agent when it declares none.
+pub fn workflow_steps(workflow: &[u8], agent_id: &str) -> Vec<String> {
+    let names: Vec<String> = serde_json::from_slice::<Value>(workflow)
+        .ok()
+        .and_then(|v| v.get("steps").and_then(Value::as_array).cloned())
+        .map(|steps| {
+            steps
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    s.get("id")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                        .unwrap_or_else(|| format!("step-{}", i + 1))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if names.is_empty() {
+        vec![agent_id.to_string()]
+    } else {
+        names
+    }
 }
 
 #[cfg(test)]

@@ -717,6 +717,66 @@ impl EventPayload for ApprovalDecided<'_> {
     const TOPIC: &'static str = "execution.approvals.v1.approval-decided";
 }
 
+/// Everything a new run is made of, resolved outside the transaction.
+#[derive(Clone, Debug)]
+pub struct NewRun {
+    /// The run record.
+    pub run: Run,
+    /// The input's bytes.
+    pub input: Vec<u8>,
+}
+
+/// What follows an attempt's outcome, for the runtime to act on after the
+/// transaction committed.
+#[derive(Clone, Debug, Default)]
+pub struct Followup {
+    /// The run's next attempt, written in the same transaction.
+    pub next_attempt: Option<Uuid>,
+    /// A child run that ended: its supervisor's call completes.
+    pub child_ended: Option<ChildEnded>,
+    /// A top-level run that ended: its run slot is freed.
+    pub run_ended: Option<Uuid>,
+}
+
+impl Followup {
+    /// What follows `run` as written, with its next attempt.
+    pub fn of(run: &Run, next_attempt: Option<Uuid>) -> Followup {
+        Followup {
+            next_attempt,
+            child_ended: ended_child(run),
+            run_ended: (run.state.is_terminal() && run.parent.is_none()).then_some(run.run_id),
+        }
+    }
+}
+
+/// A child run's end, for its supervisor.
+#[derive(Clone, Debug)]
+pub struct ChildEnded {
+    /// The supervisor.
+    pub parent: ParentLink,
+    /// The child run.
+    pub child_run_id: Uuid,
+    /// Its final state.
+    pub state: RunState,
+    /// Its output.
+    pub output_ref: Option<String>,
+    /// Why it ended so.
+    pub reason: Option<String>,
+}
+
+fn ended_child(run: &Run) -> Option<ChildEnded> {
+    if !run.state.is_terminal() {
+        return None;
+    }
+    run.parent.clone().map(|parent| ChildEnded {
+        parent,
+        child_run_id: run.run_id,
+        state: run.state,
+        output_ref: run.output_ref.clone(),
+        reason: run.reason.clone(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use chrono::TimeZone;

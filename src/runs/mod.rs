@@ -15,6 +15,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::capacity::Capacity;
+use crate::capacity::ledger;
 use crate::clock::SharedClock;
 use crate::config::RuntimeConfig;
 use crate::domain::attempt::{
@@ -24,9 +25,12 @@ use crate::domain::attempt::{
 use crate::domain::events::NewEvent;
 use crate::domain::ids::new_id;
 use crate::domain::release::{AttemptLimits, LoadedRelease, Manifest};
+use crate::domain::run::{Followup, NewRun};
 use crate::domain::run::{Next, ParentLink, Run, RunState, RunSubmitted, Snapshot, Step};
+use crate::domain::usage::TokenUsage;
 use crate::domain::{DomainError, FieldError, ProjectId, TenantId};
 use crate::releases::{ReleaseError, Releases};
+use crate::runtime::port::{ChildPlan, RunPort};
 use crate::runtime::{Runtime, RuntimeError};
 use crate::store::{Derived, Record, StoreError, Table, TenantScope, Tx, time_value};
 
@@ -196,6 +200,7 @@ pub fn effective_limits(
         max_tool_calls: 0,
         max_context_tokens: 0,
         max_sub_agent_depth: 0,
+        max_total_tokens: 0,
     });
     Ok(AttemptLimits {
         max_minutes: pick("maxMinutes", release.max_minutes, a.max_minutes)?,
@@ -211,42 +216,20 @@ pub fn effective_limits(
             release.max_sub_agent_depth.min(config.max_sub_agent_depth),
             a.max_sub_agent_depth,
         )?,
+        max_total_tokens: match (release.max_total_tokens, a.max_total_tokens) {
+            (release, 0) => release,
+            (0, asked) => asked,
+            (release, asked) if asked > release => {
+                return Err(FieldError::new(
+                    "limits.maxTotalTokens",
+                    format!(
+                        "{asked} is above the release's contract ({release}); limits may only tighten it"
+                    ),
+                ));
+            }
+            (_, asked) => asked,
+        },
     })
-}
-
-/// The steps of a release's workflow (`workflow.json`: `{"steps": [{"id":
-/// ...}]}`); one step named after the agent when it declares none.
-pub fn workflow_steps(workflow: &[u8], agent_id: &str) -> Vec<String> {
-    let names: Vec<String> = serde_json::from_slice::<Value>(workflow)
-        .ok()
-        .and_then(|v| v.get("steps").and_then(Value::as_array).cloned())
-        .map(|steps| {
-            steps
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    s.get("id")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                        .unwrap_or_else(|| format!("step-{}", i + 1))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    if names.is_empty() {
-        vec![agent_id.to_string()]
-    } else {
-        names
-    }
-}
-
-/// Everything a new run is made of, resolved outside the transaction.
-#[derive(Clone, Debug)]
-pub struct NewRun {
-    /// The run record.
-    pub run: Run,
-    /// The input's bytes.
-    pub input: Vec<u8>,
 }
 
 /// The adapter version attempts of `manifest`'s release need, e.g.
@@ -443,57 +426,6 @@ pub fn create_run(
     Ok((run, attempt))
 }
 
-/// What follows an attempt's outcome, for the runtime to act on after the
-/// transaction committed.
-#[derive(Clone, Debug, Default)]
-pub struct Followup {
-    /// The run's next attempt, written in the same transaction.
-    pub next_attempt: Option<Uuid>,
-    /// A child run that ended: its supervisor's call completes.
-    pub child_ended: Option<ChildEnded>,
-    /// A top-level run that ended: its run slot is freed.
-    pub run_ended: Option<Uuid>,
-}
-
-impl Followup {
-    /// What follows `run` as written, with its next attempt.
-    fn of(run: &Run, next_attempt: Option<Uuid>) -> Followup {
-        Followup {
-            next_attempt,
-            child_ended: ended_child(run),
-            run_ended: (run.state.is_terminal() && run.parent.is_none()).then_some(run.run_id),
-        }
-    }
-}
-
-/// A child run's end, for its supervisor.
-#[derive(Clone, Debug)]
-pub struct ChildEnded {
-    /// The supervisor.
-    pub parent: ParentLink,
-    /// The child run.
-    pub child_run_id: Uuid,
-    /// Its final state.
-    pub state: RunState,
-    /// Its output.
-    pub output_ref: Option<String>,
-    /// Why it ended so.
-    pub reason: Option<String>,
-}
-
-fn ended_child(run: &Run) -> Option<ChildEnded> {
-    if !run.state.is_terminal() {
-        return None;
-    }
-    run.parent.clone().map(|parent| ChildEnded {
-        parent,
-        child_run_id: run.run_id,
-        state: run.state,
-        output_ref: run.output_ref.clone(),
-        reason: run.reason.clone(),
-    })
-}
-
 /// Records the single outcome of a terminal attempt in its run (inside the
 /// attempt's own transaction) and writes the next attempt, if any.
 pub fn record_outcome(
@@ -659,7 +591,7 @@ impl RunControl {
             .await?;
         let manifest = self.releases.manifest(scope, &release)?;
         let workflow = self.releases.artifact(scope, &release, "workflow")?;
-        let steps = workflow_steps(&workflow, &release.agent_id);
+        let steps = crate::domain::release::workflow_steps(&workflow, &release.agent_id);
         let now = self.clock.now();
         let new = plan_run(
             &request,
@@ -1012,40 +944,82 @@ impl RunControl {
     }
 }
 
-/// Plans and writes a child run inside a supervisor's transaction.
-#[allow(clippy::too_many_arguments)]
-pub fn plan_child(
-    tenant: &TenantId,
-    project_id: &ProjectId,
-    release: &LoadedRelease,
-    manifest: &Manifest,
-    steps: Vec<String>,
-    input: Value,
-    config: &RuntimeConfig,
-    parent: ParentLink,
-    depth: u32,
-    by: &str,
-    now: DateTime<Utc>,
-) -> Result<NewRun, DomainError> {
-    let request = RunRequest {
-        project_id: project_id.clone(),
-        release_id: release.release_id.clone(),
-        input,
-        limits: None,
-        max_attempts: 0,
-        max_corrections: None,
-        request_id: None,
-        environment_id: None,
-        submitted_by: by.to_string(),
-    };
-    plan_run(
-        &request,
-        tenant,
-        release,
-        manifest,
-        steps,
-        config,
-        Some((parent, depth)),
-        now,
-    )
+/// Run control as the runtime sees it (see [`crate::runtime::port`]):
+/// handed to the runtime when it starts.
+pub struct Port;
+
+impl RunPort for Port {
+    fn record_outcome(
+        &self,
+        tx: &mut Tx,
+        scope: &TenantScope,
+        attempt: &ExecutionAttempt,
+        now: DateTime<Utc>,
+    ) -> Result<Followup, StoreError> {
+        record_outcome(tx, scope, attempt, now)
+    }
+
+    fn charge_tokens(
+        &self,
+        tx: &mut Tx,
+        scope: &TenantScope,
+        attempt: &ExecutionAttempt,
+        usage: &TokenUsage,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        ledger::charge(
+            tx,
+            scope,
+            &ledger::Charge {
+                project_id: &attempt.project_id,
+                agent_id: &attempt.agent_id,
+                release_id: &attempt.release_id,
+                run_id: attempt.run_id,
+                ancestors: &attempt.ancestors,
+                usage: *usage,
+                at: now,
+            },
+        )
+    }
+
+    fn plan_child(&self, plan: ChildPlan<'_>) -> Result<NewRun, DomainError> {
+        let supervisor = plan.supervisor;
+        let request = RunRequest {
+            project_id: supervisor.project_id.clone(),
+            release_id: plan.release.release_id.clone(),
+            input: plan.input,
+            limits: None,
+            max_attempts: 0,
+            max_corrections: None,
+            request_id: None,
+            environment_id: None,
+            submitted_by: format!("attempt {}", supervisor.attempt_id),
+        };
+        let mut child = plan_run(
+            &request,
+            &supervisor.tenant_id,
+            plan.release,
+            plan.manifest,
+            plan.steps,
+            plan.config,
+            Some((plan.parent, supervisor.depth + 1)),
+            plan.now,
+        )?;
+        // A child never gets a deeper delegation budget than its
+        // supervisor had.
+        let depth = &mut child.run.snapshot.limits.max_sub_agent_depth;
+        *depth = (*depth).min(supervisor.limits.max_sub_agent_depth);
+        Ok(child)
+    }
+
+    fn create_child(
+        &self,
+        tx: &mut Tx,
+        scope: &TenantScope,
+        child: NewRun,
+        retain_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<ExecutionAttempt, StoreError> {
+        create_run(tx, scope, child, retain_until, now).map(|(_, attempt)| attempt)
+    }
 }

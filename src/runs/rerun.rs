@@ -20,8 +20,9 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{RunControl, RunRequest, plan_run, workflow_steps};
+use super::{RunControl, RunRequest, plan_run};
 use crate::domain::attempt::{CallRecord, Checkpoint, ExecutionAttempt};
+use crate::domain::release::workflow_steps;
 use crate::domain::release::{LoadedRelease, Manifest, version_order};
 use crate::domain::rerun::{attempt_blocker, calls_before, checkpoint_blocker, effects_after};
 use crate::domain::run::{RerunOrigin, Run};

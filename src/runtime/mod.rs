@@ -15,6 +15,7 @@ pub mod content;
 pub mod grain;
 #[cfg(windows)]
 pub mod jobobject;
+pub mod port;
 pub mod profiles;
 pub mod reach;
 pub mod release;
@@ -41,9 +42,9 @@ use crate::domain::attempt::{
     InterruptSource, SubAgentDelegation,
 };
 use crate::domain::release::{AdapterKind, InFlightPolicy};
+use crate::domain::run::{ChildEnded, Followup};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::releases::{InFlight, InFlightReport, Releases};
-use crate::runs::{ChildEnded, Followup};
 use crate::store::{
     Derived, PlatformScope, Record, Store, StoreError, Table, TenantScope, time_value,
 };
@@ -341,6 +342,11 @@ pub struct Completion {
     pub error: Option<String>,
     /// The adapter's state after observing it.
     pub state: Option<Vec<u8>>,
+    /// Tokens a model call used, as its server counted them (the usage of
+    /// an OpenAI-compatible answer, the final chunk's for a streamed one).
+    pub usage: Option<crate::domain::usage::TokenUsage>,
+    /// Milliseconds the model took, as measured where it was called.
+    pub latency_ms: Option<u64>,
 }
 
 /// What CompleteCall answers.
@@ -575,6 +581,8 @@ pub struct Shared {
     pub(crate) config: crate::config::Live<RuntimeConfig>,
     pub(crate) capacity: Arc<Capacity>,
     pub(crate) releases: Arc<Releases>,
+    /// Run control, through the one interface the runtime knows of it.
+    pub(crate) runs: Arc<dyn port::RunPort>,
     grains: Mutex<HashMap<Uuid, GrainHandle>>,
     /// Attempts waiting for an external adapter, by (tenant, agent), in
     /// arrival order.
@@ -649,12 +657,14 @@ fn gone(attempt_id: Uuid) -> RuntimeError {
 
 impl Runtime {
     /// Starts the runtime: a grain for every live attempt in the store.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         store: Store,
         clock: SharedClock,
         config: crate::config::Live<RuntimeConfig>,
         capacity: Arc<Capacity>,
         releases: Arc<Releases>,
+        runs: Arc<dyn port::RunPort>,
         shutdown: watch::Receiver<bool>,
         #[cfg(unix)] confiner: Arc<confine::Confiner>,
     ) -> Result<Arc<Runtime>, RuntimeError> {
@@ -663,6 +673,7 @@ impl Runtime {
             clock,
             config,
             capacity,
+            runs,
             releases: releases.clone(),
             grains: Mutex::new(HashMap::new()),
             claimable: Mutex::new(BTreeMap::new()),

@@ -95,7 +95,7 @@ impl ReleaseInfo {
             tools.insert(tool.id.clone(), (tool.clone(), validator));
         }
         let workflow = releases.artifact(scope, &release, "workflow")?;
-        let steps = crate::runs::workflow_steps(&workflow, &release.agent_id);
+        let steps = crate::domain::release::workflow_steps(&workflow, &release.agent_id);
         Ok(ReleaseInfo {
             release,
             manifest,

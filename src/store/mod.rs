@@ -139,6 +139,10 @@ pub enum Table {
     ModelProfiles,
     /// Run slots held by live runs (RunSlots), by run.
     RunSlots,
+    /// Model tokens per tenant and UTC day (the token ledger), by day.
+    TokenDays,
+    /// Model tokens per run, own and with its child runs, by run.
+    RunTokens,
 }
 
 impl Table {
@@ -168,6 +172,8 @@ impl Table {
         Table::ReleaseVerdicts,
         Table::ModelProfiles,
         Table::RunSlots,
+        Table::TokenDays,
+        Table::RunTokens,
     ];
 
     /// The sled tree name.
@@ -197,6 +203,8 @@ impl Table {
             Table::ReleaseVerdicts => "release_verdicts",
             Table::ModelProfiles => "model_profiles",
             Table::RunSlots => "run_slots",
+            Table::TokenDays => "token_days",
+            Table::RunTokens => "run_tokens",
         }
     }
 

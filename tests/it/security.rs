@@ -426,6 +426,10 @@ fn rpc_table(v: &Victim) -> HashMap<&'static str, Option<Value>> {
             Some(json!({"tenantId": "demo"})),
         ),
         (
+            "agentbay.runs.v1.Runs/GetUsage",
+            Some(json!({"tenantId": "demo"})),
+        ),
+        (
             "agentbay.runs.v1.Runs/CancelRun",
             Some(json!({"runId": v.run})),
         ),

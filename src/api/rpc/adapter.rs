@@ -276,6 +276,14 @@ impl pb::Adapter for AdapterService {
                 error: (!request.error.is_empty())
                     .then(|| request.error.chars().take(2000).collect()),
                 state: document("stateJson", request.state_json)?,
+                usage: request.usage.as_option().map(|u| {
+                    crate::domain::usage::TokenUsage::call(
+                        u.input_tokens,
+                        u.output_tokens,
+                        u.cached_tokens,
+                    )
+                }),
+                latency_ms: (request.latency_ms > 0).then_some(request.latency_ms),
             })
         })()
         .map_err(rpc)?;
@@ -380,6 +388,7 @@ impl pb::Adapter for AdapterService {
                 .unwrap_or_else(|| "[]".into()),
             input_tokens: reply.map_or(0, |r| r.input_tokens),
             output_tokens: reply.map_or(0, |r| r.output_tokens),
+            cached_tokens: reply.map_or(0, |r| r.cached_tokens),
             model: reply.map(|r| r.model.clone()).unwrap_or_default(),
             served_by: turn.served_by.clone(),
             latency_ms: reply.map_or(0, |r| r.latency_ms),

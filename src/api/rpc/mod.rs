@@ -122,6 +122,7 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
         ("agentbay.runs.v1.Runs/SubmitRun", Needs(Scope::RunsWrite)),
         ("agentbay.runs.v1.Runs/GetRun", Needs(Scope::RunsRead)),
         ("agentbay.runs.v1.Runs/ListRuns", Needs(Scope::RunsRead)),
+        ("agentbay.runs.v1.Runs/GetUsage", Needs(Scope::RunsRead)),
         ("agentbay.runs.v1.Runs/CancelRun", Needs(Scope::RunsWrite)),
         ("agentbay.runs.v1.Runs/HoldRun", Needs(Scope::RunsOperate)),
         (

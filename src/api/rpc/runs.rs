@@ -8,10 +8,12 @@ use super::{principal, tenant_scope, time};
 use crate::api::error::rpc;
 use crate::api::runtime::{parse_json, parse_state};
 use crate::app::AppState;
+use crate::capacity::ledger::{self, UsageQuery};
 use crate::domain::attempt::Effect;
 use crate::domain::ids::{optional_uuid, parse_uuid, required_uuid};
 use crate::domain::release::AttemptLimits;
 use crate::domain::run::Run;
+use crate::domain::usage::TokenUsage;
 use crate::domain::{FieldError, ProjectId};
 use crate::proto::agentbay::runs::v1 as pb;
 use crate::runs::rerun::RerunRequest;
@@ -32,6 +34,18 @@ impl RunsService {
     }
 }
 
+/// The wire form of a token sum.
+pub(crate) fn tokens_message(u: &TokenUsage) -> pb::TokenUsage {
+    pb::TokenUsage {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cached_tokens: u.cached_tokens,
+        model_calls: u.model_calls,
+        total_tokens: u.total(),
+        ..Default::default()
+    }
+}
+
 fn limits_message(l: &AttemptLimits) -> pb::Limits {
     pb::Limits {
         max_minutes: l.max_minutes,
@@ -39,6 +53,7 @@ fn limits_message(l: &AttemptLimits) -> pb::Limits {
         max_tool_calls: l.max_tool_calls,
         max_context_tokens: l.max_context_tokens,
         max_sub_agent_depth: l.max_sub_agent_depth,
+        max_total_tokens: l.max_total_tokens,
         ..Default::default()
     }
 }
@@ -75,7 +90,12 @@ pub(crate) fn pending_decision_message(d: PendingDecision) -> pb::PendingDecisio
 }
 
 /// The wire form of an attempt.
-pub fn attempt_message(store: &Store, scope: &TenantScope, view: &AttemptView) -> pb::Attempt {
+pub fn attempt_message(
+    store: &Store,
+    scope: &TenantScope,
+    view: &AttemptView,
+    now: chrono::DateTime<chrono::Utc>,
+) -> pb::Attempt {
     let a = &view.attempt;
     pb::Attempt {
         attempt_id: a.attempt_id.to_string(),
@@ -121,12 +141,20 @@ pub fn attempt_message(store: &Store, scope: &TenantScope, view: &AttemptView) -
             .as_ref()
             .map(|d| pending_decision_message(PendingDecision::read(store, scope, d)))
             .into(),
+        tokens: buffa::MessageField::some(tokens_message(&a.usage.tokens)),
+        active_seconds: a.active_ms(now) / 1000,
+        wall_seconds: (a.ended_at.unwrap_or(now) - a.started_at)
+            .num_seconds()
+            .max(0) as u64,
         ..Default::default()
     }
 }
 
 /// The wire form of a run, with its attempts as they are now.
 pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run {
+    let now = state.clock.now();
+    let tokens = ledger::run_tokens(&state.store, scope, run.run_id)
+        .unwrap_or_else(|_| ledger::RunTokens::none(scope.tenant(), run.run_id));
     let steps = run
         .steps
         .iter()
@@ -139,7 +167,7 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
                 .attempts
                 .iter()
                 .filter_map(|id| state.runtime.view(scope, *id).ok())
-                .map(|v| attempt_message(&state.store, scope, &v))
+                .map(|v| attempt_message(&state.store, scope, &v, now))
                 .collect(),
             ..Default::default()
         })
@@ -205,6 +233,8 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
                 ..Default::default()
             })
             .into(),
+        tokens: buffa::MessageField::some(tokens_message(&tokens.own)),
+        tokens_with_children: buffa::MessageField::some(tokens_message(&tokens.with_children)),
         ..Default::default()
     }
 }
@@ -226,6 +256,7 @@ impl pb::Runs for RunsService {
                 max_tool_calls: l.max_tool_calls,
                 max_context_tokens: l.max_context_tokens,
                 max_sub_agent_depth: l.max_sub_agent_depth,
+                max_total_tokens: l.max_total_tokens,
             });
             let request_id =
                 (!request.request_id.is_empty()).then(|| request.request_id.to_string());
@@ -275,6 +306,50 @@ impl pb::Runs for RunsService {
             .collect();
         Response::ok(pb::GetRunResponse {
             run: buffa::MessageField::some(message),
+            ..Default::default()
+        })
+    }
+
+    async fn get_usage(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::GetUsageRequest>,
+    ) -> ServiceResult<pb::GetUsageResponse> {
+        let caller = principal(&ctx)?;
+        let scope = tenant_scope(&caller, request.tenant_id)?;
+        let today = self.state.clock.now().date_naive();
+        let query = UsageQuery::parse(
+            request.from,
+            request.to,
+            request.group_by,
+            request.project_id,
+            request.agent_id,
+            today,
+        )
+        .map_err(rpc)?;
+        let report = ledger::usage(&self.state.store, &scope, &query)
+            .map_err(crate::runtime::RuntimeError::from)
+            .map_err(rpc)?;
+        Response::ok(pb::GetUsageResponse {
+            rows: report
+                .rows
+                .iter()
+                .map(|r| pb::UsageRow {
+                    day: r.day.map(|d| d.to_string()).unwrap_or_default(),
+                    project_id: r
+                        .project_id
+                        .as_ref()
+                        .map(|p| p.to_string())
+                        .unwrap_or_default(),
+                    agent_id: r.agent_id.clone().unwrap_or_default(),
+                    release_id: r.release_id.clone().unwrap_or_default(),
+                    usage: buffa::MessageField::some(tokens_message(&r.usage)),
+                    ..Default::default()
+                })
+                .collect(),
+            total: buffa::MessageField::some(tokens_message(&report.total)),
+            from: report.from.to_string(),
+            to: report.to.to_string(),
             ..Default::default()
         })
     }
@@ -408,7 +483,12 @@ impl pb::Runs for RunsService {
             .view(&scope, attempt.attempt_id)
             .map_err(rpc)?;
         Response::ok(pb::DecideApprovalResponse {
-            attempt: buffa::MessageField::some(attempt_message(&self.state.store, &scope, &view)),
+            attempt: buffa::MessageField::some(attempt_message(
+                &self.state.store,
+                &scope,
+                &view,
+                self.state.clock.now(),
+            )),
             ..Default::default()
         })
     }

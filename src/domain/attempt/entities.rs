@@ -277,6 +277,13 @@ pub struct CallRecord {
     pub fencing_token: u64,
     /// Context tokens the caller declared (model calls).
     pub context_tokens: Option<u32>,
+    /// Tokens the model server counted for a model call that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::domain::usage::TokenUsage>,
+    /// Milliseconds the call took: from its start to its result, or as
+    /// the adapter or model client measured the model's answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
     /// Started.
     pub started_at: DateTime<Utc>,
     /// Ended.

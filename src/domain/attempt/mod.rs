@@ -31,6 +31,7 @@ use crate::domain::error::DomainError;
 use crate::domain::events::{EventPayload, NewEvent};
 use crate::domain::ids::{ProjectId, TenantId};
 use crate::domain::release::{AdapterKind, AttemptLimits, PolicyRule, SideEffectClass};
+use crate::domain::usage::TokenUsage;
 
 /// Where an attempt is.
 #[derive(
@@ -370,6 +371,9 @@ pub struct AttemptUsage {
     /// Milliseconds spent Running or WaitingForTool before the current
     /// active stretch.
     pub active_ms: u64,
+    /// Tokens of its model calls, as their servers counted them.
+    #[serde(default)]
+    pub tokens: crate::domain::usage::TokenUsage,
 }
 
 /// The call in flight, if any: at most one at a time.
@@ -714,6 +718,11 @@ pub struct ExecutionAttempt {
     pub renewal_failure: Option<String>,
     /// Why it is paused.
     pub pause_reason: Option<String>,
+    /// Paused because its project's or tenant's `tokensPerDay` is used up:
+    /// until when (the next UTC day), unless the quota allows calls again
+    /// sooner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_paused_until: Option<DateTime<Utc>>,
     /// How it failed.
     pub failure: Option<AttemptFailure>,
     /// Artifact reference of the verified output.
@@ -816,10 +825,23 @@ pub enum CallError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LimitReached {
     /// The limit's name: maxModelCalls, maxToolCalls, maxContextTokens,
-    /// maxSubAgentDepth.
+    /// maxSubAgentDepth, maxTotalTokens.
     pub limit: &'static str,
     /// In words.
     pub reason: String,
+}
+
+impl LimitReached {
+    /// The state the attempt ends in: the token budget is the attempt's
+    /// budget running out (AttemptBudgetExceeded, TimedOut, like
+    /// maxMinutes); a count or size limit fails it.
+    pub fn ends_as(&self) -> AttemptState {
+        if self.limit == "maxTotalTokens" {
+            AttemptState::TimedOut
+        } else {
+            AttemptState::Failed
+        }
+    }
 }
 
 /// How a call ended, as observed.
@@ -835,6 +857,11 @@ pub struct CallResult {
     pub error: Option<String>,
     /// What served it (model calls).
     pub served_by: Option<String>,
+    /// Tokens a model call used, as its server counted them.
+    pub usage: Option<crate::domain::usage::TokenUsage>,
+    /// Milliseconds the model took, as measured where it was called;
+    /// else the call's time from start to result.
+    pub latency_ms: Option<u64>,
 }
 
 /// How a decision was resolved.
@@ -1037,6 +1064,7 @@ impl ExecutionAttempt {
             interrupt: None,
             renewal_failure: None,
             pause_reason: None,
+            quota_paused_until: None,
             failure: None,
             output_ref: None,
             outcome_report_hash: None,
@@ -1437,7 +1465,19 @@ impl ExecutionAttempt {
                         l.max_context_tokens
                     ),
                 }),
-                _ => None,
+                t => {
+                    let used = self.usage.tokens.total();
+                    let asks = u64::from(t.unwrap_or(0));
+                    (l.max_total_tokens > 0 && used + asks > l.max_total_tokens).then(|| {
+                        LimitReached {
+                            limit: "maxTotalTokens",
+                            reason: format!(
+                                "maxTotalTokens {} would be exceeded: {used} tokens used by {} model calls, and the call declares {asks} tokens of context",
+                                l.max_total_tokens, self.usage.tokens.model_calls
+                            ),
+                        }
+                    })
+                }
             },
             CallKind::Tool if self.usage.tool_calls >= l.max_tool_calls => Some(LimitReached {
                 limit: "maxToolCalls",
@@ -1562,6 +1602,8 @@ impl ExecutionAttempt {
             pre_checkpoint_id: call.pre_checkpoint_id,
             fencing_token: self.fencing_token,
             context_tokens: call.context_tokens,
+            usage: None,
+            latency_ms: None,
             started_at: now,
             ended_at: refused.map(|_| now),
             late_receipt_ref: None,
@@ -1631,6 +1673,21 @@ impl ExecutionAttempt {
         record.served_by = result.served_by;
         record.error = result.error;
         record.ended_at = Some(now);
+        record.latency_ms = Some(
+            result
+                .latency_ms
+                .unwrap_or_else(|| (now - record.started_at).num_milliseconds().max(0) as u64),
+        );
+        if record.kind == CallKind::Model
+            && let Some(usage) = result.usage
+        {
+            let usage = TokenUsage {
+                model_calls: 1,
+                ..usage
+            };
+            record.usage = Some(usage);
+            self.usage.tokens.add(&usage);
+        }
         Ok(events)
     }
 
@@ -1704,11 +1761,60 @@ impl ExecutionAttempt {
         }
     }
 
-    /// The lease was renewed: a paused attempt runs again.
+    /// A model call was refused by `tokensPerDay` (in the mode that
+    /// waits): Running -> Paused until `until` (the next UTC day) or until
+    /// the quota allows calls again. No call is in flight.
+    pub fn pause_for_quota(
+        &mut self,
+        why: String,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        if self.state != AttemptState::Running || self.open_call.is_some() {
+            return Err(self.illegal("pause for a quota"));
+        }
+        let mut events = Vec::new();
+        self.pause_reason = Some(why);
+        self.quota_paused_until = Some(until);
+        self.move_to(AttemptState::Paused, self.phase, now, &mut events)?;
+        Ok(events)
+    }
+
+    /// The day turned and the quota that paused it still refuses calls (a
+    /// limit of 0, or a day already used up): it waits for the next day.
+    pub fn quota_still_out(&mut self, why: String, until: DateTime<Utc>) {
+        if self.state == AttemptState::Paused && self.quota_paused_until.is_some() {
+            self.pause_reason = Some(why);
+            self.quota_paused_until = Some(until);
+        }
+    }
+
+    /// The quota that paused it allows calls again: it runs again, unless
+    /// its lease renewal failed meanwhile (then it stays paused for that).
+    pub fn quota_resumed(
+        &mut self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        let mut events = Vec::new();
+        if self.quota_paused_until.take().is_none() || self.state != AttemptState::Paused {
+            return Ok(events);
+        }
+        match self.renewal_failure.clone() {
+            Some(why) => self.pause_reason = Some(why),
+            None => {
+                self.pause_reason = None;
+                self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
+            }
+        }
+        Ok(events)
+    }
+
+    /// The lease was renewed: a paused attempt runs again (one paused by
+    /// `tokensPerDay` waits for its quota).
     pub fn renewed(&mut self, now: DateTime<Utc>) -> Result<Vec<NewEvent>, IllegalTransition> {
         self.renewal_failure = None;
         let mut events = Vec::new();
-        if self.state == AttemptState::Paused {
+        if self.state == AttemptState::Paused && self.quota_paused_until.is_none() {
             self.pause_reason = None;
             self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
         }
@@ -2136,6 +2242,18 @@ impl ExecutionAttempt {
         report_hash: Option<String>,
         now: DateTime<Utc>,
     ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        self.end_as(AttemptState::Failed, failure, report_hash, now)
+    }
+
+    /// Ends the attempt Failed or TimedOut (a budget ran out) with
+    /// `failure`; no call may be in flight.
+    pub fn end_as(
+        &mut self,
+        state: AttemptState,
+        failure: AttemptFailure,
+        report_hash: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
         if self.open_call.is_some() {
             return Err(self.illegal("fail with a call in flight"));
         }
@@ -2144,7 +2262,7 @@ impl ExecutionAttempt {
         if self.state == AttemptState::Running {
             events.extend(self.set_phase(AttemptPhase::Reporting, now));
         }
-        events.extend(self.finish(AttemptState::Failed, Some(failure), None, now)?);
+        events.extend(self.finish(state, Some(failure), None, now)?);
         Ok(events)
     }
 

@@ -15,6 +15,7 @@ fn limits() -> AttemptLimits {
         max_tool_calls: 3,
         max_context_tokens: 1000,
         max_sub_agent_depth: 1,
+        max_total_tokens: 0,
     }
 }
 
@@ -88,6 +89,8 @@ fn ok() -> CallResult {
         receipt_ref: Some("sha256:rcpt".into()),
         error: None,
         served_by: None,
+        usage: None,
+        latency_ms: None,
     }
 }
 
@@ -248,6 +251,91 @@ fn limits_are_named_when_reached() {
         panic!("depth must be refused");
     };
     assert_eq!(limit.limit, "maxSubAgentDepth");
+}
+
+#[test]
+fn model_calls_charge_their_tokens_and_the_token_budget_times_the_attempt_out() {
+    let mut a = attempt();
+    a.limits.max_total_tokens = 1000;
+    a.capacity_granted = true;
+    a.claim("adapter-1", None, Duration::seconds(60), t0())
+        .unwrap();
+    a.start(None, t0()).unwrap();
+    let (mut rec, _) = a.begin_call(model(100), 2, t0()).unwrap();
+    let answered = CallResult {
+        usage: Some(TokenUsage::call(400, 200, 50)),
+        latency_ms: Some(1500),
+        ..ok()
+    };
+    a.observe_call(&mut rec, answered, t0() + Duration::seconds(2))
+        .unwrap();
+    assert_eq!(rec.usage, Some(TokenUsage::call(400, 200, 50)));
+    assert_eq!(rec.latency_ms, Some(1500));
+    assert_eq!(a.usage.tokens.total(), 600);
+    // A tool call's result charges nothing, whatever it says.
+    let (mut t, _) = a.begin_call(tool(SideEffectClass::Read), 2, t0()).unwrap();
+    let with_usage = CallResult {
+        usage: Some(TokenUsage::call(9, 9, 0)),
+        ..ok()
+    };
+    a.observe_call(&mut t, with_usage, t0() + Duration::seconds(3))
+        .unwrap();
+    assert_eq!(t.usage, None);
+    assert_eq!(
+        t.latency_ms,
+        Some(1000),
+        "start to result when not measured"
+    );
+    assert_eq!(a.usage.tokens.model_calls, 1);
+    // 600 used + 500 declared would pass 1000: not made.
+    let Err(CallError::Limit(limit)) = a.begin_call(model(500), 2, t0()) else {
+        panic!("the token budget must refuse the call");
+    };
+    assert_eq!(limit.limit, "maxTotalTokens");
+    assert_eq!(limit.ends_as(), AttemptState::TimedOut);
+    assert!(
+        limit.reason.contains("600 tokens used by 1 model calls"),
+        "{}",
+        limit.reason
+    );
+    let failure = AttemptFailure {
+        class: FailureClass::Budget,
+        reason: limit.reason.clone(),
+        feedback_ref: None,
+    };
+    a.end_as(limit.ends_as(), failure, None, t0()).unwrap();
+    assert_eq!(a.state, AttemptState::TimedOut);
+    // 400 declared fits.
+    let mut b = running();
+    b.limits.max_total_tokens = 1000;
+    b.usage.tokens = TokenUsage::call(400, 200, 0);
+    assert!(b.begin_call(model(400), 2, t0()).is_ok());
+}
+
+#[test]
+fn a_quota_pause_waits_for_the_quota_not_for_a_renewal() {
+    let mut a = running();
+    let until = t0() + Duration::hours(3);
+    a.pause_for_quota(
+        "tokensPerDay of project ops: 10 of 10 used today".into(),
+        until,
+        t0(),
+    )
+    .unwrap();
+    assert_eq!(a.state, AttemptState::Paused);
+    assert!(matches!(a.gate(), Err(Gate::Paused(why)) if why.contains("tokensPerDay")));
+    // A lease renewal does not end a quota pause.
+    a.renewed(t0()).unwrap();
+    assert_eq!(a.state, AttemptState::Paused);
+    a.quota_still_out("still".into(), until + Duration::days(1));
+    assert_eq!(a.quota_paused_until, Some(until + Duration::days(1)));
+    a.quota_resumed(until).unwrap();
+    assert_eq!(a.state, AttemptState::Running);
+    assert_eq!(a.quota_paused_until, None);
+    assert!(a.gate().is_ok());
+    // Not from another state.
+    let mut idle = attempt();
+    assert!(idle.pause_for_quota("x".into(), until, t0()).is_err());
 }
 
 #[test]
@@ -599,7 +687,7 @@ proptest! {
                 }
                 Cmd::Observe(good) => {
                     if let Some(i) = open_index {
-                        let result = if good { ok() } else { CallResult { ok: false, result_hash: None, receipt_ref: None, served_by: None, error: Some("boom".into()) } };
+                        let result = if good { ok() } else { CallResult { ok: false, result_hash: None, receipt_ref: None, served_by: None, error: Some("boom".into()), usage: None, latency_ms: None } };
                         if let Ok(e) = a.observe_call(&mut calls[i], result, now) { events = e; }
                     }
                 }

@@ -118,6 +118,17 @@ pub enum Limit {
         /// Capacity at the maximum size.
         most: Amount,
     },
+    /// `tokensPerDay` is used up for the UTC day: no new model call.
+    Tokens {
+        /// Where it is counted.
+        level: Level,
+        /// Tokens charged today.
+        used: u64,
+        /// The limit.
+        limit: u64,
+        /// The level that set the limit, when not `level` itself.
+        source: Option<QuotaScope>,
+    },
     /// The pool is not granting.
     PoolNotActive {
         /// The pool.
@@ -138,6 +149,7 @@ impl Limit {
         match self {
             Limit::Concurrent { field, .. } | Limit::PerAttempt { field, .. } => Some(field),
             Limit::Minutes { .. } => Some("executionMinutesPerDay"),
+            Limit::Tokens { .. } => Some("tokensPerDay"),
             _ => None,
         }
     }
@@ -235,6 +247,16 @@ impl fmt::Display for Limit {
                 f,
                 "pool {pool_id}: requested {resource} {requested}, but the whole pool at maxSize offers {most}"
             ),
+            Limit::Tokens {
+                level,
+                used,
+                limit,
+                source,
+            } => write!(
+                f,
+                "tokensPerDay of {level}: {used} of {limit} used today (UTC){}",
+                source_note(level, source)
+            ),
             Limit::PoolNotActive { pool_id, state } => {
                 write!(f, "pool {pool_id} is {state} and grants no leases")
             }
@@ -269,6 +291,8 @@ pub struct Usage {
     pub memory_gb: Amount,
     /// Lease seconds today (UTC), closed and running.
     pub seconds_today: u64,
+    /// Model tokens (input and output) charged today (UTC).
+    pub tokens_today: u64,
 }
 
 /// The quota situation of one request.
@@ -406,6 +430,33 @@ fn check_quota(request: &LeaseRequest, q: &QuotaContext<'_>) -> Result<(), Verdi
         }
     }
     Ok(())
+}
+
+/// Whether a new model call is refused by `tokensPerDay` (project first
+/// when it sets its own limit): the tokens charged today have reached it.
+pub fn token_quota(q: &QuotaContext<'_>) -> Option<Limit> {
+    let mut checks = Vec::new();
+    if project_binds(&q.project_limits.tokens_per_day) {
+        checks.push((
+            Level::Project(q.project.clone()),
+            &q.project_limits.tokens_per_day,
+            q.project_usage.tokens_today,
+        ));
+    }
+    checks.push((
+        Level::Tenant(q.tenant.clone()),
+        &q.tenant_limits.tokens_per_day,
+        q.tenant_usage.tokens_today,
+    ));
+    checks.into_iter().find_map(|(level, eff, used)| {
+        let limit = eff.value?;
+        (used >= limit).then(|| Limit::Tokens {
+            level,
+            used,
+            limit,
+            source: eff.source.clone(),
+        })
+    })
 }
 
 fn check_pool(

@@ -6,7 +6,7 @@ pub mod lease;
 pub mod pool;
 pub mod quota;
 
-pub use decide::{Level, Limit, QuotaContext, Usage, Verdict, decide, placement};
+pub use decide::{Level, Limit, QuotaContext, Usage, Verdict, decide, placement, token_quota};
 pub use lease::{CapacityLease, HolderKind, LeaseRequest, LeaseState, parse_holder_id};
 pub use pool::{PoolKind, PoolSpec, PoolState, SecurityBoundary, SlotSize, WorkerPool};
 pub use quota::{EffectiveLimits, Quota, QuotaLimits, QuotaPatch, QuotaScope};

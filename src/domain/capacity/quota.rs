@@ -36,9 +36,14 @@ pub struct QuotaLimits {
     /// Largest memory one lease may ask for, in GB.
     #[serde(default)]
     pub memory_gb_per_attempt: Option<Amount>,
-    /// Lease minutes per UTC day.
+    /// Lease minutes per UTC day: minutes leases held CPU and memory
+    /// (not minutes a run held only its run slot).
     #[serde(default)]
     pub execution_minutes_per_day: Option<u32>,
+    /// Model tokens (input and output) per UTC day; past it, new model
+    /// calls are refused.
+    #[serde(default)]
+    pub tokens_per_day: Option<u64>,
 }
 
 /// Where a quota applies.
@@ -256,6 +261,9 @@ pub struct EffectiveLimits {
     /// See [`QuotaLimits::execution_minutes_per_day`].
     #[schema(schema_with = effective_schema::<u32>)]
     pub execution_minutes_per_day: Effective<u32>,
+    /// See [`QuotaLimits::tokens_per_day`].
+    #[schema(schema_with = effective_schema::<u64>)]
+    pub tokens_per_day: Effective<u64>,
 }
 
 impl EffectiveLimits {
@@ -267,6 +275,7 @@ impl EffectiveLimits {
             cpu_per_attempt: Effective::unlimited(),
             memory_gb_per_attempt: Effective::unlimited(),
             execution_minutes_per_day: Effective::unlimited(),
+            tokens_per_day: Effective::unlimited(),
         }
     }
 
@@ -284,6 +293,7 @@ impl EffectiveLimits {
             execution_minutes_per_day: self
                 .execution_minutes_per_day
                 .tighten(limits.execution_minutes_per_day, level),
+            tokens_per_day: self.tokens_per_day.tighten(limits.tokens_per_day, level),
         }
     }
 
@@ -317,6 +327,9 @@ pub struct QuotaPatch {
     /// See [`QuotaLimits::execution_minutes_per_day`].
     #[serde(default, deserialize_with = "present")]
     pub execution_minutes_per_day: Option<Option<u32>>,
+    /// See [`QuotaLimits::tokens_per_day`].
+    #[serde(default, deserialize_with = "present")]
+    pub tokens_per_day: Option<Option<u64>>,
 }
 
 /// Tells an absent field (outer `None`) from an explicit `null`.
@@ -417,6 +430,9 @@ impl Quota {
         if let Some(v) = patch.execution_minutes_per_day {
             limits.execution_minutes_per_day = v;
         }
+        if let Some(v) = patch.tokens_per_day {
+            limits.tokens_per_day = v;
+        }
         // Only values this patch sets are checked against the parent: a
         // value set earlier may have been shadowed since by a tightened
         // parent, which is allowed (the effective value is the minimum).
@@ -451,6 +467,9 @@ impl Quota {
                 &parent.execution_minutes_per_day,
                 &scope,
             )?;
+        }
+        if let Some(Some(v)) = patch.tokens_per_day {
+            check_bound("tokensPerDay", v, &parent.tokens_per_day, &scope)?;
         }
         Ok(Quota {
             quota_id: existing.map_or_else(new_id, |q| q.quota_id),

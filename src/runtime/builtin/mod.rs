@@ -227,6 +227,7 @@ fn model_receipt(reply: &ModelReply, served_by: &str) -> Value {
     json!({
         "schema": "model-invocation-v1", "model": reply.model,
         "inputTokens": reply.input_tokens, "outputTokens": reply.output_tokens,
+        "cachedTokens": reply.cached_tokens,
         "latencyMs": reply.latency_ms, "servedBy": served_by,
     })
 }
@@ -362,6 +363,8 @@ pub async fn adapter_model_call(
                 receipt: Some(canonical_json(&receipt)),
                 error,
                 state: ask.state,
+                usage: answer.as_ref().ok().map(ModelReply::usage),
+                latency_ms: answer.as_ref().ok().map(|r| r.latency_ms),
             },
         )
         .await?;
@@ -659,6 +662,7 @@ impl<'a> Loop<'a> {
                         receipt,
                         None,
                         &next,
+                        Some(&reply),
                     )
                     .await?;
                     *state = next;
@@ -666,8 +670,16 @@ impl<'a> Loop<'a> {
                 }
                 Err(e) => {
                     let receipt = json!({"schema": "model-invocation-v1", "error": e.to_string(), "servedBy": served_by});
-                    self.complete(call_id, false, None, receipt, Some(e.to_string()), state)
-                        .await?;
+                    self.complete(
+                        call_id,
+                        false,
+                        None,
+                        receipt,
+                        Some(e.to_string()),
+                        state,
+                        None,
+                    )
+                    .await?;
                     let transient = matches!(e, ModelError::Transient(_));
                     if transient && tries < MODEL_TRIES {
                         tokio::time::sleep(Duration::from_millis(200 * u64::from(tries))).await;
@@ -819,7 +831,7 @@ impl<'a> Loop<'a> {
                         ),
                     };
                     let next = observed(state, call, &result);
-                    self.complete(call_id, ok, Some(result), receipt, error, &next)
+                    self.complete(call_id, ok, Some(result), receipt, error, &next, None)
                         .await?;
                     *state = next;
                     return Ok(());
@@ -1324,6 +1336,7 @@ impl<'a> Loop<'a> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn complete(
         &self,
         call_id: Uuid,
@@ -1332,6 +1345,7 @@ impl<'a> Loop<'a> {
         receipt: Value,
         error: Option<String>,
         state: &LoopState,
+        answer: Option<&ModelReply>,
     ) -> Result<(), RuntimeError> {
         self.runtime
             .complete_call(
@@ -1345,6 +1359,8 @@ impl<'a> Loop<'a> {
                     receipt: Some(canonical_json(&receipt)),
                     error,
                     state: Some(state.bytes()),
+                    usage: answer.map(ModelReply::usage),
+                    latency_ms: answer.map(|r| r.latency_ms),
                 },
             )
             .await?;

@@ -36,10 +36,24 @@ pub struct ModelReply {
     pub input_tokens: u32,
     /// Completion tokens.
     pub output_tokens: u32,
+    /// Prompt tokens the server answered from its cache.
+    #[serde(default)]
+    pub cached_tokens: u32,
     /// The model that answered.
     pub model: String,
     /// Milliseconds the call took.
     pub latency_ms: u64,
+}
+
+impl ModelReply {
+    /// The tokens the ledger charges for this answer.
+    pub fn usage(&self) -> crate::domain::usage::TokenUsage {
+        crate::domain::usage::TokenUsage::call(
+            self.input_tokens.into(),
+            self.output_tokens.into(),
+            self.cached_tokens.into(),
+        )
+    }
 }
 
 /// Why a model call failed.
@@ -197,11 +211,22 @@ impl Model {
                     .unwrap_or_default();
                 let content = r.get("content").and_then(Value::as_str).map(str::to_string);
                 let prompt: usize = messages.iter().map(|m| m.to_string().len()).sum();
+                // A response may say what its server counted (`usage`, as
+                // an OpenAI answer does); else the sizes are estimated.
+                let (input, output, cached) = match r.get("usage") {
+                    Some(u) => usage_of(u),
+                    None => (
+                        (prompt / 4) as u32,
+                        content.as_deref().map(super::context::tokens).unwrap_or(0),
+                        0,
+                    ),
+                };
                 Ok(ModelReply {
-                    output_tokens: content.as_deref().map(super::context::tokens).unwrap_or(0),
+                    output_tokens: output,
                     content,
                     tool_calls,
-                    input_tokens: (prompt / 4) as u32,
+                    input_tokens: input,
+                    cached_tokens: cached,
                     model: "scripted".into(),
                     latency_ms: started.elapsed().as_millis() as u64,
                 })
@@ -271,7 +296,18 @@ impl Model {
 }
 
 /// Reads an OpenAI chat completion.
+/// Prompt, completion and cached tokens of an OpenAI `usage` object.
+fn usage_of(u: &Value) -> (u32, u32, u32) {
+    let n = |path: &str| u.pointer(path).and_then(Value::as_u64).unwrap_or(0) as u32;
+    (
+        n("/prompt_tokens"),
+        n("/completion_tokens"),
+        n("/prompt_tokens_details/cached_tokens"),
+    )
+}
+
 fn parse_chat(v: &Value, turn: u32, started: Instant) -> Result<ModelReply, ModelError> {
+    let usage = v.get("usage").map(usage_of).unwrap_or_default();
     let message = v
         .pointer("/choices/0/message")
         .ok_or_else(|| ModelError::Fatal("the model's answer has no choices[0].message".into()))?;
@@ -314,14 +350,9 @@ fn parse_chat(v: &Value, turn: u32, started: Instant) -> Result<ModelReply, Mode
             .and_then(Value::as_str)
             .map(str::to_string),
         tool_calls,
-        input_tokens: v
-            .pointer("/usage/prompt_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0) as u32,
-        output_tokens: v
-            .pointer("/usage/completion_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0) as u32,
+        input_tokens: usage.0,
+        output_tokens: usage.1,
+        cached_tokens: usage.2,
         model: v
             .get("model")
             .and_then(Value::as_str)

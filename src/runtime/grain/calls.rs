@@ -2,6 +2,8 @@
 //! results and their checkpoints, and sub-agent results.
 
 use super::*;
+use crate::domain::attempt::LimitReached;
+use crate::runtime::port::ChildPlan;
 
 /// Seconds after a builtin tool call's timeout at which the grain times it
 /// out, should the loop not have.
@@ -49,7 +51,7 @@ impl Grain {
         start: CallStart,
         request: Vec<u8>,
         reason: &str,
-        failure: Option<AttemptFailure>,
+        failure: Option<(AttemptState, AttemptFailure)>,
     ) -> Result<uuid::Uuid, RuntimeError> {
         let now = self.now();
         let mut a = self.attempt.clone();
@@ -57,7 +59,7 @@ impl Grain {
         let record = a.refuse_call(start, reason, now);
         let call_id = record.call_id;
         let events = match failure {
-            Some(f) => a.fail(f, None, now)?,
+            Some((state, f)) => a.end_as(state, f, None, now)?,
             None => Vec::new(),
         };
         let retain = self.retain();
@@ -192,7 +194,7 @@ impl Grain {
             return Ok(begun);
         }
         let mut consumed: Option<DecisionRequest> = None;
-        let mut child: Option<(crate::runs::NewRun, SubAgentDelegation)> = None;
+        let mut child: Option<(crate::domain::run::NewRun, SubAgentDelegation)> = None;
         match call.kind {
             CallKind::Tool => {
                 let Some((tool, schema)) = info.tool(&call.target) else {
@@ -257,6 +259,14 @@ impl Grain {
                     );
                     return self.refuse(start, request, reason).await;
                 }
+                if self.attempt.gate().is_ok()
+                    && let Some(limit) = self
+                        .shared
+                        .capacity
+                        .token_quota(&self.attempt.tenant_id, &self.attempt.project_id)
+                {
+                    return self.tokens_ran_out(start, request, limit).await;
+                }
                 start.policy_rule = Some(PolicyRule::Allow);
             }
             CallKind::SubAgent => {
@@ -265,7 +275,7 @@ impl Grain {
                     None,
                     self.shared.config.get().max_sub_agent_depth,
                 ) {
-                    return self.limit_reached(start, request, limit.reason).await;
+                    return self.limit_reached(start, request, limit).await;
                 }
                 let child_info = match self
                     .shared
@@ -282,34 +292,22 @@ impl Grain {
                 start.policy_rule = Some(PolicyRule::Allow);
                 let delegation_id = new_id();
                 let depth = self.attempt.depth + 1;
-                let plan = crate::runs::plan_child(
-                    &self.attempt.tenant_id,
-                    &self.attempt.project_id,
-                    &child_info.release,
-                    &child_info.manifest,
-                    child_info.steps.clone(),
-                    call.request.clone(),
-                    &self.shared.config.get(),
-                    ParentLink {
+                let plan = self.shared.runs.plan_child(ChildPlan {
+                    supervisor: &self.attempt,
+                    release: &child_info.release,
+                    manifest: &child_info.manifest,
+                    steps: child_info.steps.clone(),
+                    input: call.request.clone(),
+                    parent: ParentLink {
                         run_id: self.attempt.run_id,
                         attempt_id: self.attempt.attempt_id,
                         delegation_id,
                         call_id: start.call_id,
                         ancestors: self.attempt.ancestors.clone(),
                     },
-                    depth,
-                    &format!("attempt {}", self.attempt.attempt_id),
+                    config: &self.shared.config.get(),
                     now,
-                )?;
-                // A child never gets a deeper delegation budget than its
-                // supervisor had.
-                let mut plan = plan;
-                plan.run.snapshot.limits.max_sub_agent_depth = plan
-                    .run
-                    .snapshot
-                    .limits
-                    .max_sub_agent_depth
-                    .min(self.attempt.limits.max_sub_agent_depth);
+                })?;
                 let delegation = SubAgentDelegation {
                     delegation_id,
                     attempt_id: self.attempt.attempt_id,
@@ -363,7 +361,7 @@ impl Grain {
                 record
             }
             Err(CallError::Limit(limit)) => {
-                return self.limit_reached(start, request, limit.reason).await;
+                return self.limit_reached(start, request, limit).await;
             }
             Err(CallError::Gate(Gate::Paused(why))) => {
                 // The checkpoint before the call was where it paused.
@@ -439,6 +437,7 @@ impl Grain {
                 ..Begun::default()
             });
         }
+        let runs = self.shared.runs.clone();
         self.save(a, events, move |tx, s| {
             tx.put_artifact(s, &request, "application/json", Some(retain), now)?;
             if let Some(bytes) = state_bytes {
@@ -453,7 +452,7 @@ impl Grain {
             }
             if let Some((plan, delegation)) = child {
                 tx.put(s, &delegation)?;
-                let (_, attempt) = crate::runs::create_run(tx, s, plan, retain, now)?;
+                let attempt = runs.create_child(tx, s, plan, retain, now)?;
                 let _ = tx_out.send(attempt);
             }
             Ok(())
@@ -492,21 +491,68 @@ impl Grain {
 
     /// A limit stops the attempt: the call is recorded as refused and the
     /// attempt fails (budget), naming the limit.
+    /// `tokensPerDay` refuses a model call: the call is recorded as
+    /// refused and not made; the attempt pauses until the next UTC day
+    /// (or until the quota allows calls again), or fails, as
+    /// `runtime.when_tokens_run_out` says.
+    async fn tokens_ran_out(
+        &mut self,
+        start: CallStart,
+        request: Vec<u8>,
+        limit: crate::domain::capacity::Limit,
+    ) -> Result<Begun, RuntimeError> {
+        let now = self.now();
+        let mode = self.shared.config.get().when_tokens_run_out;
+        if mode == crate::config::WhenTokensRunOut::Fail {
+            let reason = format!("{limit} (runtime.when_tokens_run_out = fail)");
+            let failure = AttemptFailure {
+                class: FailureClass::Budget,
+                reason: reason.clone(),
+                feedback_ref: None,
+            };
+            self.record_refusal(
+                start,
+                request,
+                &reason,
+                Some((AttemptState::Failed, failure)),
+            )
+            .await?;
+            return Err(DomainError::Exhausted(format!(
+                "{reason}; attempt {} failed (budget)",
+                self.attempt.attempt_id
+            ))
+            .into());
+        }
+        let until = next_utc_day(now);
+        let why = quota_wait_reason(&limit, until);
+        self.record_refusal(start, request, &why, None).await?;
+        let mut a = self.attempt.clone();
+        let events = a.pause_for_quota(why.clone(), until, now)?;
+        self.save(a, events, |_, _| Ok(())).await?;
+        Err(DomainError::Unavailable(format!(
+            "attempt {} is paused: {why}",
+            self.attempt.attempt_id
+        ))
+        .into())
+    }
+
     pub(super) async fn limit_reached(
         &mut self,
         start: CallStart,
         request: Vec<u8>,
-        reason: String,
+        limit: LimitReached,
     ) -> Result<Begun, RuntimeError> {
+        let reason = limit.reason.clone();
         let failure = AttemptFailure {
             class: FailureClass::Budget,
             reason: reason.clone(),
             feedback_ref: None,
         };
-        self.record_refusal(start, request, &reason, Some(failure))
+        let state = limit.ends_as();
+        self.record_refusal(start, request, &reason, Some((state, failure)))
             .await?;
         Err(DomainError::Exhausted(format!(
-            "{reason}; attempt {} failed (budget)",
+            "{reason}; attempt {} ended {state} (budget)",
             self.attempt.attempt_id
         ))
         .into())
@@ -697,6 +743,8 @@ impl Grain {
                     .as_deref()
                     .and_then(|r| serde_json::from_slice::<serde_json::Value>(r).ok())
                     .and_then(|r| r.get("servedBy")?.as_str().map(str::to_string)),
+                usage: c.usage,
+                latency_ms: c.latency_ms,
             },
             now,
         )?;
@@ -711,18 +759,26 @@ impl Grain {
         events.extend(more);
         let (rec, cp2) = (record.clone(), cp.clone());
         let (result, receipt) = (c.result.clone(), c.receipt.clone());
+        let charged = record.usage;
+        let (runs, charged_to) = (self.shared.runs.clone(), a.clone());
         self.save(a, events, move |tx, s| {
             for bytes in [result, receipt, state_bytes].into_iter().flatten() {
                 tx.put_artifact(s, &bytes, "application/json", Some(retain), now)?;
             }
             tx.put(s, &rec)?;
             tx.put(s, &cp2)?;
+            if let Some(usage) = &charged {
+                runs.charge_tokens(tx, s, &charged_to, usage, now)?;
+            }
             Ok(())
         })
         .await?;
         self.open = None;
         self.checkpoint_metric();
         self.call_metric(record.kind, record.status);
+        if record.kind == CallKind::Model {
+            self.model_metrics(&record);
+        }
         Ok(Completed {
             state: self.attempt.state,
             checkpoint: Some(cp),
@@ -776,6 +832,8 @@ impl Grain {
         let mut events = a.observe_call(
             &mut record,
             CallResult {
+                usage: None,
+                latency_ms: None,
                 ok,
                 result_hash: child.output_ref.clone(),
                 receipt_ref: Some(format!("run:{}", child.child_run_id)),

@@ -245,6 +245,7 @@ impl Grain {
         let a = &self.attempt;
         let gave_back = !a.capacity_granted
             && a.state == AttemptState::Paused
+            && a.quota_paused_until.is_none()
             && a.capacity_gaps
                 .last()
                 .is_some_and(|g| g.granted_at.is_none());

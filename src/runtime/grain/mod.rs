@@ -40,7 +40,7 @@ use crate::domain::events::NewEvent;
 use crate::domain::ids::new_id;
 use crate::domain::release::{AdapterKind, PolicyRule, canonical_json};
 use crate::domain::run::{ApprovalDecided, ParentLink, RunState};
-use crate::runs::{ChildEnded, Followup};
+use crate::domain::run::{ChildEnded, Followup};
 use crate::store::{TenantScope, Tx};
 use crate::telemetry::names;
 
@@ -717,6 +717,9 @@ impl Grain {
         if let Some(due) = self.capacity_return_due() {
             at.push(due);
         }
+        if let Some(until) = a.quota_paused_until {
+            at.push(until);
+        }
         if let Some(i) = &a.interrupt {
             at.push(
                 i.requested_at
@@ -774,6 +777,9 @@ impl Grain {
             }
             if self.capacity_return_due().is_some_and(|due| due <= now) {
                 self.return_capacity().await?;
+            }
+            if self.attempt.quota_paused_until.is_some_and(|t| t <= now) {
+                self.quota_check().await?;
             }
             if self.claimable() {
                 self.shared.set_claimable(&self.attempt, true);
@@ -847,7 +853,13 @@ impl Grain {
                 reply,
             } => reply_with(reply, self.report(token, report).await),
             Msg::ChildEnded { child, reply } => reply_with(reply, self.child_ended(*child).await),
-            Msg::Renew { reply } => reply_with(reply, self.renew().await),
+            Msg::Renew { reply } => {
+                let renewed = match self.quota_check().await {
+                    Ok(()) => self.renew().await,
+                    Err(e) => Err(e),
+                };
+                reply_with(reply, renewed)
+            }
             Msg::Reconcile { reply } => reply_with(reply, self.reconcile().await),
             Msg::CallTimedOut {
                 token,
@@ -901,6 +913,7 @@ impl Grain {
         let scope = self.scope.clone();
         let mut record = next.clone();
         let now = self.now();
+        let runs = self.shared.runs.clone();
         let written = self
             .shared
             .store
@@ -909,7 +922,7 @@ impl Grain {
                 tx.save(&scope, &mut record)?;
                 tx.emit_all(events)?;
                 let followup = if ended {
-                    crate::runs::record_outcome(tx, &scope, &record, now)?
+                    runs.record_outcome(tx, &scope, &record, now)?
                 } else {
                     Followup::default()
                 };
@@ -1112,8 +1125,83 @@ impl Grain {
         metrics::counter!(names::CHECKPOINTS_WRITTEN, "tenant" => self.attempt.tenant_id.to_string()).increment(1);
     }
 
+    /// An attempt paused by `tokensPerDay` runs again once the quota
+    /// allows model calls (the day turned, or the quota was raised); else
+    /// it waits for the next day. The timer and every LeaseHeartbeat pass
+    /// ask.
+    pub(super) async fn quota_check(&mut self) -> Result<(), RuntimeError> {
+        if self.attempt.state != AttemptState::Paused || self.attempt.quota_paused_until.is_none() {
+            return Ok(());
+        }
+        let now = self.now();
+        let mut a = self.attempt.clone();
+        let events = match self
+            .shared
+            .capacity
+            .token_quota(&a.tenant_id, &a.project_id)
+        {
+            None => a.quota_resumed(now)?,
+            Some(limit) if a.quota_paused_until.is_some_and(|t| t <= now) => {
+                let until = next_utc_day(now);
+                a.quota_still_out(quota_wait_reason(&limit, until), until);
+                Vec::new()
+            }
+            Some(_) => return Ok(()),
+        };
+        self.save(a, events, |_, _| Ok(())).await?;
+        if self.attempt.needs_capacity() {
+            self.acquire_capacity();
+        }
+        Ok(())
+    }
+
     fn call_metric(&self, kind: CallKind, status: CallStatus) {
         metrics::counter!(names::CALLS, "tenant" => self.attempt.tenant_id.to_string(), "kind" => kind.as_str(), "status" => status.as_str())
             .increment(1);
     }
+
+    /// A model call's tokens and latency, once its result is durable; its
+    /// tokens also count toward today's `tokensPerDay`.
+    fn model_metrics(&self, record: &CallRecord) {
+        let (tenant, agent) = (
+            self.attempt.tenant_id.to_string(),
+            self.attempt.agent_id.clone(),
+        );
+        if let Some(ms) = record.latency_ms {
+            metrics::histogram!(names::MODEL_CALL_SECONDS, "tenant" => tenant.clone(), "agent" => agent.clone())
+                .record(ms as f64 / 1000.0);
+        }
+        let Some(usage) = record.usage else {
+            return;
+        };
+        for kind in crate::domain::usage::KINDS {
+            metrics::counter!(names::MODEL_TOKENS, "tenant" => tenant.clone(), "agent" => agent.clone(), "kind" => kind)
+                .increment(usage.of_kind(kind));
+        }
+        self.shared.capacity.tokens_charged(
+            &self.attempt.tenant_id,
+            &self.attempt.project_id,
+            record.ended_at.unwrap_or_else(|| self.now()),
+            usage.total(),
+        );
+    }
+}
+
+/// The next UTC midnight after `now`: when a day's `tokensPerDay` resets.
+pub(super) fn next_utc_day(now: DateTime<Utc>) -> DateTime<Utc> {
+    (now.date_naive() + Duration::days(1))
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight exists")
+        .and_utc()
+}
+
+/// Why an attempt paused by `tokensPerDay` waits.
+pub(super) fn quota_wait_reason(
+    limit: &crate::domain::capacity::Limit,
+    until: DateTime<Utc>,
+) -> String {
+    format!(
+        "{limit}: no model call until {} or until the quota allows more (runtime.when_tokens_run_out = wait)",
+        until.to_rfc3339()
+    )
 }
