@@ -128,7 +128,8 @@ fn leading_comments(
 /// - `one of: a, b.`: the only values (of each item, for a list);
 /// - `a JSON document`: the text is JSON (`format: json`); `a JSON array`:
 ///   JSON whose top level is an array;
-/// - `(a UUID)`, `(a slug)`, `(a key)`: the text's form;
+/// - `(a UUID)`, `(a slug)`, `(a key)`, `(a day)` (`YYYY-MM-DD`): the
+///   text's form;
 ///
 /// and an optional field may always be null, an optional text empty
 /// (proto3: absent).
@@ -295,6 +296,11 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
         }
         if comment.contains("(a UUID)") {
             value["pattern"] = json!(UUID);
+            return empty_too(value);
+        }
+        if comment.contains("(a day)") {
+            value["format"] = json!("date");
+            value["pattern"] = json!("^[0-9]{4}-[0-9]{2}-[0-9]{2}$");
             return empty_too(value);
         }
         if comment.contains("(a slug)") {

@@ -626,17 +626,27 @@ pub async fn get_lease(
     Ok(Json(LeaseBody::of(&view)))
 }
 
+/// How `GET /factory/usage` answers.
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum UsageFormat {
+    /// The report as JSON.
+    Json,
+    /// The rows as CSV.
+    Csv,
+}
+
 /// `GetUsage`: the tenant's model tokens from the ledger, per UTC day,
 /// project, agent or release (any combination), as JSON or CSV.
 #[utoipa::path(get, path = "/factory/usage", tag = "capacity",
     params(
         ("tenant" = Option<String>, Query, description = "PlatformAdmins: another tenant"),
-        ("from" = Option<String>, Query, description = "First UTC day, YYYY-MM-DD (default: 29 days before to)"),
-        ("to" = Option<String>, Query, description = "Last UTC day, YYYY-MM-DD (default: today); at most 366 days after from"),
-        ("groupBy" = Option<String>, Query, description = "Comma-separated: day, project, agent, release (default: day)"),
+        ("from" = Option<chrono::NaiveDate>, Query, description = "First UTC day (default: 29 days before to); a range of more than 366 days is cut to the 366 up to to"),
+        ("to" = Option<chrono::NaiveDate>, Query, description = "Last UTC day (default: today)"),
+        ("groupBy" = Option<String>, Query, description = "Comma-separated: day, project, agent, release (default: day)", pattern = "^((day|project|agent|release)(,(day|project|agent|release))*)?$"),
         ("projectId" = Option<String>, Query, description = "Only this project"),
         ("agentId" = Option<String>, Query, description = "Only this agent"),
-        ("format" = Option<String>, Query, description = "json (default) or csv"),
+        ("format" = Option<UsageFormat>, Query, description = "json (default) or csv"),
     ),
     responses(
         (status = 200, description = "Rows in key order with their input, output, cached and total tokens and model calls, and the total", body = crate::capacity::ledger::UsageReport),

@@ -734,3 +734,88 @@ mod tests {
         assert!(quota_patch(&fields).is_ok());
     }
 }
+
+#[derive(Template)]
+#[template(path = "console/usage.html")]
+struct UsagePage {
+    l: Layout,
+    report: crate::capacity::ledger::UsageReport,
+    by: crate::capacity::ledger::Grouping,
+    project: String,
+    agent: String,
+    csv_link: String,
+}
+
+/// The usage question of a console request: the same fields as
+/// `GET /factory/usage`, groupings as checkboxes.
+fn usage_query(
+    console: &Console,
+    q: &ListQuery,
+) -> Result<crate::capacity::ledger::UsageQuery, PageError> {
+    let by: Vec<&str> = crate::capacity::ledger::Grouping::NAMES
+        .into_iter()
+        .filter(|name| q.get(name).is_some())
+        .collect();
+    Ok(crate::capacity::ledger::UsageQuery::parse(
+        q.get("from").unwrap_or(""),
+        q.get("to").unwrap_or(""),
+        &by.join(","),
+        q.get("project").unwrap_or(""),
+        q.get("agent").unwrap_or(""),
+        console.state.clock.now().date_naive(),
+    )
+    .map_err(ApiError::from)?)
+}
+
+/// `GET /usage`: the tenant's model tokens, day by day (or by project,
+/// agent, release), from the ledger, with a CSV export of the same rows.
+pub async fn usage(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let query = usage_query(&console, &q)?;
+    let report = crate::capacity::ledger::usage(&console.state.store, &scope, &query)
+        .map_err(ApiError::from)?;
+    let csv_link = format!(
+        "/usage.csv?{}",
+        raw.0.as_deref().unwrap_or_default().replace('"', "")
+    );
+    render(&UsagePage {
+        l: console.layout("Usage", "/usage"),
+        by: query.by,
+        project: q.get("project").unwrap_or_default().to_string(),
+        agent: q.get("agent").unwrap_or_default().to_string(),
+        report,
+        csv_link,
+    })
+}
+
+/// `GET /usage.csv`: the rows of the usage page as CSV.
+pub async fn usage_csv(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    use axum::response::IntoResponse;
+    console.require(Scope::RunsRead)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let query = usage_query(&console, &q)?;
+    let report = crate::capacity::ledger::usage(&console.state.store, &scope, &query)
+        .map_err(ApiError::from)?;
+    Ok((
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "text/csv; charset=utf-8".to_string(),
+            ),
+            (
+                axum::http::header::CONTENT_DISPOSITION,
+                format!(
+                    "attachment; filename=\"usage-{}-{}-{}.csv\"",
+                    scope.tenant(),
+                    report.from,
+                    report.to
+                ),
+            ),
+        ],
+        crate::capacity::ledger::csv(&report.rows, query.by),
+    )
+        .into_response())
+}

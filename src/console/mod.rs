@@ -73,6 +73,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/live/pools", get(live::pools))
         .route("/pools/{pool_id}", post(capacity::set_pool))
         .route("/quotas", get(capacity::quotas).post(capacity::set_quota))
+        .route("/usage", get(capacity::usage))
+        .route("/usage.csv", get(capacity::usage_csv))
         .route("/leases", get(capacity::leases))
         .route("/live/leases", get(live::leases))
         .route("/releases", get(admin::releases))
@@ -197,6 +199,7 @@ const NAV: &[(&str, &str, Scope)] = &[
     ("/attempts", "Attempts", Scope::RunsRead),
     ("/decisions", "Decisions", Scope::RunsRead),
     ("/uncertain", "Uncertain", Scope::RunsRead),
+    ("/usage", "Usage", Scope::RunsRead),
     ("/pools", "Pools", Scope::CapacityRead),
     ("/quotas", "Quotas", Scope::CapacityRead),
     ("/leases", "Leases", Scope::CapacityRead),

@@ -384,6 +384,7 @@ struct RunPage {
     run: crate::domain::run::Run,
     attempts: Vec<StepRows>,
     reruns: Vec<crate::domain::run::Run>,
+    tokens: crate::capacity::ledger::RunTokens,
     can_cancel: bool,
     can_hold: bool,
 }
@@ -424,6 +425,7 @@ pub async fn run(console: Console, Path(run_id): Path<String>) -> Result<Respons
         can_cancel: console.can(Scope::RunsWrite) && !run.state.is_terminal(),
         can_hold: console.can(Scope::RunsOperate),
         reruns: console.state.runs.reruns(&scope, run.run_id)?,
+        tokens: console.state.runs.tokens(&scope, run.run_id)?,
         run,
         attempts,
     })
@@ -647,6 +649,11 @@ pub struct TimelineLive {
     outcome: OutcomeContent,
     can_decide: bool,
     can_operate: bool,
+    /// Seconds on the clock `maxMinutes` counts, and on the wall.
+    active_seconds: u64,
+    wall_seconds: u64,
+    /// The run's slot, and whether it is held.
+    run_slot: (String, bool),
 }
 
 impl TimelineLive {
@@ -805,6 +812,12 @@ pub fn timeline_of(
         delegations,
         can_decide: console.can(Scope::RunsDecide),
         can_operate: console.can(Scope::RunsOperate),
+        active_seconds: a.active_ms(now) / 1000,
+        wall_seconds: (end - a.started_at).num_seconds().max(0) as u64,
+        run_slot: (
+            a.run_slot().to_string(),
+            console.state.capacity.holds_slot(a.run_slot()),
+        ),
         a,
     })
 }

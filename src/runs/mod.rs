@@ -647,6 +647,16 @@ impl RunControl {
         Ok(run)
     }
 
+    /// A run's tokens from the ledger: its own attempts', and with the
+    /// runs it delegated to.
+    pub fn tokens(
+        &self,
+        scope: &TenantScope,
+        run_id: Uuid,
+    ) -> Result<ledger::RunTokens, RuntimeError> {
+        Ok(ledger::run_tokens(self.runtime.store(), scope, run_id)?)
+    }
+
     /// `GetRun`.
     pub fn get(&self, scope: &TenantScope, run_id: Uuid) -> Result<Run, RuntimeError> {
         self.runtime

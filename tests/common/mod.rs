@@ -389,6 +389,20 @@ impl Appliance {
     }
 
     /// PUT a JSON body; the status and the JSON answer.
+    /// The `/metrics` page, as the appliance's administrator reads it.
+    pub async fn metrics(&self) -> String {
+        let admin = self.admin_token().await;
+        self.http()
+            .get(format!("{}/metrics", self.url))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn put(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
         let r = self
             .http()

@@ -2264,3 +2264,323 @@ async fn the_loops_genai_spans_and_the_request_spans_reach_the_sites_collector()
         }
     }
 }
+
+/// A scripted answer with the usage its server would report.
+fn counted(content: Value, input: u64, output: u64, cached: u64) -> Value {
+    json!({"content": content.to_string(), "usage": {
+        "prompt_tokens": input, "completion_tokens": output,
+        "prompt_tokens_details": {"cached_tokens": cached}}})
+}
+
+#[tokio::test]
+async fn each_model_call_charges_its_tokens_to_the_attempt_the_run_and_the_tenants_day() {
+    let site = Site::start().await;
+    site.import(
+        "triage-counted",
+        json!([
+            {"content": "Looking", "toolCalls": [{"tool": "lookup-ticket", "arguments": {"customer": "acme"}}],
+             "usage": {"prompt_tokens": 1200, "completion_tokens": 40,
+                       "prompt_tokens_details": {"cached_tokens": 1000}}},
+            counted(json!({"severity": "low", "summary": "checked", "paged": false}), 1500, 60, 0)
+        ]),
+        |_| {},
+    )
+    .await;
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        runs.push(site.submit("triage-counted").await);
+    }
+    for run_id in &runs {
+        assert_eq!(site.until(run_id, "Succeeded").await.state, "Succeeded");
+    }
+    // Per call: tokens and latency on the timeline.
+    let run = site.run(&runs[0]).await;
+    let attempt = &run.steps[0].attempts[0];
+    let t = site.timeline(&attempt.attempt_id).await;
+    let models: Vec<&Value> = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "model")
+        .collect();
+    assert_eq!(models.len(), 2);
+    assert_eq!(
+        models[0]["usage"],
+        json!({"inputTokens": 1200, "outputTokens": 40, "cachedTokens": 1000, "modelCalls": 1})
+    );
+    assert!(models[0]["latencyMs"].is_number(), "{}", models[0]);
+    let tool = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "tool")
+        .unwrap();
+    assert!(tool["usage"].is_null(), "a tool call charges no tokens");
+    // Per attempt and per run.
+    assert_eq!(t["usage"]["tokens"]["inputTokens"], 2700);
+    assert_eq!(t["usage"]["tokens"]["outputTokens"], 100);
+    let tokens = attempt.tokens.as_option().unwrap();
+    assert_eq!((tokens.total_tokens, tokens.model_calls), (2800, 2));
+    let own = run.tokens.as_option().unwrap();
+    assert_eq!((own.total_tokens, own.cached_tokens), (2800, 1000));
+    assert_eq!(
+        run.tokens_with_children.as_option().unwrap().total_tokens,
+        2800
+    );
+
+    // Per tenant, day and agent: the API, the CSV and the metrics agree.
+    let today = chrono::Utc::now().date_naive().to_string();
+    let report = site
+        .a
+        .get(&site.token, "/factory/usage?groupBy=day,project,agent")
+        .await;
+    assert_eq!(report["rows"].as_array().unwrap().len(), 1, "{report}");
+    let row = &report["rows"][0];
+    assert_eq!(row["day"], today.as_str());
+    assert_eq!(row["projectId"], "support");
+    assert_eq!(row["agentId"], "triage");
+    assert_eq!(row["totalTokens"], 3 * 2800);
+    assert_eq!(row["usage"]["modelCalls"], 6);
+    assert_eq!(report["total"]["cachedTokens"], 3000);
+    let csv = site
+        .a
+        .http()
+        .get(format!(
+            "{}/factory/usage?groupBy=day,project,agent&format=csv",
+            site.a.url
+        ))
+        .bearer_auth(&site.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        csv,
+        format!(
+            "day,projectId,agentId,inputTokens,outputTokens,cachedTokens,totalTokens,modelCalls\n\
+             {today},support,triage,8100,300,3000,8400,6\n"
+        )
+    );
+    let rpc = site
+        .runs()
+        .get_usage(rn::GetUsageRequest {
+            group_by: "release".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(rpc.rows.len(), 1);
+    assert_eq!(rpc.rows[0].release_id, "triage-counted");
+    assert_eq!(
+        rpc.rows[0].usage.as_option().unwrap().total_tokens,
+        report["total"]["inputTokens"].as_u64().unwrap() + 300
+    );
+    let bad = site
+        .runs()
+        .get_usage(rn::GetUsageRequest {
+            group_by: "week".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    let message = bad.message.unwrap_or_default();
+    assert!(
+        message.starts_with("groupBy: \"week\""),
+        "the wrong field is named: {message}"
+    );
+    let metrics = site.a.metrics().await;
+    assert!(
+        metrics.contains(
+            "agentbay_model_tokens_total{tenant=\"demo\",agent=\"triage\",kind=\"cached\"} 3000"
+        ),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("model_"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        metrics.contains("agentbay_model_call_seconds_count{tenant=\"demo\",agent=\"triage\"} 6")
+    );
+    // The quota page shows today's tokens.
+    let quotas = site
+        .a
+        .get(
+            &site.a.admin_token().await,
+            "/factory/capacity/quotas?tenant=demo",
+        )
+        .await;
+    assert_eq!(quotas["tenant"]["usage"]["tokensToday"], 8400, "{quotas}");
+}
+
+#[tokio::test]
+async fn a_token_budget_ends_the_attempt_before_the_call_that_would_pass_it() {
+    let site = Site::start().await;
+    site.import(
+        "triage-budget",
+        json!([
+            {"content": "Looking", "toolCalls": [{"tool": "lookup-ticket", "arguments": {"customer": "acme"}}],
+             "usage": {"prompt_tokens": 900, "completion_tokens": 50}},
+            counted(json!({"severity": "low", "summary": "checked", "paged": false}), 900, 50, 0)
+        ]),
+        |m| m["contract"]["limits"]["maxTotalTokens"] = json!(1200),
+    )
+    .await;
+    let run_id = site.submit("triage-budget").await;
+    let run = site.until(&run_id, "TimedOut").await;
+    let a = &run.steps[0].attempts[0];
+    assert_eq!(a.state, "TimedOut", "{a:?}");
+    assert_eq!(a.failure_class, "budget");
+    assert!(
+        a.failure_reason
+            .contains("maxTotalTokens 1200 would be exceeded: 950 tokens used"),
+        "{}",
+        a.failure_reason
+    );
+    // The second model call was refused, not made: only the first is charged.
+    let t = site.timeline(&a.attempt_id).await;
+    let last = t["calls"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (last["kind"].as_str(), last["status"].as_str()),
+        (Some("model"), Some("failed"))
+    );
+    assert!(last["usage"].is_null());
+    assert_eq!(t["usage"]["tokens"]["modelCalls"], 1);
+    let report = site.a.get(&site.token, "/factory/usage").await;
+    assert_eq!(report["total"]["inputTokens"], 900);
+}
+
+#[tokio::test]
+async fn a_daily_token_quota_pauses_the_attempt_until_the_day_turns_and_names_itself() {
+    let mut site = Site::on(Appliance::start_manual_clock()).await;
+    let admin = site.a.admin_token().await;
+    let (status, body) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/quotas/project.demo.support",
+            json!({"tokensPerDay": 1000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // Tighten-only: a project cannot loosen its tenant's.
+    let (status, _) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/quotas/tenant.demo",
+            json!({"tokensPerDay": 5000}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, body) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/quotas/project.demo.support",
+            json!({"tokensPerDay": 6000}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "tokensPerDay", "{body}");
+    site.import(
+        "triage-quota",
+        json!([
+            {"content": "Looking", "toolCalls": [{"tool": "lookup-ticket", "arguments": {"customer": "acme"}}],
+             "usage": {"prompt_tokens": 900, "completion_tokens": 150}},
+            counted(json!({"severity": "low", "summary": "checked", "paged": false}), 100, 10, 0)
+        ]),
+        |_| {},
+    )
+    .await;
+    let run_id = site.submit("triage-quota").await;
+    // 1050 used of 1000 after the first call: the second is refused and
+    // the attempt pauses, naming the quota.
+    let run = site.until(&run_id, "Paused").await;
+    let attempt = run.steps[0].attempts[0].attempt_id.clone();
+    let t = site.timeline(&attempt).await;
+    let why = t["waitingReason"].as_str().unwrap();
+    assert!(
+        why.contains("tokensPerDay of project support: 1050 of 1000 used today"),
+        "{why}"
+    );
+    let refused = t["calls"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(refused["kind"], "model");
+    assert!(refused["error"].as_str().unwrap().contains("tokensPerDay"));
+    // A lease heartbeat does not resume it; the next UTC day does.
+    site.a.run_worker("LeaseHeartbeat").await;
+    assert_eq!(site.timeline(&attempt).await["state"], "Paused");
+    let now = chrono::Utc::now();
+    let to_midnight = (now
+        .date_naive()
+        .succ_opt()
+        .unwrap()
+        .and_hms_opt(0, 0, 5)
+        .unwrap()
+        .and_utc()
+        - now)
+        .num_seconds() as u64;
+    site.a.advance(to_midnight).await;
+    site.token = site.a.token(&site.cred).await;
+    let done = site.until(&run_id, "Succeeded").await;
+    assert_eq!(done.state, "Succeeded");
+    let report = site
+        .a
+        .get(
+            &site.token,
+            &format!("/factory/usage?from={}", now.date_naive()),
+        )
+        .await;
+    assert_eq!(
+        report["rows"].as_array().unwrap().len(),
+        2,
+        "two days: {report}"
+    );
+    assert_eq!(report["rows"][0]["totalTokens"], 1050);
+    assert_eq!(report["rows"][1]["totalTokens"], 110);
+}
+
+#[tokio::test]
+async fn a_daily_token_quota_fails_the_attempt_when_the_site_says_so() {
+    let site = Site::on(Appliance::start_with(
+        &[],
+        &[("AGENTBAY_RUNTIME__WHEN_TOKENS_RUN_OUT", "fail")],
+    ))
+    .await;
+    let admin = site.a.admin_token().await;
+    let (status, body) = site
+        .a
+        .put(
+            &admin,
+            "/factory/capacity/quotas/tenant.demo",
+            json!({"tokensPerDay": 500}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    site.import(
+        "triage-quota-fail",
+        json!([
+            {"content": "Looking", "toolCalls": [{"tool": "lookup-ticket", "arguments": {"customer": "acme"}}],
+             "usage": {"prompt_tokens": 400, "completion_tokens": 150}},
+            counted(json!({"severity": "low", "summary": "checked", "paged": false}), 100, 10, 0)
+        ]),
+        |_| {},
+    )
+    .await;
+    let run_id = site.submit("triage-quota-fail").await;
+    let run = site.until(&run_id, "Failed").await;
+    let a = &run.steps[0].attempts.last().unwrap();
+    assert_eq!(a.failure_class, "budget");
+    assert!(
+        a.failure_reason
+            .contains("tokensPerDay of tenant demo: 550 of 500 used today (UTC)")
+            && a.failure_reason
+                .contains("runtime.when_tokens_run_out = fail"),
+        "{}",
+        a.failure_reason
+    );
+}

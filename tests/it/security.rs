@@ -102,6 +102,15 @@ fn rest_table(v: &Victim) -> HashMap<&'static str, RestCase> {
             ),
         ),
         (
+            "GET /factory/usage",
+            case(
+                S(Scope::RunsRead),
+                "/factory/usage",
+                None,
+                Some("/factory/usage?tenant=demo".into()),
+            ),
+        ),
+        (
             "GET /factory/capacity/leases",
             case(
                 S(Scope::CapacityRead),

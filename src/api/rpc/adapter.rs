@@ -134,6 +134,8 @@ impl pb::Adapter for AdapterService {
                 max_model_calls: a.limits.max_model_calls,
                 max_tool_calls: a.limits.max_tool_calls,
                 max_context_tokens: a.limits.max_context_tokens,
+                model_profile_id: a.model_profile_id.clone(),
+                max_total_tokens: a.limits.max_total_tokens,
                 lease_expires_at: time(a.lease.expires_at),
                 adapter_version: a.adapter_version.clone(),
                 checkpoint_format: a.checkpoint_format,

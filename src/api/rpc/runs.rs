@@ -153,7 +153,9 @@ pub fn attempt_message(
 /// The wire form of a run, with its attempts as they are now.
 pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run {
     let now = state.clock.now();
-    let tokens = ledger::run_tokens(&state.store, scope, run.run_id)
+    let tokens = state
+        .runs
+        .tokens(scope, run.run_id)
         .unwrap_or_else(|_| ledger::RunTokens::none(scope.tenant(), run.run_id));
     let steps = run
         .steps

@@ -283,7 +283,7 @@ fn model_calls_charge_their_tokens_and_the_token_budget_times_the_attempt_out() 
     assert_eq!(t.usage, None);
     assert_eq!(
         t.latency_ms,
-        Some(1000),
+        Some(3000),
         "start to result when not measured"
     );
     assert_eq!(a.usage.tokens.model_calls, 1);

@@ -20,7 +20,7 @@ from .errors import (
     Unavailable,
     Uncertain,
 )
-from .worker import Answer, Context, Failed, Fence, ModelReply, ToolCall, Worker
+from .worker import Answer, Context, Failed, Fence, ModelReply, ToolCall, Worker, usage_of
 
 __version__ = "0.1.0"
 
@@ -49,4 +49,5 @@ __all__ = [
     "Unavailable",
     "Uncertain",
     "Worker",
+    "usage_of",
 ]

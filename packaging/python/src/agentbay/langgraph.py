@@ -314,6 +314,7 @@ class ChatAgentbay(BaseChatModel):
                 "input_tokens": reply.input_tokens,
                 "output_tokens": reply.output_tokens,
                 "total_tokens": reply.input_tokens + reply.output_tokens,
+                "input_token_details": {"cache_read": reply.cached_tokens},
             },
             response_metadata={"model": reply.model, "served_by": reply.served_by, "call_id": reply.call_id},
         )

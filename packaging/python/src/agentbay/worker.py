@@ -130,6 +130,7 @@ class ModelReply:
     served_by: str
     call_id: str
     replayed: bool = False
+    cached_tokens: int = 0
 
     def message(self) -> dict[str, Any]:
         """The answer as an OpenAI assistant message, for the conversation."""
@@ -500,7 +501,7 @@ class Context:
         reply = ModelReply(
             content=r.content or None, tool_calls=calls, input_tokens=r.input_tokens,
             output_tokens=r.output_tokens, model=r.model, served_by=r.served_by, call_id=r.call_id,
-            replayed=r.outcome == pb.REPLAYED,
+            replayed=r.outcome == pb.REPLAYED, cached_tokens=r.cached_tokens,
         )
         self._records[key] = {k: v for k, v in reply.__dict__.items() if k != "replayed"} | {
             "tool_calls": [c.__dict__ for c in calls]
@@ -509,6 +510,78 @@ class Context:
         # this never bills the turn again.
         self.checkpoint(self.state)
         return reply
+
+    @_one_at_a_time
+    def model_call(
+        self,
+        messages: list[Mapping[str, Any]],
+        call: Callable[[Fence], Any],
+        *,
+        context_tokens: int = 0,
+    ) -> Any:
+        """A model call the adapter makes itself, to a server it reaches:
+        BeginCall (the attempt's limits, ``maxTotalTokens`` and the
+        ``tokensPerDay`` quota are checked before it is made), then
+        ``call(fence)``, then CompleteCall with the tokens its answer
+        reports (:func:`usage_of`: an OpenAI chat completion, or the chunks
+        of a streamed one, whose final chunk carries the usage) and the
+        time it took. Answers what ``call`` returned. A turn already
+        completed (same conversation) is answered from the checkpoint."""
+        key = self._occurrence(_key("own-model", messages))
+        done = self._records.get(key)
+        if done is not None and "result" in done:
+            return done["result"]
+        profile = self.ticket.model_profile_id
+        begun = self._begin_model(profile, list(messages), key, context_tokens)
+        if begun.outcome == pb.REPLAYED:
+            result = json.loads(begun.result_json) if begun.result_json else None
+            self._records[key] = {"result": result}
+            return result
+        fence = Fence(self.attempt_id, begun.fencing_token or self._hold.token, begun.call_id, begun.policy_decision_id)
+        started = time.monotonic()
+        try:
+            answer = call(fence)
+        except Exception as e:
+            self._rpc(
+                self._client.adapter.complete_call,
+                pb.CompleteCallRequest(
+                    **self._ids(), call_id=begun.call_id, ok=False, error=f"{type(e).__name__}: {e}"[:2000],
+                    state_json=self._document(self.state),
+                    latency_ms=int((time.monotonic() - started) * 1000),
+                ),
+            )
+            raise
+        latency_ms = int((time.monotonic() - started) * 1000)
+        if not isinstance(answer, (dict, list, str, int, float, bool, type(None))):
+            answer = _plain(answer)
+        input_tokens, output_tokens, cached_tokens = usage_of(answer)
+        self._records[key] = {"result": answer}
+        self._rpc(
+            self._client.adapter.complete_call,
+            pb.CompleteCallRequest(
+                **self._ids(), call_id=begun.call_id, ok=True, result_json=_doc(answer),
+                receipt_json=_doc({"schema": "model-invocation-v1", "inputTokens": input_tokens,
+                                   "outputTokens": output_tokens, "cachedTokens": cached_tokens,
+                                   "latencyMs": latency_ms, "servedBy": "the adapter's own model client"}),
+                state_json=self._document(self.state),
+                usage=pb.ModelUsage(input_tokens=input_tokens, output_tokens=output_tokens, cached_tokens=cached_tokens),
+                latency_ms=latency_ms,
+            ),
+        )
+        return answer
+
+    def _begin_model(self, profile: str, messages: list[Any], key: str, context_tokens: int) -> pb.BeginCallResponse:
+        r = self._rpc(
+            self._client.adapter.begin_call,
+            pb.BeginCallRequest(
+                **self._ids(), kind="model", target=profile, request_json=_doc({"messages": messages}),
+                context_tokens=context_tokens, state_json=self._document(self.state),
+            ),
+        )
+        if r.outcome == pb.REFUSED:
+            self._records[key] = {"refused": r.reason}
+            raise errors.Refused("model", r.reason)
+        return r
 
     @_one_at_a_time
     def delegate(self, release_id: str, input: Any, *, wait_seconds: int = 30) -> Any:
@@ -831,3 +904,45 @@ def _parse_state(text: str) -> dict[str, Any]:
     if isinstance(value, dict) and value.get("format") == STATE_FORMAT:
         return value
     return {"state": value}
+
+
+def _plain(value: Any) -> Any:
+    """An SDK object (an OpenAI ``ChatCompletion``, a chunk) as plain JSON
+    values: its ``model_dump()``, else its ``dict()``."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, Mapping):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dict__"):
+        return dict(value.__dict__)
+    return value
+
+
+def usage_of(answer: Any) -> tuple[int, int, int]:
+    """Prompt, completion and cached tokens an OpenAI-compatible answer
+    reports: a chat completion's ``usage``; for a streamed answer (a list
+    of chunks) the last chunk that carries one (ask for it with
+    ``stream_options={"include_usage": True}``); a LangChain message's
+    ``usage_metadata``. Nothing reported: zeros."""
+    answer = _plain(answer)
+    if isinstance(answer, list):
+        found = (0, 0, 0)
+        for chunk in answer:
+            got = usage_of(chunk)
+            if got != (0, 0, 0):
+                found = got
+        return found
+    if not isinstance(answer, Mapping):
+        return (0, 0, 0)
+    usage = answer.get("usage")
+    if isinstance(usage, Mapping):
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, Mapping) else 0
+        return (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), int(cached or 0))
+    meta = answer.get("usage_metadata")
+    if isinstance(meta, Mapping):
+        details = meta.get("input_token_details") or {}
+        cached = details.get("cache_read") if isinstance(details, Mapping) else 0
+        return (int(meta.get("input_tokens") or 0), int(meta.get("output_tokens") or 0), int(cached or 0))
+    return (0, 0, 0)
+

@@ -44,7 +44,7 @@ class ClaimAttemptRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., session: _Optional[str] = ..., wait_seconds: _Optional[int] = ...) -> None: ...
 
 class AttemptTicket(_message.Message):
-    __slots__ = ("attempt_id", "run_id", "step_id", "fencing_token", "release_id", "agent_id", "input_json", "resumed", "state_json", "checkpoint_sequence", "phase", "correction_count", "max_corrections", "max_minutes", "max_model_calls", "max_tool_calls", "max_context_tokens", "lease_expires_at", "adapter_version", "checkpoint_format", "rerun_of_attempt_id", "rerun_of_checkpoint_sequence")
+    __slots__ = ("attempt_id", "run_id", "step_id", "fencing_token", "release_id", "agent_id", "input_json", "resumed", "state_json", "checkpoint_sequence", "phase", "correction_count", "max_corrections", "max_minutes", "max_model_calls", "max_tool_calls", "max_context_tokens", "lease_expires_at", "adapter_version", "checkpoint_format", "rerun_of_attempt_id", "rerun_of_checkpoint_sequence", "model_profile_id", "max_total_tokens")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,8 @@ class AttemptTicket(_message.Message):
     CHECKPOINT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     RERUN_OF_ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     RERUN_OF_CHECKPOINT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     run_id: str
     step_id: str
@@ -89,7 +91,9 @@ class AttemptTicket(_message.Message):
     checkpoint_format: int
     rerun_of_attempt_id: str
     rerun_of_checkpoint_sequence: int
-    def __init__(self, attempt_id: _Optional[str] = ..., run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., release_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., input_json: _Optional[str] = ..., resumed: _Optional[bool] = ..., state_json: _Optional[str] = ..., checkpoint_sequence: _Optional[int] = ..., phase: _Optional[str] = ..., correction_count: _Optional[int] = ..., max_corrections: _Optional[int] = ..., max_minutes: _Optional[int] = ..., max_model_calls: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., lease_expires_at: _Optional[str] = ..., adapter_version: _Optional[str] = ..., checkpoint_format: _Optional[int] = ..., rerun_of_attempt_id: _Optional[str] = ..., rerun_of_checkpoint_sequence: _Optional[int] = ...) -> None: ...
+    model_profile_id: str
+    max_total_tokens: int
+    def __init__(self, attempt_id: _Optional[str] = ..., run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., release_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., input_json: _Optional[str] = ..., resumed: _Optional[bool] = ..., state_json: _Optional[str] = ..., checkpoint_sequence: _Optional[int] = ..., phase: _Optional[str] = ..., correction_count: _Optional[int] = ..., max_corrections: _Optional[int] = ..., max_minutes: _Optional[int] = ..., max_model_calls: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., lease_expires_at: _Optional[str] = ..., adapter_version: _Optional[str] = ..., checkpoint_format: _Optional[int] = ..., rerun_of_attempt_id: _Optional[str] = ..., rerun_of_checkpoint_sequence: _Optional[int] = ..., model_profile_id: _Optional[str] = ..., max_total_tokens: _Optional[int] = ...) -> None: ...
 
 class ClaimAttemptResponse(_message.Message):
     __slots__ = ("attempt",)
@@ -192,7 +196,7 @@ class BeginCallResponse(_message.Message):
     def __init__(self, outcome: _Optional[_Union[BeginOutcome, str]] = ..., call_id: _Optional[str] = ..., policy_decision_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., reason: _Optional[str] = ..., decision_id: _Optional[str] = ..., approval_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., child_run_id: _Optional[str] = ..., request_hash: _Optional[str] = ..., replayed_from_call_id: _Optional[str] = ..., result_json: _Optional[str] = ...) -> None: ...
 
 class CompleteCallRequest(_message.Message):
-    __slots__ = ("attempt_id", "fencing_token", "call_id", "ok", "result_json", "receipt_json", "error", "state_json")
+    __slots__ = ("attempt_id", "fencing_token", "call_id", "ok", "result_json", "receipt_json", "error", "state_json", "usage", "latency_ms")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +205,8 @@ class CompleteCallRequest(_message.Message):
     RECEIPT_JSON_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     fencing_token: int
     call_id: str
@@ -209,7 +215,19 @@ class CompleteCallRequest(_message.Message):
     receipt_json: str
     error: str
     state_json: str
-    def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., call_id: _Optional[str] = ..., ok: _Optional[bool] = ..., result_json: _Optional[str] = ..., receipt_json: _Optional[str] = ..., error: _Optional[str] = ..., state_json: _Optional[str] = ...) -> None: ...
+    usage: ModelUsage
+    latency_ms: int
+    def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., call_id: _Optional[str] = ..., ok: _Optional[bool] = ..., result_json: _Optional[str] = ..., receipt_json: _Optional[str] = ..., error: _Optional[str] = ..., state_json: _Optional[str] = ..., usage: _Optional[_Union[ModelUsage, _Mapping]] = ..., latency_ms: _Optional[int] = ...) -> None: ...
+
+class ModelUsage(_message.Message):
+    __slots__ = ("input_tokens", "output_tokens", "cached_tokens")
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class CompleteCallResponse(_message.Message):
     __slots__ = ("state", "checkpoint_id", "checkpoint_sequence", "result_hash", "receipt_ref", "interrupt_requested")
@@ -244,7 +262,7 @@ class CallModelRequest(_message.Message):
     def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., messages_json: _Optional[str] = ..., tools_json: _Optional[str] = ..., context_tokens: _Optional[int] = ..., state_json: _Optional[str] = ...) -> None: ...
 
 class CallModelResponse(_message.Message):
-    __slots__ = ("outcome", "call_id", "reason", "content", "tool_calls_json", "input_tokens", "output_tokens", "model", "served_by", "latency_ms", "checkpoint_id", "checkpoint_sequence", "interrupt_requested")
+    __slots__ = ("outcome", "call_id", "reason", "content", "tool_calls_json", "input_tokens", "output_tokens", "model", "served_by", "latency_ms", "checkpoint_id", "checkpoint_sequence", "interrupt_requested", "cached_tokens")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +276,7 @@ class CallModelResponse(_message.Message):
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     INTERRUPT_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     outcome: BeginOutcome
     call_id: str
     reason: str
@@ -271,7 +290,8 @@ class CallModelResponse(_message.Message):
     checkpoint_id: str
     checkpoint_sequence: int
     interrupt_requested: bool
-    def __init__(self, outcome: _Optional[_Union[BeginOutcome, str]] = ..., call_id: _Optional[str] = ..., reason: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., model: _Optional[str] = ..., served_by: _Optional[str] = ..., latency_ms: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., checkpoint_sequence: _Optional[int] = ..., interrupt_requested: _Optional[bool] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, outcome: _Optional[_Union[BeginOutcome, str]] = ..., call_id: _Optional[str] = ..., reason: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., model: _Optional[str] = ..., served_by: _Optional[str] = ..., latency_ms: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., checkpoint_sequence: _Optional[int] = ..., interrupt_requested: _Optional[bool] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class AwaitCallRequest(_message.Message):
     __slots__ = ("attempt_id", "fencing_token", "call_id", "wait_seconds")

@@ -41,6 +41,9 @@ class Runs(Protocol):
     async def rerun_from_checkpoint(self, request: agentbay_dot_runs_dot_v1_dot_runs__pb2.RerunFromCheckpointRequest, ctx: RequestContext) -> agentbay_dot_runs_dot_v1_dot_runs__pb2.RerunFromCheckpointResponse:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
 
+    async def get_usage(self, request: agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageRequest, ctx: RequestContext) -> agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
+
 
 class RunsASGIApplication(ConnectASGIApplication[Runs]):
     def __init__(self, service: Runs | AsyncGenerator[Runs], *, interceptors: Iterable[Interceptor]=(), read_max_bytes: int | None = None, compressions: Iterable[Compression] | None = None) -> None:
@@ -126,6 +129,16 @@ class RunsASGIApplication(ConnectASGIApplication[Runs]):
                         idempotency_level=IdempotencyLevel.UNKNOWN,
                     ),
                     function=svc.rerun_from_checkpoint,
+                ),
+                "/agentbay.runs.v1.Runs/GetUsage": Endpoint.unary(
+                    method=MethodInfo(
+                        name="GetUsage",
+                        service_name="agentbay.runs.v1.Runs",
+                        input=agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageRequest,
+                        output=agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageResponse,
+                        idempotency_level=IdempotencyLevel.NO_SIDE_EFFECTS,
+                    ),
+                    function=svc.get_usage,
                 ),
             },
             interceptors=interceptors,
@@ -304,6 +317,28 @@ class RunsClient(ConnectClient):
             timeout_ms=timeout_ms,
         )
 
+    async def get_usage(
+        self,
+        request: agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        use_get: bool = False,
+    ) -> agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageResponse:
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetUsage",
+                service_name="agentbay.runs.v1.Runs",
+                input=agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageRequest,
+                output=agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageResponse,
+                idempotency_level=IdempotencyLevel.NO_SIDE_EFFECTS,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+            use_get=use_get,
+        )
+
 
 class RunsSync(Protocol):
     def submit_run(self, request: agentbay_dot_runs_dot_v1_dot_runs__pb2.SubmitRunRequest, ctx: RequestContext) -> agentbay_dot_runs_dot_v1_dot_runs__pb2.SubmitRunResponse:
@@ -321,6 +356,8 @@ class RunsSync(Protocol):
     def hold_run(self, request: agentbay_dot_runs_dot_v1_dot_runs__pb2.HoldRunRequest, ctx: RequestContext) -> agentbay_dot_runs_dot_v1_dot_runs__pb2.HoldRunResponse:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
     def rerun_from_checkpoint(self, request: agentbay_dot_runs_dot_v1_dot_runs__pb2.RerunFromCheckpointRequest, ctx: RequestContext) -> agentbay_dot_runs_dot_v1_dot_runs__pb2.RerunFromCheckpointResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
+    def get_usage(self, request: agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageRequest, ctx: RequestContext) -> agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageResponse:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
 
 
@@ -407,6 +444,16 @@ class RunsWSGIApplication(ConnectWSGIApplication):
                         idempotency_level=IdempotencyLevel.UNKNOWN,
                     ),
                     function=service.rerun_from_checkpoint,
+                ),
+                "/agentbay.runs.v1.Runs/GetUsage": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="GetUsage",
+                        service_name="agentbay.runs.v1.Runs",
+                        input=agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageRequest,
+                        output=agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageResponse,
+                        idempotency_level=IdempotencyLevel.NO_SIDE_EFFECTS,
+                    ),
+                    function=service.get_usage,
                 ),
             },
             interceptors=interceptors,
@@ -583,4 +630,26 @@ class RunsClientSync(ConnectClientSync):
             ),
             headers=headers,
             timeout_ms=timeout_ms,
+        )
+
+    def get_usage(
+        self,
+        request: agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        use_get: bool = False,
+    ) -> agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageResponse:
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="GetUsage",
+                service_name="agentbay.runs.v1.Runs",
+                input=agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageRequest,
+                output=agentbay_dot_runs_dot_v1_dot_runs__pb2.GetUsageResponse,
+                idempotency_level=IdempotencyLevel.NO_SIDE_EFFECTS,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+            use_get=use_get,
         )

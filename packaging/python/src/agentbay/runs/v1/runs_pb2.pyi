@@ -6,6 +6,60 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class TokenUsage(_message.Message):
+    __slots__ = ("input_tokens", "output_tokens", "cached_tokens", "model_calls", "total_tokens")
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    model_calls: int
+    total_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., model_calls: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+
+class GetUsageRequest(_message.Message):
+    __slots__ = ("tenant_id", "to", "group_by", "project_id", "agent_id")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BY_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    to: str
+    group_by: str
+    project_id: str
+    agent_id: str
+    def __init__(self, tenant_id: _Optional[str] = ..., to: _Optional[str] = ..., group_by: _Optional[str] = ..., project_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., **kwargs) -> None: ...
+
+class UsageRow(_message.Message):
+    __slots__ = ("day", "project_id", "agent_id", "release_id", "usage")
+    DAY_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    day: str
+    project_id: str
+    agent_id: str
+    release_id: str
+    usage: TokenUsage
+    def __init__(self, day: _Optional[str] = ..., project_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., release_id: _Optional[str] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ...) -> None: ...
+
+class GetUsageResponse(_message.Message):
+    __slots__ = ("rows", "total", "to")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
+    total: TokenUsage
+    to: str
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ..., total: _Optional[_Union[TokenUsage, _Mapping]] = ..., to: _Optional[str] = ..., **kwargs) -> None: ...
+
 class RerunFromCheckpointRequest(_message.Message):
     __slots__ = ("attempt_id", "checkpoint_sequence", "release_id", "reissue_call_ids", "request_id", "tenant_id")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -77,18 +131,20 @@ class Hold(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., by: _Optional[str] = ..., at: _Optional[str] = ...) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_minutes", "max_model_calls", "max_tool_calls", "max_context_tokens", "max_sub_agent_depth")
+    __slots__ = ("max_minutes", "max_model_calls", "max_tool_calls", "max_context_tokens", "max_sub_agent_depth", "max_total_tokens")
     MAX_MINUTES_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_SUB_AGENT_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     max_minutes: int
     max_model_calls: int
     max_tool_calls: int
     max_context_tokens: int
     max_sub_agent_depth: int
-    def __init__(self, max_minutes: _Optional[int] = ..., max_model_calls: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., max_sub_agent_depth: _Optional[int] = ...) -> None: ...
+    max_total_tokens: int
+    def __init__(self, max_minutes: _Optional[int] = ..., max_model_calls: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., max_sub_agent_depth: _Optional[int] = ..., max_total_tokens: _Optional[int] = ...) -> None: ...
 
 class SubmitRunRequest(_message.Message):
     __slots__ = ("project_id", "release_id", "input_json", "limits", "max_attempts", "max_corrections", "request_id", "environment_id", "tenant_id")
@@ -113,7 +169,7 @@ class SubmitRunRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., release_id: _Optional[str] = ..., input_json: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., max_attempts: _Optional[int] = ..., max_corrections: _Optional[int] = ..., request_id: _Optional[str] = ..., environment_id: _Optional[str] = ..., tenant_id: _Optional[str] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("attempt_id", "run_id", "step_id", "number", "state", "phase", "fencing_token", "waiting_reason", "limiting_quota", "queue_position", "correction_count", "max_corrections", "model_calls", "tool_calls", "failure_class", "failure_reason", "outcome_hash", "pending_decision_id", "release_id", "agent_id", "started_at", "ended_at", "checkpoints", "capacity_lease_id", "pending_decision")
+    __slots__ = ("attempt_id", "run_id", "step_id", "number", "state", "phase", "fencing_token", "waiting_reason", "limiting_quota", "queue_position", "correction_count", "max_corrections", "model_calls", "tool_calls", "failure_class", "failure_reason", "outcome_hash", "pending_decision_id", "release_id", "agent_id", "started_at", "ended_at", "checkpoints", "capacity_lease_id", "pending_decision", "tokens", "active_seconds", "wall_seconds")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +195,9 @@ class Attempt(_message.Message):
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PENDING_DECISION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     run_id: str
     step_id: str
@@ -164,7 +223,10 @@ class Attempt(_message.Message):
     checkpoints: int
     capacity_lease_id: str
     pending_decision: PendingDecision
-    def __init__(self, attempt_id: _Optional[str] = ..., run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., number: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., fencing_token: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., limiting_quota: _Optional[str] = ..., queue_position: _Optional[int] = ..., correction_count: _Optional[int] = ..., max_corrections: _Optional[int] = ..., model_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., failure_class: _Optional[str] = ..., failure_reason: _Optional[str] = ..., outcome_hash: _Optional[str] = ..., pending_decision_id: _Optional[str] = ..., release_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., started_at: _Optional[str] = ..., ended_at: _Optional[str] = ..., checkpoints: _Optional[int] = ..., capacity_lease_id: _Optional[str] = ..., pending_decision: _Optional[_Union[PendingDecision, _Mapping]] = ...) -> None: ...
+    tokens: TokenUsage
+    active_seconds: int
+    wall_seconds: int
+    def __init__(self, attempt_id: _Optional[str] = ..., run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., number: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., fencing_token: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., limiting_quota: _Optional[str] = ..., queue_position: _Optional[int] = ..., correction_count: _Optional[int] = ..., max_corrections: _Optional[int] = ..., model_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., failure_class: _Optional[str] = ..., failure_reason: _Optional[str] = ..., outcome_hash: _Optional[str] = ..., pending_decision_id: _Optional[str] = ..., release_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., started_at: _Optional[str] = ..., ended_at: _Optional[str] = ..., checkpoints: _Optional[int] = ..., capacity_lease_id: _Optional[str] = ..., pending_decision: _Optional[_Union[PendingDecision, _Mapping]] = ..., tokens: _Optional[_Union[TokenUsage, _Mapping]] = ..., active_seconds: _Optional[int] = ..., wall_seconds: _Optional[int] = ...) -> None: ...
 
 class PendingDecision(_message.Message):
     __slots__ = ("decision_id", "kind", "approval_id", "summary", "question", "proposed_call", "options", "recommendation", "requested_at", "expires_at", "purged", "answer_schema_json")
@@ -225,7 +287,7 @@ class Step(_message.Message):
     def __init__(self, step_id: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "tenant_id", "project_id", "release_id", "agent_id", "snapshot_id", "state", "reason", "steps", "output_json", "output_ref", "input_ref", "depth", "parent_run_id", "created_at", "ended_at", "cancel_requested", "max_attempts", "limits", "hold", "purged", "rerun_of", "rerun_ids")
+    __slots__ = ("run_id", "tenant_id", "project_id", "release_id", "agent_id", "snapshot_id", "state", "reason", "steps", "output_json", "output_ref", "input_ref", "depth", "parent_run_id", "created_at", "ended_at", "cancel_requested", "max_attempts", "limits", "hold", "purged", "rerun_of", "rerun_ids", "tokens", "tokens_with_children")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +311,8 @@ class Run(_message.Message):
     PURGED_FIELD_NUMBER: _ClassVar[int]
     RERUN_OF_FIELD_NUMBER: _ClassVar[int]
     RERUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_WITH_CHILDREN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tenant_id: str
     project_id: str
@@ -272,7 +336,9 @@ class Run(_message.Message):
     purged: str
     rerun_of: RerunOrigin
     rerun_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., project_id: _Optional[str] = ..., release_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., output_json: _Optional[str] = ..., output_ref: _Optional[str] = ..., input_ref: _Optional[str] = ..., depth: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., created_at: _Optional[str] = ..., ended_at: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., max_attempts: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., hold: _Optional[_Union[Hold, _Mapping]] = ..., purged: _Optional[str] = ..., rerun_of: _Optional[_Union[RerunOrigin, _Mapping]] = ..., rerun_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    tokens: TokenUsage
+    tokens_with_children: TokenUsage
+    def __init__(self, run_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., project_id: _Optional[str] = ..., release_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., output_json: _Optional[str] = ..., output_ref: _Optional[str] = ..., input_ref: _Optional[str] = ..., depth: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., created_at: _Optional[str] = ..., ended_at: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., max_attempts: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., hold: _Optional[_Union[Hold, _Mapping]] = ..., purged: _Optional[str] = ..., rerun_of: _Optional[_Union[RerunOrigin, _Mapping]] = ..., rerun_ids: _Optional[_Iterable[str]] = ..., tokens: _Optional[_Union[TokenUsage, _Mapping]] = ..., tokens_with_children: _Optional[_Union[TokenUsage, _Mapping]] = ...) -> None: ...
 
 class SubmitRunResponse(_message.Message):
     __slots__ = ("run",)
