@@ -16,7 +16,11 @@
 //!   across attempts);
 //! - no step has an attempt after one that Succeeded, nor two Succeeded;
 //! - every acknowledged lease release is stored as released, and every
-//!   pool's counters equal the sums over its leases.
+//!   pool's counters equal the sums over its leases;
+//! - the ledger's token sums are exact: each attempt holds at least the
+//!   tokens of its acknowledged model calls and at most those of the calls
+//!   it sent; each run's sum is the sum of its attempts'; the tenant's
+//!   usage report is the sum over every run.
 //!
 //! CI runs a short load; `CONSISTENCY_LOAD_SECONDS=300` runs a long one.
 //! The second test kills the appliance with SIGKILL in the middle of the
@@ -177,6 +181,10 @@ struct Journal {
     repeats: usize,
     leases_granted: BTreeSet<String>,
     leases_released: BTreeSet<String>,
+    /// Tokens of model calls completed and acknowledged, and of those
+    /// sent (acknowledged or not), per attempt.
+    tokens_acked: BTreeMap<String, u64>,
+    tokens_sent: BTreeMap<String, u64>,
     findings: Vec<String>,
 }
 
@@ -280,6 +288,57 @@ async fn drive(
     };
     for step in 0..=rng.below(3) {
         checkpoint(step).await?;
+    }
+    if rng.pct() < 60 {
+        // A model call the adapter makes itself, with the usage its server
+        // reported.
+        let (input, output, cached) = (100 + rng.below(900), 1 + rng.below(99), rng.below(50));
+        let m = client
+            .begin_call(ad::BeginCallRequest {
+                attempt_id: id.clone(),
+                fencing_token: token,
+                kind: "model".into(),
+                target: t.model_profile_id.clone(),
+                request_json: json!({"messages": [{"role": "user", "content": "triage"}]})
+                    .to_string(),
+                context_tokens: 100,
+                state_json: json!({"thinking": true}).to_string(),
+                ..Default::default()
+            })
+            .await?
+            .into_owned();
+        ctx.ack();
+        if m.outcome == ad::BeginOutcome::STARTED {
+            *ctx.journal
+                .lock()
+                .tokens_sent
+                .entry(id.clone())
+                .or_default() += input + output;
+            client
+                .complete_call(ad::CompleteCallRequest {
+                    attempt_id: id.clone(),
+                    fencing_token: token,
+                    call_id: m.call_id.clone(),
+                    ok: true,
+                    result_json: json!({"content": "look it up"}).to_string(),
+                    state_json: json!({"thought": m.call_id}).to_string(),
+                    usage: buffa::MessageField::some(ad::ModelUsage {
+                        input_tokens: input,
+                        output_tokens: output,
+                        cached_tokens: cached,
+                        ..Default::default()
+                    }),
+                    latency_ms: 1 + rng.below(40),
+                    ..Default::default()
+                })
+                .await?;
+            ctx.ack();
+            *ctx.journal
+                .lock()
+                .tokens_acked
+                .entry(id.clone())
+                .or_default() += input + output;
+        }
     }
     if rng.pct() < 30 {
         client
@@ -672,7 +731,9 @@ async fn check(a: &Appliance, ctx: &Ctx) -> Vec<String> {
         state: String,
         token: u64,
         hash: String,
+        tokens: u64,
     }
+    let mut run_tokens_total = 0u64;
     let mut attempts: BTreeMap<String, Stored> = BTreeMap::new();
     let mut succeeded_runs = 0;
     for run_id in &j.runs {
@@ -689,6 +750,19 @@ async fn check(a: &Appliance, ctx: &Ctx) -> Vec<String> {
         if run.state == "Succeeded" {
             succeeded_runs += 1;
         }
+        let of_attempts: u64 = run
+            .steps
+            .iter()
+            .flat_map(|s| s.attempts.iter())
+            .map(|at| at.tokens.as_option().map_or(0, |t| t.total_tokens))
+            .sum();
+        let charged = run.tokens.as_option().map_or(0, |t| t.total_tokens);
+        if charged != of_attempts {
+            findings.push(format!(
+                "run {run_id}: the ledger holds {charged} tokens, its attempts {of_attempts}"
+            ));
+        }
+        run_tokens_total += charged;
         for step in &run.steps {
             let mut succeeded_at = None;
             for (i, at) in step.attempts.iter().enumerate() {
@@ -715,11 +789,41 @@ async fn check(a: &Appliance, ctx: &Ctx) -> Vec<String> {
                         state: at.state.clone(),
                         token: at.fencing_token,
                         hash: at.outcome_hash.clone(),
+                        tokens: at.tokens.as_option().map_or(0, |t| t.total_tokens),
                     },
                 );
             }
         }
     }
+
+    // Tokens: what was acknowledged is charged, nothing beyond what was
+    // sent, and the tenant's report is the sum over its runs.
+    for (attempt, sent) in &j.tokens_sent {
+        let acked = j.tokens_acked.get(attempt).copied().unwrap_or(0);
+        let stored = attempts.get(attempt).map_or(0, |s| s.tokens);
+        if stored < acked || stored > *sent {
+            findings.push(format!(
+                "attempt {attempt}: {stored} tokens charged; acknowledged {acked}, sent {sent}"
+            ));
+        }
+    }
+    let report = clients
+        .runs
+        .get_usage(rn::GetUsageRequest::default())
+        .await
+        .expect("get usage")
+        .into_owned();
+    let reported = report.total.as_option().map_or(0, |t| t.total_tokens);
+    if reported != run_tokens_total {
+        findings.push(format!(
+            "the tenant's usage reports {reported} tokens, its runs hold {run_tokens_total}"
+        ));
+    }
+    let acked_total: u64 = j.tokens_acked.values().sum();
+    eprintln!(
+        "tokens: {acked_total} acknowledged, {run_tokens_total} charged over {} runs",
+        j.runs.len()
+    );
 
     // Acknowledged outcomes are the stored ones.
     for o in &j.outcomes {

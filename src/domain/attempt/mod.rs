@@ -14,8 +14,13 @@
 //! - `Paused -> Cancelled`: cancellation (or a lost lease) while paused; a
 //!   paused attempt has no call in flight, so it is observed at once.
 //!
-//! Budgets: `maxMinutes` counts active time (Running and WaitingForTool),
-//! not time spent waiting for capacity, for a human or while paused.
+//! Budgets: `maxMinutes` counts active time (Running, and WaitingForTool
+//! for a model or tool call), not time spent waiting for capacity, for a
+//! human, for a delegated child run, or while paused: the specification's
+//! attempt budget is the attempt's own work; a wait for a person has its
+//! own limit (`Runtime:Decisions:InputTimeoutMinutes`) and a child run's
+//! attempts their own budgets. The attempt page shows this clock beside
+//! the wall clock.
 
 pub mod entities;
 
@@ -1142,17 +1147,36 @@ impl ExecutionAttempt {
         if self.state.edge(to).is_none() {
             return Err(self.illegal(format!("become {to}")));
         }
-        let was_active = self.state.is_active();
-        if was_active && !to.is_active() {
-            self.usage.active_ms += self.active_stretch_ms(now);
-            self.running_since = None;
-        } else if !was_active && to.is_active() {
-            self.running_since = Some(now);
-        }
         self.state = to;
         self.phase = phase;
+        self.sync_clock(now);
         self.mark(now, events);
         Ok(())
+    }
+
+    /// Whether its time counts against `maxMinutes` now: Running, or in a
+    /// model or tool call, but not while it waits for a delegated child
+    /// run (whose attempts have budgets of their own).
+    fn clock_runs(&self) -> bool {
+        self.state.is_active()
+            && !(self.state == AttemptState::WaitingForTool
+                && self
+                    .open_call
+                    .as_ref()
+                    .is_some_and(|c| c.kind == CallKind::SubAgent))
+    }
+
+    /// Starts or stops the active clock after a change of state or of the
+    /// call in flight.
+    fn sync_clock(&mut self, now: DateTime<Utc>) {
+        match (self.clock_runs(), self.running_since.is_some()) {
+            (true, false) => self.running_since = Some(now),
+            (false, true) => {
+                self.usage.active_ms += self.active_stretch_ms(now);
+                self.running_since = None;
+            }
+            _ => {}
+        }
     }
 
     /// Changes phase within the state (no event when it is the same).
@@ -1556,6 +1580,7 @@ impl ExecutionAttempt {
                 .map(|s| now + Duration::seconds(s as i64)),
         });
         self.usage.calls_since_checkpoint += 1;
+        self.sync_clock(now);
         let record = self.call_record(call, sequence, None, now);
         Ok((record, events))
     }

@@ -359,6 +359,25 @@ fn max_minutes_counts_active_time_only() {
         .unwrap();
     assert_eq!(a.budget_deadline(), None);
     assert_eq!(a.active_ms(t0() + Duration::hours(1)), 4 * 60_000);
+
+    // Waiting for a delegated child run does not count either; a tool
+    // call does.
+    let mut a = running();
+    let mut sub = tool(SideEffectClass::Read);
+    sub.kind = CallKind::SubAgent;
+    sub.timeout_seconds = None;
+    let (mut rec, _) = a.begin_call(sub, 2, t0() + Duration::minutes(1)).unwrap();
+    assert_eq!(a.state, AttemptState::WaitingForTool);
+    assert_eq!(a.budget_deadline(), None, "the clock stops for the child");
+    a.observe_call(&mut rec, ok(), t0() + Duration::minutes(50))
+        .unwrap();
+    assert_eq!(a.active_ms(t0() + Duration::minutes(52)), 3 * 60_000);
+    let (mut rec, _) = a
+        .begin_call(tool(SideEffectClass::Read), 2, t0() + Duration::minutes(52))
+        .unwrap();
+    a.observe_call(&mut rec, ok(), t0() + Duration::minutes(54))
+        .unwrap();
+    assert_eq!(a.active_ms(t0() + Duration::minutes(54)), 5 * 60_000);
 }
 
 #[test]
