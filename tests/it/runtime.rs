@@ -204,6 +204,33 @@ impl Adapter {
         self.ticket.attempt_id.clone()
     }
 
+    /// A model call the adapter makes itself, reporting the usage its
+    /// server counted.
+    async fn own_model_call(&self, input: u64, output: u64) {
+        let m = self
+            .begin("model", &self.ticket.model_profile_id, json!({"prompt": "p"}), "")
+            .await
+            .expect("model call");
+        assert_eq!(m.outcome, ad::BeginOutcome::STARTED, "{}", m.reason);
+        self.client
+            .complete_call(ad::CompleteCallRequest {
+                attempt_id: self.id(),
+                fencing_token: self.ticket.fencing_token,
+                call_id: m.call_id.clone(),
+                ok: true,
+                result_json: json!({"text": "t"}).to_string(),
+                usage: buffa::MessageField::some(ad::ModelUsage {
+                    input_tokens: input,
+                    output_tokens: output,
+                    ..Default::default()
+                }),
+                latency_ms: 250,
+                ..Default::default()
+            })
+            .await
+            .expect("model result");
+    }
+
     async fn begin(
         &self,
         kind: &str,
@@ -1178,15 +1205,39 @@ async fn a_supervisor_delegates_to_a_child_run_within_the_depth_limit_and_its_ru
     assert_eq!(done.state, "Succeeded");
     assert_eq!(site.run(&run.run_id).await.state, "Succeeded");
 
-    // A second delegation whose child succeeds hands its output back.
+    // A second delegation whose child succeeds hands its output back. The
+    // child's tokens are its supervisor's run's too.
     let run = site.submit(json!({"ticket": "u"}), None).await;
     let parent = site.claim_and_start().await;
+    parent.own_model_call(1000, 100).await;
     let call = parent
         .begin("sub-agent", "helper-ext-1.0.0", json!({"ticket": "u"}), "")
         .await
         .unwrap();
     let child = site.claim_and_start_agent("helper").await;
+    child.own_model_call(300, 30).await;
+    child.own_model_call(200, 20).await;
     child.report(good_output()).await.unwrap();
+    let child_run = site.run(&call.child_run_id).await;
+    let parent_run = site.run(&run.run_id).await;
+    let total = |t: Option<&rn::TokenUsage>| t.unwrap().total_tokens;
+    assert_eq!(total(child_run.tokens.as_option()), 550);
+    assert_eq!(total(child_run.tokens_with_children.as_option()), 550);
+    assert_eq!(total(parent_run.tokens.as_option()), 1100, "its own attempts'");
+    assert_eq!(
+        total(parent_run.tokens_with_children.as_option()),
+        1650,
+        "with its child's"
+    );
+    let timeline = site.timeline(&child.id()).await;
+    let model = timeline["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["kind"] == "model")
+        .unwrap()
+        .clone();
+    assert_eq!(model["latencyMs"], 250, "the latency the adapter measured");
     let result = parent
         .client
         .await_call(ad::AwaitCallRequest {

@@ -204,3 +204,26 @@ def test_a_sub_agent_runs_and_its_output_comes_back(appliance, adapter_cred, ope
     child = operator.runs.get_run(runs_pb2.GetRunRequest(run_id=children[0].run_id)).run
     assert child.state == "Succeeded" and child.depth == 1
     assert output["summary"] == "delegated: " + json.loads(child.output_json)["summary"]
+
+
+def test_usage_of_reads_a_completion_a_stream_and_a_langchain_message():
+    completion = {"usage": {"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}}}
+    assert agentbay.usage_of(completion) == (10, 3, 4)
+    stream = [{"choices": [{"delta": {"content": "a"}}]}, {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}}]
+    assert agentbay.usage_of(stream) == (7, 2, 0)
+    message = {"usage_metadata": {"input_tokens": 5, "output_tokens": 1, "input_token_details": {"cache_read": 2}}}
+    assert agentbay.usage_of(message) == (5, 1, 2)
+    assert agentbay.usage_of({"choices": []}) == (0, 0, 0)
+
+
+def test_an_adapters_own_model_call_is_charged_with_the_usage_its_stream_reported(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="acme", text="checkout is slow")
+    out = finish(spawn(TESTS / "workers" / "own_model.py", appliance.env(adapter_cred)))
+    assert run_state(operator, run_id) == "Succeeded", out
+    run = run_of(operator, run_id)
+    assert (run.tokens.input_tokens, run.tokens.output_tokens, run.tokens.cached_tokens) == (812, 64, 512)
+    attempt = attempts(operator, run_id)[0]
+    assert attempt.tokens.total_tokens == 876
+    usage = operator.runs.get_usage(runs_pb2.GetUsageRequest(group_by="agent"))
+    assert [(r.agent_id, r.usage.total_tokens) for r in usage.rows] == [("triage", usage.total.total_tokens)]
+    assert usage.total.total_tokens >= 876
