@@ -208,7 +208,12 @@ impl Adapter {
     /// server counted.
     async fn own_model_call(&self, input: u64, output: u64) {
         let m = self
-            .begin("model", &self.ticket.model_profile_id, json!({"prompt": "p"}), "")
+            .begin(
+                "model",
+                &self.ticket.model_profile_id,
+                json!({"prompt": "p"}),
+                "",
+            )
             .await
             .expect("model call");
         assert_eq!(m.outcome, ad::BeginOutcome::STARTED, "{}", m.reason);
@@ -1223,7 +1228,11 @@ async fn a_supervisor_delegates_to_a_child_run_within_the_depth_limit_and_its_ru
     let total = |t: Option<&rn::TokenUsage>| t.unwrap().total_tokens;
     assert_eq!(total(child_run.tokens.as_option()), 550);
     assert_eq!(total(child_run.tokens_with_children.as_option()), 550);
-    assert_eq!(total(parent_run.tokens.as_option()), 1100, "its own attempts'");
+    assert_eq!(
+        total(parent_run.tokens.as_option()),
+        1100,
+        "its own attempts'"
+    );
     assert_eq!(
         total(parent_run.tokens_with_children.as_option()),
         1650,

@@ -1,0 +1,179 @@
+//! An attempt's capacity: the compute lease it holds or asks for, the
+//! run slot its run counts in, the waits during which it gives its compute
+//! back (a human, a delegated child run, a pause) and takes it again, and
+//! the pauses a failed lease renewal or a used-up `tokensPerDay` cause.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::*;
+
+impl ExecutionAttempt {
+    /// Records the capacity lease that was requested for the attempt (or
+    /// that replaced a lost one); false when it is the one recorded.
+    pub fn use_capacity_lease(&mut self, lease_id: Uuid) -> bool {
+        if self.capacity_lease_id == Some(lease_id) {
+            return false;
+        }
+        self.capacity_lease_id = Some(lease_id);
+        true
+    }
+
+    /// Capacity was granted: the adapter may take the attempt and load the
+    /// release, or, after a gap, go on where it stopped.
+    pub fn capacity_granted(&mut self, lease_id: Uuid, now: DateTime<Utc>) -> Vec<NewEvent> {
+        self.use_capacity_lease(lease_id);
+        self.capacity_granted = true;
+        if self.state != AttemptState::Claimed {
+            if let Some(gap) = self
+                .capacity_gaps
+                .last_mut()
+                .filter(|g| g.granted_at.is_none())
+            {
+                gap.granted_at = Some(now);
+                gap.new_lease_id = Some(lease_id);
+            }
+            return Vec::new();
+        }
+        self.set_phase(AttemptPhase::LoadingRelease, now)
+    }
+
+    /// The run whose run slot the attempt counts in: its top-level run.
+    pub fn run_slot(&self) -> Uuid {
+        self.ancestors.last().copied().unwrap_or(self.run_id)
+    }
+
+    /// Since when the attempt has made no calls and waits for a human
+    /// decision, for a delegated child run, or for its lease to be renewed
+    /// (Paused); none otherwise. Its run keeps its run slot meanwhile.
+    pub fn idle_since(&self) -> Option<DateTime<Utc>> {
+        let waits_for_child = self.state == AttemptState::WaitingForTool
+            && self
+                .open_call
+                .as_ref()
+                .is_some_and(|c| c.kind == CallKind::SubAgent);
+        if !waits_for_child
+            && !matches!(
+                self.state,
+                AttemptState::WaitingForDecision | AttemptState::Paused
+            )
+        {
+            return None;
+        }
+        self.phases
+            .iter()
+            .rev()
+            .take_while(|p| p.state == self.state)
+            .last()
+            .map(|p| p.at)
+    }
+
+    /// Gives the capacity lease back while the attempt waits: it is no
+    /// longer counted or charged. Returns the lease to release, or none
+    /// when the attempt holds none or does not wait.
+    pub fn return_capacity(&mut self, reason: String, now: DateTime<Utc>) -> Option<Uuid> {
+        self.idle_since()?;
+        if !self.capacity_granted {
+            return None;
+        }
+        let lease_id = self.capacity_lease_id.take()?;
+        self.capacity_granted = false;
+        self.capacity_gaps.push(CapacityGap {
+            lease_id,
+            returned_at: now,
+            reason,
+            requested_at: None,
+            granted_at: None,
+            new_lease_id: None,
+        });
+        if self.capacity_gaps.len() > HISTORY_LIMIT {
+            self.capacity_gaps.remove(0);
+        }
+        Some(lease_id)
+    }
+
+    /// Whether it must ask for capacity now: dispatched and never granted,
+    /// or running again after a gap.
+    pub fn needs_capacity(&self) -> bool {
+        !self.capacity_granted
+            && matches!(self.state, AttemptState::Claimed | AttemptState::Running)
+    }
+
+    /// It asks for capacity again after a gap.
+    pub fn capacity_requested(&mut self, now: DateTime<Utc>) {
+        if let Some(gap) = self
+            .capacity_gaps
+            .last_mut()
+            .filter(|g| g.requested_at.is_none())
+        {
+            gap.requested_at = Some(now);
+        }
+    }
+
+    /// A lease renewal failed; the attempt pauses at its next checkpoint.
+    pub fn renewal_failed(&mut self, why: String) {
+        if !self.state.is_terminal() {
+            self.renewal_failure = Some(why);
+        }
+    }
+
+    /// A model call was refused by `tokensPerDay` (in the mode that
+    /// waits): Running -> Paused until `until` (the next UTC day) or until
+    /// the quota allows calls again. No call is in flight.
+    pub fn pause_for_quota(
+        &mut self,
+        why: String,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        if self.state != AttemptState::Running || self.open_call.is_some() {
+            return Err(self.illegal("pause for a quota"));
+        }
+        let mut events = Vec::new();
+        self.pause_reason = Some(why);
+        self.quota_paused_until = Some(until);
+        self.move_to(AttemptState::Paused, self.phase, now, &mut events)?;
+        Ok(events)
+    }
+
+    /// The day turned and the quota that paused it still refuses calls (a
+    /// limit of 0, or a day already used up): it waits for the next day.
+    pub fn quota_still_out(&mut self, why: String, until: DateTime<Utc>) {
+        if self.state == AttemptState::Paused && self.quota_paused_until.is_some() {
+            self.pause_reason = Some(why);
+            self.quota_paused_until = Some(until);
+        }
+    }
+
+    /// The quota that paused it allows calls again: it runs again, unless
+    /// its lease renewal failed meanwhile (then it stays paused for that).
+    pub fn quota_resumed(
+        &mut self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        let mut events = Vec::new();
+        if self.quota_paused_until.take().is_none() || self.state != AttemptState::Paused {
+            return Ok(events);
+        }
+        match self.renewal_failure.clone() {
+            Some(why) => self.pause_reason = Some(why),
+            None => {
+                self.pause_reason = None;
+                self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
+            }
+        }
+        Ok(events)
+    }
+
+    /// The lease was renewed: a paused attempt runs again (one paused by
+    /// `tokensPerDay` waits for its quota).
+    pub fn renewed(&mut self, now: DateTime<Utc>) -> Result<Vec<NewEvent>, IllegalTransition> {
+        self.renewal_failure = None;
+        let mut events = Vec::new();
+        if self.state == AttemptState::Paused && self.quota_paused_until.is_none() {
+            self.pause_reason = None;
+            self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
+        }
+        Ok(events)
+    }
+}
