@@ -626,16 +626,6 @@ pub async fn get_lease(
     Ok(Json(LeaseBody::of(&view)))
 }
 
-/// How `GET /factory/usage` answers.
-#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum UsageFormat {
-    /// The report as JSON.
-    Json,
-    /// The rows as CSV.
-    Csv,
-}
-
 /// `GetUsage`: the tenant's model tokens from the ledger, per UTC day,
 /// project, agent or release (any combination), as JSON or CSV.
 #[utoipa::path(get, path = "/factory/usage", tag = "capacity",
@@ -644,12 +634,15 @@ pub enum UsageFormat {
         ("from" = Option<chrono::NaiveDate>, Query, description = "First UTC day (default: 29 days before to); a range of more than 366 days is cut to the 366 up to to"),
         ("to" = Option<chrono::NaiveDate>, Query, description = "Last UTC day (default: today)"),
         ("groupBy" = Option<String>, Query, description = "Comma-separated: day, project, agent, release (default: day)", pattern = "^((day|project|agent|release)(,(day|project|agent|release))*)?$"),
-        ("projectId" = Option<String>, Query, description = "Only this project"),
-        ("agentId" = Option<String>, Query, description = "Only this agent"),
-        ("format" = Option<UsageFormat>, Query, description = "json (default) or csv"),
+        ("projectId" = Option<String>, Query, description = "Only this project", pattern = "^[a-z0-9][a-z0-9-]{0,62}$"),
+        ("agentId" = Option<String>, Query, description = "Only this agent", pattern = "^[A-Za-z0-9._-]{1,128}$"),
+        ("format" = Option<String>, Query, description = "json (default) or csv", pattern = "^(json|csv)$"),
     ),
     responses(
-        (status = 200, description = "Rows in key order with their input, output, cached and total tokens and model calls, and the total", body = crate::capacity::ledger::UsageReport),
+        (status = 200, description = "Rows in key order with their input, output, cached and total tokens and model calls, and the total; as CSV (a header line, then one line per row) with format=csv", content(
+            (crate::capacity::ledger::UsageReport = "application/json"),
+            (String = "text/csv"),
+        )),
         (status = 400, description = "A malformed day, grouping or range, named"),
     ),
     security(("bearer" = [])))]
@@ -672,19 +665,18 @@ pub async fn usage(
         ],
     )?;
     let scope = tenant_of(&auth.principal, &pairs)?;
-    let arg = |k: &str| first(&pairs, k).unwrap_or("");
     let query = crate::capacity::ledger::UsageQuery::parse(
-        arg("from"),
-        arg("to"),
-        arg("groupBy"),
-        arg("projectId"),
-        arg("agentId"),
+        first(&pairs, "from"),
+        first(&pairs, "to"),
+        first(&pairs, "groupBy").unwrap_or(""),
+        first(&pairs, "projectId"),
+        first(&pairs, "agentId"),
         state.clock.now().date_naive(),
     )?;
     let report = crate::capacity::ledger::usage(&state.store, &scope, &query)?;
-    match arg("format") {
-        "" | "json" => Ok(Json(report).into_response()),
-        "csv" => Ok((
+    match first(&pairs, "format") {
+        None | Some("json") => Ok(Json(report).into_response()),
+        Some("csv") => Ok((
             [
                 (
                     axum::http::header::CONTENT_TYPE,
@@ -703,7 +695,7 @@ pub async fn usage(
             crate::capacity::ledger::csv(&report.rows, query.by),
         )
             .into_response()),
-        other => Err(ApiError::invalid(
+        Some(other) => Err(ApiError::invalid(
             "format",
             format!("{other:?} is not a format; use json or csv"),
         )),

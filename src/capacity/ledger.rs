@@ -460,18 +460,18 @@ impl UsageQuery {
     /// Reads a query's fields (empty: the default), naming the field that
     /// is wrong. The default range is the 30 days up to `today`.
     pub fn parse(
-        from: &str,
-        to: &str,
+        from: Option<&str>,
+        to: Option<&str>,
         group_by: &str,
-        project_id: &str,
-        agent_id: &str,
+        project_id: Option<&str>,
+        agent_id: Option<&str>,
         today: NaiveDate,
     ) -> Result<UsageQuery, crate::domain::FieldError> {
         use crate::domain::FieldError;
-        let day = |field: &str, text: &str, default: NaiveDate| {
-            if text.is_empty() {
+        let day = |field: &str, text: Option<&str>, default: NaiveDate| {
+            let Some(text) = text else {
                 return Ok(default);
-            }
+            };
             NaiveDate::parse_from_str(text, "%Y-%m-%d")
                 .map_err(|_| FieldError::new(field, format!("{text:?} is not a day (YYYY-MM-DD)")))
         };
@@ -489,8 +489,15 @@ impl UsageQuery {
             to,
             by,
             filter: UsageFilter {
-                project_id: (!project_id.is_empty()).then(|| project_id.to_string()),
-                agent_id: (!agent_id.is_empty()).then(|| agent_id.to_string()),
+                project_id: project_id
+                    .map(|p| ProjectId::parse_field("projectId", p).map(|p| p.to_string()))
+                    .transpose()?,
+                agent_id: agent_id
+                    .map(|a| {
+                        crate::domain::release::check_name("agentId", a)?;
+                        Ok::<_, FieldError>(a.to_string())
+                    })
+                    .transpose()?,
             },
         })
     }

@@ -754,14 +754,14 @@ fn usage_query(
 ) -> Result<crate::capacity::ledger::UsageQuery, PageError> {
     let by: Vec<&str> = crate::capacity::ledger::Grouping::NAMES
         .into_iter()
-        .filter(|name| q.get(name).is_some())
+        .filter(|name| q.get(&format!("by-{name}")).is_some())
         .collect();
     Ok(crate::capacity::ledger::UsageQuery::parse(
-        q.get("from").unwrap_or(""),
-        q.get("to").unwrap_or(""),
+        q.get("from"),
+        q.get("to"),
         &by.join(","),
-        q.get("project").unwrap_or(""),
-        q.get("agent").unwrap_or(""),
+        q.get("projectId"),
+        q.get("agentId"),
         console.state.clock.now().date_naive(),
     )
     .map_err(ApiError::from)?)
@@ -783,8 +783,8 @@ pub async fn usage(console: Console, raw: RawQuery) -> Result<Response, PageErro
     render(&UsagePage {
         l: console.layout("Usage", "/usage"),
         by: query.by,
-        project: q.get("project").unwrap_or_default().to_string(),
-        agent: q.get("agent").unwrap_or_default().to_string(),
+        project: q.get("projectId").unwrap_or_default().to_string(),
+        agent: q.get("agentId").unwrap_or_default().to_string(),
         report,
         csv_link,
     })

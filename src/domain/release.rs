@@ -705,7 +705,8 @@ pub fn parse_release_id(id: &str) -> Result<String, FieldError> {
     check_release_id(id).map(|()| id.to_string())
 }
 
-fn check_name(field: &str, v: &str) -> Result<(), FieldError> {
+/// Checks a release or agent id: 1 to 128 letters, digits, `-`, `_`, `.`.
+pub(crate) fn check_name(field: &str, v: &str) -> Result<(), FieldError> {
     let ok = !v.is_empty()
         && v.len() <= 128
         && v.chars()

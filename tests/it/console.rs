@@ -438,6 +438,7 @@ const READ_PAGES: &[&str] = &[
     "/quotas",
     "/leases",
     "/releases",
+    "/usage",
 ];
 const ADMIN_PAGES: &[&str] = &["/tenants", "/users", "/clients"];
 
@@ -522,6 +523,32 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
         let (_, home) = v.get("/").await;
         assert_eq!(home.contains("href=\"/users\""), name == "wsa", "{name}");
     }
+
+    // The usage page and its CSV say what the API says, by agent.
+    let obs = Visitor::sign_in(&a, "obs").await;
+    let api = a
+        .get(
+            &a.admin_token().await,
+            "/factory/usage?tenant=demo&groupBy=agent",
+        )
+        .await;
+    let total = api["total"]["inputTokens"].as_u64().unwrap()
+        + api["total"]["outputTokens"].as_u64().unwrap();
+    assert!(total > 0, "the demo's model calls are charged: {api}");
+    let (status, page) = obs.get("/usage?by-agent=1").await;
+    assert_eq!(status, 200);
+    assert!(page.contains(&format!("<b>{total}</b> tokens")), "{page}");
+    let (status, csv) = obs.get("/usage.csv?by-agent=1").await;
+    assert_eq!(status, 200);
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("agentId,inputTokens,outputTokens,cachedTokens,totalTokens,modelCalls")
+    );
+    let sum: u64 = lines
+        .map(|l| l.split(',').nth(4).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(sum, total, "{csv}");
 
     // Another tenant's user sees none of the demo's data, by id or in lists.
     let acm = Visitor::sign_in(&a, "acm").await;

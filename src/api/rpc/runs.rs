@@ -321,11 +321,11 @@ impl pb::Runs for RunsService {
         let scope = tenant_scope(&caller, request.tenant_id)?;
         let today = self.state.clock.now().date_naive();
         let query = UsageQuery::parse(
-            request.from,
-            request.to,
+            Some(request.from).filter(|d| !d.is_empty()),
+            Some(request.to).filter(|d| !d.is_empty()),
             request.group_by,
-            request.project_id,
-            request.agent_id,
+            Some(request.project_id).filter(|p| !p.is_empty()),
+            Some(request.agent_id).filter(|a| !a.is_empty()),
             today,
         )
         .map_err(rpc)?;
