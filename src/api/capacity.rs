@@ -676,28 +676,36 @@ pub async fn usage(
     let report = crate::capacity::ledger::usage(&state.store, &scope, &query)?;
     match first(&pairs, "format") {
         None | Some("json") => Ok(Json(report).into_response()),
-        Some("csv") => Ok((
-            [
-                (
-                    axum::http::header::CONTENT_TYPE,
-                    "text/csv; charset=utf-8".to_string(),
-                ),
-                (
-                    axum::http::header::CONTENT_DISPOSITION,
-                    format!(
-                        "attachment; filename=\"usage-{}-{}-{}.csv\"",
-                        scope.tenant(),
-                        report.from,
-                        report.to
-                    ),
-                ),
-            ],
-            crate::capacity::ledger::csv(&report.rows, query.by),
-        )
-            .into_response()),
+        Some("csv") => Ok(usage_csv(&report, query.by)),
         Some(other) => Err(ApiError::invalid(
             "format",
             format!("{other:?} is not a format; use json or csv"),
         )),
     }
+}
+
+/// A usage report as a CSV download named after its tenant and days (the
+/// API's `format=csv` and the console's export).
+pub fn usage_csv(
+    report: &crate::capacity::ledger::UsageReport,
+    by: crate::capacity::ledger::Grouping,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "text/csv; charset=utf-8".to_string(),
+            ),
+            (
+                axum::http::header::CONTENT_DISPOSITION,
+                format!(
+                    "attachment; filename=\"usage-{}-{}-{}.csv\"",
+                    report.tenant_id, report.from, report.to
+                ),
+            ),
+        ],
+        crate::capacity::ledger::csv(&report.rows, by),
+    )
+        .into_response()
 }

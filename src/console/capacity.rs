@@ -792,30 +792,11 @@ pub async fn usage(console: Console, raw: RawQuery) -> Result<Response, PageErro
 
 /// `GET /usage.csv`: the rows of the usage page as CSV.
 pub async fn usage_csv(console: Console, raw: RawQuery) -> Result<Response, PageError> {
-    use axum::response::IntoResponse;
     console.require(Scope::RunsRead)?;
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
     let query = usage_query(&console, &q)?;
     let report = crate::capacity::ledger::usage(&console.state.store, &scope, &query)
         .map_err(ApiError::from)?;
-    Ok((
-        [
-            (
-                axum::http::header::CONTENT_TYPE,
-                "text/csv; charset=utf-8".to_string(),
-            ),
-            (
-                axum::http::header::CONTENT_DISPOSITION,
-                format!(
-                    "attachment; filename=\"usage-{}-{}-{}.csv\"",
-                    scope.tenant(),
-                    report.from,
-                    report.to
-                ),
-            ),
-        ],
-        crate::capacity::ledger::csv(&report.rows, query.by),
-    )
-        .into_response())
+    Ok(crate::api::capacity::usage_csv(&report, query.by))
 }

@@ -77,6 +77,20 @@ impl Site {
         }
     }
 
+    /// Sets limits of the project's quota as the workspace administrator.
+    async fn project_quota(&self, patch: Value) {
+        let admin = self.a.token(&self.workspace).await;
+        let (status, body) = self
+            .a
+            .put(
+                &admin,
+                "/factory/capacity/quotas/project.demo.support",
+                patch,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
     /// Moves the manual clock and takes a fresh token (the old one may
     /// have expired on the way).
     async fn advance(&mut self, seconds: u64) {
@@ -1125,16 +1139,7 @@ async fn kill_9_in_the_middle_of_runs_loses_nothing_and_reissues_nothing() {
 async fn a_supervisor_delegates_to_a_child_run_within_the_depth_limit_and_its_run_slot() {
     let site = Site::start(false).await;
     // One run slot for the project: a child run runs in its supervisor's.
-    let admin = site.a.token(&site.workspace).await;
-    let (status, body) = site
-        .a
-        .put(
-            &admin,
-            "/factory/capacity/quotas/project.demo.support",
-            json!({"concurrentRuns": 1}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    site.project_quota(json!({"concurrentRuns": 1})).await;
     let dir = tempfile::tempdir().unwrap();
     let helper = variant(dir.path(), "helper", &demo_key(), |_, m| {
         m["releaseId"] = json!("helper-ext-1.0.0");
@@ -1598,15 +1603,7 @@ async fn a_watched_attempt_says_what_a_human_is_asked() {
 async fn a_waiting_attempt_names_its_quota_and_a_failed_renewal_pauses_until_renewed() {
     let site = Site::start(false).await;
     let admin = site.a.token(&site.workspace).await;
-    let (status, body) = site
-        .a
-        .put(
-            &admin,
-            "/factory/capacity/quotas/project.demo.support",
-            json!({"concurrentRuns": 1}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    site.project_quota(json!({"concurrentRuns": 1})).await;
     site.submit(json!({"n": 1}), None).await;
     let first = site.claim_and_start().await;
 
@@ -1617,15 +1614,7 @@ async fn a_waiting_attempt_names_its_quota_and_a_failed_renewal_pauses_until_ren
         .as_str()
         .unwrap()
         .to_string();
-    let (status, body) = site
-        .a
-        .put(
-            &admin,
-            "/factory/capacity/quotas/project.demo.support",
-            json!({"cpuPerAttempt": 0.1}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    site.project_quota(json!({"cpuPerAttempt": 0.1})).await;
     site.a
         .capacity(&admin)
         .release_lease(
@@ -1669,15 +1658,7 @@ async fn a_waiting_attempt_names_its_quota_and_a_failed_renewal_pauses_until_ren
     );
 
     // Capacity comes back: the next heartbeat renews and it runs again.
-    let (status, body) = site
-        .a
-        .put(
-            &admin,
-            "/factory/capacity/quotas/project.demo.support",
-            json!({"cpuPerAttempt": null}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    site.project_quota(json!({"cpuPerAttempt": null})).await;
     site.a.run_worker("LeaseHeartbeat").await;
     assert_eq!(site.timeline(&first.id()).await["state"], "Running");
     let go = first
@@ -1737,15 +1718,7 @@ async fn a_run_keeps_its_slot_through_a_human_wait_while_its_cpu_serves_another_
     let mut site = Site::start(true).await;
     site.a.tenant("demo", "team", &[], &["ops"]).await;
     let admin = site.a.token(&site.workspace).await;
-    let (status, body) = site
-        .a
-        .put(
-            &admin,
-            "/factory/capacity/quotas/project.demo.support",
-            json!({"concurrentRuns": 1}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    site.project_quota(json!({"concurrentRuns": 1})).await;
     let run = site.submit(json!({"n": 1}), None).await;
     let first = site.claim_and_start().await;
     let d = first

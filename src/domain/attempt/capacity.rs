@@ -117,32 +117,45 @@ impl ExecutionAttempt {
         }
     }
 
-    /// A model call was refused by `tokensPerDay` (in the mode that
-    /// waits): Running -> Paused until `until` (the next UTC day) or until
-    /// the quota allows calls again. No call is in flight.
+    /// A model call was refused by `limit` (`tokensPerDay`, in the mode
+    /// that waits): Running -> Paused until the next UTC day, when the
+    /// day's tokens start again, or until the quota allows calls sooner.
+    /// No call is in flight. Returns the events and why it waits.
     pub fn pause_for_quota(
         &mut self,
-        why: String,
-        until: DateTime<Utc>,
+        limit: &impl fmt::Display,
         now: DateTime<Utc>,
-    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+    ) -> Result<(Vec<NewEvent>, String), IllegalTransition> {
         if self.state != AttemptState::Running || self.open_call.is_some() {
             return Err(self.illegal("pause for a quota"));
         }
         let mut events = Vec::new();
-        self.pause_reason = Some(why);
-        self.quota_paused_until = Some(until);
+        let why = self.wait_for_quota(limit, now);
         self.move_to(AttemptState::Paused, self.phase, now, &mut events)?;
-        Ok(events)
+        Ok((events, why))
     }
 
-    /// The day turned and the quota that paused it still refuses calls (a
-    /// limit of 0, or a day already used up): it waits for the next day.
-    pub fn quota_still_out(&mut self, why: String, until: DateTime<Utc>) {
+    /// The day turned and `limit` still refuses calls (a limit of 0, or a
+    /// day already used up): it waits for the next day.
+    pub fn quota_still_out(&mut self, limit: &impl fmt::Display, now: DateTime<Utc>) {
         if self.state == AttemptState::Paused && self.quota_paused_until.is_some() {
-            self.pause_reason = Some(why);
-            self.quota_paused_until = Some(until);
+            self.wait_for_quota(limit, now);
         }
+    }
+
+    /// Waits for `limit` until the next UTC midnight after `now`; says so.
+    fn wait_for_quota(&mut self, limit: &impl fmt::Display, now: DateTime<Utc>) -> String {
+        let until = (now.date_naive() + chrono::Duration::days(1))
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight exists")
+            .and_utc();
+        let why = format!(
+            "{limit}: no model call until {} or until the quota allows more (runtime.when_tokens_run_out = wait)",
+            until.to_rfc3339()
+        );
+        self.pause_reason = Some(why.clone());
+        self.quota_paused_until = Some(until);
+        why
     }
 
     /// The quota that paused it allows calls again: it runs again, unless

@@ -315,19 +315,22 @@ fn model_calls_charge_their_tokens_and_the_token_budget_times_the_attempt_out() 
 #[test]
 fn a_quota_pause_waits_for_the_quota_not_for_a_renewal() {
     let mut a = running();
-    let until = t0() + Duration::hours(3);
-    a.pause_for_quota(
-        "tokensPerDay of project ops: 10 of 10 used today".into(),
-        until,
-        t0(),
-    )
-    .unwrap();
+    let until = Utc.with_ymd_and_hms(2026, 11, 2, 0, 0, 0).unwrap();
+    let (_, why) = a
+        .pause_for_quota(&"tokensPerDay of project ops: 10 of 10 used today", t0())
+        .unwrap();
     assert_eq!(a.state, AttemptState::Paused);
+    assert_eq!(a.quota_paused_until, Some(until), "the next UTC day");
+    assert!(
+        why.contains("no model call until 2026-11-02T00:00:00+00:00"),
+        "{why}"
+    );
     assert!(matches!(a.gate(), Err(Gate::Paused(why)) if why.contains("tokensPerDay")));
     // A lease renewal does not end a quota pause.
     a.renewed(t0()).unwrap();
     assert_eq!(a.state, AttemptState::Paused);
-    a.quota_still_out("still".into(), until + Duration::days(1));
+    // The day turned and the quota still refuses: the next day.
+    a.quota_still_out(&"still", until);
     assert_eq!(a.quota_paused_until, Some(until + Duration::days(1)));
     a.quota_resumed(until).unwrap();
     assert_eq!(a.state, AttemptState::Running);
@@ -335,7 +338,7 @@ fn a_quota_pause_waits_for_the_quota_not_for_a_renewal() {
     assert!(a.gate().is_ok());
     // Not from another state.
     let mut idle = attempt();
-    assert!(idle.pause_for_quota("x".into(), until, t0()).is_err());
+    assert!(idle.pause_for_quota(&"x", t0()).is_err());
 }
 
 #[test]

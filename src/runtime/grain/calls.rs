@@ -504,30 +504,16 @@ impl Grain {
         let now = self.now();
         let mode = self.shared.config.get().when_tokens_run_out;
         if mode == crate::config::WhenTokensRunOut::Fail {
-            let reason = format!("{limit} (runtime.when_tokens_run_out = fail)");
-            let failure = AttemptFailure {
-                class: FailureClass::Budget,
-                reason: reason.clone(),
-                feedback_ref: None,
+            let reached = LimitReached {
+                limit: "tokensPerDay",
+                reason: format!("{limit} (runtime.when_tokens_run_out = fail)"),
             };
-            self.record_refusal(
-                start,
-                request,
-                &reason,
-                Some((AttemptState::Failed, failure)),
-            )
-            .await?;
-            return Err(DomainError::Exhausted(format!(
-                "{reason}; attempt {} failed (budget)",
-                self.attempt.attempt_id
-            ))
-            .into());
+            return self.limit_reached(start, request, reached).await;
         }
-        let until = next_utc_day(now);
-        let why = quota_wait_reason(&limit, until);
-        self.record_refusal(start, request, &why, None).await?;
+        let refused = format!("{limit} (runtime.when_tokens_run_out = wait)");
+        self.record_refusal(start, request, &refused, None).await?;
         let mut a = self.attempt.clone();
-        let events = a.pause_for_quota(why.clone(), until, now)?;
+        let (events, why) = a.pause_for_quota(&limit, now)?;
         self.save(a, events, |_, _| Ok(())).await?;
         Err(DomainError::Unavailable(format!(
             "attempt {} is paused: {why}",

@@ -279,8 +279,10 @@ impl Grain {
                 if let Some(Ok(new_lease)) = renewed {
                     a.capacity_granted(new_lease, now);
                 }
+                // Nothing to record: no failure to clear, and no pause a
+                // renewal ends (a `tokensPerDay` pause waits for its quota).
                 if a.renewal_failure.is_none()
-                    && a.state != AttemptState::Paused
+                    && (a.state != AttemptState::Paused || a.quota_paused_until.is_some())
                     && renewed.is_none()
                 {
                     return Ok(true);

@@ -1142,8 +1142,7 @@ impl Grain {
         {
             None => a.quota_resumed(now)?,
             Some(limit) if a.quota_paused_until.is_some_and(|t| t <= now) => {
-                let until = next_utc_day(now);
-                a.quota_still_out(quota_wait_reason(&limit, until), until);
+                a.quota_still_out(&limit, now);
                 Vec::new()
             }
             Some(_) => return Ok(()),
@@ -1185,23 +1184,4 @@ impl Grain {
             usage.total(),
         );
     }
-}
-
-/// The next UTC midnight after `now`: when a day's `tokensPerDay` resets.
-pub(super) fn next_utc_day(now: DateTime<Utc>) -> DateTime<Utc> {
-    (now.date_naive() + Duration::days(1))
-        .and_hms_opt(0, 0, 0)
-        .expect("midnight exists")
-        .and_utc()
-}
-
-/// Why an attempt paused by `tokensPerDay` waits.
-pub(super) fn quota_wait_reason(
-    limit: &crate::domain::capacity::Limit,
-    until: DateTime<Utc>,
-) -> String {
-    format!(
-        "{limit}: no model call until {} or until the quota allows more (runtime.when_tokens_run_out = wait)",
-        until.to_rfc3339()
-    )
 }
