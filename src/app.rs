@@ -320,6 +320,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
                     dir.clone(),
                     config.backup.interval_minutes,
                     config.backup.keep,
+                    clock.now(),
                 )
                 .with_context(|| {
                     format!(
@@ -381,7 +382,15 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     }
     let worker_tasks = background
         .into_iter()
-        .map(|w| worker::spawn(w, clock.clone(), workers.clone(), shutdown_rx.clone()))
+        .map(|w| {
+            worker::spawn(
+                w,
+                clock.clone(),
+                workers.clone(),
+                config.workers.retries(),
+                shutdown_rx.clone(),
+            )
+        })
         .collect();
 
     let app = crate::api::router(state.clone());

@@ -70,6 +70,10 @@ pub struct Config {
     pub retention: RetentionConfig,
     /// Scheduled backups.
     pub backup: BackupConfig,
+    /// How background workers retry a failed pass.
+    pub workers: WorkersConfig,
+    /// Signed webhook deliveries.
+    pub webhooks: WebhooksConfig,
     /// Pools, quotas and leases (`RuntimeCloud:Capacity`).
     pub capacity: CapacityConfig,
     /// Release bundles and the publishers trusted to sign them.
@@ -159,6 +163,8 @@ impl Default for Config {
             events: EventsConfig::default(),
             retention: RetentionConfig::default(),
             backup: BackupConfig::default(),
+            workers: WorkersConfig::default(),
+            webhooks: WebhooksConfig::default(),
             capacity: CapacityConfig::default(),
             releases: ReleasesConfig::default(),
             runtime: RuntimeConfig::default(),
@@ -408,6 +414,75 @@ impl RetentionConfig {
     }
 }
 
+/// How a background worker's failed pass is retried. The specification
+/// names the kind per worker (none, fixed or exponential); these are the
+/// delays.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkersConfig {
+    /// Seconds before the first retry (every retry, for a fixed policy).
+    pub retry_delay_seconds: u64,
+    /// The longest delay of an exponential policy, in seconds.
+    pub retry_max_delay_seconds: u64,
+    /// Retries in a row before a worker keeps its schedule again.
+    pub retry_attempts: u32,
+}
+
+impl Default for WorkersConfig {
+    fn default() -> Self {
+        WorkersConfig {
+            retry_delay_seconds: 15,
+            retry_max_delay_seconds: 900,
+            retry_attempts: 8,
+        }
+    }
+}
+
+impl WorkersConfig {
+    /// The settings the worker runner applies.
+    pub fn retries(&self) -> crate::worker::RetrySettings {
+        crate::worker::RetrySettings {
+            delay: std::time::Duration::from_secs(self.retry_delay_seconds),
+            max_delay: std::time::Duration::from_secs(self.retry_max_delay_seconds),
+            attempts: self.retry_attempts,
+        }
+    }
+}
+
+/// Webhook deliveries: how often the outbox is read, how a failed delivery
+/// is retried and how long deliveries are kept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhooksConfig {
+    /// Seconds between passes of the WebhookDispatcher (it also runs as
+    /// soon as an event is committed).
+    pub poll_seconds: u64,
+    /// Seconds before the first retry of a failed delivery; doubled at each
+    /// failure.
+    pub retry_first_seconds: u64,
+    /// The longest delay between two tries, in seconds.
+    pub retry_max_seconds: u64,
+    /// Tries before a delivery is given up.
+    pub max_tries: u32,
+    /// Seconds one try may take (connect, send and answer).
+    pub timeout_seconds: u64,
+    /// Days a delivery (delivered or given up) is kept, with its tries.
+    pub keep_days: u32,
+}
+
+impl Default for WebhooksConfig {
+    fn default() -> Self {
+        WebhooksConfig {
+            poll_seconds: 5,
+            retry_first_seconds: 30,
+            retry_max_seconds: 3600,
+            max_tries: 12,
+            timeout_seconds: 10,
+            keep_days: 7,
+        }
+    }
+}
+
 /// Scheduled backups (off unless `dir` is set).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -605,8 +680,9 @@ pub struct RuntimeConfig {
     pub reconcile_interval_seconds: u64,
     /// Days superseded checkpoints of ended attempts are kept.
     pub checkpoint_retention_days: u32,
-    /// Seconds between CheckpointCompactor passes.
-    pub compact_interval_seconds: u64,
+    /// When the CheckpointCompactor runs: a five-field cron expression in
+    /// the site's local time (the specification's `0 3 * * *`).
+    pub compact_schedule: crate::worker::Cron,
     /// Longest one ClaimAttempt or Await call waits, in seconds.
     pub max_wait_seconds: u64,
     /// API keys of site model servers, by the name a release's model
@@ -741,7 +817,8 @@ impl Default for RuntimeConfig {
             return_capacity_after_seconds: 60,
             reconcile_interval_seconds: 120,
             checkpoint_retention_days: 7,
-            compact_interval_seconds: 86_400,
+            compact_schedule: crate::worker::Cron::parse("0 3 * * *")
+                .expect("the default schedule parses"),
             max_wait_seconds: 60,
             model_api_keys: std::collections::BTreeMap::new(),
             confinement: Confinement::Auto,
@@ -1105,6 +1182,37 @@ impl Config {
             10_080,
         )?;
         range("backup.keep", self.backup.keep.into(), 1, 100_000)?;
+        let w = &self.workers;
+        range(
+            "workers.retry_delay_seconds",
+            w.retry_delay_seconds,
+            1,
+            86_400,
+        )?;
+        range(
+            "workers.retry_max_delay_seconds",
+            w.retry_max_delay_seconds,
+            w.retry_delay_seconds,
+            86_400,
+        )?;
+        range("workers.retry_attempts", w.retry_attempts.into(), 0, 1000)?;
+        let h = &self.webhooks;
+        range("webhooks.poll_seconds", h.poll_seconds, 1, 3600)?;
+        range(
+            "webhooks.retry_first_seconds",
+            h.retry_first_seconds,
+            1,
+            86_400,
+        )?;
+        range(
+            "webhooks.retry_max_seconds",
+            h.retry_max_seconds,
+            h.retry_first_seconds,
+            604_800,
+        )?;
+        range("webhooks.max_tries", h.max_tries.into(), 1, 100)?;
+        range("webhooks.timeout_seconds", h.timeout_seconds, 1, 300)?;
+        range("webhooks.keep_days", h.keep_days.into(), 1, 3650)?;
         match (&self.tls.cert, &self.tls.key) {
             (Some(_), None) => {
                 return Err(ConfigError::new(
@@ -1325,12 +1433,6 @@ impl Config {
             rt.checkpoint_retention_days.into(),
             0,
             3650,
-        )?;
-        range(
-            "runtime.compact_interval_seconds",
-            rt.compact_interval_seconds,
-            1,
-            604_800,
         )?;
         range("runtime.max_wait_seconds", rt.max_wait_seconds, 0, 300)?;
         crate::domain::tenant::check_region("capacity.default_region", &c.default_region)

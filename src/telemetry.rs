@@ -213,6 +213,70 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// A gauge read off the appliance's state at scrape time (queues, waiting
+/// decisions, Uncertain calls, disks, workers, webhooks): a series is
+/// present while what it measures exists and absent once it is gone, so
+/// no stale value outlives its queue or its tenant's last decision.
+#[derive(Clone, Debug)]
+pub struct Gauge {
+    name: &'static str,
+    help: &'static str,
+    samples: Vec<(Vec<(&'static str, String)>, f64)>,
+}
+
+impl Gauge {
+    /// An empty gauge family.
+    pub fn new(name: &'static str, help: &'static str) -> Gauge {
+        Gauge {
+            name,
+            help,
+            samples: Vec::new(),
+        }
+    }
+
+    /// Adds one series.
+    pub fn set(&mut self, labels: &[(&'static str, &str)], value: f64) -> &mut Gauge {
+        self.samples.push((
+            labels.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+            value,
+        ));
+        self
+    }
+
+    /// The series' values, for tests.
+    pub fn samples(&self) -> &[(Vec<(&'static str, String)>, f64)] {
+        &self.samples
+    }
+
+    /// Appends the family in the Prometheus text format.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        if self.samples.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} gauge", self.name);
+        for (labels, value) in &self.samples {
+            out.push_str(self.name);
+            if !labels.is_empty() {
+                out.push('{');
+                for (i, (k, v)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    let v = v
+                        .replace('\\', "\\\\")
+                        .replace('"', "\\\"")
+                        .replace('\n', "\\n");
+                    let _ = write!(out, "{k}=\"{v}\"");
+                }
+                out.push('}');
+            }
+            let _ = writeln!(out, " {value}");
+        }
+    }
+}
+
 /// Metric names used by the appliance itself.
 pub mod names {
     /// HTTP and RPC requests by route and status.
@@ -284,6 +348,43 @@ pub mod names {
     pub const MODEL_TOKENS: &str = "agentbay_model_tokens_total";
     /// Model call latency (histogram, s; tenant, agent).
     pub const MODEL_CALL_SECONDS: &str = "agentbay_model_call_seconds";
+    /// Lease requests waiting in a pool's queue (pool, limit).
+    pub const QUEUE_DEPTH: &str = "agentbay_capacity_queue_depth";
+    /// Seconds the oldest waiting lease request has waited (pool, limit).
+    pub const QUEUE_OLDEST_WAIT: &str = "agentbay_capacity_queue_oldest_wait_seconds";
+    /// Seconds until a tenant's soonest waiting decision expires (tenant).
+    pub const DECISION_NEXT_EXPIRY: &str = "agentbay_decision_next_expiry_seconds";
+    /// Uncertain calls awaiting an operator's settlement (tenant).
+    pub const UNCERTAIN_CALLS: &str = "agentbay_uncertain_calls";
+    /// Age of the oldest Uncertain call awaiting settlement (tenant).
+    pub const UNCERTAIN_CALL_OLDEST: &str = "agentbay_uncertain_call_oldest_seconds";
+    /// Whether scheduled backups are on (1) or off (0).
+    pub const BACKUP_ENABLED: &str = "agentbay_backup_enabled";
+    /// Seconds between scheduled backups.
+    pub const BACKUP_INTERVAL: &str = "agentbay_backup_interval_seconds";
+    /// When the last verified backup was taken (or the appliance started,
+    /// when none was taken since), Unix seconds.
+    pub const BACKUP_LAST_SUCCESS: &str = "agentbay_backup_last_success_timestamp_seconds";
+    /// 1: the last scheduled backup was written and verified; 0: it failed.
+    pub const BACKUP_LAST_RESULT: &str = "agentbay_backup_last_result";
+    /// Free bytes of the file system of a volume (`data`, `backups`).
+    pub const DISK_FREE: &str = "agentbay_disk_free_bytes";
+    /// Size in bytes of the file system of a volume (`data`, `backups`).
+    pub const DISK_SIZE: &str = "agentbay_disk_size_bytes";
+    /// Failed passes of a background worker (worker).
+    pub const WORKER_FAILURES: &str = "agentbay_worker_failures_total";
+    /// Failed passes in a row of a worker now (worker).
+    pub const WORKER_CONSECUTIVE_FAILURES: &str = "agentbay_worker_consecutive_failures";
+    /// Seconds a worker's next pass is past its due time (worker).
+    pub const WORKER_LAG: &str = "agentbay_worker_lag_seconds";
+    /// When a worker's last successful pass ended, Unix seconds (worker).
+    pub const WORKER_LAST_SUCCESS: &str = "agentbay_worker_last_success_timestamp_seconds";
+    /// Webhook delivery tries by outcome (delivered, retry, gave_up).
+    pub const WEBHOOK_DELIVERIES: &str = "agentbay_webhook_deliveries_total";
+    /// Webhook deliveries not yet delivered nor given up.
+    pub const WEBHOOK_PENDING: &str = "agentbay_webhook_pending";
+    /// Age of the oldest pending webhook delivery, in seconds.
+    pub const WEBHOOK_OLDEST_PENDING: &str = "agentbay_webhook_oldest_pending_seconds";
 }
 
 fn describe() {
@@ -365,6 +466,32 @@ fn describe() {
     describe_counter!(
         names::TOOL_KILLS,
         "Tool process trees ended by a limit, by reason (oom, pids, timeout)"
+    );
+    describe_gauge!(
+        names::BACKUP_ENABLED,
+        "Whether scheduled backups are on (1) or off (0)"
+    );
+    describe_gauge!(
+        names::BACKUP_INTERVAL,
+        metrics::Unit::Seconds,
+        "Seconds between scheduled backups"
+    );
+    describe_gauge!(
+        names::BACKUP_LAST_SUCCESS,
+        metrics::Unit::Seconds,
+        "When the last verified backup was taken (the start, when none since), Unix time"
+    );
+    describe_gauge!(
+        names::BACKUP_LAST_RESULT,
+        "1 when the last scheduled backup was written and verified, 0 when it failed"
+    );
+    describe_counter!(
+        names::WORKER_FAILURES,
+        "Failed passes of a background worker"
+    );
+    describe_counter!(
+        names::WEBHOOK_DELIVERIES,
+        "Webhook delivery tries by outcome (delivered, retry, gave_up)"
     );
     describe_counter!(
         names::ACCOUNTING_REPAIRS,

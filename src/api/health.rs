@@ -16,6 +16,7 @@ use utoipa::ToSchema;
 use crate::api::error::{ApiError, ErrorCode};
 use crate::app::AppState;
 use crate::auth::extract::{Authorized, need};
+use crate::telemetry::Gauge;
 use crate::telemetry::names;
 use crate::worker::WorkerStatus;
 
@@ -83,6 +84,39 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// The gauges read off the appliance's state at scrape time.
+pub async fn state_gauges(state: &AppState, now: chrono::DateTime<chrono::Utc>) -> Vec<Gauge> {
+    let mut out = state.capacity.queue_gauges(now).await;
+    let tenants: Vec<_> = state
+        .capacity
+        .tenants()
+        .into_iter()
+        .map(|t| t.tenant_id)
+        .collect();
+    out.extend(state.runtime.waiting_gauges(&tenants, now));
+    out.extend(state.workers.gauges(now));
+    let mut free = Gauge::new(
+        names::DISK_FREE,
+        "Free bytes of a volume's file system (data, backups)",
+    );
+    let mut size = Gauge::new(
+        names::DISK_SIZE,
+        "Size in bytes of a volume's file system (data, backups)",
+    );
+    let mut volumes = vec![("data", state.config.data_dir.clone())];
+    if let Some(dir) = &state.config.backup.dir {
+        volumes.push(("backups", dir.clone()));
+    }
+    for (volume, path) in volumes {
+        if let Some((f, t)) = crate::store::datadir::disk_space(&path) {
+            free.set(&[("volume", volume)], f as f64);
+            size.set(&[("volume", volume)], t as f64);
+        }
+    }
+    out.extend([free, size]);
+    out
+}
+
 /// Prometheus metrics: the appliance's, which describe every tenant, so
 /// scraping is for principals of the platform tenant holding
 /// `agentbay.metrics.read` (a scope only the platform tenant's credentials
@@ -116,10 +150,18 @@ pub async fn metrics(
     if let Ok(bytes) = state.store.size_on_disk() {
         metrics::gauge!(names::STORE_DISK_BYTES).set(bytes as f64);
     }
-    if let Some(b) = &state.backups {
-        b.report(state.clock.now());
+    let now = state.clock.now();
+    match &state.backups {
+        Some(b) => {
+            b.report(now);
+        }
+        None => metrics::gauge!(names::BACKUP_ENABLED).set(0.0),
     }
-    let mut response = state.metrics.render().into_response();
+    let mut text = state.metrics.render();
+    for gauge in state_gauges(&state, now).await {
+        gauge.render(&mut text);
+    }
+    let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

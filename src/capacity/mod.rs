@@ -667,6 +667,40 @@ impl Capacity {
         out
     }
 
+    /// The queue gauges at `now`: lease requests waiting per pool and
+    /// limiting reason, and how long the oldest of them has waited.
+    pub async fn queue_gauges(&self, now: DateTime<Utc>) -> Vec<crate::telemetry::Gauge> {
+        use crate::telemetry::{Gauge, names};
+        let mut depth = Gauge::new(
+            names::QUEUE_DEPTH,
+            "Lease requests waiting in a pool's queue, by the limit that holds them",
+        );
+        let mut oldest = Gauge::new(
+            names::QUEUE_OLDEST_WAIT,
+            "Seconds the oldest waiting lease request has waited, by pool and limit",
+        );
+        for snapshot in self.snapshots().await {
+            let mut by_limit: BTreeMap<&'static str, (u32, DateTime<Utc>)> = BTreeMap::new();
+            for waiter in &snapshot.queue {
+                let limit = waiter.limit.as_ref().map_or("pool", Limit::label);
+                let e = by_limit
+                    .entry(limit)
+                    .or_insert((0, waiter.lease.requested_at));
+                e.0 += 1;
+                e.1 = e.1.min(waiter.lease.requested_at);
+            }
+            for (limit, (n, since)) in by_limit {
+                let labels = [("pool", snapshot.pool.pool_id.as_str()), ("limit", limit)];
+                depth.set(&labels, f64::from(n));
+                oldest.set(
+                    &labels,
+                    (now - since).num_milliseconds().max(0) as f64 / 1000.0,
+                );
+            }
+        }
+        vec![depth, oldest]
+    }
+
     // ---- quotas -----------------------------------------------------------
 
     /// `SetQuota`: sets an edition's defaults or a tenant's limits

@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use uuid::Uuid;
 
 use super::Capacity;
-use crate::worker::Worker;
+use crate::worker::{RetryKind, Schedule, Worker};
 
 /// Expires leases whose heartbeat stopped and frees their capacity
 /// (`LeaseExpirer`, every minute by default).
@@ -24,8 +24,12 @@ impl Worker for LeaseExpirer {
         "LeaseExpirer"
     }
 
-    fn interval(&self) -> Duration {
-        self.every
+    fn schedule(&self) -> Schedule {
+        Schedule::Every(self.every)
+    }
+
+    fn retry(&self) -> RetryKind {
+        RetryKind::None
     }
 
     fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
@@ -51,8 +55,12 @@ impl Worker for Autoscaler {
         "Autoscaler"
     }
 
-    fn interval(&self) -> Duration {
-        self.every
+    fn schedule(&self) -> Schedule {
+        Schedule::Every(self.every)
+    }
+
+    fn retry(&self) -> RetryKind {
+        RetryKind::Fixed
     }
 
     fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
@@ -85,8 +93,12 @@ impl Worker for AccountingReconciler {
         "AccountingReconciler"
     }
 
-    fn interval(&self) -> Duration {
-        self.every
+    fn schedule(&self) -> Schedule {
+        Schedule::Every(self.every)
+    }
+
+    fn retry(&self) -> RetryKind {
+        RetryKind::Exponential
     }
 
     fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {

@@ -1059,11 +1059,20 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
                     }
                     .into(),
                 ),
-                Cell::num(w.interval_seconds as u32),
+                Cell::text(format!("{}; retry {}", w.schedule, w.retry)),
+                Cell::text(when_opt(&w.next_run_at)),
                 Cell::num(w.runs as u32),
-                Cell::num(w.failures as u32),
+                Cell::text(if w.consecutive_failures > 0 {
+                    format!("{} ({} in a row)", w.failures, w.consecutive_failures)
+                } else {
+                    w.failures.to_string()
+                }),
                 Cell::text(when_opt(&w.last_run_at)),
                 Cell::text(w.last_message.unwrap_or_default()),
+                Cell::text(match (&w.last_failure_at, &w.last_failure) {
+                    (Some(at), Some(e)) => format!("{}: {e}", when(at)),
+                    _ => "none".into(),
+                }),
                 Cell::Actions(vec![Action {
                     href: "/system/workers".into(),
                     label: "Run now".into(),
@@ -1080,11 +1089,13 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
         &[
             "Worker",
             "State",
-            "Every s",
+            "Schedule",
+            "Next pass",
             "Passes",
             "Failures",
             "Last pass",
             "Last message",
+            "Last failure",
             "Actions",
         ],
         rows,

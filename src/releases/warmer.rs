@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
 use super::Releases;
-use crate::worker::Worker;
+use crate::worker::{RetryKind, Schedule, Worker};
 
 /// The worker.
 pub struct ReleaseCacheWarmer {
@@ -30,8 +30,12 @@ impl Worker for ReleaseCacheWarmer {
         "ReleaseCacheWarmer"
     }
 
-    fn interval(&self) -> Duration {
-        self.every
+    fn schedule(&self) -> Schedule {
+        Schedule::Every(self.every)
+    }
+
+    fn retry(&self) -> RetryKind {
+        RetryKind::Exponential
     }
 
     fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {

@@ -41,7 +41,7 @@ use crate::domain::tenant::Tenant;
 use crate::store::artifacts::SWEEP_INDEX;
 use crate::store::{PlatformScope, Store, StoreError, TenantScope, Tx, time_value};
 use crate::telemetry::names;
-use crate::worker::Worker;
+use crate::worker::{RetryKind, Schedule, Worker};
 
 /// What one pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -76,8 +76,12 @@ impl Worker for Purger {
         "Purger"
     }
 
-    fn interval(&self) -> Duration {
-        Duration::from_secs(self.config.get().purge_interval_seconds)
+    fn schedule(&self) -> Schedule {
+        Schedule::seconds(self.config.get().purge_interval_seconds)
+    }
+
+    fn retry(&self) -> RetryKind {
+        RetryKind::Exponential
     }
 
     fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {

@@ -47,6 +47,7 @@ use crate::domain::run::{ChildEnded, Followup};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::releases::{InFlight, InFlightReport, Releases};
 use crate::store::{PlatformScope, Store, StoreError, TenantScope};
+use crate::telemetry::{Gauge, names};
 
 pub use self::commands::*;
 pub use self::records::{decision_key, index};
@@ -984,6 +985,46 @@ impl Runtime {
             .map(|(_, id)| id)
             .collect();
         Ok(store.get_many(scope, &ids)?)
+    }
+
+    /// The gauges of what waits for a person, per tenant at `now`: seconds
+    /// until the soonest waiting decision expires, and the Uncertain calls
+    /// awaiting settlement with the age of the oldest.
+    pub fn waiting_gauges(&self, tenants: &[TenantId], now: DateTime<Utc>) -> Vec<Gauge> {
+        let mut expiry = Gauge::new(
+            names::DECISION_NEXT_EXPIRY,
+            "Seconds until the tenant's soonest waiting decision expires",
+        );
+        let mut uncertain = Gauge::new(
+            names::UNCERTAIN_CALLS,
+            "Uncertain calls awaiting an operator's settlement",
+        );
+        let mut oldest = Gauge::new(
+            names::UNCERTAIN_CALL_OLDEST,
+            "Age in seconds of the oldest Uncertain call awaiting settlement",
+        );
+        let seconds = |d: chrono::Duration| d.num_milliseconds() as f64 / 1000.0;
+        for tenant in tenants {
+            let scope = TenantScope::new(tenant.clone());
+            let t = [("tenant", tenant.as_str())];
+            if let Ok(pending) = self.pending_decisions(&scope, usize::MAX)
+                && let Some(soonest) = pending.iter().map(|d| d.expires_at).min()
+            {
+                expiry.set(&t, seconds(soonest - now).max(0.0));
+            }
+            if let Ok(calls) = self.unsettled_calls(&scope) {
+                let open: Vec<_> = calls.iter().filter(|c| c.settlement.is_none()).collect();
+                uncertain.set(&t, open.len() as f64);
+                if let Some(first) = open
+                    .iter()
+                    .map(|c| c.ended_at.unwrap_or(c.started_at))
+                    .min()
+                {
+                    oldest.set(&t, seconds(now - first).max(0.0));
+                }
+            }
+        }
+        vec![expiry, uncertain, oldest]
     }
 
     /// Checkpoints of an attempt, in order.

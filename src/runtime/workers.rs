@@ -2,7 +2,6 @@
 //! CheckpointCompactor, each a pass on the appliance clock.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
@@ -12,7 +11,7 @@ use crate::domain::attempt::{Checkpoint, ExecutionAttempt};
 use crate::domain::run::Run;
 use crate::domain::tenant::Tenant;
 use crate::store::{PlatformScope, TenantScope, Tx, time_value};
-use crate::worker::Worker;
+use crate::worker::{RetryKind, Schedule, Worker};
 
 /// Renews the capacity lease of every live attempt; a failed renewal
 /// pauses the attempt at its next checkpoint, a later renewal resumes it.
@@ -26,8 +25,12 @@ impl Worker for LeaseHeartbeat {
         "LeaseHeartbeat"
     }
 
-    fn interval(&self) -> Duration {
-        Duration::from_secs(self.runtime.config().heartbeat_seconds)
+    fn schedule(&self) -> Schedule {
+        Schedule::seconds(self.runtime.config().heartbeat_seconds)
+    }
+
+    fn retry(&self) -> RetryKind {
+        RetryKind::Fixed
     }
 
     fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
@@ -53,8 +56,12 @@ impl Worker for OrphanedAttemptReconciler {
         "OrphanedAttemptReconciler"
     }
 
-    fn interval(&self) -> Duration {
-        Duration::from_secs(self.runtime.config().reconcile_interval_seconds)
+    fn schedule(&self) -> Schedule {
+        Schedule::seconds(self.runtime.config().reconcile_interval_seconds)
+    }
+
+    fn retry(&self) -> RetryKind {
+        RetryKind::Exponential
     }
 
     fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
@@ -79,8 +86,12 @@ impl Worker for CheckpointCompactor {
         "CheckpointCompactor"
     }
 
-    fn interval(&self) -> Duration {
-        Duration::from_secs(self.runtime.config().compact_interval_seconds)
+    fn schedule(&self) -> Schedule {
+        Schedule::Cron(self.runtime.config().compact_schedule.clone())
+    }
+
+    fn retry(&self) -> RetryKind {
+        RetryKind::Fixed
     }
 
     fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {

@@ -12,7 +12,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
@@ -22,7 +21,7 @@ use serde::Serialize;
 use super::datadir::{create_private_dir, create_private_file};
 use super::{BackupSummary, Store, StoreError, StoreOptions, restore_into};
 use crate::telemetry::names;
-use crate::worker::Worker;
+use crate::worker::{RetryKind, Schedule, Worker};
 
 /// The newest backup and how it went.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -68,6 +67,9 @@ pub struct Backups {
     dir: PathBuf,
     interval_minutes: u64,
     keep: u32,
+    /// When this process started: the recovery point's clock starts here
+    /// when no backup has been taken yet.
+    started: DateTime<Utc>,
     state: Mutex<(Option<LastBackup>, Option<String>)>,
 }
 
@@ -83,6 +85,7 @@ impl Backups {
         dir: PathBuf,
         interval_minutes: u64,
         keep: u32,
+        started: DateTime<Utc>,
     ) -> Result<Arc<Backups>, StoreError> {
         create_private_dir(&dir)?;
         let last = backups_in(&dir)?.pop().and_then(|(at, file)| {
@@ -101,18 +104,28 @@ impl Backups {
             dir,
             interval_minutes,
             keep,
+            started,
             state: Mutex::new((last, None)),
         }))
     }
 
-    /// The state for `/readyz` and the System page; also sets the age
-    /// gauge.
+    /// The state for `/readyz` and the System page; also sets the backup
+    /// gauges the recovery-point alert reads.
     pub fn report(&self, now: DateTime<Utc>) -> BackupReport {
         let (last, error) = self.state.lock().clone();
         let age_seconds = last.as_ref().map(|l| (now - l.at).num_seconds().max(0));
         if let Some(age) = age_seconds {
             metrics::gauge!(names::BACKUP_AGE).set(age as f64);
         }
+        metrics::gauge!(names::BACKUP_ENABLED).set(1.0);
+        metrics::gauge!(names::BACKUP_INTERVAL).set((self.interval_minutes * 60) as f64);
+        // A backup found on disk at start was verified when it was taken.
+        let success = last
+            .as_ref()
+            .filter(|l| l.verified != Some(false))
+            .map_or(self.started, |l| l.at);
+        metrics::gauge!(names::BACKUP_LAST_SUCCESS).set(success.timestamp() as f64);
+        metrics::gauge!(names::BACKUP_LAST_RESULT).set(if error.is_none() { 1.0 } else { 0.0 });
         BackupReport {
             dir: self.dir.clone(),
             interval_minutes: self.interval_minutes,
@@ -291,8 +304,12 @@ impl Worker for ScheduledBackup {
         "ScheduledBackup"
     }
 
-    fn interval(&self) -> Duration {
-        Duration::from_secs(self.backups.interval_minutes * 60)
+    fn schedule(&self) -> Schedule {
+        Schedule::seconds(self.backups.interval_minutes * 60)
+    }
+
+    fn retry(&self) -> RetryKind {
+        RetryKind::Fixed
     }
 
     fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {

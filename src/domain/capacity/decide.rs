@@ -154,6 +154,19 @@ impl Limit {
         }
     }
 
+    /// Its name among a fixed set, for metric labels and alerts: the quota
+    /// field, `pool` (the pool's capacity), `poolState` or `noPool`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Limit::PoolFull { .. } | Limit::PoolMaxSize { .. } | Limit::PoolTooSmall { .. } => {
+                "pool"
+            }
+            Limit::PoolNotActive { .. } => "poolState",
+            Limit::NoPool { .. } => "noPool",
+            other => other.quota_field().unwrap_or("other"),
+        }
+    }
+
     /// Whether the pool's own capacity (not a quota, not its state) is the
     /// limit: such waiters count as demand for the autoscaler and can starve.
     pub fn is_pool_capacity(&self) -> bool {
