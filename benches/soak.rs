@@ -116,6 +116,7 @@ async fn one_run(state: &AppState, scope: &TenantScope, project: &ProjectId, i: 
                     context_tokens: (kind == CallKind::Model).then_some(1200),
                     approval_id: None,
                     state: Some(serde_json::to_vec(&payload("state", i, 2)).unwrap()),
+                    context_since: None,
                     in_process: false,
                 },
             )

@@ -482,6 +482,22 @@ impl Running {
     }
 }
 
+/// What the start banner says of scheduled backups: where they go, or that
+/// they are off and how to turn them on.
+pub fn backup_line(config: &Config) -> String {
+    match &config.backup.dir {
+        Some(dir) => format!(
+            "scheduled backups every {} min into {} (keep {})",
+            config.backup.interval_minutes,
+            dir.display(),
+            config.backup.keep
+        ),
+        None => "scheduled backups are OFF: nothing protects this data from a lost disk; \
+                 set [backup] dir (or AGENTBAY_BACKUP__DIR) to take a verified backup every 15 minutes"
+            .to_string(),
+    }
+}
+
 /// Runs until `shutdown` completes, then stops.
 pub async fn run(
     config: Config,
@@ -503,6 +519,10 @@ pub async fn run(
     println!("  certificate {}", running.state.tls.fingerprint);
     if let Some(demo) = &running.demo {
         println!("  {demo}");
+    }
+    println!("  {}", backup_line(&config));
+    if config.backup.dir.is_none() {
+        tracing::warn!("scheduled backups are off: set [backup] dir");
     }
     #[cfg(unix)]
     {

@@ -400,6 +400,40 @@ pub struct CapacityBody {
     pub run_slot_held: bool,
 }
 
+/// One stretch of an attempt's timeline: the state and loop phase it was
+/// in, from when, and how long (to the next mark, or to the end or now).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseSpan {
+    /// When it began.
+    pub at: DateTime<Utc>,
+    /// The state.
+    pub state: AttemptState,
+    /// The loop phase.
+    pub phase: AttemptPhase,
+    /// How long it lasted (so far, for the last one), in milliseconds.
+    pub duration_ms: i64,
+}
+
+impl PhaseSpan {
+    /// The spans of `marks`, the last one lasting until `end`.
+    pub fn of(marks: &[PhaseMark], end: DateTime<Utc>) -> Vec<PhaseSpan> {
+        marks
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let until = marks.get(i + 1).map_or(end, |n| n.at);
+                PhaseSpan {
+                    at: m.at,
+                    state: m.state,
+                    phase: m.phase,
+                    duration_ms: (until - m.at).num_milliseconds().max(0),
+                }
+            })
+            .collect()
+    }
+}
+
 /// An attempt's timeline: where it is and why, and everything it did.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -472,8 +506,8 @@ pub struct Timeline {
     pub started_at: DateTime<Utc>,
     /// Ended.
     pub ended_at: Option<DateTime<Utc>>,
-    /// Each state it was in, from when.
-    pub phases: Vec<PhaseMark>,
+    /// Each state and phase it was in, from when and for how long.
+    pub phases: Vec<PhaseSpan>,
     /// Writes refused for a stale fencing token.
     pub stale_refusals: Vec<StaleRefusal>,
     /// Set once retention removed its content.
@@ -548,7 +582,7 @@ pub fn timeline(
         resume_refused: a.resume_refused.clone(),
         started_at: a.started_at,
         ended_at: a.ended_at,
-        phases: a.phases.clone(),
+        phases: PhaseSpan::of(&a.phases, a.ended_at.unwrap_or(state.clock.now())),
         stale_refusals: a.stale_refusals.clone(),
         purged: TombstoneBody::of(a.purged.as_ref()),
         checkpoints: runtime

@@ -37,6 +37,8 @@ pub struct BeginCall {
     pub approval_id: Option<Uuid>,
     /// The adapter's state.
     pub state: Option<Vec<u8>>,
+    /// When the loop began assembling this model call's context.
+    pub context_since: Option<chrono::DateTime<chrono::Utc>>,
     /// The builtin loop asks (nobody outside the appliance waits on the
     /// answer): the start of a call without effect need not wait for the
     /// disk.

@@ -242,6 +242,31 @@ async fn the_appliance_runs_a_builtin_release_to_a_verified_outcome() {
             .starts_with("sha256:")
     );
     assert_eq!(t["adapterVersion"], "builtin/1");
+    // Every phase of the loop is on the timeline, each with its duration:
+    // the context is built before each model call, and the loop's
+    // checkpoints are written in Checkpointing.
+    let phases: Vec<&str> = t["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    let position = |name: &str| phases.iter().position(|p| *p == name);
+    let building = position("BuildingContext").expect("BuildingContext is on the timeline");
+    assert_eq!(phases[building + 1], "Calling", "{phases:?}");
+    assert!(position("Checkpointing").is_some(), "{phases:?}");
+    assert!(
+        phases.iter().filter(|p| **p == "BuildingContext").count() >= 2,
+        "one context per model call: {phases:?}"
+    );
+    for p in t["phases"].as_array().unwrap() {
+        assert!(p["durationMs"].as_i64().unwrap() >= 0, "{p}");
+    }
+    let checkpoints = t["checkpoints"].as_array().unwrap();
+    assert!(
+        checkpoints.iter().any(|c| c["phase"] == "Checkpointing"),
+        "the loop's checkpoints record the phase they were written in: {checkpoints:?}"
+    );
     // The sandboxed tool ran under a capacity lease of kind sandbox.
     let admin = site.a.admin_token().await;
     let leases = site

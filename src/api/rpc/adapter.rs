@@ -231,6 +231,7 @@ impl pb::Adapter for AdapterService {
                 context_tokens: (kind == CallKind::Model).then_some(request.context_tokens),
                 approval_id: optional_uuid("approvalId", request.approval_id)?,
                 state: document("stateJson", request.state_json)?,
+                context_since: None,
                 in_process: false,
             })
         })()

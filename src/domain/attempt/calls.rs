@@ -64,6 +64,9 @@ impl ExecutionAttempt {
                 if let Some(t) = call.context_tokens {
                     self.usage.context_tokens = self.usage.context_tokens.max(t);
                 }
+                if let Some(since) = call.context_since {
+                    events.extend(self.set_phase(AttemptPhase::BuildingContext, since.min(now)));
+                }
                 events.extend(self.set_phase(AttemptPhase::Calling, now));
             }
             CallKind::Tool | CallKind::SubAgent => {

@@ -820,6 +820,9 @@ pub struct CallStart {
     pub context_tokens: Option<u32>,
     /// The checkpoint written before it.
     pub pre_checkpoint_id: Option<Uuid>,
+    /// When the loop began assembling the context of this model call:
+    /// BuildingContext is marked from then to the call.
+    pub context_since: Option<DateTime<Utc>>,
     /// Seconds a tool call may take.
     pub timeout_seconds: Option<u64>,
 }

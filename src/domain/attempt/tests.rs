@@ -68,6 +68,7 @@ fn tool(class: SideEffectClass) -> CallStart {
         approval_id: None,
         context_tokens: None,
         pre_checkpoint_id: None,
+        context_since: None,
         timeout_seconds: Some(30),
     }
 }

@@ -38,7 +38,7 @@ use super::{
     Ticket,
 };
 use crate::domain::attempt::{
-    CallFence, CallKind, DecisionKind, DecisionStatus, FailureClass, Gate,
+    AttemptPhase, CallFence, CallKind, DecisionKind, DecisionStatus, FailureClass, Gate,
 };
 use crate::domain::reach::Target;
 use crate::domain::release::{ToolTransport, canonical_json};
@@ -293,6 +293,7 @@ pub async fn adapter_model_call(
                 context_tokens: Some(context_tokens),
                 approval_id: None,
                 state: ask.state.clone(),
+                context_since: None,
                 in_process: false,
             },
         )
@@ -565,6 +566,7 @@ impl<'a> Loop<'a> {
         let mut tries = 0;
         loop {
             tries += 1;
+            let context_since = self.runtime.shared.clock.now();
             let ctx = context::build(
                 &self.instructions,
                 &self.skills,
@@ -583,6 +585,7 @@ impl<'a> Loop<'a> {
                     context_tokens: Some(ctx.tokens),
                     approval_id: None,
                     state: Some(state.bytes()),
+                    context_since: Some(context_since),
                     in_process: true,
                 })
                 .await?;
@@ -740,6 +743,7 @@ impl<'a> Loop<'a> {
                     context_tokens: None,
                     approval_id: approval,
                     state: Some(state.bytes()),
+                    context_since: None,
                     in_process: true,
                 })
                 .await?;
@@ -969,6 +973,7 @@ impl<'a> Loop<'a> {
                 context_tokens: None,
                 approval_id: None,
                 state: Some(state.bytes()),
+                context_since: None,
                 in_process: true,
             })
             .await?;
@@ -1376,7 +1381,13 @@ impl<'a> Loop<'a> {
 
     async fn checkpoint(&self, state: &LoopState) -> Result<(), RuntimeError> {
         self.runtime
-            .checkpoint(self.scope, self.attempt_id, self.token, state.bytes(), None)
+            .checkpoint(
+                self.scope,
+                self.attempt_id,
+                self.token,
+                state.bytes(),
+                Some(AttemptPhase::Checkpointing),
+            )
             .await?;
         Ok(())
     }

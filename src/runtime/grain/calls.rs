@@ -188,6 +188,7 @@ impl Grain {
             approval_id: None,
             context_tokens: call.context_tokens,
             pre_checkpoint_id: None,
+            context_since: call.context_since,
             timeout_seconds: None,
         };
         if let Some(begun) = self.replay(&call, &start, &request, &info).await? {
