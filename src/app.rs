@@ -107,6 +107,8 @@ pub struct AppState {
     pub started_at: DateTime<Utc>,
     /// Scheduled backups, when `backup.dir` is set.
     pub backups: Option<Arc<crate::store::scheduled::Backups>>,
+    /// Webhook endpoints and deliveries.
+    pub webhooks: Arc<crate::webhooks::Webhooks>,
     /// The reloadable configuration (SIGHUP, `agentbay reload`).
     pub reloader: Arc<crate::reload::Reloader>,
 }
@@ -292,7 +294,16 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         clock.clone(),
         reloader.runtime.clone(),
     ));
+    let webhooks = crate::webhooks::Webhooks::new(
+        store.clone(),
+        clock.clone(),
+        config.webhooks.clone(),
+        releases.site().clone(),
+        runtime.clone(),
+        capacity.clone(),
+    );
     let state = AppState {
+        webhooks: webhooks.clone(),
         store: store.clone(),
         auth: auth.clone(),
         sessions: crate::auth::session::Sessions::new(clock.clone(), auth_config),
@@ -375,10 +386,38 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
             runtime: runtime.clone(),
         }),
     ];
+    background.push(Arc::new(crate::webhooks::WebhookDispatcher {
+        webhooks: webhooks.clone(),
+    }));
     if let Some(backups) = &state.backups {
         background.push(Arc::new(crate::store::scheduled::ScheduledBackup {
             backups: backups.clone(),
         }));
+    }
+    // A committed event that webhooks carry starts a dispatcher pass at
+    // once, not at its next poll.
+    {
+        let mut events = store.subscribe();
+        let registry = workers.clone();
+        let mut stop = shutdown_rx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    event = events.recv() => match event {
+                        Ok(e) => {
+                            if crate::domain::webhook::WebhookEvent::of_topic(&e.topic).is_some() {
+                                registry.trigger("WebhookDispatcher");
+                            }
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            registry.trigger("WebhookDispatcher");
+                        }
+                        Err(_) => break,
+                    },
+                    _ = stop.changed() => break,
+                }
+            }
+        });
     }
     let worker_tasks = background
         .into_iter()

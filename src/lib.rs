@@ -75,6 +75,7 @@ pub mod runtime;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod webhooks;
 #[cfg(windows)]
 pub mod winservice;
 pub mod worker;

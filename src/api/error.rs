@@ -465,3 +465,13 @@ mod tests {
         assert!(message.contains("reference"), "{message}");
     }
 }
+
+impl From<crate::webhooks::WebhookError> for ApiError {
+    fn from(e: crate::webhooks::WebhookError) -> Self {
+        match e {
+            crate::webhooks::WebhookError::Domain(d) => d.into(),
+            crate::webhooks::WebhookError::Store(s) => s.into(),
+            crate::webhooks::WebhookError::NotFound(m) => ApiError::new(ErrorCode::NotFound, m),
+        }
+    }
+}

@@ -95,6 +95,7 @@ pub async fn state_gauges(state: &AppState, now: chrono::DateTime<chrono::Utc>) 
         .collect();
     out.extend(state.runtime.waiting_gauges(&tenants, now));
     out.extend(state.workers.gauges(now));
+    out.extend(state.webhooks.gauges(now));
     let mut free = Gauge::new(
         names::DISK_FREE,
         "Free bytes of a volume's file system (data, backups)",

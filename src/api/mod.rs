@@ -19,6 +19,7 @@ pub mod releases;
 pub mod rpc;
 pub mod runtime;
 pub mod tenants;
+pub mod webhooks;
 
 use std::time::Instant;
 
@@ -108,6 +109,28 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/runtime/attempts/{attempt_id}/watch",
             get(runtime::watch_attempt),
+        )
+        .route(
+            "/factory/webhooks",
+            get(webhooks::list).post(webhooks::create),
+        )
+        .route(
+            "/factory/webhooks/{endpoint_id}",
+            get(webhooks::get)
+                .put(webhooks::put)
+                .delete(webhooks::delete),
+        )
+        .route(
+            "/factory/webhooks/{endpoint_id}/rotate-secret",
+            post(webhooks::rotate),
+        )
+        .route(
+            "/factory/webhooks/{endpoint_id}/deliveries",
+            get(webhooks::deliveries),
+        )
+        .route(
+            "/factory/webhooks/{endpoint_id}/deliveries/{message_id}/redeliver",
+            post(webhooks::redeliver),
         )
         .route("/platform/tenants", get(tenants::list))
         .route(

@@ -10,7 +10,7 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
 use super::rpc::{Access, RPC_METHODS, access_of};
-use super::{capacity, events, health, oauth, releases, runtime, tenants};
+use super::{capacity, events, health, oauth, releases, runtime, tenants, webhooks};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -27,6 +27,8 @@ use super::{capacity, events, health, oauth, releases, runtime, tenants};
         releases::import, releases::list, releases::get, releases::deprecate, releases::revoke,
         runtime::get_attempt, runtime::list_checkpoints, runtime::watch_attempt,
         runtime::get_call, runtime::get_artifact,
+        webhooks::list, webhooks::create, webhooks::get, webhooks::put, webhooks::delete,
+        webhooks::rotate, webhooks::deliveries, webhooks::redeliver,
     ),
     components(schemas(
         oauth::TokenRequest,
@@ -45,6 +47,7 @@ use super::{capacity, events, health, oauth, releases, runtime, tenants};
         (name = "tenants", description = "The tenant and project registry"),
         (name = "releases", description = "Signed release bundles and what this appliance verified"),
         (name = "runtime", description = "Attempt timelines, checkpoints and live watches"),
+        (name = "webhooks", description = "Signed webhook endpoints and their deliveries"),
     )
 )]
 struct RestApi;

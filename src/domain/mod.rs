@@ -23,6 +23,7 @@ pub mod tenant;
 pub mod trust;
 pub mod usage;
 pub mod user;
+pub mod webhook;
 
 pub use error::{DomainError, FieldError};
 pub use ids::{ProjectId, TenantId};

@@ -143,6 +143,10 @@ pub enum Table {
     TokenDays,
     /// Model tokens per run, own and with its child runs, by run.
     RunTokens,
+    /// Webhook endpoints, by id.
+    WebhookEndpoints,
+    /// Webhook deliveries, `<endpoint>/<message id>`.
+    WebhookDeliveries,
 }
 
 impl Table {
@@ -174,6 +178,8 @@ impl Table {
         Table::RunSlots,
         Table::TokenDays,
         Table::RunTokens,
+        Table::WebhookEndpoints,
+        Table::WebhookDeliveries,
     ];
 
     /// The sled tree name.
@@ -205,6 +211,8 @@ impl Table {
             Table::RunSlots => "run_slots",
             Table::TokenDays => "token_days",
             Table::RunTokens => "run_tokens",
+            Table::WebhookEndpoints => "webhook_endpoints",
+            Table::WebhookDeliveries => "webhook_deliveries",
         }
     }
 
