@@ -30,6 +30,11 @@ packaging/python/build-wheels.sh "$ROOT/usr/share/agentbay/python" linux-x86_64 
 chmod 0644 "$ROOT"/usr/share/agentbay/python/*.whl
 install -D -m 0644 packaging/examples/adapter/triage_adapter.py "$ROOT/usr/share/agentbay/examples/adapter/triage_adapter.py"
 install -D -m 0644 packaging/examples/langgraph/triage_graph.py "$ROOT/usr/share/agentbay/examples/langgraph/triage_graph.py"
+# Alert rules for the site's Prometheus with their promtool unit tests, and
+# the Grafana dashboard (README, "Alerts: metrics, rules and dashboard").
+for f in packaging/prometheus/* packaging/grafana/*; do
+    install -D -m 0644 "$f" "$ROOT/usr/share/agentbay/${f#packaging/}"
+done
 install -d "$ROOT/DEBIAN"
 install -m 0755 packaging/debian/postinst packaging/debian/prerm packaging/debian/postrm "$ROOT/DEBIAN/"
 echo "/etc/agentbay/agentbay.toml" > "$ROOT/DEBIAN/conffiles"
@@ -73,6 +78,7 @@ if grep -qx x86_64-pc-windows-gnu <<<"$TARGETS" \
     wixl --arch x64 -D Version="$VERSION" \
         -D Binary=target/x86_64-pc-windows-gnu/release/agentbay.exe \
         -D Config="$WINCONF" -D Readme=README.md \
+        -D Prometheus=packaging/prometheus -D Grafana=packaging/grafana \
         -o "$MSI" "$WXS"
     echo "built $MSI ($(du -h "$MSI" | cut -f1))"
 else

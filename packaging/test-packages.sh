@@ -43,6 +43,26 @@ python3 -m venv "$TMP/sdk"
 PIP_CONFIG_FILE=/dev/null "$TMP/sdk/bin/pip" install -q --no-index \
     --find-links /usr/share/agentbay/python agentbay || fail "the SDK does not install offline"
 
+echo "--- the alert rules, their unit tests and the dashboard are installed, and promtool accepts them"
+# The package's file list is read whole before grep looks at it (pipefail
+# and an early-exiting grep -q, as for the MSI's tables below).
+INSTALLED=$(dpkg -L agentbay)
+for f in /usr/share/agentbay/prometheus/agentbay-rules.yml /usr/share/agentbay/prometheus/agentbay-rules.test.yml \
+    /usr/share/agentbay/grafana/agentbay-dashboard.json; do
+    grep -qx "$f" <<<"$INSTALLED" || fail "the package does not hold $f"
+    [ -f "$f" ] || fail "$f is not installed"
+done
+python3 -m json.tool /usr/share/agentbay/grafana/agentbay-dashboard.json >/dev/null ||
+    fail "the installed Grafana dashboard is not JSON"
+if command -v promtool >/dev/null; then
+    promtool check rules /usr/share/agentbay/prometheus/agentbay-rules.yml ||
+        fail "promtool check rules refuses the installed alert rules"
+    promtool test rules /usr/share/agentbay/prometheus/agentbay-rules.test.yml ||
+        fail "the installed alert rules fail their unit tests"
+else
+    echo "promtool: not installed here, the installed rules are not checked (Debian: apt-get install prometheus)"
+fi
+
 if command -v systemd-analyze >/dev/null; then
     systemd-analyze verify /lib/systemd/system/agentbay.service
     systemd-analyze security --offline=true /lib/systemd/system/agentbay.service | tail -1
@@ -144,6 +164,7 @@ $SUDO kill -TERM "$(cat "$TMP/pid3")"; wait "$(cat "$TMP/pid3")" 2>/dev/null || 
 echo "--- remove keeps the data, purge deletes it"
 $SUDO dpkg -r agentbay
 [ ! -e /usr/bin/agentbay ] || fail "the binary is still installed"
+[ ! -e /usr/share/agentbay/prometheus/agentbay-rules.yml ] || fail "the alert rules are still installed"
 $SUDO test -d /var/lib/agentbay/store || fail "remove deleted the data"
 $SUDO dpkg -P agentbay
 ! $SUDO test -e /var/lib/agentbay || fail "purge left /var/lib/agentbay"
@@ -164,6 +185,10 @@ if [ -n "$MSI" ]; then
     grep -q "agentbay.exe" <<<"$FILES" || fail "agentbay.exe is not in the MSI"
     grep -q "agentbay-.*-py3-none-any.whl" <<<"$FILES" || fail "the Python SDK's wheel is not in the MSI"
     grep -q "pyqwest-.*win_amd64.whl" <<<"$FILES" || fail "the SDK's dependencies are not in the MSI"
+    grep -q "agentbay-rules.yml" <<<"$FILES" || fail "the alert rules are not in the MSI"
+    grep -q "agentbay-rules.test.yml" <<<"$FILES" || fail "the alert rules' unit tests are not in the MSI"
+    grep -q "agentbay-dashboard.json" <<<"$FILES" || fail "the Grafana dashboard is not in the MSI"
+    grep -q "PROMETHEUSDIR" <<<"$DIRS" || fail "no prometheus directory in the MSI"
     grep -q "README" <<<"$SHORTCUTS" || fail "no shortcut"
     grep -q CommonAppDataFolder <<<"$DIRS" || fail "no ProgramData directory"
 else

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod alerts;
 mod auth;
 mod backup;
 mod builtin;
@@ -23,3 +24,4 @@ mod releases;
 mod rpc;
 mod runtime;
 mod security;
+mod webhooks;

@@ -58,7 +58,83 @@ fn rest_table(v: &Victim) -> HashMap<&'static str, RestCase> {
     };
     let pool = json!({"kind": "agent-runtime", "securityBoundary": "shared", "region": "local",
                       "nodeProfile": "small", "minSize": 1, "maxSize": 2});
+    let hook = json!({"url": "https://hooks.example/agentbay", "events": ["run.ended"]});
+    let some_hook = "/factory/webhooks/0190f0c4-0000-7000-8000-000000000001";
     HashMap::from([
+        (
+            "GET /factory/webhooks",
+            case(
+                S(Scope::Admin),
+                "/factory/webhooks",
+                None,
+                Some("/factory/webhooks?tenant=demo".into()),
+            ),
+        ),
+        (
+            "POST /factory/webhooks",
+            case(
+                S(Scope::Admin),
+                "/factory/webhooks",
+                Some(hook.clone()),
+                Some("/factory/webhooks?tenant=demo".into()),
+            ),
+        ),
+        (
+            "GET /factory/webhooks/{endpointId}",
+            case(
+                S(Scope::Admin),
+                some_hook,
+                None,
+                Some(format!("{some_hook}?tenant=demo")),
+            ),
+        ),
+        (
+            "PUT /factory/webhooks/{endpointId}",
+            case(
+                S(Scope::Admin),
+                some_hook,
+                Some(hook.clone()),
+                Some(format!("{some_hook}?tenant=demo")),
+            ),
+        ),
+        (
+            "DELETE /factory/webhooks/{endpointId}",
+            case(
+                S(Scope::Admin),
+                some_hook,
+                None,
+                Some(format!("{some_hook}?tenant=demo")),
+            ),
+        ),
+        (
+            "POST /factory/webhooks/{endpointId}/rotate-secret",
+            case(
+                S(Scope::Admin),
+                &format!("{some_hook}/rotate-secret"),
+                None,
+                Some(format!("{some_hook}/rotate-secret?tenant=demo")),
+            ),
+        ),
+        (
+            "GET /factory/webhooks/{endpointId}/deliveries",
+            case(
+                S(Scope::Admin),
+                &format!("{some_hook}/deliveries"),
+                None,
+                Some(format!("{some_hook}/deliveries?tenant=demo")),
+            ),
+        ),
+        (
+            "POST /factory/webhooks/{endpointId}/deliveries/{messageId}/redeliver",
+            case(
+                S(Scope::Admin),
+                &format!("{some_hook}/deliveries/evt_1/redeliver"),
+                None,
+                Some(format!(
+                    "{some_hook}/deliveries/evt_1/redeliver?tenant=demo"
+                )),
+            ),
+        ),
         ("GET /healthz", case(Public, "/healthz", None, None)),
         ("GET /readyz", case(Public, "/readyz", None, None)),
         (
