@@ -53,7 +53,7 @@ pub enum Schedule {
     /// Every so long after the last pass began.
     Every(Duration),
     /// At the times a cron expression names, in the site's local time.
-    Cron(Cron),
+    Cron(Box<Cron>),
 }
 
 impl Schedule {
@@ -874,7 +874,7 @@ mod tests {
             "Nightly"
         }
         fn schedule(&self) -> Schedule {
-            Schedule::Cron(self.1.clone())
+            Schedule::Cron(Box::new(self.1.clone()))
         }
         fn retry(&self) -> RetryKind {
             RetryKind::Fixed

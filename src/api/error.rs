@@ -385,6 +385,16 @@ pub fn rpc<E: Into<ApiError>>(e: E) -> ConnectError {
     e.into().into()
 }
 
+impl From<crate::webhooks::WebhookError> for ApiError {
+    fn from(e: crate::webhooks::WebhookError) -> Self {
+        match e {
+            crate::webhooks::WebhookError::Domain(d) => d.into(),
+            crate::webhooks::WebhookError::Store(s) => s.into(),
+            crate::webhooks::WebhookError::NotFound(m) => ApiError::new(ErrorCode::NotFound, m),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,15 +473,5 @@ mod tests {
         let message = connect.message.unwrap_or_default();
         assert!(!message.contains("sled"), "{message}");
         assert!(message.contains("reference"), "{message}");
-    }
-}
-
-impl From<crate::webhooks::WebhookError> for ApiError {
-    fn from(e: crate::webhooks::WebhookError) -> Self {
-        match e {
-            crate::webhooks::WebhookError::Domain(d) => d.into(),
-            crate::webhooks::WebhookError::Store(s) => s.into(),
-            crate::webhooks::WebhookError::NotFound(m) => ApiError::new(ErrorCode::NotFound, m),
-        }
     }
 }

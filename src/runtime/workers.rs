@@ -87,7 +87,7 @@ impl Worker for CheckpointCompactor {
     }
 
     fn schedule(&self) -> Schedule {
-        Schedule::Cron(self.runtime.config().compact_schedule.clone())
+        Schedule::Cron(Box::new(self.runtime.config().compact_schedule.clone()))
     }
 
     fn retry(&self) -> RetryKind {

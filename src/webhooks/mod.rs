@@ -287,7 +287,7 @@ impl Webhooks {
     ) -> Result<Vec<Delivery>, WebhookError> {
         self.get(scope, id)?;
         let mut all: Vec<Delivery> = self.store.list_under(scope, &format!("{id}/"))?;
-        all.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        all.sort_by_key(|d| std::cmp::Reverse(d.created_at));
         all.truncate(limit);
         Ok(all)
     }

@@ -342,5 +342,5 @@ async fn metrics_show_a_failing_backup_dir_and_the_worker_that_backs_off() {
     let next = chrono::DateTime::parse_from_rfc3339(w["nextRunAt"].as_str().unwrap()).unwrap();
     let last = chrono::DateTime::parse_from_rfc3339(w["lastFailureAt"].as_str().unwrap()).unwrap();
     assert_eq!((next - last).num_seconds(), 30, "{w}");
-    assert!(w["lastFailure"].as_str().unwrap().len() > 0, "{w}");
+    assert!(!w["lastFailure"].as_str().unwrap().is_empty(), "{w}");
 }
