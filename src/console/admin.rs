@@ -1128,3 +1128,142 @@ pub async fn run_worker(console: Console, raw: RawForm) -> Result<Response, Page
     };
     Ok(console.done("/system", result))
 }
+
+/// `GET /webhooks`: the tenant's webhook endpoints.
+pub async fn webhooks(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::Admin)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let rows = console
+        .state
+        .webhooks
+        .list(&scope)
+        .map_err(ApiError::from)?
+        .into_iter()
+        .map(|e| {
+            vec![
+                Cell::id(e.endpoint_id, format!("/webhooks/{}", e.endpoint_id)),
+                Cell::code(e.spec.url.clone()),
+                Cell::text(
+                    e.spec
+                        .events
+                        .iter()
+                        .map(|k| k.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
+                Cell::State(if e.spec.enabled { "Active" } else { "Disabled" }.into()),
+                Cell::text(e.spec.description.clone()),
+                Cell::text(format!("{} by {}", when(&e.created_at), e.created_by)),
+            ]
+        })
+        .collect();
+    let t = q.table(
+        "webhooks",
+        "/webhooks",
+        &[
+            "Endpoint",
+            "URL",
+            "Events",
+            "State",
+            "Description",
+            "Registered",
+        ],
+        rows,
+        vec![],
+        "No webhook endpoints: register one with POST /factory/webhooks (README, Webhooks).",
+    );
+    render(&ListPage {
+        l: console.layout("Webhooks", "/webhooks"),
+        intro: "Endpoints that receive signed messages (Standard Webhooks) when a decision is requested or about to expire, a run ends, a call becomes Uncertain or a lease waits too long. Register, change and rotate them over the API (POST /factory/webhooks); the secret is shown once. Each endpoint's page lists its deliveries with every try.".into(),
+        t,
+    })
+}
+
+/// `GET /webhooks/{id}`: an endpoint's deliveries with their tries.
+pub async fn webhook(
+    console: Console,
+    Path(id): Path<String>,
+    raw: RawQuery,
+) -> Result<Response, PageError> {
+    console.require(Scope::Admin)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let id =
+        uuid::Uuid::parse_str(&id).map_err(|_| ApiError::invalid("endpointId", "is not a UUID"))?;
+    let endpoint = console
+        .state
+        .webhooks
+        .get(&scope, id)
+        .map_err(ApiError::from)?;
+    let rows = console
+        .state
+        .webhooks
+        .deliveries(&scope, id, 200)
+        .map_err(ApiError::from)?
+        .into_iter()
+        .map(|d| {
+            let tries = d
+                .tries
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{}: {}{} ({} ms)",
+                        when(&t.at),
+                        t.status
+                            .map(|s| s.to_string())
+                            .unwrap_or_else(|| "no answer".into()),
+                        t.error
+                            .as_ref()
+                            .map(|e| format!(", {e}"))
+                            .unwrap_or_default(),
+                        t.duration_ms
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            vec![
+                Cell::code(d.message_id.clone()),
+                Cell::text(d.event.as_str()),
+                Cell::text(d.subject_tenant.to_string()),
+                Cell::State(format!("{:?}", d.state)),
+                Cell::text(when(&d.created_at)),
+                Cell::text(when_opt(&d.next_try_at)),
+                Cell::num(d.tries.len() as u32),
+                Cell::text(tries),
+            ]
+        })
+        .collect();
+    let t = q.table(
+        "deliveries",
+        &format!("/webhooks/{id}"),
+        &[
+            "webhook-id",
+            "Type",
+            "About tenant",
+            "State",
+            "Created",
+            "Next try",
+            "Tries",
+            "Each try",
+        ],
+        rows,
+        vec![],
+        "No deliveries yet.",
+    );
+    render(&ListPage {
+        l: console.layout("Webhook deliveries", "/webhooks"),
+        intro: format!(
+            "Deliveries to {} ({}), newest first. A failed try is retried with exponential backoff; a receiver de-duplicates by webhook-id.",
+            endpoint.spec.url,
+            endpoint
+                .spec
+                .events
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        t,
+    })
+}

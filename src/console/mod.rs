@@ -69,6 +69,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/decisions", get(work::decisions))
         .route("/artifacts/{hash}", get(work::artifact))
         .route("/uncertain", get(work::uncertain))
+        .route("/webhooks", get(admin::webhooks))
+        .route("/webhooks/{id}", get(admin::webhook))
         .route("/pools", get(capacity::pools))
         .route("/live/pools", get(live::pools))
         .route("/pools/{pool_id}", post(capacity::set_pool))
@@ -208,6 +210,7 @@ const NAV: &[(&str, &str, Scope)] = &[
     ("/tenants", "Tenants", Scope::Admin),
     ("/users", "Users", Scope::Admin),
     ("/clients", "Clients", Scope::Admin),
+    ("/webhooks", "Webhooks", Scope::Admin),
     ("/system", "System", Scope::Platform),
 ];
 
