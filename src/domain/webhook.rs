@@ -140,8 +140,10 @@ pub const MAX_DESCRIPTION: usize = 200;
 pub struct EndpointSpec {
     /// Where messages are POSTed (`https://` or `http://`); it must be on
     /// the site's network allowlist.
+    #[schema(pattern = "^[hH][tT][tT][pP][sS]?://[^/?#@]+", max_length = 2048)]
     pub url: String,
     /// What it receives (at least one).
+    #[schema(min_items = 1)]
     pub events: BTreeSet<WebhookEvent>,
     /// A note for people.
     #[serde(default)]

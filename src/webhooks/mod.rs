@@ -161,7 +161,7 @@ impl Webhooks {
     fn checked(&self, tenant: &TenantId, spec: &EndpointSpec) -> Result<(), WebhookError> {
         spec.check()?;
         if let Some(why) = self.refusal(tenant, &spec.url) {
-            return Err(FieldError::new("url", why).into());
+            return Err(DomainError::Refused(format!("url: {why}")).into());
         }
         Ok(())
     }

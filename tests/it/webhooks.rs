@@ -138,7 +138,7 @@ async fn webhooks_are_signed_retried_isolated_and_survive_kill_9() {
         .send()
         .await
         .unwrap();
-    assert_eq!(refused.status(), 400);
+    assert_eq!(refused.status(), 403, "the site's rule refuses it");
     let problem: Value = refused.json().await.unwrap();
     assert!(
         problem.to_string().contains("url"),
