@@ -125,12 +125,6 @@ impl Cron {
         })
     }
 
-    /// The expression as written.
-    #[allow(dead_code)]
-    pub fn expression(&self) -> &str {
-        &self.expression
-    }
-
     /// The first time strictly after `t` that the expression names, in the
     /// site's local time.
     pub fn next_after(&self, t: DateTime<Utc>) -> DateTime<Utc> {

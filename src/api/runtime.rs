@@ -200,7 +200,9 @@ where
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<TenantScope, ApiError> {
+/// The tenant a request acts for: `?tenant=` (checked against the
+/// caller's reach), else the caller's own.
+pub(crate) fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<TenantScope, ApiError> {
     let pairs = query_pairs(raw, &["tenant"])?;
     match pairs.iter().find(|(k, _)| k == "tenant") {
         Some((_, t)) => Ok(principal.scope_for(&TenantId::parse_field("tenant", t)?)?),

@@ -11,15 +11,13 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::capacity::query_pairs;
 use super::error::ApiError;
 use super::json::ApiJson;
+use super::runtime::scope_of;
 use crate::app::AppState;
-use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::domain::TenantId;
 use crate::domain::webhook::{Delivery, EndpointSpec, WebhookEndpoint};
-use crate::store::TenantScope;
 
 /// An endpoint as the API shows it: never its secret, except once.
 #[derive(Serialize, ToSchema)]
@@ -70,14 +68,6 @@ pub struct EndpointList {
 pub struct DeliveryList {
     /// Newest first, at most 200, each with its tries.
     pub deliveries: Vec<Delivery>,
-}
-
-fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<TenantScope, ApiError> {
-    let pairs = query_pairs(raw, &["tenant"])?;
-    match pairs.iter().find(|(k, _)| k == "tenant") {
-        Some((_, t)) => Ok(principal.scope_for(&TenantId::parse_field("tenant", t)?)?),
-        None => Ok(principal.tenant_scope()),
-    }
 }
 
 fn endpoint_id(text: &str) -> Result<Uuid, ApiError> {

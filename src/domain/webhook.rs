@@ -301,6 +301,13 @@ pub struct DeliveryTry {
     pub duration_ms: u64,
 }
 
+impl DeliveryTry {
+    /// Whether the endpoint took the message (a 2xx answer).
+    pub fn succeeded(&self) -> bool {
+        self.status.is_some_and(|s| (200..300).contains(&s))
+    }
+}
+
 /// One message to one endpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -398,7 +405,7 @@ impl Delivery {
     /// Records a try: delivered on a 2xx status, otherwise pending again
     /// after the policy's delay, or given up once the tries run out.
     pub fn record(&mut self, attempt: DeliveryTry, policy: &DeliveryPolicy) {
-        let ok = attempt.status.is_some_and(|s| (200..300).contains(&s));
+        let ok = attempt.succeeded();
         let at = attempt.at;
         self.tries.push(attempt);
         if ok {
@@ -410,7 +417,7 @@ impl Delivery {
             .tries
             .iter()
             .rev()
-            .take_while(|t| !t.status.is_some_and(|s| (200..300).contains(&s)))
+            .take_while(|t| !t.succeeded())
             .count() as u32;
         if failures >= policy.max_tries {
             self.state = DeliveryState::GaveUp;
@@ -444,11 +451,6 @@ impl Delivery {
             _ => self.tries.last().map(|t| t.at),
         }
     }
-}
-
-/// Its id, as records show it.
-pub fn endpoint_key(endpoint_id: Uuid) -> String {
-    endpoint_id.to_string()
 }
 
 #[cfg(test)]

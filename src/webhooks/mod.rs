@@ -102,12 +102,6 @@ impl From<FieldError> for WebhookError {
     }
 }
 
-/// An endpoint with its secret, as its creation (or rotation) shows it once.
-pub struct WithSecret {
-    /// The endpoint.
-    pub endpoint: WebhookEndpoint,
-}
-
 /// The webhook service.
 pub struct Webhooks {
     store: Store,
@@ -615,16 +609,8 @@ impl Webhooks {
             .collect()
             .await;
         let policy = self.policy();
-        let (mut delivered, mut failed) = (0, 0);
-        for (d, attempt) in &results {
-            let ok = attempt.status.is_some_and(|s| (200..300).contains(&s));
-            if ok {
-                delivered += 1;
-            } else {
-                failed += 1;
-            }
-            let _ = d;
-        }
+        let delivered = results.iter().filter(|(_, t)| t.succeeded()).count();
+        let failed = results.len() - delivered;
         self.store
             .transact(move |tx: &mut Tx| {
                 for (d, attempt) in results {
