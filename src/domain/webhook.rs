@@ -140,13 +140,17 @@ pub const MAX_DESCRIPTION: usize = 200;
 pub struct EndpointSpec {
     /// Where messages are POSTed (`https://` or `http://`); it must be on
     /// the site's network allowlist.
-    #[schema(pattern = "^[hH][tT][tT][pP][sS]?://[^/?#@]+", max_length = 2048)]
+    #[schema(
+        pattern = "^[hH][tT][tT][pP][sS]?://(([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?|((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9]))(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?(/[!-~]*)?$",
+        max_length = 2048
+    )]
     pub url: String,
     /// What it receives (at least one).
     #[schema(min_items = 1)]
     pub events: BTreeSet<WebhookEvent>,
     /// A note for people.
     #[serde(default)]
+    #[schema(pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$", max_length = 200)]
     pub description: String,
     /// Whether messages are sent; a disabled endpoint gets none created.
     #[serde(default = "yes")]
@@ -154,10 +158,12 @@ pub struct EndpointSpec {
     /// `decision.expiring`: how many minutes before its expiry a waiting
     /// decision is announced (1 to 10080; default 60).
     #[serde(default = "default_expiry_minutes")]
+    #[schema(minimum = 1, maximum = 10080)]
     pub decision_expiry_minutes: u32,
     /// `lease.queued`: after how many seconds of waiting a queued lease is
     /// announced (1 to 604800; default 300).
     #[serde(default = "default_queued_seconds")]
+    #[schema(minimum = 1, maximum = 604800)]
     pub lease_queued_seconds: u32,
 }
 
