@@ -388,7 +388,6 @@ impl Appliance {
         body
     }
 
-    /// PUT a JSON body; the status and the JSON answer.
     /// The `/metrics` page, as the appliance's administrator reads it.
     pub async fn metrics(&self) -> String {
         let admin = self.admin_token().await;
@@ -403,6 +402,7 @@ impl Appliance {
             .unwrap()
     }
 
+    /// PUT a JSON body; the status and the JSON answer.
     pub async fn put(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
         let r = self
             .http()
@@ -893,4 +893,14 @@ pub fn schemathesis() -> PathBuf {
     }
     assert!(st.exists(), "{} is missing", st.display());
     st
+}
+
+/// The value of one series in a `/metrics` page, `series` written as the
+/// page writes it (`name{label="value",...}`, labels in its order); `None`
+/// when the page has no such line.
+pub fn metric(page: &str, series: &str) -> Option<f64> {
+    page.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
 }

@@ -12,7 +12,7 @@ use connectrpc::ErrorCode;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
-use crate::common::Appliance;
+use crate::common::{Appliance, metric};
 
 fn acquire(project: &str, holder: &str, cpu: f64, memory: f64) -> pb::AcquireLeaseRequest {
     pb::AcquireLeaseRequest {
@@ -294,7 +294,7 @@ async fn every_denial_names_its_limit_in_the_error_the_event_and_the_lease_list(
     assert_eq!(s, 200, "{p}");
     let mut first = acquire("api", "t1", 2.0, 1.0);
     first.pool_id = "tiny".into();
-    lease(&a, &token, first).await;
+    let t1 = lease(&a, &token, first).await;
     let mut second = waiting(acquire("api", "t2", 1.0, 1.0));
     second.pool_id = "tiny".into();
     let queued = lease(&a, &token, second).await;
@@ -308,6 +308,46 @@ async fn every_denial_names_its_limit_in_the_error_the_event_and_the_lease_list(
     let queue = a.get(&token, "/factory/capacity/pools/tiny/queue").await;
     assert_eq!(queue["queue"][0]["holderId"], "t2");
     assert_eq!(queue["queue"][0]["reason"], queued.reason);
+
+    // The queue is a series by pool and by the limit that holds it, its
+    // oldest wait read off the clock.
+    let depth = |pool: &str, limit: &str| {
+        format!("agentbay_capacity_queue_depth{{pool=\"{pool}\",limit=\"{limit}\"}}")
+    };
+    let oldest = |pool: &str, limit: &str| {
+        format!("agentbay_capacity_queue_oldest_wait_seconds{{pool=\"{pool}\",limit=\"{limit}\"}}")
+    };
+    let m = a.metrics().await;
+    assert_eq!(metric(&m, &depth("tiny", "pool")), Some(1.0), "{m}");
+    assert_eq!(metric(&m, &oldest("tiny", "pool")), Some(0.0), "{m}");
+    a.advance(5).await;
+    // A waiter held by a project's quota is counted under that quota.
+    let over = lease(&a, &token, waiting(acquire("web", "r5", 0.5, 1.0))).await;
+    assert_eq!(state(&over), "REQUESTED");
+    assert_eq!(over.limiting_quota, "concurrentRuns");
+    a.advance(2).await;
+    let m = a.metrics().await;
+    assert_eq!(metric(&m, &oldest("tiny", "pool")), Some(7.0), "{m}");
+    assert_eq!(
+        metric(&m, &depth(&over.pool_id, "concurrentRuns")),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, &oldest(&over.pool_id, "concurrentRuns")),
+        Some(2.0),
+        "{m}"
+    );
+    // Served, a queue's series are gone: nothing waits there.
+    a.capacity(&token)
+        .release_lease(pb::ReleaseLeaseRequest {
+            lease_id: t1.lease_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let m = a.metrics().await;
+    assert_eq!(metric(&m, &depth("tiny", "pool")), None, "{m}");
 
     // executionMinutesPerDay: one minute, used up by a running lease.
     let admin = a.admin_token().await;

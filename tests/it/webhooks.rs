@@ -279,12 +279,7 @@ async fn metrics_show_a_failing_backup_dir_and_the_worker_that_backs_off() {
     );
     let pass = a.run_worker("ScheduledBackup").await;
     assert!(pass.ok, "{}", pass.message);
-    let value = |text: &str, series: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-    };
+    let value = crate::common::metric;
     let m = a.metrics().await;
     assert_eq!(value(&m, "agentbay_backup_enabled"), Some(1.0), "{m}");
     assert_eq!(value(&m, "agentbay_backup_last_result"), Some(1.0));
