@@ -406,6 +406,16 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
                     "then": holds(&other, &v),
                 }));
             }
+            // A text named `..._json` carries JSON: its comment says which
+            // (and so its schema declares it), or the build stops here.
+            assert!(
+                f.r#type() != Type::String
+                    || !f.name().ends_with("_json")
+                    || comment.contains("a JSON document")
+                    || comment.contains("a JSON array"),
+                "{name}.{}: a `_json` text must say `a JSON document` or `a JSON array` in its comment",
+                f.name()
+            );
             let value = if let Some(value) = maps.get(f.type_name()) {
                 json!({"type": "object", "additionalProperties": scalar(value)})
             } else if f.label() == Label::Repeated {

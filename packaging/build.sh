@@ -24,12 +24,14 @@ install -D -m 0644 packaging/debian/agentbay.service "$ROOT/lib/systemd/system/a
 install -D -m 0644 README.md "$ROOT/usr/share/doc/agentbay/README.md"
 install -D -m 0644 LICENSE "$ROOT/usr/share/doc/agentbay/copyright"
 # The Python SDK and the wheels of its dependencies, for an offline
-# `pip install /usr/share/agentbay/python/agentbay-*.whl`, with the
-# examples that use it.
+# `pip install /usr/share/agentbay/python/agentbay-*.whl`.
 packaging/python/build-wheels.sh "$ROOT/usr/share/agentbay/python" linux-x86_64 >/dev/null
 chmod 0644 "$ROOT"/usr/share/agentbay/python/*.whl
-install -D -m 0644 packaging/examples/adapter/triage_adapter.py "$ROOT/usr/share/agentbay/examples/adapter/triage_adapter.py"
-install -D -m 0644 packaging/examples/langgraph/triage_graph.py "$ROOT/usr/share/agentbay/examples/langgraph/triage_graph.py"
+# The examples: releases to start from (README, "Releases"), the external
+# adapter and the LangGraph graph that use the SDK.
+(cd packaging/examples && find . -type f) | while read -r f; do
+    install -D -m 0644 "packaging/examples/$f" "$ROOT/usr/share/doc/agentbay/examples/${f#./}"
+done
 # Alert rules for the site's Prometheus with their promtool unit tests, and
 # the Grafana dashboard (README, "Alerts: metrics, rules and dashboard").
 for f in packaging/prometheus/* packaging/grafana/*; do
@@ -74,7 +76,7 @@ if grep -qx x86_64-pc-windows-gnu <<<"$TARGETS" \
     rm -rf "$WHEELS"
     packaging/python/build-wheels.sh "$WHEELS" windows-x86_64 >/dev/null
     WXS="$OUT/agentbay.wxs"
-    python3 packaging/windows/with-wheels.py packaging/windows/agentbay.wxs "$WHEELS" > "$WXS"
+    python3 packaging/windows/with-files.py packaging/windows/agentbay.wxs "$WHEELS" packaging/examples > "$WXS"
     wixl --arch x64 -D Version="$VERSION" \
         -D Binary=target/x86_64-pc-windows-gnu/release/agentbay.exe \
         -D Config="$WINCONF" -D Readme=README.md \

@@ -43,6 +43,20 @@ python3 -m venv "$TMP/sdk"
 PIP_CONFIG_FILE=/dev/null "$TMP/sdk/bin/pip" install -q --no-index \
     --find-links /usr/share/agentbay/python agentbay || fail "the SDK does not install offline"
 
+echo "--- the examples are installed where README says, whole"
+for f in $(cd packaging/examples && find . -type f | sed 's#^\./##'); do
+    cmp -s "packaging/examples/$f" "/usr/share/doc/agentbay/examples/$f" ||
+        fail "/usr/share/doc/agentbay/examples/$f is missing or differs from packaging/examples/$f"
+done
+# A release made from an installed example verifies (README, "Releases").
+EX=$(mktemp -d)
+cp -r /usr/share/doc/agentbay/examples/releases/triage "$EX/my-agent"
+(cd "$EX" && agentbay release keygen --out ci >/dev/null &&
+    agentbay release sign ./my-agent --key ci.key --update-hashes >/dev/null &&
+    agentbay release verify ./my-agent --trust ci.pub >/dev/null) ||
+    fail "a release made from the installed triage example does not verify"
+rm -rf "$EX"
+
 echo "--- the alert rules, their unit tests and the dashboard are installed, and promtool accepts them"
 # The package's file list is read whole before grep looks at it (pipefail
 # and an early-exiting grep -q, as for the MSI's tables below).
@@ -131,6 +145,31 @@ curl -fsS --cacert "$TMP/ca.pem" -H "Authorization: Bearer $TOKEN" -H 'Content-T
 mkdir -p "$TMP/tool-run"
 EXPECT_CGROUP=${#DELEGATED[@]} python3 packaging/test-tool-run.py "$URL" "$TMP/ca.pem" "$TOKEN" "$TMP/tool-run" ||
     { tail -50 "$TMP/serve.log"; fail "a release's MCP tool did not run under the packaged account"; }
+# The packaged configuration takes a backup at start and every 15 minutes
+# into /var/lib/agentbay-backups: one appears, private to the service's
+# account, verifies as `agentbay backup verify` checks it, and /readyz and
+# the metrics say so.
+BACKUP=""
+for _ in $(seq 1 60); do
+    BACKUP=$($SUDO sh -c 'ls /var/lib/agentbay-backups/agentbay-*.backup 2>/dev/null | head -1' || true)
+    [ -n "$BACKUP" ] && break
+    sleep 0.5
+done
+[ -n "$BACKUP" ] || { tail -50 "$TMP/serve.log"; fail "no scheduled backup appeared in /var/lib/agentbay-backups"; }
+[ "$($SUDO stat -c '%U %a' "$BACKUP")" = "agentbay 600" ] ||
+    fail "the backup $BACKUP is not private to the agentbay account: $($SUDO stat -c '%U %a' "$BACKUP")"
+$SUDO runuser -u agentbay -- agentbay backup verify "$BACKUP" || fail "the scheduled backup $BACKUP does not verify"
+READY=""
+for _ in $(seq 1 60); do
+    READY=$(curl -sS --cacert "$TMP/ca.pem" "$URL/readyz")
+    python3 -c 'import json,sys; b=json.loads(sys.argv[1]).get("backup") or {}; sys.exit(0 if (b.get("last") or {}).get("verified") else 1)' "$READY" && break
+    sleep 0.5
+done
+python3 -c 'import json,sys; b=json.loads(sys.argv[1]).get("backup") or {}; sys.exit(0 if (b.get("last") or {}).get("verified") else 1)' "$READY" ||
+    fail "/readyz does not show the verified scheduled backup: $READY"
+METRICS=$(curl -fsS --cacert "$TMP/ca.pem" -H "Authorization: Bearer $TOKEN" "$URL/metrics")
+grep -qx 'agentbay_backup_last_result 1' <<<"$METRICS" || fail "the metrics do not show the good backup"
+grep -qx 'agentbay_backup_enabled 1' <<<"$METRICS" || fail "the metrics do not show scheduled backups on"
 $SUDO kill -TERM "$(cat "$TMP/pid1")"; wait "$(cat "$TMP/pid1")" 2>/dev/null || true
 for d in "${DELEGATED[@]}"; do $SUDO rmdir "$d" 2>/dev/null || true; done
 echo "install-to-healthy: $(python3 -c "print(round($HEALTHY - $START, 2))") s"
@@ -188,6 +227,9 @@ if [ -n "$MSI" ]; then
     grep -q "agentbay-rules.yml" <<<"$FILES" || fail "the alert rules are not in the MSI"
     grep -q "agentbay-rules.test.yml" <<<"$FILES" || fail "the alert rules' unit tests are not in the MSI"
     grep -q "agentbay-dashboard.json" <<<"$FILES" || fail "the Grafana dashboard is not in the MSI"
+    grep -q "triage_adapter.py" <<<"$FILES" || fail "the examples are not in the MSI"
+    grep -q "manifest.json" <<<"$FILES" || fail "the example releases are not in the MSI"
+    grep -q "EXAMPLESDIR" <<<"$DIRS" || fail "no examples directory in the MSI"
     grep -q "PROMETHEUSDIR" <<<"$DIRS" || fail "no prometheus directory in the MSI"
     grep -q "README" <<<"$SHORTCUTS" || fail "no shortcut"
     grep -q CommonAppDataFolder <<<"$DIRS" || fail "no ProgramData directory"

@@ -978,15 +978,17 @@ pub async fn trust_add(
     name: &str,
     public_key: &str,
     tenants: &[String],
+    replace: bool,
 ) -> anyhow::Result<()> {
     let target = Target::of(config)?;
-    let (key, done) = match &target {
+    let (key, change, done) = match &target {
         Target::Running { client, .. } => {
             let r = client
                 .trust_publisher_key(pb::TrustPublisherKeyRequest {
                     name: name.to_string(),
                     public_key: public_key.to_string(),
                     tenants: tenants.to_vec(),
+                    replace,
                     ..Default::default()
                 })
                 .await
@@ -994,31 +996,47 @@ pub async fn trust_add(
                 .into_owned();
             (
                 r.key.as_option().cloned().unwrap_or_default(),
+                r.change,
                 r.reverified.as_option().cloned().unwrap_or_default(),
             )
         }
         Target::Offline(local) => {
             let releases = offline_releases(config, local).await?;
-            let (key, done) = releases
-                .trust_key(name, public_key, tenants, "local administrator (offline)")
+            let (key, change, done) = releases
+                .trust_key(
+                    name,
+                    public_key,
+                    tenants,
+                    replace,
+                    "local administrator (offline)",
+                )
                 .await?;
             (
                 crate::api::rpc::admin::key_message(&key, releases.demo_key_id()),
+                change.unwrap_or_default(),
                 crate::api::rpc::admin::reverified_message(done),
             )
         }
     };
-    println!(
-        "publisher key {} ({}) is trusted for {} ({})",
-        key.key_id,
-        key.name,
-        if key.tenants.is_empty() {
-            "every tenant".to_string()
-        } else {
-            format!("tenants {}", key.tenants.join(", "))
-        },
-        target.describe()
-    );
+    let scope = if key.tenants.is_empty() {
+        "any tenant".to_string()
+    } else {
+        format!("tenants {}", key.tenants.join(", "))
+    };
+    if change.is_empty() {
+        println!(
+            "publisher key {} ({}) was already trusted for {scope}: nothing changed ({})",
+            key.key_id,
+            key.name,
+            target.describe()
+        );
+    } else {
+        println!(
+            "publisher key {} {change} ({})",
+            key.key_id,
+            target.describe()
+        );
+    }
     print_reverified(&done);
     close(target)
 }
@@ -1054,10 +1072,15 @@ pub async fn trust_revoke(config: &Config, key_id: &str, reason: &str) -> anyhow
         }
     };
     println!(
-        "publisher key {} ({}) is revoked: {} ({})",
+        "publisher key {} ({}) is revoked: {}; it no longer signs for {}, and what it signed is Untrusted ({})",
         key.key_id,
         key.name,
         key.revoke_reason,
+        if key.tenants.is_empty() {
+            "any tenant".to_string()
+        } else {
+            format!("tenants {}", key.tenants.join(", "))
+        },
         target.describe()
     );
     print_reverified(&done);

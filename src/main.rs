@@ -285,8 +285,14 @@ enum TrustCommand {
         #[arg(long, value_name = "PUBFILE")]
         public_key_file: PathBuf,
         /// A tenant it may sign for (repeat for several; none for any).
+        /// A key already trusted gets these tenants added to its scope,
+        /// under the same name.
         #[arg(long = "tenant", value_name = "TENANT")]
         tenants: Vec<String>,
+        /// Replace what a trusted key had: its name and exactly these
+        /// tenants (none: any tenant).
+        #[arg(long)]
+        replace: bool,
     },
     /// List trusted and revoked publisher keys.
     List {
@@ -392,8 +398,10 @@ enum UserCommand {
         /// Name shown to people.
         #[arg(long, default_value = "")]
         name: String,
-        /// Read the password from this file (first line) instead of
-        /// generating one; it never appears on a command line.
+        /// Read the password from this file instead of generating one: a
+        /// text file whose first line is the password (at least 12
+        /// characters; the line break and any further lines are ignored),
+        /// so that it never appears on a command line.
         #[arg(long)]
         password_file: Option<PathBuf>,
         /// Print JSON for scripts.
@@ -441,7 +449,9 @@ enum UserCommand {
         tenant: String,
         /// The user name.
         username: String,
-        /// Read the new password from this file instead of generating one.
+        /// Read the new password from this file instead of generating one:
+        /// a text file whose first line is the password (at least 12
+        /// characters; the line break and any further lines are ignored).
         #[arg(long, value_name = "FILE")]
         password_file: Option<PathBuf>,
     },
@@ -795,12 +805,13 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 name,
                 public_key_file,
                 tenants,
+                replace,
             } => {
                 let config = load(&common, None)?;
                 quiet_logging(&config);
                 let public = std::fs::read_to_string(&public_key_file)
                     .map_err(|e| anyhow::anyhow!("reading {}: {e}", public_key_file.display()))?;
-                control::trust_add(&config, &name, public.trim(), &tenants).await
+                control::trust_add(&config, &name, public.trim(), &tenants, replace).await
             }
             TrustCommand::List { common, json } => {
                 let config = load(&common, None)?;

@@ -13,6 +13,26 @@ function localTimes(root) {
   }
 }
 
+// The copy icon drawn as SVG (two overlapping sheets) and a check mark:
+// no font on the operator's machine needs to hold a glyph for them.
+function icon(path) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", "0 0 16 16");
+  svg.setAttribute("width", "12");
+  svg.setAttribute("height", "12");
+  svg.setAttribute("aria-hidden", "true");
+  const p = document.createElementNS(ns, "path");
+  p.setAttribute("d", path);
+  p.setAttribute("fill", "none");
+  p.setAttribute("stroke", "currentColor");
+  p.setAttribute("stroke-width", "1.5");
+  svg.append(p);
+  return svg;
+}
+const COPY_ICON = "M5.5 5.5h8v8h-8z M10.5 5.5v-3h-8v8h3";
+const COPIED_ICON = "M3 8.5l3 3 7-7";
+
 // A copy button after every whole id an element carries.
 function copyButtons(root) {
   if (!navigator.clipboard) return;
@@ -24,19 +44,80 @@ function copyButtons(root) {
     button.className = "copy";
     button.title = `copy ${el.dataset.copy}`;
     button.setAttribute("aria-label", `copy ${el.dataset.copy}`);
-    button.textContent = "⧉";
+    button.replaceChildren(icon(COPY_ICON));
     button.addEventListener("click", async () => {
       await navigator.clipboard.writeText(el.dataset.copy);
-      button.textContent = "✓";
-      setTimeout(() => { button.textContent = "⧉"; }, 1200);
+      button.replaceChildren(icon(COPIED_ICON));
+      setTimeout(() => { button.replaceChildren(icon(COPY_ICON)); }, 1200);
     });
     el.after(button);
   }
 }
 
+// A refused form comes back with what was typed. On submit, a form's
+// visible fields are kept for this tab until the next page; when that page
+// reports a refusal, they are put back into the same form and the reason
+// is shown beside the field it names (or at the end of the form). Never a
+// password; the copy is dropped as soon as the next page reads it.
+const KEPT = "agentbay.form";
+
+function keepOnSubmit(event) {
+  const form = event.target;
+  if (!(form instanceof HTMLFormElement) || (form.getAttribute("method") || "").toLowerCase() !== "post") return;
+  const fields = {};
+  for (const el of form.elements) {
+    if (!el.name || el.tagName === "BUTTON" || ["hidden", "password", "submit", "file"].includes(el.type)) continue;
+    fields[el.name + "\u0000" + (el.type === "checkbox" || el.type === "radio" ? el.value : "")] =
+      el.type === "checkbox" || el.type === "radio" ? el.checked : el.value;
+  }
+  try {
+    sessionStorage.setItem(KEPT, JSON.stringify({ path: location.pathname, action: form.getAttribute("action"), fields }));
+  } catch (_) { /* storage off: nothing is kept */ }
+}
+
+function restoreRefusedForm() {
+  let kept = null;
+  try {
+    kept = JSON.parse(sessionStorage.getItem(KEPT) || "null");
+    sessionStorage.removeItem(KEPT);
+  } catch (_) {
+    return;
+  }
+  const flash = document.querySelector("p.flash.bad");
+  if (!kept || !flash || kept.path !== location.pathname) return;
+  const form = [...document.forms].find((f) => f.getAttribute("action") === kept.action);
+  if (!form) return;
+  for (const el of form.elements) {
+    if (!el.name || el.tagName === "BUTTON" || ["hidden", "password", "submit", "file"].includes(el.type)) continue;
+    const check = el.type === "checkbox" || el.type === "radio";
+    const value = kept.fields[el.name + "\u0000" + (check ? el.value : "")];
+    if (value === undefined) continue;
+    if (check) el.checked = value;
+    else el.value = value;
+  }
+  const note = document.createElement("span");
+  note.className = "field-error";
+  note.setAttribute("role", "alert");
+  note.textContent = flash.textContent;
+  const named = flash.dataset.field ? form.elements.namedItem(flash.dataset.field) : null;
+  const input = named instanceof Element ? named : null;
+  if (input) {
+    input.setAttribute("aria-invalid", "true");
+    input.after(note);
+    input.focus();
+  } else {
+    form.append(note);
+    const first = [...form.elements].find((el) => /^(INPUT|TEXTAREA|SELECT)$/.test(el.tagName) && el.type !== "hidden");
+    if (first) first.focus();
+  }
+}
+
+document.addEventListener("submit", keepOnSubmit, true);
+
 document.addEventListener("DOMContentLoaded", () => {
   localTimes(document);
   copyButtons(document);
+  restoreRefusedForm();
   for (const el of document.querySelectorAll("[data-live]")) {
     const source = new EventSource(el.dataset.live);
     source.addEventListener("html", (event) => {

@@ -177,6 +177,12 @@ impl ApiError {
         self
     }
 
+    /// Whether this answer tells the caller to come back later
+    /// (`Retry-After`): a wait it was told of, not a failure.
+    pub fn is_wait(&self) -> bool {
+        self.headers.iter().any(|(n, _)| n == header::RETRY_AFTER)
+    }
+
     /// Logs internals and fills a reference into the detail of an internal
     /// error. Called once, by whichever protocol renders the error.
     pub fn finish(mut self) -> Self {
@@ -189,7 +195,7 @@ impl ApiError {
                     "an internal error occurred; reference {reference} in the appliance log"
                 );
             }
-        } else if self.code == ErrorCode::Unavailable {
+        } else if self.code == ErrorCode::Unavailable && !self.is_wait() {
             tracing::warn!(detail = %self.detail, "request refused: unavailable");
         }
         // A refusal quotes what it refuses; a 40 KB id is not echoed whole.
@@ -259,6 +265,9 @@ impl From<ApiError> for ConnectError {
         let e = e.finish();
         let spec = e.code.spec();
         let mut error = ConnectError::new(spec.connect, e.detail.clone());
+        if !e.headers.is_empty() {
+            error = error.with_headers(e.headers.iter().cloned().collect());
+        }
         let mut facts = e.extensions.clone();
         if let Some(field) = &e.field {
             facts.insert("field".into(), Value::String(field.clone()));
@@ -320,6 +329,8 @@ impl From<DomainError> for ApiError {
             DomainError::Aborted(m) => ApiError::new(ErrorCode::Aborted, m),
             DomainError::Refused(m) => ApiError::new(ErrorCode::PermissionDenied, m),
             DomainError::Unavailable(m) => ApiError::new(ErrorCode::Unavailable, m),
+            DomainError::Waiting(m) => ApiError::new(ErrorCode::Unavailable, m)
+                .with_header(header::RETRY_AFTER, &DomainError::WAIT_SECONDS.to_string()),
         }
     }
 }

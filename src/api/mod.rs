@@ -262,8 +262,13 @@ async fn observe(State(_state): State<AppState>, request: Request, next: Next) -
     metrics::counter!(names::HTTP_REQUESTS, "route" => route.clone(), "status" => status.as_u16().to_string())
         .increment(1);
     metrics::histogram!(names::HTTP_LATENCY, "route" => route.clone()).record(elapsed);
-    if status.is_server_error() {
+    // A 503 with Retry-After told the caller when to come back (a wait
+    // for capacity, a rate limit): a documented wait, not a failure.
+    let told_to_wait = response.headers().contains_key(header::RETRY_AFTER);
+    if status.is_server_error() && !told_to_wait {
         tracing::warn!(%method, %route, status = status.as_u16(), elapsed, "request failed");
+    } else if told_to_wait {
+        tracing::info!(%method, %route, status = status.as_u16(), elapsed, "request deferred: the caller was told to come back");
     } else {
         tracing::debug!(%method, %route, status = status.as_u16(), elapsed, "request");
     }

@@ -325,7 +325,13 @@ pub fn document() -> &'static Value {
                         "application/grpc-web": {},
                     }),
                     json!({
-                        "description": format!("A stream of `{}` (Connect streaming envelopes)", m.output),
+                        "description": format!(
+                            "A stream of `{}` (Connect streaming envelopes). Every error, a refusal \
+                             before the first message included (unauthenticated, permission_denied), \
+                             is in the end-of-stream message with HTTP 200, as the Connect protocol \
+                             puts streaming errors.",
+                            m.output
+                        ),
                         "content": { "application/connect+json": {} },
                     }),
                 )

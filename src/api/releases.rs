@@ -38,21 +38,25 @@ impl From<ReleaseError> for ApiError {
                 format!("the bundle is too large: {reason}"),
             )
             .with("reason", reason),
-            ReleaseError::Rejected(release) => {
-                let reason = release.reason.clone().unwrap_or_default();
-                ApiError::new(
-                    ErrorCode::Unprocessable,
-                    format!(
-                        "release {} {}: {reason}",
-                        release.release_id,
-                        release.state.as_str().to_lowercase()
-                    ),
-                )
-                .with("reason", reason)
-                .with(
-                    "release",
-                    serde_json::to_value(ReleaseBody::of(&release)).expect("releases serialise"),
-                )
+            ReleaseError::Rejected(refusal) => {
+                ApiError::new(ErrorCode::Unprocessable, refusal.words())
+                    .with("reason", refusal.reason.clone())
+                    // This copy's verdict, and what the store holds for the id:
+                    // the copy itself, or a Verified release it did not replace.
+                    .with(
+                        "copy",
+                        serde_json::json!({
+                            "state": refusal.copy.as_str(),
+                            "reason": refusal.reason,
+                            "manifestHash": refusal.manifest_hash,
+                            "stored": !refusal.kept_another(),
+                        }),
+                    )
+                    .with(
+                        "release",
+                        serde_json::to_value(ReleaseBody::of(&refusal.stored))
+                            .expect("releases serialise"),
+                    )
             }
             ReleaseError::Domain(d) => d.into(),
             ReleaseError::Store(s) => s.into(),
@@ -140,7 +144,7 @@ fn scope_of(principal: &Principal, raw: Option<&str>) -> Result<Option<TenantSco
         (status = 400, description = "The bundle cannot be read (nothing stored): the reason names the entry"),
         (status = 409, description = "A different release with this id exists"),
         (status = 413, description = "The bundle, decompressed, is larger than releases.max_bundle_bytes"),
-        (status = 422, description = "Rejected: the reason names the file and hashes, the signer or the version"),
+        (status = 422, description = "Not verified: `copy` is this copy's verdict (Untrusted or Rejected, the reason naming the file and hashes, the signer or the version, and whether it was stored); `release` is what the store holds for the id, which stays Verified when a verified release was there"),
     ),
     security(("bearer" = [])))]
 pub async fn import(

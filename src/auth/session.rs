@@ -33,6 +33,9 @@ pub struct Flash {
     pub ok: bool,
     /// The message.
     pub text: String,
+    /// The form field a refusal names (camelCase, as the form's input is
+    /// named): the page shows the reason beside it.
+    pub field: Option<String>,
 }
 
 /// A signed-in user.
@@ -173,12 +176,9 @@ impl Sessions {
     }
 
     /// Leaves a message for the session's next page.
-    pub fn flash(&self, cookie: &str, ok: bool, text: impl Into<String>) {
+    pub fn flash(&self, cookie: &str, flash: Flash) {
         if let Some(e) = self.live.lock().get_mut(&key(cookie)) {
-            e.flash = Some(Flash {
-                ok,
-                text: text.into(),
-            });
+            e.flash = Some(flash);
         }
     }
 
@@ -292,7 +292,14 @@ mod tests {
         let clock = ManualClock::new(Utc::now());
         let sessions = Sessions::new(clock, lifetimes(30, 12));
         let cookie = sessions.start(&user("otto"));
-        sessions.flash(&cookie, true, "done");
+        sessions.flash(
+            &cookie,
+            Flash {
+                ok: true,
+                text: "done".into(),
+                field: None,
+            },
+        );
         assert_eq!(sessions.take_flash(&cookie).unwrap().text, "done");
         assert!(sessions.take_flash(&cookie).is_none());
         assert!(sessions.is_live(&cookie));

@@ -452,6 +452,7 @@ fn users_page_with_password(
     l.flash = Some(crate::auth::session::Flash {
         ok: true,
         text: message,
+        field: None,
     });
     render(&UsersPage {
         l,
@@ -734,6 +735,7 @@ pub async fn create_client(console: Console, raw: RawForm) -> Result<Response, P
                     "client {} created; its secret is shown once below",
                     created.0
                 ),
+                field: None,
             });
             render(&ClientsPage {
                 l,
@@ -859,20 +861,27 @@ pub async fn trust_key(console: Console, raw: RawForm) -> Result<Response, PageE
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty())
             .collect();
-        let (key, done) = console
+        let (key, change, done) = console
             .state
             .releases
             .trust_key(
                 fields.need("name")?,
                 fields.need("publicKey")?,
                 &tenants,
+                fields.get("replace").is_some_and(|v| v == "on"),
                 &console.principal().subject.to_string(),
             )
             .await?;
-        Ok::<_, ApiError>(format!(
-            "publisher key {} ({}) is trusted; stored releases verified again: {done}",
-            key.key_id, key.name
-        ))
+        Ok::<_, ApiError>(match change {
+            Some(change) => format!(
+                "publisher key {} {change}; stored releases verified again: {done}",
+                key.key_id
+            ),
+            None => format!(
+                "publisher key {} ({}) was already trusted so: nothing changed",
+                key.key_id, key.name
+            ),
+        })
     }
     .await;
     Ok(console.done("/keys", result))

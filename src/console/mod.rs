@@ -454,11 +454,22 @@ impl Console {
     /// Answers an action: back to `to` with a message saying what happened
     /// or, for an error, what was wrong (field and reason).
     pub fn done<E: Into<ApiError>>(&self, to: &str, result: Result<String, E>) -> Response {
-        let (ok, text) = match result {
-            Ok(text) => (true, text),
-            Err(e) => (false, describe(&e.into().finish())),
+        let flash = match result {
+            Ok(text) => Flash {
+                ok: true,
+                text,
+                field: None,
+            },
+            Err(e) => {
+                let e = e.into().finish();
+                Flash {
+                    ok: false,
+                    text: describe(&e),
+                    field: e.field.clone(),
+                }
+            }
         };
-        self.state.sessions.flash(&self.cookie, ok, text);
+        self.state.sessions.flash(&self.cookie, flash);
         Redirect::to(local_path(to).unwrap_or("/")).into_response()
     }
 }

@@ -681,9 +681,16 @@ impl DecisionView {
     ) -> Self {
         let purged = d.purged.as_ref();
         let show = |h: &String| runtime.show(scope, h, purged);
+        // An approval's question is the proposed call's arguments: shown
+        // once, as the arguments.
+        let arguments = d.proposal.as_ref().map(|p| &p.request_hash);
         DecisionView {
-            arguments: d.proposal.as_ref().map(|p| show(&p.request_hash)),
-            question: d.question_ref.as_ref().map(show),
+            arguments: arguments.map(show),
+            question: d
+                .question_ref
+                .as_ref()
+                .filter(|q| Some(*q) != arguments)
+                .map(show),
             schema: d
                 .answer_schema
                 .as_ref()

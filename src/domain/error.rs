@@ -110,12 +110,23 @@ pub enum DomainError {
     /// a denied side-effect class).
     #[error("{0}")]
     Refused(String),
-    /// Not now: ask again later (a paused attempt).
+    /// Not now: the appliance cannot serve this at the moment (shutting
+    /// down, a model server that did not answer).
     #[error("{0}")]
     Unavailable(String),
+    /// A documented, normal wait: the command applies once something the
+    /// caller does not control happens (capacity granted, a lease renewed,
+    /// a quota's next day); call again in [`DomainError::WAIT_SECONDS`].
+    /// Not a failure: it is logged as the wait it is.
+    #[error("{0}")]
+    Waiting(String),
 }
 
 impl DomainError {
+    /// How long a [`DomainError::Waiting`] caller is told to wait before
+    /// calling again (`Retry-After`).
+    pub const WAIT_SECONDS: u32 = 2;
+
     /// A `NotFound` for `kind` and `id`.
     pub fn not_found(kind: &'static str, id: impl fmt::Display) -> Self {
         DomainError::NotFound {

@@ -108,19 +108,43 @@ pub struct KeySpec {
     pub tenants: Vec<TenantId>,
     /// Where the request comes from.
     pub source: KeySource,
+    /// Set the name and tenants exactly as given. Otherwise trusting a
+    /// key already trusted adds the tenants to its scope under the same
+    /// name, and never widens a limited key to every tenant. The
+    /// configuration always replaces what it seeded.
+    pub replace: bool,
+}
+
+/// What trusting a key did, in words: `None` when nothing changed.
+pub type KeyChange = Option<String>;
+
+/// Tenants as people read them: "any tenant" or "tenants a, b".
+pub fn tenants_in_words(tenants: &[TenantId]) -> String {
+    if tenants.is_empty() {
+        "any tenant".into()
+    } else {
+        let names: Vec<&str> = tenants.iter().map(TenantId::as_str).collect();
+        format!("tenants {}", names.join(", "))
+    }
 }
 
 impl PublisherKey {
     /// Trusts a key: a new one, a revoked one again, or a trusted one with
-    /// a new name or tenants. Returns the key and whether anything changed.
-    /// The configuration never trusts again what an operator revoked.
+    /// more tenants (or, with [`KeySpec::replace`], a new name and exactly
+    /// the tenants given). Returns the key and what changed, in words. The
+    /// configuration never trusts again what an operator revoked.
     pub fn trust(
         existing: Option<PublisherKey>,
         spec: KeySpec,
         by: &str,
         now: DateTime<Utc>,
-    ) -> Result<(PublisherKey, bool), DomainError> {
+    ) -> Result<(PublisherKey, KeyChange), DomainError> {
         let Some(mut key) = existing else {
+            let change = format!(
+                "trusted `{}` for {}",
+                spec.name,
+                tenants_in_words(&spec.tenants)
+            );
             return Ok((
                 PublisherKey {
                     tenant_id: TenantId::platform(),
@@ -137,7 +161,7 @@ impl PublisherKey {
                     revoke_reason: None,
                     version: 0,
                 },
-                true,
+                Some(change),
             ));
         };
         if key.public_key != spec.public_key {
@@ -147,32 +171,103 @@ impl PublisherKey {
             )));
         }
         match (key.state, spec.source) {
-            (KeyState::Revoked, KeySource::Configuration) => return Ok((key, false)),
+            (KeyState::Revoked, KeySource::Configuration) => return Ok((key, None)),
             // What an operator set is not undone by the file.
             (KeyState::Trusted, KeySource::Configuration) if key.source == KeySource::Operator => {
-                return Ok((key, false));
+                return Ok((key, None));
             }
             _ => {}
         }
-        let changed = key.state != KeyState::Trusted
-            || key.name != spec.name
-            || key.tenants != spec.tenants
-            || key.source != spec.source;
-        if !changed {
-            return Ok((key, false));
+        let replace = spec.replace
+            || spec.source == KeySource::Configuration
+            || key.state == KeyState::Revoked;
+        let (name, tenants) = if replace {
+            (spec.name, spec.tenants)
+        } else {
+            if key.name != spec.name {
+                return Err(DomainError::FailedPrecondition(format!(
+                    "publisher key {} is trusted as `{}` for {}: trusting it again adds tenants under that name; \
+                     to rename it (and set its tenants to exactly those given) replace it",
+                    key.key_id,
+                    key.name,
+                    tenants_in_words(&key.tenants)
+                )));
+            }
+            if spec.tenants.is_empty() && !key.tenants.is_empty() {
+                return Err(DomainError::FailedPrecondition(format!(
+                    "publisher key {} (`{}`) may sign for {}: name the tenants to add, \
+                     or replace it to let it sign for any tenant",
+                    key.key_id,
+                    key.name,
+                    tenants_in_words(&key.tenants)
+                )));
+            }
+            let mut tenants = key.tenants.clone();
+            if !tenants.is_empty() {
+                for t in spec.tenants {
+                    if !tenants.contains(&t) {
+                        tenants.push(t);
+                    }
+                }
+                tenants.sort();
+            }
+            (key.name.clone(), tenants)
+        };
+        let mut words = Vec::new();
+        if key.state == KeyState::Revoked {
+            words.push("trusted again".to_string());
         }
+        if key.name != name {
+            words.push(format!("renamed from `{}`", key.name));
+        }
+        if key.tenants != tenants {
+            let added: Vec<&str> = tenants
+                .iter()
+                .filter(|t| !key.tenants.contains(t))
+                .map(TenantId::as_str)
+                .collect();
+            let removed: Vec<&str> = key
+                .tenants
+                .iter()
+                .filter(|t| !tenants.contains(t))
+                .map(TenantId::as_str)
+                .collect();
+            if tenants.is_empty() {
+                words.push("now signs for any tenant".into());
+            } else if key.tenants.is_empty() {
+                words.push(format!("now only for {}", tenants_in_words(&tenants)));
+            } else {
+                if !added.is_empty() {
+                    words.push(format!("added {}", added.join(", ")));
+                }
+                if !removed.is_empty() {
+                    words.push(format!("removed {}", removed.join(", ")));
+                }
+            }
+        }
+        if key.source != spec.source {
+            words.push(format!("now kept by the {}", spec.source.as_str()));
+        }
+        if words.is_empty() {
+            return Ok((key, None));
+        }
+        let change = format!(
+            "`{name}`: {}; it may sign for {}",
+            words.join(", "),
+            tenants_in_words(&tenants)
+        );
         if key.state == KeyState::Revoked {
             key.trusted_at = now;
             key.trusted_by = by.to_string();
         }
         key.state = KeyState::Trusted;
-        key.name = spec.name;
-        key.tenants = spec.tenants;
+        key.name = name;
+        key.tenants = tenants;
         key.source = spec.source;
         key.revoked_at = None;
         key.revoked_by = None;
         key.revoke_reason = None;
-        Ok((key, true))
+        Ok((key, Some(change)))
     }
 
     /// Revokes the key; a reason is required. Revoking a revoked key
@@ -209,7 +304,7 @@ impl PublisherKey {
     }
 
     /// The event of a change.
-    pub fn changed_event(&self, by: &str, now: DateTime<Utc>) -> NewEvent {
+    pub fn changed_event(&self, by: &str, change: &str, now: DateTime<Utc>) -> NewEvent {
         NewEvent::new(
             &self.tenant_id,
             now,
@@ -220,8 +315,19 @@ impl PublisherKey {
                 tenants: self.tenants.iter().map(TenantId::as_str).collect(),
                 source: self.source.as_str(),
                 by,
+                change,
                 reason: self.revoke_reason.as_deref(),
             },
+        )
+    }
+
+    /// What a revocation does, in words.
+    pub fn revoked_words(&self) -> String {
+        format!(
+            "`{}` revoked ({}): it no longer signs for {}; what it signed is Untrusted",
+            self.name,
+            self.revoke_reason.as_deref().unwrap_or(""),
+            tenants_in_words(&self.tenants)
         )
     }
 }
@@ -242,6 +348,9 @@ pub struct PublisherKeyChanged<'a> {
     pub source: &'static str,
     /// Who changed it.
     pub by: &'a str,
+    /// What changed, in words (tenants added or removed, a rename, a
+    /// revocation).
+    pub change: &'a str,
     /// Why it was revoked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'a str>,
@@ -321,6 +430,7 @@ mod tests {
                 .map(|t| TenantId::parse(t).unwrap())
                 .collect(),
             source,
+            replace: false,
         }
     }
 
@@ -334,7 +444,7 @@ mod tests {
             now,
         )
         .unwrap();
-        assert!(changed);
+        assert!(changed.is_some());
         assert_eq!(key.state, KeyState::Trusted);
         assert!(key.revoke("admin", " ", now).is_err());
         assert!(key.revoke("admin", "leaked", now).unwrap());
@@ -348,12 +458,12 @@ mod tests {
             now,
         )
         .unwrap();
-        assert!(!changed);
+        assert!(changed.is_none());
         assert_eq!(key.state, KeyState::Revoked);
         // An operator trusts it again.
         let (key, changed) =
             PublisherKey::trust(Some(key), spec(KeySource::Operator, &[]), "admin", now).unwrap();
-        assert!(changed);
+        assert!(changed.is_some());
         assert_eq!(key.state, KeyState::Trusted);
         assert!(key.tenants.is_empty());
         assert_eq!(key.revoked_at, None);
@@ -365,10 +475,64 @@ mod tests {
             now,
         )
         .unwrap();
-        assert!(!changed);
+        assert!(changed.is_none());
         assert!(key.tenants.is_empty());
         let mut other = spec(KeySource::Operator, &[]);
         other.public_key = "BBBB".into();
         assert!(PublisherKey::trust(Some(key), other, "admin", now).is_err());
+    }
+
+    #[test]
+    fn trusting_a_key_again_adds_tenants_and_replacing_needs_asking() {
+        let now = Utc.with_ymd_and_hms(2026, 12, 1, 8, 0, 0).unwrap();
+        let (key, change) =
+            PublisherKey::trust(None, spec(KeySource::Operator, &["demo"]), "admin", now).unwrap();
+        assert_eq!(change.unwrap(), "trusted `site` for tenants demo");
+        // Another tenant is added to the scope, the name kept.
+        let (key, change) = PublisherKey::trust(
+            Some(key),
+            spec(KeySource::Operator, &["acme"]),
+            "admin",
+            now,
+        )
+        .unwrap();
+        let tenants: Vec<&str> = key.tenants.iter().map(TenantId::as_str).collect();
+        assert_eq!(tenants, ["acme", "demo"]);
+        assert_eq!(
+            change.unwrap(),
+            "`site`: added acme; it may sign for tenants acme, demo"
+        );
+        // The same again changes nothing.
+        let (key, change) = PublisherKey::trust(
+            Some(key),
+            spec(KeySource::Operator, &["demo"]),
+            "admin",
+            now,
+        )
+        .unwrap();
+        assert_eq!(change, None);
+        // Another name, or any tenant, is a replacement: refused unless asked.
+        let mut renamed = spec(KeySource::Operator, &["demo"]);
+        renamed.name = "ci".into();
+        let refused = PublisherKey::trust(Some(key.clone()), renamed.clone(), "admin", now)
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("is trusted as `site`"), "{refused}");
+        let refused = PublisherKey::trust(
+            Some(key.clone()),
+            spec(KeySource::Operator, &[]),
+            "admin",
+            now,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(refused.contains("name the tenants to add"), "{refused}");
+        renamed.replace = true;
+        let (key, change) = PublisherKey::trust(Some(key), renamed, "admin", now).unwrap();
+        assert_eq!(key.name, "ci");
+        assert_eq!(
+            change.unwrap(),
+            "`ci`: renamed from `site`, removed acme; it may sign for tenants demo"
+        );
     }
 }

@@ -127,6 +127,45 @@ pub fn demo_key(
 }
 
 /// Errors of release handling.
+/// An import that did not verify: this copy's verdict, and the stored
+/// release of that id afterwards: the copy itself (stored Untrusted or
+/// Rejected), or a Verified release the copy did not replace.
+#[derive(Debug)]
+pub struct Refusal {
+    /// What this copy got: Untrusted or Rejected.
+    pub copy: LoadState,
+    /// Why.
+    pub reason: String,
+    /// The copy's manifest hash.
+    pub manifest_hash: String,
+    /// What the store holds for the release id now.
+    pub stored: LoadedRelease,
+}
+
+impl Refusal {
+    /// Whether the store kept another (Verified) release: the copy was
+    /// refused and nothing stored changed.
+    pub fn kept_another(&self) -> bool {
+        self.stored.state != self.copy || self.stored.manifest_hash != self.manifest_hash
+    }
+
+    /// The refusal in words, saying what the store holds when it differs.
+    pub fn words(&self) -> String {
+        let copy = self.copy.as_str().to_lowercase();
+        if self.kept_another() {
+            format!(
+                "this copy of release {} was refused ({copy}: {}); the stored release (manifest {}) stays {}",
+                self.stored.release_id,
+                self.reason,
+                self.stored.manifest_hash,
+                self.stored.state.as_str()
+            )
+        } else {
+            format!("release {} {copy}: {}", self.stored.release_id, self.reason)
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReleaseError {
     /// The bundle cannot be read at all (nothing stored).
@@ -135,10 +174,10 @@ pub enum ReleaseError {
     /// The bundle is larger than a limit allows (nothing stored).
     #[error("{0}")]
     TooLarge(String),
-    /// The bundle was read and not verified (Untrusted or Rejected); the
-    /// record says why.
-    #[error("release {} {}: {}", .0.release_id, .0.state.as_str().to_lowercase(), .0.reason.as_deref().unwrap_or(""))]
-    Rejected(Box<LoadedRelease>),
+    /// The bundle was read and not verified (Untrusted or Rejected): what
+    /// this copy got and why, and what the store holds for its id after.
+    #[error("{}", .0.words())]
+    Rejected(Box<Refusal>),
     /// A rule.
     #[error(transparent)]
     Domain(#[from] DomainError),
@@ -345,11 +384,7 @@ impl Releases {
                         kept.state.as_str()
                     );
                     tx.put(&scope, &verdict)?;
-                    return Ok(if stored.state == LoadState::Verified {
-                        kept
-                    } else {
-                        stored
-                    });
+                    return Ok(kept);
                 }
                 // An untrusted or rejected release of the same id is replaced.
                 let mut release = stored;
@@ -370,9 +405,11 @@ impl Releases {
             metrics::counter!(names::RELEASE_LOAD_REJECTED, "tenant" => outcome.tenant_id.to_string(), "reason" => r.category)
                 .increment(1);
             tracing::warn!(release = %outcome.release_id, tenant = %outcome.tenant_id, reason = %r.reason, state = state.as_str(), "release not verified at load");
-            return Err(ReleaseError::Rejected(Box::new(LoadedRelease {
-                state,
-                ..outcome
+            return Err(ReleaseError::Rejected(Box::new(Refusal {
+                copy: state,
+                reason: r.reason.clone(),
+                manifest_hash: parsed.manifest_hash,
+                stored: outcome,
             })));
         }
         tracing::info!(release = %outcome.release_id, tenant = %outcome.tenant_id, hash = %outcome.manifest_hash, "release verified");

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use super::signing::{Trust, TrustedKey};
 use super::{Current, ReleaseError, Releases, Reverified};
 use crate::config::ReleasesConfig;
-use crate::domain::trust::{KeySource, KeySpec, KeyState, PublisherKey};
+use crate::domain::trust::{KeyChange, KeySource, KeySpec, KeyState, PublisherKey};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::store::{Record, StoreError, Table, TenantScope, Tx};
 
@@ -72,6 +72,7 @@ impl Releases {
                 public_key: k.public_key.trim().to_string(),
                 tenants: key.tenants,
                 source: KeySource::Configuration,
+                replace: true,
             });
         }
         let revoked = self
@@ -82,10 +83,10 @@ impl Releases {
                     let mut revoked = Vec::new();
                     for spec in specs {
                         let existing: Option<PublisherKey> = tx.get(&scope, &spec.key_id)?;
-                        let (mut key, changed) =
+                        let (mut key, change) =
                             PublisherKey::trust(existing, spec, "configuration", now)?;
-                        if changed {
-                            tx.emit(key.changed_event("configuration", now))?;
+                        if let Some(change) = change {
+                            tx.emit(key.changed_event("configuration", &change, now))?;
                             tx.save(&scope, &mut key)?;
                         } else if key.state == KeyState::Revoked {
                             revoked.push(key);
@@ -151,15 +152,18 @@ impl Releases {
         Ok(keys)
     }
 
-    /// Trusts a publisher key (new, or revoked before), then verifies the
-    /// stored releases again.
+    /// Trusts a publisher key (new, revoked before, or trusted for more
+    /// tenants; `replace` sets its name and tenants exactly), then
+    /// verifies the stored releases again. Returns what changed, in words
+    /// (`None`: nothing).
     pub async fn trust_key(
         &self,
         name: &str,
         public_key: &str,
         tenant_names: &[String],
+        replace: bool,
         by: &str,
-    ) -> Result<(PublisherKey, Reverified), ReleaseError> {
+    ) -> Result<(PublisherKey, KeyChange, Reverified), ReleaseError> {
         if name.trim().is_empty() {
             return Err(DomainError::from(FieldError::new("name", "is required")).into());
         }
@@ -171,26 +175,35 @@ impl Releases {
             public_key: public_key.trim().to_string(),
             tenants: key.tenants,
             source: KeySource::Operator,
+            replace,
         };
         let now = self.clock.now();
         let by_owned = by.to_string();
-        let key = self
+        let (key, change) = self
             .store
-            .transact(move |tx: &mut Tx| -> Result<PublisherKey, ReleaseError> {
-                let scope = platform();
-                let existing: Option<PublisherKey> = tx.get(&scope, &spec.key_id)?;
-                let (mut key, changed) = PublisherKey::trust(existing, spec, &by_owned, now)?;
-                if changed {
-                    tx.emit(key.changed_event(&by_owned, now))?;
-                    tx.save(&scope, &mut key)?;
-                }
-                Ok(key)
-            })
+            .transact(
+                move |tx: &mut Tx| -> Result<(PublisherKey, KeyChange), ReleaseError> {
+                    let scope = platform();
+                    let existing: Option<PublisherKey> = tx.get(&scope, &spec.key_id)?;
+                    let (mut key, change) = PublisherKey::trust(existing, spec, &by_owned, now)?;
+                    if let Some(change) = &change {
+                        tx.emit(key.changed_event(&by_owned, change, now))?;
+                        tx.save(&scope, &mut key)?;
+                    }
+                    Ok((key, change))
+                },
+            )
             .await?;
-        tracing::info!(key = %key.key_id, name = %key.name, by, "publisher key trusted");
+        tracing::info!(
+            key = %key.key_id,
+            name = %key.name,
+            by,
+            change = change.as_deref().unwrap_or("nothing changed"),
+            "publisher key trusted"
+        );
         self.load_trust()?;
         let done = self.reverify_stale().await?;
-        Ok((key, done))
+        Ok((key, change, done))
     }
 
     /// Revokes a publisher key (a reason is required), then verifies the
@@ -218,7 +231,7 @@ impl Releases {
                             .ok_or_else(|| DomainError::not_found("publisher key", &id))?,
                     };
                     if key.revoke(&by_owned, &reason, now)? {
-                        tx.emit(key.changed_event(&by_owned, now))?;
+                        tx.emit(key.changed_event(&by_owned, &key.revoked_words(), now))?;
                         tx.save(&scope, &mut key)?;
                     }
                     Ok(key)

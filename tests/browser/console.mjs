@@ -78,6 +78,9 @@ try {
   const whole = await firstRun.getAttribute("data-copy");
   expect(/^[0-9a-f-]{36}$/.test(whole) && (await firstRun.textContent()).endsWith(whole.slice(-8)),
     `an id link shows its end and carries the whole id: ${whole}`);
+  // The icon is drawn, not a glyph a font may lack (an empty box).
+  const drawn = await page.locator("#recent-runs tbody button.copy svg path").first().boundingBox();
+  expect(drawn && drawn.width >= 6 && drawn.height >= 6, `the copy icon is drawn: ${JSON.stringify(drawn)}`);
   await page.locator("#recent-runs tbody button.copy").first().click();
   const copied = await page.evaluate(() => navigator.clipboard.readText());
   expect(copied === whole, `the copy button copied ${copied}, not ${whole}`);
@@ -108,9 +111,20 @@ try {
   // document its schema accepts.
   const question = await inbox.textContent(".decision.input pre.artifact");
   expect(/How many/.test(question), `the inbox shows the question: ${question}`);
+  // A wrong answer is refused beside the field, the typed text kept.
+  const wrong = '{"affectedUsers": "many"}';
+  await inbox.fill(".decision.input textarea[name=answer]", wrong);
+  await inbox.click(".decision.input button:has-text('Answer')");
+  await inbox.waitForSelector(".decision.input .field-error");
+  const kept = await inbox.inputValue(".decision.input textarea[name=answer]");
+  expect(kept === wrong, `the refused answer is kept in its field: ${kept}`);
+  const refusal = await inbox.textContent(".decision.input .field-error");
+  expect(refusal.length > 10, `the reason is shown beside the field: ${refusal}`);
+  await shot(inbox, "04b-wrong-answer-kept");
   await inbox.fill(".decision.input textarea[name=answer]", '{"affectedUsers": 40}');
   await inbox.click(".decision.input button:has-text('Answer')");
   await inbox.waitForSelector(".flash.ok");
+  expect(await inbox.locator(".field-error").count() === 0, "no refusal note after a good answer");
   await inbox.close();
   await page.waitForFunction(
     () => document.querySelector("#attempt-state")?.textContent.trim() === "Succeeded",

@@ -103,3 +103,89 @@ def filter_body(ctx, body):
     if ctx.operation.label != "POST /agentbay.admin.v1.Admin/RevokeClient":
         return True
     return not (isinstance(body, dict) and body.get("clientId") == _OWN_CLIENT)
+
+
+# A Connect streaming call is answered in streaming framing, refusals too:
+# HTTP 200 and the error in the end-of-stream message (flags 0x02), as the
+# Connect protocol puts every streaming error. A streaming call without
+# its Authorization header must end with `unauthenticated` there; every
+# other call is judged by Schemathesis' own check (run with
+# `--exclude-checks missing_required_header`).
+from schemathesis.core.parameters import ParameterLocation
+from schemathesis.generation.meta import CoveragePhaseData, CoverageScenario
+from schemathesis.specs.openapi.checks import missing_required_header as _missing_header
+
+
+def _end_of_stream_code(response):
+    content_type = (response.headers.get("content-type") or [""])[0]
+    if not content_type.startswith("application/connect+"):
+        return None
+    body = response.content
+    while len(body) >= 5:
+        flags, length = body[0], int.from_bytes(body[1:5], "big")
+        message = body[5 : 5 + length]
+        if flags & 0x02:
+            try:
+                return (json.loads(message).get("error") or {}).get("code", "")
+            except ValueError:
+                return ""
+        body = body[5 + length :]
+    return ""
+
+
+@schemathesis.check
+def missing_required_header_connect(ctx, response, case):
+    code = _end_of_stream_code(response)
+    if code is None:
+        return _missing_header(ctx, response, case)
+    meta = case.meta
+    data = meta.phase.data if meta is not None else None
+    if (
+        isinstance(data, CoveragePhaseData)
+        and (data.parameter or "").lower() == "authorization"
+        and data.parameter_location == ParameterLocation.HEADER
+        and data.scenario == CoverageScenario.MISSING_PARAMETER
+    ):
+        if code != "unauthenticated":
+            raise AssertionError(
+                f"a streaming call without Authorization ended with {code!r}, not 'unauthenticated'"
+            )
+    return None
+
+
+# The same for Schemathesis' authentication check: a streaming call that
+# succeeded with the run's token is sent again without it and with a wrong
+# one, and each must end with `unauthenticated` in its end-of-stream
+# message (run with `--exclude-checks ignored_auth`; unary calls are judged
+# by the check itself).
+from schemathesis.specs.openapi._auth_retry import (
+    get_security_parameters,
+    remove_auth,
+    send_probe,
+    set_auth_for_case,
+)
+from schemathesis.specs.openapi.checks import ignored_auth as _ignored_auth
+
+
+@schemathesis.check
+def ignored_auth_connect(ctx, response, case):
+    rpc = case.operation.definition.raw.get("x-rpc") or {}
+    if not (rpc.get("serverStreaming") or rpc.get("clientStreaming")):
+        return _ignored_auth(ctx, response, case)
+    if not 200 <= response.status_code < 300 or _end_of_stream_code(response) not in ("", None):
+        return None
+    parameters = get_security_parameters(case.operation)
+    without = remove_auth(case, parameters)
+    probes = [("without a token", send_probe(ctx, case, without))]
+    for parameter in parameters:
+        wrong = remove_auth(case, parameters)
+        set_auth_for_case(wrong, parameter)
+        probes.append(("with a wrong token", send_probe(ctx, case, wrong)))
+    for what, probe in probes:
+        code = _end_of_stream_code(probe)
+        if code != "unauthenticated" and probe.status_code != 401:
+            raise AssertionError(
+                f"{case.operation.label} {what}: HTTP {probe.status_code}, end-of-stream code {code!r}, "
+                "not unauthenticated"
+            )
+    return None

@@ -1149,7 +1149,7 @@ async fn the_console_in_a_real_browser() {
             file.display()
         );
     }
-    assert_eq!(result["steps"].as_array().unwrap().len(), 11, "{result}");
+    assert_eq!(result["steps"].as_array().unwrap().len(), 12, "{result}");
 }
 
 #[tokio::test]

@@ -158,7 +158,13 @@ async fn unknown_routes_and_methods_answer_problem_json() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 401, "no stream starts without a token");
+    // No stream starts without a token; the refusal is a Connect stream's
+    // end message, as every streaming error is.
+    assert_eq!(r.status(), 200);
+    let body = r.bytes().await.unwrap();
+    assert_eq!(body[0], 2, "an end-of-stream envelope");
+    let end: Value = serde_json::from_slice(&body[5..]).unwrap();
+    assert_eq!(end["error"]["code"], "unauthenticated", "{end}");
 }
 
 #[tokio::test]

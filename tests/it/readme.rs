@@ -55,3 +55,46 @@ async fn the_api_examples_work_pasted_in_order_on_a_fresh_start() {
     assert!(stdout.contains("\"runs\""), "{stdout}");
     assert!(stdout.contains("\"checkpoints\""), "the timeline: {stdout}");
 }
+
+#[tokio::test]
+async fn the_release_walk_through_works_pasted_in_order_on_a_fresh_start() {
+    let a = Appliance::start_with(&[], &[("AGENTBAY_DEMO__ENABLED", "true")]);
+    // Pasted beside the appliance's data directory, as README says; what
+    // a reader of a checkout changes: where the examples are, and the
+    // binary (`cargo run --release --`) standing for `agentbay`.
+    let beside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&a.data_dir, beside.path().join("agentbay-data")).unwrap();
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/examples");
+    let block = readme_block("releases");
+    assert!(
+        block.contains("/usr/share/doc/agentbay/examples"),
+        "{block}"
+    );
+    let script = format!(
+        "agentbay() {{ '{}' \"$@\"; }}\n{}",
+        crate::common::binary(),
+        block.replace("/usr/share/doc/agentbay/examples", examples)
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(beside.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "README's release walk-through failed:\n{script}\n--- stdout\n{stdout}\n--- stderr\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The release is stored Verified, signed by the key just trusted.
+    let admin = a.admin_token().await;
+    let release = a
+        .get(&admin, "/runtime/releases/my-triage-1.0.0?tenant=demo")
+        .await;
+    assert_eq!(release["state"], "Verified", "{release}");
+    // The second `trust add` said what it did: it added acme.
+    assert!(
+        stdout.contains("added acme; it may sign for tenants acme, demo"),
+        "{stdout}"
+    );
+}

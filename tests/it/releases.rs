@@ -784,6 +784,77 @@ async fn publisher_keys_are_data_trusted_revoked_and_trusted_again_at_run_time()
         ]
     );
 
+    // Trusting the key again for another tenant adds it and says so;
+    // another name is a replacement, refused unless asked for.
+    let pubfile = key.with_extension("pub");
+    let trust = |extra: &[&str]| {
+        let mut args = vec![
+            "trust",
+            "add",
+            "--public-key-file",
+            pubfile.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        run(agentbay().args(&args).arg("--data-dir").arg(&a.data_dir))
+    };
+    let added = trust(&["--name", "site", "--tenant", "globex"]);
+    let said = String::from_utf8_lossy(&added.stdout);
+    assert!(
+        said.contains("added globex; it may sign for tenants acme, globex"),
+        "{said}"
+    );
+    let renamed = trust(&["--name", "ci", "--tenant", "acme"]);
+    assert!(!renamed.status.success());
+    assert!(
+        String::from_utf8_lossy(&renamed.stderr).contains("is trusted as `site`"),
+        "{}",
+        String::from_utf8_lossy(&renamed.stderr)
+    );
+    let replaced = trust(&["--name", "site", "--tenant", "acme", "--replace"]);
+    assert!(
+        String::from_utf8_lossy(&replaced.stdout).contains("removed globex"),
+        "{}",
+        String::from_utf8_lossy(&replaced.stdout)
+    );
+    let changes =
+        crate::common::events(&a, &admin, "execution.releases.v1.publisher-key-changed", 5).await;
+    assert!(
+        changes[3]["change"]
+            .as_str()
+            .unwrap()
+            .contains("added globex"),
+        "{changes:?}"
+    );
+
+    // A copy of the Verified release signed by a key not trusted here is
+    // refused, and the answer says the stored release stays Verified.
+    let stranger = root.join("stranger");
+    assert!(
+        run(agentbay()
+            .args(["release", "keygen", "--out"])
+            .arg(&stranger))
+        .status
+        .success()
+    );
+    let copy = variant(&root, "copy", &stranger.with_extension("key"), |_, m| {
+        m["tenantId"] = json!("acme");
+        m["releaseId"] = json!("acme-triage-1.0.0");
+    });
+    let (status, body) = upload(&a, &admin, pack(&copy, |_| {})).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("this copy of release acme-triage-1.0.0 was refused (untrusted: ")
+            && body["detail"].as_str().unwrap().ends_with("stays Verified"),
+        "{body}"
+    );
+    assert_eq!(body["copy"]["state"], "Untrusted", "{body}");
+    assert_eq!(body["copy"]["stored"], false, "{body}");
+    assert_eq!(body["release"]["state"], "Verified", "{body}");
+    assert_eq!(state("acme-triage-1.0.0").await["state"], "Verified");
+
     // The keys travel with a backup: restored on a fresh data directory
     // with no configuration, the release stays Verified.
     let file = root.join("site.agentbay");

@@ -10,7 +10,7 @@ use connectrpc::client::ClientConfig;
 use connectrpc::{CodecFormat, ErrorCode};
 use serde_json::{Value, json};
 
-use crate::common::{Appliance, Credential, events};
+use crate::common::{Appliance, Credential, events, metric};
 use crate::releases::{demo_key, pack, upload, variant};
 
 const AGENT: &str = "triage";
@@ -721,6 +721,17 @@ async fn an_interrupt_during_a_tool_call_leaves_it_uncertain_until_an_operator_s
     );
     let held = site.run(&run.run_id).await;
     assert_eq!(held.state, "Uncertain");
+    // The call waiting for its settlement is a series an alert reads.
+    let m = site.a.metrics().await;
+    let uncertain = "agentbay_uncertain_calls{tenant=\"demo\"}";
+    assert_eq!(metric(&m, uncertain), Some(1.0), "{m}");
+    assert!(
+        metric(
+            &m,
+            "agentbay_uncertain_call_oldest_seconds{tenant=\"demo\"}"
+        )
+        .is_some()
+    );
     assert_eq!(
         held.steps[0].attempts.len(),
         1,
@@ -756,6 +767,8 @@ async fn an_interrupt_during_a_tool_call_leaves_it_uncertain_until_an_operator_s
         .into_owned();
     let run = settled.run.as_option().unwrap();
     assert_eq!(run.state, "Running");
+    let m = site.a.metrics().await;
+    assert_eq!(metric(&m, uncertain), Some(0.0), "settled: {m}");
     assert_eq!(run.steps[0].attempts.len(), 2);
     assert_eq!(run.steps[0].attempts[1].fencing_token, 2);
     let settled_call = events(
@@ -991,7 +1004,15 @@ async fn an_unanswered_decision_expires_on_the_clock_and_an_answer_resumes() {
     input.options.clear();
     input.recommendation.clear();
     adapter.client.request_decision(input).await.unwrap();
-    site.advance(1441 * 60).await;
+    // The time left to the soonest expiry is a series per tenant, read off
+    // the clock: a day for an input question, ten minutes later on.
+    let expiry = "agentbay_decision_next_expiry_seconds{tenant=\"demo\"}";
+    let m = site.a.metrics().await;
+    assert_eq!(metric(&m, expiry), Some(86_400.0), "{m}");
+    site.advance(1430 * 60).await;
+    let m = site.a.metrics().await;
+    assert_eq!(metric(&m, expiry), Some(600.0), "{m}");
+    site.advance(11 * 60).await;
     let mut a = rn::Attempt::default();
     for _ in 0..50 {
         a = site.run(&run.run_id).await.steps[0].attempts[0].clone();
@@ -1006,6 +1027,8 @@ async fn an_unanswered_decision_expires_on_the_clock_and_an_answer_resumes() {
         "{}",
         a.failure_reason
     );
+    let m = site.a.metrics().await;
+    assert_eq!(metric(&m, expiry), None, "nothing waits any more: {m}");
 }
 
 #[tokio::test]
@@ -1648,6 +1671,26 @@ async fn a_waiting_attempt_names_its_quota_and_a_failed_renewal_pauses_until_ren
         .await
         .unwrap_err();
     assert_eq!(code(&paused), ErrorCode::Unavailable);
+    // A documented wait, told when to come back: the log says so at INFO,
+    // not as a failure.
+    let deferred = |log: &str| {
+        log.lines().any(|l| {
+            l.contains("INFO") && l.contains("request deferred") && l.contains("BeginCall")
+        })
+    };
+    for _ in 0..50 {
+        if deferred(&site.a.log()) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let log = site.a.log();
+    assert!(deferred(&log), "{log}");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WARN") && l.contains("BeginCall")),
+        "{log}"
+    );
     let timeline = site.timeline(&first.id()).await;
     assert!(
         timeline["waitingReason"]

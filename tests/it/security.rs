@@ -624,7 +624,13 @@ async fn connect_call(
         .headers()
         .get("content-type")
         .is_some_and(|v| v.to_str().unwrap_or("").starts_with("application/json"));
-    if !streaming || is_json {
+    // A streaming call is answered in streaming framing, refusals too:
+    // HTTP 200 and the error in the end-of-stream message.
+    assert!(
+        !(streaming && is_json),
+        "{method} answered a Connect streaming call in unary framing (HTTP {status})"
+    );
+    if !streaming {
         let v: Value = response.json().await.unwrap_or(Value::Null);
         let code = if status == 200 {
             "ok".to_string()

@@ -484,13 +484,14 @@ impl pb::Admin for AdminService {
         let caller = principal(&ctx)?;
         caller.platform_scope().map_err(rpc)?;
         let tenants: Vec<String> = request.tenants.iter().map(|t| t.to_string()).collect();
-        let (key, done) = self
+        let (key, change, done) = self
             .state
             .releases
             .trust_key(
                 request.name,
                 request.public_key,
                 &tenants,
+                request.replace,
                 &caller.subject.to_string(),
             )
             .await
@@ -498,6 +499,7 @@ impl pb::Admin for AdminService {
         Response::ok(pb::TrustPublisherKeyResponse {
             key: buffa::MessageField::some(key_message(&key, self.state.releases.demo_key_id())),
             reverified: buffa::MessageField::some(reverified_message(done)),
+            change: change.unwrap_or_default(),
             ..Default::default()
         })
     }

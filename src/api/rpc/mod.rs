@@ -244,8 +244,10 @@ pub fn method_of(path: &str) -> Option<&'static str> {
 /// - a unary JSON call whose body is not an object is 400 (the decoder
 ///   would read `[]` as an empty message and an array positionally).
 ///
-/// The caller is authenticated first, so that an anonymous call is 401
-/// whatever its shape. Calls of other shapes pass through untouched.
+/// The caller is authenticated first, so that an anonymous call is
+/// refused as unauthenticated whatever its shape. Every refusal is framed
+/// as the call was made ([`refusal`]). Calls of other shapes pass through
+/// untouched.
 pub async fn precheck(
     auth: &Auth,
     max_body_bytes: usize,
@@ -261,8 +263,17 @@ pub async fn precheck(
     else {
         return Ok(request);
     };
+    let base = request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .unwrap_or_default();
     // Every RPC is a POST, as the contract documents it (Connect's GET
-    // form of side-effect-free methods is not served).
+    // form of side-effect-free methods is not served). Another HTTP method
+    // is no call of the protocol at all: plain HTTP 405, whatever its
+    // content type.
     let verb = request.method();
     if verb != http::Method::POST {
         let mut refusal = unary_error(
@@ -275,13 +286,6 @@ pub async fn precheck(
             .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
         return Err(refusal);
     }
-    let base = request
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(|v| v.trim().to_ascii_lowercase())
-        .unwrap_or_default();
     let spoken = matches!(base.as_str(), "application/json" | "application/proto")
         || base.starts_with("application/connect+")
         || base.starts_with("application/grpc");
@@ -318,7 +322,7 @@ pub async fn precheck(
             .and_then(|v| v.to_str().ok());
         if let Err(e) = admit(auth, access, authorization) {
             let e = ApiError::from(e);
-            return Err(unary_error(e.code.spec().status, &e.code, &e.detail));
+            return Err(refusal(&base, e.code.spec().status, &e.code, &e.detail));
         }
     }
     let codec = match base.as_str() {
@@ -426,6 +430,40 @@ pub async fn precheck(
         }
     }
     Ok(axum::extract::Request::from_parts(parts, bytes.into()))
+}
+
+/// A refusal before the Connect service sees the call, framed as the call
+/// was made: a Connect streaming call (`application/connect+json` or
+/// `+proto`) gets HTTP 200 and the error in its end-of-stream message, as
+/// the Connect protocol puts every streaming error; anything else the
+/// unary error with its HTTP status.
+fn refusal(
+    content_type: &str,
+    status: http::StatusCode,
+    code: &ErrorCode,
+    message: &str,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if !content_type.starts_with("application/connect+") {
+        return unary_error(status, code, message);
+    }
+    let end = serde_json::json!({
+        "error": { "code": code.spec().connect.as_str(), "message": message }
+    })
+    .to_string();
+    // The envelope: flags (0x02, end of stream), the length, the message.
+    let mut body = Vec::with_capacity(5 + end.len());
+    body.push(0x02);
+    body.extend_from_slice(&(end.len() as u32).to_be_bytes());
+    body.extend_from_slice(end.as_bytes());
+    let content_type = http::HeaderValue::from_str(content_type)
+        .unwrap_or(http::HeaderValue::from_static("application/connect+json"));
+    (
+        http::StatusCode::OK,
+        [(http::header::CONTENT_TYPE, content_type)],
+        body,
+    )
+        .into_response()
 }
 
 /// A Connect unary error: JSON `code` and `message` with an HTTP status.

@@ -151,14 +151,14 @@ impl Grain {
         match self.attempt.gate() {
             Ok(()) => {}
             Err(Gate::Paused(why)) => {
-                return Err(DomainError::Unavailable(format!(
+                return Err(DomainError::Waiting(format!(
                     "attempt {} is paused ({why}); call again once its lease is renewed",
                     self.attempt.attempt_id
                 ))
                 .into());
             }
             Err(Gate::NoCapacity(why)) => {
-                return Err(DomainError::Unavailable(format!(
+                return Err(DomainError::Waiting(format!(
                     "attempt {} makes no calls yet: {why}; call again once capacity is granted (its timeline shows the queue position and the quota that holds it)",
                     self.attempt.attempt_id
                 ))
@@ -378,7 +378,7 @@ impl Grain {
                     Ok(())
                 })
                 .await?;
-                return Err(DomainError::Unavailable(format!(
+                return Err(DomainError::Waiting(format!(
                     "attempt {} paused at checkpoint before the call ({why}); call again once its lease is renewed",
                     self.attempt.attempt_id
                 ))
@@ -516,7 +516,7 @@ impl Grain {
         let mut a = self.attempt.clone();
         let (events, why) = a.pause_for_quota(&limit, now)?;
         self.save(a, events, |_, _| Ok(())).await?;
-        Err(DomainError::Unavailable(format!(
+        Err(DomainError::Waiting(format!(
             "attempt {} is paused: {why}",
             self.attempt.attempt_id
         ))

@@ -368,22 +368,26 @@ class Reverified(_message.Message):
     def __init__(self, verified: _Optional[int] = ..., untrusted: _Optional[int] = ..., rejected: _Optional[int] = ..., changed: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class TrustPublisherKeyRequest(_message.Message):
-    __slots__ = ("name", "public_key", "tenants")
+    __slots__ = ("name", "public_key", "tenants", "replace")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
     name: str
     public_key: str
     tenants: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., public_key: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ...) -> None: ...
+    replace: bool
+    def __init__(self, name: _Optional[str] = ..., public_key: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., replace: _Optional[bool] = ...) -> None: ...
 
 class TrustPublisherKeyResponse(_message.Message):
-    __slots__ = ("key", "reverified")
+    __slots__ = ("key", "reverified", "change")
     KEY_FIELD_NUMBER: _ClassVar[int]
     REVERIFIED_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
     key: PublisherKey
     reverified: Reverified
-    def __init__(self, key: _Optional[_Union[PublisherKey, _Mapping]] = ..., reverified: _Optional[_Union[Reverified, _Mapping]] = ...) -> None: ...
+    change: str
+    def __init__(self, key: _Optional[_Union[PublisherKey, _Mapping]] = ..., reverified: _Optional[_Union[Reverified, _Mapping]] = ..., change: _Optional[str] = ...) -> None: ...
 
 class ListPublisherKeysRequest(_message.Message):
     __slots__ = ()
