@@ -2,14 +2,25 @@
 // switcher that submits itself. Every page works without this file.
 "use strict";
 
-// Times in UTC also in the reader's zone.
+// How long ago (or ahead) a time is, in the largest unit that reads well.
+function relative(at) {
+  const seconds = Math.round((Date.now() - at.getTime()) / 1000);
+  const a = Math.abs(seconds);
+  const [n, unit] = a < 90 ? [a, "s"] : a < 5400 ? [Math.round(a / 60), "min"]
+    : a < 172800 ? [Math.round(a / 3600), "h"] : [Math.round(a / 86400), "d"];
+  return seconds >= 0 ? `${n} ${unit} ago` : `in ${n} ${unit}`;
+}
+
+// Times: how long ago, the exact time (UTC and the reader's zone) on hover.
+// Without JavaScript the exact UTC time stays.
 function localTimes(root) {
   for (const t of root.querySelectorAll("time.local[datetime]")) {
     if (t.dataset.local) continue;
     const at = new Date(t.getAttribute("datetime"));
     if (Number.isNaN(at.getTime())) continue;
     t.dataset.local = "1";
-    t.textContent += " (" + at.toLocaleString() + " local)";
+    t.title = `${t.textContent.trim()} (${at.toLocaleString()} local)`;
+    t.textContent = relative(at);
   }
 }
 

@@ -153,6 +153,25 @@ pub async fn import(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(super::json::body_error)?;
+    let (release, already) = import_bundle(&state, &auth.principal, body).await?;
+    let status = if already {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let release = ReleaseBody::of(&release);
+    Ok((status, Json(ReleaseAnswer { release })).into_response())
+}
+
+/// Imports a bundle (`.tar.gz`) for `principal`, who must hold the
+/// manifest's tenant: verifies it and stores the verdict (the API's import
+/// and the console's upload). Returns the release and whether the same
+/// one was already verified.
+pub async fn import_bundle(
+    state: &AppState,
+    principal: &crate::auth::Principal,
+    body: Bytes,
+) -> Result<(LoadedRelease, bool), ApiError> {
     let releases = state.releases.clone();
     // Decompressing, hashing and checking the signature is CPU work.
     let (bundle, report) = tokio::task::spawn_blocking(move || {
@@ -167,7 +186,7 @@ pub async fn import(
         false => ReleaseError::Bundle(e.0),
     })?;
     if let Some(parsed) = &report.parsed {
-        auth.principal.scope_for(&parsed.manifest.tenant_id)?;
+        principal.scope_for(&parsed.manifest.tenant_id)?;
     }
     let before = report.parsed.as_ref().and_then(|p| {
         state
@@ -181,18 +200,12 @@ pub async fn import(
     });
     let release = state
         .releases
-        .record(bundle, report, &auth.principal.subject.to_string())
+        .record(bundle, report, &principal.subject.to_string())
         .await?;
     let already = before.is_some_and(|b| {
         b.state == LoadState::Verified && b.manifest_hash == release.manifest_hash
     });
-    let status = if already {
-        StatusCode::OK
-    } else {
-        StatusCode::CREATED
-    };
-    let release = ReleaseBody::of(&release);
-    Ok((status, Json(ReleaseAnswer { release })).into_response())
+    Ok((release, already))
 }
 
 /// Releases of the tenant (every tenant's for a PlatformAdmin).

@@ -1,12 +1,14 @@
 //! Administration pages: releases (deprecate, revoke), tenants and projects,
 //! users and client credentials.
 
+use std::collections::BTreeMap;
+
 use askama::Template;
-use axum::extract::{Path, RawForm, RawQuery};
+use axum::extract::{Multipart, Path, RawForm, RawQuery};
 use axum::response::Response;
 
 use super::table::{Action, Cell, ListQuery, Table};
-use super::{Console, Layout, ListPage, PageError, render, when, when_opt};
+use super::{Console, Layout, ListPage, PageError, render, when};
 use crate::api::error::ApiError;
 use crate::auth::{clients, users};
 use crate::domain::access::{Role, Scope, parse_scopes};
@@ -26,9 +28,16 @@ pub async fn releases(console: Console, raw: RawQuery) -> Result<Response, PageE
     let can_retire = console.can(Scope::AssetsAdmin);
     let mut list = console.state.releases.list(Some(&scope))?;
     list.sort_by_key(|r| std::cmp::Reverse(r.imported_at));
+    // The newest refused import of each release id, for the Reason of a
+    // release that stayed Verified.
+    let mut refused: BTreeMap<String, crate::domain::trust::ReleaseVerdict> = BTreeMap::new();
+    for v in console.state.releases.refused_imports(&scope, usize::MAX)? {
+        refused.entry(v.release_id.clone()).or_insert(v);
+    }
     let rows = list
         .iter()
         .map(|r| {
+            let reason = release_reason(r, refused.get(&r.release_id));
             let verified = r.state == LoadState::Verified;
             let lifecycle = format!("{:?}", r.lifecycle);
             let mut actions = Vec::new();
@@ -58,16 +67,16 @@ pub async fn releases(console: Console, raw: RawQuery) -> Result<Response, PageE
                 });
             }
             vec![
-                Cell::text(&r.release_id),
+                Cell::link(r.release_id.clone(), format!("/releases/{}", r.release_id)),
                 Cell::text(&r.agent_id),
                 Cell::text(&r.version),
                 Cell::State(r.state.as_str().to_lowercase()),
                 Cell::State(lifecycle),
-                Cell::text(r.reason.clone().unwrap_or_default()),
+                Cell::text(reason),
                 Cell::text(r.adapter.as_str()),
                 Cell::text(r.signer.clone().unwrap_or_default()),
                 Cell::code(&r.manifest_hash),
-                Cell::text(when(&r.imported_at)),
+                Cell::time(&r.imported_at),
                 Cell::Actions(actions),
             ]
         })
@@ -92,11 +101,65 @@ pub async fn releases(console: Console, raw: RawQuery) -> Result<Response, PageE
         vec![],
         "No releases imported yet: `agentbay release import BUNDLE`.",
     );
-    render(&ListPage {
+    render(&ReleasesPage {
         l: console.layout("Releases", "/releases"),
-        intro: "Every release import is verified (signature, content hashes, compatibility); a rejected one is kept with the reason and never dispatched. An untrusted one (its publisher key is unknown or revoked) is kept with its contents and becomes verified once its key is trusted (Publisher keys). Deprecate drains (running attempts finish, no new runs); revoke interrupts the running ones.".into(),
+        can_import: can_retire,
         t,
     })
+}
+
+#[derive(Template)]
+#[template(path = "console/releases.html")]
+struct ReleasesPage {
+    l: Layout,
+    t: Table,
+    can_import: bool,
+}
+
+/// Why a release is as it is, in words: why it is not verified, why it
+/// is retired, or that a later copy of it was refused while it stayed
+/// verified; how it was verified otherwise.
+fn release_reason(
+    r: &crate::domain::release::LoadedRelease,
+    refused: Option<&crate::domain::trust::ReleaseVerdict>,
+) -> String {
+    if let Some(reason) = &r.reason {
+        return reason.clone();
+    }
+    let mut words = Vec::new();
+    if r.lifecycle != crate::domain::release::Lifecycle::Published {
+        use crate::domain::release::InFlightPolicy;
+        let policy = match r.in_flight_policy {
+            Some(InFlightPolicy::Finish) => {
+                "running attempts finish, new runs are still dispatched"
+            }
+            Some(InFlightPolicy::Drain) | None => {
+                "running attempts finish, no new run is dispatched"
+            }
+            Some(InFlightPolicy::Interrupt) => {
+                "running attempts were interrupted, no new run is dispatched"
+            }
+        };
+        words.push(format!("{:?}: {policy}", r.lifecycle));
+    }
+    if let Some(v) = refused.filter(|v| v.at > r.imported_at) {
+        words.push(format!(
+            "a copy imported {} by {} was refused ({}: {}); this one stays {}",
+            when(&v.at),
+            v.by,
+            v.state.as_str().to_lowercase(),
+            v.reason.as_deref().unwrap_or(""),
+            r.state.as_str()
+        ));
+    }
+    if words.is_empty() {
+        format!(
+            "signature, content hashes and compatibility checked; signed by {}",
+            r.signer.as_deref().unwrap_or("?")
+        )
+    } else {
+        words.join("; ")
+    }
 }
 
 /// `POST /releases/{id}/retire`: deprecate or revoke with an in-flight
@@ -131,14 +194,199 @@ pub async fn retire(
             .retire(&scope, &id, revoke, policy)
             .await?;
         Ok(format!(
-            "release {} is {:?} ({policy}); in flight: {}",
-            release.release_id,
-            release.lifecycle,
-            serde_json::to_string(&report).unwrap_or_default()
+            "release {} is {:?} ({policy}): {} attempt(s) of it were running, {} interrupted",
+            release.release_id, release.lifecycle, report.running, report.interrupted
         ))
     }
     .await;
-    Ok(console.done("/releases", result))
+    // Back to the page the form was on: the list or the release's own.
+    let back = match fields.get("back") {
+        Some(b) if b == format!("/releases/{release_id}") => b.to_string(),
+        _ => "/releases".to_string(),
+    };
+    Ok(console.done(&back, result))
+}
+
+/// `POST /releases`: imports a release bundle (`.tar.gz`) uploaded from
+/// the Releases page, as `POST /runtime/releases` does; the answer says
+/// what the import did, or which check failed.
+pub async fn upload(console: Console, mut form: Multipart) -> Result<Response, PageError> {
+    let mut csrf = String::new();
+    let mut bundle = None;
+    let malformed = |e: axum::extract::multipart::MultipartError| {
+        PageError::bad(format!("the upload is malformed: {e}"))
+    };
+    while let Some(field) = form.next_field().await.map_err(malformed)? {
+        match field.name() {
+            Some("csrf") => csrf = field.text().await.map_err(malformed)?,
+            Some("bundle") => bundle = Some(field.bytes().await.map_err(malformed)?),
+            _ => {}
+        }
+    }
+    console.check_csrf(&csrf)?;
+    console.require(Scope::AssetsAdmin)?;
+    let principal = console.principal().clone();
+    let mut back = "/releases".to_string();
+    let result = async {
+        let body = bundle.filter(|b| !b.is_empty()).ok_or_else(|| {
+            ApiError::invalid("bundle", "choose a release bundle (.tar.gz) to upload")
+        })?;
+        let (release, already) =
+            crate::api::releases::import_bundle(&console.state, &principal, body).await?;
+        back = format!("/releases/{}", release.release_id);
+        Ok::<_, ApiError>(if already {
+            format!(
+                "release {} was already verified with this manifest ({}): nothing changed",
+                release.release_id, release.manifest_hash
+            )
+        } else {
+            format!(
+                "release {} verified and stored (manifest {}, signed by {})",
+                release.release_id,
+                release.manifest_hash,
+                release.signer.as_deref().unwrap_or("?")
+            )
+        })
+    }
+    .await;
+    Ok(console.done(&back, result))
+}
+
+#[derive(Template)]
+#[template(path = "console/release.html")]
+struct ReleasePage {
+    l: Layout,
+    r: crate::domain::release::LoadedRelease,
+    reason: String,
+    verdicts: Table,
+    runs: Table,
+    files: Vec<(String, String)>,
+    manifest: Option<String>,
+    can_retire: bool,
+}
+
+/// The files a manifest pins, by path with their SHA-256: every object in
+/// it that names a `path` and a `sha256`, wherever the manifest puts it.
+fn pinned_files(manifest: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    match manifest {
+        serde_json::Value::Object(o) => {
+            if let (Some(path), Some(hash)) = (
+                o.get("path").and_then(|v| v.as_str()),
+                o.get("sha256").and_then(|v| v.as_str()),
+            ) {
+                out.push((path.to_string(), hash.to_string()));
+            }
+            o.values().for_each(|v| pinned_files(v, out));
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| pinned_files(v, out)),
+        _ => {}
+    }
+}
+
+/// `GET /releases/{id}`: a release whole: what it is, every verdict on
+/// its id, the runs of it still in flight, the files it pins, its
+/// manifest, and (for an AssetsAdmin) deprecate and revoke.
+pub async fn release(
+    console: Console,
+    Path(release_id): Path<String>,
+) -> Result<Response, PageError> {
+    console.require(Scope::AssetsRead)?;
+    let scope = console.scope()?;
+    let id = parse_release_id(&release_id).map_err(ApiError::from)?;
+    let releases = &console.state.releases;
+    let r = releases
+        .get(&scope, &id)?
+        .ok_or_else(|| ApiError::from(crate::domain::DomainError::not_found("release", &id)))?;
+    let history = releases.verdicts(&scope, &id)?;
+    let refused = history
+        .iter()
+        .rev()
+        .find(|v| {
+            v.cause == crate::domain::trust::VerdictCause::Import && v.state != LoadState::Verified
+        })
+        .cloned();
+    let reason = release_reason(&r, refused.as_ref());
+    let verdict_rows = history
+        .iter()
+        .rev()
+        .map(|v| {
+            vec![
+                Cell::time(&v.at),
+                Cell::text(v.cause.as_str()),
+                Cell::text(&v.by),
+                Cell::State(v.state.as_str().to_lowercase()),
+                Cell::text(v.reason.clone().unwrap_or_default()),
+                Cell::text(&v.outcome),
+                Cell::text(v.signer.clone().unwrap_or_default()),
+                Cell::code(&v.manifest_hash),
+            ]
+        })
+        .collect();
+    let q = ListQuery::parse(&RawQuery(None));
+    let verdicts = q.table(
+        "verdicts",
+        &format!("/releases/{id}"),
+        &[
+            "When", "Cause", "By", "Verdict", "Reason", "Outcome", "Signer", "Manifest",
+        ],
+        verdict_rows,
+        vec![],
+        "No verdict is kept for this release.",
+    );
+    let filter = crate::runs::RunFilter {
+        release_id: Some(id.clone()),
+        ..Default::default()
+    };
+    let in_flight: Vec<_> = console
+        .state
+        .runs
+        .list(&scope, &filter, None, 200)?
+        .into_iter()
+        .filter(|run| !run.state.is_terminal())
+        .collect();
+    let run_rows = in_flight
+        .iter()
+        .map(|run| {
+            vec![
+                Cell::id(run.run_id, format!("/runs/{}", run.run_id)),
+                Cell::State(run.state.as_str().to_string()),
+                Cell::text(&run.agent_id),
+                Cell::time(&run.created_at),
+            ]
+        })
+        .collect();
+    let runs = q.table(
+        "in-flight",
+        &format!("/releases/{id}"),
+        &["Run", "State", "Agent", "Submitted"],
+        run_rows,
+        vec![],
+        "No run of this release is in flight.",
+    );
+    let raw = if r.content_refs.is_empty() {
+        None
+    } else {
+        releases
+            .artifact(&scope, &r, "manifest")
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+    };
+    let mut files = Vec::new();
+    if let Some(m) = &raw {
+        pinned_files(m, &mut files);
+    }
+    render(&ReleasePage {
+        l: console.layout(format!("Release {id}"), "/releases"),
+        reason,
+        verdicts,
+        runs,
+        files,
+        manifest: raw.map(|m| serde_json::to_string_pretty(&m).unwrap_or_default()),
+        can_retire: console.can(Scope::AssetsAdmin)
+            && r.state == LoadState::Verified
+            && r.lifecycle != crate::domain::release::Lifecycle::Revoked,
+        r,
+    })
 }
 
 // ---- tenants and projects ---------------------------------------------------
@@ -186,7 +434,7 @@ pub async fn tenants(console: Console, raw: RawQuery) -> Result<Response, PageEr
                     t.residency_regions.join(", ")
                 }),
                 Cell::text(retention_text(t, defaults)),
-                Cell::text(when(&t.created_at)),
+                Cell::time(&t.created_at),
             ]
         })
         .collect();
@@ -215,7 +463,7 @@ pub async fn tenants(console: Console, raw: RawQuery) -> Result<Response, PageEr
             vec![
                 Cell::text(p.project_id.as_str()),
                 Cell::text(p.display_name),
-                Cell::text(when(&p.created_at)),
+                Cell::time(&p.created_at),
             ]
         })
         .collect();
@@ -406,7 +654,7 @@ fn users_table(console: &Console, q: &ListQuery) -> Result<Table, PageError> {
                     .into(),
                 ),
                 Cell::text(&u.created_by),
-                Cell::text(when(&u.created_at)),
+                Cell::time(&u.created_at),
                 Cell::Actions(actions),
             ]
         })
@@ -660,8 +908,8 @@ fn clients_table(console: &Console) -> Result<Table, PageError> {
                     }
                     .into(),
                 ),
-                Cell::text(when(&c.created_at)),
-                Cell::text(when_opt(&c.revoked_at)),
+                Cell::time(&c.created_at),
+                Cell::time_opt(&c.revoked_at),
                 Cell::Actions(actions),
             ]
         })
@@ -1069,14 +1317,14 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
                     .into(),
                 ),
                 Cell::text(format!("{}; retry {}", w.schedule, w.retry)),
-                Cell::text(when_opt(&w.next_run_at)),
+                Cell::time_opt(&w.next_run_at),
                 Cell::num(w.runs as u32),
                 Cell::text(if w.consecutive_failures > 0 {
                     format!("{} ({} in a row)", w.failures, w.consecutive_failures)
                 } else {
                     w.failures.to_string()
                 }),
-                Cell::text(when_opt(&w.last_run_at)),
+                Cell::time_opt(&w.last_run_at),
                 Cell::text(w.last_message.unwrap_or_default()),
                 Cell::text(match (&w.last_failure_at, &w.last_failure) {
                     (Some(at), Some(e)) => format!("{}: {e}", when(at)),
@@ -1236,8 +1484,8 @@ pub async fn webhook(
                 Cell::text(d.event.as_str()),
                 Cell::text(d.subject_tenant.to_string()),
                 Cell::State(format!("{:?}", d.state)),
-                Cell::text(when(&d.created_at)),
-                Cell::text(when_opt(&d.next_try_at)),
+                Cell::time(&d.created_at),
+                Cell::time_opt(&d.next_try_at),
                 Cell::num(d.tries.len() as u32),
                 Cell::text(tries),
             ]

@@ -8,7 +8,7 @@ use axum::response::Response;
 use serde_json::{Map, Value, json};
 
 use super::table::{Cell, ListQuery, Table};
-use super::{Console, Fields, Layout, PageError, render, when_opt};
+use super::{Console, Fields, Layout, PageError, render};
 use crate::api::error::ApiError;
 use crate::capacity::{LeaseFilter, LeaseView};
 use crate::domain::access::Scope;
@@ -633,7 +633,7 @@ fn lease_row(v: &LeaseView) -> Vec<Cell> {
         Cell::text(v.queue_position.map(|p| p.to_string()).unwrap_or_default()),
         Cell::text(why),
         Cell::text(super::when(&l.requested_at)),
-        Cell::text(when_opt(&l.expires_at)),
+        Cell::time_opt(&l.expires_at),
     ]
 }
 

@@ -79,7 +79,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/usage.csv", get(capacity::usage_csv))
         .route("/leases", get(capacity::leases))
         .route("/live/leases", get(live::leases))
-        .route("/releases", get(admin::releases))
+        .route("/releases", get(admin::releases).post(admin::upload))
+        .route("/releases/{release_id}", get(admin::release))
         .route("/releases/{release_id}/retire", post(admin::retire))
         .route("/keys", get(admin::keys).post(admin::trust_key))
         .route("/keys/{key_id}/revoke", post(admin::revoke_key))
@@ -435,20 +436,25 @@ impl Console {
     pub fn form(&self, raw: RawForm) -> Result<Fields, PageError> {
         let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(&raw.0)
             .map_err(|e| PageError::bad(format!("the form is malformed: {e}")))?;
+        let fields = Fields(pairs);
+        self.check_csrf(fields.get("csrf").unwrap_or_default())?;
+        Ok(fields)
+    }
+
+    /// Refuses a form from elsewhere, or whose CSRF token is not this
+    /// session's (a multipart upload reads its fields itself).
+    pub fn check_csrf(&self, sent: &str) -> Result<(), PageError> {
         if let Some(why) = &self.foreign {
             return Err(PageError::forbidden(format!(
                 "forms are accepted from this appliance's own pages only ({why})"
             )));
         }
-        let fields = Fields(pairs);
-        let sent = fields.get("csrf").unwrap_or_default();
-        let expected = self.session.csrf.as_bytes();
-        if !constant_time_eq(sent.as_bytes(), expected) {
+        if !constant_time_eq(sent.as_bytes(), self.session.csrf.as_bytes()) {
             return Err(PageError::forbidden(
                 "the form's CSRF token is missing or stale; reload the page and submit it again",
             ));
         }
-        Ok(fields)
+        Ok(())
     }
 
     /// Answers an action: back to `to` with a message saying what happened

@@ -28,6 +28,15 @@ pub enum Cell {
         /// The whole value, on hover (empty: the text is whole).
         title: String,
     },
+    /// A time: the exact UTC time without JavaScript; how long ago (or
+    /// ahead) with it, the exact time on hover. `text` is `when`'s form,
+    /// which sorts as time does; empty when there is none.
+    Time {
+        /// RFC 3339, for the `datetime` attribute.
+        at: String,
+        /// `YYYY-MM-DD HH:MM:SS UTC`.
+        text: String,
+    },
     /// A state, shown as a badge coloured by its meaning.
     State(String),
     /// A number, right-aligned and sorted numerically.
@@ -43,6 +52,22 @@ impl Cell {
     /// Text cell.
     pub fn text(s: impl Into<String>) -> Cell {
         Cell::Text(s.into())
+    }
+
+    /// A time cell.
+    pub fn time(t: &chrono::DateTime<chrono::Utc>) -> Cell {
+        Cell::Time {
+            at: t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            text: super::when(t),
+        }
+    }
+
+    /// A time cell, empty when there is no time.
+    pub fn time_opt(t: &Option<chrono::DateTime<chrono::Utc>>) -> Cell {
+        match t {
+            Some(t) => Cell::time(t),
+            None => Cell::Text(String::new()),
+        }
     }
 
     /// Monospace cell, shortened.
@@ -82,7 +107,7 @@ impl Cell {
     fn sort_key(&self) -> SortKey<'_> {
         match self {
             Cell::Num(n, _) => SortKey::Num(*n),
-            Cell::Text(s) | Cell::State(s) => SortKey::Text(s),
+            Cell::Text(s) | Cell::State(s) | Cell::Time { text: s, .. } => SortKey::Text(s),
             Cell::Code { full, .. } => SortKey::Text(full),
             Cell::Link { text, .. } => SortKey::Text(text),
             Cell::Actions(_) | Cell::Settle(_) => SortKey::Text(""),
@@ -91,7 +116,7 @@ impl Cell {
 
     fn matches(&self, needle: &str) -> bool {
         let hay = match self {
-            Cell::Text(s) | Cell::State(s) => s,
+            Cell::Text(s) | Cell::State(s) | Cell::Time { text: s, .. } => s,
             Cell::Code { full, .. } => full,
             Cell::Link { text, title, .. } if !title.is_empty() => {
                 return title.to_lowercase().contains(needle)

@@ -19,7 +19,7 @@ use crate::domain::attempt::{
     ExecutionAttempt, InterruptSource,
 };
 use crate::domain::content::Shown;
-use crate::domain::release::{LoadState, canonical_json};
+use crate::domain::release::canonical_json;
 use crate::domain::run::RunState;
 use crate::domain::{FieldError, ProjectId};
 use crate::runs::{RunRequest, rerun};
@@ -99,17 +99,18 @@ pub async fn overview_live(console: &Console) -> Result<OverviewLive, PageError>
             )
         })
         .collect();
+    // Every refused import counts, from the verdict history: a release
+    // verified later (or kept Verified) was still refused then.
     let mut rejections: Vec<(String, String, String, String)> = state
         .releases
-        .list(Some(&scope))?
+        .refused_imports(&scope, 8)?
         .into_iter()
-        .filter(|r| r.state == LoadState::Rejected)
-        .map(|r| {
+        .map(|v| {
             (
-                when(&r.imported_at),
-                "release rejected".to_string(),
-                r.release_id.clone(),
-                r.reason.clone().unwrap_or_default(),
+                when(&v.at),
+                format!("release import {}", v.state.as_str().to_lowercase()),
+                v.release_id.clone(),
+                v.reason.clone().unwrap_or_default(),
             )
         })
         .collect();
@@ -144,7 +145,7 @@ pub async fn overview_live(console: &Console) -> Result<OverviewLive, PageError>
                 Cell::State(r.state.as_str().to_string()),
                 Cell::text(&r.agent_id),
                 Cell::text(run_why(console, &scope, r)),
-                Cell::text(when(&r.created_at)),
+                Cell::time(&r.created_at),
             ]
         })
         .collect();
@@ -158,7 +159,7 @@ pub async fn overview_live(console: &Console) -> Result<OverviewLive, PageError>
                 Cell::State(s.state.as_str().to_string()),
                 Cell::text(s.phase.as_str()),
                 Cell::text(&s.agent_id),
-                Cell::text(when(&s.started_at)),
+                Cell::time(&s.started_at),
             ]
         })
         .collect();
@@ -263,7 +264,7 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
                 Cell::text(r.project_id.as_str()),
                 Cell::num(r.steps.iter().map(|s| s.attempts.len() as u32).sum::<u32>()),
                 last,
-                Cell::text(when(&r.created_at)),
+                Cell::time(&r.created_at),
                 Cell::text(why),
             ]
         })
@@ -538,7 +539,7 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
                 Cell::text(s.project_id.as_str()),
                 Cell::id(s.run_id, format!("/runs/{}", s.run_id)),
                 Cell::num(s.number),
-                Cell::text(when(&s.started_at)),
+                Cell::time(&s.started_at),
                 Cell::text(
                     waiting
                         .get(&s.attempt_id)
@@ -883,14 +884,53 @@ struct CheckpointsPage {
     rows: Vec<CheckpointRow>,
     resumable: Option<String>,
     rerun: Option<RerunForm>,
+    compare: Compare,
+}
+
+/// Two checkpoints compared: the sequences chosen, and the changes from
+/// the first's adapter state to the second's (or why they cannot be read).
+#[derive(Default)]
+struct Compare {
+    from: Option<u32>,
+    to: Option<u32>,
+    changes: Option<Result<Vec<crate::domain::diff::Change>, String>>,
+}
+
+impl Compare {
+    /// A value, short enough to read in a row.
+    fn shown(v: &Option<Value>) -> String {
+        let text = v.as_ref().map(Value::to_string).unwrap_or_default();
+        match crate::domain::content::cut(&text, 300) {
+            (cut, true) => format!("{cut}…"),
+            (whole, false) => whole,
+        }
+    }
+}
+
+/// The adapter state of a checkpoint as JSON, or why it cannot be read.
+fn checkpoint_state(
+    runtime: &crate::runtime::Runtime,
+    scope: &TenantScope,
+    c: &crate::domain::attempt::Checkpoint,
+) -> Result<Value, String> {
+    if let Some(t) = &c.purged {
+        return Err(format!("checkpoint {}: {}", c.sequence, t.describe()));
+    }
+    let (_, bytes) = runtime
+        .artifact(scope, &c.adapter_state_ref)
+        .map_err(|e| format!("checkpoint {}: {e}", c.sequence))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| format!("checkpoint {}'s state is not JSON: {e}", c.sequence))
 }
 
 /// `GET /attempts/{id}/checkpoints`: every checkpoint, with whether the
 /// attempt could resume from the last one and, for a finished attempt,
-/// the re-run form.
+/// the re-run form; with `from` and `to`, what changed in the adapter
+/// state between those two checkpoints (a structural JSON diff).
 pub async fn checkpoints(
     console: Console,
     Path(attempt_id): Path<String>,
+    raw: RawQuery,
 ) -> Result<Response, PageError> {
     console.require(Scope::RunsRead)?;
     let scope = console.scope()?;
@@ -898,6 +938,33 @@ pub async fn checkpoints(
     let state = &console.state;
     let a = state.runtime.attempt(&scope, id)?;
     let checkpoints = state.runtime.checkpoints(&scope, id)?;
+    let q = ListQuery::parse(&raw);
+    let sequence = |name: &str| -> Result<Option<u32>, ApiError> {
+        match q.get(name).filter(|v| !v.is_empty()) {
+            None => Ok(None),
+            Some(v) => v.parse().map(Some).map_err(|_| {
+                ApiError::invalid(name, format!("{v:?} is not a checkpoint sequence number"))
+            }),
+        }
+    };
+    let mut compare = Compare {
+        from: sequence("from")?,
+        to: sequence("to")?,
+        changes: None,
+    };
+    if let (Some(from), Some(to)) = (compare.from, compare.to) {
+        let find = |n: u32| {
+            checkpoints
+                .iter()
+                .find(|c| c.sequence == n)
+                .ok_or_else(|| format!("attempt {id} has no checkpoint {n}"))
+        };
+        compare.changes = Some((|| {
+            let before = checkpoint_state(&state.runtime, &scope, find(from)?)?;
+            let after = checkpoint_state(&state.runtime, &scope, find(to)?)?;
+            Ok(crate::domain::diff::diff(&before, &after))
+        })());
+    }
     let calls = state.runtime.calls(&scope, id)?;
     let resumable = (!a.state.is_terminal())
         .then(|| checkpoints.last())
@@ -966,6 +1033,7 @@ pub async fn checkpoints(
         rows,
         resumable,
         rerun,
+        compare,
     })
 }
 
@@ -1244,8 +1312,8 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
                         .or_else(|| d.reason.clone())
                         .unwrap_or_default(),
                 ),
-                Cell::text(when(&d.requested_at)),
-                Cell::text(when_opt(&d.answered_at)),
+                Cell::time(&d.requested_at),
+                Cell::time_opt(&d.answered_at),
             ]
         })
         .collect();
@@ -1321,7 +1389,7 @@ pub async fn uncertain(console: Console, raw: RawQuery) -> Result<Response, Page
                         .unwrap_or_default(),
                 ),
                 Cell::text(c.error.clone().unwrap_or_default()),
-                Cell::text(when(&c.started_at)),
+                Cell::time(&c.started_at),
                 actions,
             ]);
         }

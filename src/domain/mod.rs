@@ -10,6 +10,7 @@ pub mod attempt;
 pub mod capacity;
 pub mod content;
 pub mod credential;
+pub mod diff;
 pub mod error;
 pub mod events;
 pub mod ids;

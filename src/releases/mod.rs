@@ -416,6 +416,21 @@ impl Releases {
         Ok(outcome)
     }
 
+    /// The imports that did not verify, newest first: every import verdict
+    /// that was Untrusted or Rejected, whatever became of the release
+    /// since (a later good copy, a key trusted afterwards).
+    pub fn refused_imports(
+        &self,
+        scope: &TenantScope,
+        limit: usize,
+    ) -> Result<Vec<ReleaseVerdict>, StoreError> {
+        let mut refused: Vec<ReleaseVerdict> = self.store.list(scope)?;
+        refused.retain(|v| v.cause == VerdictCause::Import && v.state != LoadState::Verified);
+        refused.sort_by_key(|v| std::cmp::Reverse(v.at));
+        refused.truncate(limit);
+        Ok(refused)
+    }
+
     /// The verdicts on a release id, oldest first.
     pub fn verdicts(
         &self,

@@ -90,6 +90,12 @@ try {
   await page.selectOption("form.filters select[name=state]", "WaitingForDecision");
   await page.click("form.filters button:has-text('Filter')");
   await page.waitForURL(/state=WaitingForDecision/);
+  // Times read as how long ago, the exact time on hover.
+  const started = page.locator("#attempts tbody time.local").first();
+  const ago = (await started.textContent()).trim();
+  const exact = await started.getAttribute("title");
+  expect(/^\d+ (s|min|h|d) ago$/.test(ago) && / UTC \(.* local\)$/.test(exact),
+    `a time reads "${ago}", exactly "${exact}"`);
   await page.click("#attempts tbody tr:has-text('approval') a[href^='/attempts/']");
   await page.waitForSelector("#waiting");
   const why = await page.textContent("#waiting");

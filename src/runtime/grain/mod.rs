@@ -267,12 +267,15 @@ impl AttemptView {
             if let Some(approval) = d.approval_id {
                 why.push_str(&format!(" (approval {approval}, Runs/DecideApproval)"));
             }
-            why.push_str(&format!("; expires {}", d.expires_at.to_rfc3339()));
+            why.push_str(&format!(
+                "; expires {}",
+                d.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+            ));
             if let Some(gap) = a.capacity_gaps.last().filter(|_| !a.capacity_granted) {
                 why.push_str(&format!(
                     "; capacity lease {} given back at {}: it counts against no quota and is not charged until answered",
                     gap.lease_id,
-                    gap.returned_at.to_rfc3339()
+                    gap.returned_at.format("%Y-%m-%d %H:%M:%S UTC")
                 ));
             }
             return Some(why);
