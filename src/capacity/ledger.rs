@@ -472,8 +472,7 @@ impl UsageQuery {
             let Some(text) = text else {
                 return Ok(default);
             };
-            NaiveDate::parse_from_str(text, "%Y-%m-%d")
-                .map_err(|_| FieldError::new(field, format!("{text:?} is not a day (YYYY-MM-DD)")))
+            FieldError::parse_day(field, text)
         };
         let to = day("to", to, today)?;
         // A range longer than a report covers is cut to its last days; the

@@ -184,6 +184,8 @@ pub struct Filter {
     pub options: Vec<(String, String)>,
     /// The current value.
     pub value: String,
+    /// The input's type without choices: `text` or `date`.
+    pub input: &'static str,
 }
 
 /// A rendered table: the rows of one page, sorted and filtered.
@@ -262,7 +264,24 @@ impl ListQuery {
             label,
             options: options.into_iter().map(|o| (o.clone(), o)).collect(),
             value: self.get(name).unwrap_or_default().to_string(),
+            input: "text",
         }
+    }
+
+    /// A filter by a UTC day (`YYYY-MM-DD`, a date input).
+    pub fn day_filter(&self, name: &'static str, label: &'static str) -> Filter {
+        Filter {
+            input: "date",
+            ..self.filter(name, label, Vec::new())
+        }
+    }
+
+    /// The day a `day_filter` holds, or the error naming it.
+    pub fn day(&self, name: &str) -> Result<Option<chrono::NaiveDate>, crate::domain::FieldError> {
+        self.get(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| crate::domain::FieldError::parse_day(name, v))
+            .transpose()
     }
 
     /// Sorts, filters and pages `rows` under `labels`. Without a `sort`

@@ -234,6 +234,13 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
         agent_id: agent.map(str::to_string),
         release_id: release.map(str::to_string),
         project_id: project.and_then(|p| ProjectId::parse(p).ok()),
+        submitted_from: q.day("from").map_err(ApiError::from)?,
+        submitted_until: q.day("until").map_err(ApiError::from)?,
+        reason_contains: q
+            .get("reason")
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string),
     };
     let before = q.get("before").and_then(|b| Uuid::parse_str(b).ok());
     let mut runs = console
@@ -285,6 +292,9 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
         q.filter("agent", "agent", agents),
         q.filter("release", "release", releases.clone()),
         q.filter("project", "project", projects.clone()),
+        q.day_filter("from", "submitted from"),
+        q.day_filter("until", "until"),
+        q.filter("reason", "reason has", Vec::new()),
     ];
     let t = q.history_table(
         "runs",
@@ -496,15 +506,33 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
     let release = q.get("release");
     let project = q.get("project");
     let before = q.get("before");
+    let (from, until) = (
+        q.day("from").map_err(ApiError::from)?,
+        q.day("until").map_err(ApiError::from)?,
+    );
+    let reason = q
+        .get("reason")
+        .map(|r| r.trim().to_lowercase())
+        .filter(|r| !r.is_empty());
     let mut summaries = console.state.runtime.page(
         &scope,
         state,
         before,
         PAGE_SIZE + 1,
         |a: &ExecutionAttempt| {
+            let day = a.started_at.date_naive();
             agent.is_none_or(|v| a.agent_id == v)
                 && release.is_none_or(|v| a.release_id == v)
                 && project.is_none_or(|v| a.project_id.as_str() == v)
+                && from.is_none_or(|d| day >= d)
+                && until.is_none_or(|d| day <= d)
+                && reason.as_ref().is_none_or(|text| {
+                    a.failure
+                        .as_ref()
+                        .map(|f| f.reason.clone())
+                        .or_else(|| a.waiting_reason())
+                        .is_some_and(|why| why.to_lowercase().contains(text))
+                })
         },
     )?;
     let older = (summaries.len() > PAGE_SIZE).then(|| {
@@ -514,8 +542,8 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
             .map(|a| a.attempt_id.to_string())
             .unwrap_or_default()
     });
-    let total = match (agent, release, project) {
-        (None, None, None) => Some(console.state.runtime.count(&scope, state)?),
+    let total = match (agent, release, project, from, until, &reason) {
+        (None, None, None, None, None, None) => Some(console.state.runtime.count(&scope, state)?),
         _ => None,
     };
     // Why the live ones wait, from their grains' views.
@@ -567,6 +595,9 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
         q.filter("agent", "agent", agents),
         q.filter("release", "release", releases),
         q.filter("project", "project", projects),
+        q.day_filter("from", "started from"),
+        q.day_filter("until", "until"),
+        q.filter("reason", "reason has", Vec::new()),
     ];
     let t = q.history_table(
         "attempts",

@@ -23,6 +23,12 @@ pub const MAX_TEXT_CHARS: usize = 2000;
 pub const MAX_KEY_CHARS: usize = 128;
 
 impl FieldError {
+    /// A UTC day as `YYYY-MM-DD`, or the error naming `field`.
+    pub fn parse_day(field: &str, text: &str) -> Result<chrono::NaiveDate, FieldError> {
+        chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d")
+            .map_err(|_| FieldError::new(field, format!("{text:?} is not a day (YYYY-MM-DD)")))
+    }
+
     /// A rejected field.
     pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
         FieldError {

@@ -481,6 +481,13 @@ pub struct RunFilter {
     pub release_id: Option<String>,
     /// Project.
     pub project_id: Option<ProjectId>,
+    /// Submitted on or after this UTC day.
+    pub submitted_from: Option<chrono::NaiveDate>,
+    /// Submitted on or before this UTC day.
+    pub submitted_until: Option<chrono::NaiveDate>,
+    /// Its reason (why it failed, was cancelled or is uncertain) holds
+    /// this text, in any case.
+    pub reason_contains: Option<String>,
 }
 
 impl RunFilter {
@@ -516,6 +523,17 @@ impl RunFilter {
                 .project_id
                 .as_ref()
                 .is_none_or(|p| *p == run.project_id)
+            && self
+                .submitted_from
+                .is_none_or(|d| run.created_at.date_naive() >= d)
+            && self
+                .submitted_until
+                .is_none_or(|d| run.created_at.date_naive() <= d)
+            && self.reason_contains.as_ref().is_none_or(|text| {
+                run.reason
+                    .as_ref()
+                    .is_some_and(|r| r.to_lowercase().contains(&text.to_lowercase()))
+            })
     }
 }
 
@@ -702,9 +720,13 @@ impl RunControl {
         .iter()
         .filter(|f| **f)
         .count();
-        let exact = fields == 0
-            || fields == 1
-            || (fields == 2 && filter.state.is_some() && filter.project_id.is_some());
+        let beyond_indexes = filter.submitted_from.is_some()
+            || filter.submitted_until.is_some()
+            || filter.reason_contains.is_some();
+        let exact = !beyond_indexes
+            && (fields == 0
+                || fields == 1
+                || (fields == 2 && filter.state.is_some() && filter.project_id.is_some()));
         if !exact {
             return Ok(None);
         }

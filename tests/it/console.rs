@@ -1563,3 +1563,80 @@ async fn the_checkpoints_page_compares_two_checkpoints_structurally() {
         .await;
     assert_eq!(status, 400);
 }
+
+#[tokio::test]
+async fn runs_and_attempts_are_found_by_day_and_by_the_words_of_their_reason() {
+    let a = demo_with_every_role().await;
+    let attempts = demo_attempts(&a).await;
+    let failed = id_of(&attempts, "Failed");
+    let token = a.admin_token().await;
+    let list = |body: Value| {
+        let (a, token) = (&a, token.clone());
+        async move {
+            let r = a
+                .http()
+                .post(format!("{}/agentbay.runs.v1.Runs/ListRuns", a.url))
+                .bearer_auth(&token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    let today = chrono::Utc::now().date_naive();
+    let day = |d: chrono::NaiveDate| d.format("%Y-%m-%d").to_string();
+    let tomorrow = day(today + chrono::Duration::days(1));
+    let yesterday = day(today - chrono::Duration::days(1));
+    let (_, all) = list(json!({"tenantId": "demo"})).await;
+    let total = all["runs"].as_array().unwrap().len();
+    assert!(total >= 4, "{all}");
+    // By the words of the reason, in any case: the run that ran out of
+    // corrections, and only runs whose reason holds them.
+    let (status, found) = list(json!({"tenantId": "demo", "reasonContains": "CORRECTION"})).await;
+    assert_eq!(status, 200, "{found}");
+    let found = found["runs"].as_array().unwrap();
+    assert!(!found.is_empty());
+    assert!(found.iter().all(|r| {
+        r["reason"]
+            .as_str()
+            .unwrap_or("")
+            .to_lowercase()
+            .contains("correction")
+    }));
+    // By day: today holds them all, tomorrow and yesterday none.
+    let (_, on) = list(
+        json!({"tenantId": "demo", "submittedFrom": day(today), "submittedUntil": day(today)}),
+    )
+    .await;
+    assert_eq!(on["runs"].as_array().unwrap().len(), total);
+    for range in [
+        json!({"submittedFrom": tomorrow}),
+        json!({"submittedUntil": yesterday}),
+    ] {
+        let mut body = range.clone();
+        body["tenantId"] = json!("demo");
+        let (_, none) = list(body).await;
+        assert!(
+            none["runs"].as_array().is_none_or(|r| r.is_empty()),
+            "{range}: {none}"
+        );
+    }
+    let (status, bad) = list(json!({"tenantId": "demo", "submittedFrom": "2026-13-01"})).await;
+    assert_eq!(status, 400);
+    assert!(
+        bad["message"].as_str().unwrap().contains("submittedFrom"),
+        "{bad}"
+    );
+    // The console's lists take the same filters.
+    let v = Visitor::sign_in(&a, "obs").await;
+    let (_, page) = v.get("/attempts?reason=correction").await;
+    assert!(page.contains(&failed[failed.len() - 8..]), "{page}");
+    assert!(page.contains("type=\"date\""), "{page}");
+    let (_, page) = v.get(&format!("/runs?from={tomorrow}")).await;
+    assert!(page.contains("No run"), "{page}");
+    let (status, page) = v.get("/attempts?from=someday").await;
+    assert_eq!(status, 400, "{page}");
+    assert!(page.contains("from"), "{page}");
+}

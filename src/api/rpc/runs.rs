@@ -376,6 +376,24 @@ impl pb::Runs for RunsService {
                     "" => None,
                     p => Some(ProjectId::parse_field("projectId", p)?),
                 },
+                submitted_from: match request.submitted_from {
+                    "" => None,
+                    d => Some(FieldError::parse_day("submittedFrom", d)?),
+                },
+                submitted_until: match request.submitted_until {
+                    "" => None,
+                    d => Some(FieldError::parse_day("submittedUntil", d)?),
+                },
+                reason_contains: match request.reason_contains.trim() {
+                    "" => None,
+                    t if t.chars().count() > 200 => {
+                        return Err(FieldError::new(
+                            "reasonContains",
+                            "is longer than 200 characters",
+                        ));
+                    }
+                    t => Some(t.to_string()),
+                },
             })
         })()
         .map_err(rpc)?;

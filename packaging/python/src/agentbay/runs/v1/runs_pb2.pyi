@@ -361,7 +361,7 @@ class GetRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("state", "agent_id", "release_id", "project_id", "page_size", "page_after", "tenant_id")
+    __slots__ = ("state", "agent_id", "release_id", "project_id", "page_size", "page_after", "tenant_id", "submitted_from", "submitted_until", "reason_contains")
     STATE_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -369,6 +369,9 @@ class ListRunsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_AFTER_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_FROM_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    REASON_CONTAINS_FIELD_NUMBER: _ClassVar[int]
     state: str
     agent_id: str
     release_id: str
@@ -376,7 +379,10 @@ class ListRunsRequest(_message.Message):
     page_size: int
     page_after: str
     tenant_id: str
-    def __init__(self, state: _Optional[str] = ..., agent_id: _Optional[str] = ..., release_id: _Optional[str] = ..., project_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_after: _Optional[str] = ..., tenant_id: _Optional[str] = ...) -> None: ...
+    submitted_from: str
+    submitted_until: str
+    reason_contains: str
+    def __init__(self, state: _Optional[str] = ..., agent_id: _Optional[str] = ..., release_id: _Optional[str] = ..., project_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_after: _Optional[str] = ..., tenant_id: _Optional[str] = ..., submitted_from: _Optional[str] = ..., submitted_until: _Optional[str] = ..., reason_contains: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_after")
