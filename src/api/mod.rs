@@ -11,6 +11,7 @@ pub mod capacity;
 pub mod conn;
 pub mod error;
 pub mod events;
+pub mod export;
 pub mod health;
 pub mod json;
 pub mod oauth;
@@ -106,6 +107,7 @@ pub fn router(state: AppState) -> Router {
             get(runtime::get_call),
         )
         .route("/runtime/artifacts/{hash}", get(runtime::get_artifact))
+        .route("/runtime/runs/{run_id}/export", get(export::export_run))
         .route(
             "/runtime/attempts/{attempt_id}/watch",
             get(runtime::watch_attempt),

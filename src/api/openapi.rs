@@ -10,7 +10,7 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
 use super::rpc::{Access, RPC_METHODS, access_of};
-use super::{capacity, events, health, oauth, releases, runtime, tenants, webhooks};
+use super::{capacity, events, export, health, oauth, releases, runtime, tenants, webhooks};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -26,6 +26,7 @@ use super::{capacity, events, health, oauth, releases, runtime, tenants, webhook
         tenants::list, tenants::get, tenants::put, tenants::put_project,
         releases::import, releases::list, releases::get, releases::deprecate, releases::revoke,
         runtime::get_attempt, runtime::list_checkpoints, runtime::watch_attempt,
+        export::export_run,
         runtime::get_call, runtime::get_artifact,
         webhooks::list, webhooks::create, webhooks::get, webhooks::put, webhooks::delete,
         webhooks::rotate, webhooks::deliveries, webhooks::redeliver,

@@ -50,6 +50,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/account/password", post(signin::change_password))
         .route("/runs", get(work::runs).post(work::submit_run))
         .route("/runs/{run_id}", get(work::run))
+        .route("/runs/{run_id}/export", get(work::export_run))
         .route("/runs/{run_id}/cancel", post(work::cancel_run))
         .route("/runs/{run_id}/hold", post(work::hold_run))
         .route("/attempts", get(work::attempts))

@@ -400,6 +400,25 @@ struct RunPage {
     can_hold: bool,
 }
 
+/// `GET /runs/{id}/export`: the run taken away for review, as the API's
+/// export gives it (`.tar.gz`, opens offline).
+pub async fn export_run(
+    console: Console,
+    Path(run_id): Path<String>,
+) -> Result<Response, PageError> {
+    console.require(Scope::RunsRead)?;
+    let scope = console.scope()?;
+    let id = parse_uuid("runId", &run_id)?;
+    let state = console.state.clone();
+    let by = console.by();
+    let bytes = tokio::task::spawn_blocking(move || {
+        crate::api::export::run_export(&state, &scope, id, &by)
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    Ok(crate::api::export::download(id, bytes))
+}
+
 /// `GET /runs/{id}`: a run with its steps and attempts.
 pub async fn run(console: Console, Path(run_id): Path<String>) -> Result<Response, PageError> {
     console.require(Scope::RunsRead)?;

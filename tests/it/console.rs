@@ -496,6 +496,21 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
             body.contains("acme-corp") && body.contains("<summary>output</summary>"),
             "{body}"
         );
+        // Every reader may take the run away for review.
+        assert!(
+            body.contains(&format!("href=\"/runs/{run}/export\"")),
+            "{body}"
+        );
+        let export = v
+            .client
+            .get(format!("{}/runs/{run}/export", v.base))
+            .header(COOKIE, &v.cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(export.status(), 200, "{name}");
+        assert_eq!(export.headers()["content-type"], "application/gzip");
+        assert!(export.bytes().await.unwrap().starts_with(&[0x1f, 0x8b]));
         // A release's page: its verdicts, the files its manifest pins and
         // the manifest; deprecate and revoke only for an AssetsAdmin.
         let (_, body) = v.get("/releases/triage-1.0.0").await;

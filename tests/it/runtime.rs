@@ -2772,3 +2772,82 @@ async fn the_grain_times_out_an_adapters_tool_call_by_its_class() {
     assert_eq!(t["state"], "Uncertain", "{t}");
     assert_eq!(call(&t, &go.call_id)["status"], "uncertain");
 }
+
+#[tokio::test]
+async fn a_run_exported_for_review_holds_everything_with_hashes_and_opens_offline() {
+    let site = Site::start(false).await;
+    let run = site.submit(json!({"ticket": "t-1"}), None).await;
+    let adapter = site.claim_and_start().await;
+    adapter.think_and_look().await;
+    adapter.report(good_output()).await.unwrap();
+    let response = site
+        .a
+        .http()
+        .get(format!("{}/runtime/runs/{}/export", site.a.url, run.run_id))
+        .bearer_auth(&site.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/gzip");
+    let bytes = response.bytes().await.unwrap();
+    // Unpacked as a reviewer would, offline.
+    let dir = tempfile::tempdir().unwrap();
+    tar::Archive::new(flate2::read::GzDecoder::new(&bytes[..]))
+        .unpack(dir.path())
+        .unwrap();
+    let root = dir.path().join(format!("run-{}", run.run_id));
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["format"], "agentbay.run-export/v1");
+    assert_eq!(manifest["runId"], run.run_id);
+    // Every file is listed with its hash, and every hash holds.
+    let files = manifest["files"].as_array().unwrap();
+    let mut listed = std::collections::BTreeSet::new();
+    for f in files {
+        let path = f["path"].as_str().unwrap();
+        let content = std::fs::read(root.join(path)).unwrap();
+        use sha2::Digest;
+        let hash = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&content)));
+        assert_eq!(f["sha256"], hash.as_str(), "{path}");
+        assert_eq!(f["bytes"], content.len(), "{path}");
+        listed.insert(path.to_string());
+    }
+    for path in ["index.html", "run.json", "release-verdicts.json"] {
+        assert!(listed.contains(path), "{path}: {listed:?}");
+    }
+    let attempt = format!("attempts/{}.json", adapter.id());
+    assert!(listed.contains(&attempt), "{listed:?}");
+    // The calls' content is inside, by its hash: what the timeline names.
+    let timeline: Value =
+        serde_json::from_slice(&std::fs::read(root.join(&attempt)).unwrap()).unwrap();
+    let calls = timeline["calls"].as_array().unwrap();
+    assert!(!calls.is_empty(), "{timeline}");
+    for c in calls {
+        let request = c["requestHash"].as_str().unwrap();
+        assert!(
+            listed.contains(&format!("artifacts/{}", &request[7..])),
+            "the request of call {} is in the export",
+            c["callId"]
+        );
+    }
+    let html = std::fs::read_to_string(root.join("index.html")).unwrap();
+    assert!(
+        html.contains(&run.run_id) && html.contains("artifacts/"),
+        "{html}"
+    );
+    assert!(!html.contains("<script"), "the page needs no script");
+    // Another tenant cannot take it.
+    site.a.tenant("globex", "team", &[], &["ops"]).await;
+    let reader = site.a.create_client("globex", &["factory.runs.read"]).await;
+    let token = site.a.token(&reader).await;
+    let r = site
+        .a
+        .http()
+        .get(format!("{}/runtime/runs/{}/export", site.a.url, run.run_id))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}

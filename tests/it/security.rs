@@ -304,6 +304,15 @@ fn rest_table(v: &Victim) -> HashMap<&'static str, RestCase> {
             ),
         ),
         (
+            "GET /runtime/runs/{runId}/export",
+            case(
+                S(Scope::RunsRead),
+                &format!("/runtime/runs/{}/export", v.run),
+                None,
+                Some(format!("/runtime/runs/{}/export", v.run)),
+            ),
+        ),
+        (
             "GET /runtime/attempts/{attemptId}/checkpoints",
             case(
                 S(Scope::RunsRead),
