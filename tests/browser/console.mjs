@@ -196,7 +196,23 @@ try {
 
   await page.click("nav.main a:has-text('Pools')");
   await page.waitForSelector("svg.bar");
+  const legend = await page.textContent("p.legend");
+  expect(/CPU granted/.test(legend) && /maxSize/.test(legend), `the pool bars have a legend: ${legend}`);
   await shot(page, "09-pools");
+
+  // A release's page: every verdict, the files it pins, the manifest; the
+  // list says why each release is as it is, and offers the upload.
+  await page.click("nav.main a:has-text('Releases')");
+  await page.waitForSelector("#releases");
+  expect(await page.locator("form[enctype='multipart/form-data'] input[type=file]").count() === 1,
+    "the administrator may import a release by upload");
+  await page.click("#releases tbody a[href='/releases/triage-1.0.0']");
+  await page.waitForSelector("#verdicts");
+  const verdicts = await page.textContent("#verdicts");
+  expect(/stored as Verified/.test(verdicts), `the release's verdicts: ${verdicts}`);
+  const files = await page.textContent("#files");
+  expect(/instructions\.md/.test(files), `the files it pins: ${files}`);
+  await shot(page, "09b-release");
 
   // 6. Without JavaScript: sign in, sort and filter a table, read a
   // timeline — everything is in the served HTML.

@@ -1180,7 +1180,7 @@ async fn the_console_in_a_real_browser() {
             file.display()
         );
     }
-    assert_eq!(result["steps"].as_array().unwrap().len(), 12, "{result}");
+    assert_eq!(result["steps"].as_array().unwrap().len(), 13, "{result}");
 }
 
 #[tokio::test]
