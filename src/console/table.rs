@@ -37,6 +37,14 @@ pub enum Cell {
         /// `YYYY-MM-DD HH:MM:SS UTC`.
         text: String,
     },
+    /// Words that name things by id: each id (a UUID, a `sha256:` hash)
+    /// is shown short, whole on hover and copied whole ([`Cell::words`]).
+    Words {
+        /// The whole text, for sorting and filtering.
+        text: String,
+        /// Its pieces: text, or an id (true).
+        parts: Vec<(String, bool)>,
+    },
     /// A state, shown as a badge coloured by its meaning.
     State(String),
     /// A number, right-aligned and sorted numerically.
@@ -52,6 +60,15 @@ impl Cell {
     /// Text cell.
     pub fn text(s: impl Into<String>) -> Cell {
         Cell::Text(s.into())
+    }
+
+    /// A cell of words whose ids are shown short.
+    pub fn words(text: impl Into<String>) -> Cell {
+        let text = text.into();
+        Cell::Words {
+            parts: split_ids(&text),
+            text,
+        }
     }
 
     /// A time cell.
@@ -107,7 +124,10 @@ impl Cell {
     fn sort_key(&self) -> SortKey<'_> {
         match self {
             Cell::Num(n, _) => SortKey::Num(*n),
-            Cell::Text(s) | Cell::State(s) | Cell::Time { text: s, .. } => SortKey::Text(s),
+            Cell::Text(s)
+            | Cell::State(s)
+            | Cell::Time { text: s, .. }
+            | Cell::Words { text: s, .. } => SortKey::Text(s),
             Cell::Code { full, .. } => SortKey::Text(full),
             Cell::Link { text, .. } => SortKey::Text(text),
             Cell::Actions(_) | Cell::Settle(_) => SortKey::Text(""),
@@ -116,7 +136,10 @@ impl Cell {
 
     fn matches(&self, needle: &str) -> bool {
         let hay = match self {
-            Cell::Text(s) | Cell::State(s) | Cell::Time { text: s, .. } => s,
+            Cell::Text(s)
+            | Cell::State(s)
+            | Cell::Time { text: s, .. }
+            | Cell::Words { text: s, .. } => s,
             Cell::Code { full, .. } => full,
             Cell::Link { text, title, .. } if !title.is_empty() => {
                 return title.to_lowercase().contains(needle)
@@ -141,6 +164,54 @@ impl Cell {
             _ => "",
         }
     }
+}
+
+/// The text's ids (UUIDs in their hyphenated form, `sha256:` and 64 hex
+/// digits) apart from its words, in order: (piece, is an id).
+pub fn split_ids(text: &str) -> Vec<(String, bool)> {
+    fn id_at(s: &str) -> Option<usize> {
+        let b = s.as_bytes();
+        let hex = |r: std::ops::Range<usize>| {
+            r.clone()
+                .all(|i| b.get(i).is_some_and(u8::is_ascii_hexdigit))
+        };
+        if s.starts_with("sha256:")
+            && hex(7..71)
+            && !b.get(71).is_some_and(u8::is_ascii_alphanumeric)
+        {
+            return Some(71);
+        }
+        let dashes = [8, 13, 18, 23];
+        let uuid = (0..36).all(|i| {
+            if dashes.contains(&i) {
+                b.get(i) == Some(&b'-')
+            } else {
+                b.get(i).is_some_and(u8::is_ascii_hexdigit)
+            }
+        });
+        (uuid && !b.get(36).is_some_and(u8::is_ascii_alphanumeric)).then_some(36)
+    }
+    let mut parts: Vec<(String, bool)> = Vec::new();
+    let mut words = String::new();
+    let mut i = 0;
+    while i < text.len() {
+        let boundary = i == 0 || !text.as_bytes()[i - 1].is_ascii_alphanumeric();
+        if boundary && let Some(n) = id_at(&text[i..]) {
+            if !words.is_empty() {
+                parts.push((std::mem::take(&mut words), false));
+            }
+            parts.push((text[i..i + n].to_string(), true));
+            i += n;
+            continue;
+        }
+        let c = text[i..].chars().next().expect("within the text");
+        words.push(c);
+        i += c.len_utf8();
+    }
+    if !words.is_empty() {
+        parts.push((words, false));
+    }
+    parts
 }
 
 #[derive(PartialEq, PartialOrd)]
@@ -440,6 +511,26 @@ impl ListQuery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_told_apart_from_words() {
+        let text =
+            "waiting for decision 0190e5a0-0000-7000-8000-0000000000ff (approval x); hash sha256:"
+                .to_string()
+                + &"ab".repeat(32)
+                + " ok";
+        let parts = split_ids(&text);
+        let ids: Vec<&str> = parts.iter().filter(|p| p.1).map(|p| p.0.as_str()).collect();
+        assert_eq!(ids[0], "0190e5a0-0000-7000-8000-0000000000ff");
+        assert_eq!(ids[1].len(), 71);
+        assert_eq!(parts.iter().map(|p| p.0.as_str()).collect::<String>(), text);
+        // Not an id: too short, or part of a longer word.
+        assert!(
+            split_ids("0190e5a0-0000 x0190e5a0-0000-7000-8000-0000000000ff")
+                .iter()
+                .all(|p| !p.1)
+        );
+    }
 
     fn query(q: &str) -> ListQuery {
         ListQuery::parse(&RawQuery(Some(q.to_string())))

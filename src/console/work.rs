@@ -272,7 +272,7 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
                 Cell::num(r.steps.iter().map(|s| s.attempts.len() as u32).sum::<u32>()),
                 last,
                 Cell::time(&r.created_at),
-                Cell::text(why),
+                Cell::words(why),
             ]
         })
         .collect();
@@ -587,7 +587,7 @@ pub async fn attempts(console: Console, raw: RawQuery) -> Result<Response, PageE
                 Cell::id(s.run_id, format!("/runs/{}", s.run_id)),
                 Cell::num(s.number),
                 Cell::time(&s.started_at),
-                Cell::text(
+                Cell::words(
                     waiting
                         .get(&s.attempt_id)
                         .cloned()

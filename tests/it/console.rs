@@ -1651,6 +1651,15 @@ async fn runs_and_attempts_are_found_by_day_and_by_the_words_of_their_reason() {
     assert!(page.contains("type=\"date\""), "{page}");
     let (_, page) = v.get(&format!("/runs?from={tomorrow}")).await;
     assert!(page.contains("No run"), "{page}");
+    // Why an attempt waits reads as words; each id in it is short, whole
+    // on hover and copied whole.
+    let (_, page) = v.get("/attempts?state=WaitingForDecision").await;
+    let cell = page
+        .split("<td>")
+        .find(|c| c.starts_with("waiting for a human"))
+        .unwrap_or_else(|| panic!("{page}"));
+    assert!(cell.contains("decision <code title=\""), "{cell}");
+    assert!(cell.contains("data-copy=\""), "{cell}");
     let (status, page) = v.get("/attempts?from=someday").await;
     assert_eq!(status, 400, "{page}");
     assert!(page.contains("from"), "{page}");
