@@ -214,7 +214,9 @@ pub fn download(run_id: Uuid, bytes: Vec<u8>) -> Response {
         ("tenant" = Option<String>, Query, description = "Another tenant's run (a slug), PlatformAdmin only"),
     ),
     responses(
-        (status = 200, description = "The run's export: manifest.json (every file's sha256), index.html (opens offline), run.json, attempts/<id>.json, release-verdicts.json, artifacts/<hex>", content_type = "application/gzip"),
+        (status = 200, description = "The run's export, a .tar.gz: manifest.json (every file's sha256), index.html (opens offline), run.json, attempts/<id>.json, release-verdicts.json, artifacts/<hex>", content(
+            (Vec<u8> = "application/gzip"),
+        )),
         (status = 404, description = "No such run in the caller's tenant"),
     ),
     security(("bearer" = ["factory.runs.read"])))]
