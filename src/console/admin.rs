@@ -37,7 +37,7 @@ pub async fn releases(console: Console, raw: RawQuery) -> Result<Response, PageE
     let rows = list
         .iter()
         .map(|r| {
-            let reason = release_reason(r, refused.get(&r.release_id));
+            let reason = r.why(refused.get(&r.release_id));
             let verified = r.state == LoadState::Verified;
             let lifecycle = format!("{:?}", r.lifecycle);
             let mut actions = Vec::new();
@@ -114,52 +114,6 @@ struct ReleasesPage {
     l: Layout,
     t: Table,
     can_import: bool,
-}
-
-/// Why a release is as it is, in words: why it is not verified, why it
-/// is retired, or that a later copy of it was refused while it stayed
-/// verified; how it was verified otherwise.
-fn release_reason(
-    r: &crate::domain::release::LoadedRelease,
-    refused: Option<&crate::domain::trust::ReleaseVerdict>,
-) -> String {
-    if let Some(reason) = &r.reason {
-        return reason.clone();
-    }
-    let mut words = Vec::new();
-    if r.lifecycle != crate::domain::release::Lifecycle::Published {
-        use crate::domain::release::InFlightPolicy;
-        let policy = match r.in_flight_policy {
-            Some(InFlightPolicy::Finish) => {
-                "running attempts finish, new runs are still dispatched"
-            }
-            Some(InFlightPolicy::Drain) | None => {
-                "running attempts finish, no new run is dispatched"
-            }
-            Some(InFlightPolicy::Interrupt) => {
-                "running attempts were interrupted, no new run is dispatched"
-            }
-        };
-        words.push(format!("{:?}: {policy}", r.lifecycle));
-    }
-    if let Some(v) = refused.filter(|v| v.at > r.imported_at) {
-        words.push(format!(
-            "a copy imported {} by {} was refused ({}: {}); this one stays {}",
-            when(&v.at),
-            v.by,
-            v.state.as_str().to_lowercase(),
-            v.reason.as_deref().unwrap_or(""),
-            r.state.as_str()
-        ));
-    }
-    if words.is_empty() {
-        format!(
-            "signature, content hashes and compatibility checked; signed by {}",
-            r.signer.as_deref().unwrap_or("?")
-        )
-    } else {
-        words.join("; ")
-    }
 }
 
 /// `POST /releases/{id}/retire`: deprecate or revoke with an in-flight
@@ -305,7 +259,7 @@ pub async fn release(
             v.cause == crate::domain::trust::VerdictCause::Import && v.state != LoadState::Verified
         })
         .cloned();
-    let reason = release_reason(&r, refused.as_ref());
+    let reason = r.why(refused.as_ref());
     let verdict_rows = history
         .iter()
         .rev()

@@ -919,6 +919,51 @@ pub struct LoadedRelease {
     pub revision: u64,
 }
 
+impl LoadedRelease {
+    /// Why it is as it is, in words: why it is not verified, what its
+    /// retirement does to runs, that a later copy (`refused`, the newest
+    /// refused import of its id) was refused while it stayed; otherwise
+    /// how it was verified.
+    pub fn why(&self, refused: Option<&super::trust::ReleaseVerdict>) -> String {
+        if let Some(reason) = &self.reason {
+            return reason.clone();
+        }
+        let mut words = Vec::new();
+        if self.lifecycle != Lifecycle::Published {
+            let policy = match self.in_flight_policy {
+                Some(InFlightPolicy::Finish) => {
+                    "running attempts finish, new runs are still dispatched"
+                }
+                Some(InFlightPolicy::Drain) | None => {
+                    "running attempts finish, no new run is dispatched"
+                }
+                Some(InFlightPolicy::Interrupt) => {
+                    "running attempts were interrupted, no new run is dispatched"
+                }
+            };
+            words.push(format!("{:?}: {policy}", self.lifecycle));
+        }
+        if let Some(v) = refused.filter(|v| v.at > self.imported_at) {
+            words.push(format!(
+                "a copy imported {} by {} was refused ({}: {}); this one stays {}",
+                v.at.format("%Y-%m-%d %H:%M:%S UTC"),
+                v.by,
+                v.state.as_str().to_lowercase(),
+                v.reason.as_deref().unwrap_or(""),
+                self.state.as_str()
+            ));
+        }
+        if words.is_empty() {
+            format!(
+                "signature, content hashes and compatibility checked; signed by {}",
+                self.signer.as_deref().unwrap_or("?")
+            )
+        } else {
+            words.join("; ")
+        }
+    }
+}
+
 /// Payload of `execution.releases.v1.release-loaded`.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
