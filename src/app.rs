@@ -269,6 +269,7 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
         auth_config.clone(),
         releases.clone(),
         capacity.clone(),
+        store.clone(),
         clock.clone(),
     ));
     let runtime = Runtime::start(

@@ -383,6 +383,8 @@ pub struct RetentionConfig {
     /// Days finished runs (with attempts, checkpoints, calls, decisions),
     /// ended leases, per-day minutes and events are kept.
     pub history_days: u32,
+    /// Days audit records are kept (the whole site's trail: one chain).
+    pub audit_days: u32,
     /// Seconds between Purger passes.
     pub purge_interval_seconds: u64,
     /// Records one purge transaction touches at most.
@@ -397,6 +399,7 @@ impl Default for RetentionConfig {
         RetentionConfig {
             payload_days: 30,
             history_days: 90,
+            audit_days: 400,
             purge_interval_seconds: 300,
             purge_batch_records: 500,
             purge_pause_ms: 20,
@@ -1152,6 +1155,7 @@ impl Config {
         let r = &self.retention;
         range("retention.payload_days", r.payload_days.into(), 1, 36_500)?;
         range("retention.history_days", r.history_days.into(), 1, 36_500)?;
+        range("retention.audit_days", r.audit_days.into(), 1, 36_500)?;
         if r.payload_days > r.history_days {
             return Err(ConfigError::new(
                 "retention.payload_days",

@@ -944,7 +944,23 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(execute(cli.command)) {
+    // What the command line changes in the store directly is audited as
+    // done by the machine's account that ran it; the appliance itself
+    // (serve) audits each request as its own.
+    let result = if matches!(cli.command, Command::Serve { .. }) {
+        runtime.block_on(execute(cli.command))
+    } else {
+        let account = std::env::var("USER")
+            .or_else(|_| std::env::var("USERNAME"))
+            .unwrap_or_else(|_| "unknown".into());
+        let origin = agentbay::domain::audit::Origin {
+            actor: format!("the appliance's owner (agentbay command line, account {account})"),
+            address: "local".into(),
+            via: agentbay::domain::audit::Via::Cli,
+        };
+        runtime.block_on(agentbay::store::trail::scope(origin, execute(cli.command)))
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

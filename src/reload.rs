@@ -73,6 +73,7 @@ pub struct Reloader {
     auth: Live<AuthConfig>,
     releases: Arc<Releases>,
     capacity: Arc<crate::capacity::Capacity>,
+    store: crate::store::Store,
     clock: SharedClock,
 }
 
@@ -84,6 +85,7 @@ impl Reloader {
         auth: Live<AuthConfig>,
         releases: Arc<Releases>,
         capacity: Arc<crate::capacity::Capacity>,
+        store: crate::store::Store,
         clock: SharedClock,
     ) -> Reloader {
         Reloader {
@@ -94,6 +96,7 @@ impl Reloader {
             running: Mutex::new(config.clone()),
             releases,
             capacity,
+            store,
             clock,
         }
     }
@@ -198,12 +201,39 @@ impl Reloader {
             tracing::warn!(key = %key, "configuration key changed; it keeps its running value until the appliance restarts");
         }
         tracing::info!(applied = ?applied, restart_needed = ?restart_needed, "configuration reloaded");
-        Ok(Reloaded {
+        let done = Reloaded {
             applied,
             restart_needed,
             loaded_at: now,
             from: self.running.lock().source.describe(),
-        })
+        };
+        self.audit(&done).await;
+        Ok(done)
+    }
+
+    /// Records the reload in the audit trail: by whoever asked
+    /// (`agentbay reload`), or by the appliance on SIGHUP. Which keys
+    /// changed is kept, never their values (a key can hold a secret).
+    async fn audit(&self, done: &Reloaded) {
+        use crate::domain::audit::{Change, Origin, Via};
+        let origin = crate::store::trail::current().unwrap_or_else(|| Origin {
+            actor: "the appliance (SIGHUP)".into(),
+            address: "local".into(),
+            via: Via::System,
+        });
+        let change = Change::new(&crate::domain::TenantId::platform(), "config.reload", &done.from)
+            .after(serde_json::json!({
+                "applied": done.applied,
+                "restartNeeded": done.restart_needed,
+            }));
+        let at = done.loaded_at;
+        if let Err(e) = self
+            .store
+            .transact(move |tx| tx.audit_as(&origin, at, change))
+            .await
+        {
+            tracing::error!(error = %e, "recording the configuration reload in the audit trail");
+        }
     }
 }
 

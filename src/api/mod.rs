@@ -11,6 +11,7 @@ pub mod capacity;
 pub mod conn;
 pub mod error;
 pub mod events;
+pub mod audit;
 pub mod export;
 pub mod health;
 pub mod json;
@@ -108,6 +109,8 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/runtime/artifacts/{hash}", get(runtime::get_artifact))
         .route("/runtime/runs/{run_id}/export", get(export::export_run))
+        .route("/factory/audit", get(audit::list))
+        .route("/factory/audit/verify", get(audit::verify))
         .route(
             "/runtime/attempts/{attempt_id}/watch",
             get(runtime::watch_attempt),
@@ -237,6 +240,31 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 }
 
 /// Counts and times every request by route, and logs failures.
+/// Where a request comes from, for the audit trail: the TCP peer (the
+/// appliance terminates TLS, so no forwarding header is believed) and the
+/// door (RPC by its path, the API by its bearer token, else the console).
+/// Authentication names the actor later.
+fn request_origin(request: &Request) -> crate::domain::audit::Origin {
+    use crate::domain::audit::Via;
+    let address = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0.ip().to_canonical().to_string())
+        .unwrap_or_else(|| "in-process".to_string());
+    let via = if rpc::method_of(request.uri().path()).is_some() {
+        Via::Rpc
+    } else if request.headers().contains_key(header::AUTHORIZATION) {
+        Via::Api
+    } else {
+        Via::Console
+    };
+    crate::domain::audit::Origin {
+        actor: String::new(),
+        address,
+        via,
+    }
+}
+
 async fn observe(State(_state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     // Label values come from fixed sets only, whatever the request: the
@@ -249,6 +277,7 @@ async fn observe(State(_state): State<AppState>, request: Request, next: Next) -
             .to_string(),
     };
     let method = request.method().clone();
+    let origin = request_origin(&request);
     let span = tracing::info_span!(
         "request",
         otel.name = %format!("{method} {route}"),
@@ -257,7 +286,11 @@ async fn observe(State(_state): State<AppState>, request: Request, next: Next) -
         http.route = %route,
         http.response.status_code = tracing::field::Empty,
     );
-    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
+    let response = crate::store::trail::scope(
+        origin,
+        tracing::Instrument::instrument(next.run(request), span.clone()),
+    )
+    .await;
     let status = response.status();
     span.record("http.response.status_code", status.as_u16());
     let elapsed = started.elapsed().as_secs_f64();

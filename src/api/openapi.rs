@@ -10,7 +10,9 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
 use super::rpc::{Access, RPC_METHODS, access_of};
-use super::{capacity, events, export, health, oauth, releases, runtime, tenants, webhooks};
+use super::{
+    audit, capacity, events, export, health, oauth, releases, runtime, tenants, webhooks,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -30,6 +32,7 @@ use super::{capacity, events, export, health, oauth, releases, runtime, tenants,
         runtime::get_call, runtime::get_artifact,
         webhooks::list, webhooks::create, webhooks::get, webhooks::put, webhooks::delete,
         webhooks::rotate, webhooks::deliveries, webhooks::redeliver,
+        audit::list, audit::verify,
     ),
     components(schemas(
         oauth::TokenRequest,
@@ -49,6 +52,7 @@ use super::{capacity, events, export, health, oauth, releases, runtime, tenants,
         (name = "releases", description = "Signed release bundles and what this appliance verified"),
         (name = "runtime", description = "Attempt timelines, checkpoints and live watches"),
         (name = "webhooks", description = "Signed webhook endpoints and their deliveries"),
+        (name = "audit", description = "Who did what, from where, and what it changed: a hash chain"),
     )
 )]
 struct RestApi;

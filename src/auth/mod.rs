@@ -213,6 +213,13 @@ impl Auth {
 
     /// Resolves an `Authorization` header value to a principal.
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, AuthError> {
+        let principal = self.principal_of(authorization)?;
+        // Whatever the request changes is audited as done by this principal.
+        crate::store::trail::set_actor(&principal.subject.to_string());
+        Ok(principal)
+    }
+
+    fn principal_of(&self, authorization: Option<&str>) -> Result<Principal, AuthError> {
         let header = authorization.ok_or_else(|| {
             AuthError::Unauthenticated(
                 "missing Authorization header; send `Authorization: Bearer <token>` with a token from POST /oauth/token"

@@ -20,6 +20,7 @@
 //! its size back: from then on, requests behind it only get what is left
 //! beyond it.
 
+use crate::domain::audit::{Change as AuditChange, Origin};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -164,6 +165,8 @@ pub enum Msg {
     Update {
         spec: PoolSpec,
         slot: SlotSize,
+        /// Who changes it, for the audit trail.
+        origin: Option<Origin>,
         reply: Reply<WorkerPool>,
     },
     Drain,
@@ -243,6 +246,8 @@ struct Effects {
     minutes: Vec<(TenantId, ProjectId, NaiveDate, u64)>,
     /// Run slots taken by grants.
     slots: Vec<RunSlot>,
+    /// Changes people made, for the audit trail.
+    audits: Vec<(Origin, AuditChange)>,
     after: Vec<AfterDurable>,
 }
 
@@ -403,7 +408,12 @@ impl PoolGrain {
                     let _ = reply.send(change);
                 });
             }
-            Msg::Update { spec, slot, reply } => self.update(spec, slot, reply, &mut fx),
+            Msg::Update {
+                spec,
+                slot,
+                origin,
+                reply,
+            } => self.update(spec, slot, origin, reply, &mut fx),
             Msg::Drain => self.drain(&mut fx),
             Msg::Snapshot { reply } => {
                 let _ = reply.send(self.snapshot());
@@ -442,6 +452,7 @@ impl PoolGrain {
             events,
             minutes,
             slots,
+            audits,
             after,
         } = fx;
         if leases.is_empty()
@@ -449,6 +460,7 @@ impl PoolGrain {
             && events.is_empty()
             && minutes.is_empty()
             && slots.is_empty()
+            && audits.is_empty()
         {
             for f in after {
                 f(Ok(()));
@@ -490,6 +502,9 @@ impl PoolGrain {
                 tx.put(&TenantScope::new(slot.tenant_id.clone()), slot)?;
             }
             tx.emit_all(events)?;
+            for (origin, change) in audits {
+                tx.audit_as(&origin, now, change)?;
+            }
             Ok::<_, StoreError>(())
         };
         // The replies are sent from the store's flusher as soon as the
@@ -945,10 +960,12 @@ impl PoolGrain {
         &mut self,
         spec: PoolSpec,
         slot: SlotSize,
+        origin: Option<Origin>,
         reply: Reply<WorkerPool>,
         fx: &mut Effects,
     ) {
         let now = self.now();
+        let before = self.pool.settings();
         match WorkerPool::set(
             Some(&self.pool),
             &self.pool.pool_id.clone(),
@@ -959,6 +976,13 @@ impl PoolGrain {
             Ok((pool, events)) => {
                 self.pool = pool;
                 fx.pool_dirty = true;
+                if let Some(origin) = origin {
+                    let change =
+                        AuditChange::new(&self.pool.tenant_id, "pool.set", &self.pool.pool_id)
+                            .before(before)
+                            .after(self.pool.settings());
+                    fx.audits.push((origin, change));
+                }
                 fx.events.extend(events);
                 self.drain(fx);
                 let pool = self.pool.clone();

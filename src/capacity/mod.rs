@@ -625,16 +625,26 @@ impl Capacity {
         }
         if self.grain(pool_id).is_some() {
             let result = self
-                .ask(pool_id, |reply| Msg::Update { spec, slot, reply })
+                .ask(pool_id, |reply| Msg::Update {
+                    spec,
+                    slot,
+                    origin: crate::store::trail::current(),
+                    reply,
+                })
                 .await?;
             return result;
         }
-        let (mut pool, events) = WorkerPool::set(None, pool_id, spec, slot, self.now())?;
+        let now = self.now();
+        let (mut pool, events) = WorkerPool::set(None, pool_id, spec, slot, now)?;
         let pool = self
             .store()
             .transact(move |tx: &mut Tx| {
                 tx.save(&TenantScope::new(pool.tenant_id.clone()), &mut pool)?;
                 tx.emit_all(events)?;
+                let change =
+                    crate::domain::audit::Change::new(&pool.tenant_id, "pool.set", &pool.pool_id)
+                        .after(pool.settings());
+                tx.audit(now, change)?;
                 Ok::<_, StoreError>(pool)
             })
             .await?;

@@ -275,12 +275,15 @@ impl FromRequestParts<AppState> for Console {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
         let session = cookie_of(parts).and_then(|c| state.sessions.get(&c).map(|s| (c, s)));
         match session {
-            Some((cookie, session)) => Ok(Console {
+            Some((cookie, session)) => {
+                crate::store::trail::set_actor(&format!("user {}", session.username));
+                Ok(Console {
                 state: state.clone(),
                 session,
                 cookie,
                 foreign: foreign_origin(parts),
-            }),
+            })
+            }
             None => {
                 let next = parts
                     .uri

@@ -108,6 +108,8 @@ pub async fn submit(
                 state.sessions.view_tenant(&cookie, tenant);
             }
             tracing::info!(user = %user.username, tenant = %user.tenant_id, "console sign-in");
+            let actor = format!("user {}", user.username);
+            audit_session(&state, &user.tenant_id, &actor, "session.sign-in", None).await?;
             let mut response = Redirect::to(&next).into_response();
             let value = format!("{COOKIE}={cookie}; Path=/; Secure; HttpOnly; SameSite=Strict");
             response.headers_mut().insert(
@@ -127,14 +129,53 @@ pub async fn submit(
                 .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
             Ok(response)
         }
-        Err(e) => refuse(StatusCode::UNAUTHORIZED, e.to_string()),
+        Err(e) => {
+            // Whose name was tried is not known to be anyone's: the refusal
+            // is the platform's to see.
+            let actor = format!("user {username}");
+            let why = Some(e.to_string());
+            let platform = crate::domain::TenantId::platform();
+            audit_session(&state, &platform, &actor, "session.sign-in-refused", why).await?;
+            refuse(StatusCode::UNAUTHORIZED, e.to_string())
+        }
     }
+}
+
+/// Records a sign-in, a refused one or a sign-out in the audit trail, as
+/// done by `actor` from the request's address.
+async fn audit_session(
+    state: &AppState,
+    tenant: &crate::domain::TenantId,
+    actor: &str,
+    action: &'static str,
+    detail: Option<String>,
+) -> Result<(), PageError> {
+    use crate::domain::audit::{Change, Origin, Via};
+    let (address, via) =
+        crate::store::trail::current_address().unwrap_or(("in-process".into(), Via::Console));
+    let origin = Origin {
+        actor: actor.to_string(),
+        address,
+        via,
+    };
+    let mut change = Change::new(tenant, action, actor.trim_start_matches("user "));
+    change.detail = detail;
+    let at = state.clock.now();
+    state
+        .store
+        .transact(move |tx| tx.audit_as(&origin, at, change))
+        .await
+        .map_err(crate::api::error::ApiError::internal)?;
+    Ok(())
 }
 
 /// `POST /signout`: ends the session and clears the cookie.
 pub async fn signout(console: Console, raw: RawForm) -> Result<Response, PageError> {
     console.form(raw)?;
     console.state.sessions.end(&console.cookie);
+    let actor = console.by();
+    let tenant = console.session.tenant.clone();
+    audit_session(&console.state, &tenant, &actor, "session.sign-out", None).await?;
     let mut response = Redirect::to("/signin").into_response();
     response.headers_mut().insert(
         header::SET_COOKIE,

@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod amount;
+pub mod audit;
 pub mod attempt;
 pub mod capacity;
 pub mod content;

@@ -54,6 +54,16 @@ pub struct ProfileSpec {
 }
 
 impl SiteModelProfile {
+    /// Where it points, as the audit trail shows a change of it.
+    pub fn settings(&self) -> serde_json::Value {
+        serde_json::json!({
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "apiKeyRef": self.api_key_ref,
+            "timeoutSeconds": self.timeout_seconds,
+        })
+    }
+
     /// Checks a spec and makes the profile, naming the field at fault.
     /// `known_key` says whether an API key name is configured.
     pub fn new(

@@ -98,7 +98,7 @@ impl From<CapacityError> for RuntimeError {
 /// A handle on a running grain.
 #[derive(Clone)]
 pub struct GrainHandle {
-    tx: mpsc::UnboundedSender<Msg>,
+    tx: mpsc::UnboundedSender<grain::Mail>,
     view: watch::Receiver<Arc<AttemptView>>,
 }
 
@@ -294,7 +294,7 @@ impl Runtime {
 
     /// Removes a grain that stopped from the registry, unless another grain
     /// has taken its place.
-    pub(crate) fn forget(&self, attempt_id: Uuid, grain: &mpsc::UnboundedSender<Msg>) {
+    pub(crate) fn forget(&self, attempt_id: Uuid, grain: &mpsc::UnboundedSender<grain::Mail>) {
         let mut grains = self.shared.grains.lock();
         if grains
             .get(&attempt_id)
@@ -411,7 +411,7 @@ impl Runtime {
             return Ok(None);
         };
         let (reply, rx) = oneshot::channel();
-        if g.tx.send(make(reply)).is_err() {
+        if g.tx.send((make(reply), crate::store::trail::current())).is_err() {
             return Ok(None);
         }
         match rx.await {
@@ -1121,7 +1121,7 @@ impl Runtime {
         let mut failed = 0;
         for g in grains {
             let (reply, rx) = oneshot::channel();
-            if g.tx.send(Msg::Renew { reply }).is_ok() {
+            if g.tx.send((Msg::Renew { reply }, None)).is_ok() {
                 match rx.await {
                     Ok(Ok(true)) => renewed += 1,
                     Ok(Ok(false)) => {}
@@ -1146,7 +1146,7 @@ impl Runtime {
             .collect();
         for (id, g) in grains {
             let (reply, rx) = oneshot::channel();
-            if g.tx.send(Msg::Reconcile { reply }).is_ok()
+            if g.tx.send((Msg::Reconcile { reply }, None)).is_ok()
                 && let Ok(Ok(Some(state))) = rx.await
             {
                 settled.push((id, state));

@@ -2,6 +2,7 @@
 //! [`crate::domain::model_profile`]): set, list and remove them, and
 //! resolve the one a model call of a tenant uses.
 
+use crate::domain::audit::Change;
 use chrono::{DateTime, Utc};
 
 use super::RuntimeError;
@@ -39,10 +40,15 @@ pub async fn put(
     let saved = store
         .transact(move |tx: &mut Tx| -> Result<SiteModelProfile, StoreError> {
             let mut next = profile;
-            if let Some(existing) = tx.get::<SiteModelProfile>(&scope, &next.profile_id)? {
+            let existing = tx.get::<SiteModelProfile>(&scope, &next.profile_id)?;
+            if let Some(existing) = &existing {
                 next.version = existing.version;
             }
             tx.save(&scope, &mut next)?;
+            let change = Change::new(scope.tenant(), "model-profile.set", &next.profile_id)
+                .before(existing.as_ref().map(SiteModelProfile::settings))
+                .after(next.settings());
+            tx.audit(now, change)?;
             Ok(next)
         })
         .await?;
@@ -56,6 +62,7 @@ pub async fn remove(
     store: &Store,
     owner: TenantId,
     profile_id: &str,
+    now: DateTime<Utc>,
 ) -> Result<SiteModelProfile, RuntimeError> {
     let scope = TenantScope::new(owner);
     let id = profile_id.to_string();
@@ -66,6 +73,9 @@ pub async fn remove(
                     .get(&scope, &id)?
                     .ok_or_else(|| DomainError::not_found("model profile", &id))?;
                 tx.delete::<SiteModelProfile>(&scope, &id)?;
+                let change = Change::new(scope.tenant(), "model-profile.delete", &id)
+                    .before(existing.settings());
+                tx.audit(now, change)?;
                 Ok(existing)
             },
         )

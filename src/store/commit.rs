@@ -30,7 +30,7 @@ use tokio::sync::{broadcast, oneshot};
 use super::engine::Engine;
 use super::outbox::StoredEvent;
 use super::tx::{DerivedCache, Finished, Tx, Writes};
-use super::{StoreError, Table, redo};
+use super::{StoreError, Table, redo, trail};
 
 /// Most transactions applied as one group; bounds the size of a group's
 /// redo record and the latency a group adds to its first member.
@@ -57,6 +57,8 @@ pub(super) struct WriterCtx {
     events: Vec<Arc<StoredEvent>>,
     /// Sequence number of the next event.
     next_seq: u64,
+    /// The end of the audit chain.
+    trail: trail::Head,
 }
 
 /// A transaction: runs against the group overlay, returns how to answer
@@ -80,6 +82,8 @@ pub(super) struct CommitOptions {
     pub sync_data: bool,
     /// Sequence number of the next event.
     pub next_seq: u64,
+    /// The end of the audit chain.
+    pub trail: trail::Head,
     /// Reopen the database after this many bytes written (0: never).
     pub snapshot_every: u64,
 }
@@ -143,6 +147,7 @@ impl Committer {
         let CommitOptions {
             sync_data,
             next_seq,
+            trail,
             snapshot_every,
         } = options;
         // Opened for writing because Windows' FlushFileBuffers needs it;
@@ -174,6 +179,7 @@ impl Committer {
             derived: DerivedCache::default(),
             events: Vec::new(),
             next_seq,
+            trail,
         };
         let writer = {
             let shared = shared.clone();
@@ -234,6 +240,7 @@ impl Committer {
         D: FnOnce(Result<R, E>) + Send + 'static,
     {
         let mut done = Answer(Some(done), std::marker::PhantomData);
+        let origin = trail::current();
         self.send(Job::Tx(Box::new(move |ctx: &mut WriterCtx| {
             let engine = ctx.engine.clone();
             let open = match engine.read() {
@@ -243,15 +250,24 @@ impl Committer {
                     return None;
                 }
             };
-            let mut tx = Tx::new(&open.trees, &ctx.group, &ctx.derived, ctx.next_seq);
+            let mut tx = Tx::new(
+                &open.trees,
+                &ctx.group,
+                &ctx.derived,
+                ctx.next_seq,
+                ctx.trail.clone(),
+                origin,
+            );
             match f(&mut tx) {
                 Ok(value) => {
                     let Finished {
                         writes,
                         events,
                         learnt,
+                        trail,
                     } = tx.finish();
                     ctx.next_seq += events.len() as u64;
+                    ctx.trail = trail;
                     ctx.group.merge(writes);
                     ctx.derived.merge(learnt);
                     ctx.events.extend(events);

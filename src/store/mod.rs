@@ -65,6 +65,7 @@ mod outbox;
 mod redo;
 pub mod scheduled;
 mod schema;
+pub mod trail;
 mod tx;
 
 use std::collections::BTreeMap;
@@ -147,6 +148,8 @@ pub enum Table {
     WebhookEndpoints,
     /// Webhook deliveries, `<endpoint>/<message id>`.
     WebhookDeliveries,
+    /// The audit trail, by sequence (see `trail.rs`).
+    Audit,
 }
 
 impl Table {
@@ -180,6 +183,7 @@ impl Table {
         Table::RunTokens,
         Table::WebhookEndpoints,
         Table::WebhookDeliveries,
+        Table::Audit,
     ];
 
     /// The sled tree name.
@@ -213,6 +217,7 @@ impl Table {
             Table::RunTokens => "run_tokens",
             Table::WebhookEndpoints => "webhook_endpoints",
             Table::WebhookDeliveries => "webhook_deliveries",
+            Table::Audit => "audit",
         }
     }
 
@@ -637,6 +642,7 @@ impl Store {
         let schema_version = schema::prepare(&open.db, meta, path, fresh, schema::MIGRATIONS)?;
         let (events, _) = broadcast::channel(4096);
         let next_seq = outbox::next_sequence(&open.trees[Table::Outbox.position()], meta)?;
+        let trail = trail::Head::read(&open.trees[Table::Audit.position()], meta)?;
         let engine = engine::Engine::new(open, path, options.cache_bytes);
         let committer = Committer::start(
             engine.clone(),
@@ -644,6 +650,7 @@ impl Store {
             commit::CommitOptions {
                 sync_data: options.sync_data,
                 next_seq,
+                trail,
                 snapshot_every: options.snapshot_every_bytes,
             },
             events.clone(),
@@ -1088,6 +1095,50 @@ impl Store {
     /// Reads an appliance-level value of the meta tree (a worker's cursor).
     pub fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self.tree(Table::Meta)?.get(key)?.map(|v| v.to_vec()))
+    }
+
+    /// Up to `limit` audit records the filter admits, newest first, before
+    /// record `before` when given. A filter without a tenant reads every
+    /// tenant's: only a PlatformAdmin's query may leave it out.
+    pub fn audit_page(
+        &self,
+        filter: &crate::domain::audit::AuditFilter,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<crate::domain::audit::AuditRecord>, StoreError> {
+        trail::page(
+            &self.tree(Table::Audit)?,
+            &self.tree(Table::Index)?,
+            filter,
+            before,
+            limit,
+        )
+    }
+
+    /// Checks the whole audit chain: every kept record follows the one
+    /// before and hashes to what it says.
+    pub fn verify_audit(&self) -> Result<trail::TrailReport, StoreError> {
+        trail::verify(&self.tree(Table::Audit)?, &self.tree(Table::Meta)?)
+    }
+
+    /// Removes up to `limit` audit records written before `until`, oldest
+    /// first; returns how many. The chain stays checkable: the last one
+    /// removed is kept as the anchor of the first one kept.
+    pub async fn prune_audit(
+        &self,
+        until: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+    ) -> Result<usize, StoreError> {
+        let expired = trail::expired(&self.tree(Table::Audit)?, until, limit)?;
+        let count = expired.len();
+        if count > 0 {
+            self.transact(move |tx| {
+                tx.prune_audit(&expired);
+                Ok::<_, StoreError>(())
+            })
+            .await?;
+        }
+        Ok(count)
     }
 
     /// Events after `after` that the filter admits, at most `limit`.

@@ -12,6 +12,9 @@ use std::sync::Arc;
 
 use super::derived::{self, Change, Derived};
 use super::outbox::StoredEvent;
+use super::trail;
+use crate::domain::audit::{self, AuditRecord, Change as AuditChange, Origin};
+use chrono::{DateTime, Utc};
 use super::{
     Record, StoreError, StoredVersion, Table, TenantScope, Versioned, decode, encode, index_prefix,
     project, record_key, tenant_prefix,
@@ -143,6 +146,7 @@ pub(super) struct Finished {
     pub writes: Writes,
     pub events: Vec<Arc<StoredEvent>>,
     pub learnt: Learnt,
+    pub trail: trail::Head,
 }
 
 /// A transaction in progress. Reads see the transaction's own writes.
@@ -156,6 +160,10 @@ pub struct Tx<'a> {
     learnt: Learnt,
     next_seq: u64,
     events: Vec<Arc<StoredEvent>>,
+    /// Who the transaction acts for, when a person or a client does.
+    origin: Option<Origin>,
+    /// The end of the audit chain, as this transaction leaves it.
+    trail: trail::Head,
 }
 
 fn check_scope<R: Record>(scope: &TenantScope, record: &R) -> Result<(), StoreError> {
@@ -185,6 +193,8 @@ impl<'a> Tx<'a> {
         group: &'a Writes,
         cache: &'a DerivedCache,
         next_seq: u64,
+        trail: trail::Head,
+        origin: Option<Origin>,
     ) -> Tx<'a> {
         Tx {
             trees,
@@ -194,6 +204,8 @@ impl<'a> Tx<'a> {
             learnt: HashMap::new(),
             next_seq,
             events: Vec::new(),
+            origin,
+            trail,
         }
     }
 
@@ -202,6 +214,7 @@ impl<'a> Tx<'a> {
             writes: self.writes,
             events: self.events,
             learnt: self.learnt,
+            trail: self.trail,
         }
     }
 
@@ -569,10 +582,100 @@ impl<'a> Tx<'a> {
         if let Some(key) = stored.attempt_index_key() {
             self.write(Table::Index, key, Some(Vec::new()));
         }
+        if let Some(origin) = self.origin.clone()
+            && let Some((action, target)) = audit::of_event(&stored.topic, &stored.payload)
+        {
+            let mut change = AuditChange::new(&stored.tenant_id, action, target);
+            change.before = self.last_value(&change)?;
+            change.after = Some(stored.payload.clone());
+            self.append_audit(&origin, stored.occurred_at, change)?;
+        }
         self.next_seq += 1;
         let sequence = stored.sequence;
         self.events.push(Arc::new(stored));
         Ok(sequence)
+    }
+
+    /// Records an action that emits no audited event (an answer, a pool's
+    /// settings), as done by whoever the transaction acts for. Without
+    /// one (a worker, the autoscaler) nothing is recorded: the
+    /// appliance's own doing is not an action.
+    pub fn audit(&mut self, at: DateTime<Utc>, change: AuditChange) -> Result<(), StoreError> {
+        match self.origin.clone() {
+            Some(origin) => self.append_audit(&origin, at, change),
+            None => Ok(()),
+        }
+    }
+
+    /// Records an action done by `origin` (a sign-in, before the request
+    /// has an actor).
+    pub fn audit_as(
+        &mut self,
+        origin: &Origin,
+        at: DateTime<Utc>,
+        change: AuditChange,
+    ) -> Result<(), StoreError> {
+        self.append_audit(origin, at, change)
+    }
+
+    /// The value the last record of the same action on the same target
+    /// set: what a change replaces.
+    fn last_value(&self, change: &AuditChange) -> Result<Option<serde_json::Value>, StoreError> {
+        let prefix = trail::target_prefix(&change.tenant_id, &change.action, &change.target);
+        let Some(last) = self.scan_prefix(Table::Index, &prefix)?.into_keys().next_back() else {
+            return Ok(None);
+        };
+        let Ok(sequence) = String::from_utf8_lossy(&last[prefix.len()..]).parse::<u64>() else {
+            return Ok(None);
+        };
+        Ok(match self.read(Table::Audit, &trail::key(sequence))? {
+            Some(bytes) => trail::decode(&bytes)?.after,
+            None => None,
+        })
+    }
+
+    fn append_audit(
+        &mut self,
+        origin: &Origin,
+        at: DateTime<Utc>,
+        change: AuditChange,
+    ) -> Result<(), StoreError> {
+        let sequence = self.trail.next;
+        let target = trail::target_prefix(&change.tenant_id, &change.action, &change.target);
+        let record = AuditRecord::seal(sequence, &self.trail.previous, at, origin, change);
+        let mut target_key = target;
+        target_key.extend_from_slice(format!("{sequence:020}").as_bytes());
+        self.write(Table::Index, target_key, Some(Vec::new()));
+        self.write(
+            Table::Index,
+            trail::tenant_key(&record.tenant_id, sequence),
+            Some(Vec::new()),
+        );
+        self.write(Table::Audit, trail::key(sequence), Some(trail::encode(&record)?));
+        self.trail = trail::Head {
+            next: sequence + 1,
+            previous: record.hash,
+        };
+        Ok(())
+    }
+
+    /// Removes the oldest audit records (retention), naming the last one
+    /// removed as what the kept chain follows.
+    pub(super) fn prune_audit(&mut self, records: &[AuditRecord]) {
+        for record in records {
+            self.write(Table::Audit, trail::key(record.sequence), None);
+            self.write(
+                Table::Index,
+                trail::tenant_key(&record.tenant_id, record.sequence),
+                None,
+            );
+            let mut target = trail::target_prefix(&record.tenant_id, &record.action, &record.target);
+            target.extend_from_slice(format!("{:020}", record.sequence).as_bytes());
+            self.write(Table::Index, target, None);
+        }
+        if let Some(last) = records.last() {
+            self.meta_put(trail::PRUNED_THROUGH, &trail::anchor_value(last));
+        }
     }
 
     /// Appends every event of a transition.

@@ -20,6 +20,7 @@
 //! retried with exponential backoff until `webhooks.max_tries`. Deliveries
 //! are at least once: a receiver de-duplicates by `webhook-id`.
 
+use crate::domain::audit::Change as AuditChange;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -180,7 +181,12 @@ impl Webhooks {
         };
         let (s, e) = (scope.clone(), endpoint.clone());
         self.store
-            .transact(move |tx: &mut Tx| tx.put(&s, &e))
+            .transact(move |tx: &mut Tx| {
+                tx.put(&s, &e)?;
+                let change = AuditChange::new(s.tenant(), "webhook.set", e.endpoint_id.to_string())
+                    .after(&e.spec);
+                tx.audit(now, change)
+            })
             .await?;
         tracing::info!(endpoint = %endpoint.endpoint_id, tenant = %endpoint.tenant_id, by, "webhook endpoint registered");
         Ok(endpoint)
@@ -209,7 +215,7 @@ impl Webhooks {
     ) -> Result<WebhookEndpoint, WebhookError> {
         self.checked(scope.tenant(), &spec)?;
         let now = self.clock.now();
-        self.change(scope, id, move |e| {
+        self.change(scope, id, "webhook.set", move |e| {
             e.spec = spec;
             e.updated_at = now;
         })
@@ -225,7 +231,7 @@ impl Webhooks {
         let now = self.clock.now();
         let secret = new_secret(random());
         let e = self
-            .change(scope, id, move |e| {
+            .change(scope, id, "webhook.rotate-secret", move |e| {
                 e.secret = secret;
                 e.updated_at = now;
             })
@@ -238,16 +244,25 @@ impl Webhooks {
         &self,
         scope: &TenantScope,
         id: Uuid,
+        action: &'static str,
         f: impl FnOnce(&mut WebhookEndpoint) + Send + 'static,
     ) -> Result<WebhookEndpoint, WebhookError> {
         let s = scope.clone();
+        let now = self.clock.now();
         self.store
             .transact(move |tx: &mut Tx| {
                 let mut e: WebhookEndpoint = tx
                     .get(&s, &id.to_string())?
                     .ok_or_else(|| not_found(&s, id))?;
+                let before = e.spec.clone();
                 f(&mut e);
                 tx.put(&s, &e)?;
+                // The secret is never recorded: a rotation says only that
+                // it happened.
+                let change = AuditChange::new(s.tenant(), action, id.to_string())
+                    .before(&before)
+                    .after(&e.spec);
+                tx.audit(now, change)?;
                 Ok::<_, WebhookError>(e)
             })
             .await
@@ -256,11 +271,15 @@ impl Webhooks {
     /// Removes an endpoint with its deliveries.
     pub async fn delete(&self, scope: &TenantScope, id: Uuid) -> Result<(), WebhookError> {
         let s = scope.clone();
+        let now = self.clock.now();
         self.store
             .transact(move |tx: &mut Tx| {
-                if tx.get::<WebhookEndpoint>(&s, &id.to_string())?.is_none() {
+                let Some(gone) = tx.get::<WebhookEndpoint>(&s, &id.to_string())? else {
                     return Err(not_found(&s, id));
-                }
+                };
+                let change = AuditChange::new(s.tenant(), "webhook.delete", id.to_string())
+                    .before(&gone.spec);
+                tx.audit(now, change)?;
                 for d in tx.list_under::<Delivery>(&s, &format!("{id}/"))? {
                     tx.delete::<Delivery>(&s, &Delivery::key(id, &d.message_id))?;
                 }

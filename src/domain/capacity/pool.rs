@@ -223,6 +223,22 @@ impl EventPayload for WorkerPoolStateChanged<'_> {
 pub const MAX_POOL_SIZE: u32 = 10_000;
 
 impl WorkerPool {
+    /// What an operator sets on the pool (not its live counters), as the
+    /// audit trail shows a change of it.
+    pub fn settings(&self) -> serde_json::Value {
+        serde_json::json!({
+            "kind": self.kind,
+            "securityBoundary": self.security_boundary,
+            "region": self.region,
+            "nodeProfile": self.node_profile,
+            "internetEgress": self.internet_egress,
+            "minSize": self.min_size,
+            "maxSize": self.max_size,
+            "autoscaling": self.autoscaling,
+            "state": self.state,
+        })
+    }
+
     /// Whether `tenant` may know of this pool at all: shared pools and its
     /// own. Another tenant's dedicated pool does not exist for it (lists,
     /// lookups and placement answer as for an unknown pool).

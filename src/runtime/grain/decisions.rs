@@ -1,6 +1,7 @@
 //! Human decisions: input and escalation questions, approvals, answers
 //! and expiry.
 
+use crate::domain::audit::Change;
 use super::*;
 
 impl Grain {
@@ -112,9 +113,23 @@ impl Grain {
         }
         let retain = self.retain();
         let d = decision.clone();
+        // An approval's decision is audited by its event; an answer has none.
+        let answered = (decision.status == DecisionStatus::Answered).then(|| {
+            Change::new(&d.tenant_id, "decision.answer", d.decision_id.to_string())
+                .after(serde_json::json!({
+                    "attemptId": d.attempt_id,
+                    "kind": d.kind.as_str(),
+                    "choice": d.choice,
+                    "answerRef": d.answer_ref,
+                }))
+                .detail(d.summary.clone())
+        });
         self.save(a, events, move |tx, s| {
             if let Some(bytes) = &answer {
                 tx.put_artifact(s, bytes, "application/json", Some(retain), now)?;
+            }
+            if let Some(change) = answered {
+                tx.audit(now, change)?;
             }
             tx.put(s, &d)?;
             Ok(())

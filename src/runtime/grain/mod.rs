@@ -41,6 +41,7 @@ use crate::domain::ids::new_id;
 use crate::domain::release::{AdapterKind, PolicyRule, canonical_json};
 use crate::domain::run::{ApprovalDecided, ParentLink, RunState};
 use crate::domain::run::{ChildEnded, Followup};
+use crate::domain::audit::Origin;
 use crate::store::{TenantScope, Tx};
 use crate::telemetry::names;
 
@@ -58,6 +59,10 @@ fn reply_with<T: Send + 'static>(reply: Reply<T>, result: Result<T, RuntimeError
         let _ = reply.send(result);
     }))
 }
+
+/// A message with who sent it, when a person or a client did: the grain
+/// handles it as done by them, so that what it changes is audited so.
+pub type Mail = (Msg, Option<Origin>);
 
 /// A message to a grain. Messages are few and short-lived; their size
 /// does not matter.
@@ -322,7 +327,7 @@ struct Grain {
     pending: Option<DecisionRequest>,
     info: Option<Arc<ReleaseInfo>>,
     view_tx: watch::Sender<Arc<AttemptView>>,
-    me: mpsc::UnboundedSender<Msg>,
+    me: mpsc::UnboundedSender<Mail>,
     queue_position: Option<usize>,
     limiting_quota: Option<String>,
     capacity_reason: Option<String>,
@@ -402,7 +407,7 @@ impl Grain {
         }
     }
 
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Mail>) {
         self.gauge(self.attempt.state, 1.0);
         if let Err(e) = self.init().await {
             tracing::warn!(attempt = %self.attempt.attempt_id, error = %e, "starting the attempt's grain");
@@ -418,8 +423,11 @@ impl Grain {
                 .min(StdDuration::from_secs(3600));
             tokio::select! {
                 msg = rx.recv() => match msg {
-                    Some(msg) => {
-                        let answer = self.handle(msg).await;
+                    Some((msg, origin)) => {
+                        let answer = match origin {
+                            Some(origin) => crate::store::trail::scope(origin, self.handle(msg)).await,
+                            None => self.handle(msg).await,
+                        };
                         if self.claimable() {
                             self.shared.set_claimable(&self.attempt, true);
                         }
@@ -449,7 +457,7 @@ impl Grain {
         // granted to an attempt that has ended goes back now rather than at
         // the end of its TTL.
         rx.close();
-        while let Ok(msg) = rx.try_recv() {
+        while let Ok((msg, _)) = rx.try_recv() {
             if let Msg::Capacity(Ok(view)) = msg
                 && !view.lease.state.is_terminal()
             {
@@ -687,7 +695,7 @@ impl Grain {
                     .ok()
                     .filter(|v| !v.lease.state.is_terminal())
                     .map(|v| v.lease.lease_id);
-                if me.send(Msg::Capacity(result)).is_err() {
+                if me.send((Msg::Capacity(result), None)).is_err() {
                     // The grain is gone (its attempt ended): nobody will use
                     // or release this lease but us.
                     if let Some(lease_id) = live_lease {
