@@ -1197,26 +1197,225 @@ async fn post_to_appliance(
     content_type: &str,
     body: Vec<u8>,
 ) -> anyhow::Result<(u16, serde_json::Value)> {
-    use http_body_util::{BodyExt as _, Full};
-    let transport = pinned_transport(&info.certificate_fingerprint);
-    let client = transport.inner().clone();
-    let body: ClientBody = Full::new(bytes::Bytes::from(body))
-        .map_err(|never| match never {})
-        .boxed();
-    let request = http::Request::post(format!("{}{path}", info.url))
-        .header("authorization", format!("Bearer {token}"))
-        .header("content-type", content_type)
-        .body(body)?;
-    let response = client
-        .request(request)
-        .await
-        .context("sending the request to the appliance")?;
-    let status = response.status().as_u16();
-    let bytes = response.into_body().collect().await?.to_bytes();
+    let (status, bytes) = call_appliance(
+        info,
+        token,
+        http::Method::POST,
+        path,
+        Some((content_type, body)),
+    )
+    .await?;
     Ok((
         status,
         serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
     ))
+}
+
+/// Sends one request to the running appliance with the local
+/// administration token; returns the status and the body.
+async fn call_appliance(
+    info: &RuntimeInfo,
+    token: &str,
+    method: http::Method,
+    path: &str,
+    body: Option<(&str, Vec<u8>)>,
+) -> anyhow::Result<(u16, bytes::Bytes)> {
+    use http_body_util::{BodyExt as _, Full};
+    let transport = pinned_transport(&info.certificate_fingerprint);
+    let client = transport.inner().clone();
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("{}{path}", info.url))
+        .header("authorization", format!("Bearer {token}"));
+    let bytes = match body {
+        Some((content_type, bytes)) => {
+            request = request.header("content-type", content_type);
+            bytes
+        }
+        None => Vec::new(),
+    };
+    let body: ClientBody = Full::new(bytes::Bytes::from(bytes))
+        .map_err(|never| match never {})
+        .boxed();
+    let response = client
+        .request(request.body(body)?)
+        .await
+        .context("sending the request to the appliance")?;
+    let status = response.status().as_u16();
+    Ok((status, response.into_body().collect().await?.to_bytes()))
+}
+
+/// GETs JSON from the running appliance; a refusal is its problem's detail.
+async fn get_json<T: serde::de::DeserializeOwned>(
+    info: &RuntimeInfo,
+    token: &str,
+    path: &str,
+) -> anyhow::Result<T> {
+    let (status, bytes) = call_appliance(info, token, http::Method::GET, path, None).await?;
+    if status != 200 {
+        bail!("{}", refusal_text(status, &bytes));
+    }
+    serde_json::from_slice(&bytes).with_context(|| format!("reading the answer of {path}"))
+}
+
+/// A problem+json refusal in words.
+fn refusal_text(status: u16, bytes: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_string))
+        .unwrap_or_else(|| format!("the appliance answered {status}"))
+}
+
+/// `agentbay audit verify`.
+pub async fn audit_verify(config: &Config, json: bool) -> anyhow::Result<()> {
+    let (report, how) = match Target::of(config)? {
+        Target::Running { info, .. } => {
+            let token = running_appliance(&config.data_dir)
+                .map(|(_, t)| t)
+                .unwrap_or_default();
+            let report: crate::store::trail::TrailReport =
+                get_json(&info, &token, "/factory/audit/verify").await?;
+            (
+                report,
+                format!("through the running appliance at {}", info.url),
+            )
+        }
+        Target::Offline(local) => {
+            let report = local.store.verify_audit()?;
+            let how = format!("offline, in {}", local.datadir.root().display());
+            close(Target::Offline(local))?;
+            (report, how)
+        }
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let range = match (report.first, report.last) {
+            (Some(first), Some(last)) => format!(" (records {first} to {last})"),
+            _ => String::new(),
+        };
+        match &report.broken {
+            None => println!(
+                "the audit trail is whole: {} records checked{range}, {how}\n  first follows {}\n  head {}",
+                report.checked, report.anchor, report.head
+            ),
+            Some(b) => println!(
+                "the audit trail is BROKEN at record {}: {}\n  {} records before it checked{range}, {how}\n  last good hash {}",
+                b.sequence, b.reason, report.checked, report.head
+            ),
+        }
+    }
+    if report.broken.is_some() {
+        bail!("the audit trail's hash chain is broken");
+    }
+    Ok(())
+}
+
+/// `agentbay audit export`.
+pub async fn audit_export(
+    config: &Config,
+    query: &[(&str, String)],
+    csv: bool,
+    out: Option<&Path>,
+) -> anyhow::Result<()> {
+    use crate::domain::audit::{AuditQuery, AuditRecord, MAX_AUDIT_PAGE};
+    let mut records: Vec<AuditRecord> = Vec::new();
+    match Target::of(config)? {
+        Target::Running { info, .. } => {
+            let token = running_appliance(&config.data_dir)
+                .map(|(_, t)| t)
+                .unwrap_or_default();
+            let base: String = serde_urlencoded::to_string(query)?;
+            let mut before: Option<u64> = None;
+            loop {
+                let mut path = format!("/factory/audit?limit={MAX_AUDIT_PAGE}");
+                if !base.is_empty() {
+                    path.push('&');
+                    path.push_str(&base);
+                }
+                if let Some(b) = before {
+                    path.push_str(&format!("&before={b}"));
+                }
+                let page: serde_json::Value = get_json(&info, &token, &path).await?;
+                let got: Vec<AuditRecord> =
+                    serde_json::from_value(page.get("records").cloned().unwrap_or_default())?;
+                records.extend(got);
+                match page.get("nextBefore").and_then(|v| v.as_u64()) {
+                    Some(b) => before = Some(b),
+                    None => break,
+                }
+            }
+        }
+        Target::Offline(local) => {
+            let get = |k: &str| {
+                query
+                    .iter()
+                    .find(|(key, _)| *key == k)
+                    .map(|(_, v)| v.as_str())
+            };
+            let mut parsed =
+                AuditQuery::parse(get).map_err(|e| anyhow!("--{}: {}", e.field, e.reason))?;
+            parsed.filter.tenant = get("tenant")
+                .map(|t| crate::domain::TenantId::parse_field("tenant", t))
+                .transpose()
+                .map_err(|e| anyhow!("--tenant: {}", e.reason))?;
+            records = local.store.audit_page(&parsed.filter, None, usize::MAX)?;
+            close(Target::Offline(local))?;
+        }
+    }
+    let text = if csv {
+        crate::api::audit::csv_of(&records)
+    } else {
+        serde_json::to_string_pretty(&records)? + "\n"
+    };
+    match out {
+        Some(path) => {
+            crate::store::datadir::write_private(path, text.as_bytes())?;
+            eprintln!(
+                "{} audit records written to {}",
+                records.len(),
+                path.display()
+            );
+        }
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+/// `agentbay run export`, through the running appliance.
+pub async fn run_export(
+    config: &Config,
+    run_id: &str,
+    tenant: Option<&str>,
+    out: Option<&Path>,
+) -> anyhow::Result<()> {
+    let Some((info, token)) = running_appliance(&config.data_dir) else {
+        bail!(
+            "no appliance runs on {}: start it (the export is made by the running appliance)",
+            config.data_dir.display()
+        );
+    };
+    let mut path = format!("/runtime/runs/{}/export", crate::console::urlencode(run_id));
+    if let Some(t) = tenant {
+        path.push_str(&format!("?tenant={}", crate::console::urlencode(t)));
+    }
+    let (status, bytes) = call_appliance(&info, &token, http::Method::GET, &path, None).await?;
+    if status != 200 {
+        bail!("{}", refusal_text(status, &bytes));
+    }
+    let file = out
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| std::path::PathBuf::from(format!("run-{run_id}.tar.gz")));
+    if file.exists() {
+        bail!("{} exists already; choose a new file name", file.display());
+    }
+    crate::store::datadir::write_private(&file, &bytes)?;
+    println!(
+        "run {run_id} exported to {} ({} bytes): open index.html inside it; manifest.json lists every file's sha256",
+        file.display(),
+        bytes.len()
+    );
+    Ok(())
 }
 
 /// `agentbay release keygen`.

@@ -149,6 +149,11 @@ enum Command {
         #[command(subcommand)]
         command: RunCommand,
     },
+    /// Check and export the audit trail (who did what, from where).
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Make the running appliance read its configuration again (as
     /// SIGHUP does) and say what took effect and what needs a restart.
     Reload {
@@ -268,6 +273,66 @@ enum RunCommand {
         /// several).
         #[arg(long = "reissue", value_name = "CALL_ID")]
         reissue: Vec<String>,
+    },
+    /// Take a run away for review: one .tar.gz with its timeline,
+    /// attempts, calls with their content, checkpoints, decisions, the
+    /// release's verdicts and every artifact, a manifest of every file's
+    /// sha256 and a page that opens offline (through the running appliance).
+    Export {
+        #[command(flatten)]
+        common: Common,
+        /// The run.
+        run_id: String,
+        /// The tenant the run belongs to (default: the platform's).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Where to write it (default: run-<id>.tar.gz here).
+        #[arg(long, short = 'o', value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Check the audit trail's hash chain: says how many records it
+    /// checked, the head hash to keep elsewhere, and where a break is
+    /// (exit status 1). Through the running appliance or, when none runs,
+    /// directly.
+    Verify {
+        #[command(flatten)]
+        common: Common,
+        /// Print JSON instead of words.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write audit records, newest first, as CSV or JSON.
+    Export {
+        #[command(flatten)]
+        common: Common,
+        /// `csv` or `json`.
+        #[arg(long, default_value = "csv", value_parser = ["csv", "json"])]
+        format: String,
+        /// At or after: a day (YYYY-MM-DD) or an RFC 3339 time.
+        #[arg(long)]
+        from: Option<String>,
+        /// Before: an RFC 3339 time, or a day, which includes that whole day.
+        #[arg(long)]
+        until: Option<String>,
+        /// The actor contains this.
+        #[arg(long)]
+        actor: Option<String>,
+        /// The action (`quota.set`) or its noun (`user`).
+        #[arg(long)]
+        action: Option<String>,
+        /// The target contains this.
+        #[arg(long)]
+        target: Option<String>,
+        /// One tenant's records (default: every tenant's).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Where to write them (default: standard output).
+        #[arg(long, short = 'o', value_name = "FILE")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -798,6 +863,16 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 )
                 .await
             }
+            RunCommand::Export {
+                common,
+                run_id,
+                tenant,
+                out,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::run_export(&config, &run_id, tenant.as_deref(), out.as_deref()).await
+            }
         },
         Command::Trust { command } => match command {
             TrustCommand::Add {
@@ -902,6 +977,39 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 let config = load(&common, None)?;
                 quiet_logging(&config);
                 control::release_import(&config, &bundle).await
+            }
+        },
+        Command::Audit { command } => match command {
+            AuditCommand::Verify { common, json } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::audit_verify(&config, json).await
+            }
+            AuditCommand::Export {
+                common,
+                format,
+                from,
+                until,
+                actor,
+                action,
+                target,
+                tenant,
+                out,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                let query: Vec<(&str, String)> = [
+                    ("from", from),
+                    ("until", until),
+                    ("actor", actor),
+                    ("action", action),
+                    ("target", target),
+                    ("tenant", tenant),
+                ]
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| (k, v)))
+                .collect();
+                control::audit_export(&config, &query, format == "csv", out.as_deref()).await
             }
         },
         Command::Reload { common } => {

@@ -221,11 +221,15 @@ impl Reloader {
             address: "local".into(),
             via: Via::System,
         });
-        let change = Change::new(&crate::domain::TenantId::platform(), "config.reload", &done.from)
-            .after(serde_json::json!({
-                "applied": done.applied,
-                "restartNeeded": done.restart_needed,
-            }));
+        let change = Change::new(
+            &crate::domain::TenantId::platform(),
+            "config.reload",
+            &done.from,
+        )
+        .after(serde_json::json!({
+            "applied": done.applied,
+            "restartNeeded": done.restart_needed,
+        }));
         let at = done.loaded_at;
         if let Err(e) = self
             .store

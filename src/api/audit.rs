@@ -112,7 +112,11 @@ pub async fn list(
     let mut keys = AuditQuery::PARAMS.to_vec();
     keys.extend(["format", "tenant"]);
     let pairs = query_pairs(raw.as_deref(), &keys)?;
-    let csv = match pairs.iter().find(|(k, _)| k == "format").map(|(_, v)| v.as_str()) {
+    let csv = match pairs
+        .iter()
+        .find(|(k, _)| k == "format")
+        .map(|(_, v)| v.as_str())
+    {
         None | Some("json") => false,
         Some("csv") => true,
         Some(other) => {

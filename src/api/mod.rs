@@ -7,11 +7,11 @@
 //! anything else unmatched gets a problem+json 404.
 
 pub mod assets;
+pub mod audit;
 pub mod capacity;
 pub mod conn;
 pub mod error;
 pub mod events;
-pub mod audit;
 pub mod export;
 pub mod health;
 pub mod json;

@@ -10,9 +10,7 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 
 use super::rpc::{Access, RPC_METHODS, access_of};
-use super::{
-    audit, capacity, events, export, health, oauth, releases, runtime, tenants, webhooks,
-};
+use super::{audit, capacity, events, export, health, oauth, releases, runtime, tenants, webhooks};
 
 #[derive(OpenApi)]
 #[openapi(

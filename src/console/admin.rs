@@ -5,13 +5,14 @@ use std::collections::BTreeMap;
 
 use askama::Template;
 use axum::extract::{Multipart, Path, RawForm, RawQuery};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use super::table::{Action, Cell, ListQuery, Table};
 use super::{Console, Layout, ListPage, PageError, render, when};
 use crate::api::error::ApiError;
 use crate::auth::{clients, users};
 use crate::domain::access::{Role, Scope, parse_scopes};
+use crate::domain::audit::AuditQuery;
 use crate::domain::release::{InFlightPolicy, LoadState, parse_release_id};
 use crate::domain::tenant::TenantSpec;
 use crate::domain::user::parse_roles;
@@ -1477,4 +1478,158 @@ pub async fn webhook(
         ),
         t,
     })
+}
+
+#[derive(Template)]
+#[template(path = "console/audit.html")]
+struct AuditPage {
+    l: Layout,
+    t: Table,
+    /// The same query, for the export links.
+    query: String,
+    /// What a check of the chain found, when asked.
+    chain: Option<crate::store::trail::TrailReport>,
+    /// Whether the reader may check the chain (it spans every tenant).
+    may_verify: bool,
+}
+
+/// The query of an audit page as the API reads it, with what the reader
+/// may see: its tenant, or every tenant for a PlatformAdmin.
+fn audit_query(console: &Console, raw: &RawQuery) -> Result<AuditQuery, PageError> {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(raw.0.as_deref().unwrap_or("")).unwrap_or_default();
+    Ok(crate::api::audit::query_of(&console.principal(), &pairs)?)
+}
+
+/// `GET /audit`: who did what, to what, from where, and what it changed.
+pub async fn audit(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::Admin)?;
+    let q = ListQuery::parse(&raw);
+    let mut query = audit_query(&console, &raw)?;
+    query.limit = query.limit.min(200);
+    let page = crate::api::audit::page_of(&console.state, &query)?;
+    let all_tenants = query.filter.tenant.is_none();
+    let rows = page
+        .records
+        .iter()
+        .map(|r| {
+            let change = match (&r.before, &r.after) {
+                (Some(b), Some(a)) => format!("{b} → {a}"),
+                (None, Some(a)) => a.to_string(),
+                (Some(b), None) => format!("{b} → (removed)"),
+                (None, None) => String::new(),
+            };
+            vec![
+                Cell::Num(r.sequence as f64, r.sequence.to_string()),
+                Cell::time(&r.at),
+                Cell::text(r.tenant_id.to_string()),
+                Cell::text(r.actor.clone()),
+                Cell::text(format!("{} ({})", r.address, r.via.as_str())),
+                Cell::code(r.action.clone()),
+                Cell::words(r.target.clone()),
+                Cell::words(change),
+                Cell::text(r.detail.clone().unwrap_or_default()),
+                Cell::words(r.hash.clone()),
+            ]
+        })
+        .collect();
+    let mut actions: Vec<String> = crate::domain::audit::actions()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    actions.insert(0, String::new());
+    let filters = vec![
+        q.filter("action", "Action", actions),
+        q.filter("actor", "Actor", Vec::new()),
+        q.filter("target", "Target", Vec::new()),
+        q.day_filter("from", "From"),
+        q.day_filter("until", "Until"),
+    ];
+    let t = q.history_table(
+        "audit",
+        "/audit",
+        &[
+            "#", "When", "Tenant", "Actor", "From", "Action", "Target", "Change", "Detail", "Hash",
+        ],
+        rows,
+        filters,
+        "No audit record matches: decisions, cancels, holds, releases, trust, quotas, pools, users, clients, reloads and sign-ins appear here as they happen.",
+        None,
+        page.next_before.map(|b| b.to_string()),
+    );
+    let may_verify = console.platform_admin();
+    let chain = if may_verify && q.get("verify").is_some() {
+        let store = console.state.store.clone();
+        Some(
+            tokio::task::spawn_blocking(move || store.verify_audit())
+                .await
+                .map_err(ApiError::internal)?
+                .map_err(ApiError::internal)?,
+        )
+    } else {
+        None
+    };
+    let mut export: Vec<(String, String)> =
+        serde_urlencoded::from_str(raw.0.as_deref().unwrap_or("")).unwrap_or_default();
+    export.retain(|(k, v)| {
+        !v.is_empty() && AuditQuery::PARAMS.contains(&k.as_str()) && k != "before" && k != "limit"
+    });
+    let title = if all_tenants {
+        "Audit trail (every tenant)"
+    } else {
+        "Audit trail"
+    };
+    render(&AuditPage {
+        l: console.layout(title, "/audit"),
+        t,
+        query: serde_urlencoded::to_string(&export).unwrap_or_default(),
+        chain,
+        may_verify,
+    })
+}
+
+/// `GET /audit.csv`.
+pub async fn audit_csv(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    audit_export(console, "audit.csv", raw).await
+}
+
+/// `GET /audit.json`.
+pub async fn audit_json(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    audit_export(console, "audit.json", raw).await
+}
+
+/// The records of the page's filter (up to 10 000, newest first) to take
+/// away, as `format` (`audit.csv` or `audit.json`).
+async fn audit_export(
+    console: Console,
+    format: &str,
+    raw: RawQuery,
+) -> Result<Response, PageError> {
+    console.require(Scope::Admin)?;
+    let mut query = audit_query(&console, &raw)?;
+    query.limit = crate::domain::audit::MAX_AUDIT_PAGE;
+    query.before = None;
+    let page = crate::api::audit::page_of(&console.state, &query)?;
+    let (body, content_type) = match format {
+        "audit.csv" => (
+            crate::api::audit::csv_of(&page.records),
+            "text/csv; charset=utf-8",
+        ),
+        "audit.json" => (
+            serde_json::to_string_pretty(&page.records).map_err(ApiError::internal)?,
+            "application/json",
+        ),
+        _ => return Err(PageError::bad(format!("no export {format}"))),
+    };
+    Ok((
+        [
+            (axum::http::header::CONTENT_TYPE, content_type.to_string()),
+            (
+                axum::http::header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"agentbay-{format}\""),
+            ),
+        ],
+        body,
+    )
+        .into_response())
 }

@@ -71,6 +71,9 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/artifacts/{hash}", get(work::artifact))
         .route("/uncertain", get(work::uncertain))
         .route("/webhooks", get(admin::webhooks))
+        .route("/audit", get(admin::audit))
+        .route("/audit.csv", get(admin::audit_csv))
+        .route("/audit.json", get(admin::audit_json))
         .route("/webhooks/{id}", get(admin::webhook))
         .route("/pools", get(capacity::pools))
         .route("/live/pools", get(live::pools))
@@ -213,6 +216,7 @@ const NAV: &[(&str, &str, Scope)] = &[
     ("/users", "Users", Scope::Admin),
     ("/clients", "Clients", Scope::Admin),
     ("/webhooks", "Webhooks", Scope::Admin),
+    ("/audit", "Audit", Scope::Admin),
     ("/system", "System", Scope::Platform),
 ];
 
@@ -278,11 +282,11 @@ impl FromRequestParts<AppState> for Console {
             Some((cookie, session)) => {
                 crate::store::trail::set_actor(&format!("user {}", session.username));
                 Ok(Console {
-                state: state.clone(),
-                session,
-                cookie,
-                foreign: foreign_origin(parts),
-            })
+                    state: state.clone(),
+                    session,
+                    cookie,
+                    foreign: foreign_origin(parts),
+                })
             }
             None => {
                 let next = parts

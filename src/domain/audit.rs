@@ -471,8 +471,9 @@ pub const MAX_AUDIT_PAGE: usize = 10_000;
 
 impl AuditQuery {
     /// The parameters it reads.
-    pub const PARAMS: &'static [&'static str] =
-        &["from", "until", "actor", "action", "target", "before", "limit"];
+    pub const PARAMS: &'static [&'static str] = &[
+        "from", "until", "actor", "action", "target", "before", "limit",
+    ];
 
     /// Reads the parameters `get` finds (empty ones are absent); the tenant
     /// is the caller's to set.
@@ -490,12 +491,17 @@ impl AuditQuery {
             get(k)
                 .map(|v| match v.parse::<u64>() {
                     Ok(n) if (1..=max).contains(&n) => Ok(n),
-                    _ => Err(FieldError::new(k, format!("{v:?} is not a number from 1 to {max}"))),
+                    _ => Err(FieldError::new(
+                        k,
+                        format!("{v:?} is not a number from 1 to {max}"),
+                    )),
                 })
                 .transpose()
         };
         let from = get("from").map(|v| instant("from", v, false)).transpose()?;
-        let until = get("until").map(|v| instant("until", v, true)).transpose()?;
+        let until = get("until")
+            .map(|v| instant("until", v, true))
+            .transpose()?;
         if let (Some(f), Some(u)) = (from, until)
             && u <= f
         {
@@ -529,7 +535,11 @@ fn instant(field: &str, text: &str, end: bool) -> Result<DateTime<Utc>, FieldErr
             format!("{text:?} is neither a day (YYYY-MM-DD) nor a time (RFC 3339)"),
         )
     })?;
-    let day = if end { day.succ_opt().unwrap_or(day) } else { day };
+    let day = if end {
+        day.succ_opt().unwrap_or(day)
+    } else {
+        day
+    };
     Ok(day.and_time(chrono::NaiveTime::MIN).and_utc())
 }
 
@@ -628,7 +638,11 @@ mod tests {
         });
         let broken = check.broken.unwrap();
         assert_eq!(broken.sequence, 3);
-        assert!(broken.reason.contains("changed after it was written"), "{}", broken.reason);
+        assert!(
+            broken.reason.contains("changed after it was written"),
+            "{}",
+            broken.reason
+        );
         assert_eq!(check.checked, 2);
     }
 
@@ -653,7 +667,11 @@ mod tests {
         });
         let broken = check.broken.unwrap();
         assert_eq!(broken.sequence, 3);
-        assert!(broken.reason.contains("hash before it"), "{}", broken.reason);
+        assert!(
+            broken.reason.contains("hash before it"),
+            "{}",
+            broken.reason
+        );
     }
 
     #[test]

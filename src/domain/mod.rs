@@ -6,8 +6,8 @@
 
 pub mod access;
 pub mod amount;
-pub mod audit;
 pub mod attempt;
+pub mod audit;
 pub mod capacity;
 pub mod content;
 pub mod credential;

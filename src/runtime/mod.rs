@@ -411,7 +411,10 @@ impl Runtime {
             return Ok(None);
         };
         let (reply, rx) = oneshot::channel();
-        if g.tx.send((make(reply), crate::store::trail::current())).is_err() {
+        if g.tx
+            .send((make(reply), crate::store::trail::current()))
+            .is_err()
+        {
             return Ok(None);
         }
         match rx.await {

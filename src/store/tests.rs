@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::*;
@@ -1141,4 +1141,128 @@ fn a_kill_9_at_any_moment_leaves_every_group_whole() {
         store.close().unwrap();
     }
     assert!(acked_total > 0);
+}
+
+/// The audit trail: an audited event emitted on behalf of someone is a
+/// record of the chain, in commit order, with the value it replaced; the
+/// chain survives a restart, finds an edited record, and stays checkable
+/// once retention removed its oldest records.
+#[tokio::test]
+async fn the_audit_chain_follows_commit_order_and_finds_an_edit() {
+    use crate::domain::audit::{AuditFilter, Change, Origin, Via};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let origin = Origin {
+        actor: "user wes".into(),
+        address: "10.1.2.3".into(),
+        via: Via::Console,
+    };
+    let t0 = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+    let quota = |runs: u32, at| NewEvent {
+        topic: "capacity.quotas.v1.quota-changed",
+        tenant_id: TenantId::parse("acme").unwrap(),
+        occurred_at: at,
+        payload: serde_json::json!({"tenantId": "acme", "concurrentRuns": runs}),
+    };
+    for (i, runs) in [4u32, 2, 1].into_iter().enumerate() {
+        let at = t0 + chrono::Duration::days(i as i64);
+        trail::scope(
+            origin.clone(),
+            store.transact(move |tx| tx.emit(quota(runs, at)).map(|_| ())),
+        )
+        .await
+        .unwrap();
+    }
+    // The appliance's own doing (no actor) is not an action.
+    store
+        .transact(move |tx| tx.emit(quota(9, t0)).map(|_| ()))
+        .await
+        .unwrap();
+    // A change recorded where it happens, in another tenant.
+    trail::scope(
+        origin.clone(),
+        store.transact(move |tx| {
+            let change = Change::new(&TenantId::parse("beta").unwrap(), "pool.set", "gpu")
+                .before(serde_json::json!({"maxSize": 1}))
+                .after(serde_json::json!({"maxSize": 2}));
+            tx.audit(t0, change)
+        }),
+    )
+    .await
+    .unwrap();
+
+    let acme = AuditFilter {
+        tenant: Some(TenantId::parse("acme").unwrap()),
+        ..AuditFilter::default()
+    };
+    let records = store.audit_page(&acme, None, 10).unwrap();
+    assert_eq!(records.len(), 3, "{records:#?}");
+    assert_eq!(
+        records.iter().map(|r| r.sequence).collect::<Vec<_>>(),
+        [3, 2, 1]
+    );
+    assert!(records.iter().all(|r| r.action == "quota.set"
+        && r.actor == "user wes"
+        && r.address == "10.1.2.3"
+        && r.target == "acme"));
+    assert_eq!(records[0].before.as_ref().unwrap()["concurrentRuns"], 2);
+    assert_eq!(records[0].after.as_ref().unwrap()["concurrentRuns"], 1);
+    assert!(records[2].before.is_none());
+    let all = store.audit_page(&AuditFilter::default(), None, 10).unwrap();
+    assert_eq!(all.len(), 4);
+    assert_eq!(all[0].tenant_id.as_str(), "beta");
+
+    let report = store.verify_audit().unwrap();
+    assert_eq!(
+        (report.checked, report.first, report.last),
+        (4, Some(1), Some(4))
+    );
+    assert!(report.broken.is_none());
+    assert_eq!(report.head, all[0].hash);
+
+    // Retention removes the two oldest; the rest still checks, from them.
+    let removed = store
+        .prune_audit(t0 + chrono::Duration::hours(36), 10)
+        .await
+        .unwrap();
+    assert_eq!(removed, 2);
+    let report = store.verify_audit().unwrap();
+    assert_eq!((report.checked, report.first), (2, Some(3)));
+    assert!(report.broken.is_none(), "{:?}", report.broken);
+
+    // The head survives a restart: the next record follows it.
+    store.close().unwrap();
+    drop(store);
+    let store = open(dir.path());
+    trail::scope(
+        origin.clone(),
+        store.transact(move |tx| tx.emit(quota(3, t0)).map(|_| ())),
+    )
+    .await
+    .unwrap();
+    let report = store.verify_audit().unwrap();
+    assert_eq!((report.checked, report.last), (3, Some(5)));
+    assert!(report.broken.is_none());
+
+    // An edit in place is found, at the record edited.
+    let bytes = store
+        .raw_tree(Table::Audit)
+        .get(4u64.to_be_bytes())
+        .unwrap()
+        .unwrap();
+    let mut edited = trail::decode(&bytes).unwrap();
+    edited.actor = "user mallory".into();
+    store
+        .raw_tree(Table::Audit)
+        .insert(4u64.to_be_bytes(), trail::encode(&edited).unwrap())
+        .unwrap();
+    let report = store.verify_audit().unwrap();
+    let broken = report.broken.expect("the edit is found");
+    assert_eq!(broken.sequence, 4);
+    assert_eq!(report.checked, 1);
+    assert!(
+        broken.reason.contains("changed after it was written"),
+        "{}",
+        broken.reason
+    );
 }

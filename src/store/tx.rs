@@ -13,14 +13,14 @@ use std::sync::Arc;
 use super::derived::{self, Change, Derived};
 use super::outbox::StoredEvent;
 use super::trail;
-use crate::domain::audit::{self, AuditRecord, Change as AuditChange, Origin};
-use chrono::{DateTime, Utc};
 use super::{
     Record, StoreError, StoredVersion, Table, TenantScope, Versioned, decode, encode, index_prefix,
     project, record_key, tenant_prefix,
 };
+use crate::domain::audit::{self, AuditRecord, Change as AuditChange, Origin};
 use crate::domain::events::NewEvent;
 use crate::telemetry::names;
+use chrono::{DateTime, Utc};
 
 /// Pending writes by tree position, then key; `None` deletes.
 #[derive(Default)]
@@ -622,7 +622,11 @@ impl<'a> Tx<'a> {
     /// set: what a change replaces.
     fn last_value(&self, change: &AuditChange) -> Result<Option<serde_json::Value>, StoreError> {
         let prefix = trail::target_prefix(&change.tenant_id, &change.action, &change.target);
-        let Some(last) = self.scan_prefix(Table::Index, &prefix)?.into_keys().next_back() else {
+        let Some(last) = self
+            .scan_prefix(Table::Index, &prefix)?
+            .into_keys()
+            .next_back()
+        else {
             return Ok(None);
         };
         let Ok(sequence) = String::from_utf8_lossy(&last[prefix.len()..]).parse::<u64>() else {
@@ -651,7 +655,11 @@ impl<'a> Tx<'a> {
             trail::tenant_key(&record.tenant_id, sequence),
             Some(Vec::new()),
         );
-        self.write(Table::Audit, trail::key(sequence), Some(trail::encode(&record)?));
+        self.write(
+            Table::Audit,
+            trail::key(sequence),
+            Some(trail::encode(&record)?),
+        );
         self.trail = trail::Head {
             next: sequence + 1,
             previous: record.hash,
@@ -669,7 +677,8 @@ impl<'a> Tx<'a> {
                 trail::tenant_key(&record.tenant_id, record.sequence),
                 None,
             );
-            let mut target = trail::target_prefix(&record.tenant_id, &record.action, &record.target);
+            let mut target =
+                trail::target_prefix(&record.tenant_id, &record.action, &record.target);
             target.extend_from_slice(format!("{:020}", record.sequence).as_bytes());
             self.write(Table::Index, target, None);
         }

@@ -6,6 +6,7 @@
 mod common;
 
 mod alerts;
+mod audit;
 mod auth;
 mod backup;
 mod builtin;

@@ -599,15 +599,14 @@ impl pb::Admin for AdminService {
     ) -> ServiceResult<pb::DeleteModelProfileResponse> {
         principal(&ctx)?.platform_scope().map_err(rpc)?;
         let owner = profile_owner(request.tenant_id).map_err(rpc)?;
-        let removed =
-            crate::runtime::profiles::remove(
-                &self.state.store,
-                owner,
-                request.profile_id,
-                self.state.clock.now(),
-            )
-            .await
-            .map_err(rpc)?;
+        let removed = crate::runtime::profiles::remove(
+            &self.state.store,
+            owner,
+            request.profile_id,
+            self.state.clock.now(),
+        )
+        .await
+        .map_err(rpc)?;
         Response::ok(pb::DeleteModelProfileResponse {
             profile: buffa::MessageField::some(profile_message(&removed)),
             ..Default::default()

@@ -1,8 +1,8 @@
 //! Human decisions: input and escalation questions, approvals, answers
 //! and expiry.
 
-use crate::domain::audit::Change;
 use super::*;
+use crate::domain::audit::Change;
 
 impl Grain {
     pub(super) fn decision_metric(&self, kind: DecisionKind, delta: f64) {

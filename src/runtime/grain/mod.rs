@@ -35,13 +35,13 @@ use crate::domain::attempt::{
     ProposedCall, Resolution, SubAgentDelegated, SubAgentDelegation, Verdict, json_hash,
     report_hash,
 };
+use crate::domain::audit::Origin;
 use crate::domain::capacity::{HolderKind, LeaseRequest};
 use crate::domain::events::NewEvent;
 use crate::domain::ids::new_id;
 use crate::domain::release::{AdapterKind, PolicyRule, canonical_json};
 use crate::domain::run::{ApprovalDecided, ParentLink, RunState};
 use crate::domain::run::{ChildEnded, Followup};
-use crate::domain::audit::Origin;
 use crate::store::{TenantScope, Tx};
 use crate::telemetry::names;
 

@@ -1,0 +1,251 @@
+//! The audit trail from outside: actions by API, RPC and console are
+//! records with who, from where and what changed; a tenant reads only its
+//! own; the chain checks over the API, on the command line, and after a
+//! kill -9 in the middle of actions.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use agentbay::proto::agentbay::admin::v1 as pb;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use crate::common::{Appliance, agentbay, run};
+
+async fn records(a: &Appliance, token: &str, query: &str) -> Vec<Value> {
+    a.get(token, &format!("/factory/audit?{query}"))
+        .await
+        .get("records")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn verify_cli(a: &Appliance) -> (bool, String) {
+    let out = run(agentbay()
+        .args(["audit", "verify", "--data-dir"])
+        .arg(&a.data_dir));
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_are_audited_with_who_where_and_what_changed_each_tenant_reading_its_own() {
+    let a = Appliance::start();
+    a.ensure_tenant("acme").await;
+    a.ensure_tenant("beta").await;
+    let platform = a.admin_token().await;
+
+    // A value changed twice: the second record holds the first's value as before.
+    for runs in [4, 2] {
+        let (status, p) = a
+            .put(
+                &platform,
+                "/factory/capacity/quotas/tenant.acme",
+                json!({ "concurrentRuns": runs }),
+            )
+            .await;
+        assert_eq!(status, 200, "{p}");
+    }
+    let quotas = records(&a, &platform, "action=quota.set&target=acme").await;
+    assert_eq!(quotas.len(), 2, "{quotas:#?}");
+    let (last, first) = (&quotas[0], &quotas[1]);
+    assert_eq!(last["after"]["concurrentRuns"], 2, "{last}");
+    assert_eq!(last["before"], first["after"], "{last}");
+    assert!(last["sequence"].as_u64() > first["sequence"].as_u64());
+    assert_eq!(last["via"], "api");
+    assert_eq!(last["address"], "127.0.0.1");
+    assert!(
+        last["actor"].as_str().unwrap().starts_with("client "),
+        "{last}"
+    );
+
+    // Through RPC: a client of acme with administration, one of beta.
+    let acme_admin = a.create_client("acme", &["agentbay.admin"]).await;
+    a.create_client("beta", &["agentbay.admin"]).await;
+    let created = records(&a, &platform, "action=client.create").await;
+    let acme_created = created
+        .iter()
+        .find(|r| r["target"] == acme_admin.id.as_str())
+        .unwrap_or_else(|| panic!("{created:#?}"));
+    assert_eq!(acme_created["via"], "rpc");
+    assert_eq!(acme_created["tenantId"], "acme");
+
+    // Sign-ins, refused and accepted, from the console.
+    crate::console::user(&a, "acme", "wes", &["WorkspaceAdmin"]).await;
+    let browser = a.http();
+    for password in ["wrong-password", crate::console::PASSWORD] {
+        let r = browser
+            .post(format!("{}/signin", a.url))
+            .form(&[("username", "wes"), ("password", password)])
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            [200, 303, 401].contains(&r.status().as_u16()),
+            "{}",
+            r.status()
+        );
+    }
+    let signins = records(&a, &platform, "action=session").await;
+    let actions: Vec<&str> = signins
+        .iter()
+        .map(|r| r["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        ["session.sign-in", "session.sign-in-refused"],
+        "{signins:#?}"
+    );
+    assert_eq!(signins[0]["tenantId"], "acme");
+    assert_eq!(signins[0]["via"], "console");
+    assert_eq!(signins[0]["actor"], "user wes");
+
+    // acme's administrator reads acme's records only, and not beta's.
+    let acme_token = a.token(&acme_admin).await;
+    let own = records(&a, &acme_token, "limit=1000").await;
+    assert!(!own.is_empty());
+    assert!(own.iter().all(|r| r["tenantId"] == "acme"), "{own:#?}");
+    let r = a
+        .http()
+        .get(format!("{}/factory/audit?tenant=beta", a.url))
+        .bearer_auth(&acme_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = a
+        .http()
+        .get(format!("{}/factory/audit/verify", a.url))
+        .bearer_auth(&acme_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+
+    // A bad parameter is named.
+    let r = a
+        .http()
+        .get(format!("{}/factory/audit?from=yesterday", a.url))
+        .bearer_auth(&platform)
+        .send()
+        .await
+        .unwrap();
+    let (status, p) = crate::common::problem(r).await;
+    assert_eq!(status, 400);
+    assert_eq!(p["field"], "from", "{p}");
+
+    // Paging and CSV.
+    let all = records(&a, &platform, "limit=1000").await;
+    let page = a.get(&platform, "/factory/audit?limit=2").await;
+    assert_eq!(page["records"].as_array().unwrap().len(), 2);
+    let next = page["nextBefore"].as_u64().expect("a next page");
+    let older = records(&a, &platform, &format!("limit=1000&before={next}")).await;
+    assert_eq!(older.len(), all.len() - 2);
+    let csv = a
+        .http()
+        .get(format!("{}/factory/audit?format=csv&limit=1000", a.url))
+        .bearer_auth(&platform)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        csv.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/csv")
+    );
+    let csv = csv.text().await.unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].starts_with("sequence,at,tenant,actor"));
+    assert_eq!(lines.len(), all.len() + 1);
+
+    // The chain checks, over the API and on the command line.
+    let report = a.get(&platform, "/factory/audit/verify").await;
+    assert!(report["broken"].is_null(), "{report}");
+    assert_eq!(report["checked"].as_u64().unwrap() as usize, all.len());
+    assert_eq!(report["head"], all[0]["hash"]);
+    let (ok, out) = verify_cli(&a);
+    assert!(ok, "{out}");
+    assert!(out.contains("the audit trail is whole"), "{out}");
+    assert!(out.contains(all[0]["hash"].as_str().unwrap()), "{out}");
+}
+
+/// Actions acknowledged before a kill -9 each have their record after it,
+/// and the chain checks whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_is_whole_after_a_kill_9_in_the_middle_of_actions() {
+    let mut a = Appliance::start();
+    for t in ["t0", "t1"] {
+        a.ensure_tenant(t).await;
+    }
+    let token = a.admin_token().await;
+    let acknowledged = Arc::new(Mutex::new(BTreeSet::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let rpc = a.rpc_proto(&token);
+        let acknowledged = acknowledged.clone();
+        let stop = stop.clone();
+        writers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let result = rpc
+                    .create_client(pb::CreateClientRequest {
+                        tenant_id: format!("t{}", w % 2),
+                        scopes: vec!["factory.runs.read".into()],
+                        ..Default::default()
+                    })
+                    .await;
+                match result {
+                    Ok(r) => {
+                        let id = r.into_owned().client.as_option().unwrap().client_id.clone();
+                        acknowledged.lock().insert(id);
+                    }
+                    Err(_) => break,
+                }
+            }
+        }));
+    }
+    while acknowledged.lock().len() < 80 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    a.kill9();
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().clone();
+
+    // Offline, straight from the store.
+    let (ok, out) = verify_cli(&a);
+    assert!(ok, "{out}");
+    assert!(out.contains("offline"), "{out}");
+
+    a.restart();
+    let token = a.admin_token().await;
+    let audited: BTreeSet<String> = records(&a, &token, "action=client.create&limit=10000")
+        .await
+        .iter()
+        .map(|r| r["target"].as_str().unwrap().to_string())
+        .collect();
+    let missing: Vec<_> = acknowledged.difference(&audited).collect();
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged actions have no audit record after kill -9: {missing:?}",
+        missing.len()
+    );
+    let report = a.get(&token, "/factory/audit/verify").await;
+    assert!(report["broken"].is_null(), "{report}");
+    assert!(report["checked"].as_u64().unwrap() as usize >= acknowledged.len());
+    // New actions go on from the chain's head.
+    a.ensure_tenant("t2").await;
+    let (ok, out) = verify_cli(&a);
+    assert!(ok, "{out}");
+}
