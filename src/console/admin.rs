@@ -1525,7 +1525,7 @@ pub async fn audit(console: Console, raw: RawQuery) -> Result<Response, PageErro
                 Cell::text(r.tenant_id.to_string()),
                 Cell::text(r.actor.clone()),
                 Cell::text(format!("{} ({})", r.address, r.via.as_str())),
-                Cell::code(r.action.clone()),
+                Cell::text(r.action.clone()),
                 Cell::words(r.target.clone()),
                 Cell::words(change),
                 Cell::text(r.detail.clone().unwrap_or_default()),

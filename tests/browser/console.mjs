@@ -214,6 +214,24 @@ try {
   expect(/instructions\.md/.test(files), `the files it pins: ${files}`);
   await shot(page, "09b-release");
 
+  // The audit trail: the approval, the quota and the sign-in of this
+  // session, each with who and from where; filtered by action; exports.
+  await page.click("nav.main a:has-text('Audit')");
+  await page.waitForSelector("#audit");
+  const trail = await page.textContent("#audit");
+  for (const action of ["approval.decide", "quota.set", "session.sign-in"]) {
+    expect(trail.includes(action), `the audit trail lists ${action}: ${trail}`);
+  }
+  expect(/user wendy/.test(trail) && /\(console\)/.test(trail), `the audit trail names who and through which door: ${trail}`);
+  expect(await page.locator("a[href^='/audit.csv']").count() === 1, "the audit page offers a CSV export");
+  await page.selectOption("form.filters select[name=action]", "approval.decide");
+  await page.click("form.filters button:has-text('Filter')");
+  await page.waitForURL(/action=approval.decide/);
+  const approvals = await page.locator("#audit tbody tr").allTextContents();
+  expect(approvals.length >= 1 && approvals.every((r) => r.includes("approval.decide")),
+    `filtered by action: ${approvals.join(" | ")}`);
+  await shot(page, "09c-audit");
+
   // 6. Without JavaScript: sign in, sort and filter a table, read a
   // timeline — everything is in the served HTML.
   const plain = await browser.newContext({ ignoreHTTPSErrors: true, javaScriptEnabled: false, viewport: { width: 1280, height: 860 } });

@@ -440,7 +440,7 @@ const READ_PAGES: &[&str] = &[
     "/releases",
     "/usage",
 ];
-const ADMIN_PAGES: &[&str] = &["/tenants", "/users", "/clients"];
+const ADMIN_PAGES: &[&str] = &["/tenants", "/users", "/clients", "/audit", "/audit.csv"];
 
 #[tokio::test]
 async fn every_page_for_every_role_and_no_other_tenants_data() {
@@ -554,6 +554,19 @@ async fn every_page_for_every_role_and_no_other_tenants_data() {
         let (_, home) = v.get("/").await;
         assert_eq!(home.contains("href=\"/users\""), name == "wsa", "{name}");
     }
+
+    // A tenant's audit trail holds its own records only: acme's
+    // registration and its administrator are not demo's to read.
+    let wsa = Visitor::sign_in(&a, "wsa").await;
+    let (status, csv) = wsa.get("/audit.csv").await;
+    assert_eq!(status, 200);
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert!(!rows.is_empty(), "{csv}");
+    assert!(
+        rows.iter().all(|r| r.split(',').nth(2) == Some("demo")),
+        "{csv}"
+    );
+    assert!(!csv.contains("acm"), "{csv}");
 
     // The usage page and its CSV say what the API says, by agent.
     let obs = Visitor::sign_in(&a, "obs").await;
@@ -1180,7 +1193,7 @@ async fn the_console_in_a_real_browser() {
             file.display()
         );
     }
-    assert_eq!(result["steps"].as_array().unwrap().len(), 13, "{result}");
+    assert_eq!(result["steps"].as_array().unwrap().len(), 14, "{result}");
 }
 
 #[tokio::test]

@@ -62,6 +62,19 @@ fn rest_table(v: &Victim) -> HashMap<&'static str, RestCase> {
     let some_hook = "/factory/webhooks/0190f0c4-0000-7000-8000-000000000001";
     HashMap::from([
         (
+            "GET /factory/audit",
+            case(
+                S(Scope::Admin),
+                "/factory/audit",
+                None,
+                Some("/factory/audit?tenant=demo".into()),
+            ),
+        ),
+        (
+            "GET /factory/audit/verify",
+            case(S(Scope::Platform), "/factory/audit/verify", None, None),
+        ),
+        (
             "GET /factory/webhooks",
             case(
                 S(Scope::Admin),
