@@ -1326,22 +1326,22 @@ pub async fn audit_export(
                 .map(|(_, t)| t)
                 .unwrap_or_default();
             let base: String = serde_urlencoded::to_string(query)?;
-            let mut before: Option<u64> = None;
+            let mut older: Option<u64> = None;
             loop {
                 let mut path = format!("/factory/audit?limit={MAX_AUDIT_PAGE}");
                 if !base.is_empty() {
                     path.push('&');
                     path.push_str(&base);
                 }
-                if let Some(b) = before {
-                    path.push_str(&format!("&before={b}"));
+                if let Some(b) = older {
+                    path.push_str(&format!("&olderThan={b}"));
                 }
                 let page: serde_json::Value = get_json(&info, &token, &path).await?;
                 let got: Vec<AuditRecord> =
                     serde_json::from_value(page.get("records").cloned().unwrap_or_default())?;
                 records.extend(got);
-                match page.get("nextBefore").and_then(|v| v.as_u64()) {
-                    Some(b) => before = Some(b),
+                match page.get("nextOlderThan").and_then(|v| v.as_u64()) {
+                    Some(b) => older = Some(b),
                     None => break,
                 }
             }

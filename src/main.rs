@@ -315,9 +315,9 @@ enum AuditCommand {
         /// At or after: a day (YYYY-MM-DD) or an RFC 3339 time.
         #[arg(long)]
         from: Option<String>,
-        /// Before: an RFC 3339 time, or a day, which includes that whole day.
+        /// Up to: a day, which it includes whole, or an RFC 3339 time.
         #[arg(long)]
-        until: Option<String>,
+        to: Option<String>,
         /// The actor contains this.
         #[arg(long)]
         actor: Option<String>,
@@ -989,7 +989,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 common,
                 format,
                 from,
-                until,
+                to,
                 actor,
                 action,
                 target,
@@ -1000,7 +1000,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 quiet_logging(&config);
                 let query: Vec<(&str, String)> = [
                     ("from", from),
-                    ("until", until),
+                    ("to", to),
                     ("actor", actor),
                     ("action", action),
                     ("target", target),

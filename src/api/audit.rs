@@ -26,10 +26,10 @@ use crate::store::trail::TrailReport;
 pub struct AuditPage {
     /// Newest first.
     pub records: Vec<AuditRecord>,
-    /// Ask again with `before` set to this for the next page; absent on
-    /// the last page.
+    /// Ask again with `olderThan` set to this for the next page; absent
+    /// on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_before: Option<u64>,
+    pub next_older_than: Option<u64>,
 }
 
 /// Reads a query of the trail as `principal` may ask it: its own tenant,
@@ -42,7 +42,7 @@ pub fn query_of(principal: &Principal, pairs: &[(String, String)]) -> Result<Aud
             .map(|(_, v)| v.as_str())
     };
     let mut query = AuditQuery::parse(get)?;
-    query.filter.tenant = match get("tenant").filter(|t| !t.is_empty()) {
+    query.filter.tenant = match get("tenant") {
         Some(t) => Some(
             principal
                 .scope_for(&TenantId::parse_field("tenant", t)?)?
@@ -61,13 +61,13 @@ pub fn page_of(state: &AppState, query: &AuditQuery) -> Result<AuditPage, ApiErr
         .store
         .audit_page(&query.filter, query.before, query.limit + 1)
         .map_err(ApiError::internal)?;
-    let next_before = (records.len() > query.limit).then(|| {
+    let next_older_than = (records.len() > query.limit).then(|| {
         records.truncate(query.limit);
         records.last().map(|r| r.sequence).unwrap_or_default()
     });
     Ok(AuditPage {
         records,
-        next_before,
+        next_older_than,
     })
 }
 
@@ -86,13 +86,13 @@ pub fn csv_of(records: &[AuditRecord]) -> String {
 /// The audit trail: who did what, to what, from where, and what it changed.
 #[utoipa::path(get, path = "/factory/audit", tag = "audit",
     params(
-        ("from" = Option<String>, Query, description = "At or after: a day (YYYY-MM-DD) or an RFC 3339 time"),
-        ("until" = Option<String>, Query, description = "Before: an RFC 3339 time, or a day (YYYY-MM-DD), which includes that whole day"),
+        ("from" = Option<String>, Query, format = Date, description = "At or after: a day (YYYY-MM-DD); an RFC 3339 time is taken too"),
+        ("to" = Option<String>, Query, format = Date, description = "Up to the end of this day (YYYY-MM-DD), which it includes; an RFC 3339 time is taken too. A range that ends before it starts holds no record"),
         ("actor" = Option<String>, Query, description = "The actor contains this (`user wes`, `client c-1`)", max_length = 200),
         ("action" = Option<String>, Query, description = "The action (`quota.set`) or its noun (`user` for every `user.*`)", max_length = 200),
         ("target" = Option<String>, Query, description = "The target contains this (an id, a name)", max_length = 200),
-        ("before" = Option<u64>, Query, description = "Only records before this sequence: the `nextBefore` of the page before", minimum = 1),
-        ("limit" = Option<u32>, Query, description = "At most this many records (default 100)", minimum = 1, maximum = 10000),
+        ("olderThan" = Option<u64>, Query, description = "Only records older than this sequence: the `nextOlderThan` of the page before", minimum = 1, maximum = 9223372036854775807_u64),
+        ("limit" = Option<u32>, Query, description = "At most this many records (default 100)", minimum = 1, maximum = 5000),
         ("format" = Option<String>, Query, description = "`json` (default) or `csv`", pattern = "^(json|csv)$"),
         ("tenant" = Option<String>, Query, description = "One tenant's records (PlatformAdmin; without it a PlatformAdmin reads every tenant's)", pattern = "^[a-z0-9][a-z0-9-]{0,62}$"),
     ),

@@ -1496,8 +1496,16 @@ struct AuditPage {
 /// The query of an audit page as the API reads it, with what the reader
 /// may see: its tenant, or every tenant for a PlatformAdmin.
 fn audit_query(console: &Console, raw: &RawQuery) -> Result<AuditQuery, PageError> {
-    let pairs: Vec<(String, String)> =
+    let mut pairs: Vec<(String, String)> =
         serde_urlencoded::from_str(raw.0.as_deref().unwrap_or("")).unwrap_or_default();
+    // The filter bar sends every field, the empty ones too; the table's
+    // cursor is `before`.
+    pairs.retain(|(_, v)| !v.trim().is_empty());
+    for (k, _) in &mut pairs {
+        if k == "before" {
+            "olderThan".clone_into(k);
+        }
+    }
     Ok(crate::api::audit::query_of(&console.principal(), &pairs)?)
 }
 
@@ -1543,7 +1551,7 @@ pub async fn audit(console: Console, raw: RawQuery) -> Result<Response, PageErro
         q.filter("actor", "Actor", Vec::new()),
         q.filter("target", "Target", Vec::new()),
         q.day_filter("from", "From"),
-        q.day_filter("until", "Until"),
+        q.day_filter("to", "To"),
     ];
     let t = q.history_table(
         "audit",
@@ -1555,7 +1563,7 @@ pub async fn audit(console: Console, raw: RawQuery) -> Result<Response, PageErro
         filters,
         "No audit record matches: decisions, cancels, holds, releases, trust, quotas, pools, users, clients, reloads and sign-ins appear here as they happen.",
         None,
-        page.next_before.map(|b| b.to_string()),
+        page.next_older_than.map(|b| b.to_string()),
     );
     let may_verify = console.platform_admin();
     let chain = if may_verify && q.get("verify").is_some() {
@@ -1572,7 +1580,10 @@ pub async fn audit(console: Console, raw: RawQuery) -> Result<Response, PageErro
     let mut export: Vec<(String, String)> =
         serde_urlencoded::from_str(raw.0.as_deref().unwrap_or("")).unwrap_or_default();
     export.retain(|(k, v)| {
-        !v.is_empty() && AuditQuery::PARAMS.contains(&k.as_str()) && k != "before" && k != "limit"
+        !v.is_empty()
+            && AuditQuery::PARAMS.contains(&k.as_str())
+            && k != "olderThan"
+            && k != "limit"
     });
     let title = if all_tenants {
         "Audit trail (every tenant)"

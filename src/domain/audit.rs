@@ -467,17 +467,32 @@ pub struct AuditQuery {
 }
 
 /// Most records one answer holds.
-pub const MAX_AUDIT_PAGE: usize = 10_000;
+pub const MAX_AUDIT_PAGE: usize = 5_000;
 
 impl AuditQuery {
     /// The parameters it reads.
     pub const PARAMS: &'static [&'static str] = &[
-        "from", "until", "actor", "action", "target", "before", "limit",
+        "from",
+        "to",
+        "actor",
+        "action",
+        "target",
+        "olderThan",
+        "limit",
     ];
 
     /// Reads the parameters `get` finds (empty ones are absent); the tenant
     /// is the caller's to set.
     pub fn parse<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Result<AuditQuery, FieldError> {
+        // A parameter given empty is a mistake (a form leaves it out).
+        for k in Self::PARAMS {
+            if get(k).is_some_and(|v| v.trim().is_empty()) {
+                return Err(FieldError::new(
+                    *k,
+                    "is empty: leave it out, or give a value",
+                ));
+            }
+        }
         let get = |k: &str| get(k).map(str::trim).filter(|v| !v.is_empty());
         let text = |k: &str| -> Result<Option<String>, FieldError> {
             match get(k) {
@@ -499,14 +514,7 @@ impl AuditQuery {
                 .transpose()
         };
         let from = get("from").map(|v| instant("from", v, false)).transpose()?;
-        let until = get("until")
-            .map(|v| instant("until", v, true))
-            .transpose()?;
-        if let (Some(f), Some(u)) = (from, until)
-            && u <= f
-        {
-            return Err(FieldError::new("until", "must be after from"));
-        }
+        let until = get("to").map(|v| instant("to", v, true)).transpose()?;
         Ok(AuditQuery {
             filter: AuditFilter {
                 tenant: None,
@@ -516,7 +524,7 @@ impl AuditQuery {
                 action: text("action")?,
                 target: text("target")?,
             },
-            before: number("before", u64::MAX)?,
+            before: number("olderThan", i64::MAX as u64)?,
             limit: number("limit", MAX_AUDIT_PAGE as u64)?.map_or(100, |n| n as usize),
         })
     }
@@ -524,7 +532,7 @@ impl AuditQuery {
 
 /// An instant as RFC 3339, or a UTC day (`YYYY-MM-DD`): its start, or for
 /// the end of a range (`end`) the start of the day after, so that
-/// `until=2026-12-05` includes that whole day.
+/// `to=2026-12-05` includes that whole day.
 fn instant(field: &str, text: &str, end: bool) -> Result<DateTime<Utc>, FieldError> {
     if let Ok(at) = DateTime::parse_from_rfc3339(text) {
         return Ok(at.with_timezone(&Utc));
