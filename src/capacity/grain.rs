@@ -166,7 +166,7 @@ pub enum Msg {
         spec: PoolSpec,
         slot: SlotSize,
         /// Who changes it, for the audit trail.
-        origin: Option<Origin>,
+        origin: Option<std::sync::Arc<Origin>>,
         reply: Reply<WorkerPool>,
     },
     Drain,
@@ -247,7 +247,7 @@ struct Effects {
     /// Run slots taken by grants.
     slots: Vec<RunSlot>,
     /// Changes people made, for the audit trail.
-    audits: Vec<(Origin, AuditChange)>,
+    audits: Vec<(std::sync::Arc<Origin>, AuditChange)>,
     after: Vec<AfterDurable>,
 }
 
@@ -960,7 +960,7 @@ impl PoolGrain {
         &mut self,
         spec: PoolSpec,
         slot: SlotSize,
-        origin: Option<Origin>,
+        origin: Option<std::sync::Arc<Origin>>,
         reply: Reply<WorkerPool>,
         fx: &mut Effects,
     ) {

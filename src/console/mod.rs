@@ -49,6 +49,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/account", get(signin::account))
         .route("/account/password", post(signin::change_password))
         .route("/runs", get(work::runs).post(work::submit_run))
+        .route("/runs/bulk", post(work::bulk_runs))
         .route("/runs/{run_id}", get(work::run))
         .route("/runs/{run_id}/export", get(work::export_run))
         .route("/runs/{run_id}/cancel", post(work::cancel_run))
@@ -68,6 +69,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
             post(work::settle),
         )
         .route("/decisions", get(work::decisions))
+        .route("/decisions/bulk", post(work::bulk_decisions))
         .route("/artifacts/{hash}", get(work::artifact))
         .route("/uncertain", get(work::uncertain))
         .route("/webhooks", get(admin::webhooks))

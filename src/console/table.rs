@@ -54,6 +54,16 @@ pub enum Cell {
     /// The form that settles an uncertain call, posting to the URL: the
     /// effect, what was checked, and whether to try again.
     Settle(String),
+    /// A box that picks the row for a bulk action of the form `form`
+    /// (outside the table), under the field `name`.
+    Pick {
+        /// The form's id.
+        form: &'static str,
+        /// The field.
+        name: &'static str,
+        /// What a picked row sends.
+        value: String,
+    },
 }
 
 impl Cell {
@@ -130,7 +140,7 @@ impl Cell {
             | Cell::Words { text: s, .. } => SortKey::Text(s),
             Cell::Code { full, .. } => SortKey::Text(full),
             Cell::Link { text, .. } => SortKey::Text(text),
-            Cell::Actions(_) | Cell::Settle(_) => SortKey::Text(""),
+            Cell::Actions(_) | Cell::Settle(_) | Cell::Pick { .. } => SortKey::Text(""),
         }
     }
 
@@ -147,7 +157,7 @@ impl Cell {
             }
             Cell::Link { text, .. } => text,
             Cell::Num(_, s) => s,
-            Cell::Actions(_) | Cell::Settle(_) => return false,
+            Cell::Actions(_) | Cell::Settle(_) | Cell::Pick { .. } => return false,
         };
         hay.to_lowercase().contains(needle)
     }

@@ -15,13 +15,13 @@ use super::{Console, Layout, ListPage, PageError, render, short, when, when_opt}
 use crate::api::error::ApiError;
 use crate::domain::access::Scope;
 use crate::domain::attempt::{
-    AttemptState, CallRecord, Checkpoint, DecisionRequest, DecisionStatus, Effect,
+    AttemptState, CallRecord, Checkpoint, DecisionKind, DecisionRequest, DecisionStatus, Effect,
     ExecutionAttempt, InterruptSource,
 };
 use crate::domain::content::Shown;
 use crate::domain::release::canonical_json;
 use crate::domain::run::RunState;
-use crate::domain::{FieldError, ProjectId};
+use crate::domain::{DomainError, FieldError, ProjectId};
 use crate::runs::{RunRequest, rerun};
 use crate::runtime::content::{CallContent, OutcomeContent};
 use crate::runtime::grain::AttemptView;
@@ -214,6 +214,9 @@ struct RunsPage {
     l: Layout,
     t: Table,
     can_submit: bool,
+    /// Bulk actions the reader may take on picked runs.
+    can_cancel: bool,
+    can_hold: bool,
     releases: Vec<String>,
     projects: Vec<String>,
 }
@@ -255,6 +258,7 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
     });
     let total = console.state.runs.count(&scope, &filter)?;
     let (agents, releases, projects) = choices(&console, &scope)?;
+    let can_bulk = console.can(Scope::RunsWrite) || console.can(Scope::RunsOperate);
     let rows = runs
         .iter()
         .map(|r| {
@@ -263,7 +267,7 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
                 .map(|a| Cell::id(a, format!("/attempts/{a}")))
                 .unwrap_or_else(|| Cell::text(""));
             let why = run_why(&console, &scope, r);
-            vec![
+            let mut row = vec![
                 Cell::id(r.run_id, format!("/runs/{}", r.run_id)),
                 Cell::State(r.state.as_str().to_string()),
                 Cell::text(&r.agent_id),
@@ -273,7 +277,18 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
                 last,
                 Cell::time(&r.created_at),
                 Cell::words(why),
-            ]
+            ];
+            if can_bulk {
+                row.insert(
+                    0,
+                    Cell::Pick {
+                        form: "bulk-runs",
+                        name: "run",
+                        value: r.run_id.to_string(),
+                    },
+                );
+            }
+            row
         })
         .collect();
     let run_states = [
@@ -296,20 +311,22 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
         q.day_filter("until", "until"),
         q.filter("reason", "reason has", Vec::new()),
     ];
+    let labels = [
+        "Pick",
+        "Run",
+        "State",
+        "Agent",
+        "Release",
+        "Project",
+        "Attempts",
+        "Last attempt",
+        "Submitted",
+        "Why it waits or ended",
+    ];
     let t = q.history_table(
         "runs",
         "/runs",
-        &[
-            "Run",
-            "State",
-            "Agent",
-            "Release",
-            "Project",
-            "Attempts",
-            "Last attempt",
-            "Submitted",
-            "Why it waits or ended",
-        ],
+        &labels[usize::from(!can_bulk)..],
         rows,
         filters,
         "No runs match.",
@@ -320,6 +337,8 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
         l: console.layout("Runs", "/runs"),
         t,
         can_submit: console.can(Scope::RunsWrite),
+        can_cancel: console.can(Scope::RunsWrite),
+        can_hold: console.can(Scope::RunsOperate),
         releases,
         projects,
     })
@@ -724,6 +743,16 @@ pub struct DecisionView {
 }
 
 impl DecisionView {
+    /// Whether it is an approval (which a bulk decision can decide).
+    pub fn is_approval(&self) -> bool {
+        self.d.kind == DecisionKind::Approval
+    }
+
+    /// `<attemptId>/<decisionId>`, as a bulk decision names it.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.d.attempt_id, self.d.decision_id)
+    }
+
     /// Reads the content of a decision of the scope's tenant.
     pub fn read(
         runtime: &crate::runtime::Runtime,
@@ -1318,6 +1347,8 @@ struct DecisionsPage {
     pending: Vec<DecisionView>,
     t: Table,
     can_decide: bool,
+    /// Whether more than one approval waits: they can be decided at once.
+    bulk: bool,
 }
 
 /// `GET /decisions`: the inbox of pending decisions, then the decided ones.
@@ -1325,7 +1356,7 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
     console.require(Scope::RunsRead)?;
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
-    let pending = console
+    let pending: Vec<DecisionView> = console
         .state
         .runtime
         .pending_decisions(&scope, usize::MAX)?
@@ -1386,11 +1417,13 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
         None,
         older,
     );
+    let bulk = pending.iter().filter(|d| d.is_approval()).count() > 1;
     render(&DecisionsPage {
         l: console.layout("Decisions", "/decisions"),
         pending,
         t,
         can_decide: console.can(Scope::RunsDecide),
+        bulk,
     })
 }
 
@@ -1467,4 +1500,291 @@ pub async fn uncertain(console: Console, raw: RawQuery) -> Result<Response, Page
         intro: "A call in flight when its attempt stopped, whose effect could not be confirmed. It is never retried automatically: an Operator checks the receipt and the target system and settles it. The timeline's form also takes a reason and can start a new attempt when the effect did not happen.".into(),
         t,
     })
+}
+
+// ---- bulk actions ------------------------------------------------------------
+
+/// Most rows one bulk action takes.
+const MAX_BULK: usize = 200;
+
+/// One picked row of a bulk action and what confirming does to it.
+struct BulkItem {
+    id: String,
+    /// The id, short.
+    short: String,
+    href: String,
+    /// What the form sends for it.
+    value: String,
+    now: String,
+    change: String,
+    changes: bool,
+}
+
+#[derive(Template)]
+#[template(path = "console/bulk.html")]
+struct BulkPage {
+    l: Layout,
+    noun: &'static str,
+    noun_plural: &'static str,
+    items: Vec<BulkItem>,
+    changing: usize,
+    action_url: &'static str,
+    action: String,
+    reason: String,
+    field: &'static str,
+    confirm: String,
+    back: &'static str,
+}
+
+/// The picked values of `field`, at least one and at most [`MAX_BULK`].
+fn picked<'a>(
+    fields: &'a super::Fields,
+    field: &str,
+    what: &str,
+) -> Result<Vec<&'a str>, ApiError> {
+    let all: Vec<&str> = fields
+        .all(field)
+        .into_iter()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .collect();
+    if all.is_empty() {
+        return Err(ApiError::invalid(
+            field,
+            format!("pick at least one {what}"),
+        ));
+    }
+    if all.len() > MAX_BULK {
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "{} picked; one bulk action takes at most {MAX_BULK}",
+                all.len()
+            ),
+        ));
+    }
+    Ok(all)
+}
+
+/// `POST /runs/bulk`: cancels, holds or releases the holds of the picked
+/// runs: first a page that lists what will change, then, confirmed, each
+/// change as if made on its run's page (and audited so).
+pub async fn bulk_runs(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    let action = fields.get("action").unwrap_or_default().to_string();
+    let (needs, verb) = match action.as_str() {
+        "cancel" => (Scope::RunsWrite, "Cancel"),
+        "hold" => (Scope::RunsOperate, "Place a legal hold on"),
+        "unhold" => (Scope::RunsOperate, "Release the legal hold of"),
+        other => {
+            let e = ApiError::invalid(
+                "action",
+                format!("{other:?} is not a bulk action on runs: cancel, hold or unhold"),
+            );
+            return Ok(console.done("/runs", Err::<String, _>(e)));
+        }
+    };
+    console.require(needs)?;
+    let scope = console.scope()?;
+    let values = match picked(&fields, "run", "run") {
+        Ok(v) => v,
+        Err(e) => return Ok(console.done("/runs", Err::<String, _>(e))),
+    };
+    let reason = fields.get("reason").unwrap_or_default().to_string();
+    let mut items = Vec::new();
+    for value in values {
+        let id = parse_uuid("run", value)?;
+        let run = console.state.runs.get(&scope, id)?;
+        let (change, changes) = match action.as_str() {
+            "cancel" if run.state.is_terminal() => (
+                format!("nothing: it has ended ({})", run.state.as_str()),
+                false,
+            ),
+            "cancel" if run.cancel_requested.is_some() => (
+                "nothing: its cancellation was asked already".to_string(),
+                false,
+            ),
+            "cancel" => (
+                "cancelled: each live attempt stops at its next safe point".to_string(),
+                true,
+            ),
+            "hold" if run.hold.is_some() => ("nothing: it is held already".to_string(), false),
+            "hold" => (
+                "placed on legal hold: retention keeps all of it".to_string(),
+                true,
+            ),
+            _ if run.hold.is_none() => ("nothing: it is not held".to_string(), false),
+            _ => ("hold released: retention applies again".to_string(), true),
+        };
+        let now = match &run.hold {
+            Some(h) => format!("{} (held: {})", run.state.as_str(), h.reason),
+            None => run.state.as_str().to_string(),
+        };
+        items.push(BulkItem {
+            short: short(&id.to_string()),
+            id: id.to_string(),
+            href: format!("/runs/{id}"),
+            value: id.to_string(),
+            now,
+            change,
+            changes,
+        });
+    }
+    if !fields.has("confirm") {
+        let changing = items.iter().filter(|i| i.changes).count();
+        let noun = if changing == 1 { "run" } else { "runs" };
+        return render(&BulkPage {
+            l: console.layout(format!("{verb} {} runs?", items.len()), "/runs"),
+            noun: "Run",
+            noun_plural: "runs",
+            changing,
+            action_url: "/runs/bulk",
+            action,
+            reason,
+            field: "run",
+            confirm: format!("Confirm: {} {changing} {noun}", verb.to_lowercase()),
+            back: "/runs",
+            items,
+        });
+    }
+    let by = console.by();
+    let runs = &console.state.runs;
+    let (mut done, mut refused) = (0, Vec::new());
+    for item in items.iter().filter(|i| i.changes) {
+        let id = parse_uuid("run", &item.id)?;
+        let result = match action.as_str() {
+            "cancel" => runs.cancel(&scope, id, &by, &reason).await.map(|_| ()),
+            "hold" => runs
+                .hold(&scope, id, &by, Some(reason.as_str()))
+                .await
+                .map(|_| ()),
+            _ => runs.hold(&scope, id, &by, None).await.map(|_| ()),
+        };
+        match result {
+            Ok(()) => done += 1,
+            Err(e) => refused.push(format!(
+                "run {id}: {}",
+                super::describe(&ApiError::from(e).finish())
+            )),
+        }
+    }
+    let mut text = format!("{verb} {done} of {} runs: done", items.len());
+    if !refused.is_empty() {
+        text.push_str(&format!("; refused: {}", refused.join("; ")));
+    }
+    Ok(console.done("/runs", Ok::<_, ApiError>(text)))
+}
+
+/// `POST /decisions/bulk`: approves or rejects the picked pending
+/// approvals, after a page that lists what each approves.
+pub async fn bulk_decisions(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::RunsDecide)?;
+    let scope = console.scope()?;
+    let action = fields.get("action").unwrap_or_default().to_string();
+    let verb = match action.as_str() {
+        "approve" => "Approve",
+        "reject" => "Reject",
+        other => {
+            let e = ApiError::invalid(
+                "action",
+                format!("{other:?} is not a bulk decision: approve or reject"),
+            );
+            return Ok(console.done("/decisions", Err::<String, _>(e)));
+        }
+    };
+    let values = match picked(&fields, "decision", "approval") {
+        Ok(v) => v,
+        Err(e) => return Ok(console.done("/decisions", Err::<String, _>(e))),
+    };
+    let reason = fields.get("reason").unwrap_or_default().to_string();
+    let mut items = Vec::new();
+    for value in values {
+        let (attempt, decision) = value.split_once('/').ok_or_else(|| {
+            ApiError::invalid(
+                "decision",
+                format!("{value:?} is not <attemptId>/<decisionId>"),
+            )
+        })?;
+        let (attempt, decision) = (
+            parse_uuid("decision", attempt)?,
+            parse_uuid("decision", decision)?,
+        );
+        let d: DecisionRequest = console
+            .state
+            .store
+            .get(&scope, &crate::runtime::decision_key(attempt, decision))?
+            .ok_or_else(|| DomainError::not_found("decision", decision))?;
+        let pending_approval =
+            d.kind == DecisionKind::Approval && d.status == DecisionStatus::Pending;
+        let change = if !pending_approval {
+            format!("nothing: it is {} {}", d.kind.as_str(), d.status.as_str())
+        } else {
+            format!("{}d: {}", action, d.summary)
+        };
+        items.push(BulkItem {
+            short: short(&decision.to_string()),
+            id: decision.to_string(),
+            href: format!("/attempts/{attempt}"),
+            value: format!("{attempt}/{decision}"),
+            now: format!("{} {}", d.kind.as_str(), d.status.as_str()),
+            change,
+            changes: pending_approval,
+        });
+    }
+    if !fields.has("confirm") {
+        let changing = items.iter().filter(|i| i.changes).count();
+        let noun = if changing == 1 {
+            "approval"
+        } else {
+            "approvals"
+        };
+        return render(&BulkPage {
+            l: console.layout(format!("{verb} {} approvals?", items.len()), "/decisions"),
+            noun: "Decision",
+            noun_plural: "approvals",
+            changing,
+            action_url: "/decisions/bulk",
+            action,
+            reason,
+            field: "decision",
+            confirm: format!("Confirm: {} {changing} {noun}", verb.to_lowercase()),
+            back: "/decisions",
+            items,
+        });
+    }
+    let by = console.by();
+    let why = Some(reason).filter(|r| !r.is_empty());
+    let (mut done, mut refused) = (0, Vec::new());
+    for item in items.iter().filter(|i| i.changes) {
+        let (attempt, decision) = item.value.split_once('/').unwrap_or_default();
+        let (attempt, decision) = (
+            parse_uuid("decision", attempt)?,
+            parse_uuid("decision", decision)?,
+        );
+        match console
+            .state
+            .runtime
+            .decide(
+                &scope,
+                attempt,
+                decision,
+                action == "approve",
+                &by,
+                why.clone(),
+            )
+            .await
+        {
+            Ok(_) => done += 1,
+            Err(e) => refused.push(format!(
+                "decision {decision}: {}",
+                super::describe(&ApiError::from(e).finish())
+            )),
+        }
+    }
+    let mut text = format!("{verb} {done} of {} approvals: done", items.len());
+    if !refused.is_empty() {
+        text.push_str(&format!("; refused: {}", refused.join("; ")));
+    }
+    Ok(console.done("/decisions", Ok::<_, ApiError>(text)))
 }

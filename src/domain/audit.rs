@@ -136,12 +136,12 @@ const AUDITED_TOPICS: &[(&str, &str, &[&str])] = &[
     ("agentbay.runs.v1.run-hold-changed", "run.hold", &["runId"]),
     (
         "execution.releases.v1.release-loaded",
-        "release.import",
+        "release.load",
         &["releaseId"],
     ),
     (
         "execution.releases.v1.release-load-rejected",
-        "release.import-refused",
+        "release.load-refused",
         &["releaseId"],
     ),
     (
@@ -230,6 +230,7 @@ pub fn of_event(topic: &str, payload: &Value) -> Option<(&'static str, String)> 
 pub fn actions() -> Vec<&'static str> {
     let mut all: Vec<&'static str> = AUDITED_TOPICS.iter().map(|(_, a, _)| *a).collect();
     all.extend(RECORDED_ACTIONS);
+    all.push("run.rerun");
     all.sort_unstable();
     all.dedup();
     all
@@ -238,7 +239,7 @@ pub fn actions() -> Vec<&'static str> {
 /// Actions recorded where they happen ([`Change`]).
 pub const RECORDED_ACTIONS: &[&str] = &[
     "decision.answer",
-    "run.rerun",
+    "run.cancel",
     "pool.set",
     "model-profile.set",
     "model-profile.delete",

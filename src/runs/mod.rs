@@ -756,6 +756,7 @@ impl RunControl {
         };
         let s = scope.clone();
         let w = why.clone();
+        let now = self.clock.now();
         let run = self
             .runtime
             .store()
@@ -763,8 +764,17 @@ impl RunControl {
                 let mut run = tx
                     .get::<Run>(&s, &run_id.to_string())?
                     .ok_or_else(|| DomainError::not_found("run", run_id))?;
-                if run.request_cancel(w) {
+                let state = run.state;
+                if run.request_cancel(w.clone()) {
                     tx.save(&s, &mut run)?;
+                    let change = crate::domain::audit::Change::new(
+                        s.tenant(),
+                        "run.cancel",
+                        run_id.to_string(),
+                    )
+                    .before(serde_json::json!({ "state": state.as_str() }))
+                    .after(serde_json::json!({ "state": state.as_str(), "cancelRequested": w }));
+                    tx.audit(now, change)?;
                 }
                 Ok::<_, RuntimeError>(run)
             })

@@ -32,22 +32,31 @@ const BY_TENANT: &str = "audit";
 const BY_TARGET: &str = "audit-target";
 
 tokio::task_local! {
-    static ORIGIN: Arc<Mutex<Origin>>;
+    // Shared, so that a write takes who acts for the price of a reference
+    // count; replaced whole when authentication names the actor.
+    static ORIGIN: Mutex<Arc<Origin>>;
 }
 
-/// Runs `f` as a request from `address` through `via`; authentication
-/// names the actor once it knows it.
-pub fn scope<F: Future>(origin: Origin, f: F) -> impl Future<Output = F::Output> {
-    ORIGIN.scope(Arc::new(Mutex::new(origin)), f)
+/// Runs `f` as done by `origin`: a request from its address through its
+/// door, whose actor authentication names once it knows it.
+pub fn scope<F: Future>(origin: impl Into<Arc<Origin>>, f: F) -> impl Future<Output = F::Output> {
+    ORIGIN.scope(Mutex::new(origin.into()), f)
 }
 
 /// Names who the current request acts as.
 pub fn set_actor(actor: &str) {
-    let _ = ORIGIN.try_with(|o| actor.clone_into(&mut o.lock().actor));
+    let _ = ORIGIN.try_with(|o| {
+        let mut o = o.lock();
+        if o.actor != actor {
+            let mut named = Origin::clone(&o);
+            actor.clone_into(&mut named.actor);
+            *o = Arc::new(named);
+        }
+    });
 }
 
 /// Who the current task acts as, once authenticated.
-pub fn current() -> Option<Origin> {
+pub fn current() -> Option<Arc<Origin>> {
     ORIGIN
         .try_with(|o| o.lock().clone())
         .ok()

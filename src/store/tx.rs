@@ -161,7 +161,7 @@ pub struct Tx<'a> {
     next_seq: u64,
     events: Vec<Arc<StoredEvent>>,
     /// Who the transaction acts for, when a person or a client does.
-    origin: Option<Origin>,
+    origin: Option<Arc<Origin>>,
     /// The end of the audit chain, as this transaction leaves it.
     trail: trail::Head,
 }
@@ -194,7 +194,7 @@ impl<'a> Tx<'a> {
         cache: &'a DerivedCache,
         next_seq: u64,
         trail: trail::Head,
-        origin: Option<Origin>,
+        origin: Option<Arc<Origin>>,
     ) -> Tx<'a> {
         Tx {
             trees,
@@ -582,9 +582,11 @@ impl<'a> Tx<'a> {
         if let Some(key) = stored.attempt_index_key() {
             self.write(Table::Index, key, Some(Vec::new()));
         }
-        if let Some(origin) = self.origin.clone()
-            && let Some((action, target)) = audit::of_event(&stored.topic, &stored.payload)
-        {
+        // Only an audited topic emitted on someone's behalf is an action.
+        let audited = self.origin.as_ref().and_then(|origin| {
+            audit::of_event(&stored.topic, &stored.payload).map(|a| (origin.clone(), a))
+        });
+        if let Some((origin, (action, target))) = audited {
             let mut change = AuditChange::new(&stored.tenant_id, action, target);
             change.before = self.last_value(&change)?;
             change.after = Some(stored.payload.clone());

@@ -1677,3 +1677,132 @@ async fn runs_and_attempts_are_found_by_day_and_by_the_words_of_their_reason() {
     assert_eq!(status, 400, "{page}");
     assert!(page.contains("from"), "{page}");
 }
+
+/// Bulk approve, hold and cancel: a page first lists what confirming will
+/// change (and what it will not), nothing changes until confirmed, and
+/// each change is then audited as the person's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_actions_list_what_changes_then_each_change_is_audited() {
+    let a = demo();
+    user(&a, "demo", "wendy", &["WorkspaceAdmin"]).await;
+    let attempts = demo_attempts(&a).await;
+    let run_of = |release: &str| {
+        attempts
+            .iter()
+            .find(|x| x["releaseId"] == release)
+            .unwrap_or_else(|| panic!("no run of {release}: {attempts:#?}"))["runId"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let ended = attempts.iter().find(|x| x["state"] == "Succeeded").unwrap()["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let waiting = run_of("triage-question-1.0.0");
+    let v = Visitor::sign_in(&a, "wendy").await;
+    let audit = |action: &'static str| {
+        let v = &v;
+        async move {
+            let (_, csv) = v.get(&format!("/audit.csv?action={action}")).await;
+            csv.lines().skip(1).map(str::to_string).collect::<Vec<_>>()
+        }
+    };
+
+    // The runs page offers the picks and the bulk form.
+    let (_, page) = v.get("/runs").await;
+    assert!(page.contains("form=\"bulk-runs\" name=\"run\""), "{page}");
+
+    // Hold: the plan names both runs; nothing is held yet.
+    let hold = [
+        ("action", "hold"),
+        ("reason", "incident 42"),
+        ("run", ended.as_str()),
+        ("run", waiting.as_str()),
+    ];
+    let (status, plan) = v.post("/runs/bulk", &hold).await;
+    assert_eq!(status, 200, "{plan}");
+    assert!(plan.contains("Place a legal hold on 2 runs?"), "{plan}");
+    assert!(plan.contains("placed on legal hold"), "{plan}");
+    assert!(
+        plan.contains("Confirm: place a legal hold on 2 runs"),
+        "{plan}"
+    );
+    assert!(audit("run.hold").await.is_empty());
+    let mut confirmed = hold.to_vec();
+    confirmed.push(("confirm", "1"));
+    let (ok, message) = v.act("/runs/bulk", &confirmed).await;
+    assert!(ok, "{message}");
+    assert!(message.contains("2 of 2 runs: done"), "{message}");
+    let held = audit("run.hold").await;
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(
+        held.iter()
+            .all(|r| r.contains(",user wendy,") && r.contains(",console,")),
+        "{held:?}"
+    );
+
+    // Approvals: the inbox picks them; the plan says what each approves.
+    let (_, inbox) = v.get("/decisions").await;
+    let marker = "form=\"bulk-decisions\" name=\"decision\" value=\"";
+    let at = inbox.find(marker).unwrap_or_else(|| panic!("{inbox}")) + marker.len();
+    let picked = inbox[at..].split('"').next().unwrap().to_string();
+    let approve = [("action", "approve"), ("decision", picked.as_str())];
+    let (status, plan) = v.post("/decisions/bulk", &approve).await;
+    assert_eq!(status, 200, "{plan}");
+    assert!(plan.contains("Confirm: approve 1 approval"), "{plan}");
+    assert!(audit("approval.decide").await.is_empty());
+    let mut confirmed = approve.to_vec();
+    confirmed.push(("confirm", "1"));
+    let (ok, message) = v.act("/decisions/bulk", &confirmed).await;
+    assert!(
+        ok && message.contains("1 of 1 approvals: done"),
+        "{message}"
+    );
+    let decided = audit("approval.decide").await;
+    assert_eq!(decided.len(), 1, "{decided:?}");
+    assert!(decided[0].contains(",user wendy,"), "{decided:?}");
+
+    // Cancel: the ended run would not change and is left out of the form.
+    let cancel = [
+        ("action", "cancel"),
+        ("run", ended.as_str()),
+        ("run", waiting.as_str()),
+    ];
+    let (_, plan) = v.post("/runs/bulk", &cancel).await;
+    assert!(plan.contains("nothing: it has ended (Succeeded)"), "{plan}");
+    assert!(plan.contains("Confirm: cancel 1 run"), "{plan}");
+    let hidden = format!("name=\"run\" value=\"{ended}\"");
+    assert!(
+        !plan.contains(&hidden),
+        "the ended run is not in the confirmation: {plan}"
+    );
+    let (ok, message) = v
+        .act(
+            "/runs/bulk",
+            &[
+                ("action", "cancel"),
+                ("run", waiting.as_str()),
+                ("confirm", "1"),
+            ],
+        )
+        .await;
+    assert!(ok, "{message}");
+    let cancelled = audit("run.cancel").await;
+    assert_eq!(cancelled.len(), 1, "{cancelled:?}");
+    assert!(cancelled[0].contains(&waiting), "{cancelled:?}");
+
+    // Nothing picked, or an unknown action: said, beside the form.
+    let (ok, message) = v.act("/runs/bulk", &[("action", "cancel")]).await;
+    assert!(
+        !ok && message.contains("pick at least one run"),
+        "{message}"
+    );
+    let (ok, message) = v
+        .act(
+            "/runs/bulk",
+            &[("action", "delete"), ("run", ended.as_str())],
+        )
+        .await;
+    assert!(!ok && message.contains("not a bulk action"), "{message}");
+}

@@ -2837,6 +2837,41 @@ async fn a_run_exported_for_review_holds_everything_with_hashes_and_opens_offlin
         "{html}"
     );
     assert!(!html.contains("<script"), "the page needs no script");
+    // The command line writes the same file through the running appliance.
+    let file = dir.path().join("by-cli.tar.gz");
+    let out = crate::common::run(
+        crate::common::agentbay()
+            .args([
+                "run",
+                "export",
+                &run.run_id,
+                "--tenant",
+                &run.tenant_id,
+                "-o",
+            ])
+            .arg(&file)
+            .arg("--data-dir")
+            .arg(&site.a.data_dir),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut names = Vec::new();
+    for entry in tar::Archive::new(flate2::read::GzDecoder::new(
+        std::fs::File::open(&file).unwrap(),
+    ))
+    .entries()
+    .unwrap()
+    {
+        names.push(entry.unwrap().path().unwrap().display().to_string());
+    }
+    assert!(
+        names.iter().any(|n| n.ends_with("manifest.json"))
+            && names.iter().any(|n| n.ends_with(&attempt)),
+        "{names:?}"
+    );
     // Another tenant cannot take it.
     site.a.tenant("globex", "team", &[], &["ops"]).await;
     let reader = site.a.create_client("globex", &["factory.runs.read"]).await;

@@ -62,7 +62,7 @@ fn reply_with<T: Send + 'static>(reply: Reply<T>, result: Result<T, RuntimeError
 
 /// A message with who sent it, when a person or a client did: the grain
 /// handles it as done by them, so that what it changes is audited so.
-pub type Mail = (Msg, Option<Origin>);
+pub type Mail = (Msg, Option<std::sync::Arc<Origin>>);
 
 /// A message to a grain. Messages are few and short-lived; their size
 /// does not matter.
