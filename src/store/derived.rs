@@ -359,7 +359,7 @@ pub(crate) fn is_count_key(key: &[u8]) -> bool {
 }
 
 /// Whether an index key is one records derive (not a hand-kept index such
-/// as the login names).
+/// as the login names, or the audit trail's own, which its appender keeps).
 pub(crate) fn is_derived_key(key: &[u8]) -> bool {
     if key.starts_with(GLOBAL) {
         return true;
@@ -367,7 +367,7 @@ pub(crate) fn is_derived_key(key: &[u8]) -> bool {
     let text = String::from_utf8_lossy(key);
     let mut parts = text.splitn(3, '/');
     let (_, index) = (parts.next(), parts.next());
-    !matches!(index, Some("user"))
+    !matches!(index, Some(i) if i == "user" || i == super::trail::BY_TENANT || i == super::trail::BY_TARGET)
 }
 
 #[cfg(test)]

@@ -1089,6 +1089,13 @@ impl Store {
                 problems.push(format!("count {} has no records", text(k)));
             }
         }
+        drop(open);
+        if let Some(broken) = self.verify_audit()?.broken {
+            problems.push(format!(
+                "the audit chain is broken at record {}: {}",
+                broken.sequence, broken.reason
+            ));
+        }
         Ok(problems)
     }
 

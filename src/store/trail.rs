@@ -26,10 +26,10 @@ use crate::domain::audit::{AuditFilter, AuditRecord, ChainBreak, ChainCheck, Ori
 /// record retention removed, which the first kept record follows.
 pub(super) const PRUNED_THROUGH: &str = "audit.pruned_through";
 /// Index of a tenant's records: `<tenant>/audit/all/<sequence, 20 digits>`.
-const BY_TENANT: &str = "audit";
+pub(super) const BY_TENANT: &str = "audit";
 /// Index of the records of one action on one target, for the value before
 /// a change: `<tenant>/audit-target/<hash of action and target>/<sequence>`.
-const BY_TARGET: &str = "audit-target";
+pub(super) const BY_TARGET: &str = "audit-target";
 
 tokio::task_local! {
     // Shared, so that a write takes who acts for the price of a reference
