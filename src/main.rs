@@ -1058,9 +1058,10 @@ fn main() -> ExitCode {
     let result = if matches!(cli.command, Command::Serve { .. }) {
         runtime.block_on(execute(cli.command))
     } else {
-        let account = std::env::var("USER")
-            .or_else(|_| std::env::var("USERNAME"))
-            .unwrap_or_else(|_| "unknown".into());
+        let account = ["USER", "LOGNAME", "USERNAME"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+            .unwrap_or_else(|| "unknown".into());
         let origin = agentbay::domain::audit::Origin {
             actor: format!("the appliance's owner (agentbay command line, account {account})"),
             address: "local".into(),
