@@ -20,7 +20,7 @@ use crate::domain::attempt::{
 };
 use crate::domain::content::Shown;
 use crate::domain::release::canonical_json;
-use crate::domain::run::RunState;
+use crate::domain::run::{RunAction, RunState};
 use crate::domain::{DomainError, FieldError, ProjectId};
 use crate::runs::{RunRequest, rerun};
 use crate::runtime::content::{CallContent, OutcomeContent};
@@ -1507,6 +1507,38 @@ pub async fn uncertain(console: Console, raw: RawQuery) -> Result<Response, Page
 /// Most rows one bulk action takes.
 const MAX_BULK: usize = 200;
 
+/// What a bulk action acts on: its list page and its form.
+struct BulkKind {
+    /// The column heading.
+    noun: &'static str,
+    one: &'static str,
+    many: &'static str,
+    /// Where the form posts.
+    url: &'static str,
+    /// The field naming each picked item.
+    field: &'static str,
+    /// The list page.
+    back: &'static str,
+}
+
+const RUNS: BulkKind = BulkKind {
+    noun: "Run",
+    one: "run",
+    many: "runs",
+    url: "/runs/bulk",
+    field: "run",
+    back: "/runs",
+};
+
+const APPROVALS: BulkKind = BulkKind {
+    noun: "Decision",
+    one: "approval",
+    many: "approvals",
+    url: "/decisions/bulk",
+    field: "decision",
+    back: "/decisions",
+};
+
 /// One picked row of a bulk action and what confirming does to it.
 struct BulkItem {
     id: String,
@@ -1516,47 +1548,53 @@ struct BulkItem {
     /// What the form sends for it.
     value: String,
     now: String,
-    change: String,
-    changes: bool,
+    /// What confirming does to it, or why nothing.
+    effect: Result<String, String>,
+}
+
+impl BulkItem {
+    fn changes(&self) -> bool {
+        self.effect.is_ok()
+    }
+
+    fn change(&self) -> String {
+        match &self.effect {
+            Ok(words) => words.clone(),
+            Err(why) => format!("nothing: {why}"),
+        }
+    }
 }
 
 #[derive(Template)]
 #[template(path = "console/bulk.html")]
 struct BulkPage {
     l: Layout,
-    noun: &'static str,
-    noun_plural: &'static str,
+    kind: BulkKind,
     items: Vec<BulkItem>,
     changing: usize,
-    action_url: &'static str,
     action: String,
     reason: String,
-    field: &'static str,
     confirm: String,
-    back: &'static str,
 }
 
-/// The picked values of `field`, at least one and at most [`MAX_BULK`].
-fn picked<'a>(
-    fields: &'a super::Fields,
-    field: &str,
-    what: &str,
-) -> Result<Vec<&'a str>, ApiError> {
+/// The picked values of `kind`'s field, at least one and at most
+/// [`MAX_BULK`].
+fn picked<'a>(fields: &'a super::Fields, kind: &BulkKind) -> Result<Vec<&'a str>, ApiError> {
     let all: Vec<&str> = fields
-        .all(field)
+        .all(kind.field)
         .into_iter()
         .map(str::trim)
         .filter(|v| !v.is_empty())
         .collect();
     if all.is_empty() {
         return Err(ApiError::invalid(
-            field,
-            format!("pick at least one {what}"),
+            kind.field,
+            format!("pick at least one {}", kind.one),
         ));
     }
     if all.len() > MAX_BULK {
         return Err(ApiError::invalid(
-            field,
+            kind.field,
             format!(
                 "{} picked; one bulk action takes at most {MAX_BULK}",
                 all.len()
@@ -1566,56 +1604,70 @@ fn picked<'a>(
     Ok(all)
 }
 
+/// The page that lists what confirming `verb` on `items` changes; nothing
+/// has changed yet.
+fn bulk_plan(
+    console: &Console,
+    kind: BulkKind,
+    verb: &str,
+    action: &str,
+    reason: String,
+    items: Vec<BulkItem>,
+) -> Result<Response, PageError> {
+    let changing = items.iter().filter(|i| i.changes()).count();
+    let noun = if changing == 1 { kind.one } else { kind.many };
+    render(&BulkPage {
+        l: console.layout(format!("{verb} {} {}?", items.len(), kind.many), kind.back),
+        confirm: format!("Confirm: {} {changing} {noun}", verb.to_lowercase()),
+        kind,
+        items,
+        changing,
+        action: action.to_string(),
+        reason,
+    })
+}
+
+/// Back to the list with what a confirmed bulk action did: how many were
+/// done, and each refusal named.
+fn bulk_outcome(
+    console: &Console,
+    kind: &BulkKind,
+    verb: &str,
+    total: usize,
+    refused: Vec<String>,
+) -> Response {
+    let mut text = format!(
+        "{verb} {} of {total} {}: done",
+        total - refused.len(),
+        kind.many
+    );
+    if !refused.is_empty() {
+        text.push_str(&format!("; refused: {}", refused.join("; ")));
+    }
+    console.done(kind.back, Ok::<_, ApiError>(text))
+}
+
 /// `POST /runs/bulk`: cancels, holds or releases the holds of the picked
 /// runs: first a page that lists what will change, then, confirmed, each
 /// change as if made on its run's page (and audited so).
 pub async fn bulk_runs(console: Console, raw: RawForm) -> Result<Response, PageError> {
     let fields = console.form(raw)?;
-    let action = fields.get("action").unwrap_or_default().to_string();
-    let (needs, verb) = match action.as_str() {
-        "cancel" => (Scope::RunsWrite, "Cancel"),
-        "hold" => (Scope::RunsOperate, "Place a legal hold on"),
-        "unhold" => (Scope::RunsOperate, "Release the legal hold of"),
-        other => {
-            let e = ApiError::invalid(
-                "action",
-                format!("{other:?} is not a bulk action on runs: cancel, hold or unhold"),
-            );
-            return Ok(console.done("/runs", Err::<String, _>(e)));
-        }
+    let action = match RunAction::parse(fields.get("action").unwrap_or_default()) {
+        Ok(a) => a,
+        Err(e) => return Ok(console.done(RUNS.back, Err::<String, _>(e))),
     };
-    console.require(needs)?;
+    console.require(action.scope())?;
     let scope = console.scope()?;
-    let values = match picked(&fields, "run", "run") {
+    let values = match picked(&fields, &RUNS) {
         Ok(v) => v,
-        Err(e) => return Ok(console.done("/runs", Err::<String, _>(e))),
+        Err(e) => return Ok(console.done(RUNS.back, Err::<String, _>(e))),
     };
     let reason = fields.get("reason").unwrap_or_default().to_string();
     let mut items = Vec::new();
+    let mut ids = Vec::new();
     for value in values {
         let id = parse_uuid("run", value)?;
         let run = console.state.runs.get(&scope, id)?;
-        let (change, changes) = match action.as_str() {
-            "cancel" if run.state.is_terminal() => (
-                format!("nothing: it has ended ({})", run.state.as_str()),
-                false,
-            ),
-            "cancel" if run.cancel_requested.is_some() => (
-                "nothing: its cancellation was asked already".to_string(),
-                false,
-            ),
-            "cancel" => (
-                "cancelled: each live attempt stops at its next safe point".to_string(),
-                true,
-            ),
-            "hold" if run.hold.is_some() => ("nothing: it is held already".to_string(), false),
-            "hold" => (
-                "placed on legal hold: retention keeps all of it".to_string(),
-                true,
-            ),
-            _ if run.hold.is_none() => ("nothing: it is not held".to_string(), false),
-            _ => ("hold released: retention applies again".to_string(), true),
-        };
         let now = match &run.hold {
             Some(h) => format!("{} (held: {})", run.state.as_str(), h.reason),
             None => run.state.as_str().to_string(),
@@ -1626,53 +1678,36 @@ pub async fn bulk_runs(console: Console, raw: RawForm) -> Result<Response, PageE
             href: format!("/runs/{id}"),
             value: id.to_string(),
             now,
-            change,
-            changes,
+            effect: run.effect_of(action).map(str::to_string),
         });
+        ids.push(id);
     }
     if !fields.has("confirm") {
-        let changing = items.iter().filter(|i| i.changes).count();
-        let noun = if changing == 1 { "run" } else { "runs" };
-        return render(&BulkPage {
-            l: console.layout(format!("{verb} {} runs?", items.len()), "/runs"),
-            noun: "Run",
-            noun_plural: "runs",
-            changing,
-            action_url: "/runs/bulk",
-            action,
+        return bulk_plan(
+            &console,
+            RUNS,
+            action.verb(),
+            action.as_str(),
             reason,
-            field: "run",
-            confirm: format!("Confirm: {} {changing} {noun}", verb.to_lowercase()),
-            back: "/runs",
             items,
-        });
+        );
     }
     let by = console.by();
     let runs = &console.state.runs;
-    let (mut done, mut refused) = (0, Vec::new());
-    for item in items.iter().filter(|i| i.changes) {
-        let id = parse_uuid("run", &item.id)?;
-        let result = match action.as_str() {
-            "cancel" => runs.cancel(&scope, id, &by, &reason).await.map(|_| ()),
-            "hold" => runs
-                .hold(&scope, id, &by, Some(reason.as_str()))
-                .await
-                .map(|_| ()),
-            _ => runs.hold(&scope, id, &by, None).await.map(|_| ()),
+    let mut refused = Vec::new();
+    for (item, id) in items.iter().zip(ids).filter(|(i, _)| i.changes()) {
+        let result = match action {
+            RunAction::Cancel => runs.cancel(&scope, id, &by, &reason).await.map(|_| ()),
+            RunAction::Hold => runs.hold(&scope, id, &by, Some(&reason)).await.map(|_| ()),
+            RunAction::Release => runs.hold(&scope, id, &by, None).await.map(|_| ()),
         };
-        match result {
-            Ok(()) => done += 1,
-            Err(e) => refused.push(format!(
-                "run {id}: {}",
-                super::describe(&ApiError::from(e).finish())
-            )),
+        if let Err(e) = result {
+            let why = super::describe(&ApiError::from(e).finish());
+            refused.push(format!("run {}: {why}", item.id));
         }
     }
-    let mut text = format!("{verb} {done} of {} runs: done", items.len());
-    if !refused.is_empty() {
-        text.push_str(&format!("; refused: {}", refused.join("; ")));
-    }
-    Ok(console.done("/runs", Ok::<_, ApiError>(text)))
+    let total = items.iter().filter(|i| i.changes()).count();
+    Ok(bulk_outcome(&console, &RUNS, action.verb(), total, refused))
 }
 
 /// `POST /decisions/bulk`: approves or rejects the picked pending
@@ -1682,23 +1717,24 @@ pub async fn bulk_decisions(console: Console, raw: RawForm) -> Result<Response, 
     console.require(Scope::RunsDecide)?;
     let scope = console.scope()?;
     let action = fields.get("action").unwrap_or_default().to_string();
-    let verb = match action.as_str() {
-        "approve" => "Approve",
-        "reject" => "Reject",
+    let (approve, verb) = match action.as_str() {
+        "approve" => (true, "Approve"),
+        "reject" => (false, "Reject"),
         other => {
             let e = ApiError::invalid(
                 "action",
                 format!("{other:?} is not a bulk decision: approve or reject"),
             );
-            return Ok(console.done("/decisions", Err::<String, _>(e)));
+            return Ok(console.done(APPROVALS.back, Err::<String, _>(e)));
         }
     };
-    let values = match picked(&fields, "decision", "approval") {
+    let values = match picked(&fields, &APPROVALS) {
         Ok(v) => v,
-        Err(e) => return Ok(console.done("/decisions", Err::<String, _>(e))),
+        Err(e) => return Ok(console.done(APPROVALS.back, Err::<String, _>(e))),
     };
     let reason = fields.get("reason").unwrap_or_default().to_string();
     let mut items = Vec::new();
+    let mut keys = Vec::new();
     for value in values {
         let (attempt, decision) = value.split_once('/').ok_or_else(|| {
             ApiError::invalid(
@@ -1715,76 +1751,37 @@ pub async fn bulk_decisions(console: Console, raw: RawForm) -> Result<Response, 
             .store
             .get(&scope, &crate::runtime::decision_key(attempt, decision))?
             .ok_or_else(|| DomainError::not_found("decision", decision))?;
-        let pending_approval =
-            d.kind == DecisionKind::Approval && d.status == DecisionStatus::Pending;
-        let change = if !pending_approval {
-            format!("nothing: it is {} {}", d.kind.as_str(), d.status.as_str())
-        } else {
-            format!("{}d: {}", action, d.summary)
-        };
+        let now = format!("{} {}", d.kind.as_str(), d.status.as_str());
         items.push(BulkItem {
             short: short(&decision.to_string()),
             id: decision.to_string(),
             href: format!("/attempts/{attempt}"),
             value: format!("{attempt}/{decision}"),
-            now: format!("{} {}", d.kind.as_str(), d.status.as_str()),
-            change,
-            changes: pending_approval,
+            effect: if d.awaits_approval() {
+                Ok(format!("{action}d: {}", d.summary))
+            } else {
+                Err(format!("it is {now}"))
+            },
+            now,
         });
+        keys.push((attempt, decision));
     }
     if !fields.has("confirm") {
-        let changing = items.iter().filter(|i| i.changes).count();
-        let noun = if changing == 1 {
-            "approval"
-        } else {
-            "approvals"
-        };
-        return render(&BulkPage {
-            l: console.layout(format!("{verb} {} approvals?", items.len()), "/decisions"),
-            noun: "Decision",
-            noun_plural: "approvals",
-            changing,
-            action_url: "/decisions/bulk",
-            action,
-            reason,
-            field: "decision",
-            confirm: format!("Confirm: {} {changing} {noun}", verb.to_lowercase()),
-            back: "/decisions",
-            items,
-        });
+        return bulk_plan(&console, APPROVALS, verb, &action, reason, items);
     }
     let by = console.by();
     let why = Some(reason).filter(|r| !r.is_empty());
-    let (mut done, mut refused) = (0, Vec::new());
-    for item in items.iter().filter(|i| i.changes) {
-        let (attempt, decision) = item.value.split_once('/').unwrap_or_default();
-        let (attempt, decision) = (
-            parse_uuid("decision", attempt)?,
-            parse_uuid("decision", decision)?,
-        );
-        match console
-            .state
-            .runtime
-            .decide(
-                &scope,
-                attempt,
-                decision,
-                action == "approve",
-                &by,
-                why.clone(),
-            )
+    let mut refused = Vec::new();
+    for (_, (attempt, decision)) in items.iter().zip(keys).filter(|(i, _)| i.changes()) {
+        let runtime = &console.state.runtime;
+        if let Err(e) = runtime
+            .decide(&scope, attempt, decision, approve, &by, why.clone())
             .await
         {
-            Ok(_) => done += 1,
-            Err(e) => refused.push(format!(
-                "decision {decision}: {}",
-                super::describe(&ApiError::from(e).finish())
-            )),
+            let why = super::describe(&ApiError::from(e).finish());
+            refused.push(format!("decision {decision}: {why}"));
         }
     }
-    let mut text = format!("{verb} {done} of {} approvals: done", items.len());
-    if !refused.is_empty() {
-        text.push_str(&format!("; refused: {}", refused.join("; ")));
-    }
-    Ok(console.done("/decisions", Ok::<_, ApiError>(text)))
+    let total = items.iter().filter(|i| i.changes()).count();
+    Ok(bulk_outcome(&console, &APPROVALS, verb, total, refused))
 }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::attempt::{AttemptState, ExecutionAttempt, FailureClass};
-use super::error::DomainError;
+use super::error::{DomainError, FieldError};
 use super::events::{EventPayload, NewEvent};
 use super::ids::{ProjectId, TenantId};
 use super::release::{AdapterKind, AttemptLimits};
@@ -192,6 +192,58 @@ pub struct RerunOrigin {
     pub by: String,
     /// When.
     pub at: DateTime<Utc>,
+}
+
+/// What an operator does to a run from the console, one run or many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunAction {
+    /// Cancel it.
+    Cancel,
+    /// Place a legal hold.
+    Hold,
+    /// Release the legal hold.
+    Release,
+}
+
+impl RunAction {
+    /// Reads a form's `action`, naming the field when it is none of them.
+    pub fn parse(text: &str) -> Result<RunAction, FieldError> {
+        match text {
+            "cancel" => Ok(RunAction::Cancel),
+            "hold" => Ok(RunAction::Hold),
+            "unhold" => Ok(RunAction::Release),
+            other => Err(FieldError::new(
+                "action",
+                format!("{other:?} is not a bulk action on runs: cancel, hold or unhold"),
+            )),
+        }
+    }
+
+    /// What it is called in a form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunAction::Cancel => "cancel",
+            RunAction::Hold => "hold",
+            RunAction::Release => "unhold",
+        }
+    }
+
+    /// The scope it needs.
+    pub fn scope(self) -> crate::domain::access::Scope {
+        match self {
+            RunAction::Cancel => crate::domain::access::Scope::RunsWrite,
+            RunAction::Hold | RunAction::Release => crate::domain::access::Scope::RunsOperate,
+        }
+    }
+
+    /// The verb, for a sentence about runs.
+    pub fn verb(self) -> &'static str {
+        match self {
+            RunAction::Cancel => "Cancel",
+            RunAction::Hold => "Place a legal hold on",
+            RunAction::Release => "Release the legal hold of",
+        }
+    }
 }
 
 /// One execution of a release.
@@ -615,6 +667,24 @@ impl Run {
                 now,
             ),
         )
+    }
+
+    /// What `action` would do to the run now, in words, or why it would
+    /// do nothing (the rule a bulk action's plan shows and keeps to).
+    pub fn effect_of(&self, action: RunAction) -> Result<&'static str, String> {
+        match action {
+            RunAction::Cancel if self.state.is_terminal() => {
+                Err(format!("it has ended ({})", self.state.as_str()))
+            }
+            RunAction::Cancel if self.cancel_requested.is_some() => {
+                Err("its cancellation was asked already".into())
+            }
+            RunAction::Cancel => Ok("cancelled: each live attempt stops at its next safe point"),
+            RunAction::Hold if self.hold.is_some() => Err("it is held already".into()),
+            RunAction::Hold => Ok("placed on legal hold: retention keeps all of it"),
+            RunAction::Release if self.hold.is_none() => Err("it is not held".into()),
+            RunAction::Release => Ok("hold released: retention applies again"),
+        }
     }
 
     /// Records a cancellation request; false when the run is over already.

@@ -590,7 +590,7 @@ impl<'a> Tx<'a> {
             let mut change = AuditChange::new(&stored.tenant_id, action, target);
             change.before = self.last_value(&change)?;
             change.after = Some(stored.payload.clone());
-            self.append_audit(&origin, stored.occurred_at, change)?;
+            self.audit_as(&origin, stored.occurred_at, change)?;
         }
         self.next_seq += 1;
         let sequence = stored.sequence;
@@ -604,20 +604,9 @@ impl<'a> Tx<'a> {
     /// appliance's own doing is not an action.
     pub fn audit(&mut self, at: DateTime<Utc>, change: AuditChange) -> Result<(), StoreError> {
         match self.origin.clone() {
-            Some(origin) => self.append_audit(&origin, at, change),
+            Some(origin) => self.audit_as(&origin, at, change),
             None => Ok(()),
         }
-    }
-
-    /// Records an action done by `origin` (a sign-in, before the request
-    /// has an actor).
-    pub fn audit_as(
-        &mut self,
-        origin: &Origin,
-        at: DateTime<Utc>,
-        change: AuditChange,
-    ) -> Result<(), StoreError> {
-        self.append_audit(origin, at, change)
     }
 
     /// The value the last record of the same action on the same target
@@ -640,7 +629,9 @@ impl<'a> Tx<'a> {
         })
     }
 
-    fn append_audit(
+    /// Records an action done by `origin` (a sign-in, before the request
+    /// has an actor): the next record of the chain.
+    pub fn audit_as(
         &mut self,
         origin: &Origin,
         at: DateTime<Utc>,

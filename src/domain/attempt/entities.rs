@@ -517,6 +517,11 @@ pub struct DecisionRequest {
 }
 
 impl DecisionRequest {
+    /// Whether a person can approve or reject it now: a pending approval.
+    pub fn awaits_approval(&self) -> bool {
+        self.kind == DecisionKind::Approval && self.status == DecisionStatus::Pending
+    }
+
     /// The attempt stopped before anyone answered.
     pub fn cancel(&mut self, now: DateTime<Utc>) {
         if self.status == DecisionStatus::Pending {
