@@ -127,10 +127,77 @@ pub fn open_local(config: &Config) -> Result<Local, crate::store::StoreError> {
     let options = StoreOptions {
         cache_bytes: config.store.cache_mb * 1024 * 1024,
         snapshot_every_bytes: config.store.snapshot_every_mb * 1024 * 1024,
+        upgrade_backup_dir: Some(config.upgrade_backup_dir()),
         ..StoreOptions::default()
     };
     let store = Store::open(&datadir.store_path(), &options)?;
     Ok(Local { datadir, store })
+}
+
+/// What `agentbay check` found in a stopped appliance's store.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreCheck {
+    /// The schema version the store is at (after any migration).
+    pub schema_version: u32,
+    /// Records read back, by table.
+    pub records: std::collections::BTreeMap<&'static str, usize>,
+    /// What is wrong (none: every record reads back and every derived
+    /// entry, count and reference is what the records make).
+    pub problems: Vec<String>,
+}
+
+/// Checks a store: every record of every table reads back as this
+/// version's type, and what records derive (indexes, counts, artifact
+/// references, the audit chain) is what is stored ([`Store::audit`]).
+/// Reads the whole store: for a stopped appliance, after an upgrade or a
+/// restore.
+pub fn check_store(store: &Store) -> Result<StoreCheck, crate::store::StoreError> {
+    use crate::domain::attempt::{
+        CallRecord, Checkpoint, DecisionRequest, ExecutionAttempt, SubAgentDelegation,
+    };
+    use crate::store::Record;
+    let mut check = StoreCheck {
+        schema_version: store.schema_version(),
+        records: Default::default(),
+        problems: Vec::new(),
+    };
+    fn table<R: Record>(store: &Store, check: &mut StoreCheck) {
+        match store.read_back::<R>() {
+            Ok(n) => {
+                check.records.insert(R::TABLE.name(), n);
+            }
+            Err(e) => check
+                .problems
+                .push(format!("table {}: {e}", R::TABLE.name())),
+        }
+    }
+    table::<crate::domain::tenant::Tenant>(store, &mut check);
+    table::<crate::domain::tenant::Project>(store, &mut check);
+    table::<crate::domain::credential::ClientCredential>(store, &mut check);
+    table::<crate::domain::user::User>(store, &mut check);
+    table::<crate::domain::capacity::WorkerPool>(store, &mut check);
+    table::<crate::domain::capacity::Quota>(store, &mut check);
+    table::<crate::domain::capacity::CapacityLease>(store, &mut check);
+    table::<crate::capacity::records::ExecutionMinutes>(store, &mut check);
+    table::<crate::capacity::records::RunSlot>(store, &mut check);
+    table::<crate::capacity::ledger::TokenDay>(store, &mut check);
+    table::<crate::capacity::ledger::RunTokens>(store, &mut check);
+    table::<crate::store::artifacts::Artifact>(store, &mut check);
+    table::<crate::domain::release::LoadedRelease>(store, &mut check);
+    table::<crate::domain::trust::ReleaseVerdict>(store, &mut check);
+    table::<crate::domain::trust::PublisherKey>(store, &mut check);
+    table::<crate::domain::model_profile::SiteModelProfile>(store, &mut check);
+    table::<crate::domain::run::Run>(store, &mut check);
+    table::<ExecutionAttempt>(store, &mut check);
+    table::<Checkpoint>(store, &mut check);
+    table::<CallRecord>(store, &mut check);
+    table::<DecisionRequest>(store, &mut check);
+    table::<SubAgentDelegation>(store, &mut check);
+    table::<crate::domain::webhook::WebhookEndpoint>(store, &mut check);
+    table::<crate::domain::webhook::Delivery>(store, &mut check);
+    check.problems.extend(store.audit()?);
+    Ok(check)
 }
 
 /// The bootstrap PlatformAdmin secrets, while unused.
@@ -288,6 +355,8 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     )
     .await
     .map_err(|e| anyhow::anyhow!("loading live attempts: {e}"))?;
+    #[cfg(windows)]
+    crate::runtime::jobobject::start_probe();
     let runs = Arc::new(RunControl::new(
         runtime.clone(),
         releases.clone(),

@@ -948,6 +948,16 @@ impl Config {
         out.dedup();
         out
     }
+
+    /// Where the store is backed up before another agentbay version's
+    /// store is first opened: `backup.dir`, or without one the data
+    /// directory's `backups`.
+    pub fn upgrade_backup_dir(&self) -> PathBuf {
+        self.backup
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("backups"))
+    }
 }
 
 impl Config {

@@ -25,10 +25,23 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// which wins over the file. With none at all, `agentbay serve` runs on
 /// https://127.0.0.1:8443 with its data in ./agentbay-data.
 #[derive(Parser)]
-#[command(name = "agentbay", version, about, long_about)]
+#[command(name = "agentbay", version = version_line(), about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// `0.1.0 (store schema 8)`: what `--version` and `agentbay version` print
+/// after the name.
+fn version_line() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| {
+        format!(
+            "{} (store schema {})",
+            env!("CARGO_PKG_VERSION"),
+            agentbay::store::SCHEMA_VERSION
+        )
+    })
 }
 
 #[derive(Args, Clone)]
@@ -97,6 +110,18 @@ enum Command {
     Compact {
         #[command(flatten)]
         common: Common,
+    },
+    /// Check the store (the appliance must be stopped): every record reads
+    /// back as this version's type, and every index entry, count, artifact
+    /// reference and the audit chain is what the records make. Exit status
+    /// 1 when something is wrong. Opening a store an earlier version wrote
+    /// migrates it, after a backup (README, "Upgrading").
+    Check {
+        #[command(flatten)]
+        common: Common,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Fill an empty data directory from a backup FILE.
     Restore {
@@ -679,6 +704,45 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             };
             control::backup(&config, &file).await
         }
+        Command::Check { common, json } => {
+            let config = load(&common, None)?;
+            quiet_logging(&config);
+            let local = app::open_local(&config).map_err(|e| match e {
+                agentbay::store::StoreError::InUse { .. } => anyhow::anyhow!(
+                    "{e}; stop the appliance first (systemctl stop agentbay): the check reads the whole store while nothing writes"
+                ),
+                e => e.into(),
+            })?;
+            let check = app::check_store(&local.store)?;
+            local.store.close()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&check)?);
+            } else {
+                let records: usize = check.records.values().sum();
+                println!(
+                    "store {} (schema {}): {records} records in {} tables read back",
+                    local.datadir.store_path().display(),
+                    check.schema_version,
+                    check.records.len()
+                );
+                for (table, n) in &check.records {
+                    println!("  {table:<20} {n}");
+                }
+                for problem in &check.problems {
+                    println!("problem: {problem}");
+                }
+                if check.problems.is_empty() {
+                    println!(
+                        "consistent: every index entry, count, artifact reference and the audit chain is what the records make"
+                    );
+                }
+            }
+            if check.problems.is_empty() {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
         Command::Compact { common } => {
             let config = load(&common, None)?;
             quiet_logging(&config);
@@ -1018,11 +1082,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             control::reload(&config).await
         }
         Command::Version => {
-            println!(
-                "agentbay {} (store schema {})",
-                env!("CARGO_PKG_VERSION"),
-                agentbay::store::SCHEMA_VERSION
-            );
+            println!("agentbay {}", version_line());
             Ok(())
         }
     }

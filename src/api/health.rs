@@ -39,6 +39,10 @@ pub async fn healthz() -> Json<Liveness> {
 pub struct Readiness {
     /// Whether every check passed.
     pub ready: bool,
+    /// This appliance's version.
+    pub version: &'static str,
+    /// The schema version its store runs at.
+    pub schema_version: u32,
     /// `ok`, or why the store cannot confirm writes.
     pub store: String,
     /// Whether a shutdown is draining requests.
@@ -53,6 +57,10 @@ pub struct Readiness {
     /// network and the files.
     #[cfg(unix)]
     pub tools: crate::runtime::confine::HostReport,
+    /// What this host enforces on tool processes: a Job Object's limits
+    /// and kill-on-close, as a probe at start saw them.
+    #[cfg(windows)]
+    pub tools: crate::runtime::jobobject::HostReport,
 }
 
 /// Readiness: store, workers, shutdown.
@@ -69,11 +77,13 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     let ready = store.is_ok() && !shutting_down && dead.is_empty();
     let body = Readiness {
         ready,
+        version: env!("CARGO_PKG_VERSION"),
+        schema_version: state.store.schema_version(),
         store: store.err().unwrap_or_else(|| "ok".into()),
         shutting_down,
         workers: state.workers.statuses(),
         backup: state.backups.as_ref().map(|b| b.report(state.clock.now())),
-        #[cfg(unix)]
+        #[cfg(any(unix, windows))]
         tools: state.runtime.confinement(),
     };
     let status = if ready {

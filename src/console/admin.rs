@@ -1145,7 +1145,15 @@ fn tool_confinement(state: &crate::app::AppState) -> String {
         };
         format!("{mechanism}; network: {}; files: {}", h.network, h.files)
     }
-    #[cfg(not(unix))]
+    #[cfg(windows)]
+    {
+        let h = state.runtime.confinement();
+        format!(
+            "{} ({}); kill-on-close: {}; network: {}; files: {}",
+            h.mechanism, h.limits, h.kill_on_close, h.network, h.files
+        )
+    }
+    #[cfg(not(any(unix, windows)))]
     {
         let _ = state;
         "not confined on this platform".to_string()

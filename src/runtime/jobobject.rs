@@ -182,3 +182,113 @@ impl Drop for Job {
         }
     }
 }
+
+/// What this host enforces on tool processes, as [`probe`] found it at
+/// start: `/readyz` and the System page say it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostReport {
+    /// `job-object`, or `refused` when this host cannot make a Job Object
+    /// with every limit (tool processes are then refused).
+    pub mechanism: String,
+    /// The limits a tool's job holds (CPU rate, memory, processes), or
+    /// which one the host refused.
+    pub limits: String,
+    /// Whether a tool's process tree ends when its job closes, as the
+    /// probe saw it happen.
+    pub kill_on_close: String,
+    /// Networks are not isolated on Windows.
+    pub network: String,
+    /// Files are not restricted on Windows.
+    pub files: String,
+}
+
+/// Makes a Job Object with every limit a tool gets, starts a process in
+/// it (`ping -n 30 127.0.0.1` from System32), closes the job and watches
+/// the process end: what this host really enforces, not what it should.
+/// Blocks up to five seconds.
+pub fn probe() -> HostReport {
+    let mut report = HostReport {
+        mechanism: "job-object".into(),
+        limits: "cpu rate (hard cap), memory, active processes".into(),
+        kill_on_close: String::new(),
+        network: "host (not isolated on Windows)".into(),
+        files: "not restricted on Windows".into(),
+    };
+    let job = match Job::new(Amount::units(1), 256 * 1024 * 1024, 4) {
+        Ok(job) => job,
+        Err(why) => {
+            report.mechanism = "refused".into();
+            report.limits = why;
+            report.kill_on_close = "not probed: no job".into();
+            return report;
+        }
+    };
+    let system = std::env::var_os("SystemRoot")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "C:\\Windows".into());
+    let child = std::process::Command::new(system.join("System32").join("ping.exe"))
+        .args(["-n", "30", "127.0.0.1"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => {
+            report.kill_on_close = format!("not probed: the probe's process did not start ({e})");
+            return report;
+        }
+    };
+    if let Err(why) = job.assign(child.id()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        report.kill_on_close = format!("not probed: {why}");
+        return report;
+    }
+    drop(job);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    report.kill_on_close = loop {
+        match child.try_wait() {
+            Ok(Some(_)) => {
+                break "verified at start: a process in a job ended when the job closed".into();
+            }
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break "NOT enforced: the probe's process outlived its job by 5 s; a tool tree may outlive its lease".into();
+            }
+        }
+    };
+    report
+}
+
+static HOST: std::sync::OnceLock<HostReport> = std::sync::OnceLock::new();
+
+/// Runs [`probe`] once, on a thread of its own (the appliance's start).
+pub fn start_probe() {
+    std::thread::spawn(|| {
+        let report = probe();
+        tracing::info!(
+            mechanism = %report.mechanism,
+            limits = %report.limits,
+            kill_on_close = %report.kill_on_close,
+            "tool processes on this host"
+        );
+        let _ = HOST.set(report);
+    });
+}
+
+/// What the start's probe found; while it runs, says so.
+pub fn host() -> HostReport {
+    HOST.get().cloned().unwrap_or_else(|| HostReport {
+        mechanism: "job-object".into(),
+        limits: "being probed".into(),
+        kill_on_close: "being probed".into(),
+        network: "host (not isolated on Windows)".into(),
+        files: "not restricted on Windows".into(),
+    })
+}

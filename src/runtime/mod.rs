@@ -252,6 +252,13 @@ impl Runtime {
         self.shared.confiner.host(&self.config())
     }
 
+    /// What this host enforces on tool processes, as the start's probe
+    /// found it.
+    #[cfg(windows)]
+    pub fn confinement(&self) -> jobobject::HostReport {
+        jobobject::host()
+    }
+
     /// The configuration now (reloadable).
     pub fn config(&self) -> Arc<RuntimeConfig> {
         self.shared.config.get()

@@ -61,9 +61,11 @@ impl Record for ExecutionAttempt {
         } else {
             d.global(index::ATTEMPT_LIVE, index::ALL);
         }
+        // `context_snapshot_ref` names the context builder's snapshot
+        // (Knowledge's reference, or the builtin loop's hash of its first
+        // context), not content this store holds: it references nothing.
         if self.purged.is_none() {
-            d.reference(self.context_snapshot_ref.as_deref())
-                .reference(self.output_ref.as_deref())
+            d.reference(self.output_ref.as_deref())
                 .reference(self.adapter_state_ref.as_deref())
                 .reference(
                     self.failure
@@ -91,9 +93,9 @@ impl Record for Checkpoint {
         Checkpoint::key(self.attempt_id, self.sequence)
     }
     fn derive(&self, d: &mut Derived) {
+        // As for attempts, the context snapshot is not content held here.
         if self.purged.is_none() {
-            d.reference(Some(&self.adapter_state_ref))
-                .reference(self.context_snapshot_ref.as_deref());
+            d.reference(Some(&self.adapter_state_ref));
         }
     }
 }

@@ -91,6 +91,67 @@ impl Store {
     }
 }
 
+/// Before this binary changes anything in a store another agentbay
+/// version wrote (a migration, or only records of a new shape), writes a
+/// backup of it as that version left it into `dir`:
+/// `before-upgrade-from-agentbay-<version>-schema-<n>-<UTC time>.backup`,
+/// private, synced, and only then named. The backup carries the old
+/// schema version, so the earlier version restores it: the way back from
+/// an upgrade (README, "Upgrading"). Kept until the operator deletes it;
+/// scheduled backups never prune it. Refuses to open the store when the
+/// backup cannot be written.
+pub(super) fn before_upgrade(
+    open: &super::engine::Open,
+    store_path: &Path,
+    dir: &Path,
+) -> Result<(), StoreError> {
+    let meta = &open.trees[super::Table::Meta.position()];
+    let Some(writer) = super::schema::earlier_writer(meta)? else {
+        return Ok(());
+    };
+    let refused = |e: StoreError| {
+        StoreError::Backup(format!(
+            "the store was last opened by {}; before this agentbay {} changes it, it writes a backup into {} (backup.dir), which failed: {e}. Free space there or set backup.dir to a directory with room",
+            writer.label(),
+            super::schema::THIS_VERSION,
+            dir.display()
+        ))
+    };
+    create_private_dir(dir).map_err(refused)?;
+    let stamp = Utc::now().format("%Y%m%dT%H%M%SZ");
+    let name = format!("before-upgrade-from-{}-{stamp}.backup", writer.label());
+    let file = dir.join(&name);
+    let partial = dir.join(format!("{name}.partial"));
+    let files = store_path
+        .parent()
+        .map(|data| crate::tls::backup_files(&data.join("tls")))
+        .unwrap_or_default();
+    let write = || -> Result<BackupSummary, StoreError> {
+        let out = super::datadir::create_private_file(&partial)?;
+        let summary = write_backup(&out, &open.trees, &open.db, &files, writer.schema)?;
+        out.sync_all()
+            .map_err(StoreError::io(format!("syncing {}", partial.display())))?;
+        fs::rename(&partial, &file)
+            .map_err(StoreError::io(format!("naming {}", file.display())))?;
+        if let Ok(d) = fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(summary)
+    };
+    let summary = write().map_err(|e| {
+        let _ = fs::remove_file(&partial);
+        refused(e)
+    })?;
+    tracing::info!(
+        from = %writer.label(),
+        to = super::schema::THIS_VERSION,
+        file = %file.display(),
+        records = summary.records,
+        "store: backed up as the earlier version left it, before this version opens it"
+    );
+    Ok(())
+}
+
 fn write_backup<W: Write>(
     out: W,
     trees: &[sled::Tree],

@@ -40,17 +40,30 @@ impl Open {
     /// Opens the database at `path` and every table, and completes the
     /// last group of writes if a crash cut it short (see `redo.rs`).
     pub fn at(path: &Path, cache_bytes: u64) -> Result<Open, StoreError> {
+        Open::as_found(path, cache_bytes)?.complete_last_group()
+    }
+
+    /// Opens the database at `path` and every table, as the last process
+    /// left it (a group a crash cut short still unfinished).
+    pub fn as_found(path: &Path, cache_bytes: u64) -> Result<Open, StoreError> {
         let db = open_sled(path, Some(cache_bytes))?;
         let trees: Arc<[sled::Tree]> = Table::ALL
             .iter()
             .map(|t| db.open_tree(t.name()))
             .collect::<Result<Vec<_>, _>>()?
             .into();
+        Ok(Open { db, trees })
+    }
+
+    /// Completes the last group of writes if a crash cut it short (see
+    /// `redo.rs`), unless the store is of a newer schema.
+    pub fn complete_last_group(self) -> Result<Open, StoreError> {
+        let trees = &self.trees;
         let meta = &trees[Table::Meta.position()];
         let replayed = if schema::is_newer(meta)? {
             0
         } else {
-            redo::replay(&trees, meta)?
+            redo::replay(trees, meta)?
         };
         if replayed > 0 {
             tracing::info!(
@@ -58,7 +71,7 @@ impl Open {
                 "store: completed the last group of writes, which the previous run left unfinished"
             );
         }
-        Ok(Open { db, trees })
+        Ok(self)
     }
 }
 

@@ -524,6 +524,10 @@ pub struct StoreOptions {
     /// `fdatasync` the data file after each flush (on by default). Off only
     /// for the benchmark's comparison rows.
     pub sync_data: bool,
+    /// Where a store that another agentbay version wrote is backed up
+    /// before this one changes anything in it (see
+    /// [`backup::before_upgrade`]); unset: no such backup (tests, tools).
+    pub upgrade_backup_dir: Option<PathBuf>,
 }
 
 impl Default for StoreOptions {
@@ -532,6 +536,7 @@ impl Default for StoreOptions {
             cache_bytes: 32 * 1024 * 1024,
             snapshot_every_bytes: 32 * 1024 * 1024,
             sync_data: true,
+            upgrade_backup_dir: None,
         }
     }
 }
@@ -637,9 +642,16 @@ impl Store {
                 reason: "it has a sled configuration but no data file".into(),
             });
         }
-        let open = engine::Open::at(path, options.cache_bytes)?;
+        // Backed up as the earlier version left it, byte for byte: even a
+        // group of writes a crash cut short is completed only afterwards.
+        let open = engine::Open::as_found(path, options.cache_bytes)?;
+        if !fresh && let Some(dir) = &options.upgrade_backup_dir {
+            backup::before_upgrade(&open, path, dir)?;
+        }
+        let open = open.complete_last_group()?;
         let meta = &open.trees[Table::Meta.position()];
         let schema_version = schema::prepare(&open.db, meta, path, fresh, schema::MIGRATIONS)?;
+        schema::record_writer(&open.db, meta)?;
         let (events, _) = broadcast::channel(4096);
         let next_seq = outbox::next_sequence(&open.trees[Table::Outbox.position()], meta)?;
         let trail = trail::Head::read(&open.trees[Table::Audit.position()], meta)?;
@@ -824,6 +836,19 @@ impl Store {
                 decode::<R>(&k, &v)
             })
             .collect()
+    }
+
+    /// Reads every record of `R`'s table back as this binary's type (an
+    /// older shape through [`Record::upgrade`]) and counts them; the first
+    /// that does not read back is the error. For the offline check.
+    pub fn read_back<R: Record>(&self) -> Result<usize, StoreError> {
+        let mut n = 0;
+        for item in self.tree(R::TABLE)?.iter() {
+            let (k, v) = item?;
+            decode::<R>(&k, &v)?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// Every record of the table, of every tenant, for PlatformAdmins and

@@ -12,11 +12,68 @@ use std::path::Path;
 use super::StoreError;
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 pub(super) const FORMAT_KEY: &str = "format";
 pub(super) const FORMAT_VALUE: &[u8] = b"agentbay-store";
 pub(super) const VERSION_KEY: &str = "schema_version";
+/// The agentbay version that last opened the store (absent: one from
+/// before this key, or none yet).
+pub(super) const WRITER_KEY: &str = "agentbay_version";
+
+/// This binary's version, as [`WRITER_KEY`] holds it.
+pub(super) const THIS_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Which agentbay version last opened the store, and at which schema it
+/// left it; `None` for a store this binary has opened before (or a newer
+/// one, which [`prepare`] refuses).
+pub(super) fn earlier_writer(meta: &sled::Tree) -> Result<Option<Writer>, StoreError> {
+    let schema = meta
+        .get(VERSION_KEY)?
+        .and_then(|raw| <[u8; 4]>::try_from(raw.as_ref()).ok())
+        .map(u32::from_be_bytes);
+    let version = meta
+        .get(WRITER_KEY)?
+        .map(|v| String::from_utf8_lossy(&v).into_owned());
+    let Some(schema) = schema else {
+        return Ok(None);
+    };
+    if schema > SCHEMA_VERSION
+        || (schema == SCHEMA_VERSION && version.as_deref() == Some(THIS_VERSION))
+    {
+        return Ok(None);
+    }
+    Ok(Some(Writer { version, schema }))
+}
+
+/// An earlier agentbay that wrote a store.
+pub(super) struct Writer {
+    /// Its version, when the store records it (every store a version of
+    /// schema 8 or later opened).
+    pub version: Option<String>,
+    /// The schema it left the store at.
+    pub schema: u32,
+}
+
+impl Writer {
+    /// How a file names it: `agentbay-0.1.0-schema-7`, or `schema-6` when
+    /// the store does not say which version wrote it.
+    pub fn label(&self) -> String {
+        match &self.version {
+            Some(v) => format!("agentbay-{v}-schema-{}", self.schema),
+            None => format!("schema-{}", self.schema),
+        }
+    }
+}
+
+/// Records this binary as the store's last writer (after [`prepare`]).
+pub(super) fn record_writer(db: &sled::Db, meta: &sled::Tree) -> Result<(), StoreError> {
+    if meta.get(WRITER_KEY)?.as_deref() != Some(THIS_VERSION.as_bytes()) {
+        meta.insert(WRITER_KEY, THIS_VERSION.as_bytes())?;
+        db.flush()?;
+    }
+    Ok(())
+}
 
 /// One step from `from` to `from + 1`.
 pub(super) struct Migration {
@@ -59,6 +116,11 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         from: 6,
         description: "remove the leases' appliance-wide live index and per-pool index (the state index and the lease table answer them); groups of writes are made atomic by redo and undo records",
         apply: fewer_lease_indexes,
+    },
+    Migration {
+        from: 7,
+        description: "count artifact references again: an attempt's or checkpoint's context snapshot reference names the context builder's snapshot, not content of this store",
+        apply: derive_everything,
     },
 ];
 
@@ -112,7 +174,8 @@ fn untrusted_releases(db: &sled::Db) -> Result<(), StoreError> {
 }
 
 /// Version 2: records derive index entries and artifact references (see
-/// `derived.rs`). Writes them for every stored record. Safe to run again
+/// `derived.rs`). Writes them for every stored record. Version 8 runs it
+/// again: context snapshot references no longer count as references. Safe to run again
 /// after a crash: every value it writes is recomputed from the records.
 fn derive_everything(db: &sled::Db) -> Result<(), StoreError> {
     let mut rebuild = super::derived::Rebuild::writing(db)?;
@@ -339,9 +402,11 @@ mod tests {
         index.insert(b"beta/lease-pool/a%2Fb/0191", b"").unwrap();
         index.insert(b"acme/run-pool/gpu/0193", b"").unwrap();
         index.insert(b"~/attempt-live/all/acme/0192", b"").unwrap();
+        // On to this version: the later steps derive from records, and
+        // there are none here.
         assert_eq!(
             prepare(&db, &meta, dir.path(), false, MIGRATIONS).unwrap(),
-            7
+            SCHEMA_VERSION
         );
         let left: Vec<_> = index.iter().keys().map(|k| k.unwrap().to_vec()).collect();
         assert_eq!(

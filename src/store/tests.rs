@@ -1266,3 +1266,79 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit() {
         broken.reason
     );
 }
+
+#[test]
+fn a_store_another_version_wrote_is_backed_up_once_before_it_is_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let backups = dir.path().join("backups");
+    let with_backups = StoreOptions {
+        upgrade_backup_dir: Some(backups.clone()),
+        ..StoreOptions::default()
+    };
+    // A store this version made: no backup, whoever opens it again.
+    let store = Store::open(&path, &with_backups).unwrap();
+    store.close().unwrap();
+    drop(store);
+    let store = Store::open(&path, &with_backups).unwrap();
+    store.close().unwrap();
+    drop(store);
+    assert!(!backups.exists(), "no upgrade, no backup");
+
+    // As an earlier version left it: schema 7, written by 0.0.9.
+    {
+        let db = open_sled(&path, None).unwrap();
+        let meta = db.open_tree(Table::Meta.name()).unwrap();
+        meta.insert(schema::VERSION_KEY, &7u32.to_be_bytes())
+            .unwrap();
+        meta.insert(schema::WRITER_KEY, b"0.0.9").unwrap();
+        db.flush().unwrap();
+    }
+    // Where the backup cannot be written, the store is not opened and the
+    // error says where and why; nothing was migrated.
+    let blocked = dir.path().join("a-file");
+    std::fs::write(&blocked, b"").unwrap();
+    let Err(err) = Store::open(
+        &path,
+        &StoreOptions {
+            upgrade_backup_dir: Some(blocked.clone()),
+            ..StoreOptions::default()
+        },
+    ) else {
+        panic!("opened without a backup");
+    };
+    let text = err.to_string();
+    assert!(text.contains("agentbay-0.0.9-schema-7"), "{text}");
+    assert!(text.contains(&blocked.display().to_string()), "{text}");
+    {
+        let db = open_sled(&path, None).unwrap();
+        let meta = db.open_tree(Table::Meta.name()).unwrap();
+        assert_eq!(
+            meta.get(schema::VERSION_KEY).unwrap().unwrap().as_ref(),
+            7u32.to_be_bytes()
+        );
+    }
+
+    let store = Store::open(&path, &with_backups).unwrap();
+    assert_eq!(store.schema_version(), SCHEMA_VERSION);
+    store.close().unwrap();
+    drop(store);
+    let taken: Vec<_> = std::fs::read_dir(&backups)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    assert!(
+        taken[0].starts_with("before-upgrade-from-agentbay-0.0.9-schema-7-")
+            && taken[0].ends_with(".backup"),
+        "{taken:?}"
+    );
+    // It restores to the store as found: schema 7, by 0.0.9.
+    let restored = dir.path().join("restored");
+    let summary = restore_into(&backups.join(&taken[0]), &restored).unwrap();
+    assert_eq!(summary.schema_version, 7);
+    // Opened once more: this version is the last writer now.
+    let store = Store::open(&path, &with_backups).unwrap();
+    store.close().unwrap();
+    assert_eq!(std::fs::read_dir(&backups).unwrap().count(), 1);
+}

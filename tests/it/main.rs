@@ -25,4 +25,5 @@ mod releases;
 mod rpc;
 mod runtime;
 mod security;
+mod upgrade;
 mod webhooks;
