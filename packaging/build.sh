@@ -82,6 +82,13 @@ if grep -qx x86_64-pc-windows-gnu <<<"$TARGETS" \
         -D Config="$WINCONF" -D Readme=README.md \
         -D Prometheus=packaging/prometheus -D Grafana=packaging/grafana \
         -o "$MSI" "$WXS"
+    # An install over the same version upgrades too (reinstalling a build
+    # keeps the data): the upgrade row's maximum version becomes inclusive
+    # (msidbUpgradeAttributesVersionMaxInclusive, 0x200).
+    msiinfo export "$MSI" Upgrade > "$OUT/Upgrade.idt"
+    sed -i 's/\t1\t\tWIX_UPGRADE_DETECTED/\t513\t\tWIX_UPGRADE_DETECTED/' "$OUT/Upgrade.idt"
+    grep -q $'\t513\t\tWIX_UPGRADE_DETECTED' "$OUT/Upgrade.idt" || { echo "msi: the Upgrade table is not as expected" >&2; exit 1; }
+    msibuild "$MSI" -i "$OUT/Upgrade.idt"
     echo "built $MSI ($(du -h "$MSI" | cut -f1))"
 else
     echo "msi: skipped: needs the x86_64-pc-windows-gnu target, mingw-w64 and wixl (rustup target add x86_64-pc-windows-gnu; apt-get install mingw-w64 wixl)"

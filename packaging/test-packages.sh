@@ -2,8 +2,10 @@
 # Checks the artefacts of packaging/build.sh on this machine (as root, or
 # with sudo): installs the .deb, runs the installed binary, serves and
 # answers over TLS, upgrades over itself keeping data and configuration,
-# removes (data kept) and purges (data gone); checks the MSI's tables when
-# an MSI was built. Prints the sizes and the install-to-healthy time.
+# upgrades a store of the previous schema (backed up first), removes (data
+# kept) and purges (data gone); checks the MSI's tables when an MSI was
+# built (installing it under Wine, packaging/test-msi.sh, is opt-in:
+# AGENTBAY_TEST_MSI_WINE=1). Prints the sizes and the install-to-healthy time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
@@ -200,6 +202,50 @@ TENANTS=$(curl -fsS --cacert "$TMP/ca.pem" -H "Authorization: Bearer $TOKEN" -H 
 grep -q '"site"' <<<"$TENANTS" || fail "the upgrade lost the data"
 $SUDO kill -TERM "$(cat "$TMP/pid3")"; wait "$(cat "$TMP/pid3")" 2>/dev/null || true
 
+echo "--- upgrade from an earlier version's store: backed up as found, then migrated and served"
+# The previous release's data directory stands in as the fixture store of
+# the schema before this one (tests/fixtures/stores), as that version
+# wrote it; the package's upgrade keeps it, and the first start of the new
+# binary backs it up into backup.dir before migrating it.
+CURRENT_SCHEMA=$(agentbay version | sed -n 's/.*(store schema \([0-9]*\)).*/\1/p')
+[ -n "$CURRENT_SCHEMA" ] || fail "agentbay version does not name the store schema: $(agentbay version)"
+agentbay --version | grep -q "(store schema $CURRENT_SCHEMA)" || fail "agentbay --version does not name the store schema"
+PREVIOUS=$((CURRENT_SCHEMA - 1))
+FIXTURE="tests/fixtures/stores/schema-$PREVIOUS.tar.gz"
+[ -f "$FIXTURE" ] || fail "no fixture store $FIXTURE"
+mkdir -p "$TMP/previous"
+tar -xzf "$FIXTURE" -C "$TMP/previous"
+$SUDO rm -rf /var/lib/agentbay /var/lib/agentbay-backups/before-upgrade-*
+$SUDO cp -a "$TMP/previous/data" /var/lib/agentbay
+$SUDO chown -R agentbay:agentbay /var/lib/agentbay
+$SUDO chmod 0750 /var/lib/agentbay
+$SUDO dpkg -i --force-confold "$DEB"
+$SUDO runuser -u agentbay -- agentbay serve --config /etc/agentbay/agentbay.toml --listen "127.0.0.1:$PORT" \
+    > "$TMP/serve4.log" 2>&1 &
+echo $! > "$TMP/pid4"
+$SUDO cp /var/lib/agentbay/tls/ca.pem "$TMP/ca-previous.pem"
+wait_healthy "$URL" "$TMP/ca-previous.pem"
+READY=$(curl -sS --cacert "$TMP/ca-previous.pem" "$URL/readyz")
+python3 -c 'import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r["schemaVersion"] == int(sys.argv[2]) else 1)' "$READY" "$CURRENT_SCHEMA" ||
+    fail "/readyz does not name schema $CURRENT_SCHEMA after the upgrade: $READY"
+PID=$(python3 -c "import json; print(json.load(open('$TMP/previous/credential.json'))['client_id'])")
+PSECRET=$(python3 -c "import json; print(json.load(open('$TMP/previous/credential.json'))['client_secret'])")
+PTOKEN=$(token "$URL" "$TMP/ca-previous.pem" "$PID" "$PSECRET")
+RUNS=$(curl -fsS --cacert "$TMP/ca-previous.pem" -H "Authorization: Bearer $PTOKEN" -H 'Content-Type: application/json' \
+    -d '{"tenantId":"demo"}' "$URL/agentbay.runs.v1.Runs/ListRuns")
+python3 -c 'import json,sys; sys.exit(0 if len(json.loads(sys.argv[1])["runs"]) >= 4 else 1)' "$RUNS" ||
+    fail "the earlier version's runs are not served: $RUNS"
+$SUDO kill -TERM "$(cat "$TMP/pid4")"; wait "$(cat "$TMP/pid4")" 2>/dev/null || true
+SAFETY=$($SUDO sh -c "ls /var/lib/agentbay-backups/before-upgrade-from-*schema-$PREVIOUS-*.backup 2>/dev/null | head -1" || true)
+[ -n "$SAFETY" ] || { tail -30 "$TMP/serve4.log"; fail "no backup before the upgrade in /var/lib/agentbay-backups"; }
+[ "$($SUDO stat -c '%U %a' "$SAFETY")" = "agentbay 600" ] ||
+    fail "the backup before the upgrade is not private to the agentbay account: $($SUDO stat -c '%U %a' "$SAFETY")"
+$SUDO runuser -u agentbay -- agentbay backup verify "$SAFETY" | grep -q "(schema version $PREVIOUS)" ||
+    fail "the backup before the upgrade does not verify as schema $PREVIOUS"
+$SUDO runuser -u agentbay -- agentbay check --config /etc/agentbay/agentbay.toml > "$TMP/check.txt" ||
+    { cat "$TMP/check.txt"; fail "agentbay check finds problems in the upgraded store"; }
+echo "upgraded schema $PREVIOUS -> $CURRENT_SCHEMA: $(head -1 "$TMP/check.txt"); backup $SAFETY"
+
 echo "--- remove keeps the data, purge deletes it"
 $SUDO dpkg -r agentbay
 [ ! -e /usr/bin/agentbay ] || fail "the binary is still installed"
@@ -233,6 +279,13 @@ if [ -n "$MSI" ]; then
     grep -q "PROMETHEUSDIR" <<<"$DIRS" || fail "no prometheus directory in the MSI"
     grep -q "README" <<<"$SHORTCUTS" || fail "no shortcut"
     grep -q CommonAppDataFolder <<<"$DIRS" || fail "no ProgramData directory"
+    table Upgrade | grep -q $'\t513\t\tWIX_UPGRADE_DETECTED' || fail "an install over the same version is not an upgrade"
+    # Installing it under Wine (packaging/test-msi.sh) is opt-in: Wine 8's
+    # msiexec creates the service and then cannot open it to start it
+    # (error 1060), so the install rolls back (README, "Packages").
+    if [ -n "${AGENTBAY_TEST_MSI_WINE:-}" ]; then
+        packaging/test-msi.sh "$MSI"
+    fi
 else
     echo "msi: none built (the Windows target is not installed here)"
 fi

@@ -559,7 +559,7 @@ pub async fn backup(config: &Config, file: &Path) -> anyhow::Result<()> {
                 let out = crate::store::datadir::create_private_file(&partial)?;
                 let files = crate::tls::backup_files(&local.datadir.tls_dir());
                 let summary = local.store.backup(out, files).await?;
-                std::fs::File::open(&partial)?.sync_all()?;
+                crate::store::datadir::sync_file(&partial)?;
                 Ok(format!(
                     "{} records, {} files",
                     summary.records, summary.files

@@ -41,6 +41,39 @@ fn size<T>() -> u32 {
 impl Job {
     /// A job limited to `cpu` CPUs, `memory_bytes` and `pids` processes.
     pub fn new(cpu: Amount, memory_bytes: u64, pids: u32) -> Result<Job, String> {
+        let job = Job::kill_on_close(cpu, memory_bytes, pids)?;
+        let mut limits = JOBOBJECT_EXTENDED_LIMIT_INFORMATION::default();
+        limits.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
+            | JOB_OBJECT_LIMIT_JOB_MEMORY
+            | JOB_OBJECT_LIMIT_ACTIVE_PROCESS;
+        limits.BasicLimitInformation.ActiveProcessLimit = pids;
+        limits.JobMemoryLimit = memory_bytes as usize;
+        job.set(
+            "memory and process limits",
+            JobObjectExtendedLimitInformation,
+            &limits as *const _ as *const c_void,
+            size::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>(),
+        )?;
+        // The rate is in hundredths of a percent of all the machine's CPUs.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let rate = (cpu.thousandths() * 10 / cpus).clamp(1, 10_000) as u32;
+        let mut rate_info = JOBOBJECT_CPU_RATE_CONTROL_INFORMATION {
+            ControlFlags: JOB_OBJECT_CPU_RATE_CONTROL_ENABLE | JOB_OBJECT_CPU_RATE_CONTROL_HARD_CAP,
+            ..Default::default()
+        };
+        rate_info.Anonymous.CpuRate = rate;
+        job.set(
+            "CPU rate cap",
+            JobObjectCpuRateControlInformation,
+            &rate_info as *const _ as *const c_void,
+            size::<JOBOBJECT_CPU_RATE_CONTROL_INFORMATION>(),
+        )?;
+        Ok(job)
+    }
+
+    /// A job whose only limit is kill-on-close (the start's probe, where
+    /// the host refuses the others).
+    fn kill_on_close(cpu: Amount, memory_bytes: u64, pids: u32) -> Result<Job, String> {
         // SAFETY: no attributes, no name; a null handle is a failure.
         let handle = unsafe { CreateJobObjectW(std::ptr::null(), std::ptr::null()) };
         if handle.is_null() {
@@ -57,37 +90,21 @@ impl Job {
             killed_by: std::sync::Mutex::new(None),
         };
         let mut limits = JOBOBJECT_EXTENDED_LIMIT_INFORMATION::default();
-        limits.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
-            | JOB_OBJECT_LIMIT_JOB_MEMORY
-            | JOB_OBJECT_LIMIT_ACTIVE_PROCESS;
-        limits.BasicLimitInformation.ActiveProcessLimit = pids;
-        limits.JobMemoryLimit = memory_bytes as usize;
+        limits.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE;
         job.set(
+            "kill-on-close",
             JobObjectExtendedLimitInformation,
             &limits as *const _ as *const c_void,
             size::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>(),
         )?;
-        // The rate is in hundredths of a percent of all the machine's CPUs.
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-        let rate = (cpu.thousandths() * 10 / cpus).clamp(1, 10_000) as u32;
-        let mut rate_info = JOBOBJECT_CPU_RATE_CONTROL_INFORMATION {
-            ControlFlags: JOB_OBJECT_CPU_RATE_CONTROL_ENABLE | JOB_OBJECT_CPU_RATE_CONTROL_HARD_CAP,
-            ..Default::default()
-        };
-        rate_info.Anonymous.CpuRate = rate;
-        job.set(
-            JobObjectCpuRateControlInformation,
-            &rate_info as *const _ as *const c_void,
-            size::<JOBOBJECT_CPU_RATE_CONTROL_INFORMATION>(),
-        )?;
         Ok(job)
     }
 
-    fn set(&self, class: i32, info: *const c_void, len: u32) -> Result<(), String> {
+    fn set(&self, what: &str, class: i32, info: *const c_void, len: u32) -> Result<(), String> {
         // SAFETY: `info` points at a live value of the class's type.
         if unsafe { SetInformationJobObject(self.handle, class, info, len) } == 0 {
             return Err(format!(
-                "the tool's Job Object refused its limits: {}",
+                "the tool's Job Object refused its {what}: {}",
                 std::io::Error::last_os_error()
             ));
         }
@@ -218,10 +235,17 @@ pub fn probe() -> HostReport {
     let job = match Job::new(Amount::units(1), 256 * 1024 * 1024, 4) {
         Ok(job) => job,
         Err(why) => {
+            // Tools are refused here; whether a job still ends its
+            // processes is worth knowing all the same.
             report.mechanism = "refused".into();
             report.limits = why;
-            report.kill_on_close = "not probed: no job".into();
-            return report;
+            match Job::kill_on_close(Amount::units(1), 0, 0) {
+                Ok(job) => job,
+                Err(why) => {
+                    report.kill_on_close = format!("not probed: {why}");
+                    return report;
+                }
+            }
         }
     };
     let system = std::env::var_os("SystemRoot")

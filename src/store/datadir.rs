@@ -461,6 +461,13 @@ fn dir_size(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Syncs a written file's data to disk by its path. Opened for writing:
+/// Windows flushes only a handle with write access (a read-only one is
+/// refused, access denied).
+pub fn sync_file(path: &Path) -> std::io::Result<()> {
+    File::options().write(true).open(path)?.sync_all()
+}
+
 /// Syncs every file under `dir`, then `dir` itself.
 fn sync_tree(dir: &Path) -> Result<(), StoreError> {
     for entry in fs::read_dir(dir).map_err(StoreError::io(format!("reading {}", dir.display())))? {
@@ -469,9 +476,7 @@ fn sync_tree(dir: &Path) -> Result<(), StoreError> {
         if path.is_dir() {
             sync_tree(&path)?;
         } else {
-            File::open(&path)
-                .and_then(|f| f.sync_all())
-                .map_err(StoreError::io(format!("syncing {}", path.display())))?;
+            sync_file(&path).map_err(StoreError::io(format!("syncing {}", path.display())))?;
         }
     }
     sync_dir(dir)

@@ -177,9 +177,7 @@ impl Backups {
         };
         let (p, f) = (partial.clone(), file.clone());
         tokio::task::spawn_blocking(move || -> Result<(), StoreError> {
-            std::fs::File::open(&p)
-                .and_then(|h| h.sync_all())
-                .map_err(StoreError::io("syncing the backup"))?;
+            super::datadir::sync_file(&p).map_err(StoreError::io("syncing the backup"))?;
             std::fs::rename(&p, &f).map_err(StoreError::io("moving the backup into place"))?;
             if let Some(dir) = f.parent() {
                 let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
