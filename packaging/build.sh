@@ -64,7 +64,7 @@ echo "built $DEB ($(du -h "$DEB" | cut -f1))"
 echo "--- .msi"
 TARGETS=$(rustup target list --installed 2>/dev/null || true)
 if grep -qx x86_64-pc-windows-gnu <<<"$TARGETS" \
-    && command -v x86_64-w64-mingw32-gcc >/dev/null && command -v wixl >/dev/null; then
+    && command -v x86_64-w64-mingw32-gcc >/dev/null && command -v wixl >/dev/null && command -v msibuild >/dev/null; then
     cargo build --release --locked --target x86_64-pc-windows-gnu --bin agentbay
     MSI="$OUT/agentbay-${VERSION}-x64.msi"
     # The same configuration, with the backup directory where Windows keeps
@@ -91,5 +91,5 @@ if grep -qx x86_64-pc-windows-gnu <<<"$TARGETS" \
     msibuild "$MSI" -i "$OUT/Upgrade.idt"
     echo "built $MSI ($(du -h "$MSI" | cut -f1))"
 else
-    echo "msi: skipped: needs the x86_64-pc-windows-gnu target, mingw-w64 and wixl (rustup target add x86_64-pc-windows-gnu; apt-get install mingw-w64 wixl)"
+    echo "msi: skipped: needs the x86_64-pc-windows-gnu target, mingw-w64, wixl and msitools (rustup target add x86_64-pc-windows-gnu; apt-get install mingw-w64 wixl msitools)"
 fi
