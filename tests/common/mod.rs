@@ -279,17 +279,7 @@ impl Appliance {
 
     /// A bearer token for a credential.
     pub async fn token(&self, credential: &Credential) -> String {
-        let response = self
-            .http()
-            .post(format!("{}/oauth/token", self.url))
-            .basic_auth(&credential.id, Some(&credential.secret))
-            .form(&[("grant_type", "client_credentials")])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200, "token request failed");
-        let body: Value = response.json().await.unwrap();
-        body["access_token"].as_str().unwrap().to_string()
+        token(&self.http(), &self.url, credential).await
     }
 
     /// A token of the bootstrap PlatformAdmin.
@@ -721,6 +711,20 @@ pub fn wait_for_runtime_info(data_dir: &Path, pid: u32) -> RuntimeInfo {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A bearer token for a credential from the appliance at `url`.
+pub async fn token(http: &reqwest::Client, url: &str, credential: &Credential) -> String {
+    let response = http
+        .post(format!("{url}/oauth/token"))
+        .basic_auth(&credential.id, Some(&credential.secret))
+        .form(&[("grant_type", "client_credentials")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "token request failed");
+    let body: Value = response.json().await.unwrap();
+    body["access_token"].as_str().unwrap().to_string()
 }
 
 /// An HTTPS client pinned to a certificate fingerprint.

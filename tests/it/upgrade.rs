@@ -109,17 +109,7 @@ impl Served {
     }
 
     async fn token(&self, credential: &Credential) -> String {
-        let response = self
-            .http
-            .post(format!("{}/oauth/token", self.url))
-            .basic_auth(&credential.id, Some(&credential.secret))
-            .form(&[("grant_type", "client_credentials")])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200, "token request failed");
-        let body: Value = response.json().await.unwrap();
-        body["access_token"].as_str().unwrap().to_string()
+        common::token(&self.http, &self.url, credential).await
     }
 
     /// A Connect JSON call: the answer, or the error as text.
