@@ -207,7 +207,7 @@ async fn main() {
         ..Config::default()
     };
     if std::env::var("AGENTBAY_BENCH_LOG").is_ok() {
-        agentbay::telemetry::init_logging(&config.log, &config.telemetry);
+        agentbay::telemetry::init_logging(&config.log, &config.telemetry).unwrap();
     }
     let running = app::start(config, Clocks::system()).await.unwrap();
     let state = running.state.clone();

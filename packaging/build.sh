@@ -67,10 +67,13 @@ if grep -qx x86_64-pc-windows-gnu <<<"$TARGETS" \
     && command -v x86_64-w64-mingw32-gcc >/dev/null && command -v wixl >/dev/null && command -v msibuild >/dev/null; then
     cargo build --release --locked --target x86_64-pc-windows-gnu --bin agentbay
     MSI="$OUT/agentbay-${VERSION}-x64.msi"
-    # The same configuration, with the backup directory where Windows keeps
-    # program data.
+    # The same configuration, with the backups and the log where Windows
+    # keeps program data (a service's standard error goes nowhere there).
     WINCONF="$OUT/agentbay-windows.toml"
-    sed "s#^dir = \"/var/lib/agentbay-backups\"#dir = 'C:\\\\ProgramData\\\\agentbay\\\\backups'#" packaging/agentbay.toml > "$WINCONF"
+    sed -e "s#^dir = \"/var/lib/agentbay-backups\"#dir = 'C:\\\\ProgramData\\\\agentbay\\\\backups'#" \
+        -e "s#^\# dir = \"/var/log/agentbay\"#dir = 'C:\\\\ProgramData\\\\agentbay\\\\logs'#" \
+        packaging/agentbay.toml > "$WINCONF"
+    grep -q "^dir = 'C:.*logs'" "$WINCONF" || { echo "the Windows configuration sets no log.dir" >&2; exit 1; }
     # The Python SDK's wheels for Windows, beside the binary in python\.
     WHEELS="$OUT/python-windows"
     rm -rf "$WHEELS"

@@ -607,7 +607,8 @@ pub fn backup_line(config: &Config) -> String {
     }
 }
 
-/// Runs until `shutdown` completes, then stops.
+/// Runs until `shutdown` completes, then stops. `shutdown` is first polled
+/// once the appliance serves.
 pub async fn run(
     config: Config,
     clocks: Clocks,

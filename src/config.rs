@@ -277,6 +277,12 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// A tracing filter, e.g. `info` or `agentbay=debug,info`.
     pub level: String,
+    /// A directory for the log, one file a day (`agentbay.YYYY-MM-DD.log`,
+    /// JSON lines), instead of standard error. The Windows service, whose
+    /// standard error goes nowhere, logs to `ProgramData\agentbay\logs`.
+    pub dir: Option<PathBuf>,
+    /// How many daily files `dir` keeps; older ones are removed.
+    pub keep_files: u32,
 }
 
 impl Default for LogConfig {
@@ -284,6 +290,8 @@ impl Default for LogConfig {
         LogConfig {
             format: LogFormat::Auto,
             level: "info".into(),
+            dir: None,
+            keep_files: 14,
         }
     }
 }
@@ -922,7 +930,8 @@ pub fn env_name(key: &str) -> String {
 
 impl Config {
     /// What no tool process may read: the data dir (the store, the
-    /// generated keys), the configuration file and the TLS files.
+    /// generated keys), the configuration file, the TLS files, the
+    /// backups and the log.
     pub fn protected_paths(&self) -> Vec<PathBuf> {
         let abs = |p: &PathBuf| {
             let p = if p.is_absolute() {
@@ -944,6 +953,7 @@ impl Config {
         }
         out.extend(self.tls.cert.iter().chain(self.tls.key.iter()).map(abs));
         out.extend(self.backup.dir.iter().map(abs));
+        out.extend(self.log.dir.iter().map(abs));
         out.sort();
         out.dedup();
         out
@@ -1196,6 +1206,7 @@ impl Config {
             10_080,
         )?;
         range("backup.keep", self.backup.keep.into(), 1, 100_000)?;
+        range("log.keep_files", self.log.keep_files.into(), 1, 3650)?;
         let w = &self.workers;
         range(
             "workers.retry_delay_seconds",

@@ -653,7 +653,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             windows_service,
         } => {
             let config = load(&common, listen)?;
-            telemetry::init_logging(&config.log, &config.telemetry);
+            telemetry::init_logging(&config.log, &config.telemetry).map_err(anyhow::Error::msg)?;
             if windows_service {
                 return run_windows_service(config).await;
             }
@@ -1095,9 +1095,11 @@ fn quiet_logging(config: &Config) {
         &LogConfig {
             level: "warn".into(),
             format: config.log.format,
+            ..LogConfig::default()
         },
         &agentbay::config::TelemetryConfig::default(),
-    );
+    )
+    .expect("standard error needs no setup");
 }
 
 fn main() -> ExitCode {

@@ -1,7 +1,9 @@
 //! Logs and metrics.
 //!
 //! Logs go to stderr: human-readable on a terminal, one JSON object per line
-//! otherwise (journald, files, collectors). Secrets never reach them: client
+//! otherwise (journald, files, collectors). With `log.dir` they go to a
+//! file a day there instead (the Windows service's standard error goes
+//! nowhere). Secrets never reach them: client
 //! secrets and tokens are not logged anywhere, and request logs carry the
 //! route, not the headers.
 //!
@@ -46,14 +48,19 @@ static FILTER: OnceLock<
 > = OnceLock::new();
 
 /// Installs the global subscriber: logs, and traces to the site's
-/// collector when one is configured. Later calls do nothing.
-pub fn init_logging(config: &LogConfig, telemetry: &TelemetryConfig) {
+/// collector when one is configured. Later calls do nothing. Refuses a
+/// `log.dir` it cannot write, naming it and the reason.
+pub fn init_logging(config: &LogConfig, telemetry: &TelemetryConfig) -> Result<(), String> {
     let filter = EnvFilter::try_new(&config.level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let writer = match &config.dir {
+        Some(dir) => LogWriter::Daily(daily_files(dir, config.keep_files)?),
+        None => LogWriter::Stderr,
+    };
     let json = match config.format {
         LogFormat::Json => true,
         LogFormat::Text => false,
-        LogFormat::Auto => !std::io::stderr().is_terminal(),
+        LogFormat::Auto => config.dir.is_some() || !std::io::stderr().is_terminal(),
     };
     let traces = otlp_layer(telemetry);
     let registry = tracing_subscriber::registry().with(filter).with(traces);
@@ -65,7 +72,7 @@ pub fn init_logging(config: &LogConfig, telemetry: &TelemetryConfig) {
                     .flatten_event(true)
                     .with_current_span(false)
                     .with_span_list(false)
-                    .with_writer(std::io::stderr),
+                    .with_writer(writer),
             )
             .try_init()
     } else {
@@ -73,7 +80,8 @@ pub fn init_logging(config: &LogConfig, telemetry: &TelemetryConfig) {
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_target(false)
-                    .with_writer(std::io::stderr),
+                    .with_ansi(config.dir.is_none())
+                    .with_writer(writer),
             )
             .try_init()
     };
@@ -81,6 +89,54 @@ pub fn init_logging(config: &LogConfig, telemetry: &TelemetryConfig) {
     if result.is_ok() {
         let _ = FILTER.set(handle);
     }
+    Ok(())
+}
+
+/// The log's destination: standard error, or a file a day in `log.dir`.
+enum LogWriter {
+    Stderr,
+    Daily(tracing_appender::rolling::RollingFileAppender),
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = Box<dyn std::io::Write + 'a>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        match self {
+            LogWriter::Stderr => Box::new(std::io::stderr()),
+            LogWriter::Daily(files) => Box::new(files.make_writer()),
+        }
+    }
+}
+
+/// `agentbay.YYYY-MM-DD.log` in `dir`, a new one each UTC day, the newest
+/// `keep` kept. The directory is made (private to the service's account on
+/// Unix) and the day's file opened, so that an unwritable one is refused at
+/// start rather than losing the log.
+fn daily_files(
+    dir: &std::path::Path,
+    keep: u32,
+) -> Result<tracing_appender::rolling::RollingFileAppender, String> {
+    use std::io::Write as _;
+    let refuse = |e: &dyn std::fmt::Display| format!("log.dir {}: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(|e| refuse(&e))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
+            .map_err(|e| refuse(&e))?;
+    }
+    let files = tracing_appender::rolling::Builder::new()
+        .rotation(tracing_appender::rolling::Rotation::DAILY)
+        .filename_prefix("agentbay")
+        .filename_suffix("log")
+        .max_log_files(keep.max(1) as usize)
+        .build(dir)
+        .map_err(|e| refuse(&e))?;
+    tracing_subscriber::fmt::MakeWriter::make_writer(&files)
+        .flush()
+        .map_err(|e| refuse(&e))?;
+    Ok(files)
 }
 
 /// The tracer provider exporting to the collector, when one is configured.

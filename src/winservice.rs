@@ -58,36 +58,61 @@ fn serve() -> anyhow::Result<()> {
         ServiceControl::Interrogate => ServiceControlHandlerResult::NoError,
         _ => ServiceControlHandlerResult::NotImplemented,
     })?;
-    let report = |state, accept, wait: Duration| {
+    let report_as = |state, accept, wait: Duration, code: u32| {
         status.set_service_status(ServiceStatus {
             service_type: ServiceType::OWN_PROCESS,
             current_state: state,
             controls_accepted: accept,
-            exit_code: ServiceExitCode::Win32(0),
+            // A service-specific 1 is "stopped on an error": the log
+            // (log.dir) says which.
+            exit_code: if code == 0 {
+                ServiceExitCode::Win32(0)
+            } else {
+                ServiceExitCode::ServiceSpecific(code)
+            },
             checkpoint: 0,
             wait_hint: wait,
             process_id: None,
         })
     };
+    let report = |state, accept, wait: Duration| report_as(state, accept, wait, 0);
+    // Opening the store can take a while (a crash-cut group completed, a
+    // store of an earlier version backed up and migrated): "start pending"
+    // until the listener is up, then "running". The drain and the store's
+    // close take up to the drain deadline: "stop pending" as soon as the
+    // stop is asked, and "stopped" only once every acknowledged write is
+    // on disk and the data directory's lock is let go, so a start right
+    // after never finds the previous process still holding the store.
     report(
-        ServiceState::Running,
-        ServiceControlAccept::STOP | ServiceControlAccept::SHUTDOWN,
-        Duration::ZERO,
+        ServiceState::StartPending,
+        ServiceControlAccept::empty(),
+        Duration::from_secs(300),
     )?;
     let drain = Duration::from_secs(config.http.drain_seconds + 10);
+    // `app::run` polls its shutdown future once it serves.
     let result = runtime.block_on(app::run(config, Clocks::system(), async move {
+        report(
+            ServiceState::Running,
+            ServiceControlAccept::STOP | ServiceControlAccept::SHUTDOWN,
+            Duration::ZERO,
+        )
+        .ok();
         let _ = stop_rx.await;
+        report(
+            ServiceState::StopPending,
+            ServiceControlAccept::empty(),
+            drain,
+        )
+        .ok();
     }));
-    report(
-        ServiceState::StopPending,
-        ServiceControlAccept::empty(),
-        drain,
-    )
-    .ok();
-    report(
+    if let Err(e) = &result {
+        tracing::error!(error = %e, "the agentbay service stopped on an error");
+    }
+    report_as(
         ServiceState::Stopped,
         ServiceControlAccept::empty(),
         Duration::ZERO,
+        u32::from(result.is_err()),
     )?;
     result
 }

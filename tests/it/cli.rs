@@ -312,3 +312,93 @@ async fn console_users_are_made_on_the_command_line_offline_and_online() {
         .unwrap();
     assert_eq!(r.status(), 401, "a disabled user cannot sign in");
 }
+
+/// With `log.dir` the log goes to a file a day there, JSON lines, the
+/// oldest files beyond `log.keep_files` removed; nothing of it (and no
+/// secret) on standard error. A directory it cannot make is refused at
+/// start, naming the key and the path.
+#[tokio::test]
+async fn the_log_goes_to_a_file_a_day_in_log_dir() {
+    let logs = tempfile::tempdir().unwrap();
+    let dir = logs.path().join("logs");
+    std::fs::create_dir(&dir).unwrap();
+    let old: Vec<String> = (1..=6)
+        .map(|day| format!("agentbay.2020-01-0{day}.log"))
+        .collect();
+    for name in &old {
+        std::fs::write(dir.join(name), "{}\n").unwrap();
+        // Creation times in order of the names.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    crate::common::hand_to_appliance(logs.path());
+    let dir_text = dir.to_str().unwrap();
+    let mut appliance = Appliance::start_with(
+        &[],
+        &[
+            ("AGENTBAY_LOG__DIR", dir_text),
+            ("AGENTBAY_LOG__KEEP_FILES", "3"),
+        ],
+    );
+    let token = appliance.admin_token().await;
+    assert!(!token.is_empty());
+    assert!(appliance.terminate().await.success());
+
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert!(files.len() <= 3, "keep_files 3 left {files:?}");
+    assert!(
+        !files.contains(&old[0]) && files.contains(&old[5]),
+        "the oldest go first: {files:?}"
+    );
+    let current: Vec<&String> = files.iter().filter(|f| !old.contains(f)).collect();
+    assert_eq!(current.len(), 1, "one file for today: {files:?}");
+    let name = current[0];
+    assert!(
+        name.starts_with("agentbay.") && name.ends_with(".log"),
+        "{name}"
+    );
+    let text = std::fs::read_to_string(dir.join(name)).unwrap();
+    let messages: Vec<String> = text
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"));
+            v["message"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    assert!(
+        messages.iter().any(|m| m == "shutting down"),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.starts_with("agentbay stopped")),
+        "{messages:?}"
+    );
+    assert!(
+        !text.contains(&appliance.admin.secret),
+        "a secret in the log"
+    );
+    assert!(
+        !appliance.log().contains("shutting down"),
+        "the log went to standard error too: {}",
+        appliance.log()
+    );
+
+    // A log directory under a file cannot be made: the start is refused.
+    let blocker = logs.path().join("a-file");
+    std::fs::write(&blocker, "").unwrap();
+    let bad = blocker.join("logs");
+    let out = run(agentbay()
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&appliance.data_dir)
+        .env("AGENTBAY_LOG__DIR", &bad));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("log.dir") && err.contains(bad.to_str().unwrap()),
+        "{err}"
+    );
+}
