@@ -25,10 +25,9 @@
 #   packaging/test-msi.sh [MSI]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Wine hands the Unix environment to Windows programs, and agentbay refuses
-# an AGENTBAY_* variable it does not know: the switch that runs this test
-# is not passed on.
-unset AGENTBAY_TEST_MSI_WINE
+# Wine hands the Unix environment to Windows programs: the appliance's
+# configuration comes from the MSI's agentbay.toml alone.
+while read -r name; do unset "$name"; done < <(env | sed -n 's/^\(AGENTBAY_[A-Z0-9_]*\)=.*/\1/p')
 MSI=${1:-$(ls target/packages/agentbay-*-x64.msi | head -1)}
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 TMP=$(mktemp -d)
@@ -36,8 +35,14 @@ export WINEPREFIX="$TMP/wine" WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml="
 trap 'kill "${KEEPER:-0}" 2>/dev/null; wineserver -k 2>/dev/null || true; rm -rf "$TMP"' EXIT
 START=$(date +%s)
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
 C="$WINEPREFIX/drive_c"
+LOGS="$C/ProgramData/agentbay/logs"
+fail() {
+    echo "FAIL: $*" >&2
+    # The service's own log (log.dir in the MSI's configuration).
+    tail -n 30 "$LOGS"/agentbay.*.log 1>&2 2>/dev/null || true
+    exit 1
+}
 PROGRAM="$C/Program Files/agentbay"
 DATA="$C/ProgramData/agentbay/data"
 BACKUPS="$C/ProgramData/agentbay/backups"
@@ -113,6 +118,12 @@ assert backup["last"]["verified"] is True, backup
 print("backup:", backup["last"]["file"])
 PY
 
+# The service logs to ProgramData\agentbay\logs: its standard error goes
+# nowhere.
+LOG=$(ls "$LOGS"/agentbay.*.log 2>/dev/null | head -1)
+[ -n "$LOG" ] || fail "the service wrote no log in ProgramData\\agentbay\\logs"
+grep -q '"scheduled backup taken and verified"' "$LOG" || fail "the service's log: $(cat "$LOG")"
+
 echo "--- the demo runs to its expected states"
 # A PlatformAdmin client, made through the running service as an
 # Administrator would (the service's first start had no console to print
@@ -123,11 +134,11 @@ ID=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["client_id"])' "
 SECRET=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["client_secret"])' "$CRED")
 token() { curl -fsS --cacert "$DATA/tls/ca.pem" -u "$ID:$SECRET" -d grant_type=client_credentials "$URL/oauth/token" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])'; }
-# The packaged configuration turns the demo off; turned on, the next start
-# seeds it.
+# The packaged configuration turns the demo off; turned on (with its key
+# trusted), the next start seeds it.
 wine net stop agentbay >/dev/null 2>&1 || fail "net stop agentbay"
 [ "$(service_state)" = STOPPED ] || fail "the service did not stop: $(service_state)"
-sed -i 's/^enabled = false/enabled = true/' "$PROGRAM/agentbay.toml"
+sed -i -e 's/^enabled = false/enabled = true/' -e 's/^trust_demo_key = false/trust_demo_key = true/' "$PROGRAM/agentbay.toml"
 wine net start agentbay >/dev/null 2>&1 || fail "net start agentbay"
 wait_healthy
 TOKEN=$(token)

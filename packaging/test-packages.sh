@@ -4,8 +4,8 @@
 # answers over TLS, upgrades over itself keeping data and configuration,
 # upgrades a store of the previous schema (backed up first), removes (data
 # kept) and purges (data gone); checks the MSI's tables when an MSI was
-# built (installing it under Wine, packaging/test-msi.sh, is opt-in:
-# AGENTBAY_TEST_MSI_WINE=1). Prints the sizes and the install-to-healthy time.
+# built, and installs it under Wine (packaging/test-msi.sh) where wine is
+# installed. Prints the sizes and the install-to-healthy time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
@@ -280,11 +280,12 @@ if [ -n "$MSI" ]; then
     grep -q "README" <<<"$SHORTCUTS" || fail "no shortcut"
     grep -q CommonAppDataFolder <<<"$DIRS" || fail "no ProgramData directory"
     table Upgrade | grep -q $'\t513\t\tWIX_UPGRADE_DETECTED' || fail "an install over the same version is not an upgrade"
-    # Installing it under Wine (packaging/test-msi.sh) is opt-in: Wine 8's
-    # msiexec creates the service and then cannot open it to start it
-    # (error 1060), so the install rolls back (README, "Packages").
-    if [ -n "${AGENTBAY_TEST_MSI_WINE:-}" ]; then
+    # Installed, served, upgraded and uninstalled under Wine where it is
+    # installed (CI installs it).
+    if command -v wine >/dev/null && command -v x86_64-w64-mingw32-gcc >/dev/null; then
         packaging/test-msi.sh "$MSI"
+    else
+        echo "msi: not installed under Wine (wine or mingw-w64 is not installed here)"
     fi
 else
     echo "msi: none built (the Windows target is not installed here)"

@@ -1207,6 +1207,13 @@ impl Config {
         )?;
         range("backup.keep", self.backup.keep.into(), 1, 100_000)?;
         range("log.keep_files", self.log.keep_files.into(), 1, 3650)?;
+        if self.demo.enabled && !self.releases.trust_demo_key {
+            return Err(ConfigError::new(
+                "demo.enabled",
+                "the demo's releases are signed with this appliance's own demo key, which releases.trust_demo_key = false does not trust: set releases.trust_demo_key = true as well, or demo.enabled = false",
+                "",
+            ));
+        }
         let w = &self.workers;
         range(
             "workers.retry_delay_seconds",
@@ -1770,6 +1777,27 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.key, "runtime.tool_read_allow");
+    }
+
+    #[test]
+    fn the_demo_needs_its_key_trusted() {
+        let err = Config::load(
+            None,
+            env(&[("AGENTBAY_RELEASES__TRUST_DEMO_KEY", "false")]),
+            &CliOverrides::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err.key, "demo.enabled");
+        assert!(err.to_string().contains("releases.trust_demo_key"), "{err}");
+        Config::load(
+            None,
+            env(&[
+                ("AGENTBAY_RELEASES__TRUST_DEMO_KEY", "false"),
+                ("AGENTBAY_DEMO__ENABLED", "false"),
+            ]),
+            &CliOverrides::default(),
+        )
+        .unwrap();
     }
 
     #[test]

@@ -56,25 +56,35 @@ fn bundle(dir: &str) -> Bundle {
     Bundle { files }
 }
 
-/// Seeds the demo unless the demo tenant exists already. Returns what it
-/// did, for the start banner.
+/// Seeds the demo unless it is seeded already: the demo tenant holds a
+/// run (whatever became of the runs since, an operator's or an earlier
+/// version's). The steps are idempotent (releases by hash, runs by
+/// request id), so a start cut short before the runs completes the seeding
+/// on the next start. Returns what it did, for the start banner.
 pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
     let tenant = TenantId::parse(TENANT)?;
+    let scope = TenantScope::new(tenant.clone());
     if state.capacity.tenant(&tenant).is_some() {
-        return Ok(None);
+        let runs = state
+            .runs
+            .list(&scope, &crate::runs::RunFilter::default(), None, 1)?;
+        if !runs.is_empty() {
+            return Ok(None);
+        }
+    } else {
+        state
+            .capacity
+            .put_tenant(
+                tenant.clone(),
+                TenantSpec {
+                    display_name: Some("Demo".into()),
+                    edition: "team".into(),
+                    residency_regions: Vec::new(),
+                    retention: None,
+                },
+            )
+            .await?;
     }
-    state
-        .capacity
-        .put_tenant(
-            tenant.clone(),
-            TenantSpec {
-                display_name: Some("Demo".into()),
-                edition: "team".into(),
-                residency_regions: Vec::new(),
-                retention: None,
-            },
-        )
-        .await?;
     let project = ProjectId::parse("support")?;
     state
         .capacity
@@ -96,7 +106,6 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
         let report = state.releases.check(&bundle);
         state.releases.record(bundle, report, "demo").await?;
     }
-    let scope = TenantScope::new(tenant);
     let mut runs = Vec::new();
     for (release, input) in RUNS {
         let run = state
@@ -110,7 +119,7 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
                     limits: None,
                     max_attempts: 0,
                     max_corrections: None,
-                    request_id: Some(format!("demo-{release}")),
+                    request_id: Some(request_id(release)),
                     environment_id: None,
                     submitted_by: "demo".into(),
                 },
@@ -122,4 +131,9 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
         "demo: tenant {TENANT} with {} example runs: one succeeds, one waits for a reviewer to approve paging on-call, one asks the support lead a question (Decisions), one runs out of corrections (Runs/ListRuns with tenantId demo); turn off with demo.enabled = false",
         runs.len()
     )))
+}
+
+/// The request id of the demo's run of `release`.
+fn request_id(release: &str) -> String {
+    format!("demo-{release}")
 }

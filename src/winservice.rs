@@ -37,7 +37,11 @@ pub fn run(config: Config, runtime: tokio::runtime::Handle) -> anyhow::Result<()
 
 fn service_main(_arguments: Vec<OsString>) {
     if let Err(e) = serve() {
-        tracing::error!(error = %e, "the agentbay service failed");
+        // The whole chain: "seeding the demo: release ... not verified".
+        tracing::error!(
+            error = format!("{e:#}"),
+            "the agentbay service stopped on an error"
+        );
     }
 }
 
@@ -105,9 +109,6 @@ fn serve() -> anyhow::Result<()> {
         )
         .ok();
     }));
-    if let Err(e) = &result {
-        tracing::error!(error = %e, "the agentbay service stopped on an error");
-    }
     report_as(
         ServiceState::Stopped,
         ServiceControlAccept::empty(),

@@ -625,7 +625,8 @@ impl RunControl {
     }
 
     /// The run made for the idempotency key `key`, if any.
-    fn by_request(&self, scope: &TenantScope, key: &str) -> Result<Option<Run>, RuntimeError> {
+    /// The run submitted with `request_id` `key`, if any.
+    pub fn by_request(&self, scope: &TenantScope, key: &str) -> Result<Option<Run>, RuntimeError> {
         let store = self.runtime.store();
         Ok(match store.index_ids(scope, index::REQUEST, key)?.first() {
             Some(id) => store.get::<Run>(scope, id)?,

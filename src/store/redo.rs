@@ -287,8 +287,9 @@ fn read_record(meta: &sled::Tree, prefix: &[u8]) -> Result<Found, StoreError> {
 /// Completes the last group a crash may have left committed but not
 /// applied, or removes what a group cut before its commit inserted, then
 /// removes both records. Runs at open, before anything reads. Returns how
-/// many writes it applied or removed (0: nothing was left unfinished, or
-/// nothing of it was recovered).
+/// many keys it changed: 0 when nothing was left unfinished (a clean stop
+/// leaves the last group's redo record, whose writes are all in place), or
+/// nothing of it was recovered.
 pub(super) fn replay(trees: &[sled::Tree], meta: &sled::Tree) -> Result<usize, StoreError> {
     let redo = read_record(meta, REDO)?;
     let undo = read_record(meta, UNDO)?;
@@ -310,21 +311,25 @@ pub(super) fn replay(trees: &[sled::Tree], meta: &sled::Tree) -> Result<usize, S
     {
         todo.extend(removals);
     }
+    let mut changed = 0;
     for (table, key, value) in &todo {
         let tree = trees.get(*table).ok_or_else(|| StoreError::Corrupt {
             table: "meta",
             key: "redo/".into(),
             reason: format!("a record names table {table}, which this store does not have"),
         })?;
-        match value {
+        let before = match value {
             Some(v) => tree.insert(key, v.as_slice())?,
             None => tree.remove(key)?,
         };
+        if before.as_deref() != value.as_deref() {
+            changed += 1;
+        }
     }
     for key in undo.keys.into_iter().chain(redo.keys) {
         meta.remove(key)?;
     }
-    Ok(todo.len())
+    Ok(changed)
 }
 
 #[cfg(test)]
@@ -457,7 +462,17 @@ mod tests {
                     None => t[*table].remove(key).unwrap(),
                 };
             }
-            replay(&t, &t[META]).unwrap();
+            let changed = replay(&t, &t[META]).unwrap();
+            if cut == plan.ops.len() {
+                // A clean stop: the last group's record is left, and all
+                // of its writes are in place.
+                assert_eq!(changed, 0, "a group applied whole has nothing to complete");
+            } else if cut == committed {
+                assert!(
+                    changed > 0,
+                    "a committed group none of whose writes were applied"
+                );
+            }
             let expected = if cut >= committed { &after } else { &before };
             assert!(
                 contents(&t) == *expected,
