@@ -128,7 +128,7 @@ echo "--- the demo runs to its expected states"
 # A PlatformAdmin client, made through the running service as an
 # Administrator would (the service's first start had no console to print
 # the bootstrap credentials on).
-CRED=$(wine "$EXE" client create --data-dir "$WINDATA" --tenant platform --scope agentbay.platform --json 2>"$TMP/client.err" | tr -d '\r') ||
+CRED=$(wine "$EXE" client create --data-dir "$WINDATA" --tenant platform --scope agentbay.platform --scope factory.runs.read --json 2>"$TMP/client.err" | tr -d '\r') ||
     fail "client create: $(cat "$TMP/client.err")"
 ID=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["client_id"])' "$CRED") || fail "client create: $CRED"
 SECRET=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["client_secret"])' "$CRED")
@@ -199,11 +199,12 @@ ls "$BACKUPS"/before-upgrade-from-*schema-$PREVIOUS-*.backup >/dev/null 2>&1 ||
 curl -sS --cacert "$DATA/tls/ca.pem" "$URL/readyz" | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["schemaVersion"] == int(sys.argv[1]) else 1)' "$CURRENT_SCHEMA" ||
     fail "the migrated store does not run at schema $CURRENT_SCHEMA"
 
-echo "--- msiexec /x: the program and the service go, the data stays"
+echo "--- msiexec /x: the program and the service go, the data and the edited configuration stay"
 wine msiexec /x "$(winepath -w "$TMP/again.msi")" /qn /l*v "$(winepath -w "$TMP/uninstall.log")" ||
     { cat "$TMP/uninstall.log" | tail -40; fail "msiexec /x failed"; }
 [ ! -e "$PROGRAM/agentbay.exe" ] || fail "agentbay.exe is still installed"
 wine sc query agentbay >/dev/null 2>&1 && fail "the service is still registered"
 [ -d "$DATA/store" ] || fail "uninstalling deleted the data directory"
+grep -q "edited on site" "$PROGRAM/agentbay.toml" 2>/dev/null || fail "uninstalling removed the edited configuration"
 curl -fsS --cacert "$DATA/tls/ca.pem" "$URL/healthz" >/dev/null 2>&1 && fail "the appliance still serves after the uninstall"
 echo "msi under Wine: ok in $(($(date +%s) - START)) s"

@@ -280,6 +280,8 @@ if [ -n "$MSI" ]; then
     grep -q "README" <<<"$SHORTCUTS" || fail "no shortcut"
     grep -q CommonAppDataFolder <<<"$DIRS" || fail "no ProgramData directory"
     table Upgrade | grep -q $'\t513\t\tWIX_UPGRADE_DETECTED' || fail "an install over the same version is not an upgrade"
+    table Component | grep -q $'^Configuration\t{[0-9A-F-]*}\tINSTALLDIR\t400\t' ||
+        fail "the configuration's component is not Permanent and NeverOverwrite"
     # Installed, served, upgraded and uninstalled under Wine where it is
     # installed (CI installs it).
     if command -v wine >/dev/null && command -v x86_64-w64-mingw32-gcc >/dev/null; then
