@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use agentbay::app::{self, AppState, Clocks};
 use agentbay::config::{Config, DemoConfig};
+use agentbay::domain::access::TenantScope;
 use agentbay::domain::tenant::TenantSpec;
 use agentbay::domain::{ProjectId, TenantId};
 use agentbay::releases::bundle::Bundle;
 use agentbay::runs::RunRequest;
 use agentbay::runtime::builtin::sample_step_overheads;
-use agentbay::store::TenantScope;
 use serde_json::{Value, json};
 
 mod common;

@@ -15,13 +15,14 @@ use agentbay::app::{self, Clocks};
 use agentbay::capacity::{AcquireRequest, Capacity};
 use agentbay::clock::SystemClock;
 use agentbay::config::Config;
+use agentbay::domain::access::TenantScope;
 use agentbay::domain::amount::Amount;
 use agentbay::domain::capacity::{HolderKind, LeaseRequest};
 use agentbay::domain::tenant::TenantSpec;
 use agentbay::domain::{ProjectId, TenantId};
 use agentbay::proto::agentbay::admin::v1 as admin_pb;
 use agentbay::proto::agentbay::capacity::v1 as pb;
-use agentbay::store::{Store, StoreOptions, TenantScope};
+use agentbay::store::{Store, StoreOptions};
 use connectrpc::CodecFormat;
 use connectrpc::client::ClientConfig;
 

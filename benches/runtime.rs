@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 use agentbay::app::{self, AppState, Clocks};
 use agentbay::config::Config;
 use agentbay::domain::TenantId;
+use agentbay::domain::access::TenantScope;
 use agentbay::domain::attempt::DecisionKind;
 use agentbay::proto::agentbay::adapter::v1 as pb;
 use agentbay::runs::RunRequest;
 use agentbay::runtime::{DecisionAsk, Ticket};
-use agentbay::store::TenantScope;
 use connectrpc::CodecFormat;
 use connectrpc::client::ClientConfig;
 

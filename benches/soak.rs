@@ -28,10 +28,10 @@ use agentbay::app::{self, AppState, Clocks};
 use agentbay::capacity::LeaseFilter;
 use agentbay::config::{Config, DemoConfig};
 use agentbay::domain::ProjectId;
+use agentbay::domain::access::TenantScope;
 use agentbay::domain::attempt::CallKind;
 use agentbay::runs::{RunFilter, RunRequest};
 use agentbay::runtime::{BeginCall, Completion, Report};
-use agentbay::store::TenantScope;
 use serde_json::json;
 
 mod common;

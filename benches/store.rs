@@ -13,7 +13,8 @@ use agentbay::domain::TenantId;
 
 mod common;
 
-use agentbay::store::{Record, Store, StoreError, StoreOptions, Table, TenantScope};
+use agentbay::domain::access::TenantScope;
+use agentbay::store::{Record, Store, StoreError, StoreOptions, Table};
 use common::{RawRun, dir_size, raw_sled, raw_sled_one, seconds};
 use serde::{Deserialize, Serialize};
 

@@ -22,10 +22,10 @@ use crate::auth::clients;
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::domain::TenantId;
+use crate::domain::access::TenantScope;
 use crate::domain::access::parse_scopes;
 use crate::domain::credential::ClientCredential;
 use crate::proto::agentbay::admin::v1 as pb;
-use crate::store::TenantScope;
 use crate::store::datadir::{RuntimeInfo, running_appliance};
 
 /// The HTTPS transport of the CLI and the tests: hyper with rustls (ring),
@@ -199,12 +199,13 @@ pub async fn client_list(config: &Config, json: bool) -> anyhow::Result<()> {
                 .into_owned()
                 .clients
         }
-        Target::Offline(local) => {
-            clients::list_all(&local.store, &crate::store::PlatformScope::internal())?
-                .iter()
-                .map(crate::api::rpc::admin::client_message)
-                .collect()
-        }
+        Target::Offline(local) => clients::list_all(
+            &local.store,
+            &crate::domain::access::PlatformScope::internal(),
+        )?
+        .iter()
+        .map(crate::api::rpc::admin::client_message)
+        .collect(),
     };
     if json {
         let rows: Vec<_> = clients
@@ -373,7 +374,7 @@ pub async fn user_list(config: &Config, tenant: Option<&str>, json: bool) -> any
                 )?,
                 None => crate::auth::users::list_all(
                     &local.store,
-                    &crate::store::PlatformScope::internal(),
+                    &crate::domain::access::PlatformScope::internal(),
                 )?,
             };
             list.iter()

@@ -11,11 +11,11 @@ use rust_embed::RustEmbed;
 use serde_json::json;
 
 use crate::app::AppState;
+use crate::domain::access::TenantScope;
 use crate::domain::tenant::TenantSpec;
 use crate::domain::{ProjectId, TenantId};
 use crate::releases::bundle::Bundle;
 use crate::runs::RunRequest;
-use crate::store::TenantScope;
 
 #[derive(RustEmbed)]
 #[folder = "packaging/examples/releases/"]

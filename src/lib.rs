@@ -37,7 +37,7 @@
 //!    into a [`auth::Principal`] holding the required scope, or answers 401 /
 //!    403 naming what is missing.
 //! 3. The handler parses its input (`api::json::ApiJson`, field errors named)
-//!    and asks the principal for the [`store::TenantScope`] of the tenant it
+//!    and asks the principal for the [`domain::access::TenantScope`] of the tenant it
 //!    touches; another tenant's data is refused there.
 //! 4. A service function (or the actor owning the aggregate) reads the
 //!    current state and calls a `domain` transition, which returns the new

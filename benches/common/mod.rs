@@ -8,11 +8,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use agentbay::app::AppState;
+use agentbay::domain::access::TenantScope;
 use agentbay::domain::capacity::{PoolKind, PoolSpec, SecurityBoundary};
 use agentbay::domain::tenant::TenantSpec;
 use agentbay::domain::{ProjectId, TenantId};
 use agentbay::releases::bundle::Bundle;
-use agentbay::store::TenantScope;
 
 /// Time per row: `AGENTBAY_BENCH_SECONDS` (default 5).
 pub fn seconds() -> Duration {

@@ -13,6 +13,7 @@ use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::capacity::grain::{PoolSnapshot, PoolStatus};
 use crate::capacity::{CapacityError, LeaseFilter, LeaseView, TenantQuotas};
+use crate::domain::access::TenantScope;
 use crate::domain::amount::Amount;
 use crate::domain::capacity::{
     CapacityLease, EffectiveLimits, LeaseState, PoolSpec, Quota, QuotaPatch, QuotaScope,
@@ -20,7 +21,6 @@ use crate::domain::capacity::{
 };
 use crate::domain::ids::parse_uuid;
 use crate::domain::{ProjectId, TenantId};
-use crate::store::TenantScope;
 
 impl From<CapacityError> for ApiError {
     fn from(e: CapacityError) -> Self {

@@ -28,8 +28,8 @@ use super::error::ApiError;
 use super::runtime::timeline;
 use crate::app::AppState;
 use crate::auth::extract::{Authorized, need};
+use crate::domain::access::TenantScope;
 use crate::domain::ids::parse_uuid;
-use crate::store::TenantScope;
 
 /// The export format's name, in its manifest.
 pub const FORMAT: &str = "agentbay.run-export/v1";

@@ -17,13 +17,13 @@ use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::domain::TenantId;
+use crate::domain::access::TenantScope;
 use crate::domain::release::{
     InFlightPolicy, LoadState, LoadedRelease, adapter_version, parse_release_id,
 };
 use crate::domain::trust::ReleaseVerdict;
 use crate::releases::bundle::Bundle;
 use crate::releases::{InFlightReport, ReleaseError};
-use crate::store::TenantScope;
 
 impl From<ReleaseError> for ApiError {
     fn from(e: ReleaseError) -> Self {

@@ -21,6 +21,7 @@ use super::error::ApiError;
 use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
+use crate::domain::access::TenantScope;
 use crate::domain::attempt::{
     AttemptFailure, AttemptLease, AttemptPhase, AttemptState, AttemptUsage, CallKind, CallRecord,
     CallStatus, CapacityGap, Checkpoint, CheckpointReason, DecisionRequest, InterruptRequest,
@@ -35,7 +36,7 @@ use crate::domain::{FieldError, ProjectId, TenantId};
 use crate::runtime::content::{CallContent, OutcomeContent};
 use crate::runtime::grain::AttemptView;
 use crate::runtime::{PendingDecision, RuntimeError};
-use crate::store::{StoredEvent, TenantScope};
+use crate::store::StoredEvent;
 
 impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> Self {

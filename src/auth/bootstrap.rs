@@ -21,8 +21,9 @@ use serde::{Deserialize, Serialize};
 use super::clients::{ClientError, SECRET_PREFIX, hash_secret, verify_secret};
 use crate::domain::TenantId;
 use crate::domain::access::Scope;
+use crate::domain::access::TenantScope;
 use crate::domain::credential::ClientCredential;
-use crate::store::{Store, StoreError, TenantScope, Tx};
+use crate::store::{Store, StoreError, Tx};
 
 /// Meta key set once the bootstrap credential exists.
 const BOOTSTRAPPED: &str = "auth.bootstrapped_at";

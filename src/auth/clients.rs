@@ -13,10 +13,11 @@ use chrono::{DateTime, Utc};
 use super::{Auth, AuthError};
 use crate::capacity::records::TENANT_RECORD;
 use crate::domain::access::{Actor, Scope};
+use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::credential::ClientCredential;
 use crate::domain::tenant::Tenant;
 use crate::domain::{DomainError, FieldError, TenantId};
-use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
+use crate::store::{Record, Store, StoreError, Table, Tx};
 
 impl Record for ClientCredential {
     const TABLE: Table = Table::Clients;

@@ -25,7 +25,8 @@ use sha2::{Digest, Sha256};
 use crate::clock::SharedClock;
 use crate::domain::TenantId;
 use crate::domain::access::{Actor, Scope};
-use crate::store::{PlatformScope, Store, StoreError, TenantScope};
+use crate::domain::access::{PlatformScope, TenantScope};
+use crate::store::{Store, StoreError};
 
 pub use token::IssuedToken;
 

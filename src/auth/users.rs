@@ -14,10 +14,11 @@ use super::clients::{hash_secret, verify_secret};
 use super::{Auth, AuthError};
 use crate::capacity::records::TENANT_RECORD;
 use crate::domain::access::{Actor, Role, Scope};
+use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::tenant::Tenant;
 use crate::domain::user::{User, check_password, parse_username, sign_in_name};
 use crate::domain::{DomainError, FieldError, TenantId};
-use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
+use crate::store::{Record, Store, StoreError, Table, Tx};
 
 impl Record for User {
     const TABLE: Table = Table::Users;

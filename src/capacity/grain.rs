@@ -34,6 +34,7 @@ use super::holders::Holders;
 use super::records::{ExecutionMinutes, RunSlot};
 use super::{CapacityError, LeaseView};
 use crate::clock::SharedClock;
+use crate::domain::access::TenantScope;
 use crate::domain::amount::Amount;
 use crate::domain::capacity::quota::QuotaExceeded;
 use crate::domain::capacity::{
@@ -41,7 +42,7 @@ use crate::domain::capacity::{
 };
 use crate::domain::events::NewEvent;
 use crate::domain::{ProjectId, TenantId};
-use crate::store::{Store, StoreError, TenantScope, Tx};
+use crate::store::{Store, StoreError, Tx};
 use crate::telemetry::names;
 
 /// What the grains share with the capacity service.

@@ -13,9 +13,10 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::domain::access::TenantScope;
 use crate::domain::usage::TokenUsage;
 use crate::domain::{ProjectId, TenantId};
-use crate::store::{Record, Store, StoreError, Table, TenantScope, Tx};
+use crate::store::{Record, Store, StoreError, Table, Tx};
 
 /// One tenant's tokens on one UTC day, by project, agent and release.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -37,6 +37,7 @@ use self::records::{ExecutionMinutes, RunSlot, TENANT_RECORD};
 use crate::clock::SharedClock;
 use crate::config::CapacityConfig;
 use crate::domain::access::Actor;
+use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::amount::Amount;
 use crate::domain::capacity::quota::quota_changed;
 use crate::domain::capacity::{
@@ -48,7 +49,7 @@ use crate::domain::events::NewEvent;
 use crate::domain::ids::new_id;
 use crate::domain::tenant::{Project, Tenant, TenantSpec};
 use crate::domain::{DomainError, FieldError, ProjectId, TenantId};
-use crate::store::{PlatformScope, Store, StoreError, TenantScope, Tx};
+use crate::store::{Store, StoreError, Tx};
 
 /// A lease with what the queue knows of it.
 #[derive(Clone, Debug)]

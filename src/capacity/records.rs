@@ -6,10 +6,11 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::domain::access::TenantScope;
 use crate::domain::capacity::{CapacityLease, LeaseState, Quota, WorkerPool};
 use crate::domain::tenant::{Project, Tenant};
 use crate::domain::{ProjectId, TenantId};
-use crate::store::{Derived, Record, Store, StoreError, Table, TenantScope, time_value};
+use crate::store::{Derived, Record, Store, StoreError, Table, time_value};
 
 impl Record for Tenant {
     const TABLE: Table = Table::Tenants;
@@ -92,7 +93,7 @@ pub fn slot_run_ended(store: &Store, tenant: &TenantId, run_id: Uuid) -> Result<
 /// without its slot being freed (a crash between the two), to remove.
 pub fn recorded_slots(
     store: &Store,
-    platform: &crate::store::PlatformScope,
+    platform: &crate::domain::access::PlatformScope,
 ) -> Result<(Vec<RunSlot>, Vec<RunSlot>), StoreError> {
     let mut live = Vec::new();
     let mut ended = Vec::new();

@@ -99,7 +99,7 @@ fn recent_spans(
     start: chrono::DateTime<chrono::Utc>,
 ) -> Result<Vec<crate::domain::capacity::CapacityLease>, crate::store::StoreError> {
     use crate::capacity::records::index;
-    use crate::store::{PlatformScope, TenantScope};
+    use crate::domain::access::{PlatformScope, TenantScope};
     let platform = PlatformScope::internal();
     let mut out = Vec::new();
     let from = crate::store::time_value(start);

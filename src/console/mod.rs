@@ -33,8 +33,8 @@ use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::session::{COOKIE, Flash, Session};
 use crate::domain::TenantId;
+use crate::domain::access::TenantScope;
 use crate::domain::access::{Role, Scope};
-use crate::store::TenantScope;
 use table::Cell;
 
 /// Routes of the console. Their error pages keep the frame

@@ -287,7 +287,7 @@ pub async fn change_password(
         users::set_password(
             &state.store,
             &console.principal().actor(),
-            crate::store::TenantScope::new(console.session.tenant.clone()),
+            crate::domain::access::TenantScope::new(console.session.tenant.clone()),
             &console.session.username,
             new,
             state.clock.now(),
@@ -311,7 +311,7 @@ fn busiest_tenant(state: &AppState) -> Option<crate::domain::TenantId> {
         .tenants()
         .into_iter()
         .filter_map(|t| {
-            let scope = crate::store::TenantScope::new(t.tenant_id.clone());
+            let scope = crate::domain::access::TenantScope::new(t.tenant_id.clone());
             let newest = state
                 .runs
                 .list(&scope, &crate::runs::RunFilter::default(), None, 1)

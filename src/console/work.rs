@@ -14,6 +14,7 @@ use super::table::{Cell, ListQuery, PAGE_SIZE, Table};
 use super::{Console, Layout, ListPage, PageError, render, short, when, when_opt};
 use crate::api::error::ApiError;
 use crate::domain::access::Scope;
+use crate::domain::access::TenantScope;
 use crate::domain::attempt::{
     AttemptState, CallRecord, Checkpoint, DecisionKind, DecisionRequest, DecisionStatus, Effect,
     ExecutionAttempt, InterruptSource,
@@ -25,7 +26,6 @@ use crate::domain::{DomainError, FieldError, ProjectId};
 use crate::runs::{RunRequest, rerun};
 use crate::runtime::content::{CallContent, OutcomeContent};
 use crate::runtime::grain::AttemptView;
-use crate::store::TenantScope;
 
 fn parse_uuid(field: &str, text: &str) -> Result<Uuid, PageError> {
     Uuid::parse_str(text).map_err(|_| PageError::bad(format!("{field}: {text:?} is not a UUID")))

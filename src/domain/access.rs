@@ -4,6 +4,10 @@
 //! which stands for a set of scopes. Every API operation requires one scope.
 //! Crossing tenants requires [`Scope::Platform`], which only credentials of
 //! the platform tenant can hold.
+//!
+//! What a caller has established is a value: a [`TenantScope`] for one
+//! tenant's data, a [`PlatformScope`] across tenants. The store takes one
+//! on every read and write.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -252,6 +256,40 @@ impl Role {
             Role::PlatformAdmin => set.extend(Scope::ALL.iter().copied()),
         }
         set
+    }
+}
+
+/// Proof that the caller has established which tenant's data it touches.
+///
+/// Built by `auth` from an authenticated principal (for its own tenant, or
+/// for any tenant when the principal is a PlatformAdmin) and by internal
+/// workers that act for the tenant of the record they process.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TenantScope(TenantId);
+
+impl TenantScope {
+    /// A scope for `tenant`. Callers are `auth` (after checking the
+    /// principal may act for it) and workers acting on a record's own tenant.
+    pub fn new(tenant: TenantId) -> TenantScope {
+        TenantScope(tenant)
+    }
+
+    /// The tenant.
+    pub fn tenant(&self) -> &TenantId {
+        &self.0
+    }
+}
+
+/// Proof that the caller may read across tenants: a PlatformAdmin principal
+/// or an internal worker.
+#[derive(Clone, Debug)]
+pub struct PlatformScope(());
+
+impl PlatformScope {
+    /// Only `auth` (for PlatformAdmins) and the appliance's own workers
+    /// construct this.
+    pub(crate) fn internal() -> PlatformScope {
+        PlatformScope(())
     }
 }
 

@@ -38,13 +38,14 @@ use self::verify::{Report, verify};
 use crate::capacity::records::TENANT_RECORD;
 use crate::clock::SharedClock;
 use crate::config::ReleasesConfig;
+use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::release::{
     InFlightPolicy, Lifecycle, LoadState, LoadedRelease, Manifest, adapter_version, canonical_json,
 };
 use crate::domain::tenant::Tenant;
 use crate::domain::trust::{ReleaseVerdict, VerdictCause};
 use crate::domain::{DomainError, TenantId};
-use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
+use crate::store::{Record, Store, StoreError, Table, Tx};
 use crate::telemetry::names;
 
 impl Record for LoadedRelease {

@@ -16,9 +16,10 @@ use std::sync::Arc;
 use super::signing::{Trust, TrustedKey};
 use super::{Current, ReleaseError, Releases, Reverified};
 use crate::config::ReleasesConfig;
+use crate::domain::access::TenantScope;
 use crate::domain::trust::{KeyChange, KeySource, KeySpec, KeyState, PublisherKey};
 use crate::domain::{DomainError, FieldError, TenantId};
-use crate::store::{Record, StoreError, Table, TenantScope, Tx};
+use crate::store::{Record, StoreError, Table, Tx};
 
 impl Record for PublisherKey {
     const TABLE: Table = Table::PublisherKeys;

@@ -18,6 +18,7 @@ use crate::capacity::Capacity;
 use crate::capacity::ledger;
 use crate::clock::SharedClock;
 use crate::config::RuntimeConfig;
+use crate::domain::access::TenantScope;
 use crate::domain::attempt::{
     AttemptState, CallRecord, CallStatus, DecisionKind, DecisionRequest, Effect, ExecutionAttempt,
     NewAttempt, Settlement, SubAgentDelegation, json_hash,
@@ -32,7 +33,7 @@ use crate::domain::{DomainError, FieldError, ProjectId, TenantId};
 use crate::releases::{ReleaseError, Releases};
 use crate::runtime::port::{ChildPlan, RunPort};
 use crate::runtime::{Runtime, RuntimeError};
-use crate::store::{Derived, Record, StoreError, Table, TenantScope, Tx, time_value};
+use crate::store::{Derived, Record, StoreError, Table, Tx, time_value};
 
 pub mod purge;
 pub mod rerun;

@@ -31,6 +31,7 @@ use futures::future::BoxFuture;
 use super::index;
 use crate::capacity::records::{ExecutionMinutes, index as lease_index};
 use crate::config::RetentionConfig;
+use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::attempt::{
     CallRecord, CallStatus, Checkpoint, DecisionRequest, ExecutionAttempt, SubAgentDelegation,
 };
@@ -39,7 +40,7 @@ use crate::domain::retention::{Retention, Tombstone};
 use crate::domain::run::Run;
 use crate::domain::tenant::Tenant;
 use crate::store::artifacts::SWEEP_INDEX;
-use crate::store::{PlatformScope, Store, StoreError, TenantScope, Tx, time_value};
+use crate::store::{Store, StoreError, Tx, time_value};
 use crate::telemetry::names;
 use crate::worker::{RetryKind, Schedule, Worker};
 

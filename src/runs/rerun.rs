@@ -21,6 +21,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{RunControl, RunRequest, plan_run};
+use crate::domain::access::TenantScope;
 use crate::domain::attempt::{CallRecord, Checkpoint, ExecutionAttempt};
 use crate::domain::release::workflow_steps;
 use crate::domain::release::{LoadedRelease, Manifest, version_order};
@@ -28,7 +29,6 @@ use crate::domain::rerun::{attempt_blocker, calls_before, checkpoint_blocker, ef
 use crate::domain::run::{RerunOrigin, Run};
 use crate::domain::{DomainError, FieldError};
 use crate::runtime::RuntimeError;
-use crate::store::TenantScope;
 
 /// What an operator asks a re-run for.
 #[derive(Clone, Debug)]

@@ -4,8 +4,9 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::domain::access::TenantScope;
 use crate::domain::attempt::*;
-use crate::store::{Store, TenantScope};
+use crate::store::Store;
 
 /// What an adapter gets when it claims an attempt.
 #[derive(Clone, Debug)]

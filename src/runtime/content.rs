@@ -8,10 +8,10 @@ use uuid::Uuid;
 
 use super::{Runtime, RuntimeError};
 use crate::domain::DomainError;
+use crate::domain::access::TenantScope;
 use crate::domain::attempt::{CallKind, CallRecord, ExecutionAttempt};
 use crate::domain::content::{Conversation, Message, Shown};
 use crate::domain::retention::Tombstone;
-use crate::store::TenantScope;
 
 /// One call with what it asked and answered.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]

@@ -38,6 +38,7 @@ use self::release::ReleaseInfo;
 use crate::capacity::{Capacity, CapacityError};
 use crate::clock::SharedClock;
 use crate::config::RuntimeConfig;
+use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::attempt::{
     AttemptFailure, AttemptState, CallRecord, CallStatus, Checkpoint, DecisionRequest,
     DecisionStatus, ExecutionAttempt, InterruptRequest, InterruptSource, SubAgentDelegation,
@@ -46,7 +47,7 @@ use crate::domain::release::{AdapterKind, InFlightPolicy};
 use crate::domain::run::{ChildEnded, Followup};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::releases::{InFlight, InFlightReport, Releases};
-use crate::store::{PlatformScope, Store, StoreError, TenantScope};
+use crate::store::{Store, StoreError};
 use crate::telemetry::{Gauge, names};
 
 pub use self::commands::*;

@@ -12,11 +12,12 @@ use serde_json::Value;
 
 use crate::config::RuntimeConfig;
 use crate::domain::DomainError;
+use crate::domain::access::TenantScope;
 use crate::domain::attempt::ExecutionAttempt;
 use crate::domain::release::{LoadedRelease, Manifest};
 use crate::domain::run::{Followup, NewRun, ParentLink};
 use crate::domain::usage::TokenUsage;
-use crate::store::{StoreError, TenantScope, Tx};
+use crate::store::{StoreError, Tx};
 
 /// A sub-agent call's child run, to plan.
 pub struct ChildPlan<'a> {

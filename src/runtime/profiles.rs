@@ -6,9 +6,10 @@ use crate::domain::audit::Change;
 use chrono::{DateTime, Utc};
 
 use super::RuntimeError;
+use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::model_profile::{ProfileSpec, SiteModelProfile};
 use crate::domain::{DomainError, TenantId};
-use crate::store::{PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx};
+use crate::store::{Record, Store, StoreError, Table, Tx};
 
 impl Record for SiteModelProfile {
     const TABLE: Table = Table::ModelProfiles;

@@ -7,9 +7,9 @@ use serde_json::Value;
 
 use super::RuntimeError;
 use crate::domain::DomainError;
+use crate::domain::access::TenantScope;
 use crate::domain::release::{LoadedRelease, Manifest, ToolDescriptor};
 use crate::releases::Releases;
-use crate::store::TenantScope;
 
 /// A release as the runtime uses it.
 pub struct ReleaseInfo {

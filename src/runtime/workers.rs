@@ -7,10 +7,11 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
 use super::{Runtime, index};
+use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::attempt::{Checkpoint, ExecutionAttempt};
 use crate::domain::run::Run;
 use crate::domain::tenant::Tenant;
-use crate::store::{PlatformScope, TenantScope, Tx, time_value};
+use crate::store::{Tx, time_value};
 use crate::worker::{RetryKind, Schedule, Worker};
 
 /// Renews the capacity lease of every live attempt; a failed renewal

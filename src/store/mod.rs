@@ -78,6 +78,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 
 use crate::domain::TenantId;
+use crate::domain::access::{PlatformScope, TenantScope};
 
 pub use backup::{BackupSummary, restore_into};
 pub use datadir::DataDir;
@@ -341,40 +342,6 @@ macro_rules! versioned {
             }
         }
     };
-}
-
-/// Proof that the caller has established which tenant's data it touches.
-///
-/// Built by `auth` from an authenticated principal (for its own tenant, or
-/// for any tenant when the principal is a PlatformAdmin) and by internal
-/// workers that act for the tenant of the record they process.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct TenantScope(TenantId);
-
-impl TenantScope {
-    /// A scope for `tenant`. Callers are `auth` (after checking the
-    /// principal may act for it) and workers acting on a record's own tenant.
-    pub fn new(tenant: TenantId) -> TenantScope {
-        TenantScope(tenant)
-    }
-
-    /// The tenant.
-    pub fn tenant(&self) -> &TenantId {
-        &self.0
-    }
-}
-
-/// Proof that the caller may read across tenants: a PlatformAdmin principal
-/// or an internal worker.
-#[derive(Clone, Debug)]
-pub struct PlatformScope(());
-
-impl PlatformScope {
-    /// Only `auth` (for PlatformAdmins) and the appliance's own workers
-    /// construct this.
-    pub(crate) fn internal() -> PlatformScope {
-        PlatformScope(())
-    }
 }
 
 /// Everything that can go wrong in the store.

@@ -32,6 +32,7 @@ use crate::capacity::Capacity;
 use crate::clock::SharedClock;
 use crate::config::{SiteRules, WebhooksConfig};
 use crate::domain::TenantId;
+use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::ids::new_id;
 use crate::domain::reach::Target;
 use crate::domain::webhook::{
@@ -40,9 +41,7 @@ use crate::domain::webhook::{
 };
 use crate::domain::{DomainError, FieldError};
 use crate::runtime::Runtime;
-use crate::store::{
-    Derived, EventFilter, PlatformScope, Record, Store, StoreError, Table, TenantScope, Tx,
-};
+use crate::store::{Derived, EventFilter, Record, Store, StoreError, Table, Tx};
 use crate::telemetry::{Gauge, names};
 use crate::worker::{RetryKind, Schedule, Worker};
 

@@ -2038,9 +2038,9 @@ async fn a_cancelled_attempt_gives_back_its_capacity_even_before_it_heard_of_its
     // In-process, so that submissions and cancellations come faster than
     // the answers to the attempts' capacity requests.
     use agentbay::app::{self, Clocks};
+    use agentbay::domain::access::TenantScope;
     use agentbay::domain::tenant::TenantSpec;
     use agentbay::domain::{ProjectId, TenantId};
-    use agentbay::store::TenantScope;
     let dir = tempfile::tempdir().unwrap();
     let config = agentbay::config::Config {
         data_dir: dir.path().join("data"),

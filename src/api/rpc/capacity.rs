@@ -111,7 +111,7 @@ impl pb::Capacity for CapacityService {
         .map_err(rpc)?;
         // A lease names the run and attempt it is for: they are the
         // tenant's own, or the lease is refused as for any unknown id.
-        let scope = crate::store::TenantScope::new(tenant.clone());
+        let scope = crate::domain::access::TenantScope::new(tenant.clone());
         if let Some(id) = lease_request.run_id {
             self.state.runs.get(&scope, id).map_err(rpc)?;
         }

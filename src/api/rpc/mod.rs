@@ -495,7 +495,7 @@ pub fn access_of(path: &str) -> Option<Access> {
 pub fn tenant_scope(
     caller: &Principal,
     tenant: &str,
-) -> Result<crate::store::TenantScope, ConnectError> {
+) -> Result<crate::domain::access::TenantScope, ConnectError> {
     if tenant.is_empty() {
         return Ok(caller.tenant_scope());
     }

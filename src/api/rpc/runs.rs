@@ -9,6 +9,7 @@ use crate::api::error::rpc;
 use crate::api::runtime::{parse_json, parse_state};
 use crate::app::AppState;
 use crate::capacity::ledger::{self, UsageQuery};
+use crate::domain::access::TenantScope;
 use crate::domain::attempt::Effect;
 use crate::domain::ids::{optional_uuid, parse_uuid, required_uuid};
 use crate::domain::release::AttemptLimits;
@@ -20,7 +21,7 @@ use crate::runs::rerun::RerunRequest;
 use crate::runs::{ApprovalRef, RunFilter, RunRequest};
 use crate::runtime::PendingDecision;
 use crate::runtime::grain::AttemptView;
-use crate::store::{Store, TenantScope};
+use crate::store::Store;
 
 /// The Runs service.
 pub struct RunsService {

@@ -26,7 +26,7 @@ impl RuntimeService {
 
 fn update_message(
     store: &crate::store::Store,
-    scope: &crate::store::TenantScope,
+    scope: &crate::domain::access::TenantScope,
     view: &AttemptView,
 ) -> pb::AttemptUpdate {
     let a = &view.attempt;

@@ -37,13 +37,13 @@ use super::{
     BeginCall, BeginOutcome, Completion, DecisionAsk, Outcome, Report, Runtime, RuntimeError,
     Ticket,
 };
+use crate::domain::access::TenantScope;
 use crate::domain::attempt::{
     AttemptPhase, CallFence, CallKind, DecisionKind, DecisionStatus, FailureClass, Gate,
 };
 use crate::domain::reach::Target;
 use crate::domain::release::{ToolTransport, canonical_json};
 use crate::domain::{DomainError, TenantId};
-use crate::store::TenantScope;
 
 /// The adapter version and checkpoint format the builtin loop writes.
 pub const ADAPTER_VERSION: &str = "builtin/1";

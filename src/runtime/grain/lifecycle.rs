@@ -505,7 +505,7 @@ impl Grain {
 /// Releases a capacity lease in the background, logging a failure.
 pub(super) fn release_lease(
     capacity: &std::sync::Arc<crate::capacity::Capacity>,
-    scope: &crate::store::TenantScope,
+    scope: &crate::domain::access::TenantScope,
     lease_id: uuid::Uuid,
 ) {
     let (capacity, scope) = (capacity.clone(), scope.clone());

@@ -27,6 +27,7 @@ use super::{
 };
 use crate::capacity::{AcquireRequest, CapacityError, LeaseView};
 use crate::domain::DomainError;
+use crate::domain::access::TenantScope;
 use crate::domain::amount::Amount;
 use crate::domain::attempt::{
     AttemptFailure, AttemptPhase, AttemptState, CallError, CallKind, CallRecord, CallResult,
@@ -42,7 +43,7 @@ use crate::domain::ids::new_id;
 use crate::domain::release::{AdapterKind, PolicyRule, canonical_json};
 use crate::domain::run::{ApprovalDecided, ParentLink, RunState};
 use crate::domain::run::{ChildEnded, Followup};
-use crate::store::{TenantScope, Tx};
+use crate::store::Tx;
 use crate::telemetry::names;
 
 mod calls;
