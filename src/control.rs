@@ -1274,7 +1274,7 @@ pub async fn audit_verify(config: &Config, json: bool) -> anyhow::Result<()> {
             let token = running_appliance(&config.data_dir)
                 .map(|(_, t)| t)
                 .unwrap_or_default();
-            let report: crate::store::trail::TrailReport =
+            let report: crate::domain::audit::TrailReport =
                 get_json(&info, &token, "/factory/audit/verify").await?;
             (
                 report,

@@ -17,8 +17,8 @@ use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::domain::TenantId;
+use crate::domain::audit::TrailReport;
 use crate::domain::audit::{AuditQuery, AuditRecord, CSV_HEADER};
-use crate::store::trail::TrailReport;
 
 /// A page of the trail.
 #[derive(Serialize, ToSchema)]

@@ -33,7 +33,8 @@ use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::domain::TenantId;
-use crate::store::{EventFilter, Store, StoredEvent};
+use crate::domain::events::{EventFilter, StoredEvent};
+use crate::store::Store;
 
 /// Query of `GET /events`.
 #[derive(Deserialize, IntoParams, Default, Debug)]

@@ -27,6 +27,7 @@ use crate::domain::attempt::{
     CallStatus, CapacityGap, Checkpoint, CheckpointReason, DecisionRequest, InterruptRequest,
     PhaseMark, ReplayOf, Settlement, StaleRefusal, SubAgentDelegation,
 };
+use crate::domain::events::StoredEvent;
 use crate::domain::ids::parse_uuid;
 use crate::domain::release::{AdapterKind, AttemptLimits, PolicyRule, SideEffectClass};
 use crate::domain::retention::Tombstone;
@@ -36,7 +37,6 @@ use crate::domain::{FieldError, ProjectId, TenantId};
 use crate::runtime::content::{CallContent, OutcomeContent};
 use crate::runtime::grain::AttemptView;
 use crate::runtime::{PendingDecision, RuntimeError};
-use crate::store::StoredEvent;
 
 impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> Self {

@@ -1496,7 +1496,7 @@ struct AuditPage {
     /// The same query, for the export links.
     query: String,
     /// What a check of the chain found, when asked.
-    chain: Option<crate::store::trail::TrailReport>,
+    chain: Option<crate::domain::audit::TrailReport>,
     /// Whether the reader may check the chain (it spans every tenant).
     may_verify: bool,
 }

@@ -595,6 +595,26 @@ impl AuditRecord {
     }
 }
 
+/// What a check of the whole chain found.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrailReport {
+    /// Records checked.
+    pub checked: u64,
+    /// The first record kept (retention removes older ones), if any.
+    pub first: Option<u64>,
+    /// The last record checked.
+    pub last: Option<u64>,
+    /// The hash the first kept record follows (the last one removed, or
+    /// the genesis).
+    pub anchor: String,
+    /// The hash of the last record: write it down elsewhere, and a later
+    /// check proves nothing before it was rewritten.
+    pub head: String,
+    /// The first break, if the chain is not whole.
+    pub broken: Option<ChainBreak>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 //! their sequence number. Payloads are the specification's, in camelCase.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::ids::TenantId;
 
@@ -39,5 +39,38 @@ impl NewEvent {
             // which serialisation to a JSON value cannot fail.
             payload: serde_json::to_value(payload).expect("event payloads serialise"),
         }
+    }
+}
+
+/// An event as committed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredEvent {
+    /// Position in the outbox, from 1.
+    pub sequence: u64,
+    /// The specification's topic.
+    pub topic: String,
+    /// Whose data changed.
+    pub tenant_id: TenantId,
+    /// When it changed.
+    pub occurred_at: DateTime<Utc>,
+    /// The specification's payload.
+    pub payload: serde_json::Value,
+}
+
+/// Which events a reader may and wants to see.
+#[derive(Clone, Debug, Default)]
+pub struct EventFilter {
+    /// Only this tenant's events; `None` for every tenant (PlatformAdmin).
+    pub tenant: Option<TenantId>,
+    /// Topic prefixes; empty for every topic.
+    pub topics: Vec<String>,
+}
+
+impl EventFilter {
+    /// Whether the event passes.
+    pub fn admits(&self, event: &StoredEvent) -> bool {
+        self.tenant.as_ref().is_none_or(|t| *t == event.tenant_id)
+            && (self.topics.is_empty() || self.topics.iter().any(|p| event.topic.starts_with(p)))
     }
 }

@@ -28,9 +28,9 @@ use parking_lot::Mutex;
 use tokio::sync::{broadcast, oneshot};
 
 use super::engine::Engine;
-use super::outbox::StoredEvent;
 use super::tx::{DerivedCache, Finished, Tx, Writes};
 use super::{StoreError, Table, redo, trail};
+use crate::domain::events::StoredEvent;
 
 /// Most transactions applied as one group; bounds the size of a group's
 /// redo record and the latency a group adds to its first member.

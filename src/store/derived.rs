@@ -281,7 +281,7 @@ impl Rebuild {
         let mut n = 0;
         for item in tree.iter() {
             let (k, v) = item?;
-            let event = super::outbox::StoredEvent::decode(&k, &v)?;
+            let event = crate::domain::events::StoredEvent::decode(&k, &v)?;
             if let Some(key) = event.attempt_index_key() {
                 match &self.index {
                     Some(index) => {

@@ -80,10 +80,10 @@ use tokio::sync::broadcast;
 use crate::domain::TenantId;
 use crate::domain::access::{PlatformScope, TenantScope};
 
+use crate::domain::events::{EventFilter, StoredEvent};
 pub use backup::{BackupSummary, restore_into};
 pub use datadir::DataDir;
 pub use derived::{Derived, time_value};
-pub use outbox::{EventFilter, StoredEvent};
 pub use schema::SCHEMA_VERSION;
 pub use tx::Tx;
 
@@ -1116,7 +1116,7 @@ impl Store {
 
     /// Checks the whole audit chain: every kept record follows the one
     /// before and hashes to what it says.
-    pub fn verify_audit(&self) -> Result<trail::TrailReport, StoreError> {
+    pub fn verify_audit(&self) -> Result<crate::domain::audit::TrailReport, StoreError> {
         trail::verify(&self.tree(Table::Audit)?, &self.tree(Table::Meta)?)
     }
 

@@ -7,31 +7,15 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::engine::Reading;
 use crate::domain::TenantId;
+use crate::domain::events::{EventFilter, StoredEvent};
 
 const EVENT_VERSION: u16 = 1;
 /// Meta key holding the highest sequence ever pruned.
 pub(super) const PRUNED_THROUGH: &str = "outbox.pruned_through";
-
-/// An event as committed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StoredEvent {
-    /// Position in the outbox, from 1.
-    pub sequence: u64,
-    /// The specification's topic.
-    pub topic: String,
-    /// Whose data changed.
-    pub tenant_id: TenantId,
-    /// When it changed.
-    pub occurred_at: DateTime<Utc>,
-    /// The specification's payload.
-    pub payload: serde_json::Value,
-}
 
 /// The index of an attempt's events (in the `index` tree):
 /// `<tenant>/attempt-events/<attempt>/<sequence, 20 digits>`.
@@ -92,23 +76,6 @@ impl StoredEvent {
             occurred_at,
             payload: serde_json::from_str(&payload).map_err(|e| corrupt(e.to_string()))?,
         })
-    }
-}
-
-/// Which events a reader may and wants to see.
-#[derive(Clone, Debug, Default)]
-pub struct EventFilter {
-    /// Only this tenant's events; `None` for every tenant (PlatformAdmin).
-    pub tenant: Option<TenantId>,
-    /// Topic prefixes; empty for every topic.
-    pub topics: Vec<String>,
-}
-
-impl EventFilter {
-    /// Whether the event passes.
-    pub fn admits(&self, event: &StoredEvent) -> bool {
-        self.tenant.as_ref().is_none_or(|t| *t == event.tenant_id)
-            && (self.topics.is_empty() || self.topics.iter().any(|p| event.topic.starts_with(p)))
     }
 }
 

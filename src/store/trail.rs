@@ -20,7 +20,9 @@ use sha2::{Digest, Sha256};
 use super::engine::Reading;
 use super::{StoreError, Table};
 use crate::domain::TenantId;
-use crate::domain::audit::{AuditFilter, AuditRecord, ChainBreak, ChainCheck, Origin, genesis};
+use crate::domain::audit::{
+    AuditFilter, AuditRecord, ChainBreak, ChainCheck, Origin, TrailReport, genesis,
+};
 
 /// Meta key: the sequence (8 bytes, big-endian) and hash of the last
 /// record retention removed, which the first kept record follows.
@@ -191,26 +193,6 @@ pub(super) fn page(
         }
     }
     Ok(out)
-}
-
-/// What a check of the whole chain found.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct TrailReport {
-    /// Records checked.
-    pub checked: u64,
-    /// The first record kept (retention removes older ones), if any.
-    pub first: Option<u64>,
-    /// The last record checked.
-    pub last: Option<u64>,
-    /// The hash the first kept record follows (the last one removed, or
-    /// the genesis).
-    pub anchor: String,
-    /// The hash of the last record: write it down elsewhere, and a later
-    /// check proves nothing before it was rewritten.
-    pub head: String,
-    /// The first break, if the chain is not whole.
-    pub broken: Option<ChainBreak>,
 }
 
 /// Checks every kept record against the chain.

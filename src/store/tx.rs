@@ -11,7 +11,6 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use super::derived::{self, Change, Derived};
-use super::outbox::StoredEvent;
 use super::trail;
 use super::{
     Record, StoreError, StoredVersion, Table, TenantScope, Versioned, decode, encode, index_prefix,
@@ -19,6 +18,7 @@ use super::{
 };
 use crate::domain::audit::{self, AuditRecord, Change as AuditChange, Origin};
 use crate::domain::events::NewEvent;
+use crate::domain::events::StoredEvent;
 use crate::telemetry::names;
 use chrono::{DateTime, Utc};
 

@@ -33,6 +33,7 @@ use crate::clock::SharedClock;
 use crate::config::{SiteRules, WebhooksConfig};
 use crate::domain::TenantId;
 use crate::domain::access::{PlatformScope, TenantScope};
+use crate::domain::events::EventFilter;
 use crate::domain::ids::new_id;
 use crate::domain::reach::Target;
 use crate::domain::webhook::{
@@ -41,7 +42,7 @@ use crate::domain::webhook::{
 };
 use crate::domain::{DomainError, FieldError};
 use crate::runtime::Runtime;
-use crate::store::{Derived, EventFilter, Record, Store, StoreError, Table, Tx};
+use crate::store::{Derived, Record, Store, StoreError, Table, Tx};
 use crate::telemetry::{Gauge, names};
 use crate::worker::{RetryKind, Schedule, Worker};
 
