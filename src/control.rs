@@ -1483,7 +1483,7 @@ pub fn release_sign(dir: &Path, key: &Path, update_hashes: bool) -> anyhow::Resu
         .map_err(|r| anyhow!(r.reason))?;
     for (role, path, expected) in parsed.manifest.files() {
         let bytes = std::fs::read(dir.join(path)).with_context(|| format!("{role} file {path}"))?;
-        let actual = crate::store::artifacts::content_hash(&bytes);
+        let actual = crate::domain::content::content_hash(&bytes);
         if actual != expected {
             bail!(
                 "file {path} ({role}): the manifest says {expected}, the file is {actual}; fix it or pass --update-hashes"
@@ -1512,7 +1512,7 @@ fn update_file_hashes(dir: &Path, value: &mut serde_json::Value) -> anyhow::Resu
                     .with_context(|| format!("reading {path}"))?;
                 map.insert(
                     "sha256".into(),
-                    serde_json::Value::String(crate::store::artifacts::content_hash(&bytes)),
+                    serde_json::Value::String(crate::domain::content::content_hash(&bytes)),
                 );
             }
             for v in map.values_mut() {

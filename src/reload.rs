@@ -260,7 +260,7 @@ fn flatten(config: &Config) -> BTreeMap<String, String> {
             }
             other => {
                 let text = other.to_string();
-                let digest = crate::store::artifacts::content_hash(text.as_bytes());
+                let digest = crate::domain::content::content_hash(text.as_bytes());
                 out.insert(prefix.to_string(), digest);
             }
         }

@@ -746,7 +746,7 @@ pub fn artifact_response(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::http::header;
     use axum::response::IntoResponse;
-    if !crate::store::artifacts::is_content_hash(hash) {
+    if !crate::domain::content::is_content_hash(hash) {
         return Err(
             FieldError::new("hash", format!("{hash:?} is not sha256:<64 hex digits>")).into(),
         );

@@ -1,11 +1,29 @@
 //! What a call asked and answered, made readable: the artifact behind a
 //! hash, shown as text capped at a readable size, and a model call's
-//! messages as a conversation. Pure: the caller reads the bytes.
+//! messages as a conversation. Pure: the caller reads the bytes. And the
+//! address content is stored under: its [`content_hash`].
 
 use serde::Serialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use super::retention::Tombstone;
+
+/// Whether `text` has the form of a [`content_hash`]: `sha256:` and 64
+/// lower-case hex digits.
+pub fn is_content_hash(text: &str) -> bool {
+    text.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// `sha256:<hex>` of bytes.
+pub fn content_hash(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
 
 /// The most of one artifact a page shows inline, in characters; the whole
 /// artifact is a link away.

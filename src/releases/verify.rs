@@ -18,9 +18,9 @@ use serde_json::Value;
 
 use super::bundle::{Bundle, MANIFEST, SIGNATURE};
 use super::signing::{SignatureFile, Trust, TrustedKey};
+use crate::domain::content::content_hash;
 use crate::domain::reach::SiteReach;
 use crate::domain::release::{Manifest, ModelKind, canonical_json, check_compatibility};
-use crate::store::artifacts::content_hash;
 
 /// Why a bundle was rejected, with a short category for metrics.
 #[derive(Clone, Debug, PartialEq, Eq)]

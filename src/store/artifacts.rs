@@ -29,9 +29,9 @@
 //! Content is shared across tenants: the chunks carry an owner count (how
 //! many tenants hold a record of the hash) and go with the last owner.
 
+use crate::domain::content::content_hash;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::{Derived, Record, Store, StoreError, Table, TenantScope, Tx, time_value};
 use crate::domain::TenantId;
@@ -50,22 +50,6 @@ pub fn unreferenced_until(now: DateTime<Utc>) -> DateTime<Utc> {
 pub const CHUNK_BYTES: usize = 32 * 1024;
 /// Largest artifact accepted.
 pub const MAX_ARTIFACT_BYTES: usize = 64 * 1024 * 1024;
-
-/// Whether `text` has the form of a [`content_hash`]: `sha256:` and 64
-/// lower-case hex digits.
-pub fn is_content_hash(text: &str) -> bool {
-    text.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
-}
-
-/// `sha256:<hex>` of bytes.
-pub fn content_hash(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
-}
 
 /// A tenant's record of an artifact.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -650,7 +650,7 @@ async fn artifacts_are_shared_by_hash_but_read_only_by_their_tenants() {
         })
         .await
         .unwrap();
-    assert_eq!(hash, artifacts::content_hash(&bytes));
+    assert_eq!(hash, crate::domain::content::content_hash(&bytes));
     assert_eq!(store.read_artifact(&acme, &hash).unwrap().unwrap(), bytes);
     // Another tenant does not see it until it stores the same bytes itself.
     let globex = tenant("globex");

@@ -15,7 +15,7 @@ impl Grain {
     pub(super) fn state_ref(&self, state: Option<&[u8]>) -> (String, Option<Vec<u8>>) {
         match state {
             Some(bytes) => (
-                crate::store::artifacts::content_hash(bytes),
+                crate::domain::content::content_hash(bytes),
                 Some(bytes.to_vec()),
             ),
             None => match &self.attempt.adapter_state_ref {
@@ -710,11 +710,11 @@ impl Grain {
         let result_hash = c
             .result
             .as_deref()
-            .map(crate::store::artifacts::content_hash);
+            .map(crate::domain::content::content_hash);
         let receipt_ref = c
             .receipt
             .as_deref()
-            .map(crate::store::artifacts::content_hash);
+            .map(crate::domain::content::content_hash);
         let mut record = open;
         let mut a = self.attempt.clone();
         let mut events = a.observe_call(
@@ -789,7 +789,7 @@ impl Grain {
         if let Some(phase) = phase {
             events.extend(a.set_phase(phase, now));
         }
-        let state_ref = crate::store::artifacts::content_hash(&state);
+        let state_ref = crate::domain::content::content_hash(&state);
         let (cp, more) = a.checkpoint(new_id(), CheckpointReason::Adapter, state_ref, None, now)?;
         events.extend(more);
         let retain = self.retain();

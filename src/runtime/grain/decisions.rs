@@ -23,7 +23,7 @@ impl Grain {
         let question_ref = ask
             .question
             .as_deref()
-            .map(crate::store::artifacts::content_hash);
+            .map(crate::domain::content::content_hash);
         let mut a = self.attempt.clone();
         let (decision, events) = a.request_decision(
             new_id(),
@@ -206,7 +206,7 @@ impl Grain {
                 }
             }
         }
-        let answer_ref = answer.as_deref().map(crate::store::artifacts::content_hash);
+        let answer_ref = answer.as_deref().map(crate::domain::content::content_hash);
         self.resolve(
             decision,
             Resolution::Answered {

@@ -182,7 +182,7 @@ impl Grain {
             });
             let feedback_ref = feedback
                 .as_deref()
-                .map(crate::store::artifacts::content_hash);
+                .map(crate::domain::content::content_hash);
             let (verdict, events) =
                 a.report_success(output_ref, &problems, feedback_ref, hash, now)?;
             let retain = self.retain();
