@@ -673,7 +673,7 @@ pub async fn usage(
         first(&pairs, "agentId"),
         state.clock.now().date_naive(),
     )?;
-    let report = crate::capacity::ledger::usage(&state.store, &scope, &query)?;
+    let report = state.capacity.token_usage(&scope, &query)?;
     match first(&pairs, "format") {
         None | Some("json") => Ok(Json(report).into_response()),
         Some("csv") => Ok(usage_csv(&report, query.by)),

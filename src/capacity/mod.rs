@@ -449,6 +449,23 @@ impl Capacity {
         &self.shared.store
     }
 
+    /// A tenant's model tokens by day (or project, agent, release), from
+    /// the ledger's day records: GetUsage and the usage pages.
+    pub fn token_usage(
+        &self,
+        scope: &TenantScope,
+        query: &ledger::UsageQuery,
+    ) -> Result<ledger::UsageReport, StoreError> {
+        ledger::usage(self.store(), scope, query)
+    }
+
+    /// Every tenant's leases that held capacity at some point since
+    /// `start`: the live ones and those that ended since (the pools page's
+    /// history).
+    pub fn recent_spans(&self, start: DateTime<Utc>) -> Result<Vec<CapacityLease>, StoreError> {
+        records::recent_spans(self.store(), start)
+    }
+
     fn now(&self) -> chrono::DateTime<Utc> {
         self.shared.clock.now()
     }

@@ -80,6 +80,29 @@ pub fn live_leases(store: &Store, scope: &TenantScope) -> Result<Vec<CapacityLea
     Ok(out)
 }
 
+/// Leases that held capacity at some point since `start`: the live ones
+/// (each tenant's state index) and those that ended since (its end index).
+pub fn recent_spans(
+    store: &Store,
+    start: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<CapacityLease>, StoreError> {
+    use crate::domain::access::PlatformScope;
+    let platform = PlatformScope::internal();
+    let mut out = Vec::new();
+    let from = time_value(start);
+    for t in store.scan_all::<crate::domain::tenant::Tenant>(&platform)? {
+        let scope = TenantScope::new(t.tenant_id);
+        out.extend(live_leases(store, &scope)?);
+        let ids: Vec<String> = store
+            .index_range(&scope, index::ENDED, Some(&from), None, usize::MAX)?
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        out.extend(store.get_many(&scope, &ids)?);
+    }
+    Ok(out)
+}
+
 /// Whether the run holding a run slot has ended (or is gone): its slot is
 /// free.
 pub fn slot_run_ended(store: &Store, tenant: &TenantId, run_id: Uuid) -> Result<bool, StoreError> {

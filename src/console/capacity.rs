@@ -92,30 +92,6 @@ const QUEUE_SHOWN: usize = 50;
 /// Minutes of history the pools page draws.
 const HISTORY_MINUTES: usize = 60;
 
-/// Leases that held capacity at some point since `start`: the live ones
-/// (each tenant's state index) and those that ended since (its end index).
-fn recent_spans(
-    store: &crate::store::Store,
-    start: chrono::DateTime<chrono::Utc>,
-) -> Result<Vec<crate::domain::capacity::CapacityLease>, crate::store::StoreError> {
-    use crate::capacity::records::index;
-    use crate::domain::access::{PlatformScope, TenantScope};
-    let platform = PlatformScope::internal();
-    let mut out = Vec::new();
-    let from = crate::store::time_value(start);
-    for t in store.scan_all::<crate::domain::tenant::Tenant>(&platform)? {
-        let scope = TenantScope::new(t.tenant_id);
-        out.extend(crate::capacity::records::live_leases(store, &scope)?);
-        let ids: Vec<String> = store
-            .index_range(&scope, index::ENDED, Some(&from), None, usize::MAX)?
-            .into_iter()
-            .map(|(_, id)| id)
-            .collect();
-        out.extend(store.get_many(&scope, &ids)?);
-    }
-    Ok(out)
-}
-
 /// Average granted CPU of each pool in each of the last
 /// [`HISTORY_MINUTES`] minutes, from the lease records (so it survives a
 /// restart and counts every tenant's leases, without naming them).
@@ -124,7 +100,7 @@ fn cpu_history(
 ) -> Result<std::collections::HashMap<String, Vec<f64>>, PageError> {
     let now = console.state.clock.now();
     let start = now - chrono::Duration::minutes(HISTORY_MINUTES as i64);
-    let spans = recent_spans(&console.state.store, start)?;
+    let spans = console.state.capacity.recent_spans(start)?;
     let mut out: std::collections::HashMap<String, Vec<f64>> = std::collections::HashMap::new();
     for span in spans {
         let Some(from) = span.granted_at else {
@@ -774,7 +750,10 @@ pub async fn usage(console: Console, raw: RawQuery) -> Result<Response, PageErro
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
     let query = usage_query(&console, &q)?;
-    let report = crate::capacity::ledger::usage(&console.state.store, &scope, &query)
+    let report = console
+        .state
+        .capacity
+        .token_usage(&scope, &query)
         .map_err(ApiError::from)?;
     let csv_link = format!(
         "/usage.csv?{}",
@@ -796,7 +775,10 @@ pub async fn usage_csv(console: Console, raw: RawQuery) -> Result<Response, Page
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
     let query = usage_query(&console, &q)?;
-    let report = crate::capacity::ledger::usage(&console.state.store, &scope, &query)
+    let report = console
+        .state
+        .capacity
+        .token_usage(&scope, &query)
         .map_err(ApiError::from)?;
     Ok(crate::api::capacity::usage_csv(&report, query.by))
 }

@@ -330,7 +330,10 @@ impl pb::Runs for RunsService {
             today,
         )
         .map_err(rpc)?;
-        let report = ledger::usage(&self.state.store, &scope, &query)
+        let report = self
+            .state
+            .capacity
+            .token_usage(&scope, &query)
             .map_err(crate::runtime::RuntimeError::from)
             .map_err(rpc)?;
         Response::ok(pb::GetUsageResponse {
