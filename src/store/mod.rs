@@ -344,12 +344,19 @@ macro_rules! versioned {
     };
 }
 
+impl From<sled::Error> for StoreError {
+    fn from(e: sled::Error) -> Self {
+        StoreError::Engine(e.to_string())
+    }
+}
+
 /// Everything that can go wrong in the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// sled failed.
+    /// The storage engine failed (its own words): nothing above the store
+    /// sees the engine's types.
     #[error("store engine error: {0}")]
-    Engine(#[from] sled::Error),
+    Engine(String),
     /// A file operation failed.
     #[error("{context}: {source}")]
     Io {
