@@ -2,11 +2,12 @@
 # Installs the MSI of packaging/build.sh under Wine (Debian's wine64) as a
 # Windows site would, and checks it: the service the MSI defines is
 # registered and started, /healthz and /readyz answer over HTTPS with the
-# generated CA, the Job Object probe of tool processes ran, the demo runs
-# to its expected states, the service stops, an install over itself keeps
-# the data, a store of the previous schema is backed up before it is
+# generated CA, the Job Object probe of tool processes ran, the service
+# logs to ProgramData\agentbay\logs, the demo runs to its expected states,
+# the service stops, an install over itself keeps the data and the edited
+# configuration, a store of the previous schema is backed up before it is
 # migrated, and uninstalling removes the program and the service but keeps
-# the data directory.
+# the data directory and the configuration.
 #
 # What Wine (Debian 12's 8.0) does not do as Windows does is said where it
 # matters (README, "Packages: .deb and MSI"): it runs the service as the
