@@ -85,21 +85,24 @@ if grep -qx x86_64-pc-windows-gnu <<<"$TARGETS" \
         -D Config="$WINCONF" -D Readme=README.md \
         -D Prometheus=packaging/prometheus -D Grafana=packaging/grafana \
         -o "$MSI" "$WXS"
+    # wixl does not know two settings: they are set in the MSI's tables.
+    # set_table TABLE SED EXPECTED: edits one table's rows, checks the result.
+    set_table() {
+        msiinfo export "$MSI" "$1" > "$OUT/$1.idt"
+        sed -i "$2" "$OUT/$1.idt"
+        grep -q "$3" "$OUT/$1.idt" || { echo "msi: the $1 table is not as expected" >&2; exit 1; }
+        msibuild "$MSI" -i "$OUT/$1.idt"
+    }
     # An install over the same version upgrades too (reinstalling a build
     # keeps the data): the upgrade row's maximum version becomes inclusive
     # (msidbUpgradeAttributesVersionMaxInclusive, 0x200).
-    msiinfo export "$MSI" Upgrade > "$OUT/Upgrade.idt"
-    sed -i 's/\t1\t\tWIX_UPGRADE_DETECTED/\t513\t\tWIX_UPGRADE_DETECTED/' "$OUT/Upgrade.idt"
-    grep -q $'\t513\t\tWIX_UPGRADE_DETECTED' "$OUT/Upgrade.idt" || { echo "msi: the Upgrade table is not as expected" >&2; exit 1; }
-    msibuild "$MSI" -i "$OUT/Upgrade.idt"
+    set_table Upgrade 's/\t1\t\tWIX_UPGRADE_DETECTED/\t513\t\tWIX_UPGRADE_DETECTED/' $'\t513\t\tWIX_UPGRADE_DETECTED'
     # The configuration the site edits survives an upgrade (which removes
     # the installed product first) and an uninstall, and is never
     # overwritten: its component is Permanent (0x10) and NeverOverwrite
     # (0x80) beside 64-bit (0x100).
-    msiinfo export "$MSI" Component > "$OUT/Component.idt"
-    sed -i 's/^\(Configuration\t{[0-9A-F-]*}\tINSTALLDIR\t\)256\t/\1400\t/' "$OUT/Component.idt"
-    grep -q $'^Configuration\t{[0-9A-F-]*}\tINSTALLDIR\t400\t' "$OUT/Component.idt" || { echo "msi: the Component table is not as expected" >&2; exit 1; }
-    msibuild "$MSI" -i "$OUT/Component.idt"
+    set_table Component 's/^\(Configuration\t{[0-9A-F-]*}\tINSTALLDIR\t\)256\t/\1400\t/' \
+        $'^Configuration\t{[0-9A-F-]*}\tINSTALLDIR\t400\t'
     echo "built $MSI ($(du -h "$MSI" | cut -f1))"
 else
     echo "msi: skipped: needs the x86_64-pc-windows-gnu target, mingw-w64, wixl and msitools (rustup target add x86_64-pc-windows-gnu; apt-get install mingw-w64 wixl msitools)"

@@ -119,7 +119,7 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
                     limits: None,
                     max_attempts: 0,
                     max_corrections: None,
-                    request_id: Some(request_id(release)),
+                    request_id: Some(format!("demo-{release}")),
                     environment_id: None,
                     submitted_by: "demo".into(),
                 },
@@ -131,9 +131,4 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
         "demo: tenant {TENANT} with {} example runs: one succeeds, one waits for a reviewer to approve paging on-call, one asks the support lead a question (Decisions), one runs out of corrections (Runs/ListRuns with tenantId demo); turn off with demo.enabled = false",
         runs.len()
     )))
-}
-
-/// The request id of the demo's run of `release`.
-fn request_id(release: &str) -> String {
-    format!("demo-{release}")
 }

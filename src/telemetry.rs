@@ -27,6 +27,7 @@ use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -53,9 +54,10 @@ static FILTER: OnceLock<
 pub fn init_logging(config: &LogConfig, telemetry: &TelemetryConfig) -> Result<(), String> {
     let filter = EnvFilter::try_new(&config.level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    // A file a day in `log.dir`, standard error without one.
     let writer = match &config.dir {
-        Some(dir) => LogWriter::Daily(daily_files(dir, config.keep_files)?),
-        None => LogWriter::Stderr,
+        Some(dir) => BoxMakeWriter::new(daily_files(dir, config.keep_files)?),
+        None => BoxMakeWriter::new(std::io::stderr),
     };
     let json = match config.format {
         LogFormat::Json => true,
@@ -92,23 +94,6 @@ pub fn init_logging(config: &LogConfig, telemetry: &TelemetryConfig) -> Result<(
     Ok(())
 }
 
-/// The log's destination: standard error, or a file a day in `log.dir`.
-enum LogWriter {
-    Stderr,
-    Daily(tracing_appender::rolling::RollingFileAppender),
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
-    type Writer = Box<dyn std::io::Write + 'a>;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        match self {
-            LogWriter::Stderr => Box::new(std::io::stderr()),
-            LogWriter::Daily(files) => Box::new(files.make_writer()),
-        }
-    }
-}
-
 /// `agentbay.YYYY-MM-DD.log` in `dir`, a new one each UTC day, the newest
 /// `keep` kept. The directory is made (private to the service's account on
 /// Unix) and the day's file opened, so that an unwritable one is refused at
@@ -117,7 +102,6 @@ fn daily_files(
     dir: &std::path::Path,
     keep: u32,
 ) -> Result<tracing_appender::rolling::RollingFileAppender, String> {
-    use std::io::Write as _;
     let refuse = |e: &dyn std::fmt::Display| format!("log.dir {}: {e}", dir.display());
     std::fs::create_dir_all(dir).map_err(|e| refuse(&e))?;
     #[cfg(unix)]
@@ -126,17 +110,13 @@ fn daily_files(
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
             .map_err(|e| refuse(&e))?;
     }
-    let files = tracing_appender::rolling::Builder::new()
+    tracing_appender::rolling::Builder::new()
         .rotation(tracing_appender::rolling::Rotation::DAILY)
         .filename_prefix("agentbay")
         .filename_suffix("log")
-        .max_log_files(keep.max(1) as usize)
+        .max_log_files(keep as usize)
         .build(dir)
-        .map_err(|e| refuse(&e))?;
-    tracing_subscriber::fmt::MakeWriter::make_writer(&files)
-        .flush()
-        .map_err(|e| refuse(&e))?;
-    Ok(files)
+        .map_err(|e| refuse(&e))
 }
 
 /// The tracer provider exporting to the collector, when one is configured.

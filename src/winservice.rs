@@ -37,7 +37,7 @@ pub fn run(config: Config, runtime: tokio::runtime::Handle) -> anyhow::Result<()
 
 fn service_main(_arguments: Vec<OsString>) {
     if let Err(e) = serve() {
-        // The whole chain: "seeding the demo: release ... not verified".
+        // The whole chain of causes, not only the outermost context.
         tracing::error!(
             error = format!("{e:#}"),
             "the agentbay service stopped on an error"

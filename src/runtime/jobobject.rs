@@ -51,8 +51,7 @@ impl Job {
         job.set(
             "memory and process limits",
             JobObjectExtendedLimitInformation,
-            &limits as *const _ as *const c_void,
-            size::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>(),
+            &limits,
         )?;
         // The rate is in hundredths of a percent of all the machine's CPUs.
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
@@ -65,8 +64,7 @@ impl Job {
         job.set(
             "CPU rate cap",
             JobObjectCpuRateControlInformation,
-            &rate_info as *const _ as *const c_void,
-            size::<JOBOBJECT_CPU_RATE_CONTROL_INFORMATION>(),
+            &rate_info,
         )?;
         Ok(job)
     }
@@ -91,18 +89,16 @@ impl Job {
         };
         let mut limits = JOBOBJECT_EXTENDED_LIMIT_INFORMATION::default();
         limits.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE;
-        job.set(
-            "kill-on-close",
-            JobObjectExtendedLimitInformation,
-            &limits as *const _ as *const c_void,
-            size::<JOBOBJECT_EXTENDED_LIMIT_INFORMATION>(),
-        )?;
+        job.set("kill-on-close", JobObjectExtendedLimitInformation, &limits)?;
         Ok(job)
     }
 
-    fn set(&self, what: &str, class: i32, info: *const c_void, len: u32) -> Result<(), String> {
-        // SAFETY: `info` points at a live value of the class's type.
-        if unsafe { SetInformationJobObject(self.handle, class, info, len) } == 0 {
+    /// Sets the job's information of `class`, whose type is `T`.
+    fn set<T>(&self, what: &str, class: i32, info: &T) -> Result<(), String> {
+        let ptr = info as *const T as *const c_void;
+        // SAFETY: `info` is a live value of the class's type, `size::<T>()`
+        // bytes long.
+        if unsafe { SetInformationJobObject(self.handle, class, ptr, size::<T>()) } == 0 {
             return Err(format!(
                 "the tool's Job Object refused its {what}: {}",
                 std::io::Error::last_os_error()

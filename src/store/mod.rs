@@ -79,8 +79,8 @@ use tokio::sync::broadcast;
 
 use crate::domain::TenantId;
 use crate::domain::access::{PlatformScope, TenantScope};
-
 use crate::domain::events::{EventFilter, StoredEvent};
+
 pub use backup::{BackupSummary, restore_into};
 pub use datadir::DataDir;
 pub use derived::{Derived, time_value};
@@ -344,12 +344,6 @@ macro_rules! versioned {
     };
 }
 
-impl From<sled::Error> for StoreError {
-    fn from(e: sled::Error) -> Self {
-        StoreError::Engine(e.to_string())
-    }
-}
-
 /// Everything that can go wrong in the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -472,6 +466,12 @@ pub enum StoreError {
     /// A backup file is unusable.
     #[error("backup: {0}")]
     Backup(String),
+}
+
+impl From<sled::Error> for StoreError {
+    fn from(e: sled::Error) -> Self {
+        StoreError::Engine(e.to_string())
+    }
 }
 
 impl StoreError {
