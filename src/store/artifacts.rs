@@ -254,15 +254,15 @@ impl Tx<'_> {
 /// reference counts: `refs` of every artifact record from `counts`
 /// (tenant, hash -> references) and the owner count of all content.
 pub(super) fn recount(
-    db: &sled::Db,
-    rebuild: &mut super::derived::Rebuild,
+    kv: &dyn super::kv::KvBulk,
+    rebuild: &mut super::derived::Rebuild<'_>,
 ) -> Result<(), StoreError> {
     let counts = std::mem::take(&mut rebuild.refs);
-    let artifacts = db.open_tree(Table::Artifacts.name())?;
-    let chunks = db.open_tree(Table::ArtifactChunks.name())?;
     let mut owners: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
-    for item in artifacts.iter() {
-        let (k, v) = item?;
+    let all = super::kv::Reading::new(kv, Table::Artifacts)
+        .iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    for (k, v) in all {
         let mut a: Artifact = super::decode(&k, &v)?;
         a.refs = counts
             .get(&(a.tenant_id.to_string(), a.hash.clone()))
@@ -270,10 +270,14 @@ pub(super) fn recount(
             .unwrap_or(0);
         *owners.entry(a.hash.clone()).or_default() += 1;
         rebuild.entries_of(&a)?;
-        artifacts.insert(&k, super::encode(&a)?)?;
+        kv.put(Table::Artifacts, &k, &super::encode(&a)?)?;
     }
     for (hash, n) in owners {
-        chunks.insert(chunk_key(&hash, OWNERS_INDEX), &n.to_be_bytes())?;
+        kv.put(
+            Table::ArtifactChunks,
+            &chunk_key(&hash, OWNERS_INDEX),
+            &n.to_be_bytes(),
+        )?;
     }
     Ok(())
 }
@@ -309,7 +313,7 @@ impl Store {
             .ok_or_else(|| corrupt("the content is missing".into()))?;
         let count = u32::from_be_bytes(
             count
-                .as_ref()
+                .as_slice()
                 .try_into()
                 .map_err(|_| corrupt("bad chunk count".into()))?,
         );
@@ -331,12 +335,12 @@ impl Store {
 /// Compares what is stored of the artifact store's derived state with what
 /// the records say (see [`Store::audit`]); appends every difference.
 pub(super) fn audit(
-    db: &sled::Db,
-    rebuild: &mut super::derived::Rebuild,
+    kv: &dyn super::kv::KvRead,
+    rebuild: &mut super::derived::Rebuild<'_>,
     problems: &mut Vec<String>,
 ) -> Result<(), StoreError> {
-    let artifacts = db.open_tree(Table::Artifacts.name())?;
-    let chunks = db.open_tree(Table::ArtifactChunks.name())?;
+    let artifacts = super::kv::Reading::new(kv, Table::Artifacts);
+    let chunks = super::kv::Reading::new(kv, Table::ArtifactChunks);
     let mut owners: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     let mut expected = std::mem::take(&mut rebuild.refs);
     for item in artifacts.iter() {

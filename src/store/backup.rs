@@ -28,8 +28,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::datadir::{MARKER, MARKER_TEXT, create_private_dir, secure_tree, write_private};
+use super::kv::{KvRead, Reading};
 use super::schema::{FORMAT_KEY, FORMAT_VALUE, SCHEMA_VERSION, VERSION_KEY};
-use super::{Store, StoreError};
+use super::{Store, StoreError, Table};
 
 const MAGIC: &[u8; 16] = b"AGENTBAY-BACKUP\0";
 const TAG_END: u8 = 0;
@@ -86,7 +87,7 @@ impl Store {
         let rx = self
             .inner
             .committer
-            .run_exclusive(move |trees, db| write_backup(out, trees, db, &files, schema_version));
+            .run_exclusive(move |kv| write_backup(out, kv, &files, schema_version));
         rx.await.map_err(|_| StoreError::Closed)?
     }
 }
@@ -105,8 +106,7 @@ pub(super) fn before_upgrade(
     store_path: &Path,
     dir: &Path,
 ) -> Result<(), StoreError> {
-    let meta = &open.trees[super::Table::Meta.position()];
-    let Some(writer) = super::schema::earlier_writer(meta)? else {
+    let Some(writer) = super::schema::earlier_writer(open)? else {
         return Ok(());
     };
     let refused = |e: StoreError| {
@@ -128,7 +128,7 @@ pub(super) fn before_upgrade(
         .unwrap_or_default();
     let write = || -> Result<BackupSummary, StoreError> {
         let out = super::datadir::create_private_file(&partial)?;
-        let summary = write_backup(&out, &open.trees, &open.db, &files, writer.schema)?;
+        let summary = write_backup(&out, open, &files, writer.schema)?;
         out.sync_all()
             .map_err(StoreError::io(format!("syncing {}", partial.display())))?;
         fs::rename(&partial, &file)
@@ -154,8 +154,7 @@ pub(super) fn before_upgrade(
 
 fn write_backup<W: Write>(
     out: W,
-    trees: &[sled::Tree],
-    db: &sled::Db,
+    kv: &dyn KvRead,
     files: &[(String, Vec<u8>)],
     schema_version: u32,
 ) -> Result<BackupSummary, StoreError> {
@@ -181,15 +180,13 @@ fn write_backup<W: Write>(
         w.write_all(MAGIC)?;
         w.write_all(&(header.len() as u32).to_be_bytes())?;
         w.write_all(&header)?;
-        // The default tree is unused by agentbay but copied all the same.
-        let default_tree: &sled::Tree = db;
-        for tree in std::iter::once(default_tree).chain(trees.iter()) {
-            let name = tree.name();
-            for item in tree.iter() {
+        for table in Table::ALL {
+            let name = table.name().as_bytes();
+            for item in Reading::new(kv, *table).iter() {
                 let (k, v) = item.map_err(io::Error::other)?;
                 w.write_all(&[TAG_RECORD])?;
                 w.write_all(&(name.len() as u16).to_be_bytes())?;
-                w.write_all(&name)?;
+                w.write_all(name)?;
                 w.write_all(&(k.len() as u32).to_be_bytes())?;
                 w.write_all(&k)?;
                 w.write_all(&(v.len() as u32).to_be_bytes())?;

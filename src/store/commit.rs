@@ -2,12 +2,14 @@
 //!
 //! The writer takes every transaction that has queued up, runs each closure
 //! against an in-memory overlay of the group's writes (so later closures
-//! read what earlier ones wrote), and applies the whole group to sled
-//! atomically: its redo record first, then plain inserts (`redo.rs`),
-//! while no reader reads (`engine.rs`, [`Reading`](super::engine::Reading)).
-//! The flusher then flushes sled and syncs its data file once for all
-//! groups that arrived meanwhile, and only after that publishes their
-//! events and answers their writers.
+//! read what earlier ones wrote), and hands the whole group to the engine
+//! ([`KvEngine::apply`]): sled applies it atomically, its redo record
+//! first, then plain inserts (`redo.rs`), while no reader reads
+//! (`engine.rs`); PostgreSQL keeps it for the flusher, and the writer reads
+//! it from memory until it is committed. The flusher then makes every
+//! group that arrived meanwhile durable in one step (sled: a flush and a
+//! sync of its data file; PostgreSQL: one transaction), and only after
+//! that publishes their events and answers their writers.
 //!
 //! Why not sled transactions: a sled 0.34 transaction takes a process-wide
 //! lock exclusively, and once one has run in a process, every `flush`
@@ -18,8 +20,7 @@
 //! writes, closures run exactly once, in one global order, and events are
 //! numbered by a plain counter.
 
-use std::fs::File;
-use std::path::PathBuf;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -27,9 +28,9 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 use tokio::sync::{broadcast, oneshot};
 
-use super::engine::Engine;
+use super::kv::{KvEngine, KvRead};
 use super::tx::{DerivedCache, Finished, Tx, Writes};
-use super::{StoreError, Table, redo, trail};
+use super::{StoreError, trail};
 use crate::domain::events::StoredEvent;
 
 /// Most transactions applied as one group; bounds the size of a group's
@@ -41,16 +42,14 @@ type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
 /// What the writer thread lends each job.
 pub(super) struct WriterCtx {
-    engine: Engine,
-    /// Bytes of records written since the database was last opened.
-    written: u64,
-    /// Reopen the database after this many (0: never); see [`Engine`].
-    snapshot_every: u64,
-    /// Groups applied since the database was last opened: numbers each
-    /// group's redo record.
+    engine: Arc<dyn KvEngine>,
+    /// Groups handed to the engine: numbers each group.
     groups: u64,
-    /// Writes of the current group, not yet applied to sled.
+    /// Writes of the current group, not yet handed to the engine.
     group: Writes,
+    /// Groups handed over but not readable until durable, oldest first
+    /// (see [`KvEngine::visible_when_durable`]).
+    pending: VecDeque<(u64, Arc<Writes>)>,
     /// What the versioned records written lately derive.
     derived: DerivedCache,
     /// Events of the current group.
@@ -65,7 +64,7 @@ pub(super) struct WriterCtx {
 /// once durable, or `None` when it already answered (it aborted).
 type TxJob = Box<dyn FnOnce(&mut WriterCtx) -> Option<Completion> + Send>;
 /// Work that must see no write in progress.
-type ExclusiveJob = Box<dyn FnOnce(&[sled::Tree], &sled::Db) + Send>;
+type ExclusiveJob = Box<dyn FnOnce(&dyn KvRead) + Send>;
 
 enum Job {
     /// A transaction.
@@ -78,14 +77,10 @@ enum Job {
 
 /// How the writer is set up.
 pub(super) struct CommitOptions {
-    /// `fdatasync` the data file after each flush.
-    pub sync_data: bool,
     /// Sequence number of the next event.
     pub next_seq: u64,
     /// The end of the audit chain.
     pub trail: trail::Head,
-    /// Reopen the database after this many bytes written (0: never).
-    pub snapshot_every: u64,
 }
 
 /// Counters of the group commit.
@@ -93,16 +88,17 @@ pub(super) struct CommitOptions {
 pub struct CommitStats {
     /// Transactions committed.
     pub commits: u64,
-    /// Groups applied to sled.
+    /// Groups handed to the engine.
     pub groups: u64,
-    /// Keys written or removed in sled by those groups (a key a group
-    /// writes twice counts once).
+    /// Keys written or removed by those groups (a key a group writes
+    /// twice counts once).
     pub keys: u64,
-    /// Flush-and-sync rounds.
+    /// Rounds that made groups durable.
     pub flushes: u64,
-    /// Reopens of the database (see [`Engine`]).
+    /// Maintenance pauses between groups (sled's reopens, see
+    /// `engine.rs`).
     pub reopens: u64,
-    /// The longest pause a reopen made, in milliseconds.
+    /// The longest such pause, in milliseconds.
     pub longest_reopen_ms: u64,
 }
 
@@ -110,6 +106,8 @@ struct Shared {
     healthy: AtomicBool,
     /// Sequence of the last durable event (0: none yet).
     head: AtomicU64,
+    /// Number of the last durable group.
+    durable_group: AtomicU64,
     last_error: Mutex<Option<String>>,
     commits: AtomicU64,
     groups: AtomicU64,
@@ -139,27 +137,15 @@ pub(super) struct Committer {
 
 impl Committer {
     pub(super) fn start(
-        engine: Engine,
-        data_file: PathBuf,
+        engine: Arc<dyn KvEngine>,
         options: CommitOptions,
         events: broadcast::Sender<Arc<StoredEvent>>,
     ) -> Result<Committer, StoreError> {
-        let CommitOptions {
-            sync_data,
-            next_seq,
-            trail,
-            snapshot_every,
-        } = options;
-        // Opened for writing because Windows' FlushFileBuffers needs it;
-        // nothing is written through this handle.
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .open(&data_file)
-            .map_err(StoreError::io(format!("opening {}", data_file.display())))?;
+        let CommitOptions { next_seq, trail } = options;
         let shared = Arc::new(Shared {
             healthy: AtomicBool::new(true),
             head: AtomicU64::new(next_seq.saturating_sub(1)),
+            durable_group: AtomicU64::new(0),
             last_error: Mutex::new(None),
             commits: AtomicU64::new(0),
             groups: AtomicU64::new(0),
@@ -172,10 +158,9 @@ impl Committer {
         let (flush_tx, flush_rx) = mpsc::channel::<Flush>();
         let ctx = WriterCtx {
             engine: engine.clone(),
-            written: 0,
-            snapshot_every,
             groups: 0,
             group: Writes::default(),
+            pending: VecDeque::new(),
             derived: DerivedCache::default(),
             events: Vec::new(),
             next_seq,
@@ -192,7 +177,7 @@ impl Committer {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("store-flusher".into())
-                .spawn(move || flusher_loop(flush_rx, engine, file, sync_data, events, shared))
+                .spawn(move || flusher_loop(flush_rx, engine, events, shared))
                 .map_err(StoreError::io("starting the store flusher thread"))?
         };
         Ok(Committer {
@@ -243,16 +228,10 @@ impl Committer {
         let origin = trail::current();
         self.send(Job::Tx(Box::new(move |ctx: &mut WriterCtx| {
             let engine = ctx.engine.clone();
-            let open = match engine.read() {
-                Ok(open) => open,
-                Err(e) => {
-                    done.answer(Err(E::from(e)));
-                    return None;
-                }
-            };
             let mut tx = Tx::new(
-                &open.trees,
+                engine.reader(),
                 &ctx.group,
+                &ctx.pending,
                 &ctx.derived,
                 ctx.next_seq,
                 ctx.trail.clone(),
@@ -288,14 +267,14 @@ impl Committer {
     /// interleaves with it. For consistent snapshots.
     pub(super) fn run_exclusive<R, F>(&self, f: F) -> oneshot::Receiver<R>
     where
-        F: FnOnce(&[sled::Tree], &sled::Db) -> R + Send + 'static,
+        F: FnOnce(&dyn KvRead) -> R + Send + 'static,
         R: Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
         // If the writer is gone the job is dropped with `reply`, and the
         // receiver reports the store closed.
-        let _ = self.send(Job::Exclusive(Box::new(move |trees, db| {
-            let _ = reply.send(f(trees, db));
+        let _ = self.send(Job::Exclusive(Box::new(move |kv| {
+            let _ = reply.send(f(kv));
         })));
         rx
     }
@@ -384,8 +363,12 @@ where
 /// A group handed to the flusher.
 enum Flush {
     Group {
+        number: u64,
         completions: Vec<Completion>,
         events: Vec<Arc<StoredEvent>>,
+        /// The writes, when the engine makes them readable only once
+        /// durable.
+        writes: Option<Arc<Writes>>,
         applied: Result<(), StoreError>,
     },
     /// Answered once every earlier group is flushed and answered.
@@ -393,26 +376,18 @@ enum Flush {
     Stop(mpsc::SyncSender<Result<(), StoreError>>),
 }
 
-/// Applies the group's overlay to sled, atomically (see `redo.rs`).
-fn apply_group(ctx: &mut WriterCtx) -> Result<(), StoreError> {
+/// Hands the group's overlay to the engine.
+fn apply_group(ctx: &mut WriterCtx) -> Result<Option<Arc<Writes>>, StoreError> {
     let writes = std::mem::take(&mut ctx.group);
     if writes.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
-    ctx.written += writes
-        .iter()
-        .map(|(_, key, value)| (key.len() + value.as_ref().map_or(0, |v| v.len())) as u64)
-        .sum::<u64>();
     ctx.groups += 1;
-    let open = ctx.engine.read()?;
-    // `written` counts records only, as `store.snapshot_every_mb` says.
-    redo::apply(
-        &open.trees,
-        Table::Meta.position(),
-        ctx.groups,
-        writes,
-        || ctx.engine.applying(),
-    )
+    let applied = ctx.engine.apply(ctx.groups, writes)?;
+    if let Some(writes) = &applied {
+        ctx.pending.push_back((ctx.groups, writes.clone()));
+    }
+    Ok(applied)
 }
 
 fn writer_loop(
@@ -436,6 +411,10 @@ fn writer_loop(
         } else {
             Err(shared.failure())
         };
+        let (applied, writes) = match applied {
+            Ok(writes) => (Ok(()), writes),
+            Err(e) => (Err(e), None),
+        };
         if let Err(e) = &applied {
             if shared.healthy.load(Ordering::Acquire) {
                 shared.fail(e);
@@ -446,6 +425,7 @@ fn writer_loop(
             // numbers are read again; what it derived is forgotten.
             ctx.next_seq = group_start;
             ctx.group = Writes::default();
+            ctx.pending.clear();
             ctx.derived.clear();
         }
         shared
@@ -454,8 +434,10 @@ fn writer_loop(
         shared.groups.fetch_add(1, Ordering::Relaxed);
         flusher
             .send(Flush::Group {
+                number: ctx.groups,
                 completions: std::mem::take(completions),
                 events: std::mem::take(&mut ctx.events),
+                writes,
                 applied,
             })
             .is_ok()
@@ -465,6 +447,7 @@ fn writer_loop(
         let mut taken = 0;
         while let Some(job) = next.take() {
             taken += 1;
+            forget_durable(&mut ctx, &shared);
             match job {
                 Job::Tx(run) => {
                     if let Some(done) = run(&mut ctx) {
@@ -475,11 +458,11 @@ fn writer_loop(
                     if !close_group(&mut ctx, &mut completions) {
                         return;
                     }
-                    // Without a database the job is dropped, and its caller
-                    // hears that the store is closed.
-                    if let Ok(open) = ctx.engine.read() {
-                        run(&open.trees, &open.db);
+                    // It reads what is durable: every group so far must be.
+                    if ctx.engine.visible_when_durable() && !all_durable(&flusher) {
+                        return;
                     }
+                    run(ctx.engine.reader());
                 }
                 Job::Stop(done) => {
                     close_group(&mut ctx, &mut completions);
@@ -494,27 +477,39 @@ fn writer_loop(
         if !close_group(&mut ctx, &mut completions) {
             return;
         }
-        if ctx.snapshot_every > 0
-            && ctx.written >= ctx.snapshot_every
-            && shared.healthy.load(Ordering::Acquire)
-        {
-            reopen(&mut ctx, &flusher, &shared);
+        if ctx.engine.maintenance_due() && shared.healthy.load(Ordering::Acquire) {
+            maintain(&ctx, &flusher, &shared);
         }
     }
     shared.healthy.store(false, Ordering::Release);
 }
 
-/// Reopens the database once every group so far is durable (see
-/// [`Engine`]); writes queue meanwhile.
-fn reopen(ctx: &mut WriterCtx, flusher: &mpsc::Sender<Flush>, shared: &Shared) {
-    let (done, flushed) = mpsc::sync_channel(1);
-    if flusher.send(Flush::Barrier(done)).is_err() || flushed.recv().is_err() {
+/// Drops the groups the flusher made durable from the writer's overlay:
+/// the engine reads them now.
+fn forget_durable(ctx: &mut WriterCtx, shared: &Shared) {
+    if ctx.pending.is_empty() {
         return;
     }
-    let written = ctx.written;
-    match ctx.engine.reopen() {
+    let durable = shared.durable_group.load(Ordering::Acquire);
+    while ctx.pending.front().is_some_and(|(n, _)| *n <= durable) {
+        ctx.pending.pop_front();
+    }
+}
+
+/// Waits until every group handed to the flusher is durable and answered.
+fn all_durable(flusher: &mpsc::Sender<Flush>) -> bool {
+    let (done, flushed) = mpsc::sync_channel(1);
+    flusher.send(Flush::Barrier(done)).is_ok() && flushed.recv().is_ok()
+}
+
+/// Runs the engine's maintenance once every group so far is durable (see
+/// [`KvEngine::between_groups`]); writes queue meanwhile.
+fn maintain(ctx: &WriterCtx, flusher: &mpsc::Sender<Flush>, shared: &Shared) {
+    if !all_durable(flusher) {
+        return;
+    }
+    match ctx.engine.between_groups() {
         Ok(Some(took)) => {
-            ctx.written = 0;
             shared.reopens.fetch_add(1, Ordering::Relaxed);
             shared
                 .longest_reopen_ms
@@ -522,37 +517,18 @@ fn reopen(ctx: &mut WriterCtx, flusher: &mpsc::Sender<Flush>, shared: &Shared) {
             metrics::counter!(crate::telemetry::names::STORE_REOPENS).increment(1);
             metrics::histogram!(crate::telemetry::names::STORE_REOPEN_SECONDS)
                 .record(took.as_secs_f64());
-            tracing::info!(
-                written_mib = written / (1024 * 1024),
-                took_ms = took.as_millis() as u64,
-                "store reopened: sled wrote a fresh snapshot of its page table, so that a restart replays little"
-            );
         }
-        Ok(None) => {
-            // Busy readers: try again after an eighth more.
-            ctx.written = ctx.snapshot_every - ctx.snapshot_every / 8;
-            tracing::debug!("store reopen put off: reads held the store");
-        }
+        Ok(None) => {}
         Err(e) => shared.fail(&e),
     }
 }
 
 fn flusher_loop(
     queue: mpsc::Receiver<Flush>,
-    engine: Engine,
-    file: File,
-    sync_data: bool,
+    engine: Arc<dyn KvEngine>,
     events: broadcast::Sender<Arc<StoredEvent>>,
     shared: Arc<Shared>,
 ) {
-    let flush = || -> Result<(), StoreError> {
-        engine.read()?.db.flush()?;
-        if sync_data {
-            file.sync_data()
-                .map_err(StoreError::io("syncing the store data file"))?;
-        }
-        Ok(())
-    };
     loop {
         let Ok(first) = queue.recv() else { return };
         let mut batch = vec![first];
@@ -565,14 +541,34 @@ fn flusher_loop(
         }
         // After a failed sync the state of unsynced writes is unknown, so
         // nothing is acknowledged again until the appliance restarts.
+        let pending: Vec<Arc<Writes>> = batch
+            .iter()
+            .filter_map(|message| match message {
+                Flush::Group {
+                    writes: Some(w),
+                    applied: Ok(()),
+                    ..
+                } => Some(w.clone()),
+                _ => None,
+            })
+            .collect();
         let flushed = if shared.healthy.load(Ordering::Acquire) {
-            flush()
+            engine.make_durable(&pending)
         } else {
             Err(shared.failure())
         };
         shared.flushes.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = &flushed {
-            shared.fail(e);
+        match &flushed {
+            Err(e) => shared.fail(e),
+            Ok(()) => {
+                let last = batch.iter().rev().find_map(|message| match message {
+                    Flush::Group { number, .. } => Some(*number),
+                    _ => None,
+                });
+                if let Some(last) = last {
+                    shared.durable_group.fetch_max(last, Ordering::AcqRel);
+                }
+            }
         }
         let mut stop = None;
         let mut barriers = Vec::new();
@@ -582,6 +578,7 @@ fn flusher_loop(
                     completions,
                     events,
                     applied,
+                    ..
                 } => (completions, events, applied),
                 Flush::Barrier(done) => {
                     barriers.push(done);

@@ -210,8 +210,9 @@ impl Change {
 /// Computes what every record derives: written for a store whose records
 /// were written before they derived it (the migration to schema version
 /// 2), or kept to compare with what is stored ([`super::Store::audit`]).
-pub(crate) struct Rebuild {
-    index: Option<sled::Tree>,
+pub(crate) struct Rebuild<'a> {
+    /// Where entries are written (a rebuild that writes).
+    index: Option<&'a dyn super::kv::KvBulk>,
     /// Whether to keep every entry key expected (when not writing them).
     keep_keys: bool,
     /// Every entry key expected (when auditing).
@@ -222,20 +223,20 @@ pub(crate) struct Rebuild {
     pub refs: std::collections::HashMap<(String, String), u64>,
 }
 
-impl Rebuild {
-    /// A rebuild that writes entries into the index tree.
-    pub(crate) fn writing(db: &sled::Db) -> Result<Rebuild, super::StoreError> {
-        Ok(Rebuild {
-            index: Some(db.open_tree(super::Table::Index.name())?),
+impl<'a> Rebuild<'a> {
+    /// A rebuild that writes entries into the index table.
+    pub(crate) fn writing(kv: &'a dyn super::kv::KvBulk) -> Rebuild<'a> {
+        Rebuild {
+            index: Some(kv),
             keep_keys: false,
             keys: Default::default(),
             counts: BTreeMap::new(),
             refs: Default::default(),
-        })
+        }
     }
 
     /// A rebuild that only computes.
-    pub(crate) fn computing() -> Rebuild {
+    pub(crate) fn computing() -> Rebuild<'a> {
         Rebuild {
             index: None,
             keep_keys: true,
@@ -247,7 +248,7 @@ impl Rebuild {
 
     /// A rebuild that computes counts and references only, not keeping
     /// the entry keys (a million records' keys would not fit in memory).
-    pub(crate) fn counting() -> Rebuild {
+    pub(crate) fn counting() -> Rebuild<'a> {
         Rebuild {
             keep_keys: false,
             ..Rebuild::computing()
@@ -257,11 +258,10 @@ impl Rebuild {
     /// Derives every record of `R`'s table.
     pub(crate) fn table<R: super::Record>(
         &mut self,
-        db: &sled::Db,
+        kv: &dyn super::kv::KvRead,
     ) -> Result<u64, super::StoreError> {
-        let tree = db.open_tree(R::TABLE.name())?;
         let mut n = 0;
-        for item in tree.iter() {
+        for item in super::kv::Reading::new(kv, R::TABLE).iter() {
             let (k, v) = item?;
             let record: R = super::decode(&k, &v)?;
             self.entries_of(&record)?;
@@ -272,20 +272,19 @@ impl Rebuild {
 
     /// The index of every stored event about an attempt (see
     /// `outbox.rs`).
-    pub(crate) fn outbox(&mut self, db: &sled::Db) -> Result<u64, super::StoreError> {
+    pub(crate) fn outbox(&mut self, kv: &dyn super::kv::KvRead) -> Result<u64, super::StoreError> {
         if self.index.is_none() && !self.keep_keys {
             // Event index entries carry no count: nothing to compute.
             return Ok(0);
         }
-        let tree = db.open_tree(super::Table::Outbox.name())?;
         let mut n = 0;
-        for item in tree.iter() {
+        for item in super::kv::Reading::new(kv, super::Table::Outbox).iter() {
             let (k, v) = item?;
             let event = crate::domain::events::StoredEvent::decode(&k, &v)?;
             if let Some(key) = event.attempt_index_key() {
                 match &self.index {
                     Some(index) => {
-                        index.insert(&key, &[])?;
+                        index.put(super::Table::Index, &key, &[])?;
                     }
                     None if self.keep_keys => {
                         self.keys.insert(key);
@@ -309,8 +308,8 @@ impl Rebuild {
         for e in &d.entries {
             let key = entry_key(record.tenant(), &id, e);
             match &self.index {
-                Some(tree) => {
-                    tree.insert(&key, &[])?;
+                Some(index) => {
+                    index.put(super::Table::Index, &key, &[])?;
                 }
                 None if self.keep_keys => {
                     self.keys.insert(key);
@@ -335,8 +334,8 @@ impl Rebuild {
 
     /// Writes the counts (a rebuild that writes).
     pub(crate) fn finish(self) -> Result<(), super::StoreError> {
-        if let Some(tree) = &self.index {
-            write_counts(tree, &self.counts)?;
+        if let Some(index) = self.index {
+            write_counts(index, &self.counts)?;
         }
         Ok(())
     }
@@ -344,11 +343,11 @@ impl Rebuild {
 
 /// Writes counts computed by a [`Rebuild`] into the index tree.
 pub(crate) fn write_counts(
-    index: &sled::Tree,
+    kv: &dyn super::kv::KvBulk,
     counts: &BTreeMap<Vec<u8>, u64>,
 ) -> Result<(), super::StoreError> {
     for (k, n) in counts {
-        index.insert(k, &n.to_be_bytes())?;
+        kv.put(super::Table::Index, k, &n.to_be_bytes())?;
     }
     Ok(())
 }

@@ -17,13 +17,17 @@
 //! moment of it leaves the files as sled wrote them: an open is the same
 //! recovery a start does.
 
-use std::ops::RangeBounds;
+use std::fs::File;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 
+use super::kv::{KvBulk, KvEngine, KvRead, Pair, Rows};
+use super::tx::Writes;
 use super::{StoreError, Table, open_sled, redo, schema};
 
 /// Longest the writer waits for the reads in progress before it leaves
@@ -60,7 +64,7 @@ impl Open {
     pub fn complete_last_group(self) -> Result<Open, StoreError> {
         let trees = &self.trees;
         let meta = &trees[Table::Meta.position()];
-        let replayed = if schema::is_newer(meta)? {
+        let replayed = if schema::is_newer(&self)? {
             0
         } else {
             redo::replay(trees, meta)?
@@ -73,31 +77,97 @@ impl Open {
         }
         Ok(self)
     }
+
+    fn tree(&self, table: Table) -> &sled::Tree {
+        &self.trees[table.position()]
+    }
+}
+
+fn owned(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
+    b.map(<[u8]>::to_vec)
+}
+
+fn pair(item: sled::Result<(sled::IVec, sled::IVec)>) -> Result<Pair, StoreError> {
+    let (k, v) = item?;
+    Ok((k.to_vec(), v.to_vec()))
+}
+
+/// The database as it is, for the one who opened it: before the writer
+/// starts, or a copy nobody else reads.
+impl KvRead for Open {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.tree(table).get(key)?.map(|v| v.to_vec()))
+    }
+
+    fn range(&self, table: Table, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Rows<'_> {
+        Box::new(self.tree(table).range((owned(start), owned(end))).map(pair))
+    }
+}
+
+impl KvBulk for Open {
+    fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.tree(table).insert(key, value)?;
+        Ok(())
+    }
+
+    fn remove(&self, table: Table, key: &[u8]) -> Result<(), StoreError> {
+        self.tree(table).remove(key)?;
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
 }
 
 /// The open database, shared by the store's readers, its writer and its
 /// flusher. Empty only when a reopen failed (the store is then unhealthy).
-#[derive(Clone)]
-pub(super) struct Engine {
-    open: Arc<RwLock<Option<Open>>>,
+pub(super) struct SledEngine {
+    open: RwLock<Option<Open>>,
     /// Held exclusively while a group's writes are applied, and shared by
     /// each read: a reader sees a group whole or not at all.
-    whole: Arc<RwLock<()>>,
+    whole: RwLock<()>,
     path: PathBuf,
     cache_bytes: u64,
+    /// sled's data file, synced after each flush when `sync_data`.
+    file: File,
+    sync_data: bool,
+    /// Bytes of records written since the database was last opened.
+    written: AtomicU64,
+    /// Reopen the database after this many (0: never).
+    snapshot_every: u64,
 }
 
 /// A read of the open database; a reopen waits until it is dropped.
-pub(super) type OpenRef<'a> = MappedRwLockReadGuard<'a, Open>;
+type OpenRef<'a> = MappedRwLockReadGuard<'a, Open>;
 
-impl Engine {
-    pub fn new(open: Open, path: &Path, cache_bytes: u64) -> Engine {
-        Engine {
-            open: Arc::new(RwLock::new(Some(open))),
-            whole: Arc::new(RwLock::new(())),
+impl SledEngine {
+    pub fn new(
+        open: Open,
+        path: &Path,
+        cache_bytes: u64,
+        sync_data: bool,
+        snapshot_every: u64,
+    ) -> Result<SledEngine, StoreError> {
+        let data_file = path.join("db");
+        // Opened for writing because Windows' FlushFileBuffers needs it;
+        // nothing is written through this handle.
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .open(&data_file)
+            .map_err(StoreError::io(format!("opening {}", data_file.display())))?;
+        Ok(SledEngine {
+            open: RwLock::new(Some(open)),
+            whole: RwLock::new(()),
             path: path.to_path_buf(),
             cache_bytes,
-        }
+            file,
+            sync_data,
+            written: AtomicU64::new(0),
+            snapshot_every,
+        })
     }
 
     /// The open database. Recursive: a reader may read again while it
@@ -107,24 +177,10 @@ impl Engine {
             .map_err(|_| StoreError::FlushFailed("the store could not be reopened".into()))
     }
 
-    /// A table for a reader (see [`Reading`]).
-    pub fn reading(&self, table: Table) -> Result<Reading<'_>, StoreError> {
-        Ok(Reading {
-            tree: MappedRwLockReadGuard::map(self.read()?, |o| &o.trees[table.position()]),
-            whole: &self.whole,
-        })
-    }
-
-    /// Held by the writer while it applies a group: no read runs meanwhile.
-    pub fn applying(&self) -> RwLockWriteGuard<'_, ()> {
-        self.whole.write()
-    }
-
     /// Closes the database and opens it again, so that sled writes a fresh
-    /// snapshot of its page table. Only the writer thread calls it, with
-    /// every earlier group durable. `Ok(None)`: reads kept the lock for
+    /// snapshot of its page table. `Ok(None)`: reads kept the lock for
     /// [`LOCK_WAIT`]; nothing changed. `Ok(Some(elapsed))`: reopened.
-    pub fn reopen(&self) -> Result<Option<Duration>, StoreError> {
+    fn reopen(&self) -> Result<Option<Duration>, StoreError> {
         let Some(mut guard) = self.open.try_write_for(LOCK_WAIT) else {
             return Ok(None);
         };
@@ -150,69 +206,129 @@ impl Engine {
     }
 }
 
-/// A table as the store's readers see it: each read (a get, one step of a
-/// scan) sees every group of writes whole or not at all, as a sled
-/// transaction would show it.
-pub(super) struct Reading<'a> {
-    tree: MappedRwLockReadGuard<'a, sled::Tree>,
-    whole: &'a RwLock<()>,
+impl KvRead for SledEngine {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let open = self.read()?;
+        let _whole = self.whole.read();
+        open.get(table, key)
+    }
+
+    fn range(&self, table: Table, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Rows<'_> {
+        let open = match self.read() {
+            Ok(open) => open,
+            Err(e) => return Box::new(std::iter::once(Err(e))),
+        };
+        let inner = open.tree(table).range((owned(start), owned(end)));
+        Box::new(Whole {
+            _open: open,
+            inner,
+            whole: &self.whole,
+        })
+    }
 }
 
-impl Reading<'_> {
-    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<sled::IVec>, StoreError> {
-        let _whole = self.whole.read();
-        Ok(self.tree.get(key)?)
+impl KvEngine for SledEngine {
+    fn reader(&self) -> &dyn KvRead {
+        self
     }
 
-    pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Whole<'_> {
-        self.steps(self.tree.range(range))
+    fn visible_when_durable(&self) -> bool {
+        false
     }
 
-    pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Whole<'_> {
-        self.steps(self.tree.scan_prefix(prefix))
+    /// Applies the group atomically (see `redo.rs`), while no reader
+    /// reads.
+    fn apply(&self, number: u64, writes: Writes) -> Result<Option<Arc<Writes>>, StoreError> {
+        // `written` counts records only, as `store.snapshot_every_mb` says.
+        let bytes = writes
+            .iter()
+            .map(|(_, key, value)| (key.len() + value.as_ref().map_or(0, |v| v.len())) as u64)
+            .sum::<u64>();
+        self.written.fetch_add(bytes, Ordering::Relaxed);
+        let open = self.read()?;
+        redo::apply(&open.trees, Table::Meta.position(), number, writes, || {
+            self.whole.write()
+        })?;
+        Ok(None)
     }
 
-    pub fn iter(&self) -> Whole<'_> {
-        self.steps(self.tree.iter())
+    /// Flushes sled and syncs its data file.
+    fn make_durable(&self, _pending: &[Arc<Writes>]) -> Result<(), StoreError> {
+        self.read()?.db.flush()?;
+        if self.sync_data {
+            self.file
+                .sync_data()
+                .map_err(StoreError::io("syncing the store data file"))?;
+        }
+        Ok(())
     }
 
-    /// Number of entries: a scan.
-    pub fn len(&self) -> usize {
-        self.iter().count()
+    fn maintenance_due(&self) -> bool {
+        self.snapshot_every > 0 && self.written.load(Ordering::Relaxed) >= self.snapshot_every
+    }
+
+    /// Reopens the database once `store.snapshot_every_mb` of records
+    /// were written since it was last opened (see the module's words).
+    fn between_groups(&self) -> Result<Option<Duration>, StoreError> {
+        if !self.maintenance_due() {
+            return Ok(None);
+        }
+        let written = self.written.load(Ordering::Relaxed);
+        match self.reopen()? {
+            Some(took) => {
+                self.written.store(0, Ordering::Relaxed);
+                tracing::info!(
+                    written_mib = written / (1024 * 1024),
+                    took_ms = took.as_millis() as u64,
+                    "store reopened: sled wrote a fresh snapshot of its page table, so that a restart replays little"
+                );
+                Ok(Some(took))
+            }
+            None => {
+                // Busy readers: try again after an eighth more.
+                self.written.store(
+                    self.snapshot_every - self.snapshot_every / 8,
+                    Ordering::Relaxed,
+                );
+                tracing::debug!("store reopen put off: reads held the store");
+                Ok(None)
+            }
+        }
+    }
+
+    fn size_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.read()?.db.size_on_disk()?)
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        let _whole = self.whole.read();
-        self.tree.is_empty()
-    }
-
-    fn steps(&self, inner: sled::Iter) -> Whole<'_> {
-        Whole {
-            inner,
-            whole: self.whole,
+    fn damage(&self, table: Table, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
+        let open = self.read()?;
+        match value {
+            Some(v) => open.put(table, key, v),
+            None => open.remove(table, key),
         }
     }
 }
 
-/// A scan of a [`Reading`], one whole view per step.
-pub(super) struct Whole<'a> {
+/// A scan of the running database, each step seeing groups whole.
+struct Whole<'a> {
+    _open: OpenRef<'a>,
     inner: sled::Iter,
     whole: &'a RwLock<()>,
 }
 
 impl Iterator for Whole<'_> {
-    type Item = sled::Result<(sled::IVec, sled::IVec)>;
+    type Item = Result<Pair, StoreError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         let _whole = self.whole.read();
-        self.inner.next()
+        self.inner.next().map(pair)
     }
 }
 
 impl DoubleEndedIterator for Whole<'_> {
     fn next_back(&mut self) -> Option<Self::Item> {
         let _whole = self.whole.read();
-        self.inner.next_back()
+        self.inner.next_back().map(pair)
     }
 }

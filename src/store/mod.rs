@@ -61,6 +61,7 @@ mod commit;
 pub mod datadir;
 mod derived;
 mod engine;
+mod kv;
 mod outbox;
 mod redo;
 pub mod scheduled;
@@ -522,7 +523,7 @@ pub struct Store {
 }
 
 struct Inner {
-    engine: engine::Engine,
+    engine: Arc<dyn kv::KvEngine>,
     committer: Committer,
     events: broadcast::Sender<Arc<StoredEvent>>,
     path: PathBuf,
@@ -623,22 +624,21 @@ impl Store {
             backup::before_upgrade(&open, path, dir)?;
         }
         let open = open.complete_last_group()?;
-        let meta = &open.trees[Table::Meta.position()];
-        let schema_version = schema::prepare(&open.db, meta, path, fresh, schema::MIGRATIONS)?;
-        schema::record_writer(&open.db, meta)?;
+        let schema_version = schema::prepare(&open, path, fresh, schema::MIGRATIONS)?;
+        schema::record_writer(&open)?;
         let (events, _) = broadcast::channel(4096);
-        let next_seq = outbox::next_sequence(&open.trees[Table::Outbox.position()], meta)?;
-        let trail = trail::Head::read(&open.trees[Table::Audit.position()], meta)?;
-        let engine = engine::Engine::new(open, path, options.cache_bytes);
+        let next_seq = outbox::next_sequence(&open)?;
+        let trail = trail::Head::read(&open)?;
+        let engine: Arc<dyn kv::KvEngine> = Arc::new(engine::SledEngine::new(
+            open,
+            path,
+            options.cache_bytes,
+            options.sync_data,
+            options.snapshot_every_bytes,
+        )?);
         let committer = Committer::start(
             engine.clone(),
-            path.join("db"),
-            commit::CommitOptions {
-                sync_data: options.sync_data,
-                next_seq,
-                trail,
-                snapshot_every: options.snapshot_every_bytes,
-            },
+            commit::CommitOptions { next_seq, trail },
             events.clone(),
         )?;
         Ok(Store {
@@ -664,16 +664,15 @@ impl Store {
 
     /// A table, read while no reopen runs (see [`engine`]), each read
     /// seeing groups of writes whole.
-    fn tree(&self, table: Table) -> Result<engine::Reading<'_>, StoreError> {
-        self.inner.engine.reading(table)
+    fn tree(&self, table: Table) -> Result<kv::Reading<'_>, StoreError> {
+        Ok(kv::Reading::new(self.inner.engine.reader(), table))
     }
 
-    /// A table as sled holds it, for tests that damage what is stored.
+    /// Writes a raw value past every check, for tests that damage what is
+    /// stored.
     #[cfg(test)]
-    fn raw_tree(&self, table: Table) -> parking_lot::MappedRwLockReadGuard<'_, sled::Tree> {
-        parking_lot::MappedRwLockReadGuard::map(self.inner.engine.read().unwrap(), |o| {
-            &o.trees[table.position()]
-        })
+    fn damage(&self, table: Table, key: &[u8], value: Option<&[u8]>) {
+        self.inner.engine.damage(table, key, value).unwrap();
     }
 
     /// Queues `f` now and returns a future that resolves once it is durable.
@@ -1020,7 +1019,7 @@ impl Store {
             .scan_prefix(&prefix)
             .filter_map(|item| match item {
                 Ok((k, _)) => derived::split_global(&k[all.len()..]).map(|(_, t, id)| Ok((t, id))),
-                Err(e) => Some(Err(e.into())),
+                Err(e) => Some(Err(e)),
             })
             .collect()
     }
@@ -1048,12 +1047,11 @@ impl Store {
     /// directly: meant for a store nothing writes to (offline, or a test
     /// after a crash).
     pub fn audit(&self) -> Result<Vec<String>, StoreError> {
-        let open = self.inner.engine.read()?;
-        let db = &open.db;
+        let kv = self.inner.engine.reader();
         let mut rebuild = derived::Rebuild::computing();
-        schema::derive_tables(db, &mut rebuild)?;
+        schema::derive_tables(kv, &mut rebuild)?;
         let mut problems = Vec::new();
-        artifacts::audit(db, &mut rebuild, &mut problems)?;
+        artifacts::audit(kv, &mut rebuild, &mut problems)?;
         let mut stored_counts = BTreeMap::new();
         let mut stored_keys = std::collections::BTreeSet::new();
         for item in self.tree(Table::Index)?.iter() {
@@ -1088,7 +1086,6 @@ impl Store {
                 problems.push(format!("count {} has no records", text(k)));
             }
         }
-        drop(open);
         if let Some(broken) = self.verify_audit()?.broken {
             problems.push(format!(
                 "the audit chain is broken at record {}: {}",
@@ -1230,16 +1227,15 @@ impl Store {
 
     /// Bytes the store occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
-        Ok(self.inner.engine.read()?.db.size_on_disk()?)
+        self.inner.engine.size_on_disk()
     }
 
     /// Bytes of every key and value the store holds: its logical size, to
     /// compare with [`Store::size_on_disk`]. Reads everything.
     pub fn logical_bytes(&self) -> Result<u64, StoreError> {
         let mut total = 0u64;
-        let open = self.inner.engine.read()?;
-        for tree in open.trees.iter() {
-            for item in tree.iter() {
+        for table in Table::ALL {
+            for item in self.tree(*table)?.iter() {
                 let (k, v) = item?;
                 total += (k.len() + v.len()) as u64;
             }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::StoreError;
-use super::engine::Reading;
+use super::kv::{KvRead, Reading};
+use super::{StoreError, Table};
 use crate::domain::TenantId;
 use crate::domain::events::{EventFilter, StoredEvent};
 
@@ -159,10 +159,10 @@ pub(super) fn expired(
 }
 
 /// The sequence the next event gets: one past the highest ever written.
-pub(super) fn next_sequence(outbox: &sled::Tree, meta: &sled::Tree) -> Result<u64, StoreError> {
-    let last = match outbox.last()? {
+pub(super) fn next_sequence(kv: &dyn KvRead) -> Result<u64, StoreError> {
+    let last = match Reading::new(kv, Table::Outbox).last()? {
         Some((k, _)) => {
-            u64::from_be_bytes(k.as_ref().try_into().map_err(|_| StoreError::Corrupt {
+            u64::from_be_bytes(k.as_slice().try_into().map_err(|_| StoreError::Corrupt {
                 table: "outbox",
                 key: format!("{k:?}"),
                 reason: "key is not a sequence number".into(),
@@ -170,9 +170,9 @@ pub(super) fn next_sequence(outbox: &sled::Tree, meta: &sled::Tree) -> Result<u6
         }
         None => 0,
     };
-    let pruned = meta
-        .get(PRUNED_THROUGH)?
-        .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
+    let pruned = kv
+        .get(Table::Meta, PRUNED_THROUGH.as_bytes())?
+        .and_then(|v| v.as_slice().try_into().ok().map(u64::from_be_bytes))
         .unwrap_or(0);
     Ok(last.max(pruned) + 1)
 }

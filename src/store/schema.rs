@@ -9,7 +9,8 @@
 
 use std::path::Path;
 
-use super::StoreError;
+use super::kv::{KvBulk, KvRead, Reading};
+use super::{StoreError, Table};
 
 /// The schema version this binary writes.
 pub const SCHEMA_VERSION: u32 = 8;
@@ -27,13 +28,13 @@ pub(super) const THIS_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Which agentbay version last opened the store, and at which schema it
 /// left it; `None` for a store this binary has opened before (or a newer
 /// one, which [`prepare`] refuses).
-pub(super) fn earlier_writer(meta: &sled::Tree) -> Result<Option<Writer>, StoreError> {
-    let schema = meta
-        .get(VERSION_KEY)?
+pub(super) fn earlier_writer(kv: &dyn KvRead) -> Result<Option<Writer>, StoreError> {
+    let schema = kv
+        .get(Table::Meta, VERSION_KEY.as_bytes())?
         .and_then(|raw| <[u8; 4]>::try_from(raw.as_ref()).ok())
         .map(u32::from_be_bytes);
-    let version = meta
-        .get(WRITER_KEY)?
+    let version = kv
+        .get(Table::Meta, WRITER_KEY.as_bytes())?
         .map(|v| String::from_utf8_lossy(&v).into_owned());
     let Some(schema) = schema else {
         return Ok(None);
@@ -67,10 +68,10 @@ impl Writer {
 }
 
 /// Records this binary as the store's last writer (after [`prepare`]).
-pub(super) fn record_writer(db: &sled::Db, meta: &sled::Tree) -> Result<(), StoreError> {
-    if meta.get(WRITER_KEY)?.as_deref() != Some(THIS_VERSION.as_bytes()) {
-        meta.insert(WRITER_KEY, THIS_VERSION.as_bytes())?;
-        db.flush()?;
+pub(super) fn record_writer(kv: &dyn KvBulk) -> Result<(), StoreError> {
+    if kv.get(Table::Meta, WRITER_KEY.as_bytes())?.as_deref() != Some(THIS_VERSION.as_bytes()) {
+        kv.put(Table::Meta, WRITER_KEY.as_bytes(), THIS_VERSION.as_bytes())?;
+        kv.flush()?;
     }
     Ok(())
 }
@@ -82,7 +83,7 @@ pub(super) struct Migration {
     /// What it changes, for the log.
     pub description: &'static str,
     /// The change, applied to the whole database.
-    pub apply: fn(&sled::Db) -> Result<(), StoreError>,
+    pub apply: fn(&dyn KvBulk) -> Result<(), StoreError>,
 }
 
 /// The migrations of this binary, in order. Version 1 is the first schema.
@@ -130,17 +131,19 @@ pub(super) const MIGRATIONS: &[Migration] = &[
 /// undo records, not as a sled transaction (see `redo.rs`): the version
 /// also makes a binary that would not complete a group a crash cut short
 /// refuse the store. Safe to run again: it only removes.
-fn fewer_lease_indexes(db: &sled::Db) -> Result<(), StoreError> {
-    let index = db.open_tree(super::Table::Index.name())?;
+fn fewer_lease_indexes(kv: &dyn KvBulk) -> Result<(), StoreError> {
     let live = super::derived::global_prefix("lease-live", None);
-    for key in index.iter().keys() {
-        let key = key?;
+    let keys = Reading::new(kv, Table::Index)
+        .iter()
+        .map(|item| item.map(|(k, _)| k))
+        .collect::<Result<Vec<_>, _>>()?;
+    for key in keys {
         let by_pool = key
             .splitn(3, |b| *b == b'/')
             .nth(1)
             .is_some_and(|name| name == b"lease-pool");
         if key.starts_with(&live) || by_pool {
-            index.remove(key)?;
+            kv.remove(Table::Index, &key)?;
         }
     }
     Ok(())
@@ -151,11 +154,12 @@ fn fewer_lease_indexes(db: &sled::Db) -> Result<(), StoreError> {
 /// allowed for its tenant) becomes Untrusted, so that trusting its key
 /// verifies it again. Releases rejected for what they contain stay
 /// Rejected. Safe to run again: it only rewrites such releases.
-fn untrusted_releases(db: &sled::Db) -> Result<(), StoreError> {
+fn untrusted_releases(kv: &dyn KvBulk) -> Result<(), StoreError> {
     use crate::domain::release::{LoadState, LoadedRelease};
-    let tree = db.open_tree(super::Table::LoadedReleases.name())?;
-    for item in tree.iter() {
-        let (key, bytes) = item?;
+    let all = Reading::new(kv, Table::LoadedReleases)
+        .iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    for (key, bytes) in all {
         let mut release: LoadedRelease = super::decode(&key, &bytes)?;
         let untrusted_signer = release.reason.as_deref().is_some_and(|r| {
             r.starts_with("re-verification failed: signed by unknown publisher key")
@@ -167,7 +171,7 @@ fn untrusted_releases(db: &sled::Db) -> Result<(), StoreError> {
             && untrusted_signer
         {
             release.state = LoadState::Untrusted;
-            tree.insert(key, super::encode(&release)?)?;
+            kv.put(Table::LoadedReleases, &key, &super::encode(&release)?)?;
         }
     }
     Ok(())
@@ -177,18 +181,18 @@ fn untrusted_releases(db: &sled::Db) -> Result<(), StoreError> {
 /// `derived.rs`). Writes them for every stored record. Version 8 runs it
 /// again: context snapshot references no longer count as references. Safe to run again
 /// after a crash: every value it writes is recomputed from the records.
-fn derive_everything(db: &sled::Db) -> Result<(), StoreError> {
-    let mut rebuild = super::derived::Rebuild::writing(db)?;
-    derive_tables(db, &mut rebuild)?;
-    super::artifacts::recount(db, &mut rebuild)?;
+fn derive_everything(kv: &dyn KvBulk) -> Result<(), StoreError> {
+    let mut rebuild = super::derived::Rebuild::writing(kv);
+    derive_tables(kv, &mut rebuild)?;
+    super::artifacts::recount(kv, &mut rebuild)?;
     rebuild.finish()
 }
 
 /// Version 5: the index of each attempt's events, written for the events
 /// already stored. Safe to run again: it writes the same keys.
-fn index_attempt_events(db: &sled::Db) -> Result<(), StoreError> {
-    let mut rebuild = super::derived::Rebuild::writing(db)?;
-    rebuild.outbox(db)?;
+fn index_attempt_events(kv: &dyn KvBulk) -> Result<(), StoreError> {
+    let mut rebuild = super::derived::Rebuild::writing(kv);
+    rebuild.outbox(kv)?;
     Ok(())
 }
 
@@ -196,43 +200,45 @@ fn index_attempt_events(db: &sled::Db) -> Result<(), StoreError> {
 /// ([`Derived::counted`](super::Derived::counted)). Removes every stored
 /// count and writes those of the counted indexes again, computed from the
 /// records. Safe to run again: it starts by removing what it writes.
-fn recount_indexes(db: &sled::Db) -> Result<(), StoreError> {
-    let index = db.open_tree(super::Table::Index.name())?;
-    for key in index.iter().keys() {
-        let key = key?;
-        if super::derived::is_count_key(&key) {
-            index.remove(key)?;
-        }
+fn recount_indexes(kv: &dyn KvBulk) -> Result<(), StoreError> {
+    let counts = Reading::new(kv, Table::Index)
+        .iter()
+        .filter_map(|item| match item {
+            Ok((k, _)) => super::derived::is_count_key(&k).then_some(Ok(k)),
+            Err(e) => Some(Err(e)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for key in counts {
+        kv.remove(Table::Index, &key)?;
     }
     let mut rebuild = super::derived::Rebuild::counting();
-    derive_tables(db, &mut rebuild)?;
-    super::derived::write_counts(&index, &rebuild.counts)
+    derive_tables(kv, &mut rebuild)?;
+    super::derived::write_counts(kv, &rebuild.counts)
 }
 
 /// Derives every table whose records derive entries or references (the
 /// artifacts themselves aside), and the index of the attempts' events.
 pub(super) fn derive_tables(
-    db: &sled::Db,
-    rebuild: &mut super::derived::Rebuild,
+    kv: &dyn KvRead,
+    rebuild: &mut super::derived::Rebuild<'_>,
 ) -> Result<(), StoreError> {
     use crate::domain::attempt::{CallRecord, Checkpoint, DecisionRequest, ExecutionAttempt};
     use crate::domain::capacity::CapacityLease;
     use crate::domain::run::Run;
-    rebuild.table::<ExecutionAttempt>(db)?;
-    rebuild.table::<Run>(db)?;
-    rebuild.table::<Checkpoint>(db)?;
-    rebuild.table::<CallRecord>(db)?;
-    rebuild.table::<DecisionRequest>(db)?;
-    rebuild.table::<CapacityLease>(db)?;
-    rebuild.outbox(db)?;
+    rebuild.table::<ExecutionAttempt>(kv)?;
+    rebuild.table::<Run>(kv)?;
+    rebuild.table::<Checkpoint>(kv)?;
+    rebuild.table::<CallRecord>(kv)?;
+    rebuild.table::<DecisionRequest>(kv)?;
+    rebuild.table::<CapacityLease>(kv)?;
+    rebuild.outbox(kv)?;
     Ok(())
 }
 
 /// Checks the marker and version, initialises a fresh store and migrates an
 /// older one. Returns the version the store is at afterwards.
 pub(super) fn prepare(
-    db: &sled::Db,
-    meta: &sled::Tree,
+    kv: &dyn KvBulk,
     path: &Path,
     fresh: bool,
     migrations: &[Migration],
@@ -241,24 +247,24 @@ pub(super) fn prepare(
         .last()
         .map_or(SCHEMA_VERSION, |m| m.from + 1)
         .max(SCHEMA_VERSION);
-    let format = meta.get(FORMAT_KEY)?;
+    let format = kv.get(Table::Meta, FORMAT_KEY.as_bytes())?;
     let version = match (format, fresh) {
         (None, true) => {
             // The version first: sled recovers a prefix of these inserts,
             // so a store with the format marker has its version. No sled
             // transaction, ever (see `redo.rs`).
-            meta.insert(VERSION_KEY, &target.to_be_bytes())?;
-            meta.insert(FORMAT_KEY, FORMAT_VALUE)?;
-            db.flush()?;
+            kv.put(Table::Meta, VERSION_KEY.as_bytes(), &target.to_be_bytes())?;
+            kv.put(Table::Meta, FORMAT_KEY.as_bytes(), FORMAT_VALUE)?;
+            kv.flush()?;
             return Ok(target);
         }
         (None, false) => {
             return Err(StoreError::NotAStore {
                 path: path.to_path_buf(),
-                reason: "it holds a sled database without the agentbay format marker".into(),
+                reason: "it holds a database without the agentbay format marker".into(),
             });
         }
-        (Some(f), _) if f.as_ref() != FORMAT_VALUE => {
+        (Some(f), _) if f.as_slice() != FORMAT_VALUE => {
             return Err(StoreError::NotAStore {
                 path: path.to_path_buf(),
                 reason: format!(
@@ -267,7 +273,7 @@ pub(super) fn prepare(
                 ),
             });
         }
-        (Some(_), _) => read_version(meta, path)?,
+        (Some(_), _) => read_version(kv, path)?,
     };
     if version > target {
         return Err(StoreError::NewerSchema {
@@ -291,10 +297,10 @@ pub(super) fn prepare(
             what = step.description,
             "migrating store"
         );
-        (step.apply)(db)?;
+        (step.apply)(kv)?;
         current += 1;
-        meta.insert(VERSION_KEY, &current.to_be_bytes())?;
-        db.flush()?;
+        kv.put(Table::Meta, VERSION_KEY.as_bytes(), &current.to_be_bytes())?;
+        kv.flush()?;
     }
     Ok(current)
 }
@@ -302,67 +308,66 @@ pub(super) fn prepare(
 /// Whether the store says it is of a newer schema than this binary's
 /// (which [`prepare`] then refuses): nothing in it is this binary's to
 /// interpret, not even a record of an unfinished group (`redo.rs`).
-pub(super) fn is_newer(meta: &sled::Tree) -> Result<bool, StoreError> {
-    Ok(meta
-        .get(VERSION_KEY)?
+pub(super) fn is_newer(kv: &dyn KvRead) -> Result<bool, StoreError> {
+    Ok(kv
+        .get(Table::Meta, VERSION_KEY.as_bytes())?
         .and_then(|raw| <[u8; 4]>::try_from(raw.as_ref()).ok())
         .is_some_and(|v| u32::from_be_bytes(v) > SCHEMA_VERSION))
 }
 
-fn read_version(meta: &sled::Tree, path: &Path) -> Result<u32, StoreError> {
-    let raw = meta
-        .get(VERSION_KEY)?
+fn read_version(kv: &dyn KvRead, path: &Path) -> Result<u32, StoreError> {
+    let raw = kv
+        .get(Table::Meta, VERSION_KEY.as_bytes())?
         .ok_or_else(|| StoreError::NotAStore {
             path: path.to_path_buf(),
             reason: "it has no schema version".into(),
         })?;
-    let bytes: [u8; 4] = raw.as_ref().try_into().map_err(|_| StoreError::NotAStore {
-        path: path.to_path_buf(),
-        reason: "its schema version is unreadable".into(),
-    })?;
+    let bytes: [u8; 4] = raw
+        .as_slice()
+        .try_into()
+        .map_err(|_| StoreError::NotAStore {
+            path: path.to_path_buf(),
+            reason: "its schema version is unreadable".into(),
+        })?;
     Ok(u32::from_be_bytes(bytes))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::engine::Open;
     use super::*;
 
-    fn open(dir: &Path) -> (sled::Db, sled::Tree) {
-        let db = sled::Config::new().path(dir).open().unwrap();
-        let meta = db.open_tree("meta").unwrap();
-        (db, meta)
+    fn open(dir: &Path) -> Open {
+        Open::as_found(dir, 1 << 20).unwrap()
     }
 
     #[test]
     fn fresh_store_gets_marker_and_version() {
         let dir = tempfile::tempdir().unwrap();
-        let (db, meta) = open(dir.path());
-        assert_eq!(
-            prepare(&db, &meta, dir.path(), true, &[]).unwrap(),
-            SCHEMA_VERSION
-        );
-        assert_eq!(read_version(&meta, dir.path()).unwrap(), SCHEMA_VERSION);
+        let db = open(dir.path());
+        assert_eq!(prepare(&db, dir.path(), true, &[]).unwrap(), SCHEMA_VERSION);
+        assert_eq!(read_version(&db, dir.path()).unwrap(), SCHEMA_VERSION);
         // Reopening finds the same version.
         assert_eq!(
-            prepare(&db, &meta, dir.path(), false, &[]).unwrap(),
+            prepare(&db, dir.path(), false, &[]).unwrap(),
             SCHEMA_VERSION
         );
     }
 
     #[test]
     fn migrations_run_forward_in_order() {
-        fn add_greeting(db: &sled::Db) -> Result<(), StoreError> {
-            db.open_tree("meta")?.insert("greeting", "hello")?;
-            Ok(())
+        fn add_greeting(kv: &dyn KvBulk) -> Result<(), StoreError> {
+            kv.put(Table::Meta, b"greeting", b"hello")
         }
-        fn shout_greeting(db: &sled::Db) -> Result<(), StoreError> {
-            let meta = db.open_tree("meta")?;
-            let g = meta.get("greeting")?.expect("set by the previous step");
-            meta.insert(
-                "greeting",
+        fn shout_greeting(kv: &dyn KvBulk) -> Result<(), StoreError> {
+            let g = kv
+                .get(Table::Meta, b"greeting")?
+                .expect("set by the previous step");
+            kv.put(
+                Table::Meta,
+                b"greeting",
                 String::from_utf8_lossy(&g).to_uppercase().as_bytes(),
-            )?;
-            Ok(())
+            )
         }
         let v = SCHEMA_VERSION;
         let steps = [
@@ -378,23 +383,21 @@ mod tests {
             },
         ];
         let dir = tempfile::tempdir().unwrap();
-        let (db, meta) = open(dir.path());
-        assert_eq!(prepare(&db, &meta, dir.path(), true, &[]).unwrap(), v);
-        assert_eq!(
-            prepare(&db, &meta, dir.path(), false, &steps).unwrap(),
-            v + 2
-        );
-        assert_eq!(meta.get("greeting").unwrap().unwrap().as_ref(), b"HELLO");
-        assert_eq!(read_version(&meta, dir.path()).unwrap(), v + 2);
+        let db = open(dir.path());
+        assert_eq!(prepare(&db, dir.path(), true, &[]).unwrap(), v);
+        assert_eq!(prepare(&db, dir.path(), false, &steps).unwrap(), v + 2);
+        assert_eq!(db.get(Table::Meta, b"greeting").unwrap().unwrap(), b"HELLO");
+        assert_eq!(read_version(&db, dir.path()).unwrap(), v + 2);
     }
 
     #[test]
     fn version_7_removes_the_live_and_pool_lease_indexes_and_nothing_else() {
         let dir = tempfile::tempdir().unwrap();
-        let (db, meta) = open(dir.path());
-        prepare(&db, &meta, dir.path(), true, &[]).unwrap();
-        meta.insert(VERSION_KEY, &6u32.to_be_bytes()).unwrap();
-        let index = db.open_tree(super::super::Table::Index.name()).unwrap();
+        let db = open(dir.path());
+        prepare(&db, dir.path(), true, &[]).unwrap();
+        db.put(Table::Meta, VERSION_KEY.as_bytes(), &6u32.to_be_bytes())
+            .unwrap();
+        let index = db.db.open_tree(super::super::Table::Index.name()).unwrap();
         index.insert(b"~/lease-live/_/acme/0190", b"").unwrap();
         index.insert(b"~/lease-live/_/beta/0191", b"").unwrap();
         index.insert(b"acme/lease-state/Granted/0190", b"").unwrap();
@@ -405,7 +408,7 @@ mod tests {
         // On to this version: the later steps derive from records, and
         // there are none here.
         assert_eq!(
-            prepare(&db, &meta, dir.path(), false, MIGRATIONS).unwrap(),
+            prepare(&db, dir.path(), false, MIGRATIONS).unwrap(),
             SCHEMA_VERSION
         );
         let left: Vec<_> = index.iter().keys().map(|k| k.unwrap().to_vec()).collect();
@@ -422,12 +425,13 @@ mod tests {
     #[test]
     fn newer_and_foreign_stores_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let (db, meta) = open(dir.path());
-        prepare(&db, &meta, dir.path(), true, &[]).unwrap();
-        assert!(!is_newer(&meta).unwrap());
-        meta.insert(VERSION_KEY, &99u32.to_be_bytes()).unwrap();
-        assert!(is_newer(&meta).unwrap(), "its records are not replayed");
-        let err = prepare(&db, &meta, dir.path(), false, &[]).unwrap_err();
+        let db = open(dir.path());
+        prepare(&db, dir.path(), true, &[]).unwrap();
+        assert!(!is_newer(&db).unwrap());
+        db.put(Table::Meta, VERSION_KEY.as_bytes(), &99u32.to_be_bytes())
+            .unwrap();
+        assert!(is_newer(&db).unwrap(), "its records are not replayed");
+        let err = prepare(&db, dir.path(), false, &[]).unwrap_err();
         assert!(
             matches!(err, StoreError::NewerSchema { found: 99, .. }),
             "{err}"
@@ -435,9 +439,9 @@ mod tests {
         assert!(err.to_string().contains("newer agentbay"), "{err}");
 
         let other = tempfile::tempdir().unwrap();
-        let (db, meta) = open(other.path());
-        db.insert("something", "else").unwrap();
-        let err = prepare(&db, &meta, other.path(), false, &[]).unwrap_err();
+        let db = open(other.path());
+        db.db.insert("something", "else").unwrap();
+        let err = prepare(&db, other.path(), false, &[]).unwrap_err();
         assert!(matches!(err, StoreError::NotAStore { .. }), "{err}");
     }
 
@@ -446,17 +450,18 @@ mod tests {
         use crate::domain::TenantId;
         use crate::store::Table;
         let dir = tempfile::tempdir().unwrap();
-        let (db, _) = open(dir.path());
+        let db = open(dir.path());
         let acme = TenantId::parse("acme").unwrap();
         let attempt = crate::domain::attempt::tests::attempt();
-        db.open_tree(Table::Attempts.name())
+        db.db
+            .open_tree(Table::Attempts.name())
             .unwrap()
             .insert(
                 crate::store::record_key(&acme, &attempt.attempt_id.to_string()),
                 crate::store::encode(&attempt).unwrap(),
             )
             .unwrap();
-        let index = db.open_tree(Table::Index.name()).unwrap();
+        let index = db.db.open_tree(Table::Index.name()).unwrap();
         let count =
             |index: &str, value: &str| super::super::derived::count_key(&acme, index, value);
         let state = attempt.state.as_str();
@@ -489,8 +494,9 @@ mod tests {
     fn releases_rejected_for_their_signer_alone_become_untrusted() {
         use crate::domain::release::{AdapterKind, Lifecycle, LoadState, LoadedRelease};
         let dir = tempfile::tempdir().unwrap();
-        let (db, _) = open(dir.path());
+        let db = open(dir.path());
         let tree = db
+            .db
             .open_tree(crate::store::Table::LoadedReleases.name())
             .unwrap();
         let release = |id: &str, reason: &str, contents: bool| LoadedRelease {

@@ -317,16 +317,10 @@ async fn older_record_versions_are_upgraded_and_newer_refused() {
         },
     )
     .unwrap();
-    store
-        .raw_tree(Table::Clients)
-        .insert("acme/old", old)
-        .unwrap();
+    store.damage(Table::Clients, b"acme/old", Some(&old));
     let mut newer = 9u16.to_be_bytes().to_vec();
     newer.extend_from_slice(b"whatever");
-    store
-        .raw_tree(Table::Clients)
-        .insert("acme/new", newer)
-        .unwrap();
+    store.damage(Table::Clients, b"acme/new", Some(&newer));
 
     assert_eq!(
         store.get::<Note>(&scope, "old").unwrap().unwrap().text,
@@ -667,10 +661,11 @@ async fn artifacts_are_shared_by_hash_but_read_only_by_their_tenants() {
         100_000
     );
     // Tampering with a chunk is detected on read.
-    store
-        .raw_tree(Table::ArtifactChunks)
-        .insert(artifacts_chunk_key(&hash, 1), vec![0u8; 10])
-        .unwrap();
+    store.damage(
+        Table::ArtifactChunks,
+        &artifacts_chunk_key(&hash, 1),
+        Some(&[0u8; 10]),
+    );
     assert!(store.read_artifact(&acme, &hash).is_err());
 }
 
@@ -1246,16 +1241,18 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit() {
 
     // An edit in place is found, at the record edited.
     let bytes = store
-        .raw_tree(Table::Audit)
+        .tree(Table::Audit)
+        .unwrap()
         .get(4u64.to_be_bytes())
         .unwrap()
         .unwrap();
     let mut edited = trail::decode(&bytes).unwrap();
     edited.actor = "user mallory".into();
-    store
-        .raw_tree(Table::Audit)
-        .insert(4u64.to_be_bytes(), trail::encode(&edited).unwrap())
-        .unwrap();
+    store.damage(
+        Table::Audit,
+        &4u64.to_be_bytes(),
+        Some(&trail::encode(&edited).unwrap()),
+    );
     let report = store.verify_audit().unwrap();
     let broken = report.broken.expect("the edit is found");
     assert_eq!(broken.sequence, 4);

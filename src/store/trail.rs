@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
-use super::engine::Reading;
+use super::kv::{KvRead, Reading};
 use super::{StoreError, Table};
 use crate::domain::TenantId;
 use crate::domain::audit::{
@@ -84,15 +84,17 @@ pub(super) struct Head {
 
 impl Head {
     /// The head of the stored chain.
-    pub(super) fn read(trail: &sled::Tree, meta: &sled::Tree) -> Result<Head, StoreError> {
-        if let Some((_, bytes)) = trail.last()? {
+    pub(super) fn read(kv: &dyn KvRead) -> Result<Head, StoreError> {
+        if let Some((_, bytes)) = Reading::new(kv, Table::Audit).last()? {
             let last = decode(&bytes)?;
             return Ok(Head {
                 next: last.sequence + 1,
                 previous: last.hash,
             });
         }
-        Ok(anchor(meta.get(PRUNED_THROUGH)?.as_deref()))
+        Ok(anchor(
+            kv.get(Table::Meta, PRUNED_THROUGH.as_bytes())?.as_deref(),
+        ))
     }
 }
 
@@ -207,7 +209,7 @@ pub(super) fn verify(trail: &Reading<'_>, meta: &Reading<'_>) -> Result<TrailRep
             Ok(r) => r,
             Err(e) => {
                 let sequence = k
-                    .as_ref()
+                    .as_slice()
                     .try_into()
                     .map(u64::from_be_bytes)
                     .unwrap_or_default();

@@ -1,16 +1,18 @@
 //! The one way to write: a transaction closure run by the store's writer.
 //!
-//! A [`Tx`] reads through three layers, newest first: its own writes, the
-//! writes of the group it belongs to (earlier transactions not yet applied
-//! to sled), and sled itself. Its writes stay in memory until the closure
+//! A [`Tx`] reads through four layers, newest first: its own writes, the
+//! writes of the group it belongs to (earlier transactions not yet handed
+//! to the engine), the groups handed over but not readable before they are
+//! durable (PostgreSQL's), and the engine itself. Its writes stay in memory until the closure
 //! returns `Ok`; an `Err` drops them, so an aborted transaction leaves no
 //! trace.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 
 use super::derived::{self, Change, Derived};
+use super::kv::{KvRead, Reading};
 use super::trail;
 use super::{
     Record, StoreError, StoredVersion, Table, TenantScope, Versioned, decode, encode, index_prefix,
@@ -151,8 +153,9 @@ pub(super) struct Finished {
 
 /// A transaction in progress. Reads see the transaction's own writes.
 pub struct Tx<'a> {
-    trees: &'a [sled::Tree],
+    base: &'a dyn KvRead,
     group: &'a Writes,
+    pending: &'a VecDeque<(u64, Arc<Writes>)>,
     cache: &'a DerivedCache,
     writes: Writes,
     /// What this transaction's writes make known (`Some`) or unknown
@@ -189,16 +192,18 @@ fn check_index_part(part: &str) -> Result<(), StoreError> {
 
 impl<'a> Tx<'a> {
     pub(super) fn new(
-        trees: &'a [sled::Tree],
+        base: &'a dyn KvRead,
         group: &'a Writes,
+        pending: &'a VecDeque<(u64, Arc<Writes>)>,
         cache: &'a DerivedCache,
         next_seq: u64,
         trail: trail::Head,
         origin: Option<Arc<Origin>>,
     ) -> Tx<'a> {
         Tx {
-            trees,
+            base,
             group,
+            pending,
             cache,
             writes: Writes::default(),
             learnt: HashMap::new(),
@@ -220,10 +225,15 @@ impl<'a> Tx<'a> {
 
     fn read(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let t = table.position();
-        if let Some(v) = self.writes.get(t, key).or_else(|| self.group.get(t, key)) {
+        let newest = self
+            .writes
+            .get(t, key)
+            .or_else(|| self.group.get(t, key))
+            .or_else(|| self.pending.iter().rev().find_map(|(_, w)| w.get(t, key)));
+        if let Some(v) = newest {
             return Ok(v.clone());
         }
-        Ok(self.trees[t].get(key)?.map(|v| v.to_vec()))
+        self.base.get(table, key)
     }
 
     fn write(&mut self, table: Table, key: Vec<u8>, value: Option<Vec<u8>>) {
@@ -237,9 +247,12 @@ impl<'a> Tx<'a> {
     ) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
         let t = table.position();
         let mut merged = BTreeMap::new();
-        for item in self.trees[t].scan_prefix(prefix) {
+        for item in Reading::new(self.base, table).scan_prefix(prefix) {
             let (k, v) = item?;
-            merged.insert(k.to_vec(), v.to_vec());
+            merged.insert(k, v);
+        }
+        for (_, writes) in self.pending {
+            writes.overlay_prefix(t, prefix, &mut merged);
         }
         self.group.overlay_prefix(t, prefix, &mut merged);
         self.writes.overlay_prefix(t, prefix, &mut merged);
