@@ -63,6 +63,7 @@ mod derived;
 mod engine;
 mod kv;
 mod outbox;
+mod postgres;
 mod redo;
 pub mod scheduled;
 mod schema;
@@ -85,6 +86,7 @@ use crate::domain::events::{EventFilter, StoredEvent};
 pub use backup::{BackupSummary, restore_into};
 pub use datadir::DataDir;
 pub use derived::{Derived, time_value};
+pub use postgres::PgOptions;
 pub use schema::SCHEMA_VERSION;
 pub use tx::Tx;
 
@@ -503,6 +505,18 @@ pub struct StoreOptions {
     /// before this one changes anything in it (see
     /// [`backup::before_upgrade`]); unset: no such backup (tests, tools).
     pub upgrade_backup_dir: Option<PathBuf>,
+    /// Where the store is kept.
+    pub backend: Backend,
+}
+
+/// Where the store is kept.
+#[derive(Clone, Debug, Default)]
+pub enum Backend {
+    /// sled, in the data directory: the embedded default.
+    #[default]
+    Sled,
+    /// A PostgreSQL database that appliances share, one active at a time.
+    Postgres(PgOptions),
 }
 
 impl Default for StoreOptions {
@@ -512,6 +526,7 @@ impl Default for StoreOptions {
             snapshot_every_bytes: 32 * 1024 * 1024,
             sync_data: true,
             upgrade_backup_dir: None,
+            backend: Backend::Sled,
         }
     }
 }
@@ -606,10 +621,19 @@ pub(crate) fn snapshot_rewritten(path: &Path) -> Result<(), StoreError> {
 }
 
 impl Store {
-    /// Opens (or creates) the sled store at `path`, checks its format and
-    /// schema version, migrates it forward and starts the writer and flusher
-    /// threads. The caller must hold the data directory lock.
+    /// Opens (or creates) the store, checks its format and schema
+    /// version, migrates it forward and starts the writer and flusher
+    /// threads: the sled store at `path`, or the PostgreSQL one of
+    /// [`StoreOptions::backend`]. The caller must hold the data directory
+    /// lock.
     pub fn open(path: &Path, options: &StoreOptions) -> Result<Store, StoreError> {
+        match &options.backend {
+            Backend::Sled => Store::open_sled(path, options),
+            Backend::Postgres(pg) => Store::open_postgres(path, pg),
+        }
+    }
+
+    fn open_sled(path: &Path, options: &StoreOptions) -> Result<Store, StoreError> {
         let fresh = !path.join("conf").exists();
         if !fresh && !path.join("db").exists() {
             return Err(StoreError::NotAStore {
@@ -626,9 +650,6 @@ impl Store {
         let open = open.complete_last_group()?;
         let schema_version = schema::prepare(&open, path, fresh, schema::MIGRATIONS)?;
         schema::record_writer(&open)?;
-        let (events, _) = broadcast::channel(4096);
-        let next_seq = outbox::next_sequence(&open)?;
-        let trail = trail::Head::read(&open)?;
         let engine: Arc<dyn kv::KvEngine> = Arc::new(engine::SledEngine::new(
             open,
             path,
@@ -636,6 +657,28 @@ impl Store {
             options.sync_data,
             options.snapshot_every_bytes,
         )?);
+        Store::start(engine, path, schema_version)
+    }
+
+    fn open_postgres(path: &Path, pg: &PgOptions) -> Result<Store, StoreError> {
+        let engine = postgres::PgEngine::open(pg.clone())?;
+        let fresh = engine.is_empty()?;
+        let place = PathBuf::from(format!("PostgreSQL ({})", pg.describe()));
+        let schema_version = schema::prepare(&engine, &place, fresh, schema::MIGRATIONS)?;
+        schema::record_writer(&engine)?;
+        Store::start(Arc::new(engine), path, schema_version)
+    }
+
+    /// Starts the writer and the flusher on an engine whose store is at
+    /// this binary's schema.
+    fn start(
+        engine: Arc<dyn kv::KvEngine>,
+        path: &Path,
+        schema_version: u32,
+    ) -> Result<Store, StoreError> {
+        let next_seq = outbox::next_sequence(engine.reader())?;
+        let trail = trail::Head::read(engine.reader())?;
+        let (events, _) = broadcast::channel(4096);
         let committer = Committer::start(
             engine.clone(),
             commit::CommitOptions { next_seq, trail },

@@ -275,7 +275,7 @@ pub fn verify(file: &Path, scratch: &Path) -> Result<BackupSummary, StoreError> 
                 cache_bytes: 8 * 1024 * 1024,
                 sync_data: false,
                 snapshot_every_bytes: 0,
-                upgrade_backup_dir: None,
+                ..StoreOptions::default()
             },
         )?;
         let tables = store.table_sizes();

@@ -130,6 +130,90 @@ fn open(dir: &std::path::Path) -> Store {
     Store::open(&dir.join("store"), &StoreOptions::default()).unwrap()
 }
 
+#[path = "../../tests/common/pg.rs"]
+mod pg;
+
+/// Where a test's store is kept: a directory, and a database of the
+/// test PostgreSQL cluster when the store is there.
+struct Place {
+    dir: tempfile::TempDir,
+    options: StoreOptions,
+}
+
+impl Place {
+    fn sled() -> Place {
+        Place {
+            dir: tempfile::tempdir().unwrap(),
+            options: StoreOptions::default(),
+        }
+    }
+
+    fn postgres() -> Place {
+        let url = pg::PgCluster::shared().database();
+        Place {
+            dir: tempfile::tempdir().unwrap(),
+            options: StoreOptions {
+                backend: Backend::Postgres(PgOptions {
+                    url,
+                    ca_file: None,
+                    node: "test".into(),
+                    lease: std::time::Duration::from_secs(10),
+                }),
+                ..StoreOptions::default()
+            },
+        }
+    }
+
+    /// The test's own directory (backups, restores).
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    fn open(&self) -> Store {
+        Store::open(&self.dir.path().join("store"), &self.options).unwrap()
+    }
+}
+
+/// Runs each named test on both backends: `<name>::sled` and
+/// `<name>::postgres`.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn sled() {
+                super::$name(super::Place::sled()).await
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                super::$name(super::Place::postgres()).await
+            }
+        }
+    )*};
+}
+
+on_both_backends!(
+    records_are_read_back_only_under_their_tenant,
+    a_write_under_another_tenants_scope_is_refused,
+    an_aborted_transaction_writes_nothing_and_numbers_no_event,
+    events_are_numbered_in_commit_order_across_concurrent_writers,
+    acknowledged_writes_and_sequences_survive_reopening,
+    older_record_versions_are_upgraded_and_newer_refused,
+    oversized_records_are_refused_with_the_limit_named,
+    pages_continue_after_the_last_id,
+    indexes_follow_their_records_and_page_newest_first,
+    shared_artifacts_go_with_their_last_reference,
+    backup_restores_every_record_and_file,
+    pruned_events_never_give_their_numbers_away,
+    artifacts_are_shared_by_hash_but_read_only_by_their_tenants,
+    a_versioned_write_derived_from_an_older_version_is_refused_and_changes_nothing,
+    a_write_that_breaks_a_successor_rule_is_refused_whoever_makes_it,
+    of_concurrent_writers_from_one_version_exactly_one_wins_even_within_one_group,
+    get_latest_sees_a_queued_write_and_plain_reads_never_go_back,
+    submit_then_answers_once_durable_at_once_when_aborted_and_closed_after_close,
+    the_audit_chain_follows_commit_order_and_finds_an_edit
+);
+
 fn event(scope: &TenantScope, topic: &'static str) -> NewEvent {
     NewEvent {
         topic,
@@ -139,10 +223,8 @@ fn event(scope: &TenantScope, topic: &'static str) -> NewEvent {
     }
 }
 
-#[tokio::test]
-async fn records_are_read_back_only_under_their_tenant() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn records_are_read_back_only_under_their_tenant(dir: Place) {
+    let store = dir.open();
     let acme = tenant("acme");
     let globex = tenant("globex");
     let (a, g) = (note(&acme, "n1", "acme's"), note(&globex, "n1", "globex's"));
@@ -169,10 +251,8 @@ async fn records_are_read_back_only_under_their_tenant() {
     assert!(store.list::<Note>(&tenant("acm")).unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn a_write_under_another_tenants_scope_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn a_write_under_another_tenants_scope_is_refused(dir: Place) {
+    let store = dir.open();
     let acme = tenant("acme");
     let sneaky = note(&tenant("globex"), "x", "mine now");
     let err = store
@@ -183,10 +263,8 @@ async fn a_write_under_another_tenants_scope_is_refused() {
     assert!(store.list::<Note>(&tenant("globex")).unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn an_aborted_transaction_writes_nothing_and_numbers_no_event() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn an_aborted_transaction_writes_nothing_and_numbers_no_event(dir: Place) {
+    let store = dir.open();
     let acme = tenant("acme");
     let n = note(&acme, "n1", "never");
     let scope = acme.clone();
@@ -210,10 +288,8 @@ async fn an_aborted_transaction_writes_nothing_and_numbers_no_event() {
     );
 }
 
-#[tokio::test]
-async fn events_are_numbered_in_commit_order_across_concurrent_writers() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn events_are_numbered_in_commit_order_across_concurrent_writers(dir: Place) {
+    let store = dir.open();
     let mut live = store.subscribe();
     let mut tasks = Vec::new();
     for w in 0..16 {
@@ -262,11 +338,9 @@ async fn events_are_numbered_in_commit_order_across_concurrent_writers() {
     assert_eq!(after.len(), 10);
 }
 
-#[tokio::test]
-async fn acknowledged_writes_and_sequences_survive_reopening() {
-    let dir = tempfile::tempdir().unwrap();
+async fn acknowledged_writes_and_sequences_survive_reopening(dir: Place) {
     {
-        let store = open(dir.path());
+        let store = dir.open();
         let scope = tenant("acme");
         let n = note(&scope, "kept", "durable");
         store
@@ -279,7 +353,7 @@ async fn acknowledged_writes_and_sequences_survive_reopening() {
             .unwrap();
         store.close().unwrap();
     }
-    let store = open(dir.path());
+    let store = dir.open();
     let scope = tenant("acme");
     assert_eq!(
         store.get::<Note>(&scope, "kept").unwrap().unwrap().text,
@@ -296,10 +370,8 @@ async fn acknowledged_writes_and_sequences_survive_reopening() {
     assert_eq!(seq, 2);
 }
 
-#[tokio::test]
-async fn older_record_versions_are_upgraded_and_newer_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn older_record_versions_are_upgraded_and_newer_refused(dir: Place) {
+    let store = dir.open();
     let scope = tenant("acme");
     #[derive(Serialize)]
     struct V1<'a> {
@@ -333,10 +405,8 @@ async fn older_record_versions_are_upgraded_and_newer_refused() {
     );
 }
 
-#[tokio::test]
-async fn oversized_records_are_refused_with_the_limit_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn oversized_records_are_refused_with_the_limit_named(dir: Place) {
+    let store = dir.open();
     let scope = tenant("acme");
     let big = note(&scope, "big", &"x".repeat(MAX_RECORD_BYTES));
     let err = store
@@ -347,10 +417,8 @@ async fn oversized_records_are_refused_with_the_limit_named() {
     assert!(err.to_string().contains("65536"), "{err}");
 }
 
-#[tokio::test]
-async fn pages_continue_after_the_last_id() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn pages_continue_after_the_last_id(dir: Place) {
+    let store = dir.open();
     let scope = tenant("acme");
     let s = scope.clone();
     store
@@ -410,10 +478,8 @@ fn doc(scope: &TenantScope, id: &str, kind: &str, refs: &[&str]) -> Doc {
     }
 }
 
-#[tokio::test]
-async fn indexes_follow_their_records_and_page_newest_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn indexes_follow_their_records_and_page_newest_first(dir: Place) {
+    let store = dir.open();
     let scope = tenant("acme");
     let other = tenant("acmecorp");
     let (s, o) = (scope.clone(), other.clone());
@@ -464,10 +530,8 @@ async fn indexes_follow_their_records_and_page_newest_first() {
     );
 }
 
-#[tokio::test]
-async fn shared_artifacts_go_with_their_last_reference() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn shared_artifacts_go_with_their_last_reference(dir: Place) {
+    let store = dir.open();
     let scope = tenant("acme");
     let other = tenant("globex");
     let now = chrono::Utc::now();
@@ -546,10 +610,8 @@ async fn shared_artifacts_go_with_their_last_reference() {
     );
 }
 
-#[tokio::test]
-async fn backup_restores_every_record_and_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn backup_restores_every_record_and_file(dir: Place) {
+    let store = dir.open();
     let scope = tenant("acme");
     let s = scope.clone();
     store
@@ -596,12 +658,10 @@ async fn backup_restores_every_record_and_file() {
     assert!(!target2.with_extension("restoring").exists());
 }
 
-#[tokio::test]
-async fn pruned_events_never_give_their_numbers_away() {
-    let dir = tempfile::tempdir().unwrap();
+async fn pruned_events_never_give_their_numbers_away(dir: Place) {
     let scope = tenant("acme");
     {
-        let store = open(dir.path());
+        let store = dir.open();
         for _ in 0..5 {
             let s = scope.clone();
             store
@@ -622,7 +682,7 @@ async fn pruned_events_never_give_their_numbers_away() {
         );
         store.close().unwrap();
     }
-    let store = open(dir.path());
+    let store = dir.open();
     let s = scope.clone();
     let seq = store
         .transact(move |tx: &mut Tx| tx.emit(event(&s, "test.v1.noted")))
@@ -631,10 +691,8 @@ async fn pruned_events_never_give_their_numbers_away() {
     assert_eq!(seq, 6);
 }
 
-#[tokio::test]
-async fn artifacts_are_shared_by_hash_but_read_only_by_their_tenants() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn artifacts_are_shared_by_hash_but_read_only_by_their_tenants(dir: Place) {
+    let store = dir.open();
     let acme = tenant("acme");
     let bytes: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
     let (s, b) = (acme.clone(), bytes.clone());
@@ -676,10 +734,10 @@ fn artifacts_chunk_key(hash: &str, index: u32) -> Vec<u8> {
     key
 }
 
-#[tokio::test]
-async fn a_versioned_write_derived_from_an_older_version_is_refused_and_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn a_versioned_write_derived_from_an_older_version_is_refused_and_changes_nothing(
+    dir: Place,
+) {
+    let store = dir.open();
     let acme = tenant("acme");
     let fresh = tally(&acme, "t");
     let v1 = save(&store, &acme, &fresh).await.unwrap();
@@ -716,10 +774,8 @@ async fn a_versioned_write_derived_from_an_older_version_is_refused_and_changes_
     assert_eq!(save(&store, &acme, &current).await.unwrap().version, 3);
 }
 
-#[tokio::test]
-async fn a_write_that_breaks_a_successor_rule_is_refused_whoever_makes_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn a_write_that_breaks_a_successor_rule_is_refused_whoever_makes_it(dir: Place) {
+    let store = dir.open();
     let acme = tenant("acme");
     let mut t = save(&store, &acme, &tally(&acme, "t")).await.unwrap();
     t.count = 3;
@@ -737,10 +793,8 @@ async fn a_write_that_breaks_a_successor_rule_is_refused_whoever_makes_it() {
     assert_eq!(store.get::<Tally>(&acme, "t").unwrap().unwrap(), t);
 }
 
-#[tokio::test]
-async fn of_concurrent_writers_from_one_version_exactly_one_wins_even_within_one_group() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn of_concurrent_writers_from_one_version_exactly_one_wins_even_within_one_group(dir: Place) {
+    let store = dir.open();
     let acme = tenant("acme");
     let base = save(&store, &acme, &tally(&acme, "t")).await.unwrap();
     // Queued back to back, so they land in the same group: the later one
@@ -767,10 +821,8 @@ async fn of_concurrent_writers_from_one_version_exactly_one_wins_even_within_one
     assert_eq!(store.get::<Tally>(&acme, "t").unwrap().unwrap(), *won[0]);
 }
 
-#[tokio::test]
-async fn get_latest_sees_a_queued_write_and_plain_reads_never_go_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn get_latest_sees_a_queued_write_and_plain_reads_never_go_back(dir: Place) {
+    let store = dir.open();
     let acme = tenant("acme");
     let mut t = save(&store, &acme, &tally(&acme, "t")).await.unwrap();
     // A write queued but not awaited: get_latest is ordered after it.
@@ -915,10 +967,8 @@ fn the_store_reopens_itself_under_concurrent_writes_and_reads_and_loses_nothing(
     assert_eq!(store.audit().unwrap(), Vec::<String>::new());
 }
 
-#[tokio::test]
-async fn submit_then_answers_once_durable_at_once_when_aborted_and_closed_after_close() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+async fn submit_then_answers_once_durable_at_once_when_aborted_and_closed_after_close(dir: Place) {
+    let store = dir.open();
     let acme = tenant("acme");
     let (answered, mut answers) = tokio::sync::mpsc::unbounded_channel();
     let save_then = |label: &'static str, mut t: Tally| {
@@ -1142,11 +1192,9 @@ fn a_kill_9_at_any_moment_leaves_every_group_whole() {
 /// record of the chain, in commit order, with the value it replaced; the
 /// chain survives a restart, finds an edited record, and stays checkable
 /// once retention removed its oldest records.
-#[tokio::test]
-async fn the_audit_chain_follows_commit_order_and_finds_an_edit() {
+async fn the_audit_chain_follows_commit_order_and_finds_an_edit(dir: Place) {
     use crate::domain::audit::{AuditFilter, Change, Origin, Via};
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+    let store = dir.open();
     let origin = Origin {
         actor: "user wes".into(),
         address: "10.1.2.3".into(),
@@ -1228,7 +1276,7 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit() {
     // The head survives a restart: the next record follows it.
     store.close().unwrap();
     drop(store);
-    let store = open(dir.path());
+    let store = dir.open();
     trail::scope(
         origin.clone(),
         store.transact(move |tx| tx.emit(quota(3, t0)).map(|_| ())),

@@ -1,0 +1,735 @@
+//! The store on PostgreSQL: the same keys and values as sled's, in one
+//! table.
+//!
+//! # Layout
+//!
+//! - `agentbay_kv(tree text, key bytea, value bytea)`, primary key
+//!   `(tree, key)`: one row per sled key, `tree` the [`Table`]'s name.
+//!   bytea compares bytewise and then by length, which is sled's order, so
+//!   every range and prefix scan is a range of the primary key, read in
+//!   pages (`key > last ... LIMIT n`) from either end.
+//! - `agentbay_leader(id, node, epoch, expires_at)`: which appliance is
+//!   active (row 1), the epoch it took, and until when its lease runs, on
+//!   the database's clock. An appliance opening the store takes the row
+//!   with a new epoch if it is free or expired, and renews it while it
+//!   runs.
+//! - `agentbay_layout(version)`: the version of this SQL layout, so a
+//!   later one can migrate it. The store's own schema version and format
+//!   marker are rows of the `meta` tree, as on sled.
+//!
+//! # Writes
+//!
+//! The group commit is the same as on sled (`commit.rs`): one writer runs
+//! the transactions, and its groups are readable only once committed, so
+//! the writer keeps them in memory until then. The flusher commits every
+//! group that queued up during the last commit as ONE PostgreSQL
+//! transaction: a check that this appliance's epoch still holds the leader
+//! row (`FOR SHARE`, so a takeover waits for the commit in flight, and
+//! every later commit of a deposed appliance is refused), then one upsert
+//! of every written key and one delete of every removed key. A commit that
+//! fails, or whose reply is lost, stops the store (the outcome is unknown;
+//! the writes are answered as not durable), as a failed sync does on sled.
+//! Event numbers stay the writer's own counter, gapless, and a number
+//! reused by a deposed writer cannot commit: its fence fails first.
+//!
+//! # Reads
+//!
+//! Readers run on any thread, in sync code, often on the application's
+//! async workers. Their queries run on the store's own small runtime,
+//! and the caller waits on a plain channel; each statement sees every
+//! committed transaction whole.
+//!
+//! Partitioning grains across several active appliances later would give
+//! each partition its own leader row (`id` = partition) and fence each
+//! group with the rows of the partitions it writes; the key layout already
+//! starts with the tenant.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::ops::Bound;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio_postgres::Client;
+
+use super::kv::{KvBulk, KvEngine, KvRead, Pair, Rows};
+use super::tx::Writes;
+use super::{StoreError, Table};
+
+/// The SQL layout this binary creates and reads.
+const LAYOUT: i32 = 1;
+
+/// Connections readers share (each pipelines its queries).
+const READERS: usize = 4;
+
+/// Rows a scan reads per query, first and at most.
+const FIRST_PAGE: i64 = 64;
+const MAX_PAGE: i64 = 1024;
+
+/// How the store reaches PostgreSQL.
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// A libpq connection string or URL (`postgresql://user@host/db`).
+    pub url: String,
+    /// PEM file of the CA that signed the server's certificate, for TLS.
+    pub ca_file: Option<PathBuf>,
+    /// This appliance's name in the leader row.
+    pub node: String,
+    /// How long a leader's lease runs without renewal.
+    pub lease: Duration,
+}
+
+impl PgOptions {
+    /// The database in words, without a password.
+    pub fn describe(&self) -> String {
+        match self.url.parse::<tokio_postgres::Config>() {
+            Ok(c) => {
+                let hosts: Vec<String> = c
+                    .get_hosts()
+                    .iter()
+                    .map(|h| match h {
+                        tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                        #[cfg(unix)]
+                        tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+                    })
+                    .collect();
+                format!(
+                    "database {} on {}",
+                    c.get_dbname().unwrap_or("(default)"),
+                    hosts.join(",")
+                )
+            }
+            Err(_) => "an unreadable connection string".into(),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        // The server's own words when it sent any (`Display` says only
+        // "db error").
+        match e.as_db_error() {
+            Some(db) => StoreError::Engine(format!("PostgreSQL: {}", db.message())),
+            None => StoreError::Engine(format!("PostgreSQL: {e}")),
+        }
+    }
+}
+
+/// The store's own runtime: every connection's task runs on it, and sync
+/// callers wait for their query on a channel.
+struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl Runtime {
+    fn new() -> Result<Runtime, StoreError> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("store-postgres")
+            .enable_all()
+            .build()
+            .map(|rt| Runtime(Some(rt)))
+            .map_err(StoreError::io("starting the store's PostgreSQL runtime"))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("runtime until dropped").handle()
+    }
+
+    /// Runs `f` on the store's runtime and waits for it, from any thread
+    /// but the runtime's own.
+    fn block<T: Send + 'static>(&self, f: impl Future<Output = T> + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.handle().spawn(async move {
+            let _ = tx.send(f.await);
+        });
+        rx.recv()
+            .expect("the store's runtime runs until the store is dropped")
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Dropping a runtime inside async code panics; the store may be
+        // dropped there.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Connects once, with TLS through rustls when the URL asks for it.
+async fn connect(options: &PgOptions, role: &str) -> Result<Client, StoreError> {
+    let mut config: tokio_postgres::Config = options.url.parse().map_err(|e| {
+        StoreError::Engine(format!(
+            "store.postgres.url is not a connection string: {e}"
+        ))
+    })?;
+    config.application_name(format!("agentbay:{}:{role}", options.node));
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    config.keepalives_idle(Duration::from_secs(5));
+    let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(options)?);
+    let (client, connection) = config.connect(tls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "store: a PostgreSQL connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// rustls with the site's CA (none: TLS refuses every server).
+fn tls_config(options: &PgOptions) -> Result<rustls::ClientConfig, StoreError> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(path) = &options.ca_file {
+        let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| {
+                StoreError::Engine(format!(
+                    "store.postgres.ca_file {}: not a PEM certificate file ({e})",
+                    path.display()
+                ))
+            })?;
+        for cert in certs {
+            roots.add(cert).map_err(|e| {
+                StoreError::Engine(format!("store.postgres.ca_file {}: {e}", path.display()))
+            })?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StoreError::Engine(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// Connections that reconnect when PostgreSQL went away.
+struct Pool {
+    options: PgOptions,
+    slots: Vec<Mutex<Option<Arc<Client>>>>,
+    next: AtomicUsize,
+}
+
+impl Pool {
+    fn new(options: PgOptions, size: usize) -> Pool {
+        Pool {
+            options,
+            slots: (0..size).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// A live connection, connecting a slot again when its connection
+    /// closed.
+    fn client(&self, rt: &Runtime) -> Result<Arc<Client>, StoreError> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut slot = self.slots[i].lock();
+        if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(client.clone());
+        }
+        let options = self.options.clone();
+        let client = Arc::new(rt.block(async move { connect(&options, "read").await })?);
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+}
+
+/// The engine (see the module's words).
+pub(super) struct PgEngine {
+    rt: Runtime,
+    readers: Pool,
+    /// The flusher's connection, for commits.
+    writer: Mutex<Option<Client>>,
+    options: PgOptions,
+    /// The epoch this appliance holds the leader row with.
+    epoch: i64,
+    /// False once a renewal found the row taken.
+    leading: Arc<AtomicBool>,
+}
+
+impl PgEngine {
+    /// Connects, creates the layout if the database has none, and takes
+    /// the leader row. Refused while another appliance's lease runs.
+    pub fn open(options: PgOptions) -> Result<PgEngine, StoreError> {
+        let rt = Runtime::new()?;
+        let (writer, taken) = {
+            let options = options.clone();
+            rt.block(async move {
+                let client = connect(&options, "write").await?;
+                create_layout(&client).await?;
+                let taken =
+                    take_leadership(&client, &options.node, options.lease.as_secs_f64()).await?;
+                Ok::<_, StoreError>((client, taken))
+            })?
+        };
+        let epoch = taken.map_err(|holder| {
+            StoreError::Engine(format!(
+                "another appliance ({holder}) is active on this PostgreSQL store; this one can only stand by"
+            ))
+        })?;
+        let leading = Arc::new(AtomicBool::new(true));
+        let engine = PgEngine {
+            readers: Pool::new(options.clone(), READERS),
+            rt,
+            writer: Mutex::new(Some(writer)),
+            options,
+            epoch,
+            leading,
+        };
+        engine.renew_in_background();
+        tracing::info!(
+            node = %engine.options.node,
+            epoch,
+            "store: on PostgreSQL, active with a new epoch"
+        );
+        Ok(engine)
+    }
+
+    /// Renews the lease a third of it apart; a renewal that finds the row
+    /// taken stops further commits (they would fail their fence anyway).
+    fn renew_in_background(&self) {
+        let options = self.options.clone();
+        let (epoch, leading) = (self.epoch, self.leading.clone());
+        let every = options.lease / 3;
+        self.rt.handle().spawn(async move {
+            let mut client: Option<Client> = None;
+            loop {
+                tokio::time::sleep(every).await;
+                if client.as_ref().is_none_or(Client::is_closed) {
+                    client = connect(&options, "lease").await.ok();
+                }
+                let Some(c) = &client else { continue };
+                let renewed = c
+                    .execute(
+                        "UPDATE agentbay_leader SET expires_at = now() + make_interval(secs => $3)
+                         WHERE id = 1 AND node = $1 AND epoch = $2",
+                        &[&options.node, &epoch, &options.lease.as_secs_f64()],
+                    )
+                    .await;
+                match renewed {
+                    Ok(0) => {
+                        tracing::error!(
+                            epoch,
+                            "store: another appliance took over the PostgreSQL store; this one no longer commits"
+                        );
+                        leading.store(false, Ordering::Release);
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "store: renewing the leader lease failed"),
+                }
+            }
+        });
+    }
+
+    fn client(&self) -> Result<Arc<Client>, StoreError> {
+        self.readers.client(&self.rt)
+    }
+
+    /// Whether the database holds no record yet (a new store).
+    pub fn is_empty(&self) -> Result<bool, StoreError> {
+        let client = self.client()?;
+        self.rt.block(async move {
+            let row = client
+                .query_one("SELECT NOT EXISTS (SELECT 1 FROM agentbay_kv)", &[])
+                .await?;
+            Ok(row.get(0))
+        })
+    }
+
+    /// One page of `table` between the bounds, ascending or not.
+    fn page(
+        &self,
+        table: Table,
+        lo: &Bound<Vec<u8>>,
+        hi: &Bound<Vec<u8>>,
+        ascending: bool,
+        limit: i64,
+    ) -> Result<Vec<Pair>, StoreError> {
+        let client = self.client()?;
+        let mut sql = String::from("SELECT key, value FROM agentbay_kv WHERE tree = $1");
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        for (bound, below, at_or_below) in [(lo, ">", ">="), (hi, "<", "<=")] {
+            let (op, key) = match bound {
+                Bound::Included(k) => (at_or_below, k),
+                Bound::Excluded(k) => (below, k),
+                Bound::Unbounded => continue,
+            };
+            keys.push(key.clone());
+            sql.push_str(&format!(" AND key {op} ${}", keys.len() + 1));
+        }
+        sql.push_str(if ascending {
+            " ORDER BY key ASC"
+        } else {
+            " ORDER BY key DESC"
+        });
+        sql.push_str(&format!(" LIMIT {limit}"));
+        let name = table.name();
+        self.rt.block(async move {
+            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&name];
+            for k in &keys {
+                params.push(k);
+            }
+            let rows = client.query(sql.as_str(), &params).await?;
+            Ok(rows
+                .into_iter()
+                .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
+                .collect())
+        })
+    }
+
+    /// Commits `writes` in one transaction, fenced by the epoch.
+    fn commit(
+        &self,
+        writes: BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    ) -> Result<(), StoreError> {
+        if !self.leading.load(Ordering::Acquire) {
+            return Err(self.deposed());
+        }
+        let mut upsert: (Vec<&str>, Vec<Vec<u8>>, Vec<Vec<u8>>) = Default::default();
+        let mut delete: (Vec<&str>, Vec<Vec<u8>>) = Default::default();
+        for ((table, key), value) in writes {
+            match value {
+                Some(v) => {
+                    upsert.0.push(table.name());
+                    upsert.1.push(key);
+                    upsert.2.push(v);
+                }
+                None => {
+                    delete.0.push(table.name());
+                    delete.1.push(key);
+                }
+            }
+        }
+        let mut guard = self.writer.lock();
+        let client = match guard.take().filter(|c| !c.is_closed()) {
+            Some(c) => c,
+            None => {
+                let options = self.options.clone();
+                self.rt
+                    .block(async move { connect(&options, "write").await })?
+            }
+        };
+        let (node, epoch) = (self.options.node.clone(), self.epoch);
+        let (client, outcome) = self.rt.block(async move {
+            let outcome = async {
+                client.batch_execute("BEGIN").await?;
+                let fenced = client
+                    .query(
+                        "SELECT 1 FROM agentbay_leader WHERE id = 1 AND node = $1 AND epoch = $2 FOR SHARE",
+                        &[&node, &epoch],
+                    )
+                    .await?;
+                if fenced.is_empty() {
+                    client.batch_execute("ROLLBACK").await?;
+                    return Ok(false);
+                }
+                if !upsert.0.is_empty() {
+                    client
+                        .execute(
+                            "INSERT INTO agentbay_kv (tree, key, value)
+                             SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
+                             ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value",
+                            &[&upsert.0, &upsert.1, &upsert.2],
+                        )
+                        .await?;
+                }
+                if !delete.0.is_empty() {
+                    client
+                        .execute(
+                            "DELETE FROM agentbay_kv USING unnest($1::text[], $2::bytea[]) AS d(tree, key)
+                             WHERE agentbay_kv.tree = d.tree AND agentbay_kv.key = d.key",
+                            &[&delete.0, &delete.1],
+                        )
+                        .await?;
+                }
+                client.batch_execute("COMMIT").await?;
+                Ok::<_, tokio_postgres::Error>(true)
+            }
+            .await;
+            (client, outcome)
+        });
+        match outcome {
+            Ok(true) => {
+                *guard = Some(client);
+                Ok(())
+            }
+            Ok(false) => {
+                self.leading.store(false, Ordering::Release);
+                Err(self.deposed())
+            }
+            // The connection is dropped: a transaction left open on it ends
+            // with it.
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn deposed(&self) -> StoreError {
+        StoreError::Engine(format!(
+            "this appliance's epoch {} no longer holds the PostgreSQL store: another appliance took over",
+            self.epoch
+        ))
+    }
+
+    /// One write outside the group commit.
+    fn write_one(&self, table: Table, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
+        let client = self.client()?;
+        let (name, key, value) = (table.name(), key.to_vec(), value.map(<[u8]>::to_vec));
+        self.rt.block(async move {
+            match value {
+                Some(v) => {
+                    client
+                        .execute(
+                            "INSERT INTO agentbay_kv (tree, key, value) VALUES ($1, $2, $3)
+                             ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value",
+                            &[&name, &key, &v],
+                        )
+                        .await?
+                }
+                None => {
+                    client
+                        .execute(
+                            "DELETE FROM agentbay_kv WHERE tree = $1 AND key = $2",
+                            &[&name, &key],
+                        )
+                        .await?
+                }
+            };
+            Ok(())
+        })
+    }
+}
+
+/// Creates the tables if the database has none, and checks the layout.
+async fn create_layout(client: &Client) -> Result<(), StoreError> {
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS agentbay_layout (
+                 id int PRIMARY KEY CHECK (id = 1),
+                 version int NOT NULL);
+             CREATE TABLE IF NOT EXISTS agentbay_kv (
+                 tree text COLLATE \"C\" NOT NULL,
+                 key bytea NOT NULL,
+                 value bytea NOT NULL,
+                 PRIMARY KEY (tree, key)) WITH (fillfactor = 80);
+             CREATE TABLE IF NOT EXISTS agentbay_leader (
+                 id int PRIMARY KEY,
+                 node text NOT NULL,
+                 epoch bigint NOT NULL,
+                 expires_at timestamptz NOT NULL);
+             INSERT INTO agentbay_leader VALUES (1, '', 0, '-infinity') ON CONFLICT DO NOTHING;",
+        )
+        .await?;
+    client
+        .execute(
+            "INSERT INTO agentbay_layout VALUES (1, $1) ON CONFLICT DO NOTHING",
+            &[&LAYOUT],
+        )
+        .await?;
+    let found: i32 = client
+        .query_one("SELECT version FROM agentbay_layout WHERE id = 1", &[])
+        .await?
+        .get(0);
+    if found > LAYOUT {
+        return Err(StoreError::Engine(format!(
+            "the PostgreSQL store's layout is version {found}, newer than this agentbay's ({LAYOUT})"
+        )));
+    }
+    Ok(())
+}
+
+/// Takes the leader row with a new epoch if it is free, expired or this
+/// node's own; `Err(holder)` names the node whose lease runs.
+async fn take_leadership(
+    client: &Client,
+    node: &str,
+    lease_secs: f64,
+) -> Result<Result<i64, String>, StoreError> {
+    let taken = client
+        .query_opt(
+            "UPDATE agentbay_leader
+             SET node = $1, epoch = epoch + 1, expires_at = now() + make_interval(secs => $2)
+             WHERE id = 1 AND (expires_at < now() OR node = $1 OR node = '')
+             RETURNING epoch",
+            &[&node, &lease_secs],
+        )
+        .await?;
+    if let Some(row) = taken {
+        return Ok(Ok(row.get(0)));
+    }
+    let holder = client
+        .query_one(
+            "SELECT node, epoch, expires_at - now() FROM agentbay_leader WHERE id = 1",
+            &[],
+        )
+        .await?;
+    let (name, epoch): (String, i64) = (holder.get(0), holder.get(1));
+    Ok(Err(format!("{name}, epoch {epoch}")))
+}
+
+impl KvRead for PgEngine {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let client = self.client()?;
+        let (name, key) = (table.name(), key.to_vec());
+        self.rt.block(async move {
+            let row = client
+                .query_opt(
+                    "SELECT value FROM agentbay_kv WHERE tree = $1 AND key = $2",
+                    &[&name, &key],
+                )
+                .await?;
+            Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
+        })
+    }
+
+    fn range(&self, table: Table, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Rows<'_> {
+        Box::new(Scan {
+            engine: self,
+            table,
+            lo: start.map(<[u8]>::to_vec),
+            hi: end.map(<[u8]>::to_vec),
+            front: VecDeque::new(),
+            back: VecDeque::new(),
+            done: false,
+            page: FIRST_PAGE,
+        })
+    }
+}
+
+/// A scan in pages from either end. `lo..hi` is what no page has read
+/// yet; `front` holds keys below it ascending, `back` keys above it
+/// descending.
+struct Scan<'a> {
+    engine: &'a PgEngine,
+    table: Table,
+    lo: Bound<Vec<u8>>,
+    hi: Bound<Vec<u8>>,
+    front: VecDeque<Pair>,
+    back: VecDeque<Pair>,
+    /// Nothing is left between `lo` and `hi`.
+    done: bool,
+    page: i64,
+}
+
+impl Scan<'_> {
+    /// Reads the next page from one end; `Ok(false)` when none is left.
+    fn fill(&mut self, ascending: bool) -> Result<bool, StoreError> {
+        if self.done {
+            return Ok(false);
+        }
+        let rows = self
+            .engine
+            .page(self.table, &self.lo, &self.hi, ascending, self.page)?;
+        if (rows.len() as i64) < self.page {
+            self.done = true;
+        }
+        self.page = (self.page * 4).min(MAX_PAGE);
+        let Some((last, _)) = rows.last() else {
+            return Ok(false);
+        };
+        if ascending {
+            self.lo = Bound::Excluded(last.clone());
+            self.front.extend(rows);
+        } else {
+            self.hi = Bound::Excluded(last.clone());
+            self.back.extend(rows);
+        }
+        Ok(true)
+    }
+}
+
+impl Iterator for Scan<'_> {
+    type Item = Result<Pair, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.front.is_empty() {
+            match self.fill(true) {
+                Ok(true) => {}
+                Ok(false) => return self.back.pop_back().map(Ok),
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+        self.front.pop_front().map(Ok)
+    }
+}
+
+impl DoubleEndedIterator for Scan<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        if self.back.is_empty() {
+            match self.fill(false) {
+                Ok(true) => {}
+                Ok(false) => return self.front.pop_back().map(Ok),
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+        self.back.pop_front().map(Ok)
+    }
+}
+
+impl KvBulk for PgEngine {
+    fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.write_one(table, key, Some(value))
+    }
+
+    fn remove(&self, table: Table, key: &[u8]) -> Result<(), StoreError> {
+        self.write_one(table, key, None)
+    }
+
+    /// Each write committed on its own.
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+impl KvEngine for PgEngine {
+    fn reader(&self) -> &dyn KvRead {
+        self
+    }
+
+    fn visible_when_durable(&self) -> bool {
+        true
+    }
+
+    fn apply(&self, _number: u64, writes: Writes) -> Result<Option<Arc<Writes>>, StoreError> {
+        Ok(Some(Arc::new(writes)))
+    }
+
+    fn make_durable(&self, pending: &[Arc<Writes>]) -> Result<(), StoreError> {
+        let mut merged = BTreeMap::new();
+        for writes in pending {
+            for (position, key, value) in writes.iter() {
+                merged.insert((Table::ALL[position], key.to_vec()), value.clone());
+            }
+        }
+        if merged.is_empty() {
+            return Ok(());
+        }
+        self.commit(merged)
+    }
+
+    fn size_on_disk(&self) -> Result<u64, StoreError> {
+        let client = self.client()?;
+        self.rt.block(async move {
+            let row = client
+                .query_one("SELECT pg_total_relation_size('agentbay_kv')", &[])
+                .await?;
+            Ok(row.get::<_, i64>(0).max(0) as u64)
+        })
+    }
+
+    #[cfg(test)]
+    fn damage(&self, table: Table, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
+        self.write_one(table, key, value)
+    }
+}
