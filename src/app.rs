@@ -124,14 +124,46 @@ pub struct Local {
 /// Opens the data directory (taking its lock) and the store.
 pub fn open_local(config: &Config) -> Result<Local, crate::store::StoreError> {
     let datadir = DataDir::open(&config.data_dir)?;
+    // The certificate's fingerprint is what a standby pins when it
+    // forwards to this appliance; an offline command serves nothing.
+    let store = open_store(config, &datadir.store_path(), config.listen, "")?;
+    Ok(Local { datadir, store })
+}
+
+/// Opens the store the configuration names: sled in the data directory,
+/// or the shared PostgreSQL one, which fails with
+/// [`StoreError::Standby`](crate::store::StoreError::Standby) while
+/// another appliance is active. `listen` (the bound address) and
+/// `fingerprint` (of the served certificate) tell the other appliances
+/// how to reach this one.
+pub fn open_store(
+    config: &Config,
+    store_path: &std::path::Path,
+    listen: SocketAddr,
+    fingerprint: &str,
+) -> Result<Store, crate::store::StoreError> {
+    let backend = match config.store.backend {
+        crate::config::StoreBackend::Sled => crate::store::Backend::Sled,
+        crate::config::StoreBackend::Postgres => {
+            let pg = &config.store.postgres;
+            crate::store::Backend::Postgres(crate::store::PgOptions {
+                url: pg.url.expose().to_string(),
+                ca_file: pg.ca_file.clone(),
+                node: pg.node_name(),
+                advertise: pg.advertise_url(listen),
+                fingerprint: fingerprint.to_string(),
+                lease: Duration::from_secs(pg.lease_seconds),
+            })
+        }
+    };
     let options = StoreOptions {
         cache_bytes: config.store.cache_mb * 1024 * 1024,
         snapshot_every_bytes: config.store.snapshot_every_mb * 1024 * 1024,
         upgrade_backup_dir: Some(config.upgrade_backup_dir()),
+        backend,
         ..StoreOptions::default()
     };
-    let store = Store::open(&datadir.store_path(), &options)?;
-    Ok(Local { datadir, store })
+    Store::open(store_path, &options)
 }
 
 /// What `agentbay check` found in a stopped appliance's store.
@@ -281,19 +313,53 @@ pub struct Running {
 /// Starts the appliance: returns once it listens.
 pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     crate::store::datadir::private_files();
-    let clock = clocks.clock.clone();
     let config = Arc::new(config);
     // Every precondition of serving is checked before anything is made:
     // the address first, then the data directory (its lock), the
     // certificate, the backup directory; the bootstrap secrets come last.
+    let listener = bind(&config)?;
+    let addr = listener.local_addr()?;
+    let datadir = DataDir::open(&config.data_dir)?;
+    let (store, material) = match config.store.backend {
+        crate::config::StoreBackend::Sled => {
+            let store = open_store(&config, &datadir.store_path(), addr, "")?;
+            (store, load_tls(&config, &datadir)?)
+        }
+        crate::config::StoreBackend::Postgres => {
+            let material = load_tls(&config, &datadir)?;
+            let store = open_store(&config, &datadir.store_path(), addr, &material.fingerprint)?;
+            (store, material)
+        }
+    };
+    serve(config, clocks, listener, datadir, store, material).await
+}
+
+/// Binds the listening address.
+pub(crate) fn bind(config: &Config) -> anyhow::Result<std::net::TcpListener> {
     let listener = std::net::TcpListener::bind(config.listen)
         .with_context(|| format!("cannot listen on {} (listen)", config.listen))?;
     listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// The certificate the appliance serves (generated on first start).
+pub(crate) fn load_tls(config: &Config, datadir: &DataDir) -> anyhow::Result<TlsMaterial> {
+    tls::load_or_generate(&config.tls, &datadir.tls_dir()).context("loading the TLS certificate")
+}
+
+/// Starts serving on an opened data directory and store: returns once it
+/// listens.
+pub(crate) async fn serve(
+    config: Arc<Config>,
+    clocks: Clocks,
+    listener: std::net::TcpListener,
+    datadir: DataDir,
+    store: Store,
+    material: TlsMaterial,
+) -> anyhow::Result<Running> {
+    let clock = clocks.clock.clone();
     let addr = listener.local_addr()?;
     let url = format!("https://{}", display_addr(addr));
-    let Local { datadir, store } = open_local(&config)?;
-    let material: TlsMaterial = tls::load_or_generate(&config.tls, &datadir.tls_dir())
-        .context("loading the TLS certificate")?;
     let auth_config = crate::config::Live::new(config.auth.clone());
     let auth = Arc::new(
         Auth::open(&store, clock.clone(), auth_config.clone())
@@ -564,6 +630,12 @@ impl Running {
     /// (up to `http.drain_seconds`), stop the workers, flush the store.
     pub async fn stop(self) -> anyhow::Result<()> {
         let drain = Duration::from_secs(self.state.config.http.drain_seconds);
+        self.stop_draining(drain).await
+    }
+
+    /// Shuts down as [`Running::stop`] does, letting requests in flight
+    /// run for `drain` at most.
+    pub async fn stop_draining(self, drain: Duration) -> anyhow::Result<()> {
         tracing::info!(drain_seconds = drain.as_secs(), "shutting down");
         let _ = self.shutdown.send(true);
         self.handle.graceful_shutdown(Some(drain));
@@ -614,6 +686,9 @@ pub async fn run(
     clocks: Clocks,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    if config.store.backend == crate::config::StoreBackend::Postgres {
+        return crate::standby::run(config, clocks, shutdown).await;
+    }
     let running = start(config.clone(), clocks).await?;
     if let Some(bootstrap) = &running.bootstrap {
         // Until used, every start prints them, on standard output only:

@@ -353,24 +353,165 @@ pub enum LogFormat {
     Json,
 }
 
-/// The embedded store.
+/// The store.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// Page cache size, in MiB.
+    /// Where the store is kept.
+    pub backend: StoreBackend,
+    /// sled's page cache size, in MiB.
     pub cache_mb: u64,
-    /// The store reopens itself after this many MiB of records written, so
-    /// that its page-table snapshot is fresh and a restart replays at most
-    /// that much log (0: never).
+    /// The sled store reopens itself after this many MiB of records
+    /// written, so that its page-table snapshot is fresh and a restart
+    /// replays at most that much log (0: never).
     pub snapshot_every_mb: u64,
+    /// The PostgreSQL store (`backend = "postgres"`).
+    pub postgres: PostgresConfig,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
+            backend: StoreBackend::Sled,
             cache_mb: 32,
             snapshot_every_mb: 32,
+            postgres: PostgresConfig::default(),
         }
+    }
+}
+
+/// Where the store is kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// sled, in the data directory: one appliance, nothing to set up.
+    #[default]
+    Sled,
+    /// The site's PostgreSQL, shared by two or more appliances of which
+    /// one is active and the others stand by.
+    Postgres,
+}
+
+/// The PostgreSQL store: the database every appliance of the pair points
+/// at, and how this one is known to the others.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PostgresConfig {
+    /// A libpq connection string or URL: `postgresql://agentbay@db1,db2/agentbay?sslmode=require&target_session_attrs=read-write`.
+    /// It may hold a password; it is never logged.
+    pub url: Secret,
+    /// PEM file of the CA that signed the PostgreSQL servers'
+    /// certificates: required for TLS (`sslmode=require`), which is
+    /// required for any server not on this host.
+    pub ca_file: Option<PathBuf>,
+    /// This appliance's name among the pair (default: the host name).
+    pub node_name: Option<String>,
+    /// Where clients and the other appliances reach this one
+    /// (default: `https://<node_name>:<listen port>`).
+    pub advertise_url: Option<String>,
+    /// How long the active appliance's lease runs without renewal: a
+    /// standby takes over at most this long after the active one died,
+    /// hung or lost PostgreSQL, plus about two seconds.
+    pub lease_seconds: u64,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            url: Secret(String::new()),
+            ca_file: None,
+            node_name: None,
+            advertise_url: None,
+            lease_seconds: 10,
+        }
+    }
+}
+
+impl PostgresConfig {
+    /// This appliance's name among the pair.
+    pub fn node_name(&self) -> String {
+        self.node_name
+            .clone()
+            .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned())
+    }
+
+    /// Where the others reach this appliance.
+    pub fn advertise_url(&self, listen: SocketAddr) -> String {
+        self.advertise_url
+            .clone()
+            .unwrap_or_else(|| format!("https://{}:{}", self.node_name(), listen.port()))
+    }
+
+    /// Refuses what cannot work or is not safe: no URL, one that does not
+    /// parse, a server elsewhere reached without TLS or without a CA to
+    /// check it by, a lease too short to renew or too long to wait out.
+    fn check(&self) -> Result<(), ConfigError> {
+        let err = |key: &str, reason: String| Err(ConfigError::new(key, reason, ""));
+        if self.url.expose().trim().is_empty() {
+            return err(
+                "store.postgres.url",
+                "store.backend is postgres, so the PostgreSQL connection URL is required".into(),
+            );
+        }
+        let parsed: tokio_postgres::Config = match self.url.expose().parse() {
+            Ok(c) => c,
+            Err(e) => {
+                return err(
+                    "store.postgres.url",
+                    format!("not a PostgreSQL connection string or URL ({e})"),
+                );
+            }
+        };
+        let remote = parsed.get_hosts().iter().any(|h| match h {
+            tokio_postgres::config::Host::Tcp(name) => {
+                !(name == "localhost"
+                    || name
+                        .trim_matches(['[', ']'])
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback()))
+            }
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(_) => false,
+        });
+        if remote && parsed.get_ssl_mode() != tokio_postgres::config::SslMode::Require {
+            return err(
+                "store.postgres.url",
+                "a server not on this host is reached with TLS only: add sslmode=require (and set store.postgres.ca_file)".into(),
+            );
+        }
+        if parsed.get_ssl_mode() == tokio_postgres::config::SslMode::Require
+            && self.ca_file.is_none()
+        {
+            return err(
+                "store.postgres.ca_file",
+                "sslmode=require checks the server's certificate against the site's CA: set the CA's PEM file".into(),
+            );
+        }
+        if let Some(url) = &self.advertise_url
+            && !url.starts_with("https://")
+        {
+            return err(
+                "store.postgres.advertise_url",
+                format!("{url} is not an https:// URL"),
+            );
+        }
+        if self
+            .node_name
+            .as_deref()
+            .is_some_and(|n| n.trim().is_empty() || n.len() > 64)
+        {
+            return err(
+                "store.postgres.node_name",
+                "a node name is 1 to 64 characters".into(),
+            );
+        }
+        if !(3..=120).contains(&self.lease_seconds) {
+            return err(
+                "store.postgres.lease_seconds",
+                format!("{} is outside 3..=120", self.lease_seconds),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -1166,6 +1307,9 @@ impl Config {
             300,
         )?;
         range("store.cache_mb", self.store.cache_mb, 8, 1024 * 1024)?;
+        if self.store.backend == StoreBackend::Postgres {
+            self.store.postgres.check()?;
+        }
         range(
             "store.snapshot_every_mb",
             self.store.snapshot_every_mb,

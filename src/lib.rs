@@ -72,6 +72,7 @@ pub mod releases;
 pub mod reload;
 pub mod runs;
 pub mod runtime;
+pub mod standby;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

@@ -338,9 +338,16 @@ impl From<DomainError> for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Closed | StoreError::FlushFailed(_) => ApiError::new(
+            StoreError::Closed | StoreError::FlushFailed(_) | StoreError::Standby { .. } => {
+                ApiError::new(
+                    ErrorCode::Unavailable,
+                    format!("the store cannot accept writes: {e}"),
+                )
+            }
+            // The engine's own failure (PostgreSQL unreachable): retry.
+            StoreError::Engine(_) => ApiError::new(
                 ErrorCode::Unavailable,
-                format!("the store cannot accept writes: {e}"),
+                format!("the store cannot be reached: {e}"),
             ),
             StoreError::Stale { .. } => ApiError::new(ErrorCode::Aborted, e.to_string()),
             StoreError::Invariant { .. } => {

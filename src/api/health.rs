@@ -41,6 +41,13 @@ pub struct Readiness {
     pub ready: bool,
     /// This appliance's version.
     pub version: &'static str,
+    /// `active`: this appliance serves (a standby answers `/readyz` with
+    /// `standby` and the active appliance).
+    pub role: crate::domain::cluster::Role,
+    /// The appliance holding the shared PostgreSQL store (this one) with
+    /// its epoch; absent on sled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader: Option<crate::domain::cluster::Node>,
     /// The schema version its store runs at.
     pub schema_version: u32,
     /// `ok`, or why the store cannot confirm writes.
@@ -78,6 +85,8 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     let body = Readiness {
         ready,
         version: env!("CARGO_PKG_VERSION"),
+        role: crate::domain::cluster::Role::Active,
+        leader: state.store.leadership(),
         schema_version: state.store.schema_version(),
         store: store.err().unwrap_or_else(|| "ok".into()),
         shutting_down,

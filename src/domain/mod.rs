@@ -9,6 +9,7 @@ pub mod amount;
 pub mod attempt;
 pub mod audit;
 pub mod capacity;
+pub mod cluster;
 pub mod content;
 pub mod credential;
 pub mod diff;

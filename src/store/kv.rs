@@ -82,6 +82,19 @@ pub(super) trait KvEngine: Send + Sync {
         Ok(None)
     }
 
+    /// Why the engine cannot take writes now (`Ok`: it can).
+    fn health(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// The appliance that holds the store, when appliances share it.
+    fn leadership(&self) -> Option<crate::domain::cluster::Node> {
+        None
+    }
+
+    /// Gives the store up after the last write (a clean stop).
+    fn release(&self) {}
+
     /// Bytes the store occupies where it is kept.
     fn size_on_disk(&self) -> Result<u64, StoreError>;
 

@@ -469,6 +469,12 @@ pub enum StoreError {
     /// A backup file is unusable.
     #[error("backup: {0}")]
     Backup(String),
+    /// Another appliance holds the shared store: this one stands by.
+    #[error("another appliance ({} at {}, epoch {}) is active on this PostgreSQL store; this one stands by", active.node, active.url, active.epoch)]
+    Standby {
+        /// The active appliance.
+        active: Box<crate::domain::cluster::Node>,
+    },
 }
 
 impl From<sled::Error> for StoreError {
@@ -1257,10 +1263,18 @@ impl Store {
         self.inner.events.subscribe()
     }
 
-    /// Whether the writer and flusher threads are alive and the last flush
-    /// succeeded.
+    /// Whether the writer and flusher threads are alive, the last flush
+    /// succeeded and the engine takes writes (on PostgreSQL: this
+    /// appliance still holds the store).
     pub fn healthy(&self) -> Result<(), String> {
-        self.inner.committer.health()
+        self.inner.committer.health()?;
+        self.inner.engine.health()
+    }
+
+    /// The appliance holding the store with its epoch, when appliances
+    /// share it (PostgreSQL); `None` on sled.
+    pub fn leadership(&self) -> Option<crate::domain::cluster::Node> {
+        self.inner.engine.leadership()
     }
 
     /// Counters of the group commit, for metrics and benchmarks.
@@ -1297,7 +1311,11 @@ impl Store {
     /// Stops the writer after the writes already submitted, flushes and
     /// syncs. Later writes fail with [`StoreError::Closed`].
     pub fn close(&self) -> Result<(), StoreError> {
-        self.inner.committer.stop()
+        let stopped = self.inner.committer.stop();
+        if stopped.is_ok() {
+            self.inner.engine.release();
+        }
+        stopped
     }
 }
 

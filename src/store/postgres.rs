@@ -8,11 +8,14 @@
 //!   bytea compares bytewise and then by length, which is sled's order, so
 //!   every range and prefix scan is a range of the primary key, read in
 //!   pages (`key > last ... LIMIT n`) from either end.
-//! - `agentbay_leader(id, node, epoch, expires_at)`: which appliance is
-//!   active (row 1), the epoch it took, and until when its lease runs, on
-//!   the database's clock. An appliance opening the store takes the row
-//!   with a new epoch if it is free or expired, and renews it while it
-//!   runs.
+//! - `agentbay_leader(id, node, url, fingerprint, epoch, expires_at)`:
+//!   which appliance is active (row 1), where it is reached, the epoch it
+//!   took, and until when its lease runs, on the database's clock. An
+//!   appliance opening the store takes the row with a new epoch if it is
+//!   free, expired or its own, and renews it a third of a lease apart. It
+//!   stops committing once a lease has passed, less a margin, since its
+//!   last renewal was sent, so it has stopped before the row can expire
+//!   on the database's clock and a standby take it.
 //! - `agentbay_layout(version)`: the version of this SQL layout, so a
 //!   later one can migrate it. The store's own schema version and format
 //!   marker are rows of the `meta` tree, as on sled.
@@ -50,7 +53,7 @@ use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio_postgres::Client;
@@ -58,6 +61,7 @@ use tokio_postgres::Client;
 use super::kv::{KvBulk, KvEngine, KvRead, Pair, Rows};
 use super::tx::Writes;
 use super::{StoreError, Table};
+use crate::domain::cluster::Node;
 
 /// The SQL layout this binary creates and reads.
 const LAYOUT: i32 = 1;
@@ -78,8 +82,20 @@ pub struct PgOptions {
     pub ca_file: Option<PathBuf>,
     /// This appliance's name in the leader row.
     pub node: String,
+    /// Where clients and the other appliances reach this one.
+    pub advertise: String,
+    /// SHA-256 fingerprint of this appliance's TLS certificate.
+    pub fingerprint: String,
     /// How long a leader's lease runs without renewal.
     pub lease: Duration,
+}
+
+impl PgOptions {
+    /// How long before its lease ends, by its own clock, an active
+    /// appliance stops committing.
+    fn margin(&self) -> Duration {
+        (self.lease / 5).max(Duration::from_secs(1))
+    }
 }
 
 impl PgOptions {
@@ -248,8 +264,11 @@ pub(super) struct PgEngine {
     options: PgOptions,
     /// The epoch this appliance holds the leader row with.
     epoch: i64,
-    /// False once a renewal found the row taken.
+    /// False once a renewal or a commit found the row taken, or the lease
+    /// ran out unrenewed; never true again.
     leading: Arc<AtomicBool>,
+    /// When the last renewal that succeeded was sent.
+    renewed: Arc<Mutex<Instant>>,
 }
 
 impl PgEngine {
@@ -257,20 +276,18 @@ impl PgEngine {
     /// the leader row. Refused while another appliance's lease runs.
     pub fn open(options: PgOptions) -> Result<PgEngine, StoreError> {
         let rt = Runtime::new()?;
+        let sent = Instant::now();
         let (writer, taken) = {
             let options = options.clone();
             rt.block(async move {
                 let client = connect(&options, "write").await?;
                 create_layout(&client).await?;
-                let taken =
-                    take_leadership(&client, &options.node, options.lease.as_secs_f64()).await?;
+                let taken = take_leadership(&client, &options).await?;
                 Ok::<_, StoreError>((client, taken))
             })?
         };
-        let epoch = taken.map_err(|holder| {
-            StoreError::Engine(format!(
-                "another appliance ({holder}) is active on this PostgreSQL store; this one can only stand by"
-            ))
+        let epoch = taken.map_err(|active| StoreError::Standby {
+            active: Box::new(active),
         })?;
         let leading = Arc::new(AtomicBool::new(true));
         let engine = PgEngine {
@@ -280,6 +297,7 @@ impl PgEngine {
             options,
             epoch,
             leading,
+            renewed: Arc::new(Mutex::new(sent)),
         };
         engine.renew_in_background();
         tracing::info!(
@@ -294,37 +312,67 @@ impl PgEngine {
     /// taken stops further commits (they would fail their fence anyway).
     fn renew_in_background(&self) {
         let options = self.options.clone();
-        let (epoch, leading) = (self.epoch, self.leading.clone());
+        let (epoch, leading, renewed) = (self.epoch, self.leading.clone(), self.renewed.clone());
         let every = options.lease / 3;
         self.rt.handle().spawn(async move {
             let mut client: Option<Client> = None;
-            loop {
+            while leading.load(Ordering::Acquire) {
                 tokio::time::sleep(every).await;
-                if client.as_ref().is_none_or(Client::is_closed) {
-                    client = connect(&options, "lease").await.ok();
-                }
-                let Some(c) = &client else { continue };
-                let renewed = c
-                    .execute(
-                        "UPDATE agentbay_leader SET expires_at = now() + make_interval(secs => $3)
-                         WHERE id = 1 AND node = $1 AND epoch = $2",
-                        &[&options.node, &epoch, &options.lease.as_secs_f64()],
+                let sent = Instant::now();
+                let attempt = async {
+                    if client.as_ref().is_none_or(Client::is_closed) {
+                        client = Some(connect(&options, "lease").await?);
+                    }
+                    let c = client.as_ref().expect("connected above");
+                    Ok::<_, StoreError>(
+                        c.execute(
+                            "UPDATE agentbay_leader SET expires_at = now() + make_interval(secs => $3)
+                             WHERE id = 1 AND node = $1 AND epoch = $2",
+                            &[&options.node, &epoch, &options.lease.as_secs_f64()],
+                        )
+                        .await?,
                     )
-                    .await;
-                match renewed {
-                    Ok(0) => {
+                };
+                // A renewal that hangs is a renewal that failed.
+                match tokio::time::timeout(every, attempt).await {
+                    Ok(Ok(0)) => {
                         tracing::error!(
                             epoch,
                             "store: another appliance took over the PostgreSQL store; this one no longer commits"
                         );
                         leading.store(false, Ordering::Release);
-                        return;
                     }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "store: renewing the leader lease failed"),
+                    Ok(Ok(_)) => *renewed.lock() = sent,
+                    Ok(Err(e)) => {
+                        client = None;
+                        tracing::warn!(error = %e, "store: renewing the leader lease failed");
+                    }
+                    Err(_) => {
+                        client = None;
+                        tracing::warn!("store: renewing the leader lease timed out");
+                    }
                 }
             }
         });
+    }
+
+    /// Whether this appliance may still commit: it holds the row, and its
+    /// lease has not run out by its own clock (less the margin).
+    fn check_leading(&self) -> Result<(), StoreError> {
+        if !self.leading.load(Ordering::Acquire) {
+            return Err(self.deposed());
+        }
+        let since = self.renewed.lock().elapsed();
+        if since + self.options.margin() >= self.options.lease {
+            self.leading.store(false, Ordering::Release);
+            tracing::error!(
+                epoch = self.epoch,
+                unrenewed_ms = since.as_millis() as u64,
+                "store: the leader lease could not be renewed in time; this appliance no longer commits"
+            );
+            return Err(self.deposed());
+        }
+        Ok(())
     }
 
     fn client(&self) -> Result<Arc<Client>, StoreError> {
@@ -388,9 +436,7 @@ impl PgEngine {
         &self,
         writes: BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>>,
     ) -> Result<(), StoreError> {
-        if !self.leading.load(Ordering::Acquire) {
-            return Err(self.deposed());
-        }
+        self.check_leading()?;
         let mut upsert: (Vec<&str>, Vec<Vec<u8>>, Vec<Vec<u8>>) = Default::default();
         let mut delete: (Vec<&str>, Vec<Vec<u8>>) = Default::default();
         for ((table, key), value) in writes {
@@ -471,7 +517,7 @@ impl PgEngine {
 
     fn deposed(&self) -> StoreError {
         StoreError::Engine(format!(
-            "this appliance's epoch {} no longer holds the PostgreSQL store: another appliance took over",
+            "this appliance no longer holds the PostgreSQL store with epoch {}: another appliance took over, or the lease ran out unrenewed",
             self.epoch
         ))
     }
@@ -520,9 +566,11 @@ async fn create_layout(client: &Client) -> Result<(), StoreError> {
              CREATE TABLE IF NOT EXISTS agentbay_leader (
                  id int PRIMARY KEY,
                  node text NOT NULL,
+                 url text NOT NULL,
+                 fingerprint text NOT NULL,
                  epoch bigint NOT NULL,
                  expires_at timestamptz NOT NULL);
-             INSERT INTO agentbay_leader VALUES (1, '', 0, '-infinity') ON CONFLICT DO NOTHING;",
+             INSERT INTO agentbay_leader VALUES (1, '', '', '', 0, '-infinity') ON CONFLICT DO NOTHING;",
         )
         .await?;
     client
@@ -544,32 +592,46 @@ async fn create_layout(client: &Client) -> Result<(), StoreError> {
 }
 
 /// Takes the leader row with a new epoch if it is free, expired or this
-/// node's own; `Err(holder)` names the node whose lease runs.
+/// node's own; `Err` names the appliance whose lease runs.
 async fn take_leadership(
     client: &Client,
-    node: &str,
-    lease_secs: f64,
-) -> Result<Result<i64, String>, StoreError> {
+    options: &PgOptions,
+) -> Result<Result<i64, Node>, StoreError> {
     let taken = client
         .query_opt(
             "UPDATE agentbay_leader
-             SET node = $1, epoch = epoch + 1, expires_at = now() + make_interval(secs => $2)
+             SET node = $1, url = $2, fingerprint = $3, epoch = epoch + 1,
+                 expires_at = now() + make_interval(secs => $4)
              WHERE id = 1 AND (expires_at < now() OR node = $1 OR node = '')
              RETURNING epoch",
-            &[&node, &lease_secs],
+            &[
+                &options.node,
+                &options.advertise,
+                &options.fingerprint,
+                &options.lease.as_secs_f64(),
+            ],
         )
         .await?;
     if let Some(row) = taken {
         return Ok(Ok(row.get(0)));
     }
-    let holder = client
+    Ok(Err(leader(client).await?))
+}
+
+/// The appliance the leader row names.
+async fn leader(client: &Client) -> Result<Node, StoreError> {
+    let row = client
         .query_one(
-            "SELECT node, epoch, expires_at - now() FROM agentbay_leader WHERE id = 1",
+            "SELECT node, url, fingerprint, epoch FROM agentbay_leader WHERE id = 1",
             &[],
         )
         .await?;
-    let (name, epoch): (String, i64) = (holder.get(0), holder.get(1));
-    Ok(Err(format!("{name}, epoch {epoch}")))
+    Ok(Node {
+        node: row.get(0),
+        url: row.get(1),
+        fingerprint: row.get(2),
+        epoch: row.get(3),
+    })
 }
 
 impl KvRead for PgEngine {
@@ -716,6 +778,39 @@ impl KvEngine for PgEngine {
             return Ok(());
         }
         self.commit(merged)
+    }
+
+    fn health(&self) -> Result<(), String> {
+        self.check_leading().map_err(|e| e.to_string())
+    }
+
+    fn leadership(&self) -> Option<Node> {
+        Some(Node {
+            node: self.options.node.clone(),
+            url: self.options.advertise.clone(),
+            fingerprint: self.options.fingerprint.clone(),
+            epoch: self.epoch,
+        })
+    }
+
+    /// Ends the lease at once, so that a standby takes over without
+    /// waiting for it to run out.
+    fn release(&self) {
+        let Ok(client) = self.client() else { return };
+        let (node, epoch) = (self.options.node.clone(), self.epoch);
+        let released = self.rt.block(async move {
+            client
+                .execute(
+                    "UPDATE agentbay_leader SET expires_at = '-infinity'
+                     WHERE id = 1 AND node = $1 AND epoch = $2",
+                    &[&node, &epoch],
+                )
+                .await
+        });
+        self.leading.store(false, Ordering::Release);
+        if let Err(e) = released {
+            tracing::warn!(error = %e, "store: the leader lease was not released; a standby waits for it to run out");
+        }
     }
 
     fn size_on_disk(&self) -> Result<u64, StoreError> {

@@ -157,6 +157,8 @@ impl Place {
                     url,
                     ca_file: None,
                     node: "test".into(),
+                    advertise: "https://test.invalid:8443".into(),
+                    fingerprint: String::new(),
                     lease: std::time::Duration::from_secs(10),
                 }),
                 ..StoreOptions::default()

@@ -196,6 +196,22 @@ impl Appliance {
         }
     }
 
+    /// An appliance another helper runs, reached at `url`: this value
+    /// neither starts nor stops it.
+    pub fn remote(url: &str, fingerprint: &str, admin: Credential) -> Appliance {
+        Appliance {
+            root: PathBuf::new(),
+            data_dir: PathBuf::new(),
+            child: None,
+            url: url.to_string(),
+            fingerprint: fingerprint.to_string(),
+            admin,
+            args: Vec::new(),
+            env: Vec::new(),
+            _tmp: None,
+        }
+    }
+
     /// Serves an existing data directory.
     pub fn serve(root: &Path, data_dir: &Path, admin: Credential) -> Appliance {
         let child = spawn_serve(root, data_dir, &[]);

@@ -4,6 +4,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/pg.rs"]
+mod pg;
 
 mod alerts;
 mod audit;
@@ -18,6 +20,7 @@ mod console;
 mod contract;
 mod durability;
 mod events;
+mod ha;
 mod http;
 mod python;
 mod readme;

@@ -1,0 +1,245 @@
+//! Two appliances on one PostgreSQL store: one active, the other standing
+//! by and forwarding, and the standby taking over when the active one is
+//! killed (kill -9), cut off from PostgreSQL, or when PostgreSQL itself
+//! restarts. A real PostgreSQL from Debian's packages, started in a
+//! temporary directory (`tests/common/pg.rs`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use agentbay::proto::agentbay::admin::v1 as pb;
+use serde_json::Value;
+
+use crate::common::{self, Appliance, Credential};
+use crate::pg::PgCluster;
+
+/// The lease the tests give the pair: short, so a takeover is quick.
+const LEASE_SECONDS: u64 = 3;
+
+/// One appliance of the pair.
+struct Node {
+    name: &'static str,
+    root: PathBuf,
+    data_dir: PathBuf,
+    port: u16,
+    db_url: String,
+    child: Option<Child>,
+    fingerprint: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Node {
+    fn new(name: &'static str, root: &Path, db_url: &str) -> Node {
+        let root = root.join(name);
+        std::fs::create_dir_all(&root).unwrap();
+        Node {
+            name,
+            data_dir: root.join("data"),
+            root,
+            port: free_port(),
+            db_url: db_url.to_string(),
+            child: None,
+            fingerprint: String::new(),
+        }
+    }
+
+    fn command(&self) -> std::process::Command {
+        let mut cmd = common::agentbay();
+        cmd.env("AGENTBAY_DEMO__ENABLED", "false")
+            .env("AGENTBAY_STORE__BACKEND", "postgres")
+            .env("AGENTBAY_STORE__POSTGRES__URL", &self.db_url)
+            .env("AGENTBAY_STORE__POSTGRES__NODE_NAME", self.name)
+            .env("AGENTBAY_STORE__POSTGRES__ADVERTISE_URL", self.url())
+            .env(
+                "AGENTBAY_STORE__POSTGRES__LEASE_SECONDS",
+                LEASE_SECONDS.to_string(),
+            );
+        cmd
+    }
+
+    /// `agentbay init` on the shared store: the bootstrap credential.
+    fn init(&self) -> Credential {
+        let out = common::run(
+            self.command()
+                .args(["init", "--json", "--data-dir"])
+                .arg(&self.data_dir),
+        );
+        assert!(
+            out.status.success(),
+            "init failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        Credential {
+            id: v["client_id"].as_str().unwrap().to_string(),
+            secret: v["client_secret"].as_str().unwrap().to_string(),
+        }
+    }
+
+    fn start(&mut self) {
+        let file = |name: &str| {
+            std::fs::File::options()
+                .create(true)
+                .append(true)
+                .open(self.root.join(name))
+                .unwrap()
+        };
+        let child = self
+            .command()
+            .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(file("serve.out")))
+            .stderr(Stdio::from(file("serve.err")))
+            .spawn()
+            .unwrap();
+        let info = common::wait_for_runtime_info(&self.data_dir, child.id());
+        self.fingerprint = info.certificate_fingerprint;
+        self.child = Some(child);
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.root.join("serve.err")).unwrap_or_default()
+    }
+
+    /// `/readyz`: its status and body.
+    async fn readyz(&self) -> (u16, Value) {
+        let r = common::https_client(&self.fingerprint)
+            .get(format!("{}/readyz", self.url()))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        match r {
+            Ok(r) => (r.status().as_u16(), r.json().await.unwrap_or(Value::Null)),
+            Err(_) => (0, Value::Null),
+        }
+    }
+
+    /// Waits until `/readyz` says `role` (and ready when active).
+    async fn wait_for_role(&self, role: &str, within: Duration) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let (status, body) = self.readyz().await;
+            let ok = body["role"] == role && (role != "active" || status == 200);
+            if ok {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not become {role} within {within:?}: {status} {body}\n{}",
+                self.name,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The node as the shared test helpers see an appliance.
+    fn appliance(&self, admin: &Credential) -> Appliance {
+        Appliance::remote(&self.url(), &self.fingerprint, admin.clone())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn tenants(a: &Appliance) -> Vec<String> {
+    let token = a.admin_token().await;
+    a.rpc_json(&token)
+        .list_tenants(pb::ListTenantsRequest::default())
+        .await
+        .expect("list tenants")
+        .into_owned()
+        .tenants
+        .into_iter()
+        .map(|t| t.tenant_id)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_standby_forwards_and_takes_over_when_the_active_appliance_is_killed() {
+    let cluster = PgCluster::shared();
+    let db = cluster.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut a = Node::new("a", tmp.path(), &db);
+    let mut b = Node::new("b", tmp.path(), &db);
+    let admin = a.init();
+    a.start();
+    let ready = a.wait_for_role("active", Duration::from_secs(30)).await;
+    let first_epoch = ready["leader"]["epoch"].as_i64().unwrap();
+    assert_eq!(ready["leader"]["node"], "a");
+    b.start();
+    let standby = b.wait_for_role("standby", Duration::from_secs(30)).await;
+    assert_eq!(standby["active"]["node"], "a", "{standby}");
+    assert_eq!(standby["active"]["url"], a.url());
+    assert_eq!(standby["ready"], false);
+
+    // Through either address, over Connect and REST: B forwards to A.
+    let (via_a, via_b) = (a.appliance(&admin), b.appliance(&admin));
+    let mut acknowledged = Vec::new();
+    for i in 0..6 {
+        let via = if i % 2 == 0 { &via_a } else { &via_b };
+        let tenant = format!("t{i}");
+        via.ensure_tenant(&tenant).await;
+        acknowledged.push(tenant);
+    }
+    let token = via_b.admin_token().await;
+    let trail = via_b.get(&token, "/factory/audit?limit=50").await;
+    assert!(trail.to_string().contains("t5"), "{trail}");
+
+    // kill -9 the active appliance: B takes over within the lease.
+    a.kill9();
+    let killed = Instant::now();
+    let active = b
+        .wait_for_role("active", Duration::from_secs(LEASE_SECONDS + 12))
+        .await;
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(15), "the takeover took {took:?}");
+    eprintln!("takeover after kill -9: {took:?}");
+    assert_eq!(active["leader"]["node"], "b");
+    let epoch = active["leader"]["epoch"].as_i64().unwrap();
+    assert!(
+        epoch > first_epoch,
+        "epochs only increase: {first_epoch} then {epoch}"
+    );
+
+    // Every acknowledged write is there.
+    let held = tenants(&via_b).await;
+    for t in &acknowledged {
+        assert!(
+            held.contains(t),
+            "{t} was acknowledged and is gone: {held:?}"
+        );
+    }
+
+    // A comes back as the standby, and forwards to B.
+    a.start();
+    let standby = a.wait_for_role("standby", Duration::from_secs(30)).await;
+    assert_eq!(standby["active"]["node"], "b", "{standby}");
+    let via_a = a.appliance(&admin);
+    via_a.ensure_tenant("after").await;
+    assert!(tenants(&via_b).await.contains(&"after".to_string()));
+}
