@@ -40,9 +40,12 @@ use crate::config::Config;
 use crate::domain::cluster::{Node, Role};
 use crate::store::{DataDir, StoreError};
 
-/// How often a standby tries to take the store over, and the active
-/// appliance checks that it still holds it.
+/// How often a standby tries to take the store over.
 const POLL: Duration = Duration::from_secs(1);
+
+/// How often the active appliance checks that it still holds the store:
+/// well inside the margin it keeps before its lease runs out.
+const CHECK: Duration = Duration::from_millis(250);
 
 /// Serves until `shutdown` completes: standing by or active, in turn.
 pub async fn run(
@@ -90,7 +93,7 @@ pub async fn run(
             let store = running.state.store.clone();
             async move {
                 loop {
-                    tokio::time::sleep(POLL).await;
+                    tokio::time::sleep(CHECK).await;
                     if let Err(why) = store.healthy() {
                         return why;
                     }

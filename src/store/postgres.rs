@@ -69,6 +69,11 @@ const LAYOUT: i32 = 1;
 /// Connections readers share (each pipelines its queries).
 const READERS: usize = 4;
 
+/// Longest a query or a commit waits for PostgreSQL: an unreachable
+/// server (a partition drops packets, it does not refuse them) fails the
+/// call instead of hanging its caller.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
 /// Rows a scan reads per query, first and at most.
 const FIRST_PAGE: i64 = 64;
 const MAX_PAGE: i64 = 1024;
@@ -154,14 +159,23 @@ impl Runtime {
     }
 
     /// Runs `f` on the store's runtime and waits for it, from any thread
-    /// but the runtime's own.
-    fn block<T: Send + 'static>(&self, f: impl Future<Output = T> + Send + 'static) -> T {
+    /// but the runtime's own, for [`ANSWER_WITHIN`] at most.
+    fn block<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.handle().spawn(async move {
-            let _ = tx.send(f.await);
+            let _ = tx.send(tokio::time::timeout(ANSWER_WITHIN, f).await);
         });
-        rx.recv()
-            .expect("the store's runtime runs until the store is dropped")
+        match rx.recv() {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(StoreError::Engine(format!(
+                "PostgreSQL did not answer within {} s",
+                ANSWER_WITHIN.as_secs()
+            ))),
+            Err(_) => Err(StoreError::Closed),
+        }
     }
 }
 
@@ -187,6 +201,8 @@ async fn connect(options: &PgOptions, role: &str) -> Result<Client, StoreError> 
         config.connect_timeout(Duration::from_secs(5));
     }
     config.keepalives_idle(Duration::from_secs(5));
+    #[cfg(target_os = "linux")]
+    config.tcp_user_timeout(ANSWER_WITHIN);
     let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(options)?);
     let (client, connection) = config.connect(tls).await?;
     tokio::spawn(async move {
@@ -498,8 +514,8 @@ impl PgEngine {
                 Ok::<_, tokio_postgres::Error>(true)
             }
             .await;
-            (client, outcome)
-        });
+            Ok((client, outcome))
+        })?;
         match outcome {
             Ok(true) => {
                 *guard = Some(client);
@@ -799,13 +815,13 @@ impl KvEngine for PgEngine {
         let Ok(client) = self.client() else { return };
         let (node, epoch) = (self.options.node.clone(), self.epoch);
         let released = self.rt.block(async move {
-            client
+            Ok(client
                 .execute(
                     "UPDATE agentbay_leader SET expires_at = '-infinity'
                      WHERE id = 1 AND node = $1 AND epoch = $2",
                     &[&node, &epoch],
                 )
-                .await
+                .await?)
         });
         self.leading.store(false, Ordering::Release);
         if let Err(e) = released {

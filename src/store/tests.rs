@@ -176,6 +176,71 @@ impl Place {
     }
 }
 
+impl Place {
+    /// The URL of the PostgreSQL store.
+    fn pg_url(&self) -> &str {
+        match &self.options.backend {
+            Backend::Postgres(pg) => &pg.url,
+            Backend::Sled => panic!("a sled place"),
+        }
+    }
+
+    /// The options of another appliance on the same store.
+    fn as_node(&self, node: &str) -> StoreOptions {
+        let mut options = self.options.clone();
+        if let Backend::Postgres(pg) = &mut options.backend {
+            pg.node = node.into();
+        }
+        options
+    }
+}
+
+#[tokio::test]
+async fn on_postgres_one_appliance_holds_the_store_and_a_deposed_one_cannot_commit() {
+    let place = Place::postgres();
+    let store = place.open();
+    let acme = tenant("acme");
+    let n = note(&acme, "kept", "by the first epoch");
+    let scope = acme.clone();
+    store
+        .transact(move |tx: &mut Tx| tx.put(&scope, &n))
+        .await
+        .unwrap();
+    let epoch = store.leadership().unwrap().epoch;
+
+    // Another appliance stands by while the lease runs.
+    let err = Store::open(&place.path().join("other"), &place.as_node("other")).unwrap_err();
+    let StoreError::Standby { active } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!((active.node.as_str(), active.epoch), ("test", epoch));
+
+    // It takes the row over (as it would once the lease ran out): the
+    // first appliance's next write is refused by the database, and
+    // nothing of it is stored.
+    let cluster = pg::PgCluster::shared();
+    cluster.psql_in(
+        place.pg_url(),
+        "UPDATE agentbay_leader SET node = 'other', epoch = epoch + 1, expires_at = now() + interval '1 hour'",
+    );
+    let late = note(&acme, "late", "from a deposed epoch");
+    let scope = acme.clone();
+    let err = store
+        .transact(move |tx: &mut Tx| tx.put(&scope, &late))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no longer holds"), "{err}");
+    assert!(store.healthy().is_err());
+    assert_eq!(
+        cluster.psql_in(
+            place.pg_url(),
+            "SELECT count(*) FROM agentbay_kv WHERE key = 'acme/late'"
+        ),
+        "0"
+    );
+    assert!(store.get::<Note>(&acme, "kept").unwrap().is_some());
+}
+
 /// Runs each named test on both backends: `<name>::sled` and
 /// `<name>::postgres`.
 macro_rules! on_both_backends {

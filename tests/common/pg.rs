@@ -227,6 +227,19 @@ impl PgCluster {
 
     /// Runs SQL as the cluster's superuser, in database `postgres`.
     pub fn psql(&self, sql: &str) -> String {
+        self.psql_in("postgres", sql)
+    }
+
+    /// Runs SQL as the cluster's superuser in the database of `url` (as
+    /// [`PgCluster::database`] made it) or of that name.
+    pub fn psql_in(&self, database: &str, sql: &str) -> String {
+        let name = database
+            .rsplit('/')
+            .next()
+            .unwrap_or(database)
+            .split('?')
+            .next()
+            .unwrap_or(database);
         let out = Command::new(self.bin.join("psql"))
             .args([
                 "-h",
@@ -238,7 +251,7 @@ impl PgCluster {
             ])
             .args([
                 "-d",
-                "postgres",
+                name,
                 "-X",
                 "-A",
                 "-t",

@@ -243,3 +243,218 @@ async fn a_standby_forwards_and_takes_over_when_the_active_appliance_is_killed()
     via_a.ensure_tenant("after").await;
     assert!(tenants(&via_b).await.contains(&"after".to_string()));
 }
+
+/// A TCP relay to PostgreSQL that a test can cut: once cut it forwards
+/// nothing and answers nothing, and new connections hang, as packets are
+/// lost in a network partition.
+struct Relay {
+    port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    async fn start(target: u16) -> Relay {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = std::sync::Arc::new(AtomicBool::new(false));
+        let relay_cut = cut.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let cut = relay_cut.clone();
+                tokio::spawn(async move {
+                    if cut.load(Ordering::SeqCst) {
+                        // Held open, never answered.
+                        std::future::pending::<()>().await;
+                    }
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    let pump = |cut: std::sync::Arc<AtomicBool>| {
+                        move |mut from: tokio::net::tcp::OwnedReadHalf,
+                              mut to: tokio::net::tcp::OwnedWriteHalf| async move {
+                            let mut buf = vec![0u8; 16 * 1024];
+                            loop {
+                                let n = match from.read(&mut buf).await {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => n,
+                                };
+                                if cut.load(Ordering::SeqCst) {
+                                    std::future::pending::<()>().await;
+                                }
+                                if to.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    let up = tokio::spawn(pump(cut.clone())(cr, sw));
+                    let down = tokio::spawn(pump(cut)(sr, cw));
+                    let _ = tokio::join!(up, down);
+                });
+            }
+        });
+        Relay { port, cut }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn mend(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+// The relay runs on the test's runtime while the test blocks on the
+// appliances' start: two workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_appliance_cut_off_from_postgres_stops_acting_before_the_standby_takes_over() {
+    let cluster = PgCluster::shared();
+    let db = cluster.database();
+    let relay = Relay::start(cluster.port).await;
+    let through_relay = db.replace(
+        &format!("127.0.0.1:{}", cluster.port),
+        &format!("127.0.0.1:{}", relay.port),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let mut a = Node::new("a", tmp.path(), &through_relay);
+    let mut b = Node::new("b", tmp.path(), &db);
+    let admin = a.init();
+    a.start();
+    a.wait_for_role("active", Duration::from_secs(30)).await;
+    b.start();
+    b.wait_for_role("standby", Duration::from_secs(30)).await;
+    let via_b = b.appliance(&admin);
+    via_b.ensure_tenant("before-the-cut").await;
+
+    relay.cut();
+    let cut_at = Instant::now();
+    let mut a_stopped = None;
+    let b_active = loop {
+        if a_stopped.is_none() {
+            let (status, body) = a.readyz().await;
+            if !(status == 200 && body["role"] == "active") {
+                a_stopped = Some(cut_at.elapsed());
+            }
+        }
+        let (status, body) = b.readyz().await;
+        if status == 200 && body["role"] == "active" {
+            break cut_at.elapsed();
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(20),
+            "b did not take over: {body}\n{}",
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let a_stopped = a_stopped.expect("a stopped acting before b took over");
+    eprintln!("partition: a stopped acting after {a_stopped:?}, b active after {b_active:?}");
+    assert!(a_stopped <= b_active);
+    assert!(
+        a_stopped < Duration::from_secs(LEASE_SECONDS),
+        "a acted past its lease: {a_stopped:?}"
+    );
+    assert!(
+        tenants(&via_b)
+            .await
+            .contains(&"before-the-cut".to_string())
+    );
+    via_b.ensure_tenant("after-the-cut").await;
+
+    // Mended, a stands by and forwards to b.
+    relay.mend();
+    let standby = a.wait_for_role("standby", Duration::from_secs(40)).await;
+    assert_eq!(standby["active"]["node"], "b", "{standby}");
+    assert!(a.log().contains("stops acting"), "{}", a.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_restart_under_load_loses_no_acknowledged_write() {
+    // A cluster of its own, synced, since it is killed.
+    let cluster = PgCluster::start(true);
+    let db = cluster.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut a = Node::new("a", tmp.path(), &db);
+    let mut b = Node::new("b", tmp.path(), &db);
+    let admin = a.init();
+    a.start();
+    a.wait_for_role("active", Duration::from_secs(30)).await;
+    b.start();
+    b.wait_for_role("standby", Duration::from_secs(30)).await;
+    let nodes = [a.appliance(&admin), b.appliance(&admin)];
+    let token = nodes[0].admin_token().await;
+
+    // Eight writers through both addresses while PostgreSQL is killed
+    // and restarted: a commit in flight then has its reply lost.
+    let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let rpc = nodes[w % 2].rpc_json(&token);
+        let (acknowledged, refused, stop) = (acknowledged.clone(), refused.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let tenant = format!("w{w}-{i}");
+                let put = rpc
+                    .put_tenant(pb::PutTenantRequest {
+                        tenant_id: tenant.clone(),
+                        edition: "team".into(),
+                        ..Default::default()
+                    })
+                    .await;
+                match put {
+                    Ok(_) => acknowledged.lock().unwrap().push(tenant),
+                    Err(_) => {
+                        refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                i += 1;
+            }
+        }));
+    }
+    let count = || acknowledged.lock().unwrap().len();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count() < 40 {
+        assert!(Instant::now() < deadline, "no load");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = count();
+    tokio::task::block_in_place(|| cluster.restart_immediate());
+    while count() < before + 80 {
+        assert!(
+            Instant::now() < deadline,
+            "writes did not resume after the restart: {} acknowledged\n{}\n{}",
+            count(),
+            a.log(),
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for w in writers {
+        w.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    eprintln!(
+        "postgres restart: {} writes acknowledged ({before} before the restart), {} refused",
+        acknowledged.len(),
+        refused.load(std::sync::atomic::Ordering::SeqCst)
+    );
+    let held = tenants(&nodes[0]).await;
+    for t in &acknowledged {
+        assert!(held.contains(t), "{t} was acknowledged and is gone");
+    }
+    drop((a, b));
+}
