@@ -142,7 +142,24 @@ pub fn open_store(
     listen: SocketAddr,
     fingerprint: &str,
 ) -> Result<Store, crate::store::StoreError> {
-    let backend = match config.store.backend {
+    let options = StoreOptions {
+        cache_bytes: config.store.cache_mb * 1024 * 1024,
+        snapshot_every_bytes: config.store.snapshot_every_mb * 1024 * 1024,
+        upgrade_backup_dir: Some(config.upgrade_backup_dir()),
+        backend: store_backend(config, &config.store.backend, listen, fingerprint),
+        ..StoreOptions::default()
+    };
+    Store::open(store_path, &options)
+}
+
+/// How the store reaches `backend` as the configuration sets it up.
+pub fn store_backend(
+    config: &Config,
+    backend: &crate::config::StoreBackend,
+    listen: SocketAddr,
+    fingerprint: &str,
+) -> crate::store::Backend {
+    match backend {
         crate::config::StoreBackend::Sled => crate::store::Backend::Sled,
         crate::config::StoreBackend::Postgres => {
             let pg = &config.store.postgres;
@@ -155,15 +172,7 @@ pub fn open_store(
                 lease: Duration::from_secs(pg.lease_seconds),
             })
         }
-    };
-    let options = StoreOptions {
-        cache_bytes: config.store.cache_mb * 1024 * 1024,
-        snapshot_every_bytes: config.store.snapshot_every_mb * 1024 * 1024,
-        upgrade_backup_dir: Some(config.upgrade_backup_dir()),
-        backend,
-        ..StoreOptions::default()
-    };
-    Store::open(store_path, &options)
+    }
 }
 
 /// What `agentbay check` found in a stopped appliance's store.

@@ -445,7 +445,7 @@ impl PostgresConfig {
     /// Refuses what cannot work or is not safe: no URL, one that does not
     /// parse, a server elsewhere reached without TLS or without a CA to
     /// check it by, a lease too short to renew or too long to wait out.
-    fn check(&self) -> Result<(), ConfigError> {
+    pub fn check(&self) -> Result<(), ConfigError> {
         let err = |key: &str, reason: String| Err(ConfigError::new(key, reason, ""));
         if self.url.expose().trim().is_empty() {
             return err(

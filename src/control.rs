@@ -588,15 +588,82 @@ pub async fn backup(config: &Config, file: &Path) -> anyhow::Result<()> {
 
 /// `agentbay restore FILE`.
 pub fn restore(config: &Config, file: &Path) -> anyhow::Result<()> {
-    let summary = crate::store::restore_into(file, &config.data_dir)?;
+    let backend = crate::app::store_backend(config, &config.store.backend, config.listen, "");
+    let summary = crate::store::restore_to(file, &config.data_dir, &backend)?;
+    let into = match &backend {
+        crate::store::Backend::Sled => config.data_dir.display().to_string(),
+        crate::store::Backend::Postgres(pg) => format!(
+            "{} (files) and the PostgreSQL store ({})",
+            config.data_dir.display(),
+            pg.describe()
+        ),
+    };
     println!(
-        "restored {} records and {} files (schema {}) into {}",
-        summary.records,
-        summary.files,
-        summary.schema_version,
-        config.data_dir.display()
+        "restored {} records and {} files (schema {}) into {into}",
+        summary.records, summary.files, summary.schema_version,
     );
     Ok(())
+}
+
+/// `agentbay store migrate --to BACKEND`: copies the stopped appliance's
+/// store to the other backend and verifies it.
+pub fn migrate_store(
+    config: &Config,
+    to: crate::config::StoreBackend,
+    json: bool,
+) -> anyhow::Result<()> {
+    use crate::config::StoreBackend;
+    let from = config.store.backend;
+    if from == to {
+        anyhow::bail!(
+            "the store is already on {} (store.backend); --to names the backend to move it to",
+            backend_name(to)
+        );
+    }
+    if to == StoreBackend::Postgres {
+        config.store.postgres.check()?;
+    }
+    // No appliance may run on this data directory meanwhile.
+    let datadir = crate::store::DataDir::open(&config.data_dir).map_err(|e| match e {
+        crate::store::StoreError::InUse { .. } => anyhow::anyhow!(
+            "{e}; stop the appliance first (systemctl stop agentbay): the store is copied as it stands"
+        ),
+        e => e.into(),
+    })?;
+    let path = datadir.store_path();
+    let source = crate::app::store_backend(config, &from, config.listen, "");
+    let target = crate::app::store_backend(config, &to, config.listen, "");
+    let tables = crate::store::migrate::migrate(&path, &source, &target)?;
+    let records: u64 = tables.iter().map(|t| t.records).sum();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"from": backend_name(from), "to": backend_name(to), "records": records, "tables": tables})
+        );
+    } else {
+        println!(
+            "copied {records} records in {} tables from {} to {}; every table read back with the same count and SHA-256:",
+            tables.len(),
+            backend_name(from),
+            backend_name(to)
+        );
+        for t in tables.iter().filter(|t| t.records > 0) {
+            println!("  {:<20} {:>8}  {}", t.table, t.records, t.sha256);
+        }
+        println!(
+            "now set store.backend = \"{}\" and start the appliance; the {} store is left as it was",
+            backend_name(to),
+            backend_name(from)
+        );
+    }
+    Ok(())
+}
+
+fn backend_name(backend: crate::config::StoreBackend) -> &'static str {
+    match backend {
+        crate::config::StoreBackend::Sled => "sled",
+        crate::config::StoreBackend::Postgres => "postgres",
+    }
 }
 
 /// `agentbay init`: creates the data directory, the certificate and the

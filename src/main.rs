@@ -123,7 +123,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Fill an empty data directory from a backup FILE.
+    /// Move the store between backends (the appliance must be stopped).
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+    /// Fill an empty data directory from a backup FILE (and, with
+    /// store.backend = "postgres", an empty PostgreSQL store).
     Restore {
         #[command(flatten)]
         common: Common,
@@ -459,6 +465,32 @@ enum ProjectCommand {
 }
 
 #[derive(Subcommand)]
+enum StoreCommand {
+    /// Copy the stopped appliance's store to the other backend, verified
+    /// table by table (record counts and SHA-256); then set
+    /// store.backend to it. The target must hold no store yet; the source
+    /// is left as it was.
+    Migrate {
+        #[command(flatten)]
+        common: Common,
+        /// The backend to move to: `postgres` (store.postgres.url) or
+        /// `sled` (the data directory).
+        #[arg(long, value_enum)]
+        to: MigrateTo,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A backend to move the store to.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum MigrateTo {
+    Sled,
+    Postgres,
+}
+
+#[derive(Subcommand)]
 enum BackupCommand {
     /// Check a backup FILE as the scheduled backups do: every byte against
     /// its checksum, and that the store it restores opens (in a scratch
@@ -765,6 +797,17 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             let config = load(&common, None)?;
             quiet_logging(&config);
             control::rotate_token_key(&config).await
+        }
+        Command::Store {
+            command: StoreCommand::Migrate { common, to, json },
+        } => {
+            let config = load(&common, None)?;
+            quiet_logging(&config);
+            let to = match to {
+                MigrateTo::Sled => agentbay::config::StoreBackend::Sled,
+                MigrateTo::Postgres => agentbay::config::StoreBackend::Postgres,
+            };
+            control::migrate_store(&config, to, json)
         }
         Command::Restore { common, file } => {
             let config = load(&common, None)?;

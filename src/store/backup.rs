@@ -246,6 +246,18 @@ fn safe_relative(path: &str) -> Option<&Path> {
 
 /// Restores `backup` into `data_root`, which must be empty or absent.
 pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, StoreError> {
+    restore_to(backup, data_root, &super::Backend::Sled)
+}
+
+/// Restores `backup` into `data_root` (its files: the certificate), which
+/// must be empty or absent, and its records into the store of `backend`:
+/// sled in the data directory, or an empty PostgreSQL store, filled in one
+/// transaction. A backup of either backend restores into either.
+pub fn restore_to(
+    backup: &Path,
+    data_root: &Path,
+    backend: &super::Backend,
+) -> Result<BackupSummary, StoreError> {
     if data_root.exists() {
         let mut entries = fs::read_dir(data_root)
             .map_err(StoreError::io(format!("reading {}", data_root.display())))?;
@@ -284,6 +296,17 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
             header.schema_version, header.agentbay_version
         )));
     }
+    let mut entries = Entries {
+        r,
+        hash,
+        summary: BackupSummary {
+            schema_version: header.schema_version,
+            records: 0,
+            files: 0,
+        },
+        files: Vec::new(),
+        marked: (false, false),
+    };
 
     // Build everything in a staging directory beside the target.
     let staging = data_root.with_extension("restoring");
@@ -292,42 +315,116 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
             .map_err(StoreError::io("removing an old staging directory"))?;
     }
     create_private_dir(&staging)?;
-    let result = (|| -> Result<BackupSummary, StoreError> {
-        let db = super::open_sled(&staging.join("store"), None)?;
-        let mut summary = BackupSummary {
-            schema_version: header.schema_version,
-            records: 0,
-            files: 0,
-        };
-        let mut files = Vec::new();
+    let result = (|| -> Result<(), StoreError> {
+        match backend {
+            super::Backend::Sled => {
+                let db = super::open_sled(&staging.join("store"), None)?;
+                entries.read(&mut |name, key, value| {
+                    db.open_tree(name)?.insert(key, value)?;
+                    Ok(())
+                })?;
+                db.flush()?;
+                // Every handle on the database (its trees too) must be gone
+                // before it is opened again: the last one closes it and
+                // releases its lock.
+                drop(db);
+                super::snapshot_rewritten(&staging.join("store"))?;
+            }
+            super::Backend::Postgres(options) => {
+                let pg = super::postgres::PgEngine::open(options.clone())?;
+                pg.load(|sink| {
+                    entries.read(&mut |name, key, value| match Table::named(name) {
+                        Some(table) => sink(table, key, value),
+                        // sled's own default tree, unused by agentbay.
+                        None if name == b"__sled__default" => Ok(()),
+                        None => Err(StoreError::Backup(format!(
+                            "the backup holds a table {:?} this agentbay does not know",
+                            String::from_utf8_lossy(name)
+                        ))),
+                    })
+                })?;
+                super::kv::KvEngine::release(&pg);
+            }
+        }
+        for (path, bytes) in &entries.files {
+            write_private(&staging.join(path), bytes)?;
+        }
+        write_private(&staging.join(MARKER), MARKER_TEXT.as_bytes())?;
+        secure_tree(&staging)?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => {
+            if data_root.exists() {
+                fs::remove_dir(data_root)
+                    .map_err(StoreError::io(format!("replacing {}", data_root.display())))?;
+            }
+            fs::rename(&staging, data_root).map_err(StoreError::io(format!(
+                "moving the restored store to {}",
+                data_root.display()
+            )))?;
+            Ok(entries.summary)
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&staging);
+            Err(e)
+        }
+    }
+}
+
+/// Takes one record: its table's name, key and value.
+type NamedSink<'a> = dyn FnMut(&[u8], Vec<u8>, Vec<u8>) -> Result<(), StoreError> + 'a;
+
+/// The entries of a backup after its header.
+struct Entries<R> {
+    r: R,
+    hash: Sha256,
+    summary: BackupSummary,
+    files: Vec<(String, Vec<u8>)>,
+    /// Whether the format marker and the schema version were seen.
+    marked: (bool, bool),
+}
+
+impl<R: Read> Entries<R> {
+    /// Hands every record to `record` (table name, key, value), keeps the
+    /// files, and checks the checksum and that the records are an
+    /// agentbay store's: a damaged backup is an error before the end.
+    fn read(&mut self, record: &mut NamedSink<'_>) -> Result<(), StoreError> {
+        let (r, hash) = (&mut self.r, &mut self.hash);
         loop {
-            let tag = read_exact_hashed(&mut r, &mut Sha256::new(), 1)?[0];
+            let tag = read_exact_hashed(r, &mut Sha256::new(), 1)?[0];
             match tag {
                 TAG_RECORD => {
                     hash.update([tag]);
-                    let n = read_u16(&mut r, &mut hash)?;
-                    let name = read_exact_hashed(&mut r, &mut hash, n)?;
-                    let n = read_u32(&mut r, &mut hash)?;
-                    let key = read_exact_hashed(&mut r, &mut hash, n)?;
-                    let n = read_u32(&mut r, &mut hash)?;
-                    let value = read_exact_hashed(&mut r, &mut hash, n)?;
-                    db.open_tree(name)?.insert(key, value)?;
-                    summary.records += 1;
+                    let n = read_u16(r, hash)?;
+                    let name = read_exact_hashed(r, hash, n)?;
+                    let n = read_u32(r, hash)?;
+                    let key = read_exact_hashed(r, hash, n)?;
+                    let n = read_u32(r, hash)?;
+                    let value = read_exact_hashed(r, hash, n)?;
+                    if name == b"meta" && key == FORMAT_KEY.as_bytes() {
+                        self.marked.0 = value == FORMAT_VALUE;
+                    }
+                    if name == b"meta" && key == VERSION_KEY.as_bytes() {
+                        self.marked.1 = true;
+                    }
+                    record(&name, key, value)?;
+                    self.summary.records += 1;
                 }
                 TAG_FILE => {
                     hash.update([tag]);
-                    let n = read_u16(&mut r, &mut hash)?;
-                    let path = String::from_utf8(read_exact_hashed(&mut r, &mut hash, n)?)
+                    let n = read_u16(r, hash)?;
+                    let path = String::from_utf8(read_exact_hashed(r, hash, n)?)
                         .map_err(|_| StoreError::Backup("a file path is not UTF-8".into()))?;
-                    let n = read_u32(&mut r, &mut hash)?;
-                    let bytes = read_exact_hashed(&mut r, &mut hash, n)?;
+                    let n = read_u32(r, hash)?;
+                    let bytes = read_exact_hashed(r, hash, n)?;
                     if safe_relative(&path).is_none() {
                         return Err(StoreError::Backup(format!(
                             "unsafe file path {path:?} in the backup"
                         )));
                     }
-                    files.push((path, bytes));
-                    summary.files += 1;
+                    self.files.push((path, bytes));
+                    self.summary.files += 1;
                 }
                 TAG_END => {
                     let expected = hash.clone().finalize();
@@ -349,43 +446,11 @@ pub fn restore_into(backup: &Path, data_root: &Path) -> Result<BackupSummary, St
                 }
             }
         }
-        {
-            let meta = db.open_tree("meta")?;
-            if meta.get(FORMAT_KEY)?.as_deref() != Some(FORMAT_VALUE)
-                || meta.get(VERSION_KEY)?.is_none()
-            {
-                return Err(StoreError::Backup(
-                    "the backup holds no agentbay store".into(),
-                ));
-            }
+        if self.marked != (true, true) {
+            return Err(StoreError::Backup(
+                "the backup holds no agentbay store".into(),
+            ));
         }
-        db.flush()?;
-        // Every handle on the database (its trees too) must be gone before
-        // it is opened again: the last one closes it and releases its lock.
-        drop(db);
-        super::snapshot_rewritten(&staging.join("store"))?;
-        for (path, bytes) in &files {
-            write_private(&staging.join(path), bytes)?;
-        }
-        write_private(&staging.join(MARKER), MARKER_TEXT.as_bytes())?;
-        secure_tree(&staging)?;
-        Ok(summary)
-    })();
-    match result {
-        Ok(summary) => {
-            if data_root.exists() {
-                fs::remove_dir(data_root)
-                    .map_err(StoreError::io(format!("replacing {}", data_root.display())))?;
-            }
-            fs::rename(&staging, data_root).map_err(StoreError::io(format!(
-                "moving the restored store to {}",
-                data_root.display()
-            )))?;
-            Ok(summary)
-        }
-        Err(e) => {
-            let _ = fs::remove_dir_all(&staging);
-            Err(e)
-        }
+        Ok(())
     }
 }

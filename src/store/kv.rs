@@ -34,6 +34,9 @@ pub(super) type Pair = (Vec<u8>, Vec<u8>);
 /// A scan, in key order from either end.
 pub(super) type Rows<'a> = Box<dyn DoubleEndedIterator<Item = Result<Pair, StoreError>> + 'a>;
 
+/// Takes one record of a bulk load.
+pub(super) type Sink<'a> = dyn FnMut(Table, Vec<u8>, Vec<u8>) -> Result<(), StoreError> + 'a;
+
 /// Committed state (see the module's words).
 pub(super) trait KvRead: Send + Sync {
     /// The value of `key`.

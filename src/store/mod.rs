@@ -62,6 +62,7 @@ pub mod datadir;
 mod derived;
 mod engine;
 mod kv;
+pub mod migrate;
 mod outbox;
 mod postgres;
 mod redo;
@@ -83,7 +84,7 @@ use crate::domain::TenantId;
 use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::events::{EventFilter, StoredEvent};
 
-pub use backup::{BackupSummary, restore_into};
+pub use backup::{BackupSummary, restore_into, restore_to};
 pub use datadir::DataDir;
 pub use derived::{Derived, time_value};
 pub use postgres::PgOptions;
@@ -189,6 +190,14 @@ impl Table {
         Table::WebhookDeliveries,
         Table::Audit,
     ];
+
+    /// The table of a name (as [`Table::name`] gives it).
+    pub(crate) fn named(name: &[u8]) -> Option<Table> {
+        Table::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().as_bytes() == name)
+    }
 
     /// The sled tree name.
     pub fn name(self) -> &'static str {

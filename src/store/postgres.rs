@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio_postgres::Client;
 
-use super::kv::{KvBulk, KvEngine, KvRead, Pair, Rows};
+use super::kv::{KvBulk, KvEngine, KvRead, Pair, Rows, Sink};
 use super::tx::Writes;
 use super::{StoreError, Table};
 use crate::domain::cluster::Node;
@@ -393,6 +393,72 @@ impl PgEngine {
 
     fn client(&self) -> Result<Arc<Client>, StoreError> {
         self.readers.client(&self.rt)
+    }
+
+    /// Fills an empty store in one transaction, all or nothing: `fill`
+    /// hands every record to the sink it is given (a restore, a move from
+    /// sled); an error from it leaves the database as it was.
+    pub fn load(
+        &self,
+        fill: impl FnOnce(&mut Sink<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        if !self.is_empty()? {
+            return Err(StoreError::Engine(format!(
+                "the PostgreSQL store ({}) already holds records; only an empty one is filled",
+                self.options.describe()
+            )));
+        }
+        let client = Arc::new(
+            self.writer
+                .lock()
+                .take()
+                .ok_or_else(|| StoreError::Engine("the PostgreSQL connection is gone".into()))?,
+        );
+        let run = |sql: &'static str| {
+            let client = client.clone();
+            self.rt
+                .block(async move { Ok(client.batch_execute(sql).await?) })
+        };
+        run("BEGIN")?;
+        let mut batch: Vec<(Table, Vec<u8>, Vec<u8>)> = Vec::new();
+        let send = |batch: &mut Vec<(Table, Vec<u8>, Vec<u8>)>| -> Result<(), StoreError> {
+            if batch.is_empty() {
+                return Ok(());
+            }
+            let rows = std::mem::take(batch);
+            let trees: Vec<&str> = rows.iter().map(|(t, _, _)| t.name()).collect();
+            let keys: Vec<Vec<u8>> = rows.iter().map(|(_, k, _)| k.clone()).collect();
+            let values: Vec<Vec<u8>> = rows.into_iter().map(|(_, _, v)| v).collect();
+            let client = client.clone();
+            self.rt.block(async move {
+                client
+                    .execute(
+                        "INSERT INTO agentbay_kv (tree, key, value)
+                         SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])",
+                        &[&trees, &keys, &values],
+                    )
+                    .await?;
+                Ok(())
+            })
+        };
+        let filled = fill(&mut |table, key, value| {
+            batch.push((table, key, value));
+            if batch.len() >= 1000 {
+                send(&mut batch)?;
+            }
+            Ok(())
+        });
+        let filled = filled.and_then(|()| send(&mut batch));
+        match filled.and_then(|()| run("COMMIT")) {
+            Ok(()) => {
+                *self.writer.lock() = Arc::try_unwrap(client).ok();
+                Ok(())
+            }
+            Err(e) => {
+                let _ = run("ROLLBACK");
+                Err(e)
+            }
+        }
     }
 
     /// Whether the database holds no record yet (a new store).

@@ -458,3 +458,135 @@ async fn a_postgres_restart_under_load_loses_no_acknowledged_write() {
     }
     drop((a, b));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_moves_between_sled_and_postgres_verified_and_backups_restore_across() {
+    let cluster = PgCluster::shared();
+    let db = cluster.database();
+    let mut first = Appliance::start();
+    for t in ["m1", "m2", "m3"] {
+        first.ensure_tenant(t).await;
+    }
+    assert!(first.terminate().await.success());
+    let pg = |url: &str| {
+        vec![
+            (
+                "AGENTBAY_STORE__BACKEND".to_string(),
+                "postgres".to_string(),
+            ),
+            ("AGENTBAY_STORE__POSTGRES__URL".to_string(), url.to_string()),
+        ]
+    };
+
+    // sled -> PostgreSQL, verified table by table.
+    let out = common::run(
+        common::agentbay()
+            .args([
+                "store",
+                "migrate",
+                "--to",
+                "postgres",
+                "--json",
+                "--data-dir",
+            ])
+            .arg(&first.data_dir)
+            .env("AGENTBAY_STORE__POSTGRES__URL", &db),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tenants_copied = report["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["table"] == "tenants")
+        .unwrap()
+        .clone();
+    assert!(tenants_copied["records"].as_u64().unwrap() >= 4, "{report}");
+    assert!(
+        tenants_copied["sha256"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+    // A store is there now: a second move into it is refused.
+    let again = common::run(
+        common::agentbay()
+            .args(["store", "migrate", "--to", "postgres", "--data-dir"])
+            .arg(&first.data_dir)
+            .env("AGENTBAY_STORE__POSTGRES__URL", &db),
+    );
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already holds records"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+
+    // The appliance on PostgreSQL has everything; a backup of it...
+    let env = pg(&db);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut on_pg =
+        Appliance::serve_with(&first.root, &first.data_dir, first.admin.clone(), &[], &env);
+    let held = tenants(&on_pg).await;
+    for t in ["m1", "m2", "m3"] {
+        assert!(held.contains(&t.to_string()), "{t}: {held:?}");
+    }
+    on_pg.ensure_tenant("m4").await;
+    let backup = first.root.join("from-postgres.backup");
+    let out = common::run(
+        common::agentbay()
+            .arg("backup")
+            .arg(&backup)
+            .arg("--data-dir")
+            .arg(&first.data_dir),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(on_pg.terminate().await.success());
+
+    // ...restores into another, empty PostgreSQL store.
+    let db2 = cluster.database();
+    let restored = first.root.join("restored");
+    let out = common::run(
+        common::agentbay()
+            .arg("restore")
+            .arg(&backup)
+            .arg("--data-dir")
+            .arg(&restored)
+            .envs(pg(&db2)),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // PostgreSQL -> sled, into the restored data directory, which holds
+    // no sled store.
+    let out = common::run(
+        common::agentbay()
+            .args(["store", "migrate", "--to", "sled", "--data-dir"])
+            .arg(&restored)
+            .envs(pg(&db2)),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("read back"));
+    let mut back_on_sled =
+        Appliance::serve_with(&first.root, &restored, first.admin.clone(), &[], &[]);
+    let held = tenants(&back_on_sled).await;
+    for t in ["m1", "m2", "m3", "m4"] {
+        assert!(held.contains(&t.to_string()), "{t}: {held:?}");
+    }
+    assert!(back_on_sled.terminate().await.success());
+}
