@@ -5,6 +5,11 @@
 //! Every grant and every release is durable before it is answered, so the
 //! figures include the store's group commit and `fdatasync`.
 //!
+//! Where a PostgreSQL server is installed, the in-process row runs on the
+//! PostgreSQL store too, beside what a site would write itself on the same
+//! server: a pool row taken `FOR UPDATE` in each acquire and release
+//! transaction, 32 connections.
+//!
 //! `cargo bench --bench capacity`; `AGENTBAY_BENCH_SECONDS` sets the time
 //! per row (default 5).
 
@@ -36,9 +41,9 @@ use common::{Row, big_pool, seconds};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-async fn in_process() -> Row {
+async fn in_process(options: StoreOptions, backend: &str) -> Row {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("store"), &StoreOptions::default()).unwrap();
+    let store = Store::open(&dir.path().join("store"), &options).unwrap();
     let config = Config::default();
     let capacity = Capacity::start(
         store.clone(),
@@ -124,7 +129,7 @@ async fn in_process() -> Row {
     );
     store.close().unwrap();
     Row {
-        label: format!("in-process, {CLIENTS} clients"),
+        label: format!("in-process, {backend}{CLIENTS} clients"),
         count: latencies.len(),
         elapsed,
         latencies,
@@ -260,6 +265,89 @@ async fn over_https(codec: CodecFormat) -> Row {
     }
 }
 
+/// What a site would write itself: a pool row with its capacity, taken
+/// `FOR UPDATE` by every acquire (check, count, insert the lease) and
+/// every release (delete it, count back), one transaction each, on
+/// `CLIENTS` connections of the same PostgreSQL.
+async fn for_update(cluster: &common::pg::PgCluster) -> Row {
+    let url = cluster.database();
+    let connect = || async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+    };
+    connect()
+        .await
+        .batch_execute(
+            "CREATE TABLE pool (id int PRIMARY KEY, cpu_total float8 NOT NULL, cpu_used float8 NOT NULL);
+             CREATE TABLE lease (id text PRIMARY KEY, pool int NOT NULL REFERENCES pool, cpu float8 NOT NULL);
+             INSERT INTO pool VALUES (1, 1000000, 0);",
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + seconds();
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let client = connect().await;
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let id = format!("c{c}-{i}");
+                client.batch_execute("BEGIN").await.unwrap();
+                let row = client
+                    .query_one(
+                        "SELECT cpu_total - cpu_used FROM pool WHERE id = 1 FOR UPDATE",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                assert!(row.get::<_, f64>(0) >= 1.0, "the pool is large enough");
+                client
+                    .execute("UPDATE pool SET cpu_used = cpu_used + 1 WHERE id = 1", &[])
+                    .await
+                    .unwrap();
+                client
+                    .execute("INSERT INTO lease VALUES ($1, 1, 1)", &[&id])
+                    .await
+                    .unwrap();
+                client.batch_execute("COMMIT").await.unwrap();
+                client.batch_execute("BEGIN").await.unwrap();
+                client
+                    .query_one("SELECT 1 FROM pool WHERE id = 1 FOR UPDATE", &[])
+                    .await
+                    .unwrap();
+                client
+                    .execute("DELETE FROM lease WHERE id = $1", &[&id])
+                    .await
+                    .unwrap();
+                client
+                    .execute("UPDATE pool SET cpu_used = cpu_used - 1 WHERE id = 1", &[])
+                    .await
+                    .unwrap();
+                client.batch_execute("COMMIT").await.unwrap();
+                latencies.push(t.elapsed());
+                i += 1;
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.unwrap());
+    }
+    Row {
+        label: format!("plain PostgreSQL FOR UPDATE (a site's own), {CLIENTS} clients"),
+        count: latencies.len(),
+        elapsed: start.elapsed(),
+        latencies,
+    }
+}
+
 fn main() {
     agentbay::tls::install_crypto_provider();
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -279,7 +367,20 @@ fn main() {
     let raw = common::raw_sled_reference();
     let wants = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
     if wants("in-process") {
-        runtime.block_on(in_process()).print(raw);
+        runtime
+            .block_on(in_process(StoreOptions::default(), ""))
+            .print(raw);
+    }
+    if wants("postgres")
+        && let Some(cluster) = common::postgres()
+    {
+        runtime
+            .block_on(in_process(
+                common::postgres_options(cluster),
+                "PostgreSQL store, ",
+            ))
+            .print(raw);
+        runtime.block_on(for_update(cluster)).print(raw);
     }
     if wants("https-json") {
         runtime.block_on(over_https(CodecFormat::Json)).print(raw);

@@ -39,11 +39,34 @@ impl Record for Row {
 /// The store facade: `writers` tasks each committing one record per
 /// transaction and waiting for it to be durable.
 fn facade(writers: usize, sync: bool) -> RawRun {
-    let dir = tempfile::tempdir().unwrap();
     let options = StoreOptions {
         sync_data: sync,
         ..StoreOptions::default()
     };
+    let label = format!(
+        "store facade, {writers} writers{}",
+        if sync {
+            " + fdatasync"
+        } else {
+            ", no fdatasync"
+        },
+    );
+    facade_on(options, writers, label)
+}
+
+/// The store facade on the PostgreSQL store (synced commits, as
+/// PostgreSQL 15's defaults are); skipped where none is installed.
+fn facade_postgres(writers: usize) -> Option<RawRun> {
+    let cluster = common::postgres()?;
+    Some(facade_on(
+        common::postgres_options(cluster),
+        writers,
+        format!("store facade on PostgreSQL, {writers} writers (synced commit)"),
+    ))
+}
+
+fn facade_on(options: StoreOptions, writers: usize, label: String) -> RawRun {
+    let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("store"), &options).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -89,16 +112,8 @@ fn facade(writers: usize, sync: bool) -> RawRun {
     let stats = store.commit_stats();
     store.close().unwrap();
     eprintln!(
-        "store facade, {writers} writers: {:.1} commits per flush",
+        "{label}: {:.1} commits per flush",
         stats.commits as f64 / stats.flushes.max(1) as f64
-    );
-    let label = format!(
-        "store facade, {writers} writers{}",
-        if sync {
-            " + fdatasync"
-        } else {
-            ", no fdatasync"
-        },
     );
     RawRun {
         label,
@@ -169,15 +184,16 @@ fn reopen() {
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument selects rows.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    type Row = (&'static str, Box<dyn Fn() -> RawRun>);
+    type Row = (&'static str, Box<dyn Fn() -> Option<RawRun>>);
     let rows: Vec<Row> = vec![
-        ("raw-1", Box::new(|| raw_sled_one(false))),
-        ("raw-1-sync", Box::new(|| raw_sled_one(true))),
-        ("raw-32", Box::new(|| raw_sled(32, false))),
-        ("raw-32-sync", Box::new(|| raw_sled(32, true))),
-        ("facade-1", Box::new(|| facade(1, true))),
-        ("facade-32-nosync", Box::new(|| facade(32, false))),
-        ("facade-32", Box::new(|| facade(32, true))),
+        ("raw-1", Box::new(|| Some(raw_sled_one(false)))),
+        ("raw-1-sync", Box::new(|| Some(raw_sled_one(true)))),
+        ("raw-32", Box::new(|| Some(raw_sled(32, false)))),
+        ("raw-32-sync", Box::new(|| Some(raw_sled(32, true)))),
+        ("facade-1", Box::new(|| Some(facade(1, true)))),
+        ("facade-32-nosync", Box::new(|| Some(facade(32, false)))),
+        ("facade-32", Box::new(|| Some(facade(32, true)))),
+        ("postgres-32", Box::new(|| facade_postgres(32))),
     ];
     println!(
         "durable 200-byte writes per second ({:?} per row)",
@@ -189,7 +205,7 @@ fn main() {
         if filter.as_deref().is_some_and(|f| !name.contains(f)) {
             continue;
         }
-        let outcome = run();
+        let Some(outcome) = run() else { continue };
         println!(
             "{:<70} {:>12.0} {:>12.1}",
             outcome.label,

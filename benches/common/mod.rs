@@ -14,6 +14,42 @@ use agentbay::domain::tenant::TenantSpec;
 use agentbay::domain::{ProjectId, TenantId};
 use agentbay::releases::bundle::Bundle;
 
+/// A throwaway PostgreSQL cluster (Debian's server, in a temporary
+/// directory), for the PostgreSQL store's rows.
+#[path = "../../tests/common/pg.rs"]
+pub mod pg;
+
+/// The cluster the PostgreSQL rows run on, synced as PostgreSQL 15's
+/// defaults are; `None` (the rows are skipped, saying so) where no
+/// PostgreSQL server is installed.
+pub fn postgres() -> Option<&'static pg::PgCluster> {
+    static CLUSTER: std::sync::OnceLock<Option<pg::PgCluster>> = std::sync::OnceLock::new();
+    CLUSTER
+        .get_or_init(|| {
+            if !pg::installed() {
+                println!("(no PostgreSQL server is installed: the PostgreSQL rows are skipped)");
+                return None;
+            }
+            Some(pg::PgCluster::start(true))
+        })
+        .as_ref()
+}
+
+/// Store options on a new database of [`postgres`].
+pub fn postgres_options(cluster: &pg::PgCluster) -> agentbay::store::StoreOptions {
+    agentbay::store::StoreOptions {
+        backend: agentbay::store::Backend::Postgres(agentbay::store::PgOptions {
+            url: cluster.database(),
+            ca_file: None,
+            node: "bench".into(),
+            advertise: "https://127.0.0.1:1".into(),
+            fingerprint: String::new(),
+            lease: Duration::from_secs(10),
+        }),
+        ..agentbay::store::StoreOptions::default()
+    }
+}
+
 /// Time per row: `AGENTBAY_BENCH_SECONDS` (default 5).
 pub fn seconds() -> Duration {
     let s = std::env::var("AGENTBAY_BENCH_SECONDS")

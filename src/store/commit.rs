@@ -229,7 +229,7 @@ impl Committer {
         self.send(Job::Tx(Box::new(move |ctx: &mut WriterCtx| {
             let engine = ctx.engine.clone();
             let mut tx = Tx::new(
-                engine.reader(),
+                engine.as_ref(),
                 &ctx.group,
                 &ctx.pending,
                 &ctx.derived,

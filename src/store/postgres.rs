@@ -56,7 +56,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
 use super::kv::{KvBulk, KvEngine, KvRead, Pair, Rows, Sink};
 use super::tx::Writes;
@@ -68,6 +68,21 @@ const LAYOUT: i32 = 1;
 
 /// Connections readers share (each pipelines its queries).
 const READERS: usize = 4;
+
+/// The fence of every commit: this appliance's epoch still holds the
+/// leader row, locked `FOR SHARE` until the commit ends, so a takeover
+/// waits for the commit in flight and every later one is refused.
+const FENCE: &str =
+    "SELECT 1 FROM agentbay_leader WHERE id = 1 AND node = $1 AND epoch = $2 FOR SHARE";
+
+/// Every written key of a commit, in one statement.
+const UPSERT: &str = "INSERT INTO agentbay_kv (tree, key, value)
+     SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
+     ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value";
+
+/// Every removed key of a commit, in one statement.
+const DELETE: &str = "DELETE FROM agentbay_kv USING unnest($1::text[], $2::bytea[]) AS d(tree, key)
+     WHERE agentbay_kv.tree = d.tree AND agentbay_kv.key = d.key";
 
 /// Longest a query or a commit waits for PostgreSQL: an unreachable
 /// server (a partition drops packets, it does not refuse them) fails the
@@ -240,10 +255,45 @@ fn tls_config(options: &PgOptions) -> Result<rustls::ClientConfig, StoreError> {
         .with_no_client_auth())
 }
 
+/// A connection and the statements prepared on it: a statement is
+/// prepared once, and every later use is one round trip.
+struct Conn {
+    client: Client,
+    prepared: Mutex<std::collections::HashMap<String, Statement>>,
+}
+
+impl Conn {
+    fn new(client: Client) -> Conn {
+        Conn {
+            client,
+            prepared: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    async fn prepared(&self, sql: &str) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(statement) = self.prepared.lock().get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql).await?;
+        self.prepared
+            .lock()
+            .insert(sql.to_string(), statement.clone());
+        Ok(statement)
+    }
+}
+
+impl std::ops::Deref for Conn {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
 /// Connections that reconnect when PostgreSQL went away.
 struct Pool {
     options: PgOptions,
-    slots: Vec<Mutex<Option<Arc<Client>>>>,
+    slots: Vec<Mutex<Option<Arc<Conn>>>>,
     next: AtomicUsize,
 }
 
@@ -258,14 +308,16 @@ impl Pool {
 
     /// A live connection, connecting a slot again when its connection
     /// closed.
-    fn client(&self, rt: &Runtime) -> Result<Arc<Client>, StoreError> {
+    fn client(&self, rt: &Runtime) -> Result<Arc<Conn>, StoreError> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let mut slot = self.slots[i].lock();
         if let Some(client) = slot.as_ref().filter(|c| !c.is_closed()) {
             return Ok(client.clone());
         }
         let options = self.options.clone();
-        let client = Arc::new(rt.block(async move { connect(&options, "read").await })?);
+        let client = Arc::new(Conn::new(
+            rt.block(async move { connect(&options, "read").await })?,
+        ));
         *slot = Some(client.clone());
         Ok(client)
     }
@@ -276,7 +328,7 @@ pub(super) struct PgEngine {
     rt: Runtime,
     readers: Pool,
     /// The flusher's connection, for commits.
-    writer: Mutex<Option<Client>>,
+    writer: Mutex<Option<Arc<Conn>>>,
     options: PgOptions,
     /// The epoch this appliance holds the leader row with.
     epoch: i64,
@@ -285,6 +337,33 @@ pub(super) struct PgEngine {
     leading: Arc<AtomicBool>,
     /// When the last renewal that succeeded was sent.
     renewed: Arc<Mutex<Instant>>,
+    /// What the writer read or wrote, by key: only this appliance's
+    /// writer writes the store while it holds it, so its own reads need
+    /// no round trip once it knows a key (see [`WriterCache`]).
+    cache: Mutex<WriterCache>,
+}
+
+/// Values by key as the writer last read or wrote them, the writes of a
+/// group entered as it is handed over (newer than anything committed).
+/// Bounded: past [`WriterCache::MAX_BYTES`] it starts again empty.
+#[derive(Default)]
+struct WriterCache {
+    values: std::collections::HashMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    bytes: usize,
+}
+
+impl WriterCache {
+    const MAX_BYTES: usize = 64 * 1024 * 1024;
+
+    fn put(&mut self, table: Table, key: Vec<u8>, value: Option<Vec<u8>>) {
+        let size = key.len() + value.as_ref().map_or(0, Vec::len) + 64;
+        if self.bytes + size > Self::MAX_BYTES {
+            self.values.clear();
+            self.bytes = 0;
+        }
+        self.bytes += size;
+        self.values.insert((table, key), value);
+    }
 }
 
 impl PgEngine {
@@ -309,11 +388,12 @@ impl PgEngine {
         let engine = PgEngine {
             readers: Pool::new(options.clone(), READERS),
             rt,
-            writer: Mutex::new(Some(writer)),
+            writer: Mutex::new(Some(Arc::new(Conn::new(writer)))),
             options,
             epoch,
             leading,
             renewed: Arc::new(Mutex::new(sent)),
+            cache: Mutex::new(WriterCache::default()),
         };
         engine.renew_in_background();
         tracing::info!(
@@ -391,7 +471,7 @@ impl PgEngine {
         Ok(())
     }
 
-    fn client(&self) -> Result<Arc<Client>, StoreError> {
+    fn client(&self) -> Result<Arc<Conn>, StoreError> {
         self.readers.client(&self.rt)
     }
 
@@ -408,12 +488,11 @@ impl PgEngine {
                 self.options.describe()
             )));
         }
-        let client = Arc::new(
-            self.writer
-                .lock()
-                .take()
-                .ok_or_else(|| StoreError::Engine("the PostgreSQL connection is gone".into()))?,
-        );
+        let client = self
+            .writer
+            .lock()
+            .take()
+            .ok_or_else(|| StoreError::Engine("the PostgreSQL connection is gone".into()))?;
         let run = |sql: &'static str| {
             let client = client.clone();
             self.rt
@@ -451,7 +530,7 @@ impl PgEngine {
         let filled = filled.and_then(|()| send(&mut batch));
         match filled.and_then(|()| run("COMMIT")) {
             Ok(()) => {
-                *self.writer.lock() = Arc::try_unwrap(client).ok();
+                *self.writer.lock() = Some(client);
                 Ok(())
             }
             Err(e) => {
@@ -505,7 +584,8 @@ impl PgEngine {
             for k in &keys {
                 params.push(k);
             }
-            let rows = client.query(sql.as_str(), &params).await?;
+            let statement = client.prepared(&sql).await?;
+            let rows = client.query(&statement, &params).await?;
             Ok(rows
                 .into_iter()
                 .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
@@ -539,48 +619,50 @@ impl PgEngine {
             Some(c) => c,
             None => {
                 let options = self.options.clone();
-                self.rt
-                    .block(async move { connect(&options, "write").await })?
+                Arc::new(Conn::new(
+                    self.rt
+                        .block(async move { connect(&options, "write").await })?,
+                ))
             }
         };
         let (node, epoch) = (self.options.node.clone(), self.epoch);
-        let (client, outcome) = self.rt.block(async move {
+        let conn = client.clone();
+        let outcome = self.rt.block(async move {
+            let client = conn;
             let outcome = async {
-                client.batch_execute("BEGIN").await?;
-                let fenced = client
-                    .query(
-                        "SELECT 1 FROM agentbay_leader WHERE id = 1 AND node = $1 AND epoch = $2 FOR SHARE",
-                        &[&node, &epoch],
-                    )
-                    .await?;
+                let fence = client.prepared(FENCE).await?;
+                let upsert_sql = client.prepared(UPSERT).await?;
+                let delete_sql = client.prepared(DELETE).await?;
+                // One round trip for the transaction's statements, and one
+                // for its end: they are sent together, and the fence is
+                // looked at before COMMIT or ROLLBACK is.
+                let begin = client.batch_execute("BEGIN");
+                let fence_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&node, &epoch];
+                let fenced = client.query(&fence, &fence_params);
+                let upserted = async {
+                    if upsert.0.is_empty() {
+                        return Ok(0);
+                    }
+                    client
+                        .execute(&upsert_sql, &[&upsert.0, &upsert.1, &upsert.2])
+                        .await
+                };
+                let deleted = async {
+                    if delete.0.is_empty() {
+                        return Ok(0);
+                    }
+                    client.execute(&delete_sql, &[&delete.0, &delete.1]).await
+                };
+                let ((), fenced, _, _) = futures::try_join!(begin, fenced, upserted, deleted)?;
                 if fenced.is_empty() {
                     client.batch_execute("ROLLBACK").await?;
                     return Ok(false);
-                }
-                if !upsert.0.is_empty() {
-                    client
-                        .execute(
-                            "INSERT INTO agentbay_kv (tree, key, value)
-                             SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
-                             ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value",
-                            &[&upsert.0, &upsert.1, &upsert.2],
-                        )
-                        .await?;
-                }
-                if !delete.0.is_empty() {
-                    client
-                        .execute(
-                            "DELETE FROM agentbay_kv USING unnest($1::text[], $2::bytea[]) AS d(tree, key)
-                             WHERE agentbay_kv.tree = d.tree AND agentbay_kv.key = d.key",
-                            &[&delete.0, &delete.1],
-                        )
-                        .await?;
                 }
                 client.batch_execute("COMMIT").await?;
                 Ok::<_, tokio_postgres::Error>(true)
             }
             .await;
-            Ok((client, outcome))
+            Ok(outcome)
         })?;
         match outcome {
             Ok(true) => {
@@ -721,12 +803,10 @@ impl KvRead for PgEngine {
         let client = self.client()?;
         let (name, key) = (table.name(), key.to_vec());
         self.rt.block(async move {
-            let row = client
-                .query_opt(
-                    "SELECT value FROM agentbay_kv WHERE tree = $1 AND key = $2",
-                    &[&name, &key],
-                )
+            let statement = client
+                .prepared("SELECT value FROM agentbay_kv WHERE tree = $1 AND key = $2")
                 .await?;
+            let row = client.query_opt(&statement, &[&name, &key]).await?;
             Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
         })
     }
@@ -845,7 +925,20 @@ impl KvEngine for PgEngine {
         true
     }
 
+    fn writer_get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(known) = self.cache.lock().values.get(&(table, key.to_vec())) {
+            return Ok(known.clone());
+        }
+        let value = self.get(table, key)?;
+        self.cache.lock().put(table, key.to_vec(), value.clone());
+        Ok(value)
+    }
+
     fn apply(&self, _number: u64, writes: Writes) -> Result<Option<Arc<Writes>>, StoreError> {
+        let mut cache = self.cache.lock();
+        for (position, key, value) in writes.iter() {
+            cache.put(Table::ALL[position], key.to_vec(), value.clone());
+        }
         Ok(Some(Arc::new(writes)))
     }
 
@@ -859,7 +952,14 @@ impl KvEngine for PgEngine {
         if merged.is_empty() {
             return Ok(());
         }
-        self.commit(merged)
+        let committed = self.commit(merged);
+        if committed.is_err() {
+            // The store stops; nothing it knew is to be trusted.
+            let mut cache = self.cache.lock();
+            cache.values.clear();
+            cache.bytes = 0;
+        }
+        committed
     }
 
     fn health(&self) -> Result<(), String> {

@@ -12,7 +12,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use super::derived::{self, Change, Derived};
-use super::kv::{KvRead, Reading};
+use super::kv::{KvEngine, Reading};
 use super::trail;
 use super::{
     Record, StoreError, StoredVersion, Table, TenantScope, Versioned, decode, encode, index_prefix,
@@ -153,7 +153,7 @@ pub(super) struct Finished {
 
 /// A transaction in progress. Reads see the transaction's own writes.
 pub struct Tx<'a> {
-    base: &'a dyn KvRead,
+    base: &'a dyn KvEngine,
     group: &'a Writes,
     pending: &'a VecDeque<(u64, Arc<Writes>)>,
     cache: &'a DerivedCache,
@@ -192,7 +192,7 @@ fn check_index_part(part: &str) -> Result<(), StoreError> {
 
 impl<'a> Tx<'a> {
     pub(super) fn new(
-        base: &'a dyn KvRead,
+        base: &'a dyn KvEngine,
         group: &'a Writes,
         pending: &'a VecDeque<(u64, Arc<Writes>)>,
         cache: &'a DerivedCache,
@@ -233,7 +233,7 @@ impl<'a> Tx<'a> {
         if let Some(v) = newest {
             return Ok(v.clone());
         }
-        self.base.get(table, key)
+        self.base.writer_get(table, key)
     }
 
     fn write(&mut self, table: Table, key: Vec<u8>, value: Option<Vec<u8>>) {
@@ -247,7 +247,7 @@ impl<'a> Tx<'a> {
     ) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, StoreError> {
         let t = table.position();
         let mut merged = BTreeMap::new();
-        for item in Reading::new(self.base, table).scan_prefix(prefix) {
+        for item in Reading::new(self.base.reader(), table).scan_prefix(prefix) {
             let (k, v) = item?;
             merged.insert(k, v);
         }

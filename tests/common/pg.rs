@@ -28,6 +28,15 @@ pub struct PgCluster {
     fsync: bool,
 }
 
+/// Whether a packaged PostgreSQL server is installed.
+pub fn installed() -> bool {
+    std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.path().join("bin/initdb").exists())
+}
+
 /// The directory of the newest packaged PostgreSQL's programs.
 fn bin_dir() -> PathBuf {
     let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
