@@ -30,7 +30,9 @@ pub fn postgres() -> Option<&'static pg::PgCluster> {
                 println!("(no PostgreSQL server is installed: the PostgreSQL rows are skipped)");
                 return None;
             }
-            Some(pg::PgCluster::start(true))
+            let cluster = pg::PgCluster::start(true);
+            cluster.remove_at_exit();
+            Some(cluster)
         })
         .as_ref()
 }

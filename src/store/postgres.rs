@@ -216,6 +216,11 @@ async fn connect(options: &PgOptions, role: &str) -> Result<Client, StoreError> 
         config.connect_timeout(Duration::from_secs(5));
     }
     config.keepalives_idle(Duration::from_secs(5));
+    // A hung appliance inside a commit holds the leader row FOR SHARE:
+    // the server ends its session after 5 s idle in the transaction, so a
+    // standby's takeover waits that long at most; and a takeover waiting
+    // on a commit in flight gives up after 3 s and tries again.
+    config.options("-c idle_in_transaction_session_timeout=5000 -c lock_timeout=3000");
     #[cfg(target_os = "linux")]
     config.tcp_user_timeout(ANSWER_WITHIN);
     let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(options)?);

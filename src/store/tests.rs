@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::*;
-use crate::domain::events::NewEvent;
+use crate::domain::events::{EventFilter, NewEvent};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Note {

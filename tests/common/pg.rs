@@ -130,7 +130,31 @@ impl PgCluster {
     /// kill the server).
     pub fn shared() -> &'static PgCluster {
         static SHARED: OnceLock<PgCluster> = OnceLock::new();
-        SHARED.get_or_init(|| PgCluster::start(false))
+        SHARED.get_or_init(|| {
+            let cluster = PgCluster::start(false);
+            cluster.remove_at_exit();
+            cluster
+        })
+    }
+
+    /// For a cluster kept in a static, which is never dropped: its
+    /// directory is removed when the process exits (the server is killed
+    /// with the process).
+    pub fn remove_at_exit(&self) {
+        static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+        extern "C" fn remove_dirs() {
+            if let Ok(dirs) = DIRS.lock() {
+                for dir in dirs.iter() {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+            }
+        }
+        let mut dirs = DIRS.lock().unwrap();
+        if dirs.is_empty() {
+            // SAFETY: registers a plain function to run at exit.
+            unsafe { libc::atexit(remove_dirs) };
+        }
+        dirs.push(self.dir.clone());
     }
 
     /// A new cluster of one's own, with fsync on, for tests that kill

@@ -24,7 +24,11 @@
 //!
 //! CI runs a short load; `CONSISTENCY_LOAD_SECONDS=300` runs a long one.
 //! The second test kills the appliance with SIGKILL in the middle of the
-//! load and restarts it on the same data directory.
+//! load and restarts it on the same data directory. The third runs two
+//! appliances on one PostgreSQL store, drives the load through the
+//! standby (which forwards it to the active one), kills the active one
+//! with SIGKILL in the middle of the load, and checks the same things
+//! once the standby has taken over.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -621,7 +625,11 @@ async fn submitter(ctx: Arc<Ctx>) {
 
 /// The appliance with the load's tenant, release and pools.
 async fn site() -> (Appliance, Credential) {
-    let a = Appliance::start_with(&[], ENV);
+    site_on(Appliance::start_with(&[], ENV)).await
+}
+
+/// The load's tenant, release and pools on an appliance.
+async fn site_on(a: Appliance) -> (Appliance, Credential) {
     let workspace = a.tenant("demo", "team", &[], &["support"]).await;
     let cred = a
         .create_client(
@@ -670,9 +678,23 @@ async fn site() -> (Appliance, Credential) {
     (a, cred)
 }
 
-/// Runs the load for `seconds`; with `kill_at`, kills the appliance with
-/// SIGKILL that far into it and restarts it.
-async fn load(a: &mut Appliance, cred: Credential, seconds: u64, kill_at: Option<u64>) -> Arc<Ctx> {
+/// What happens to the appliance in the middle of the load.
+enum Disruption {
+    None,
+    /// SIGKILL, then a start on the same data directory.
+    KillAndRestart,
+    /// Whatever the closure does (kill the active appliance of a pair);
+    /// the load goes on at the same address.
+    Other(Box<dyn FnOnce() + Send>),
+}
+
+/// Runs the load for `seconds`, disrupted half-way.
+async fn load(
+    a: &mut Appliance,
+    cred: Credential,
+    seconds: u64,
+    disruption: Disruption,
+) -> Arc<Ctx> {
     let token = a.token(&cred).await;
     let ctx = Arc::new(Ctx {
         endpoint: RwLock::new(Endpoint {
@@ -695,20 +717,23 @@ async fn load(a: &mut Appliance, cred: Credential, seconds: u64, kill_at: Option
         tasks.push(tokio::spawn(lease_client(ctx.clone(), n)));
     }
     let started = Instant::now();
-    if let Some(at) = kill_at {
-        tokio::time::sleep(Duration::from_secs(at)).await;
-        a.kill9();
-        a.restart();
-        let token = a.token(&ctx.credential).await;
+    if !matches!(disruption, Disruption::None) {
+        tokio::time::sleep(Duration::from_secs(seconds / 2)).await;
+        match disruption {
+            Disruption::KillAndRestart => tokio::task::block_in_place(|| {
+                a.kill9();
+                a.restart();
+            }),
+            Disruption::Other(disrupt) => tokio::task::block_in_place(disrupt),
+            Disruption::None => {}
+        }
+        let token = token_once_served(a, &ctx.credential).await;
         *ctx.token.write() = token;
         let mut e = ctx.endpoint.write();
         e.url = a.url.clone();
         e.fingerprint = a.fingerprint.clone();
         e.generation += 1;
-        eprintln!(
-            "killed with SIGKILL and restarted at {:?}",
-            started.elapsed()
-        );
+        eprintln!("disrupted at {:?}", started.elapsed());
     }
     tokio::time::sleep(Duration::from_secs(seconds).saturating_sub(started.elapsed())).await;
     ctx.stop.store(true, Ordering::Release);
@@ -716,6 +741,32 @@ async fn load(a: &mut Appliance, cred: Credential, seconds: u64, kill_at: Option
         t.await.expect("a load client panicked");
     }
     ctx
+}
+
+/// A token, once the appliance serves again (a standby takes over within
+/// its lease).
+async fn token_once_served(a: &Appliance, credential: &Credential) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let response = a
+            .http()
+            .post(format!("{}/oauth/token", a.url))
+            .basic_auth(&credential.id, Some(&credential.secret))
+            .form(&[("grant_type", "client_credentials")])
+            .send()
+            .await;
+        if let Ok(r) = response
+            && r.status() == 200
+        {
+            let body: Value = r.json().await.unwrap();
+            return body["access_token"].as_str().unwrap().to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the appliance did not serve again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Reads the appliance back and compares it with the journal; returns the
@@ -1034,7 +1085,7 @@ async fn check(a: &Appliance, ctx: &Ctx) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_adapters_never_lose_or_replace_an_acknowledged_write() {
     let (mut a, cred) = site().await;
-    let ctx = load(&mut a, cred, load_seconds(), None).await;
+    let ctx = load(&mut a, cred, load_seconds(), Disruption::None).await;
     let findings = check(&a, &ctx).await;
     assert!(findings.is_empty(), "{}", findings.join("\n"));
     assert!(
@@ -1047,7 +1098,50 @@ async fn concurrent_adapters_never_lose_or_replace_an_acknowledged_write() {
 async fn a_kill_9_in_the_middle_of_the_load_loses_or_replaces_nothing() {
     let (mut a, cred) = site().await;
     let seconds = load_seconds();
-    let ctx = load(&mut a, cred, seconds, Some(seconds / 2)).await;
+    let ctx = load(&mut a, cred, seconds, Disruption::KillAndRestart).await;
     let findings = check(&a, &ctx).await;
     assert!(findings.is_empty(), "{}", findings.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_on_postgres_in_the_middle_of_the_load_loses_or_replaces_nothing() {
+    use crate::ha::Node;
+    let cluster = crate::pg::PgCluster::shared();
+    let db = cluster.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut active = Node::new("a", tmp.path(), &db).with_env(ENV);
+    let mut standby = Node::new("b", tmp.path(), &db).with_env(ENV);
+    let admin = active.init();
+    active.start();
+    active
+        .wait_for_role("active", Duration::from_secs(30))
+        .await;
+    standby.start();
+    standby
+        .wait_for_role("standby", Duration::from_secs(30))
+        .await;
+    let (_, cred) = site_on(active.appliance(&admin)).await;
+    // Every client goes through the standby: forwarded until the active
+    // appliance is killed, served by it once it took over.
+    let mut through = standby.appliance(&admin);
+    let seconds = load_seconds();
+    let ctx = load(
+        &mut through,
+        cred,
+        seconds,
+        Disruption::Other(Box::new(move || active.kill9())),
+    )
+    .await;
+    let (status, ready) = standby.readyz().await;
+    assert_eq!(
+        (status, ready["role"].as_str()),
+        (200, Some("active")),
+        "{ready}"
+    );
+    let findings = check(&through, &ctx).await;
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+    assert!(
+        ctx.acknowledged.load(Ordering::Relaxed) > 0,
+        "the load ran through the pair"
+    );
 }

@@ -18,7 +18,7 @@ use crate::pg::PgCluster;
 const LEASE_SECONDS: u64 = 3;
 
 /// One appliance of the pair.
-struct Node {
+pub struct Node {
     name: &'static str,
     root: PathBuf,
     data_dir: PathBuf,
@@ -26,6 +26,7 @@ struct Node {
     db_url: String,
     child: Option<Child>,
     fingerprint: String,
+    env: Vec<(String, String)>,
 }
 
 fn free_port() -> u16 {
@@ -37,7 +38,7 @@ fn free_port() -> u16 {
 }
 
 impl Node {
-    fn new(name: &'static str, root: &Path, db_url: &str) -> Node {
+    pub fn new(name: &'static str, root: &Path, db_url: &str) -> Node {
         let root = root.join(name);
         std::fs::create_dir_all(&root).unwrap();
         Node {
@@ -48,7 +49,17 @@ impl Node {
             db_url: db_url.to_string(),
             child: None,
             fingerprint: String::new(),
+            env: Vec::new(),
         }
+    }
+
+    /// With more settings in its environment.
+    pub fn with_env(mut self, env: &[(&str, &str)]) -> Node {
+        self.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self
     }
 
     fn command(&self) -> std::process::Command {
@@ -61,12 +72,13 @@ impl Node {
             .env(
                 "AGENTBAY_STORE__POSTGRES__LEASE_SECONDS",
                 LEASE_SECONDS.to_string(),
-            );
+            )
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 
     /// `agentbay init` on the shared store: the bootstrap credential.
-    fn init(&self) -> Credential {
+    pub fn init(&self) -> Credential {
         let out = common::run(
             self.command()
                 .args(["init", "--json", "--data-dir"])
@@ -77,6 +89,7 @@ impl Node {
             "init failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        self.give_demo_key();
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         Credential {
             id: v["client_id"].as_str().unwrap().to_string(),
@@ -84,7 +97,7 @@ impl Node {
         }
     }
 
-    fn start(&mut self) {
+    pub fn start(&mut self) {
         let file = |name: &str| {
             std::fs::File::options()
                 .create(true)
@@ -102,12 +115,45 @@ impl Node {
             .stderr(Stdio::from(file("serve.err")))
             .spawn()
             .unwrap();
-        let info = common::wait_for_runtime_info(&self.data_dir, child.id());
+        let mut child = child;
+        let path = self.data_dir.join("run/appliance.json");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let info = loop {
+            if let Ok(bytes) = std::fs::read(&path)
+                && let Ok(info) =
+                    serde_json::from_slice::<agentbay::store::datadir::RuntimeInfo>(&bytes)
+                && info.pid == child.id()
+            {
+                break info;
+            }
+            let exited = child.try_wait().unwrap();
+            assert!(
+                exited.is_none() && Instant::now() < deadline,
+                "{} did not start ({exited:?}): {}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
         self.fingerprint = info.certificate_fingerprint;
         self.child = Some(child);
+        self.give_demo_key();
     }
 
-    fn kill9(&mut self) {
+    /// The test publisher's key as the appliance's demo key, as
+    /// `common::init` gives every test appliance (read when it becomes
+    /// active; a standby's data directory gets it once it exists).
+    fn give_demo_key(&self) {
+        let key = self
+            .data_dir
+            .join(agentbay::releases::signing::DEMO_KEY_FILE);
+        if !key.exists() {
+            std::fs::create_dir_all(key.parent().unwrap()).unwrap();
+            std::fs::copy(common::test_demo_key(), &key).unwrap();
+        }
+    }
+
+    pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             child.kill().unwrap();
             child.wait().unwrap();
@@ -123,7 +169,7 @@ impl Node {
     }
 
     /// `/readyz`: its status and body.
-    async fn readyz(&self) -> (u16, Value) {
+    pub async fn readyz(&self) -> (u16, Value) {
         let r = common::https_client(&self.fingerprint)
             .get(format!("{}/readyz", self.url()))
             .timeout(Duration::from_secs(5))
@@ -136,7 +182,7 @@ impl Node {
     }
 
     /// Waits until `/readyz` says `role` (and ready when active).
-    async fn wait_for_role(&self, role: &str, within: Duration) -> Value {
+    pub async fn wait_for_role(&self, role: &str, within: Duration) -> Value {
         let deadline = Instant::now() + within;
         loop {
             let (status, body) = self.readyz().await;
@@ -155,7 +201,7 @@ impl Node {
     }
 
     /// The node as the shared test helpers see an appliance.
-    fn appliance(&self, admin: &Credential) -> Appliance {
+    pub fn appliance(&self, admin: &Credential) -> Appliance {
         Appliance::remote(&self.url(), &self.fingerprint, admin.clone())
     }
 }
