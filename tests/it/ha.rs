@@ -636,3 +636,60 @@ async fn a_store_moves_between_sled_and_postgres_verified_and_backups_restore_ac
     }
     assert!(back_on_sled.terminate().await.success());
 }
+
+#[tokio::test]
+async fn a_hung_active_appliance_is_replaced_and_commits_nothing_when_it_wakes() {
+    let cluster = PgCluster::shared();
+    let db = cluster.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut a = Node::new("a", tmp.path(), &db);
+    let mut b = Node::new("b", tmp.path(), &db);
+    let admin = a.init();
+    a.start();
+    let first = a.wait_for_role("active", Duration::from_secs(30)).await;
+    b.start();
+    b.wait_for_role("standby", Duration::from_secs(30)).await;
+    let via_b = b.appliance(&admin);
+    via_b.ensure_tenant("before-the-hang").await;
+
+    // SIGSTOP: a keeps its connections and its sessions, and renews nothing.
+    let pid = a.child.as_ref().unwrap().id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let hung = Instant::now();
+    let active = b
+        .wait_for_role("active", Duration::from_secs(LEASE_SECONDS + 12))
+        .await;
+    eprintln!("takeover from a hung appliance: {:?}", hung.elapsed());
+    assert!(
+        active["leader"]["epoch"].as_i64() > first["leader"]["epoch"].as_i64(),
+        "{active}"
+    );
+    via_b.ensure_tenant("during-the-hang").await;
+
+    // Woken, a finds its lease gone: it stops acting and stands by.
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let standby = a.wait_for_role("standby", Duration::from_secs(40)).await;
+    assert_eq!(standby["active"]["node"], "b", "{standby}");
+    let held = tenants(&via_b).await;
+    for t in ["before-the-hang", "during-the-hang"] {
+        assert!(held.contains(&t.to_string()), "{t}: {held:?}");
+    }
+    let (status, body) = b.readyz().await;
+    assert_eq!(
+        (status, body["role"].as_str()),
+        (200, Some("active")),
+        "{body}"
+    );
+}
