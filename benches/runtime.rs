@@ -8,6 +8,9 @@
 //! JSON. Every checkpoint and every decision step is durable before it is
 //! answered.
 //!
+//! Where a PostgreSQL server is installed, the in-process checkpoint row
+//! runs on the PostgreSQL store too.
+//!
 //! `cargo bench --bench runtime`; `AGENTBAY_BENCH_SECONDS` sets the time per
 //! row (default 5).
 
@@ -37,11 +40,12 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// An appliance with tenant `demo`, project `load`, a pool for 1000
 /// attempts, the external triage release, and `ATTEMPTS` running attempts.
-async fn site(dir: &Path) -> (app::Running, Vec<Ticket>) {
+async fn site(dir: &Path, store: agentbay::config::StoreConfig) -> (app::Running, Vec<Ticket>) {
     let config = Config {
         data_dir: dir.join("data"),
         listen: "127.0.0.1:0".parse().unwrap(),
         demo: agentbay::config::DemoConfig { enabled: false },
+        store,
         ..Config::default()
     };
     let running = app::start(config, Clocks::system()).await.unwrap();
@@ -135,10 +139,10 @@ fn scope() -> TenantScope {
     TenantScope::new(TenantId::parse("demo").unwrap())
 }
 
-async fn checkpoints_in_process(state: AppState, tickets: &[Ticket]) -> Row {
+async fn checkpoints_in_process(state: AppState, tickets: &[Ticket], store: &str) -> Row {
     let runtime = state.runtime.clone();
     measure(
-        &format!("checkpoints, in-process, {ATTEMPTS} attempts"),
+        &format!("checkpoints, in-process, {store}{ATTEMPTS} attempts"),
         tickets,
         move |t: Ticket, i| {
             let runtime = runtime.clone();
@@ -295,10 +299,10 @@ fn main() {
         );
         let raw = common::raw_sled_reference();
         let dir = tempfile::tempdir().unwrap();
-        let (running, tickets) = site(dir.path()).await;
+        let (running, tickets) = site(dir.path(), Default::default()).await;
         let state = running.state.clone();
         let tickets = Arc::new(tickets);
-        checkpoints_in_process(state.clone(), &tickets)
+        checkpoints_in_process(state.clone(), &tickets, "")
             .await
             .print(raw);
         checkpoints_over_https(&running, &tickets).await.print(raw);
@@ -307,5 +311,21 @@ fn main() {
             .print(raw);
         drop(state);
         running.stop().await.unwrap();
+        if let Some(cluster) = common::postgres() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = agentbay::config::StoreConfig {
+                backend: agentbay::config::StoreBackend::Postgres,
+                ..Default::default()
+            };
+            store.postgres.url = serde_json::from_value(serde_json::json!(cluster.database()))
+                .expect("a URL is a string");
+            let (running, tickets) = site(dir.path(), store).await;
+            let state = running.state.clone();
+            checkpoints_in_process(state.clone(), &tickets, "PostgreSQL store, ")
+                .await
+                .print(raw);
+            drop(state);
+            running.stop().await.unwrap();
+        }
     });
 }

@@ -343,7 +343,6 @@ pub fn restore_to(
                         ))),
                     })
                 })?;
-                super::kv::KvEngine::release(&pg);
             }
         }
         for (path, bytes) in &entries.files {

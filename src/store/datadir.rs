@@ -599,7 +599,9 @@ mod tests {
             drop(s);
             assert!(!compressed(&store), "a new store is written uncompressed");
             let old = store.with_extension("old-format");
-            let from = sled::Config::new().path(&store).open().unwrap();
+            // Through open_sled: the store just dropped may still hold
+            // sled's lock for a moment (see open_sled).
+            let from = crate::store::open_sled(&store, None).unwrap();
             let to = sled::Config::new()
                 .path(&old)
                 .use_compression(true)

@@ -14,7 +14,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use super::engine::Open;
-use super::kv::{KvBulk, KvEngine, KvRead, Reading};
+use super::kv::{KvBulk, KvRead, Reading};
 use super::postgres::PgEngine;
 use super::schema::{FORMAT_KEY, FORMAT_VALUE, SCHEMA_VERSION, VERSION_KEY};
 use super::{Backend, StoreError, Table};
@@ -50,14 +50,6 @@ impl Side {
         match backend {
             Backend::Sled => format!("the sled store at {}", path.display()),
             Backend::Postgres(pg) => format!("the PostgreSQL store ({})", pg.describe()),
-        }
-    }
-}
-
-impl Drop for Side {
-    fn drop(&mut self) {
-        if let Side::Postgres(pg) = self {
-            pg.release();
         }
     }
 }

@@ -179,15 +179,24 @@ impl Runtime {
         &self,
         f: impl Future<Output = Result<T, StoreError>> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.block_within(ANSWER_WITHIN, f)
+    }
+
+    /// [`Runtime::block`], waiting `within` at most.
+    fn block_within<T: Send + 'static>(
+        &self,
+        within: Duration,
+        f: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.handle().spawn(async move {
-            let _ = tx.send(tokio::time::timeout(ANSWER_WITHIN, f).await);
+            let _ = tx.send(tokio::time::timeout(within, f).await);
         });
         match rx.recv() {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(StoreError::Engine(format!(
                 "PostgreSQL did not answer within {} s",
-                ANSWER_WITHIN.as_secs()
+                within.as_secs()
             ))),
             Err(_) => Err(StoreError::Closed),
         }
@@ -761,7 +770,9 @@ async fn create_layout(client: &Client) -> Result<(), StoreError> {
 }
 
 /// Takes the leader row with a new epoch if it is free, expired or this
-/// node's own; `Err` names the appliance whose lease runs.
+/// node's own (its name and its address: a restart takes it back at once,
+/// a second appliance given the same name by mistake does not); `Err`
+/// names the appliance whose lease runs.
 async fn take_leadership(
     client: &Client,
     options: &PgOptions,
@@ -771,7 +782,7 @@ async fn take_leadership(
             "UPDATE agentbay_leader
              SET node = $1, url = $2, fingerprint = $3, epoch = epoch + 1,
                  expires_at = now() + make_interval(secs => $4)
-             WHERE id = 1 AND (expires_at < now() OR node = $1 OR node = '')
+             WHERE id = 1 AND (expires_at < now() OR node = '' OR (node = $1 AND url = $2))
              RETURNING epoch",
             &[
                 &options.node,
@@ -906,6 +917,15 @@ impl DoubleEndedIterator for Scan<'_> {
     }
 }
 
+/// However it ends (a clean stop, a failed start, a command that only
+/// moved or restored the store), an engine that still holds the store gives
+/// it up, so that another appliance need not wait for the lease.
+impl Drop for PgEngine {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 impl KvBulk for PgEngine {
     fn put(&self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         self.write_one(table, key, Some(value))
@@ -983,9 +1003,16 @@ impl KvEngine for PgEngine {
     /// Ends the lease at once, so that a standby takes over without
     /// waiting for it to run out.
     fn release(&self) {
-        let Ok(client) = self.client() else { return };
+        if !self.leading.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let Some(client) = self.writer.lock().clone().filter(|c| !c.is_closed()) else {
+            return;
+        };
         let (node, epoch) = (self.options.node.clone(), self.epoch);
-        let released = self.rt.block(async move {
+        // Briefly: a store that cannot reach PostgreSQL lets the lease run
+        // out instead.
+        let released = self.rt.block_within(Duration::from_secs(2), async move {
             Ok(client
                 .execute(
                     "UPDATE agentbay_leader SET expires_at = '-infinity'
@@ -994,7 +1021,6 @@ impl KvEngine for PgEngine {
                 )
                 .await?)
         });
-        self.leading.store(false, Ordering::Release);
         if let Err(e) = released {
             tracing::warn!(error = %e, "store: the leader lease was not released; a standby waits for it to run out");
         }
