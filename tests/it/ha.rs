@@ -404,12 +404,14 @@ async fn an_appliance_cut_off_from_postgres_stops_acting_before_the_standby_take
     };
     let a_stopped = a_stopped.expect("a stopped acting before b took over");
     eprintln!("partition: a stopped acting after {a_stopped:?}, b active after {b_active:?}");
+    // a stopped before b took over; it stops by its own clock, a margin
+    // before its lease can run out on PostgreSQL's (what the test sees of
+    // it lags on a loaded machine, so the log says why it stopped).
     assert!(a_stopped <= b_active);
-    // a stops by its own clock a margin before its lease can run out;
-    // what the test sees of it may lag on a loaded machine.
     assert!(
-        a_stopped < Duration::from_secs(LEASE_SECONDS + 2),
-        "a acted past its lease: {a_stopped:?}"
+        a.log().contains("could not be renewed in time"),
+        "{}",
+        a.log()
     );
     assert!(
         tenants(&via_b)
