@@ -343,6 +343,28 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     serve(config, clocks, listener, datadir, store, material).await
 }
 
+/// Where this process serves, for the commands and scripts that look
+/// (`run/appliance.json`).
+pub(crate) fn runtime_info(
+    config: &Config,
+    url: &str,
+    material: &TlsMaterial,
+    started_at: DateTime<Utc>,
+) -> RuntimeInfo {
+    RuntimeInfo {
+        pid: std::process::id(),
+        url: url.to_string(),
+        certificate_fingerprint: material.fingerprint.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at,
+        config_file: config
+            .source
+            .file
+            .as_ref()
+            .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
+    }
+}
+
 /// Binds the listening address.
 pub(crate) fn bind(config: &Config) -> anyhow::Result<std::net::TcpListener> {
     let listener = std::net::TcpListener::bind(config.listen)
@@ -600,18 +622,7 @@ pub(crate) async fn serve(
 
     let admin_token = auth.issue_local_admin_token();
     datadir.write_admin_token(&admin_token)?;
-    datadir.write_runtime_info(&RuntimeInfo {
-        pid: std::process::id(),
-        url: url.clone(),
-        certificate_fingerprint: material.fingerprint.clone(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        started_at: clock.now(),
-        config_file: config
-            .source
-            .file
-            .as_ref()
-            .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
-    })?;
+    datadir.write_runtime_info(&runtime_info(&config, &url, &material, clock.now()))?;
     tracing::info!(
         %url,
         certificate = %material.fingerprint,

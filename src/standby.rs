@@ -172,21 +172,16 @@ async fn stand_by(
         if server.is_none() {
             server = Some(serve_standby(config, listener, material, pair.clone())?);
             // Where it listens, for the commands and scripts that look.
-            datadir.write_runtime_info(&crate::store::datadir::RuntimeInfo {
-                pid: std::process::id(),
-                url: format!(
-                    "https://{}",
-                    crate::app::display_addr(listener.local_addr()?)
-                ),
-                certificate_fingerprint: material.fingerprint.clone(),
-                version: env!("CARGO_PKG_VERSION").to_string(),
-                started_at: chrono::Utc::now(),
-                config_file: config
-                    .source
-                    .file
-                    .as_ref()
-                    .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
-            })?;
+            let url = format!(
+                "https://{}",
+                crate::app::display_addr(listener.local_addr()?)
+            );
+            datadir.write_runtime_info(&crate::app::runtime_info(
+                config,
+                &url,
+                material,
+                chrono::Utc::now(),
+            ))?;
         }
         if !announced {
             announced = true;

@@ -227,9 +227,8 @@ impl Committer {
         let mut done = Answer(Some(done), std::marker::PhantomData);
         let origin = trail::current();
         self.send(Job::Tx(Box::new(move |ctx: &mut WriterCtx| {
-            let engine = ctx.engine.clone();
             let mut tx = Tx::new(
-                engine.as_ref(),
+                ctx.engine.as_ref(),
                 &ctx.group,
                 &ctx.pending,
                 &ctx.derived,
