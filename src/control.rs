@@ -557,10 +557,8 @@ pub async fn backup(config: &Config, file: &Path) -> anyhow::Result<()> {
                 Ok::<_, anyhow::Error>(format!("{bytes} bytes"))
             }
             Target::Offline(local) => {
-                let out = crate::store::datadir::create_private_file(&partial)?;
                 let files = crate::tls::backup_files(&local.datadir.tls_dir());
-                let summary = local.store.backup(out, files).await?;
-                crate::store::datadir::sync_file(&partial)?;
+                let summary = local.store.backup_file(&partial, files).await?;
                 Ok(format!(
                     "{} records, {} files",
                     summary.records, summary.files

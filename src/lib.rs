@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! main.rs        CLI: serve, init, backup, restore, user, client, tenant, release, version
+//! acting.rs      who the current task acts for (address, door, actor), read by the audit trail
 //! app.rs         wiring: data dir + store + TLS + workers + router, ordered shutdown
 //! config.rs      one Config from TOML file < AGENTBAY_* environment < CLI flags
 //! reload.rs      reloading the running configuration (SIGHUP, `agentbay reload`)
@@ -58,6 +59,7 @@
 //! page requires its scope from the user's roles, and the services answer
 //! in the tenant the session looks at.
 
+pub mod acting;
 pub mod api;
 pub mod app;
 pub mod auth;

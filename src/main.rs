@@ -1172,7 +1172,7 @@ fn main() -> ExitCode {
             address: "local".into(),
             via: agentbay::domain::audit::Via::Cli,
         };
-        runtime.block_on(agentbay::store::trail::scope(origin, execute(cli.command)))
+        runtime.block_on(agentbay::acting::scope(origin, execute(cli.command)))
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

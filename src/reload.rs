@@ -216,7 +216,7 @@ impl Reloader {
     /// changed is kept, never their values (a key can hold a secret).
     async fn audit(&self, done: &Reloaded) {
         use crate::domain::audit::{Change, Origin, Via};
-        let origin = crate::store::trail::current().unwrap_or_else(|| {
+        let origin = crate::acting::current().unwrap_or_else(|| {
             std::sync::Arc::new(Origin {
                 actor: "the appliance (SIGHUP)".into(),
                 address: "local".into(),

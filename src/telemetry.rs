@@ -534,3 +534,39 @@ fn describe() {
         "Pool counters repaired from their leases"
     );
 }
+
+/// The free and the total bytes of the file system that holds `path`.
+#[cfg(unix)]
+pub fn disk_space(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut s = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `s` is written by statvfs
+    // before it is read, only when it succeeds.
+    let s = unsafe {
+        if libc::statvfs(c.as_ptr(), s.as_mut_ptr()) != 0 {
+            return None;
+        }
+        s.assume_init()
+    };
+    let unit = s.f_frsize as u64;
+    Some((s.f_bavail as u64 * unit, s.f_blocks as u64 * unit))
+}
+
+/// The free and the total bytes of the volume that holds `path`.
+#[cfg(windows)]
+pub fn disk_space(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::windows::ffi::OsStrExt;
+    let wide: Vec<u16> = path.as_os_str().encode_wide().chain(Some(0)).collect();
+    let (mut free, mut total) = (0u64, 0u64);
+    // SAFETY: `wide` is NUL-terminated; the out pointers are valid u64s.
+    let ok = unsafe {
+        windows_sys::Win32::Storage::FileSystem::GetDiskFreeSpaceExW(
+            wide.as_ptr(),
+            &mut free,
+            &mut total,
+            std::ptr::null_mut(),
+        )
+    };
+    (ok != 0).then_some((free, total))
+}

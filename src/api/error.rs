@@ -16,7 +16,6 @@ use serde_json::{Map, Value, json};
 use crate::auth::AuthError;
 use crate::auth::clients::ClientError;
 use crate::domain::{DomainError, FieldError};
-use crate::store::StoreError;
 
 /// Stable error codes of the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -331,35 +330,8 @@ impl From<DomainError> for ApiError {
             DomainError::Unavailable(m) => ApiError::new(ErrorCode::Unavailable, m),
             DomainError::Waiting(m) => ApiError::new(ErrorCode::Unavailable, m)
                 .with_header(header::RETRY_AFTER, &DomainError::WAIT_SECONDS.to_string()),
-        }
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Closed | StoreError::FlushFailed(_) | StoreError::Standby { .. } => {
-                ApiError::new(
-                    ErrorCode::Unavailable,
-                    format!("the store cannot accept writes: {e}"),
-                )
-            }
-            // The engine's own failure (PostgreSQL unreachable): retry.
-            StoreError::Engine(_) => ApiError::new(
-                ErrorCode::Unavailable,
-                format!("the store cannot be reached: {e}"),
-            ),
-            StoreError::Stale { .. } => ApiError::new(ErrorCode::Aborted, e.to_string()),
-            StoreError::Invariant { .. } => {
-                ApiError::new(ErrorCode::FailedPrecondition, e.to_string())
-            }
-            // A record grown past the store's limit by what the caller
-            // sent (free text, a list): nothing was written.
-            StoreError::TooLarge { .. } => ApiError::new(
-                ErrorCode::PayloadTooLarge,
-                format!("{e}; shorten the text or lists of the request"),
-            ),
-            other => ApiError::internal(other),
+            DomainError::TooLarge(m) => ApiError::new(ErrorCode::PayloadTooLarge, m),
+            DomainError::Broken(m) => ApiError::internal(m),
         }
     }
 }
@@ -384,7 +356,7 @@ impl From<ClientError> for ApiError {
     fn from(e: ClientError) -> Self {
         match e {
             ClientError::Domain(d) => d.into(),
-            ClientError::Store(s) => s.into(),
+            ClientError::Store(s) => DomainError::from(s).into(),
         }
     }
 }
@@ -393,7 +365,7 @@ impl From<crate::auth::users::UserError> for ApiError {
     fn from(e: crate::auth::users::UserError) -> Self {
         match e {
             crate::auth::users::UserError::Domain(d) => d.into(),
-            crate::auth::users::UserError::Store(s) => s.into(),
+            crate::auth::users::UserError::Store(s) => DomainError::from(s).into(),
         }
     }
 }
@@ -407,7 +379,7 @@ impl From<crate::webhooks::WebhookError> for ApiError {
     fn from(e: crate::webhooks::WebhookError) -> Self {
         match e {
             crate::webhooks::WebhookError::Domain(d) => d.into(),
-            crate::webhooks::WebhookError::Store(s) => s.into(),
+            crate::webhooks::WebhookError::Store(s) => DomainError::from(s).into(),
             crate::webhooks::WebhookError::NotFound(m) => ApiError::new(ErrorCode::NotFound, m),
         }
     }

@@ -15,7 +15,6 @@
 //! the reader may see up to that sequence.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{RawQuery, State};
@@ -23,9 +22,6 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use serde::Deserialize;
-use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use utoipa::IntoParams;
 
 use super::error::{ApiError, ErrorCode};
@@ -33,8 +29,7 @@ use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
 use crate::domain::TenantId;
-use crate::domain::events::{EventFilter, StoredEvent};
-use crate::store::Store;
+use crate::domain::events::EventFilter;
 
 /// Query of `GET /events`.
 #[derive(Deserialize, IntoParams, Default, Debug)]
@@ -126,8 +121,7 @@ pub fn filter_for(
 
 /// Checks an `until` sequence: it may not lie beyond the head, whose
 /// events are all durable and readable.
-pub fn check_until(store: &Store, field: &str, until: Option<u64>) -> Result<(), ApiError> {
-    let head = store.events_head();
+pub fn check_until(head: u64, field: &str, until: Option<u64>) -> Result<(), ApiError> {
     match until {
         // The request is well formed; the outbox is not there yet.
         Some(u) if u > head => {
@@ -142,85 +136,6 @@ pub fn check_until(store: &Store, field: &str, until: Option<u64>) -> Result<(),
         }
         _ => Ok(()),
     }
-}
-
-/// Events after `after` that pass `filter`, then live ones, until the client
-/// goes away or the appliance shuts down; with `until` (checked by
-/// [`check_until`]), only those up to that sequence, then the stream ends.
-pub fn event_stream(
-    store: Store,
-    filter: EventFilter,
-    after: u64,
-    until: Option<u64>,
-    mut shutdown: watch::Receiver<bool>,
-) -> impl Stream<Item = Arc<StoredEvent>> + Send + 'static {
-    let (tx, rx) = mpsc::channel::<Arc<StoredEvent>>(256);
-    tokio::spawn(async move {
-        // Subscribe before reading the backlog so that nothing committed in
-        // between is missed; duplicates are skipped by sequence.
-        let mut live = store.subscribe();
-        let mut last = after;
-        loop {
-            // Catch up from the store, up to the head: an event stored but
-            // not yet durable could still be lost (and its number given to
-            // another); it arrives live once it is durable.
-            loop {
-                let head = store.events_head();
-                let batch = match store.events_after(&filter, last, 500) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "event stream stopped: cannot read the outbox");
-                        return;
-                    }
-                };
-                let mut done = batch.len() < 500;
-                for event in batch {
-                    if until.is_some_and(|u| event.sequence > u) {
-                        return;
-                    }
-                    if event.sequence > head {
-                        done = true;
-                        break;
-                    }
-                    last = event.sequence;
-                    if tx.send(event).await.is_err() {
-                        return;
-                    }
-                }
-                if done {
-                    break;
-                }
-            }
-            // Every event up to `until` was durable, so stored, when the
-            // stream began: the backlog held all of them.
-            if until.is_some() {
-                return;
-            }
-            // Then follow live events until this reader falls behind.
-            loop {
-                let received = tokio::select! {
-                    r = live.recv() => r,
-                    _ = shutdown.changed() => return,
-                    _ = tx.closed() => return,
-                };
-                match received {
-                    Ok(event) => {
-                        if event.sequence <= last || !filter.admits(&event) {
-                            continue;
-                        }
-                        last = event.sequence;
-                        if tx.send(event).await.is_err() {
-                            return;
-                        }
-                    }
-                    // Fell behind the broadcast buffer: re-read from the store.
-                    Err(RecvError::Lagged(_)) => break,
-                    Err(RecvError::Closed) => return,
-                }
-            }
-        }
-    });
-    ReceiverStream::new(rx)
 }
 
 /// One event of a `text/event-stream` answer, as a client reads it: its
@@ -319,15 +234,11 @@ pub async fn sse(
         })
         .transpose()?;
     let after = last_event_id.or(query.after).unwrap_or(0);
-    check_until(&state.store, "until", query.until)?;
     let head = state.store.events_head();
-    let stream = event_stream(
-        state.store.clone(),
-        filter,
-        after,
-        query.until,
-        state.shutdown.clone(),
-    );
+    check_until(head, "until", query.until)?;
+    let stream = state
+        .store
+        .event_stream(filter, after, query.until, state.shutdown.clone());
     let events = futures::StreamExt::map(stream, |event| {
         Ok(Event::default()
             .id(event.sequence.to_string())

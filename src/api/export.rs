@@ -144,7 +144,7 @@ pub fn run_export(
     // (a purged payload leaves its hash and its tombstone in the record).
     let mut artifacts = Vec::new();
     for hash in &refs {
-        if let Some((_, bytes)) = state.runtime.store().artifact(scope, hash)? {
+        if let Some(bytes) = state.runtime.content(scope, hash)? {
             artifacts.push(hash.clone());
             files.push((format!("artifacts/{}", &hash[7..]), bytes));
         }

@@ -59,7 +59,7 @@ pub struct Readiness {
     /// Scheduled backups (absent when `backup.dir` is not set): the last
     /// one, its age and size, and the last failure.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub backup: Option<crate::store::scheduled::BackupReport>,
+    pub backup: Option<crate::domain::backup::BackupReport>,
     /// What this host enforces on tool processes: the mechanism, the
     /// network and the files.
     #[cfg(unix)]
@@ -128,7 +128,7 @@ pub async fn state_gauges(state: &AppState, now: chrono::DateTime<chrono::Utc>) 
         volumes.push(("backups", dir.clone()));
     }
     for (volume, path) in volumes {
-        if let Some((f, t)) = crate::store::datadir::disk_space(&path) {
+        if let Some((f, t)) = crate::telemetry::disk_space(&path) {
             free.set(&[("volume", volume)], f as f64);
             size.set(&[("volume", volume)], t as f64);
         }

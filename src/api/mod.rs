@@ -286,7 +286,7 @@ async fn observe(State(_state): State<AppState>, request: Request, next: Next) -
         http.route = %route,
         http.response.status_code = tracing::field::Empty,
     );
-    let response = crate::store::trail::scope(
+    let response = crate::acting::scope(
         origin,
         tracing::Instrument::instrument(next.run(request), span.clone()),
     )

@@ -16,12 +16,12 @@ use super::json::ApiJson;
 use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::extract::{Authorized, need};
-use crate::domain::TenantId;
 use crate::domain::access::TenantScope;
 use crate::domain::release::{
     InFlightPolicy, LoadState, LoadedRelease, adapter_version, parse_release_id,
 };
 use crate::domain::trust::ReleaseVerdict;
+use crate::domain::{DomainError, TenantId};
 use crate::releases::bundle::Bundle;
 use crate::releases::{InFlightReport, ReleaseError};
 
@@ -59,7 +59,7 @@ impl From<ReleaseError> for ApiError {
                     )
             }
             ReleaseError::Domain(d) => d.into(),
-            ReleaseError::Store(s) => s.into(),
+            ReleaseError::Store(s) => DomainError::from(s).into(),
         }
     }
 }

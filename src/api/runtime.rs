@@ -3,7 +3,6 @@
 //! services share.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -27,22 +26,20 @@ use crate::domain::attempt::{
     CallStatus, CapacityGap, Checkpoint, CheckpointReason, DecisionRequest, InterruptRequest,
     PhaseMark, ReplayOf, Settlement, StaleRefusal, SubAgentDelegation,
 };
-use crate::domain::events::StoredEvent;
 use crate::domain::ids::parse_uuid;
 use crate::domain::release::{AdapterKind, AttemptLimits, PolicyRule, SideEffectClass};
 use crate::domain::retention::Tombstone;
 use crate::domain::run::RerunOrigin;
 use crate::domain::run::RunState;
-use crate::domain::{FieldError, ProjectId, TenantId};
+use crate::domain::{DomainError, FieldError, ProjectId, TenantId};
 use crate::runtime::content::{CallContent, OutcomeContent};
-use crate::runtime::grain::AttemptView;
 use crate::runtime::{PendingDecision, RuntimeError};
 
 impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> Self {
         match e {
             RuntimeError::Domain(d) => d.into(),
-            RuntimeError::Store(s) => s.into(),
+            RuntimeError::Store(s) => DomainError::from(s).into(),
         }
     }
 }
@@ -64,141 +61,6 @@ pub fn parse_state(text: &str) -> Result<RunState, FieldError> {
             format!("{text:?} is not Running, Succeeded, Failed, TimedOut, Cancelled or Uncertain"),
         )
     })
-}
-
-/// The attempt's views as they change, starting with the current one and
-/// ending after the final one.
-pub fn attempt_updates(
-    state: &AppState,
-    scope: &TenantScope,
-    attempt_id: Uuid,
-) -> Result<impl Stream<Item = std::sync::Arc<AttemptView>> + Send + use<>, RuntimeError> {
-    let mut rx = state.runtime.watch(scope, attempt_id)?;
-    let mut shutdown = state.shutdown.clone();
-    let (runtime, scope) = (state.runtime.clone(), scope.clone());
-    Ok(async_stream(move |yield_| async move {
-        let mut last = 0u64;
-        loop {
-            let view = rx.borrow_and_update().clone();
-            if view.attempt.version != last || view.attempt.state.is_terminal() {
-                last = view.attempt.version;
-                let done = view.attempt.state.is_terminal();
-                if yield_.send(view).await.is_err() || done {
-                    return;
-                }
-            }
-            tokio::select! {
-                changed = rx.changed() => if changed.is_err() {
-                    // The grain ended: the stored attempt is the last word.
-                    if let Ok(v) = runtime.view(&scope, attempt_id) {
-                        let _ = yield_.send(v).await;
-                    }
-                    return;
-                },
-                _ = shutdown.changed() => return,
-            }
-        }
-    }))
-}
-
-/// Every event of an attempt after `after`, in outbox order (read through
-/// the attempt's event index, then live as each becomes durable), until
-/// the attempt has ended and all its events are delivered. Nothing is
-/// coalesced: a reader that resumes with the last sequence it got misses
-/// nothing and gets nothing twice.
-pub fn attempt_events(
-    state: &AppState,
-    scope: &TenantScope,
-    attempt_id: Uuid,
-    after: u64,
-) -> Result<impl Stream<Item = Arc<StoredEvent>> + Send + use<>, RuntimeError> {
-    // The attempt exists in the caller's tenant (or this is NotFound).
-    state.runtime.attempt(scope, attempt_id)?;
-    let (store, runtime, scope) = (state.store.clone(), state.runtime.clone(), scope.clone());
-    let mut shutdown = state.shutdown.clone();
-    let id = attempt_id.to_string();
-    Ok(async_stream(move |yield_| async move {
-        let mut live = store.subscribe();
-        let mut last = after;
-        loop {
-            // The attempt's grain is gone only once its last write is
-            // durable: then everything it emitted is in the backlog.
-            let ended = !runtime.is_live(&scope, attempt_id)
-                && runtime
-                    .attempt(&scope, attempt_id)
-                    .is_ok_and(|a| a.state.is_terminal());
-            loop {
-                let batch = match store.attempt_events_after(&scope, attempt_id, last, 256) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        tracing::warn!(attempt = %attempt_id, error = %e, "attempt event stream stopped");
-                        return;
-                    }
-                };
-                let full = batch.len() == 256;
-                for event in batch {
-                    last = event.sequence;
-                    if yield_.send(event).await.is_err() {
-                        return;
-                    }
-                }
-                if !full {
-                    break;
-                }
-            }
-            if ended {
-                return;
-            }
-            // Wait for the next durable event of the attempt (or its end).
-            loop {
-                let received = tokio::select! {
-                    r = live.recv() => r,
-                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => break,
-                    _ = shutdown.changed() => return,
-                    _ = yield_.closed() => return,
-                };
-                match received {
-                    Ok(event) => {
-                        if event.sequence <= last
-                            || event.tenant_id != *scope.tenant()
-                            || event.attempt_id() != Some(id.as_str())
-                        {
-                            continue;
-                        }
-                        last = event.sequence;
-                        let terminal = event
-                            .payload
-                            .get("state")
-                            .and_then(|s| s.as_str())
-                            .and_then(AttemptState::parse)
-                            .is_some_and(AttemptState::is_terminal);
-                        if yield_.send(event).await.is_err() {
-                            return;
-                        }
-                        if terminal {
-                            // The rest of its last transaction, then the end.
-                            break;
-                        }
-                    }
-                    // Fell behind the broadcast: read the backlog again.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        }
-    }))
-}
-
-/// A stream fed by a producer task over a small channel.
-pub(crate) fn async_stream<T, F, Fut>(produce: F) -> impl Stream<Item = T> + Send + use<T, F, Fut>
-where
-    T: Send + 'static,
-    F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(produce(tx));
-    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 /// The tenant a request acts for: `?tenant=` (checked against the
@@ -560,7 +422,7 @@ pub fn timeline(
         pending_decision: view
             .decision
             .as_ref()
-            .map(|d| PendingDecision::read(&state.store, scope, d)),
+            .map(|d| state.runtime.pending_decision(scope, d)),
         capacity: CapacityBody {
             lease_id: a.capacity_lease_id,
             granted: a.capacity_granted,
@@ -830,8 +692,8 @@ pub async fn watch_attempt(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let scope = scope_of(&auth.principal, raw.as_deref())?;
     let id = parse_uuid("attemptId", &attempt_id)?;
-    let updates = attempt_updates(&state, &scope, id)?;
-    let store = state.store.clone();
+    let updates = state.runtime.updates(&scope, id, state.shutdown.clone())?;
+    let runtime = state.runtime.clone();
     let events = futures::StreamExt::map(updates, move |view| {
         let a = &view.attempt;
         let update = AttemptUpdate {
@@ -844,7 +706,7 @@ pub async fn watch_attempt(
             pending_decision: view
                 .decision
                 .as_ref()
-                .map(|d| PendingDecision::read(&store, &scope, d)),
+                .map(|d| runtime.pending_decision(&scope, d)),
             queue_position: view.queue_position,
             interrupt: a.interrupt.clone(),
             outcome_hash: a.outcome_hash.clone(),

@@ -300,16 +300,16 @@ pub async fn authenticate(
 }
 
 /// Credentials of one tenant.
-pub fn list(store: &Store, tenant: &TenantScope) -> Result<Vec<ClientCredential>, StoreError> {
-    store.list(tenant)
+pub fn list(store: &Store, tenant: &TenantScope) -> Result<Vec<ClientCredential>, DomainError> {
+    Ok(store.list(tenant)?)
 }
 
 /// Credentials of every tenant.
 pub fn list_all(
     store: &Store,
     platform: &PlatformScope,
-) -> Result<Vec<ClientCredential>, StoreError> {
-    store.scan_all(platform)
+) -> Result<Vec<ClientCredential>, DomainError> {
+    Ok(store.scan_all(platform)?)
 }
 
 /// Revokes a credential of the scope's tenant, if the actor may manage it;
@@ -349,7 +349,8 @@ pub async fn revoke(
 
 /// Ids of every revoked credential, to refuse their tokens.
 pub(super) fn revoked_ids(store: &Store) -> Result<HashSet<String>, StoreError> {
-    Ok(list_all(store, &PlatformScope::internal())?
+    Ok(store
+        .scan_all::<ClientCredential>(&PlatformScope::internal())?
         .into_iter()
         .filter(|c| c.revoked_at.is_some())
         .map(|c| c.client_id)

@@ -216,7 +216,7 @@ impl Auth {
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, AuthError> {
         let principal = self.principal_of(authorization)?;
         // Whatever the request changes is audited as done by this principal.
-        crate::store::trail::set_actor(&principal.subject.to_string());
+        crate::acting::set_actor(&principal.subject.to_string());
         Ok(principal)
     }
 

@@ -225,13 +225,13 @@ pub async fn authenticate(
 const DUMMY_HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$K0n8tTnCpzm8kjTH0qGb0bnQx9uAg5o0PZ1h3mYAr5w";
 
 /// Users of one tenant.
-pub fn list(store: &Store, tenant: &TenantScope) -> Result<Vec<User>, StoreError> {
-    store.list(tenant)
+pub fn list(store: &Store, tenant: &TenantScope) -> Result<Vec<User>, DomainError> {
+    Ok(store.list(tenant)?)
 }
 
 /// Users of every tenant.
-pub fn list_all(store: &Store, platform: &PlatformScope) -> Result<Vec<User>, StoreError> {
-    store.scan_all(platform)
+pub fn list_all(store: &Store, platform: &PlatformScope) -> Result<Vec<User>, DomainError> {
+    Ok(store.scan_all(platform)?)
 }
 
 /// Reads a user of the scope's tenant inside a transaction and checks that

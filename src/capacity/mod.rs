@@ -455,15 +455,15 @@ impl Capacity {
         &self,
         scope: &TenantScope,
         query: &ledger::UsageQuery,
-    ) -> Result<ledger::UsageReport, StoreError> {
-        ledger::usage(self.store(), scope, query)
+    ) -> Result<ledger::UsageReport, DomainError> {
+        Ok(ledger::usage(self.store(), scope, query)?)
     }
 
     /// Every tenant's leases that held capacity at some point since
     /// `start`: the live ones and those that ended since (the pools page's
     /// history).
-    pub fn recent_spans(&self, start: DateTime<Utc>) -> Result<Vec<CapacityLease>, StoreError> {
-        records::recent_spans(self.store(), start)
+    pub fn recent_spans(&self, start: DateTime<Utc>) -> Result<Vec<CapacityLease>, DomainError> {
+        Ok(records::recent_spans(self.store(), start)?)
     }
 
     fn now(&self) -> chrono::DateTime<Utc> {
@@ -516,8 +516,8 @@ impl Capacity {
     }
 
     /// Projects of a tenant.
-    pub fn projects(&self, tenant: &TenantScope) -> Result<Vec<Project>, StoreError> {
-        self.store().list(tenant)
+    pub fn projects(&self, tenant: &TenantScope) -> Result<Vec<Project>, DomainError> {
+        Ok(self.store().list(tenant)?)
     }
 
     /// Registers or changes a tenant.
@@ -646,7 +646,7 @@ impl Capacity {
                 .ask(pool_id, |reply| Msg::Update {
                     spec,
                     slot,
-                    origin: crate::store::trail::current(),
+                    origin: crate::acting::current(),
                     reply,
                 })
                 .await?;

@@ -15,8 +15,8 @@ use uuid::Uuid;
 
 use super::table::ListQuery;
 use super::{Console, PageError, capacity, work};
-use crate::api::runtime::async_stream;
 use crate::domain::access::Scope;
+use crate::runtime::follow::async_stream;
 
 /// How often the overview, pools and leases are re-rendered while watched.
 const PERIOD: Duration = Duration::from_secs(2);

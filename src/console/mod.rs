@@ -282,7 +282,7 @@ impl FromRequestParts<AppState> for Console {
         let session = cookie_of(parts).and_then(|c| state.sessions.get(&c).map(|s| (c, s)));
         match session {
             Some((cookie, session)) => {
-                crate::store::trail::set_actor(&format!("user {}", session.username));
+                crate::acting::set_actor(&format!("user {}", session.username));
                 Ok(Console {
                     state: state.clone(),
                     session,

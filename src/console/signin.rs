@@ -152,7 +152,7 @@ async fn audit_session(
 ) -> Result<(), PageError> {
     use crate::domain::audit::{Change, Origin, Via};
     let (address, via) =
-        crate::store::trail::current_address().unwrap_or(("in-process".into(), Via::Console));
+        crate::acting::current_address().unwrap_or(("in-process".into(), Via::Console));
     let origin = Origin {
         actor: actor.to_string(),
         address,

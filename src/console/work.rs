@@ -16,13 +16,13 @@ use crate::api::error::ApiError;
 use crate::domain::access::Scope;
 use crate::domain::access::TenantScope;
 use crate::domain::attempt::{
-    AttemptState, CallRecord, Checkpoint, DecisionKind, DecisionRequest, DecisionStatus, Effect,
-    ExecutionAttempt, InterruptSource,
+    AttemptState, CallRecord, Checkpoint, DecisionKind, DecisionRequest, Effect, ExecutionAttempt,
+    InterruptSource,
 };
 use crate::domain::content::Shown;
 use crate::domain::release::canonical_json;
 use crate::domain::run::{RunAction, RunState};
-use crate::domain::{DomainError, FieldError, ProjectId};
+use crate::domain::{FieldError, ProjectId};
 use crate::runs::{RunRequest, rerun};
 use crate::runtime::content::{CallContent, OutcomeContent};
 use crate::runtime::grain::AttemptView;
@@ -1364,13 +1364,10 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
         .map(|d| DecisionView::read(&console.state.runtime, &scope, d))
         .collect();
     let before = q.get("before");
-    let mut decided: Vec<DecisionRequest> = console.state.store.page(
-        &scope,
-        None,
-        before,
-        PAGE_SIZE + 1,
-        |d: &DecisionRequest| d.status != DecisionStatus::Pending,
-    )?;
+    let mut decided = console
+        .state
+        .runtime
+        .decided_decisions(&scope, before, PAGE_SIZE + 1)?;
     let older = (decided.len() > PAGE_SIZE).then(|| {
         decided.truncate(PAGE_SIZE);
         decided
@@ -1746,11 +1743,7 @@ pub async fn bulk_decisions(console: Console, raw: RawForm) -> Result<Response, 
             parse_uuid("decision", attempt)?,
             parse_uuid("decision", decision)?,
         );
-        let d: DecisionRequest = console
-            .state
-            .store
-            .get(&scope, &crate::runtime::decision_key(attempt, decision))?
-            .ok_or_else(|| DomainError::not_found("decision", decision))?;
+        let d = console.state.runtime.decision(&scope, attempt, decision)?;
         let now = format!("{} {}", d.kind.as_str(), d.status.as_str());
         items.push(BulkItem {
             short: short(&decision.to_string()),

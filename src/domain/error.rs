@@ -126,6 +126,15 @@ pub enum DomainError {
     /// Not a failure: it is logged as the wait it is.
     #[error("{0}")]
     Waiting(String),
+    /// What the caller sent would make a record larger than the store
+    /// keeps (free text, lists): nothing was written.
+    #[error("{0}")]
+    TooLarge(String),
+    /// Something beneath the rules failed: a record that cannot be read, a
+    /// disk's error. Not the caller's doing: the API logs it in full and
+    /// answers with a reference only.
+    #[error("{0}")]
+    Broken(String),
 }
 
 impl DomainError {

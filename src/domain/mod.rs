@@ -8,6 +8,7 @@ pub mod access;
 pub mod amount;
 pub mod attempt;
 pub mod audit;
+pub mod backup;
 pub mod capacity;
 pub mod cluster;
 pub mod content;

@@ -424,7 +424,7 @@ impl Releases {
         &self,
         scope: &TenantScope,
         limit: usize,
-    ) -> Result<Vec<ReleaseVerdict>, StoreError> {
+    ) -> Result<Vec<ReleaseVerdict>, DomainError> {
         let mut refused: Vec<ReleaseVerdict> = self.store.list(scope)?;
         refused.retain(|v| v.cause == VerdictCause::Import && v.state != LoadState::Verified);
         refused.sort_by_key(|v| std::cmp::Reverse(v.at));
@@ -437,8 +437,8 @@ impl Releases {
         &self,
         scope: &TenantScope,
         release_id: &str,
-    ) -> Result<Vec<ReleaseVerdict>, StoreError> {
-        self.store.list_under(scope, &format!("{release_id}/"))
+    ) -> Result<Vec<ReleaseVerdict>, DomainError> {
+        Ok(self.store.list_under(scope, &format!("{release_id}/"))?)
     }
 
     /// A release of the scope's tenant.
@@ -446,15 +446,15 @@ impl Releases {
         &self,
         scope: &TenantScope,
         release_id: &str,
-    ) -> Result<Option<LoadedRelease>, StoreError> {
-        self.store.get(scope, release_id)
+    ) -> Result<Option<LoadedRelease>, DomainError> {
+        Ok(self.store.get(scope, release_id)?)
     }
 
     /// Releases of a tenant, or of every tenant.
-    pub fn list(&self, scope: Option<&TenantScope>) -> Result<Vec<LoadedRelease>, StoreError> {
+    pub fn list(&self, scope: Option<&TenantScope>) -> Result<Vec<LoadedRelease>, DomainError> {
         match scope {
-            Some(s) => self.store.list(s),
-            None => self.store.scan_all(&PlatformScope::internal()),
+            Some(s) => Ok(self.store.list(s)?),
+            None => Ok(self.store.scan_all(&PlatformScope::internal())?),
         }
     }
 

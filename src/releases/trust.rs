@@ -142,7 +142,7 @@ impl Releases {
 
     /// Every key known here: stored ones, and the demo key while the
     /// configuration trusts it.
-    pub fn keys(&self) -> Result<Vec<PublisherKey>, StoreError> {
+    pub fn keys(&self) -> Result<Vec<PublisherKey>, DomainError> {
         let mut keys: Vec<PublisherKey> = self.store.list(&platform())?;
         if let Some(demo) = &self.demo
             && !keys.iter().any(|k| k.key_id == demo.key_id)

@@ -13,6 +13,7 @@ pub mod commands;
 #[cfg(unix)]
 pub mod confine;
 pub mod content;
+pub mod follow;
 pub mod grain;
 #[cfg(windows)]
 pub mod jobobject;
@@ -240,6 +241,27 @@ impl Runtime {
         &self.shared.store
     }
 
+    /// The content the tenant's store holds under `hash` (a prompt, a
+    /// response, a checkpoint's state), or `None` when it has none (never
+    /// stored, or removed by retention).
+    pub fn content(
+        &self,
+        scope: &TenantScope,
+        hash: &str,
+    ) -> Result<Option<Vec<u8>>, RuntimeError> {
+        Ok(self.shared.store.read_artifact(scope, hash)?)
+    }
+
+    /// The decision an attempt waits for, with its question and proposed
+    /// call read from the tenant's content, as people and clients see it.
+    pub fn pending_decision(
+        &self,
+        scope: &TenantScope,
+        decision: &crate::domain::attempt::DecisionRequest,
+    ) -> PendingDecision {
+        PendingDecision::read(&self.shared.store, scope, decision)
+    }
+
     /// Ends every tool process tree (the appliance is stopping).
     #[cfg(unix)]
     pub fn end_tool_processes(&self) {
@@ -419,10 +441,7 @@ impl Runtime {
             return Ok(None);
         };
         let (reply, rx) = oneshot::channel();
-        if g.tx
-            .send((make(reply), crate::store::trail::current()))
-            .is_err()
-        {
+        if g.tx.send((make(reply), crate::acting::current())).is_err() {
             return Ok(None);
         }
         match rx.await {
@@ -985,6 +1004,22 @@ impl Runtime {
         d.sort_by_key(|d| d.requested_at);
         d.truncate(limit);
         Ok(d)
+    }
+
+    /// Decided decisions of a tenant, a page of `limit` in key order after
+    /// the key `before` (the console's history below its inbox).
+    pub fn decided_decisions(
+        &self,
+        scope: &TenantScope,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DecisionRequest>, RuntimeError> {
+        Ok(self
+            .shared
+            .store
+            .page(scope, None, before, limit, |d: &DecisionRequest| {
+                d.status != DecisionStatus::Pending
+            })?)
     }
 
     /// Uncertain calls of a tenant that wait for an operator's settlement.

@@ -84,7 +84,7 @@ pub async fn remove(
 }
 
 /// Every profile of the site, platform-wide and per tenant.
-pub fn list(store: &Store) -> Result<Vec<SiteModelProfile>, StoreError> {
+pub fn list(store: &Store) -> Result<Vec<SiteModelProfile>, DomainError> {
     let mut all: Vec<SiteModelProfile> = store.scan_all(&PlatformScope::internal())?;
     all.sort_by(|a, b| (&a.profile_id, &a.tenant_id).cmp(&(&b.profile_id, &b.tenant_id)));
     Ok(all)

@@ -90,6 +90,35 @@ impl Store {
             .run_exclusive(move |kv| write_backup(out, kv, &files, schema_version));
         rx.await.map_err(|_| StoreError::Closed)?
     }
+
+    /// Writes a consistent backup of the store and of `files` into a new
+    /// private file at `path` (0600, or the owner-only ACL), synced before
+    /// this returns. Nothing is left at `path` when it fails. Every backup
+    /// the appliance writes to a file (the CLI's, the Backup RPC's, the
+    /// schedule's) goes through here; naming it into place is the caller's.
+    pub async fn backup_file(
+        &self,
+        path: &Path,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> Result<BackupSummary, StoreError> {
+        let out = super::datadir::create_private_file(path)?;
+        let written = self.backup(out, files).await;
+        let synced = match written {
+            Ok(summary) => {
+                let p = path.to_path_buf();
+                tokio::task::spawn_blocking(move || super::datadir::sync_file(&p))
+                    .await
+                    .map_err(|e| StoreError::Backup(e.to_string()))?
+                    .map_err(StoreError::io("syncing the backup"))
+                    .map(|()| summary)
+            }
+            Err(e) => Err(e),
+        };
+        if synced.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        synced
+    }
 }
 
 /// Before this binary changes anything in a store another agentbay

@@ -225,7 +225,7 @@ impl Committer {
         D: FnOnce(Result<R, E>) + Send + 'static,
     {
         let mut done = Answer(Some(done), std::marker::PhantomData);
-        let origin = trail::current();
+        let origin = crate::acting::current();
         self.send(Job::Tx(Box::new(move |ctx: &mut WriterCtx| {
             let mut tx = Tx::new(
                 ctx.engine.as_ref(),

@@ -94,9 +94,9 @@ use std::sync::Arc;
 
 use tokio::sync::broadcast;
 
-use crate::domain::TenantId;
 use crate::domain::access::TenantScope;
 use crate::domain::events::StoredEvent;
+use crate::domain::{DomainError, TenantId};
 
 pub use backup::{BackupSummary, restore_into, restore_to};
 pub use datadir::DataDir;
@@ -246,6 +246,30 @@ pub enum StoreError {
 impl From<sled::Error> for StoreError {
     fn from(e: sled::Error) -> Self {
         StoreError::Engine(e.to_string())
+    }
+}
+
+/// What a store failure means to whoever asked: the API and the console
+/// see it as the domain's error, never as the store's type.
+impl From<StoreError> for DomainError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Closed | StoreError::FlushFailed(_) | StoreError::Standby { .. } => {
+                DomainError::Unavailable(format!("the store cannot accept writes: {e}"))
+            }
+            // The engine's own failure (PostgreSQL unreachable): retry.
+            StoreError::Engine(_) => {
+                DomainError::Unavailable(format!("the store cannot be reached: {e}"))
+            }
+            StoreError::Stale { .. } => DomainError::Aborted(e.to_string()),
+            StoreError::Invariant { .. } => DomainError::FailedPrecondition(e.to_string()),
+            // A record grown past the store's limit by what the caller
+            // sent (free text, a list): nothing was written.
+            StoreError::TooLarge { .. } => {
+                DomainError::TooLarge(format!("{e}; shorten the text or lists of the request"))
+            }
+            other => DomainError::Broken(other.to_string()),
+        }
     }
 }
 

@@ -7,9 +7,13 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use futures::Stream;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::kv::{KvRead, Reading};
-use super::{StoreError, Table};
+use super::{Store, StoreError, Table};
 use crate::domain::TenantId;
 use crate::domain::events::{EventFilter, StoredEvent};
 
@@ -175,4 +179,86 @@ pub(super) fn next_sequence(kv: &dyn KvRead) -> Result<u64, StoreError> {
         .and_then(|v| v.as_slice().try_into().ok().map(u64::from_be_bytes))
         .unwrap_or(0);
     Ok(last.max(pruned) + 1)
+}
+
+impl Store {
+    /// Events after `after` that pass `filter`, then live ones, until the client
+    /// goes away or the appliance shuts down; with `until` (at most the head),
+    /// only those up to that sequence, then the stream ends.
+    pub fn event_stream(
+        &self,
+        filter: EventFilter,
+        after: u64,
+        until: Option<u64>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> impl Stream<Item = Arc<StoredEvent>> + Send + use<> {
+        let (tx, rx) = mpsc::channel::<Arc<StoredEvent>>(256);
+        let store = self.clone();
+        tokio::spawn(async move {
+            // Subscribe before reading the backlog so that nothing committed in
+            // between is missed; duplicates are skipped by sequence.
+            let mut live = store.subscribe();
+            let mut last = after;
+            loop {
+                // Catch up from the store, up to the head: an event stored but
+                // not yet durable could still be lost (and its number given to
+                // another); it arrives live once it is durable.
+                loop {
+                    let head = store.events_head();
+                    let batch = match store.events_after(&filter, last, 500) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "event stream stopped: cannot read the outbox");
+                            return;
+                        }
+                    };
+                    let mut done = batch.len() < 500;
+                    for event in batch {
+                        if until.is_some_and(|u| event.sequence > u) {
+                            return;
+                        }
+                        if event.sequence > head {
+                            done = true;
+                            break;
+                        }
+                        last = event.sequence;
+                        if tx.send(event).await.is_err() {
+                            return;
+                        }
+                    }
+                    if done {
+                        break;
+                    }
+                }
+                // Every event up to `until` was durable, so stored, when the
+                // stream began: the backlog held all of them.
+                if until.is_some() {
+                    return;
+                }
+                // Then follow live events until this reader falls behind.
+                loop {
+                    let received = tokio::select! {
+                        r = live.recv() => r,
+                        _ = shutdown.changed() => return,
+                        _ = tx.closed() => return,
+                    };
+                    match received {
+                        Ok(event) => {
+                            if event.sequence <= last || !filter.admits(&event) {
+                                continue;
+                            }
+                            last = event.sequence;
+                            if tx.send(event).await.is_err() {
+                                return;
+                            }
+                        }
+                        // Fell behind the broadcast buffer: re-read from the store.
+                        Err(RecvError::Lagged(_)) => break,
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            }
+        });
+        ReceiverStream::new(rx)
+    }
 }

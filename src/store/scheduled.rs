@@ -16,49 +16,12 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use serde::Serialize;
 
-use super::datadir::{create_private_dir, create_private_file};
+use super::datadir::create_private_dir;
 use super::{BackupSummary, Store, StoreError, StoreOptions, restore_into};
+use crate::domain::backup::{BackupReport, LastBackup};
 use crate::telemetry::names;
 use crate::worker::{RetryKind, Schedule, Worker};
-
-/// The newest backup and how it went.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct LastBackup {
-    /// The file.
-    #[schema(value_type = String)]
-    pub file: PathBuf,
-    /// When it was taken (appliance clock).
-    pub at: DateTime<Utc>,
-    /// Its size in bytes.
-    pub size_bytes: u64,
-    /// Records it holds (when taken or verified by this process).
-    pub records: Option<u64>,
-    /// Whether it verified; `None` when found on disk at start and not
-    /// verified since.
-    pub verified: Option<bool>,
-}
-
-/// What `/readyz` and the System page say of backups.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BackupReport {
-    /// Where backups go.
-    #[schema(value_type = String)]
-    pub dir: PathBuf,
-    /// Minutes between backups.
-    pub interval_minutes: u64,
-    /// How many are kept.
-    pub keep: u32,
-    /// The newest backup.
-    pub last: Option<LastBackup>,
-    /// Its age in seconds.
-    pub age_seconds: Option<i64>,
-    /// The last failure, if the last attempt failed.
-    pub error: Option<String>,
-}
 
 /// Scheduled backups: configuration and the last outcome.
 pub struct Backups {
@@ -165,19 +128,10 @@ impl Backups {
             .find(|(_, f)| !f.exists())
             .expect("a free name");
         let partial = self.dir.join(format!("{name}.partial"));
-        let out = create_private_file(&partial)?;
         let files = crate::tls::backup_files(&self.data_dir.join("tls"));
-        let taken = self.store.backup(out, files).await;
-        let summary = match taken {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = std::fs::remove_file(&partial);
-                return Err(e);
-            }
-        };
+        let summary = self.store.backup_file(&partial, files).await?;
         let (p, f) = (partial.clone(), file.clone());
         tokio::task::spawn_blocking(move || -> Result<(), StoreError> {
-            super::datadir::sync_file(&p).map_err(StoreError::io("syncing the backup"))?;
             std::fs::rename(&p, &f).map_err(StoreError::io("moving the backup into place"))?;
             if let Some(dir) = f.parent() {
                 let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());

@@ -1276,7 +1276,7 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit(dir: Place) {
     };
     for (i, runs) in [4u32, 2, 1].into_iter().enumerate() {
         let at = t0 + chrono::Duration::days(i as i64);
-        trail::scope(
+        crate::acting::scope(
             origin.clone(),
             store.transact(move |tx| tx.emit(quota(runs, at)).map(|_| ())),
         )
@@ -1289,7 +1289,7 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit(dir: Place) {
         .await
         .unwrap();
     // A change recorded where it happens, in another tenant.
-    trail::scope(
+    crate::acting::scope(
         origin.clone(),
         store.transact(move |tx| {
             let change = Change::new(&TenantId::parse("beta").unwrap(), "pool.set", "gpu")
@@ -1344,7 +1344,7 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit(dir: Place) {
     store.close().unwrap();
     drop(store);
     let store = dir.open();
-    trail::scope(
+    crate::acting::scope(
         origin.clone(),
         store.transact(move |tx| tx.emit(quota(3, t0)).map(|_| ())),
     )

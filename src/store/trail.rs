@@ -2,26 +2,20 @@
 //! sequence, appended only by the writer thread (so the chain follows
 //! commit order), and an index per tenant.
 //!
-//! Who acts comes with the task that submits a transaction: a request
-//! runs inside [`scope`] with its address and door, authentication names
-//! the actor ([`set_actor`]), and [`super::Store::submit`] hands what it
-//! finds ([`current`]) to the transaction. An event of an audited topic
+//! Who acts comes with the task that submits a transaction
+//! ([`crate::acting`]): the commit takes what it finds there. An event of an audited topic
 //! emitted by a transaction that has an actor is an audit record; a
 //! transaction without one (a worker, the autoscaler) is the appliance's
 //! own doing.
 
-use std::future::Future;
-use std::sync::Arc;
-
 use chrono::{DateTime, Utc};
-use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use super::kv::{KvRead, Reading};
 use super::{StoreError, Table};
 use crate::domain::TenantId;
 use crate::domain::audit::{
-    AuditFilter, AuditRecord, ChainBreak, ChainCheck, Origin, TrailReport, genesis,
+    AuditFilter, AuditRecord, ChainBreak, ChainCheck, TrailReport, genesis,
 };
 
 /// Meta key: the sequence (8 bytes, big-endian) and hash of the last
@@ -32,48 +26,6 @@ pub(super) const BY_TENANT: &str = "audit";
 /// Index of the records of one action on one target, for the value before
 /// a change: `<tenant>/audit-target/<hash of action and target>/<sequence>`.
 pub(super) const BY_TARGET: &str = "audit-target";
-
-tokio::task_local! {
-    // Shared, so that a write takes who acts for the price of a reference
-    // count; replaced whole when authentication names the actor.
-    static ORIGIN: Mutex<Arc<Origin>>;
-}
-
-/// Runs `f` as done by `origin`: a request from its address through its
-/// door, whose actor authentication names once it knows it.
-pub fn scope<F: Future>(origin: impl Into<Arc<Origin>>, f: F) -> impl Future<Output = F::Output> {
-    ORIGIN.scope(Mutex::new(origin.into()), f)
-}
-
-/// Names who the current request acts as.
-pub fn set_actor(actor: &str) {
-    let _ = ORIGIN.try_with(|o| {
-        let mut o = o.lock();
-        if o.actor != actor {
-            let mut named = Origin::clone(&o);
-            actor.clone_into(&mut named.actor);
-            *o = Arc::new(named);
-        }
-    });
-}
-
-/// Who the current task acts as, once authenticated.
-pub fn current() -> Option<Arc<Origin>> {
-    ORIGIN
-        .try_with(|o| o.lock().clone())
-        .ok()
-        .filter(|o| !o.actor.is_empty())
-}
-
-/// Where the current request came from, authenticated or not.
-pub fn current_address() -> Option<(String, crate::domain::audit::Via)> {
-    ORIGIN
-        .try_with(|o| {
-            let o = o.lock();
-            (o.address.clone(), o.via)
-        })
-        .ok()
-}
 
 /// The end of the chain: the next record's number and the hash it follows.
 #[derive(Clone, Debug, PartialEq, Eq)]

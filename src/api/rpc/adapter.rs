@@ -428,7 +428,7 @@ impl pb::Adapter for AdapterService {
         let result_json = call
             .result_hash
             .as_ref()
-            .and_then(|r| self.state.store.read_artifact(&scope, r).ok().flatten())
+            .and_then(|r| self.state.runtime.content(&scope, r).ok().flatten())
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default();
         Response::ok(pb::AwaitCallResponse {
@@ -559,7 +559,7 @@ impl pb::Adapter for AdapterService {
         let answer_json = d
             .answer_ref
             .as_ref()
-            .and_then(|r| self.state.store.read_artifact(&scope, r).ok().flatten())
+            .and_then(|r| self.state.runtime.content(&scope, r).ok().flatten())
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default();
         Response::ok(pb::AwaitDecisionResponse {

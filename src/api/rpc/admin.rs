@@ -11,14 +11,14 @@ use tokio::io::AsyncReadExt;
 
 use super::principal;
 use crate::api::error::{ApiError, ErrorCode, rpc};
-use crate::api::events::{check_until, event_stream, filter_for};
+use crate::api::events::{check_until, filter_for};
 use crate::app::AppState;
 use crate::auth::{clients, users};
 use crate::domain::access::parse_scopes;
 use crate::domain::credential::ClientCredential;
 use crate::domain::tenant::{Tenant, TenantSpec};
 use crate::domain::user::{User, parse_roles};
-use crate::domain::{ProjectId, TenantId};
+use crate::domain::{DomainError, ProjectId, TenantId};
 use crate::proto::agentbay::admin::v1 as pb;
 
 /// The Admin service.
@@ -397,11 +397,14 @@ impl pb::Admin for AdminService {
             "backup-{}.partial",
             crate::domain::ids::new_id().simple()
         ));
-        let file = crate::store::datadir::create_private_file(&path)
-            .map_err(|e| rpc(ApiError::internal(e)))?;
         let guard = TempFile(path.clone());
         let files = crate::tls::backup_files(&self.state.config.data_dir.join("tls"));
-        let summary = self.state.store.backup(file, files).await.map_err(rpc)?;
+        let summary = self
+            .state
+            .store
+            .backup_file(&path, files)
+            .await
+            .map_err(|e| rpc(DomainError::from(e)))?;
         tracing::info!(records = summary.records, by = %caller.subject, "backup taken");
         let file = tokio::fs::File::open(&path).await.map_err(|e| {
             rpc(ApiError::internal(format!(
@@ -454,25 +457,27 @@ impl pb::Admin for AdminService {
         let topics: Vec<String> = request.topics.iter().map(|t| t.to_string()).collect();
         let filter = filter_for(&caller, None, topics).map_err(rpc)?;
         let until = (request.until_sequence > 0).then_some(request.until_sequence);
-        check_until(&self.state.store, "untilSequence", until).map_err(rpc)?;
-        let stream = event_stream(
-            self.state.store.clone(),
-            filter,
-            request.after_sequence,
-            until,
-            self.state.shutdown.clone(),
-        )
-        .map(|event| {
-            let payload = serde_json::from_value(event.payload.clone()).unwrap_or_default();
-            Ok(pb::Event {
-                sequence: event.sequence,
-                topic: event.topic.clone(),
-                tenant_id: event.tenant_id.to_string(),
-                occurred_at: event.occurred_at.to_rfc3339(),
-                payload: buffa::MessageField::some(payload),
-                ..Default::default()
-            })
-        });
+        check_until(self.state.store.events_head(), "untilSequence", until).map_err(rpc)?;
+        let stream = self
+            .state
+            .store
+            .event_stream(
+                filter,
+                request.after_sequence,
+                until,
+                self.state.shutdown.clone(),
+            )
+            .map(|event| {
+                let payload = serde_json::from_value(event.payload.clone()).unwrap_or_default();
+                Ok(pb::Event {
+                    sequence: event.sequence,
+                    topic: event.topic.clone(),
+                    tenant_id: event.tenant_id.to_string(),
+                    occurred_at: event.occurred_at.to_rfc3339(),
+                    payload: buffa::MessageField::some(payload),
+                    ..Default::default()
+                })
+            });
         Ok(Response::new(Box::pin(stream) as ServiceStream<pb::Event>))
     }
 

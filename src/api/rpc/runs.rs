@@ -19,9 +19,8 @@ use crate::domain::{FieldError, ProjectId};
 use crate::proto::agentbay::runs::v1 as pb;
 use crate::runs::rerun::RerunRequest;
 use crate::runs::{ApprovalRef, RunFilter, RunRequest};
-use crate::runtime::PendingDecision;
 use crate::runtime::grain::AttemptView;
-use crate::store::Store;
+use crate::runtime::{PendingDecision, Runtime};
 
 /// The Runs service.
 pub struct RunsService {
@@ -92,7 +91,7 @@ pub(crate) fn pending_decision_message(d: PendingDecision) -> pb::PendingDecisio
 
 /// The wire form of an attempt.
 pub fn attempt_message(
-    store: &Store,
+    runtime: &Runtime,
     scope: &TenantScope,
     view: &AttemptView,
     now: chrono::DateTime<chrono::Utc>,
@@ -140,7 +139,7 @@ pub fn attempt_message(
         pending_decision: view
             .decision
             .as_ref()
-            .map(|d| pending_decision_message(PendingDecision::read(store, scope, d)))
+            .map(|d| pending_decision_message(runtime.pending_decision(scope, d)))
             .into(),
         tokens: buffa::MessageField::some(tokens_message(&a.usage.tokens)),
         active_seconds: a.active_ms(now) / 1000,
@@ -170,7 +169,7 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
                 .attempts
                 .iter()
                 .filter_map(|id| state.runtime.view(scope, *id).ok())
-                .map(|v| attempt_message(&state.store, scope, &v, now))
+                .map(|v| attempt_message(&state.runtime, scope, &v, now))
                 .collect(),
             ..Default::default()
         })
@@ -179,7 +178,7 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
         .output_ref
         .as_ref()
         .filter(|_| run.purged.is_none())
-        .and_then(|r| state.store.read_artifact(scope, r).ok().flatten())
+        .and_then(|r| state.runtime.content(scope, r).ok().flatten())
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
     pb::Run {
@@ -508,7 +507,7 @@ impl pb::Runs for RunsService {
             .map_err(rpc)?;
         Response::ok(pb::DecideApprovalResponse {
             attempt: buffa::MessageField::some(attempt_message(
-                &self.state.store,
+                &self.state.runtime,
                 &scope,
                 &view,
                 self.state.clock.now(),

@@ -4,7 +4,7 @@ use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult, Servic
 
 use super::{principal, tenant_scope};
 use crate::api::error::rpc;
-use crate::api::runtime::{attempt_events, parse_json};
+use crate::api::runtime::parse_json;
 use crate::app::AppState;
 use crate::domain::attempt::InterruptSource;
 use crate::domain::ids::required_uuid;
@@ -25,7 +25,7 @@ impl RuntimeService {
 }
 
 fn update_message(
-    store: &crate::store::Store,
+    runtime: &crate::runtime::Runtime,
     scope: &crate::domain::access::TenantScope,
     view: &AttemptView,
 ) -> pb::AttemptUpdate {
@@ -34,11 +34,7 @@ fn update_message(
         pending_decision: view
             .decision
             .as_ref()
-            .map(|d| {
-                super::runs::pending_decision_message(crate::runtime::PendingDecision::read(
-                    store, scope, d,
-                ))
-            })
+            .map(|d| super::runs::pending_decision_message(runtime.pending_decision(scope, d)))
             .into(),
         attempt_id: a.attempt_id.to_string(),
         state: a.state.as_str().to_string(),
@@ -136,17 +132,25 @@ impl pb::Runtime for RuntimeService {
         let caller = principal(&ctx)?;
         let scope = tenant_scope(&caller, request.tenant_id)?;
         let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
-        let events =
-            attempt_events(&self.state, &scope, id, request.after_sequence).map_err(rpc)?;
+        let events = self
+            .state
+            .runtime
+            .events(
+                &scope,
+                id,
+                request.after_sequence,
+                self.state.shutdown.clone(),
+            )
+            .map_err(rpc)?;
         let now = update_message(
-            &self.state.store,
+            &self.state.runtime,
             &scope,
             &*self.state.runtime.view(&scope, id).map_err(rpc)?,
         );
-        let (store, runtime) = (self.state.store.clone(), self.state.runtime.clone());
+        let runtime = self.state.runtime.clone();
         let updates = futures::StreamExt::map(events, move |event| {
             let mut update = match runtime.view(&scope, id) {
-                Ok(view) => update_message(&store, &scope, &view),
+                Ok(view) => update_message(&runtime, &scope, &view),
                 Err(e) => return Err(rpc(e)),
             };
             update.sequence = event.sequence;

@@ -426,7 +426,7 @@ impl Grain {
                 msg = rx.recv() => match msg {
                     Some((msg, origin)) => {
                         let answer = match origin {
-                            Some(origin) => crate::store::trail::scope(origin, self.handle(msg)).await,
+                            Some(origin) => crate::acting::scope(origin, self.handle(msg)).await,
                             None => self.handle(msg).await,
                         };
                         if self.claimable() {
