@@ -10,7 +10,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agentbay::app::{self, AppState, Clocks};
+use agentbay::api::AppState;
+use agentbay::app::{self, Clocks};
 use agentbay::config::{Config, DemoConfig};
 use agentbay::domain::access::TenantScope;
 use agentbay::domain::tenant::TenantSpec;

@@ -16,7 +16,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentbay::app::{self, AppState, Clocks};
+use agentbay::api::AppState;
+use agentbay::app::{self, Clocks};
 use agentbay::config::Config;
 use agentbay::domain::access::Role;
 use agentbay::domain::access::TenantScope;
@@ -217,7 +218,7 @@ async fn main() {
         agentbay::auth::session::COOKIE,
         session(&state).await
     ));
-    let router = agentbay::api::router(state.clone());
+    let router = agentbay::api::router(state.clone(), agentbay::console::router(&state));
     let rounds: usize = std::env::var("AGENTBAY_BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -18,7 +18,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentbay::app::{self, AppState, Clocks};
+use agentbay::api::AppState;
+use agentbay::app::{self, Clocks};
 use agentbay::config::Config;
 use agentbay::domain::TenantId;
 use agentbay::domain::access::TenantScope;

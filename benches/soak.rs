@@ -24,7 +24,8 @@
 
 use std::time::{Duration, Instant};
 
-use agentbay::app::{self, AppState, Clocks};
+use agentbay::api::AppState;
+use agentbay::app::{self, Clocks};
 use agentbay::capacity::LeaseFilter;
 use agentbay::config::{Config, DemoConfig};
 use agentbay::domain::ProjectId;

@@ -10,7 +10,7 @@
 use rust_embed::RustEmbed;
 use serde_json::json;
 
-use crate::app::AppState;
+use crate::api::AppState;
 use crate::domain::access::TenantScope;
 use crate::domain::tenant::TenantSpec;
 use crate::domain::{ProjectId, TenantId};

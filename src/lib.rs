@@ -5,7 +5,8 @@
 //! ```text
 //! main.rs        CLI: serve, init, backup, restore, user, client, tenant, release, version
 //! acting.rs      who the current task acts for (address, door, actor), read by the audit trail
-//! app.rs         wiring: data dir + store + TLS + workers + router, ordered shutdown
+//! app/           wiring: data dir + store + TLS + workers + routers, ordered shutdown;
+//!                `app::standby`, the node of a pair that waits for the store and forwards
 //! config.rs      one Config from TOML file < AGENTBAY_* environment < CLI flags
 //! reload.rs      reloading the running configuration (SIGHUP, `agentbay reload`)
 //! control.rs     administration from the CLI: through the running appliance, or offline
@@ -16,16 +17,22 @@
 //! demo.rs        the demo tenant a zero-config start seeds
 //! winservice.rs  the Windows service of the MSI install (Windows only)
 //! domain/        the rules, pure: types and transitions, no IO, no async
-//! store/         sled behind a typed facade: tenant-first keys, versioned aggregates,
-//!                group commit, outbox, backup
-//! auth/          client credentials, console users and sessions, bearer tokens, principals,
-//!                scope extractors
+//! store/         one typed facade on two engines (sled embedded, PostgreSQL for a pair):
+//!                tenant-first keys, versioned aggregates, group commit, outbox, backup
+//! auth/          client credentials, console users and sessions, bearer tokens, principals
 //! runs/          run control: submit, status, cancel, approvals, settlement, outcomes
 //! runtime/       the AttemptGrain per live attempt, adapter operations, claim queue, workers
-//! api/           REST routes, Connect RPC services, SSE events, errors, OpenAPI
+//! api/           REST routes, Connect RPC services, SSE events, errors, OpenAPI, the
+//!                `AppState` handlers reach and the scope extractors
 //! console/       server-rendered pages (askama): a `Console` extractor (session, CSRF,
 //!                roles), server-side tables, live parts over SSE
 //! ```
+//!
+//! Dependencies point one way: `app` builds the services and hands their
+//! handles to `api` and `console`; `console` uses `api`'s errors and
+//! extractors; neither names a store type: a store failure reaches them as
+//! a [`domain::DomainError`], and who acts for a request travels in
+//! [`acting`], which the store's audit trail reads.
 //!
 //! # How a request flows
 //!
@@ -74,7 +81,6 @@ pub mod releases;
 pub mod reload;
 pub mod runs;
 pub mod runtime;
-pub mod standby;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

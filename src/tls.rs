@@ -278,6 +278,16 @@ impl rustls::client::danger::ServerCertVerifier for PinnedVerifier {
     }
 }
 
+/// What clients need to know of the served certificate.
+#[derive(Clone, Debug)]
+pub struct TlsInfo {
+    /// `sha256:<hex>` of the server certificate.
+    pub fingerprint: String,
+    /// `sha256:<hex>` of the generated local CA, if the certificate is
+    /// generated.
+    pub ca_fingerprint: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use agentbay::app::AppState;
+use agentbay::api::AppState;
 use agentbay::domain::access::TenantScope;
 use agentbay::domain::capacity::{PoolKind, PoolSpec, SecurityBoundary};
 use agentbay::domain::tenant::TenantSpec;

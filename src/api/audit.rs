@@ -13,9 +13,9 @@ use utoipa::ToSchema;
 
 use super::capacity::query_pairs;
 use super::error::ApiError;
-use crate::app::AppState;
+use crate::api::AppState;
+use crate::api::extract::{Authorized, need};
 use crate::auth::Principal;
-use crate::auth::extract::{Authorized, need};
 use crate::domain::TenantId;
 use crate::domain::audit::TrailReport;
 use crate::domain::audit::{AuditQuery, AuditRecord, CSV_HEADER};

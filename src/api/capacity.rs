@@ -8,9 +8,9 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
-use crate::app::AppState;
+use crate::api::AppState;
+use crate::api::extract::{Authorized, need};
 use crate::auth::Principal;
-use crate::auth::extract::{Authorized, need};
 use crate::capacity::grain::{PoolSnapshot, PoolStatus};
 use crate::capacity::{CapacityError, LeaseFilter, LeaseView, TenantQuotas};
 use crate::domain::access::TenantScope;

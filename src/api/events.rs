@@ -25,9 +25,9 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::error::{ApiError, ErrorCode};
-use crate::app::AppState;
+use crate::api::AppState;
+use crate::api::extract::{Authorized, need};
 use crate::auth::Principal;
-use crate::auth::extract::{Authorized, need};
 use crate::domain::TenantId;
 use crate::domain::events::EventFilter;
 

@@ -26,8 +26,8 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::runtime::timeline;
-use crate::app::AppState;
-use crate::auth::extract::{Authorized, need};
+use crate::api::AppState;
+use crate::api::extract::{Authorized, need};
 use crate::domain::access::TenantScope;
 use crate::domain::ids::parse_uuid;
 

@@ -13,9 +13,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::api::AppState;
 use crate::api::error::{ApiError, ErrorCode};
-use crate::app::AppState;
-use crate::auth::extract::{Authorized, need};
+use crate::api::extract::{Authorized, need};
 use crate::telemetry::Gauge;
 use crate::telemetry::names;
 use crate::worker::WorkerStatus;

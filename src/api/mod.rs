@@ -2,7 +2,7 @@
 //! stream, probes and the console, on one HTTPS listener.
 //!
 //! [`router`] builds everything from an [`AppState`] and is served by
-//! `app.rs`; tests can drive it in-process too. Paths that look like RPC
+//! `app`; tests can drive it in-process too. Paths that look like RPC
 //! (`/agentbay.<package>.<Service>/<Method>`) go to the Connect service;
 //! anything else unmatched gets a problem+json 404.
 
@@ -13,6 +13,7 @@ pub mod conn;
 pub mod error;
 pub mod events;
 pub mod export;
+pub mod extract;
 pub mod health;
 pub mod json;
 pub mod oauth;
@@ -20,6 +21,7 @@ pub mod openapi;
 pub mod releases;
 pub mod rpc;
 pub mod runtime;
+pub mod state;
 pub mod tenants;
 pub mod webhooks;
 
@@ -35,7 +37,7 @@ use tower::ServiceExt;
 use tower_http::set_header::SetResponseHeaderLayer;
 
 use self::error::{ApiError, ErrorCode};
-use crate::app::AppState;
+pub use self::state::AppState;
 use crate::telemetry::names;
 
 /// Content-Security-Policy of every response: nothing from outside the
@@ -43,8 +45,10 @@ use crate::telemetry::names;
 pub const CSP: &str = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; \
 connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
-/// The whole HTTP surface.
-pub fn router(state: AppState) -> Router {
+/// The whole HTTP surface: the API's routes, `pages` (the console's), the
+/// Connect services behind the fallback, and the headers every answer
+/// carries.
+pub fn router(state: AppState, pages: Router<AppState>) -> Router {
     let connect = rpc::service(&state);
     let auth = state.auth.clone();
     let max_body_bytes = state.config.http.max_body_bytes;
@@ -146,7 +150,7 @@ pub fn router(state: AppState) -> Router {
             "/platform/tenants/{tenant_id}/projects/{project_id}",
             axum::routing::put(tenants::put_project),
         )
-        .merge(crate::console::router(&state))
+        .merge(pages)
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(move |req: Request| {
             let connect = connect.clone();

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorCode};
-use crate::app::AppState;
+use crate::api::AppState;
 use crate::auth::{AuthError, clients};
 use crate::domain::access::Scope;
 use crate::telemetry::names;

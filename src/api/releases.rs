@@ -13,9 +13,9 @@ use utoipa::ToSchema;
 use super::capacity::query_pairs;
 use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
-use crate::app::AppState;
+use crate::api::AppState;
+use crate::api::extract::{Authorized, need};
 use crate::auth::Principal;
-use crate::auth::extract::{Authorized, need};
 use crate::domain::access::TenantScope;
 use crate::domain::release::{
     InFlightPolicy, LoadState, LoadedRelease, adapter_version, parse_release_id,

@@ -17,9 +17,9 @@ use uuid::Uuid;
 
 use super::capacity::query_pairs;
 use super::error::ApiError;
-use crate::app::AppState;
+use crate::api::AppState;
+use crate::api::extract::{Authorized, need};
 use crate::auth::Principal;
-use crate::auth::extract::{Authorized, need};
 use crate::domain::access::TenantScope;
 use crate::domain::attempt::{
     AttemptFailure, AttemptLease, AttemptPhase, AttemptState, AttemptUsage, CallKind, CallRecord,

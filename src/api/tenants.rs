@@ -8,8 +8,8 @@ use utoipa::ToSchema;
 
 use super::error::ApiError;
 use super::json::ApiJson;
-use crate::app::AppState;
-use crate::auth::extract::{Authorized, need};
+use crate::api::AppState;
+use crate::api::extract::{Authorized, need};
 use crate::domain::access::Scope;
 use crate::domain::tenant::{Project, Tenant, TenantSpec};
 use crate::domain::{ProjectId, TenantId};

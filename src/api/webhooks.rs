@@ -14,8 +14,8 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::json::ApiJson;
 use super::runtime::scope_of;
-use crate::app::AppState;
-use crate::auth::extract::{Authorized, need};
+use crate::api::AppState;
+use crate::api::extract::{Authorized, need};
 use crate::domain::TenantId;
 use crate::domain::webhook::{Delivery, EndpointSpec, WebhookEndpoint};
 

@@ -11,7 +11,6 @@
 
 pub mod bootstrap;
 pub mod clients;
-pub mod extract;
 pub mod limiter;
 pub mod session;
 pub mod token;

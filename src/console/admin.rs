@@ -1129,7 +1129,7 @@ struct SystemPage {
 }
 
 /// What this host enforces on tool processes, in one line.
-fn tool_confinement(state: &crate::app::AppState) -> String {
+fn tool_confinement(state: &crate::api::AppState) -> String {
     #[cfg(unix)]
     {
         let h = state.runtime.confinement();

@@ -28,8 +28,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 
+use crate::api::AppState;
 use crate::api::error::ApiError;
-use crate::app::AppState;
 use crate::auth::Principal;
 use crate::auth::session::{COOKIE, Flash, Session};
 use crate::domain::TenantId;

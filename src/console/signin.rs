@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 
 use super::table::ListQuery;
 use super::{Console, PageError, render};
-use crate::app::AppState;
+use crate::api::AppState;
 use crate::auth::AuthError;
 use crate::auth::session::COOKIE;
 use crate::auth::users;

@@ -7,9 +7,9 @@ use std::time::Duration;
 use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
 
 use super::{principal, time};
+use crate::api::AppState;
 use crate::api::error::rpc;
 use crate::api::runtime::parse_json;
-use crate::app::AppState;
 use crate::domain::FieldError;
 use crate::domain::attempt::{
     AttemptPhase, CallKind, DecisionKind, ExecutionAttempt, FailureClass,

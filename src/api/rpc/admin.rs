@@ -10,9 +10,9 @@ use futures::StreamExt;
 use tokio::io::AsyncReadExt;
 
 use super::principal;
+use crate::api::AppState;
 use crate::api::error::{ApiError, ErrorCode, rpc};
 use crate::api::events::{check_until, filter_for};
-use crate::app::AppState;
 use crate::auth::{clients, users};
 use crate::domain::access::parse_scopes;
 use crate::domain::credential::ClientCredential;

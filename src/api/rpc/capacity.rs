@@ -5,8 +5,8 @@ use std::time::Duration;
 use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
 
 use super::{principal, time};
+use crate::api::AppState;
 use crate::api::error::{ApiError, rpc};
-use crate::app::AppState;
 use crate::capacity::{AcquireRequest, LeaseView};
 use crate::domain::amount::Amount;
 use crate::domain::capacity::{HolderKind, LeaseRequest, LeaseState, parse_holder_id};

@@ -25,7 +25,7 @@ use connectrpc::{
 };
 
 use super::error::{ApiError, ErrorCode, rpc};
-use crate::app::AppState;
+use crate::api::AppState;
 use crate::auth::{Auth, Principal};
 use crate::domain::access::Scope;
 use crate::proto::agentbay::adapter::v1::AdapterExt;

@@ -5,9 +5,9 @@ use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult};
 use uuid::Uuid;
 
 use super::{principal, tenant_scope, time};
+use crate::api::AppState;
 use crate::api::error::rpc;
 use crate::api::runtime::{parse_json, parse_state};
-use crate::app::AppState;
 use crate::capacity::ledger::{self, UsageQuery};
 use crate::domain::access::TenantScope;
 use crate::domain::attempt::Effect;

@@ -3,9 +3,9 @@
 use connectrpc::{RequestContext, Response, ServiceRequest, ServiceResult, ServiceStream};
 
 use super::{principal, tenant_scope};
+use crate::api::AppState;
 use crate::api::error::rpc;
 use crate::api::runtime::parse_json;
-use crate::app::AppState;
 use crate::domain::attempt::InterruptSource;
 use crate::domain::ids::required_uuid;
 use crate::domain::release::canonical_json;

@@ -35,7 +35,7 @@ use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::app::{Clocks, bind, load_tls, open_store, serve};
+use super::{Clocks, bind, load_tls, open_store, serve};
 use crate::config::Config;
 use crate::domain::cluster::{Node, Role};
 use crate::store::{DataDir, StoreError};
@@ -87,7 +87,7 @@ pub async fn run(
             running.url
         );
         if let Some(bootstrap) = &running.bootstrap {
-            crate::app::print_bootstrap(bootstrap, &config, Some(&running.url));
+            super::print_bootstrap(bootstrap, &config, Some(&running.url));
         }
         let lost = {
             let store = running.state.store.clone();
@@ -172,11 +172,8 @@ async fn stand_by(
         if server.is_none() {
             server = Some(serve_standby(config, listener, material, pair.clone())?);
             // Where it listens, for the commands and scripts that look.
-            let url = format!(
-                "https://{}",
-                crate::app::display_addr(listener.local_addr()?)
-            );
-            datadir.write_runtime_info(&crate::app::runtime_info(
+            let url = format!("https://{}", super::display_addr(listener.local_addr()?));
+            datadir.write_runtime_info(&super::runtime_info(
                 config,
                 &url,
                 material,
@@ -193,7 +190,7 @@ async fn stand_by(
             println!(
                 "agentbay {} standing by on https://{}: {}",
                 env!("CARGO_PKG_VERSION"),
-                crate::app::display_addr(listener.local_addr()?),
+                super::display_addr(listener.local_addr()?),
                 p.reason
             );
         }

@@ -7,6 +7,8 @@
 //! (SIGTERM, Ctrl-C, the Windows service stop) and in-process tests and
 //! benchmarks drive the same path.
 
+pub mod standby;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,10 +16,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::api::AppState;
 use crate::auth::Auth;
 use crate::capacity::Capacity;
 use crate::capacity::workers::{AccountingReconciler, Autoscaler, LeaseExpirer};
@@ -30,18 +32,8 @@ use crate::runtime::Runtime;
 use crate::runtime::workers::{CheckpointCompactor, LeaseHeartbeat, OrphanedAttemptReconciler};
 use crate::store::datadir::RuntimeInfo;
 use crate::store::{DataDir, Store, StoreOptions};
-use crate::tls::{self, TlsMaterial};
+use crate::tls::{self, TlsInfo, TlsMaterial};
 use crate::worker::{self, WorkerRegistry};
-
-/// What clients need to know of the served certificate.
-#[derive(Clone, Debug)]
-pub struct TlsInfo {
-    /// `sha256:<hex>` of the server certificate.
-    pub fingerprint: String,
-    /// `sha256:<hex>` of the generated local CA, if the certificate is
-    /// generated.
-    pub ca_fingerprint: Option<String>,
-}
 
 /// The clock an appliance runs on.
 #[derive(Clone)]
@@ -70,47 +62,6 @@ impl Clocks {
             manual: Some(manual),
         }
     }
-}
-
-/// Everything a request handler may need. Cheap to clone: all `Arc`s.
-#[derive(Clone)]
-pub struct AppState {
-    /// The store.
-    pub store: Store,
-    /// Token verification and credential state.
-    pub auth: Arc<Auth>,
-    /// Console sessions.
-    pub sessions: Arc<crate::auth::session::Sessions>,
-    /// Pools, quotas, leases, tenants.
-    pub capacity: Arc<Capacity>,
-    /// Release bundles.
-    pub releases: Arc<Releases>,
-    /// Run control: runs, approvals, settlement.
-    pub runs: Arc<RunControl>,
-    /// The attempt runtime.
-    pub runtime: Arc<Runtime>,
-    /// The clock.
-    pub clock: SharedClock,
-    /// The clock again when it is manual.
-    pub manual_clock: Option<Arc<ManualClock>>,
-    /// The configuration the appliance started with.
-    pub config: Arc<Config>,
-    /// The served certificate.
-    pub tls: Arc<TlsInfo>,
-    /// Background workers.
-    pub workers: Arc<WorkerRegistry>,
-    /// Prometheus rendering.
-    pub metrics: PrometheusHandle,
-    /// Turns true when shutdown begins; long-lived streams end on it.
-    pub shutdown: watch::Receiver<bool>,
-    /// When the appliance started.
-    pub started_at: DateTime<Utc>,
-    /// Scheduled backups, when `backup.dir` is set.
-    pub backups: Option<Arc<crate::store::scheduled::Backups>>,
-    /// Webhook endpoints and deliveries.
-    pub webhooks: Arc<crate::webhooks::Webhooks>,
-    /// The reloadable configuration (SIGHUP, `agentbay reload`).
-    pub reloader: Arc<crate::reload::Reloader>,
 }
 
 /// The data directory and the store, opened and locked.
@@ -599,7 +550,7 @@ pub(crate) async fn serve(
         })
         .collect();
 
-    let app = crate::api::router(state.clone());
+    let app = crate::api::router(state.clone(), crate::console::router(&state));
     let handle = axum_server::Handle::new();
     let http = &config.http;
     let bounds = crate::api::conn::Bounds::from_config(http);
@@ -707,7 +658,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     if config.store.backend == crate::config::StoreBackend::Postgres {
-        return crate::standby::run(config, clocks, shutdown).await;
+        return standby::run(config, clocks, shutdown).await;
     }
     let running = start(config.clone(), clocks).await?;
     if let Some(bootstrap) = &running.bootstrap {

@@ -11,9 +11,9 @@ use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 
-use super::Principal;
-use crate::api::error::ApiError;
-use crate::app::AppState;
+use super::AppState;
+use super::error::ApiError;
+use crate::auth::Principal;
 use crate::domain::access::Scope;
 
 /// A scope an operation requires, as a type.
