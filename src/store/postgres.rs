@@ -39,8 +39,12 @@
 //!
 //! Readers run on any thread, in sync code, often on the application's
 //! async workers. Their queries run on the store's own small runtime,
-//! and the caller waits on a plain channel; each statement sees every
-//! committed transaction whole.
+//! and the caller waits on a plain channel (handing its worker's other
+//! tasks on, `block_in_place`); each statement sees every committed
+//! transaction whole. A point read needs no query when the key is known
+//! as committed: while this appliance holds the store it is the only
+//! writer, so its commits and the answers it got tell what PostgreSQL
+//! holds (see [`Committed`]). Scans always ask PostgreSQL.
 //!
 //! Partitioning grains across several active appliances later would give
 //! each partition its own leader row (`id` = partition) and fence each
@@ -192,7 +196,17 @@ impl Runtime {
         self.handle().spawn(async move {
             let _ = tx.send(tokio::time::timeout(within, f).await);
         });
-        match rx.recv() {
+        // A caller on a worker of a multi-threaded runtime (a request, a
+        // grain) hands its worker's other tasks on while it waits, so one
+        // round trip never stalls them.
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let answer = if on_worker {
+            tokio::task::block_in_place(|| rx.recv())
+        } else {
+            rx.recv()
+        };
+        match answer {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(StoreError::Engine(format!(
                 "PostgreSQL did not answer within {} s",
@@ -353,21 +367,48 @@ pub(super) struct PgEngine {
     renewed: Arc<Mutex<Instant>>,
     /// What the writer read or wrote, by key: only this appliance's
     /// writer writes the store while it holds it, so its own reads need
-    /// no round trip once it knows a key (see [`WriterCache`]).
-    cache: Mutex<WriterCache>,
+    /// no round trip once it knows a key.
+    cache: Mutex<Known>,
+    /// What is committed, by key, for every other reader (see
+    /// [`Committed`]).
+    committed: Mutex<Committed>,
 }
 
-/// Values by key as the writer last read or wrote them, the writes of a
-/// group entered as it is handed over (newer than anything committed).
-/// Bounded: past [`WriterCache::MAX_BYTES`] it starts again empty.
+/// Values as PostgreSQL holds them, known without asking: while this
+/// appliance holds the store it is the only writer (every commit is
+/// fenced by its epoch), so what it committed is what PostgreSQL holds.
+/// Commits enter their writes once PostgreSQL confirmed them, before
+/// anyone is answered; a reader that asked PostgreSQL keeps the answer
+/// only when no commit ended while it asked, so an older value never
+/// replaces a newer one. Emptied when a commit fails (the store stops).
 #[derive(Default)]
-struct WriterCache {
+struct Committed {
+    known: Known,
+    /// Commits ended so far (confirmed or failed).
+    commits: u64,
+}
+
+/// Values by key: for the writer, as it last read or wrote them (the
+/// writes of a group entered as it is handed over, newer than anything
+/// committed); for readers, as committed. Bounded: past
+/// [`Known::MAX_BYTES`] it starts again empty.
+#[derive(Default)]
+struct Known {
     values: std::collections::HashMap<(Table, Vec<u8>), Option<Vec<u8>>>,
     bytes: usize,
 }
 
-impl WriterCache {
+impl Known {
     const MAX_BYTES: usize = 64 * 1024 * 1024;
+
+    fn get(&self, table: Table, key: &[u8]) -> Option<&Option<Vec<u8>>> {
+        self.values.get(&(table, key.to_vec()))
+    }
+
+    fn clear(&mut self) {
+        self.values.clear();
+        self.bytes = 0;
+    }
 
     fn put(&mut self, table: Table, key: Vec<u8>, value: Option<Vec<u8>>) {
         let size = key.len() + value.as_ref().map_or(0, Vec::len) + 64;
@@ -407,7 +448,8 @@ impl PgEngine {
             epoch,
             leading,
             renewed: Arc::new(Mutex::new(sent)),
-            cache: Mutex::new(WriterCache::default()),
+            cache: Mutex::new(Known::default()),
+            committed: Mutex::new(Committed::default()),
         };
         engine.renew_in_background();
         tracing::info!(
@@ -493,6 +535,23 @@ impl PgEngine {
     /// hands every record to the sink it is given (a restore, a move from
     /// sled); an error from it leaves the database as it was.
     pub fn load(
+        &self,
+        fill: impl FnOnce(&mut Sink<'_>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let loaded = self.load_in_one_transaction(fill);
+        self.forget_committed();
+        loaded
+    }
+
+    /// Forgets what readers knew of committed values: written around the
+    /// writer (a fill, a bulk write), PostgreSQL is asked again.
+    fn forget_committed(&self) {
+        let mut committed = self.committed.lock();
+        committed.commits += 1;
+        committed.known.clear();
+    }
+
+    fn load_in_one_transaction(
         &self,
         fill: impl FnOnce(&mut Sink<'_>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
@@ -704,7 +763,7 @@ impl PgEngine {
     fn write_one(&self, table: Table, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
         let client = self.client()?;
         let (name, key, value) = (table.name(), key.to_vec(), value.map(<[u8]>::to_vec));
-        self.rt.block(async move {
+        let written = self.rt.block(async move {
             match value {
                 Some(v) => {
                     client
@@ -725,7 +784,9 @@ impl PgEngine {
                 }
             };
             Ok(())
-        })
+        });
+        self.forget_committed();
+        written
     }
 }
 
@@ -816,15 +877,30 @@ async fn leader(client: &Client) -> Result<Node, StoreError> {
 
 impl KvRead for PgEngine {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        // Only while this appliance holds the store is what it committed
+        // the last word; once it lost the store, PostgreSQL is asked.
+        let leading = self.check_leading().is_ok();
+        let commits = {
+            let committed = self.committed.lock();
+            if leading && let Some(known) = committed.known.get(table, key) {
+                return Ok(known.clone());
+            }
+            committed.commits
+        };
         let client = self.client()?;
-        let (name, key) = (table.name(), key.to_vec());
-        self.rt.block(async move {
+        let (name, owned) = (table.name(), key.to_vec());
+        let value = self.rt.block(async move {
             let statement = client
                 .prepared("SELECT value FROM agentbay_kv WHERE tree = $1 AND key = $2")
                 .await?;
-            let row = client.query_opt(&statement, &[&name, &key]).await?;
+            let row = client.query_opt(&statement, &[&name, &owned]).await?;
             Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
-        })
+        })?;
+        let mut committed = self.committed.lock();
+        if leading && committed.commits == commits {
+            committed.known.put(table, key.to_vec(), value.clone());
+        }
+        Ok(value)
     }
 
     fn range(&self, table: Table, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Rows<'_> {
@@ -951,7 +1027,7 @@ impl KvEngine for PgEngine {
     }
 
     fn writer_get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        if let Some(known) = self.cache.lock().values.get(&(table, key.to_vec())) {
+        if let Some(known) = self.cache.lock().get(table, key) {
             return Ok(known.clone());
         }
         let value = self.get(table, key)?;
@@ -977,14 +1053,26 @@ impl KvEngine for PgEngine {
         if merged.is_empty() {
             return Ok(());
         }
-        let committed = self.commit(merged);
-        if committed.is_err() {
-            // The store stops; nothing it knew is to be trusted.
-            let mut cache = self.cache.lock();
-            cache.values.clear();
-            cache.bytes = 0;
+        let outcome = self.commit(merged);
+        let mut committed = self.committed.lock();
+        committed.commits += 1;
+        match &outcome {
+            Ok(()) => {
+                for writes in pending {
+                    for (position, key, value) in writes.iter() {
+                        committed
+                            .known
+                            .put(Table::ALL[position], key.to_vec(), value.clone());
+                    }
+                }
+            }
+            Err(_) => {
+                // The store stops; nothing it knew is to be trusted.
+                committed.known.clear();
+                self.cache.lock().clear();
+            }
         }
-        committed
+        outcome
     }
 
     fn health(&self) -> Result<(), String> {

@@ -206,6 +206,21 @@ async fn on_postgres_one_appliance_holds_the_store_and_a_deposed_one_cannot_comm
         .transact(move |tx: &mut Tx| tx.put(&scope, &n))
         .await
         .unwrap();
+    // While it holds the store, what it committed is read without asking
+    // PostgreSQL (nothing but the holder writes the store): the row
+    // removed behind its back is still read as committed.
+    let cluster = pg::PgCluster::shared();
+    cluster.psql_in(
+        place.pg_url(),
+        "DELETE FROM agentbay_kv WHERE key = 'acme/kept'",
+    );
+    assert!(store.get::<Note>(&acme, "kept").unwrap().is_some());
+    let n = note(&acme, "kept", "by the first epoch, again");
+    let scope = acme.clone();
+    store
+        .transact(move |tx: &mut Tx| tx.put(&scope, &n))
+        .await
+        .unwrap();
     let epoch = store.leadership().unwrap().epoch;
 
     // Another appliance stands by while the lease runs.
@@ -218,7 +233,6 @@ async fn on_postgres_one_appliance_holds_the_store_and_a_deposed_one_cannot_comm
     // It takes the row over (as it would once the lease ran out): the
     // first appliance's next write is refused by the database, and
     // nothing of it is stored.
-    let cluster = pg::PgCluster::shared();
     cluster.psql_in(
         place.pg_url(),
         "UPDATE agentbay_leader SET node = 'other', epoch = epoch + 1, expires_at = now() + interval '1 hour'",
@@ -239,6 +253,14 @@ async fn on_postgres_one_appliance_holds_the_store_and_a_deposed_one_cannot_comm
         "0"
     );
     assert!(store.get::<Note>(&acme, "kept").unwrap().is_some());
+    // What it committed itself is no longer the last word: the new holder
+    // removes the record, and the deposed appliance reads that, not what
+    // it knew.
+    cluster.psql_in(
+        place.pg_url(),
+        "DELETE FROM agentbay_kv WHERE key = 'acme/kept'",
+    );
+    assert!(store.get::<Note>(&acme, "kept").unwrap().is_none());
 }
 
 /// Runs each named test on both backends: `<name>::sled` and
