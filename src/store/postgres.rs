@@ -243,7 +243,21 @@ async fn connect(options: &PgOptions, role: &str) -> Result<Client, StoreError> 
     // the server ends its session after 5 s idle in the transaction, so a
     // standby's takeover waits that long at most; and a takeover waiting
     // on a commit in flight gives up after 3 s and tries again.
-    config.options("-c idle_in_transaction_session_timeout=5000 -c lock_timeout=3000");
+    //
+    // The store reads and writes by primary key only. A plan that
+    // PostgreSQL caches for a prepared statement while the table is still
+    // small (a sequential scan, a hash join against the whole table)
+    // stays, and would then scan every record each time: sequential scans
+    // are off, so every plan goes through the key. A commit's statements
+    // carry a batch whose size varies, so the writer plans them for each
+    // batch.
+    let mut settings = String::from(
+        "-c idle_in_transaction_session_timeout=5000 -c lock_timeout=3000 -c enable_seqscan=off",
+    );
+    if role == "write" {
+        settings.push_str(" -c plan_cache_mode=force_custom_plan");
+    }
+    config.options(&settings);
     #[cfg(target_os = "linux")]
     config.tcp_user_timeout(ANSWER_WITHIN);
     let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(options)?);
