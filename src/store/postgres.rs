@@ -632,7 +632,10 @@ impl PgEngine {
         let client = self.client()?;
         self.rt.block(async move {
             let row = client
-                .query_one("SELECT NOT EXISTS (SELECT 1 FROM agentbay_kv)", &[])
+                .query_one(
+                    "SELECT NOT EXISTS (SELECT 1 FROM agentbay_kv ORDER BY tree, key LIMIT 1)",
+                    &[],
+                )
                 .await?;
             Ok(row.get(0))
         })

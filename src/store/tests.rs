@@ -263,6 +263,89 @@ async fn on_postgres_one_appliance_holds_the_store_and_a_deposed_one_cannot_comm
     assert!(store.get::<Note>(&acme, "kept").unwrap().is_none());
 }
 
+/// The PostgreSQL store goes through the primary key only: writes and
+/// deletes begun on an empty table (where PostgreSQL would first plan, and
+/// cache, a scan of the whole table) and continued once it holds many
+/// records never scan it.
+#[tokio::test]
+async fn on_postgres_no_statement_scans_the_whole_table() {
+    let place = Place::postgres();
+    let cluster = pg::PgCluster::shared();
+    // A session's counts reach the statistics when it ends.
+    let counts = || {
+        let text = cluster.psql_in(
+            place.pg_url(),
+            "SELECT n_tup_ins || ' ' || n_tup_del || ' ' || seq_scan
+             FROM pg_stat_user_tables WHERE relname = 'agentbay_kv'",
+        );
+        let n: Vec<u64> = text.split(' ').map(|n| n.parse().unwrap()).collect();
+        (n[0], n[1], n[2])
+    };
+    let settled = |done: &dyn Fn((u64, u64, u64)) -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let now = counts();
+            if done(now) || std::time::Instant::now() > deadline {
+                return now;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    // Creating the table builds its key, which PostgreSQL counts as a
+    // scan: what follows is counted from there.
+    drop(place.open());
+    let (inserted, _, created) = settled(&|(i, _, _)| i > 0);
+    assert!(inserted > 0, "the new store's first records never showed");
+    let store = place.open();
+    let acme = tenant("acme");
+    let round = |from: usize| {
+        let (store, scope) = (store.clone(), acme.clone());
+        async move {
+            for i in from..from + 12 {
+                let (n, scope2) = (
+                    note(&scope, &format!("n{i}"), "kept a moment"),
+                    scope.clone(),
+                );
+                store
+                    .transact(move |tx: &mut Tx| tx.put(&scope2, &n))
+                    .await
+                    .unwrap();
+                let scope2 = scope.clone();
+                store
+                    .transact(move |tx: &mut Tx| tx.delete::<Note>(&scope2, &format!("n{i}")))
+                    .await
+                    .unwrap();
+                assert!(
+                    store
+                        .get::<Note>(&scope, &format!("n{i}"))
+                        .unwrap()
+                        .is_none()
+                );
+            }
+        }
+    };
+    round(0).await;
+    cluster.psql_in(
+        place.pg_url(),
+        "INSERT INTO agentbay_kv (tree, key, value)
+         SELECT 'clients', convert_to('zz/' || g, 'UTF8'), '\\x00' FROM generate_series(1, 20000) g;
+         ANALYZE agentbay_kv",
+    );
+    round(100).await;
+    drop(store);
+    let (_, deleted, scans) = settled(&|(_, d, _)| d >= 24);
+    assert!(
+        deleted >= 24,
+        "the store's 24 deletes never showed ({deleted})"
+    );
+    assert_eq!(
+        scans - created,
+        0,
+        "the store scanned agentbay_kv whole {} times",
+        scans - created
+    );
+}
+
 /// Runs each named test on both backends: `<name>::sled` and
 /// `<name>::postgres`.
 macro_rules! on_both_backends {
