@@ -24,7 +24,7 @@ impl Runtime {
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<impl Stream<Item = Arc<AttemptView>> + Send + use<>, RuntimeError> {
         let mut rx = self.watch(scope, attempt_id)?;
-        let (runtime, scope) = (self.another(), scope.clone());
+        let (runtime, scope) = (self.clone(), scope.clone());
         Ok(async_stream(move |yield_| async move {
             let mut last = 0u64;
             loop {
@@ -64,7 +64,7 @@ impl Runtime {
     ) -> Result<impl Stream<Item = Arc<StoredEvent>> + Send + use<>, RuntimeError> {
         // The attempt exists in the caller's tenant (or this is NotFound).
         self.attempt(scope, attempt_id)?;
-        let (store, runtime, scope) = (self.shared.store.clone(), self.another(), scope.clone());
+        let (store, runtime, scope) = (self.shared.store.clone(), self.clone(), scope.clone());
         let id = attempt_id.to_string();
         Ok(async_stream(move |yield_| async move {
             let mut live = store.subscribe();
@@ -136,13 +136,6 @@ impl Runtime {
                 }
             }
         }))
-    }
-
-    /// Another handle on the same runtime, for a stream's task.
-    fn another(&self) -> Runtime {
-        Runtime {
-            shared: self.shared.clone(),
-        }
     }
 }
 

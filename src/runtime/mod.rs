@@ -176,7 +176,8 @@ impl Shared {
     }
 }
 
-/// The runtime service.
+/// The runtime service: a handle, cheap to clone.
+#[derive(Clone)]
 pub struct Runtime {
     shared: Arc<Shared>,
 }

@@ -379,12 +379,7 @@ pub(super) struct PgEngine {
     leading: Arc<AtomicBool>,
     /// When the last renewal that succeeded was sent.
     renewed: Arc<Mutex<Instant>>,
-    /// What the writer read or wrote, by key: only this appliance's
-    /// writer writes the store while it holds it, so its own reads need
-    /// no round trip once it knows a key.
-    cache: Mutex<Known>,
-    /// What is committed, by key, for every other reader (see
-    /// [`Committed`]).
+    /// What is committed, by key (see [`Committed`]).
     committed: Mutex<Committed>,
 }
 
@@ -392,7 +387,8 @@ pub(super) struct PgEngine {
 /// appliance holds the store it is the only writer (every commit is
 /// fenced by its epoch), so what it committed is what PostgreSQL holds.
 /// Commits enter their writes once PostgreSQL confirmed them, before
-/// anyone is answered; a reader that asked PostgreSQL keeps the answer
+/// anyone is answered and before the writer stops reading them from its
+/// own overlay of groups in flight; a reader that asked PostgreSQL keeps the answer
 /// only when no commit ended while it asked, so an older value never
 /// replaces a newer one. Emptied when a commit fails (the store stops).
 #[derive(Default)]
@@ -402,36 +398,42 @@ struct Committed {
     commits: u64,
 }
 
-/// Values by key: for the writer, as it last read or wrote them (the
-/// writes of a group entered as it is handed over, newer than anything
-/// committed); for readers, as committed. Bounded: past
-/// [`Known::MAX_BYTES`] it starts again empty.
-#[derive(Default)]
+/// Values by key. Bounded: past [`Known::MAX_BYTES`] it starts again
+/// empty.
 struct Known {
-    values: std::collections::HashMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    /// By table position, then key.
+    values: Vec<std::collections::HashMap<Vec<u8>, Option<Vec<u8>>>>,
     bytes: usize,
+}
+
+impl Default for Known {
+    fn default() -> Known {
+        Known {
+            values: vec![Default::default(); Table::ALL.len()],
+            bytes: 0,
+        }
+    }
 }
 
 impl Known {
     const MAX_BYTES: usize = 64 * 1024 * 1024;
 
     fn get(&self, table: Table, key: &[u8]) -> Option<&Option<Vec<u8>>> {
-        self.values.get(&(table, key.to_vec()))
+        self.values[table.position()].get(key)
     }
 
     fn clear(&mut self) {
-        self.values.clear();
+        self.values.iter_mut().for_each(|t| t.clear());
         self.bytes = 0;
     }
 
     fn put(&mut self, table: Table, key: Vec<u8>, value: Option<Vec<u8>>) {
         let size = key.len() + value.as_ref().map_or(0, Vec::len) + 64;
         if self.bytes + size > Self::MAX_BYTES {
-            self.values.clear();
-            self.bytes = 0;
+            self.clear();
         }
         self.bytes += size;
-        self.values.insert((table, key), value);
+        self.values[table.position()].insert(key, value);
     }
 }
 
@@ -462,7 +464,6 @@ impl PgEngine {
             epoch,
             leading,
             renewed: Arc::new(Mutex::new(sent)),
-            cache: Mutex::new(Known::default()),
             committed: Mutex::new(Committed::default()),
         };
         engine.renew_in_background();
@@ -1043,20 +1044,9 @@ impl KvEngine for PgEngine {
         true
     }
 
-    fn writer_get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        if let Some(known) = self.cache.lock().get(table, key) {
-            return Ok(known.clone());
-        }
-        let value = self.get(table, key)?;
-        self.cache.lock().put(table, key.to_vec(), value.clone());
-        Ok(value)
-    }
-
+    /// Nothing is readable before its commit: the writer reads the group
+    /// from its overlay until then.
     fn apply(&self, _number: u64, writes: Writes) -> Result<Option<Arc<Writes>>, StoreError> {
-        let mut cache = self.cache.lock();
-        for (position, key, value) in writes.iter() {
-            cache.put(Table::ALL[position], key.to_vec(), value.clone());
-        }
         Ok(Some(Arc::new(writes)))
     }
 
@@ -1086,7 +1076,6 @@ impl KvEngine for PgEngine {
             Err(_) => {
                 // The store stops; nothing it knew is to be trusted.
                 committed.known.clear();
-                self.cache.lock().clear();
             }
         }
         outcome
