@@ -59,6 +59,12 @@ pub(super) trait KvEngine: Send + Sync {
     /// What readers read.
     fn reader(&self) -> &dyn KvRead;
 
+    /// A read of the writer's transactions beneath their overlays: no
+    /// group in flight writes the key, so the engine may keep the answer.
+    fn writer_get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.reader().get(table, key)
+    }
+
     /// Whether a group becomes readable only once durable: then the writer
     /// reads it from memory until [`KvEngine::make_durable`] returns.
     fn visible_when_durable(&self) -> bool;

@@ -893,8 +893,17 @@ async fn leader(client: &Client) -> Result<Node, StoreError> {
     })
 }
 
-impl KvRead for PgEngine {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+impl PgEngine {
+    /// A point read, from what is known as committed or else from
+    /// PostgreSQL. A reader keeps PostgreSQL's answer only when no commit
+    /// ended while it asked; the writer always does, since no group in
+    /// flight writes a key it reads beneath its overlay.
+    fn read_through(
+        &self,
+        table: Table,
+        key: &[u8],
+        writer: bool,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
         // Only while this appliance holds the store is what it committed
         // the last word; once it lost the store, PostgreSQL is asked.
         let leading = self.check_leading().is_ok();
@@ -915,10 +924,16 @@ impl KvRead for PgEngine {
             Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
         })?;
         let mut committed = self.committed.lock();
-        if leading && committed.commits == commits {
+        if leading && (writer || committed.commits == commits) {
             committed.known.put(table, key.to_vec(), value.clone());
         }
         Ok(value)
+    }
+}
+
+impl KvRead for PgEngine {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read_through(table, key, false)
     }
 
     fn range(&self, table: Table, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Rows<'_> {
@@ -1042,6 +1057,10 @@ impl KvEngine for PgEngine {
 
     fn visible_when_durable(&self) -> bool {
         true
+    }
+
+    fn writer_get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read_through(table, key, true)
     }
 
     /// Nothing is readable before its commit: the writer reads the group

@@ -233,7 +233,7 @@ impl<'a> Tx<'a> {
         if let Some(v) = newest {
             return Ok(v.clone());
         }
-        self.base.reader().get(table, key)
+        self.base.writer_get(table, key)
     }
 
     fn write(&mut self, table: Table, key: Vec<u8>, value: Option<Vec<u8>>) {
