@@ -4,6 +4,10 @@
 //! host has them), p50 and p99 of each and the difference; and apart, the
 //! time to remove a finished tree's cgroup, which no call waits for.
 //!
+//! Then the same at once: `AGENTBAY_BENCH_CONCURRENT` (default 32) tools
+//! starting together, in rounds, unconfined and confined, p50 and p99 of
+//! each start and the difference.
+//!
 //! `cargo bench --bench confine`; `AGENTBAY_BENCH_SPAWNS` sets the number
 //! of starts per row (default 300). Run as root, or as an unprivileged
 //! account with a delegated cgroup subtree (the packaged service), to
@@ -95,4 +99,81 @@ async fn main() {
         (p99b.as_secs_f64() - p99a.as_secs_f64()) * 1e3
     );
     row("removing an ended tree's cgroup", removals);
+
+    // Starts at once: each round starts `concurrent` tools together and
+    // waits for all of them; every start is one sample.
+    let concurrent: usize = std::env::var("AGENTBAY_BENCH_CONCURRENT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
+    let rounds = spawns.div_ceil(concurrent).max(3);
+    let confiner = std::sync::Arc::new(confiner);
+    let workdir = confiner.workdir("bench-at-once", &config).unwrap();
+    let mut plain = Vec::new();
+    let mut confined = Vec::new();
+    for _ in 0..rounds {
+        let mut starts = Vec::new();
+        for _ in 0..concurrent {
+            let (argv, workdir) = (argv.clone(), workdir.clone());
+            starts.push(tokio::spawn(async move {
+                let t = Instant::now();
+                let status = tokio::process::Command::new(&argv[0])
+                    .current_dir(&workdir)
+                    .status()
+                    .await
+                    .unwrap();
+                assert!(status.success());
+                t.elapsed()
+            }));
+        }
+        for s in starts {
+            plain.push(s.await.unwrap());
+        }
+        let mut starts = Vec::new();
+        for i in 0..concurrent {
+            let (argv, workdir, confiner, config) = (
+                argv.clone(),
+                workdir.clone(),
+                confiner.clone(),
+                config.clone(),
+            );
+            starts.push(tokio::spawn(async move {
+                let t = Instant::now();
+                let request = Request {
+                    label: format!("at-once{i}"),
+                    argv: &argv,
+                    cpu: Amount::units(1),
+                    memory_gb: Amount::units(1),
+                    egress: false,
+                    workdir: &workdir,
+                    endpoints: &[],
+                    read_paths: &[],
+                };
+                let (mut cmd, cage) = confiner.command(&request, &config).unwrap();
+                let mut child = cmd.spawn().unwrap();
+                cage.started(child.id()).unwrap();
+                let status = child.wait().await.unwrap();
+                assert!(status.success(), "{status}");
+                let took = t.elapsed();
+                tokio::task::spawn_blocking(move || drop(cage));
+                took
+            }));
+        }
+        for s in starts {
+            confined.push(s.await.unwrap());
+        }
+    }
+    confiner.remove_workdir("bench-at-once");
+    println!(
+        "{concurrent} starts at once, {rounds} rounds ({} starts each)",
+        plain.len()
+    );
+    let (p50a, p99a) = row("unconfined, at once", plain);
+    let (p50b, p99b) = row(&format!("confined ({}), at once", host.mechanism), confined);
+    println!(
+        "{:<34} p50 {:>8.2} ms   p99 {:>8.2} ms",
+        "added by confinement, at once",
+        (p50b.as_secs_f64() - p50a.as_secs_f64()) * 1e3,
+        (p99b.as_secs_f64() - p99a.as_secs_f64()) * 1e3
+    );
 }

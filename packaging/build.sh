@@ -46,7 +46,7 @@ Package: agentbay
 Version: $VERSION
 Architecture: amd64
 Maintainer: agentbay <packaging@agentbay.invalid>
-Depends: libc6 (>= 2.34), adduser
+Depends: libc6 (>= 2.34), adduser, uidmap
 Installed-Size: $SIZE_KB
 Section: net
 Priority: optional

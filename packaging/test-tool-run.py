@@ -116,8 +116,17 @@ bound = detail["content"]["receipt"]["json"]["confinement"]
 # of its own, and, where the service has a delegated subtree, a cgroup.
 if bound["network"] != "loopback-only" or bound["processes"] != "own-namespace":
     fail(f"the tool was not isolated: {json.dumps(bound)}")
+# Its world was built for it, its system calls are filtered, and it runs
+# as a uid of the package's subordinate range for the agentbay account,
+# never the appliance's.
+if not bound.get("filesystem", "").startswith("own-root"):
+    fail(f"the tool saw the host's filesystem: {json.dumps(bound)}")
+if not bound.get("syscalls", "").startswith("seccomp filter"):
+    fail(f"the tool's system calls were not filtered: {json.dumps(bound)}")
+if "of the subordinate range of agentbay" not in bound["user"]:
+    fail(f"the tool did not run as a subordinate uid of agentbay: {json.dumps(bound)}")
 if os.environ.get("EXPECT_CGROUP", "0") != "0" and not bound["mechanism"].startswith("cgroup"):
     fail(f"the delegated subtree did not bound the tool: {json.dumps(bound)}")
 print(f"tool run: Succeeded; the MCP stdio tool was bound by {bound['mechanism']}, "
       f"network {bound['network']}, processes {bound['processes']}, user {bound['user']}; "
-      f"files: {bound['files']}")
+      f"filesystem: {bound['filesystem']}; files: {bound['files']}; syscalls: {bound['syscalls']}")

@@ -860,10 +860,15 @@ pub struct RuntimeConfig {
     /// appliance runs as root).
     pub tool_workdir_mb: u64,
     /// The account tool processes run as where the appliance runs as root
-    /// (so that a tool can read neither the appliance's memory nor its
-    /// files); empty runs them as root. Elsewhere tools run as the
-    /// appliance's own user, which cannot read its memory either.
+    /// and `tool_uid_range` is not set (so that a tool can read neither
+    /// the appliance's memory nor its files); empty runs them as root, the
+    /// appliance's own uid. An unprivileged appliance's tools run as a uid
+    /// of its account's subordinate range (`/etc/subuid`), one per attempt.
     pub tool_user: String,
+    /// Where the appliance runs as root: uids (and gids of the same
+    /// numbers) tools run as, one of its own per attempt while it runs
+    /// (`"FIRST-LAST"`, none of them an account's). Unset: `tool_user`.
+    pub tool_uid_range: Option<UidRange>,
     /// Seconds a tool call may take unless its release says otherwise;
     /// then its process tree is killed and the call settles by its class.
     pub tool_timeout_seconds: u64,
@@ -896,6 +901,54 @@ impl RuntimeConfig {
                 .cloned(),
         );
         out
+    }
+}
+
+/// A range of uids (`runtime.tool_uid_range`): `"FIRST-LAST"`, inclusive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct UidRange {
+    /// Its first uid.
+    pub first: u32,
+    /// How many uids it holds.
+    pub count: u32,
+}
+
+impl TryFrom<String> for UidRange {
+    type Error = String;
+    fn try_from(s: String) -> Result<UidRange, String> {
+        let (a, b) = s
+            .split_once('-')
+            .ok_or_else(|| format!("{s:?} is not FIRST-LAST (such as 200000-265535)"))?;
+        let first: u32 = a
+            .trim()
+            .parse()
+            .map_err(|_| format!("{a:?} is not a uid"))?;
+        let last: u32 = b
+            .trim()
+            .parse()
+            .map_err(|_| format!("{b:?} is not a uid"))?;
+        if first < 1000 || last < first || last == u32::MAX {
+            return Err(format!(
+                "{s:?} must be FIRST-LAST with 1000 <= FIRST <= LAST < 4294967295 (no system account's uid)"
+            ));
+        }
+        Ok(UidRange {
+            first,
+            count: last - first + 1,
+        })
+    }
+}
+
+impl From<UidRange> for String {
+    fn from(r: UidRange) -> String {
+        r.to_string()
+    }
+}
+
+impl std::fmt::Display for UidRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.first, self.first + (self.count - 1))
     }
 }
 
@@ -979,6 +1032,7 @@ impl Default for RuntimeConfig {
             tool_pids_max: 256,
             tool_workdir_mb: 1024,
             tool_user: "nobody".to_string(),
+            tool_uid_range: None,
             tool_timeout_seconds: 300,
             tool_read_allow: Vec::new(),
             network_allow: Vec::new(),

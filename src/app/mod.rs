@@ -324,6 +324,28 @@ pub(crate) fn bind(config: &Config) -> anyhow::Result<std::net::TcpListener> {
     Ok(listener)
 }
 
+/// What confines tool processes on this host. Refused: a PostgreSQL store
+/// reached over a Unix socket while tools would run as the appliance's
+/// own uid, which PostgreSQL's `peer` authentication (the default for
+/// local sockets) cannot tell from the appliance.
+#[cfg(unix)]
+fn confiner(
+    config: &Config,
+    protected: Vec<std::path::PathBuf>,
+) -> anyhow::Result<Arc<crate::runtime::confine::Confiner>> {
+    let confiner =
+        crate::runtime::confine::Confiner::detect(config.data_dir.join("work"), protected);
+    if config.store.backend == crate::config::StoreBackend::Postgres
+        && let Some(socket) = crate::store::unix_socket(config.store.postgres.url.expose())
+        && let Some(why) = confiner.tools_share_uid(&config.runtime)
+    {
+        anyhow::bail!(
+            "store.postgres.url connects over the Unix socket {socket} while tool processes would run as the appliance's own uid ({why}): PostgreSQL's peer authentication could not tell a tenant's tool from the appliance. Connect over TCP (host=127.0.0.1 with a password or a certificate), or give tools a uid of their own (an unprivileged account: a subordinate range in /etc/subuid and /etc/subgid with uidmap installed; as root: runtime.tool_user or runtime.tool_uid_range)"
+        );
+    }
+    Ok(Arc::new(confiner))
+}
+
 /// The certificate the appliance serves (generated on first start).
 pub(crate) fn load_tls(config: &Config, datadir: &DataDir) -> anyhow::Result<TlsMaterial> {
     tls::load_or_generate(&config.tls, &datadir.tls_dir()).context("loading the TLS certificate")
@@ -396,10 +418,7 @@ pub(crate) async fn serve(
         Arc::new(crate::runs::Port),
         shutdown_rx.clone(),
         #[cfg(unix)]
-        Arc::new(crate::runtime::confine::Confiner::detect(
-            config.data_dir.join("work"),
-            releases.site().protected().to_vec(),
-        )),
+        confiner(&config, releases.site().protected().to_vec())?,
     )
     .await
     .map_err(|e| anyhow::anyhow!("loading live attempts: {e}"))?;
@@ -677,6 +696,14 @@ pub async fn run(
         println!("  {demo}");
     }
     println!("  {}", backup_line(&config));
+    #[cfg(unix)]
+    {
+        let tools = running.state.runtime.confinement();
+        println!("  tools run as: {}", tools.user);
+        if !tools.own_identity {
+            tracing::warn!(user = %tools.user, "tool processes share the appliance's uid");
+        }
+    }
     if config.backup.dir.is_none() {
         tracing::warn!("scheduled backups are off: set [backup] dir");
     }

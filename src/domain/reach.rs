@@ -12,8 +12,9 @@
 //!   URL, a model endpoint) must match the site's allowlist
 //!   (`runtime.network_allow`, and per tenant
 //!   `runtime.network_allow_by_tenant`); loopback, link-local, cloud
-//!   metadata and the appliance's own listeners only by an exact
-//!   `host:port` entry ([`target_refusal`]).
+//!   metadata and the appliance's own listeners only by an exact entry
+//!   that writes the literal address and port, whatever a name resolves
+//!   to ([`target_refusal`]).
 //!
 //! Pure: paths arrive absolute and resolved, addresses resolved.
 
@@ -258,20 +259,44 @@ pub fn target_refusal(
             }
         ));
     }
-    if exact {
+    let literal = target.host.parse::<IpAddr>().ok();
+    // One rule for every entry: what a name resolves to is judged, so an
+    // exact entry by name (`vm:8080`, where `vm` is 127.0.0.1) reaches no
+    // more than a URL prefix of the same name. Only an entry that writes
+    // the literal address and port opens a sensitive one.
+    if exact && literal.is_some() {
         return None;
     }
-    let literal = target.host.parse::<IpAddr>().ok();
     let named_local = target.host == "localhost" || target.host.ends_with(".localhost");
-    let sensitive = named_local
-        || literal
-            .iter()
-            .chain(resolved)
-            .any(|ip| is_sensitive(*ip, target.port, own));
-    sensitive.then(|| {
+    let sensitive: Vec<IpAddr> = literal
+        .iter()
+        .chain(resolved)
+        .copied()
+        .filter(|ip| is_sensitive(*ip, target.port, own))
+        .collect();
+    if sensitive.is_empty() && !named_local {
+        return None;
+    }
+    let example = sensitive
+        .first()
+        .map(|ip| host_port(&ip.to_string(), target.port))
+        .unwrap_or_else(|| format!("127.0.0.1:{}", target.port));
+    Some(if literal.is_some() {
         format!(
-            "{what} {target} is loopback, link-local or the appliance's own listener: only an exact {} entry in runtime.network_allow allows it",
-            target.host_port()
+            "{what} {target} is loopback, link-local or the appliance's own listener: only an exact {example} entry in runtime.network_allow allows it"
+        )
+    } else {
+        format!(
+            "{what} {target} names a host that is or resolves to a loopback, link-local or metadata address or the appliance's own listener ({}): only an exact entry that writes the address and port ({example}) in runtime.network_allow allows it",
+            if sensitive.is_empty() {
+                target.host.clone()
+            } else {
+                sensitive
+                    .iter()
+                    .map(IpAddr::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
         )
     })
 }
@@ -456,6 +481,39 @@ mod tests {
         assert!(e.contains("own listener"), "{e}");
         let t = Target::of_host_port("127.0.0.1:9000").unwrap();
         assert_eq!(target_refusal("site endpoint", &t, &list, &[], &own), None);
+        // An exact entry by name is judged on what the name resolves to,
+        // as a URL prefix of the same name is: a name for 127.0.0.1 is no
+        // way around the literal entry.
+        let named = allow(&["vm:9000", "http://vm:9000/"]);
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        for t in [
+            Target::of_host_port("vm:9000").unwrap(),
+            Target::of_url("http://vm:9000/hook").unwrap(),
+        ] {
+            assert_eq!(
+                target_refusal("webhook endpoint", &t, &named, &[], &own),
+                None
+            );
+            let e = target_refusal("webhook endpoint", &t, &named, &[loopback], &own).unwrap();
+            assert!(
+                e.contains("resolves to") && e.contains("127.0.0.1:9000"),
+                "{t}: {e}"
+            );
+            assert_eq!(
+                target_refusal(
+                    "webhook endpoint",
+                    &t,
+                    &named,
+                    &["10.0.0.7".parse().unwrap()],
+                    &own
+                ),
+                None
+            );
+        }
+        let t = Target::of_host_port("localhost:9000").unwrap();
+        assert!(
+            target_refusal("site endpoint", &t, &allow(&["localhost:9000"]), &[], &own).is_some()
+        );
         let t = Target::of_host_port("[::ffff:127.0.0.1]:9001").unwrap();
         assert!(
             target_refusal(

@@ -103,7 +103,7 @@ pub use datadir::DataDir;
 pub use derived::{Derived, time_value};
 pub use engine::open_sled;
 pub(crate) use engine::snapshot_rewritten;
-pub use postgres::PgOptions;
+pub use postgres::{PgOptions, unix_socket};
 pub use record::{Record, StoredVersion, Table, VersionOnly, Versioned};
 pub(crate) use record::{
     decode, encode, index_prefix, prefix_end, project, record_key, tenant_prefix,

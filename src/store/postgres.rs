@@ -147,6 +147,17 @@ impl PgOptions {
     }
 }
 
+/// The Unix-socket directory a connection string connects through, if
+/// any of its hosts is one (a path, as libpq takes `host=/run/postgresql`).
+pub fn unix_socket(url: &str) -> Option<String> {
+    let c = url.parse::<tokio_postgres::Config>().ok()?;
+    c.get_hosts().iter().find_map(|h| match h {
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(path) => Some(path.display().to_string()),
+        _ => None,
+    })
+}
+
 impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> Self {
         // The server's own words when it sent any (`Display` says only

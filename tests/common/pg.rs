@@ -318,6 +318,12 @@ impl PgCluster {
         self.url(&name)
     }
 
+    /// The server's Unix-domain socket (where `peer` authentication
+    /// applies).
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join(format!(".s.PGSQL.{}", self.port))
+    }
+
     pub fn url(&self, database: &str) -> String {
         format!(
             "postgresql://agentbay@127.0.0.1:{}/{database}?sslmode=disable",

@@ -1917,10 +1917,14 @@ async fn a_release_reaches_only_what_the_sites_allowlist_names() {
         )
         .unwrap();
     };
+    // A name of this host for 127.0.0.1, listed exactly by name: what it
+    // resolves to is judged, so it opens no loopback listener.
+    let alias = loopback_alias();
     let listed = [
         format!("127.0.0.1:{port}"),
         format!("http://127.0.0.1:{internal_port}/"),
         format!("127.0.0.1:{model_port}"),
+        format!("{alias}:{internal_port}"),
     ];
     allow(&listed);
     crate::common::hand_to_appliance(etc.path());
@@ -2021,6 +2025,28 @@ async fn a_release_reaches_only_what_the_sites_allowlist_names() {
         internal.accept().is_err(),
         "the redirect reached the internal listener"
     );
+    // A model endpoint listed exactly by a name that resolves to
+    // 127.0.0.1: imported (nothing is resolved at import), refused when
+    // the call resolves it, and the internal listener hears nothing.
+    site.import(
+        "model-by-alias",
+        json!([]),
+        model(format!("http://{alias}:{internal_port}/v1")),
+    )
+    .await;
+    let run_id = site.submit("model-by-alias").await;
+    let run = site.until(&run_id, "Failed").await;
+    let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
+    let call = tool_call(&t, "model");
+    let error = call["error"].as_str().unwrap();
+    assert!(
+        error.contains("only an exact entry that writes the address and port"),
+        "{call}"
+    );
+    assert!(
+        internal.accept().is_err(),
+        "a name for 127.0.0.1 reached the internal listener"
+    );
     // The site stops allowing the MCP server (a reload): the stored
     // release is refused at call time.
     allow(&listed[1..]);
@@ -2047,6 +2073,31 @@ async fn a_release_reaches_only_what_the_sites_allowlist_names() {
             .contains("is not in the site's network allowlist"),
         "{call}"
     );
+}
+
+/// A name of this host, other than `localhost`, that resolves to
+/// loopback only (Debian gives the host's own name 127.0.1.1), or
+/// `localhost` where there is none.
+fn loopback_alias() -> String {
+    use std::net::ToSocketAddrs;
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let loopback_only = |name: &str| {
+        (name, 80)
+            .to_socket_addrs()
+            .map(|a| {
+                let a: Vec<_> = a.collect();
+                !a.is_empty() && a.iter().all(|a| a.ip().is_loopback())
+            })
+            .unwrap_or(false)
+    };
+    [hostname.as_str(), "ip6-localhost"]
+        .into_iter()
+        .find(|n| !n.is_empty() && *n != "localhost" && loopback_only(n))
+        .unwrap_or("localhost")
+        .to_string()
 }
 
 /// A compressed upload is counted decompressed as it streams: zeros that

@@ -4,6 +4,8 @@ the process that runs them may do: the tests run it as a release's tool and
 read back what it saw. Newline-delimited JSON-RPC, as MCP's stdio
 transport is."""
 
+import ctypes
+import errno
 import json
 import os
 import socket
@@ -22,12 +24,26 @@ TOOLS = {
     "hang": "Writes its pid to hang.pid in its working directory, then never answers",
     "processes": "Lists the processes it sees and tries to signal `pid`",
     "forks": "Starts up to `n` children that sleep; returns how many started",
+    "unix": "Connects to the Unix-domain socket at `path`",
+    "listdir": "Lists the directory at `path`",
+    "families": "Opens a socket of each address family in `families` (AF_NETLINK, ...)",
+    "ptrace": "Attaches to its parent (or `pid`) with ptrace",
+    "ids": "Returns its uid, gid and groups as it sees them",
 }
 
 
 def pidns():
     """The PID namespace this process is in (the host's pid is found by it)."""
     return os.readlink("/proc/self/ns/pid")
+
+
+def interfaces():
+    """The network interfaces it sees, from /proc (netlink is refused to it)."""
+    try:
+        with open("/proc/net/dev") as f:
+            return sorted(l.split(":")[0].strip() for l in f.read().splitlines()[2:])
+    except OSError as e:
+        return [f"unknown: {e}"]
 
 
 def answer(result):
@@ -49,7 +65,7 @@ def call(name, args, meta):
             "path": os.environ.get("PATH"),
             "cgroups": cgroups,
             "cwd": os.getcwd(),
-            "interfaces": sorted(n for _, n in socket.if_nameindex()),
+            "interfaces": interfaces(),
         })
     if name == "alloc":
         mb = int(args.get("mb", 64))
@@ -119,6 +135,40 @@ def call(name, args, meta):
             os.kill(pid, 9)
             os.waitpid(pid, 0)
         return answer({"started": len(children), "error": error})
+    if name == "unix":
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(2)
+                s.connect(args["path"])
+            return answer({"connected": True})
+        except OSError as e:
+            return answer({"connected": False, "errno": e.errno, "error": str(e)})
+    if name == "listdir":
+        try:
+            return answer({"entries": sorted(os.listdir(args.get("path", "/")))})
+        except OSError as e:
+            return answer({"entries": None, "errno": e.errno, "error": str(e)})
+    if name == "families":
+        out = {}
+        for family in args.get("families", ["AF_NETLINK", "AF_PACKET", "AF_VSOCK"]):
+            kind = socket.SOCK_RAW if family in ("AF_NETLINK", "AF_PACKET") else socket.SOCK_STREAM
+            try:
+                socket.socket(getattr(socket, family), kind).close()
+                out[family] = {"opened": True}
+            except OSError as e:
+                out[family] = {"opened": False, "errno": e.errno, "error": str(e)}
+        return answer(out)
+    if name == "ptrace":
+        libc = ctypes.CDLL(None, use_errno=True)
+        target = int(args.get("pid", os.getppid()))
+        PTRACE_ATTACH = 16
+        r = libc.ptrace(PTRACE_ATTACH, target, None, None)
+        err = ctypes.get_errno()
+        return answer({"target": target, "attached": r == 0, "errno": err,
+                       "error": os.strerror(err) if r != 0 else None})
+    if name == "ids":
+        return answer({"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
+                       "cwd_owner": os.stat(".").st_uid})
     raise ValueError(f"unknown tool {name}")
 
 

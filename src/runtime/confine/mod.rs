@@ -2,6 +2,28 @@
 //! stdio server, a sandboxed tool) starts here, bound to the lease it runs
 //! under. Nothing starts a tool process any other way.
 //!
+//! A tool lives in a world built for it, not in the host with exceptions
+//! listed:
+//!
+//! - Files: its own mount namespace whose root is a fresh tmpfs holding,
+//!   read-only, the system's directories ([`SYSTEM`]), the directories of
+//!   its program and of the program's interpreter, its release's files and
+//!   the paths its release declares that the site allows; read-write, its
+//!   attempt's working directory (at [`TOOL_WORKDIR`]) and a `/tmp` of its
+//!   own; a `/dev` of six devices and a `/proc` of its own. Nothing else of
+//!   the host exists for it: not `/run`, `/var`, `/home`, the data dir, and
+//!   no socket or device outside that list. Nothing is granted at, above or
+//!   below a protected path (the data dir, the configuration, TLS,
+//!   backups), wherever the grant came from; one below a system directory
+//!   is masked. Nothing ever comes from the command's arguments. Landlock,
+//!   where the kernel has it, is a second layer over the same grants.
+//! - System calls: a seccomp filter ([`filter`]): no sockets but IP and
+//!   `socketpair`, no ptrace, keyctl, bpf, mounts or new namespaces.
+//! - Identity: never the appliance's uid. As root, `runtime.tool_user` or
+//!   a uid of its own per attempt from `runtime.tool_uid_range`; as an
+//!   unprivileged account, a uid of its own per attempt from the account's
+//!   subordinate range (`/etc/subuid`, mapped with `newuidmap`). Without a
+//!   range the receipt says it shares the appliance's uid.
 //! - CPU, memory and processes: a cgroup of its own under the appliance's
 //!   subtree (v2 where the host delegates one, else the v1 controllers),
 //!   with the lease's CPUs as a CFS quota, its memory as the hard limit
@@ -12,26 +34,23 @@
 //! - Network: without internet egress in its lease, a network namespace of
 //!   its own with only loopback (and the site endpoints the site allows,
 //!   forwarded by the appliance).
-//! - Processes: a PID namespace and a `/proc` of its own, where the host
-//!   allows (as root, or with unprivileged user namespaces): it sees and
-//!   signals no host process.
-//! - Files: with Landlock (where the kernel has it), read access to the
-//!   system's directories, the directories of its program and of the
-//!   program's interpreter, and the paths its release declares that the
-//!   site allows; read and write to the attempt's working directory (where
-//!   the release's own files are, under `release/`). Nothing is granted at,
-//!   above or below a protected path (the data dir, the configuration, TLS,
-//!   backups), wherever the grant came from, and nothing ever comes from the
-//!   command's arguments.
-//! - Environment: only `PATH` ([`TOOL_PATH`]), `LANG`, and `HOME` and
-//!   `TMPDIR` set to the working directory; the appliance's own (which may
-//!   hold secrets) is not passed on.
+//! - Processes: a PID namespace: it sees and signals no host process.
+//! - Environment: only `PATH` ([`TOOL_PATH`]), `LANG`, `HOME` (its working
+//!   directory) and `TMPDIR`; the appliance's own (which may hold secrets)
+//!   is not passed on.
+//!
+//! Where the host cannot give one of these, the receipt says so, and
+//! `runtime.when_unconfinable = "refuse"` refuses the tool.
 
 pub mod cgroup;
+pub mod filter;
 mod sys;
 
+use std::collections::HashMap;
+use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -54,7 +73,7 @@ pub struct Request<'a> {
     pub memory_gb: Amount,
     /// Whether the lease allows internet egress.
     pub egress: bool,
-    /// The attempt's working directory.
+    /// The attempt's directory ([`Confiner::workdir`]).
     pub workdir: &'a Path,
     /// Site endpoints offered inside its network, each already allowed by
     /// the site: the `(host, port)` it names, and where the appliance
@@ -64,20 +83,54 @@ pub struct Request<'a> {
     pub read_paths: &'a [PathBuf],
 }
 
-pub use crate::domain::reach::SiteEndpoint;
+pub use crate::domain::reach::{SiteEndpoint, TOOL_WORKDIR};
 
 /// The `PATH` every tool process gets.
 pub const TOOL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// The uid and gid a tool has inside its user namespace when it runs as a
+/// subordinate id of the appliance's account.
+const TOOL_ID_INSIDE: libc::uid_t = 1000;
+
+/// Who tools run as, found once at start.
+#[derive(Clone, Debug)]
+enum Identity {
+    /// The appliance is root: `runtime.tool_user`, or a uid per attempt
+    /// from `runtime.tool_uid_range`.
+    Root,
+    /// The appliance's account has a subordinate range, and newuidmap
+    /// maps it: a uid of its own per attempt.
+    Subordinate(Subordinate),
+    /// Tools share the appliance's uid, and why.
+    Shared(String),
+}
+
+/// The account's subordinate ids and the helpers that map them.
+#[derive(Clone, Debug)]
+struct Subordinate {
+    uids: (u32, u32),
+    gids: (u32, u32),
+    newuidmap: PathBuf,
+    newgidmap: PathBuf,
+    account: String,
+}
 
 /// What this host can enforce, found once at start.
 pub struct Confiner {
     cgroup: Result<Root, String>,
     network: Result<(), String>,
-    pid: Result<(), String>,
+    /// A PID namespace and a mount namespace with a world built in it.
+    world: Result<(), String>,
     landlock: Result<u32, String>,
+    filter: Result<Arc<filter::Programs>, String>,
+    identity: Identity,
     work_root: PathBuf,
     protected: Vec<PathBuf>,
     seq: AtomicU64,
+    /// The uid slot each attempt with a working directory holds (an
+    /// offset into the subordinate range or `runtime.tool_uid_range`).
+    slots: Mutex<HashMap<String, u32>>,
+    next_slot: AtomicU64,
 }
 
 /// What bound one process tree, and what it used: the timeline shows it
@@ -102,9 +155,16 @@ pub struct Confinement {
     /// host's processes are visible to it.
     #[serde(default)]
     pub processes: String,
+    /// `own-root: ...` (the world built for it, in words), or why it sees
+    /// the host's filesystem.
+    #[serde(default)]
+    pub filesystem: String,
     /// `landlock` (the working directory, the system's and the command's
     /// directories), or why not.
     pub files: String,
+    /// The system-call filter and its version, or why none.
+    #[serde(default)]
+    pub syscalls: String,
     /// The account it runs as.
     pub user: String,
     /// The most memory it held at once, bytes (cgroups only).
@@ -121,9 +181,9 @@ pub struct Cage {
     group: Option<Group>,
     report: Mutex<Confinement>,
     pgid: AtomicI32,
-    /// The Landlock ruleset the child restricts itself with; held until it
-    /// has started.
-    ruleset: Mutex<Option<OwnedFd>>,
+    /// What the child needs until it has started: the Landlock ruleset,
+    /// the sources of its world, the ends of its pipes.
+    held: Mutex<Vec<OwnedFd>>,
     /// The forwarders of its site endpoints, stopped with it.
     forwards: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// The appliance's end of the socket the child sends its site
@@ -145,15 +205,29 @@ pub struct HostReport {
     /// Whether a tool gets a PID namespace of its own, or why not.
     #[serde(default)]
     pub processes: String,
+    /// Whether a tool gets a filesystem built for it, or why not.
+    #[serde(default)]
+    pub filesystem: String,
     /// Whether files are restricted (Landlock and its ABI), or why not.
     pub files: String,
+    /// The system-call filter, or why none.
+    #[serde(default)]
+    pub syscalls: String,
+    /// Who tools run as, or why they share the appliance's uid (what to
+    /// install or configure).
+    #[serde(default)]
+    pub user: String,
+    /// Whether tools run as an identity of their own (never the
+    /// appliance's uid).
+    #[serde(default)]
+    pub own_identity: bool,
 }
 
 const GB: f64 = 1024.0 * 1024.0 * 1024.0;
 
-/// The system's directories a tool may read.
-const SYSTEM_READ: &[&str] = &[
-    "/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/opt", "/proc", "/sys", "/run",
+/// The system's directories a tool may read, at the same paths.
+pub const SYSTEM: &[&str] = &[
+    "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc",
 ];
 
 /// Device files a tool may read and write.
@@ -164,14 +238,19 @@ const DEVICES: &[&str] = &[
     "/dev/random",
     "/dev/urandom",
     "/dev/tty",
-    "/dev/pts",
-    "/dev/shm",
 ];
+
+/// Where a tool's root is assembled, in its own mount namespace: an empty
+/// directory of the work root, under which no source of any world lies
+/// (the work root is protected; working directories are its other
+/// entries).
+const WORLD_BASE: &str = ".root";
 
 impl Confiner {
     /// Finds what this host can enforce: a cgroup subtree (v2 if the
     /// host is v2-only and delegates the controllers, else v1), network
-    /// and PID namespaces, Landlock. `work_root` holds the attempts'
+    /// and PID namespaces, a world of its own, Landlock, the system-call
+    /// filter, and who tools run as. `work_root` holds the attempts'
     /// working directories (inside the data dir); `protected` is never
     /// readable by a tool. Groups go under `agentbay-tools/<instance>`,
     /// one subtree per appliance on the host (named after its data dir):
@@ -198,12 +277,25 @@ impl Confiner {
             _ if !v1.is_empty() => cgroup::prepare_v1(&v1, v2.as_deref(), &own, &instance),
             _ => Err("no cgroup hierarchy is mounted".to_string()),
         };
-        let network = Self::probe(sys::Namespaces::for_this_process(true, false))
+        let mut c = Confiner {
+            cgroup,
+            network: Err("not probed".into()),
+            world: Err("not probed".into()),
+            landlock: Self::probe_landlock(),
+            filter: filter::compile().map(Arc::new),
+            identity: Identity::Shared("not probed".into()),
+            work_root,
+            protected,
+            seq: AtomicU64::new(0),
+            slots: Mutex::new(HashMap::new()),
+            next_slot: AtomicU64::new(0),
+        };
+        c.network = c
+            .probe(sys::Namespaces::for_this_process(true, false))
             .map_err(|e| format!("a network namespace cannot be made here ({e}); needs root or unprivileged user namespaces"));
-        let pid = Self::probe(sys::Namespaces::for_this_process(false, true))
-            .map_err(|e| format!("a PID namespace with its own /proc cannot be made here ({e}); needs root or unprivileged user namespaces"));
-        let landlock = Self::probe_landlock();
-        if let Ok(root) = &cgroup {
+        c.world = c.probe_world();
+        c.identity = c.probe_identity();
+        if let Ok(root) = &c.cgroup {
             // A previous run that was killed left its tools running: they
             // end now, before anything new starts.
             let left = root.groups();
@@ -217,15 +309,6 @@ impl Confiner {
                 g.remove();
             }
         }
-        let c = Confiner {
-            cgroup,
-            network,
-            pid,
-            landlock,
-            work_root,
-            protected,
-            seq: AtomicU64::new(0),
-        };
         c.remove_workdirs();
         let host = c.host(&RuntimeConfig::default());
         tracing::info!(
@@ -233,19 +316,19 @@ impl Confiner {
             cgroup_unavailable = host.cgroup_unavailable.as_deref().unwrap_or("-"),
             network = %host.network,
             processes = %host.processes,
+            filesystem = %host.filesystem,
             files = %host.files,
+            syscalls = %host.syscalls,
+            user = %host.user,
             "tool confinement"
         );
         c
     }
 
-    /// Whether a process can make `namespaces` for itself here.
-    fn probe(namespaces: sys::Namespaces) -> Result<(), String> {
+    /// Whether `/bin/true` starts under `namespaces` (and what else the
+    /// steps say) here.
+    fn probe_steps(steps: sys::Steps) -> Result<(), String> {
         use std::os::unix::process::CommandExt;
-        let steps = sys::Steps {
-            namespaces: Some(namespaces),
-            ..sys::Steps::default()
-        };
         let mut cmd = std::process::Command::new("/bin/true");
         cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -258,6 +341,76 @@ impl Confiner {
             Ok(s) if s.success() => Ok(()),
             Ok(s) => Err(format!("a test ended {s}")),
             Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn probe(&self, namespaces: sys::Namespaces) -> Result<(), String> {
+        Self::probe_steps(sys::Steps {
+            namespaces: Some(namespaces),
+            ..sys::Steps::default()
+        })
+    }
+
+    /// Whether a tool's world can be built here: a PID and mount namespace
+    /// with the system's directories, a `/proc` and a `/tmp` of its own,
+    /// under the system-call filter.
+    fn probe_world(&self) -> Result<(), String> {
+        let dir = self.work_root.join(".probe");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("no directory to test in: {e}"))?;
+        let mut held = Vec::new();
+        let probed = self
+            .world_for(&dir, &dir.join("release"), &[], &[], 1, None, &mut held)
+            .map_err(|e| format!("a filesystem of its own cannot be made here: {e}"))
+            .and_then(|world| {
+                let mut ns = sys::Namespaces::for_this_process(false, true);
+                ns.world = Some(world);
+                self.probe(ns).map_err(|e| {
+                    format!("a PID and mount namespace with a filesystem of its own cannot be made here ({e}); needs root or unprivileged user namespaces")
+                })
+            });
+        drop(held);
+        let _ = std::fs::remove_dir_all(&dir);
+        probed
+    }
+
+    /// Who tools run as here: root chooses per call; an unprivileged
+    /// account needs a subordinate range and newuidmap that maps it.
+    fn probe_identity(&self) -> Identity {
+        if sys::is_root() {
+            return Identity::Root;
+        }
+        if let Err(why) = &self.world {
+            // A subordinate uid needs a working directory it is given in
+            // a world of its own.
+            return Identity::Shared(why.clone());
+        }
+        let sub = match subordinate() {
+            Ok(sub) => sub,
+            Err(why) => return Identity::Shared(why),
+        };
+        // The range the working directories are cleaned with: the widest
+        // map this account may write.
+        let (maps, mapper) = match self.mapper(&sub, None) {
+            Ok(m) => m,
+            Err(why) => return Identity::Shared(why),
+        };
+        let steps = sys::Steps {
+            namespaces: Some(sys::Namespaces {
+                user_maps: Some(maps),
+                ..sys::Namespaces::default()
+            }),
+            ..sys::Steps::default()
+        };
+        let probed = Self::probe_steps(steps);
+        drop(mapper);
+        match probed {
+            Ok(()) => Identity::Subordinate(sub),
+            Err(e) => Identity::Shared(format!(
+                "{} cannot map the subordinate range of {} here ({e}): is it set-uid root (package uidmap), and may the service gain privileges (NoNewPrivileges=false)?",
+                sub.newuidmap.display(),
+                sub.account
+            )),
         }
     }
 
@@ -300,6 +453,44 @@ impl Confiner {
         }
     }
 
+    /// Who tools run as under `config`, in words, and whether that is an
+    /// identity of their own.
+    fn who(&self, config: &RuntimeConfig) -> (String, bool) {
+        match &self.identity {
+            Identity::Root => match (&config.tool_uid_range, config.tool_user.as_str()) {
+                (Some(range), _) => (
+                    format!(
+                        "a uid of its own per attempt from runtime.tool_uid_range {range}"
+                    ),
+                    true,
+                ),
+                (None, "" | "root") => (
+                    "shares the appliance's uid: root (runtime.tool_user is empty; set it, or runtime.tool_uid_range)".to_string(),
+                    false,
+                ),
+                (None, user) => (format!("{user} (runtime.tool_user)"), true),
+            },
+            Identity::Subordinate(sub) => (
+                format!(
+                    "a uid of its own per attempt from the subordinate range {}-{} of {} (newuidmap)",
+                    sub.uids.0,
+                    sub.uids.0 + sub.uids.1 - 1,
+                    sub.account
+                ),
+                true,
+            ),
+            Identity::Shared(why) => (format!("shares the appliance's uid: {why}"), false),
+        }
+    }
+
+    /// Whether tools would run as the appliance's own uid under `config`
+    /// (what a peer-credential check, such as PostgreSQL's `peer`, cannot
+    /// tell apart), and why.
+    pub fn tools_share_uid(&self, config: &RuntimeConfig) -> Option<String> {
+        let (who, own) = self.who(config);
+        (!own).then_some(who)
+    }
+
     /// What this host enforces under `config`.
     pub fn host(&self, config: &RuntimeConfig) -> HostReport {
         let mechanism = match self.cgroup_for(config) {
@@ -307,6 +498,7 @@ impl Confiner {
             Ok(None) => "rlimit",
             Err(_) => "refused",
         };
+        let (user, own_identity) = self.who(config);
         HostReport {
             mechanism: mechanism.into(),
             cgroup_unavailable: self.cgroup.as_ref().err().cloned(),
@@ -314,14 +506,24 @@ impl Confiner {
                 Ok(()) => "a network namespace with only loopback for tools without egress".into(),
                 Err(e) => format!("not isolated: {e}"),
             },
-            processes: match &self.pid {
+            processes: match &self.world {
                 Ok(()) => "a PID namespace and /proc of its own for every tool".into(),
                 Err(e) => format!("not isolated: {e}"),
+            },
+            filesystem: match &self.world {
+                Ok(()) => "a root of its own for every tool: the system's directories read-only, its program, release and allowed paths, its working directory and /tmp".into(),
+                Err(e) => format!("the host's: {e}"),
             },
             files: match &self.landlock {
                 Ok(abi) => format!("Landlock (ABI {abi})"),
                 Err(e) => format!("not restricted: {e}"),
             },
+            syscalls: match &self.filter {
+                Ok(_) => format!("seccomp filter {}", filter::NAME),
+                Err(e) => format!("not filtered: {e}"),
+            },
+            user,
+            own_identity,
         }
     }
 
@@ -335,30 +537,86 @@ impl Confiner {
         }
     }
 
-    /// The working directory of an attempt's tools (made if missing).
-    /// Where the host allows it (the appliance runs as root), the
-    /// directory is a tmpfs of at most `runtime.tool_workdir_mb`, its pages
+    /// The directory of an attempt's tools (made if missing): `home/`, the
+    /// working directory its tools write in (and see at
+    /// [`TOOL_WORKDIR`]), and `release/`, where the release's own files
+    /// go (read-only to its tools, at `release/` in their working
+    /// directory). Where the host allows it (the appliance runs as root),
+    /// `home/` is a tmpfs of at most `runtime.tool_workdir_mb`, its pages
     /// charged to the tools that write them.
     pub fn workdir(&self, attempt: &str, config: &RuntimeConfig) -> std::io::Result<PathBuf> {
+        use std::os::unix::fs::PermissionsExt;
         let d = self.work_root.join(attempt);
         if !d.exists() {
-            std::fs::create_dir_all(&d)?;
+            let home = d.join("home");
+            std::fs::create_dir_all(&home)?;
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))?;
             if sys::is_root() {
-                sys::mount_tmpfs(&d, config.tool_workdir_mb)?;
+                sys::mount_tmpfs(&home, config.tool_workdir_mb)?;
             }
-            if let Ok(Some((uid, gid))) = Self::tool_user(config) {
-                sys::chown(&d, uid, gid)?;
+            std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))?;
+            if self.world.is_ok() {
+                // Where the release's files are mounted in its world.
+                std::fs::create_dir(home.join("release"))?;
+                std::fs::set_permissions(
+                    home.join("release"),
+                    std::fs::Permissions::from_mode(0o755),
+                )?;
+            } else {
+                std::os::unix::fs::symlink("../release", home.join("release"))?;
+            }
+            self.slot(attempt);
+            if let Ok(Some((uid, gid))) = self.tool_ids(attempt, config) {
+                sys::chown(&home, uid, gid)?;
             }
         }
         Ok(d)
     }
 
-    /// The account tools run as: where the appliance runs as root,
-    /// `runtime.tool_user` (empty: root, as the appliance); otherwise the
-    /// appliance's own user.
-    /// A name that is no account is refused by name.
-    fn tool_user(config: &RuntimeConfig) -> Result<Option<(libc::uid_t, libc::gid_t)>, String> {
-        if !sys::is_root() || config.tool_user.is_empty() {
+    /// The uid slot of `attempt`, taken if it has none.
+    fn slot(&self, attempt: &str) -> u32 {
+        let mut slots = self.slots.lock();
+        if let Some(s) = slots.get(attempt) {
+            return *s;
+        }
+        let span = match &self.identity {
+            Identity::Subordinate(sub) => sub.uids.1.min(sub.gids.1),
+            _ => u32::MAX,
+        };
+        // The next slot no live attempt holds.
+        loop {
+            let s = (self.next_slot.fetch_add(1, Ordering::Relaxed) % u64::from(span)) as u32;
+            if !slots.values().any(|v| *v == s) {
+                slots.insert(attempt.to_string(), s);
+                return s;
+            }
+        }
+    }
+
+    /// The host uid and gid a root appliance's tools of `attempt` run
+    /// as: `runtime.tool_uid_range` (one each per attempt), else
+    /// `runtime.tool_user` (empty: root, as the appliance). `None` where
+    /// the appliance is not root. A name that is no account, or a range
+    /// with no uid left, is refused in words.
+    fn tool_ids(
+        &self,
+        attempt: &str,
+        config: &RuntimeConfig,
+    ) -> Result<Option<(libc::uid_t, libc::gid_t)>, String> {
+        if !matches!(self.identity, Identity::Root) {
+            return Ok(None);
+        }
+        if let Some(range) = &config.tool_uid_range {
+            let slot = self.slot(attempt);
+            if slot >= range.count {
+                return Err(format!(
+                    "runtime.tool_uid_range {range} has no uid left for another attempt"
+                ));
+            }
+            let id = range.first + slot;
+            return Ok(Some((id, id)));
+        }
+        if config.tool_user.is_empty() {
             return Ok(None);
         }
         sys::account(&config.tool_user).map(Some).ok_or_else(|| {
@@ -370,29 +628,331 @@ impl Confiner {
     }
 
     /// Whether working directories are size-limited, in words.
-    fn workdir_limit(workdir: &Path) -> String {
-        match sys::tmpfs_size(workdir) {
+    fn workdir_limit(home: &Path) -> String {
+        match sys::tmpfs_size(home) {
             Some(bytes) => format!("a tmpfs of at most {} MiB", bytes >> 20),
             None => "not size-limited (a tmpfs needs the appliance to run as root)".to_string(),
         }
     }
 
-    /// Removes an attempt's working directory.
+    /// Removes an attempt's directory. What its tools made under a
+    /// subordinate uid is not the appliance's to delete: then a process
+    /// mapped as that range's owner removes it.
     pub fn remove_workdir(&self, attempt: &str) {
         let d = self.work_root.join(attempt);
-        sys::unmount(&d);
-        let _ = std::fs::remove_dir_all(d);
+        sys::unmount(&d.join("home"));
+        if std::fs::remove_dir_all(&d).is_err()
+            && d.exists()
+            && let Identity::Subordinate(sub) = &self.identity
+        {
+            self.remove_as_range(sub, &d);
+        }
+        self.slots.lock().remove(attempt);
+    }
+
+    /// `rm -rf dir` as root of a user namespace that maps the appliance's
+    /// own ids and the whole subordinate range.
+    fn remove_as_range(&self, sub: &Subordinate, dir: &Path) {
+        use std::os::unix::process::CommandExt;
+        let Ok((maps, mapper)) = self.mapper(sub, None) else {
+            return;
+        };
+        let steps = sys::Steps {
+            namespaces: Some(sys::Namespaces {
+                user_maps: Some(maps),
+                ..sys::Namespaces::default()
+            }),
+            ..sys::Steps::default()
+        };
+        let mut cmd = std::process::Command::new("/bin/rm");
+        cmd.arg("-rf")
+            .arg("--")
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: Steps::apply makes only async-signal-safe calls.
+        unsafe {
+            cmd.pre_exec(move || steps.apply());
+        }
+        let status = cmd.status();
+        drop(mapper);
+        if !matches!(status, Ok(s) if s.success()) || dir.exists() {
+            tracing::warn!(dir = %dir.display(), "a tool's working directory could not be removed");
+        }
     }
 
     /// Removes every working directory (at start: what a killed run left).
     fn remove_workdirs(&self) {
         if let Ok(entries) = std::fs::read_dir(&self.work_root) {
             for e in entries.flatten() {
-                if let Some(name) = e.file_name().to_str() {
+                if let Some(name) = e.file_name().to_str()
+                    && name != WORLD_BASE
+                {
                     self.remove_workdir(name);
                 }
             }
         }
+    }
+
+    /// The user namespace maps of a child that the appliance writes with
+    /// newuidmap and newgidmap: the child's ends of the two pipes, and
+    /// what keeps the appliance's thread that writes them (it ends when
+    /// they are written or the child is gone). `tool`: the subordinate
+    /// slot mapped as [`TOOL_ID_INSIDE`] beside the appliance's ids as
+    /// root; `None`: the appliance's ids as root and the whole range
+    /// from 1.
+    fn mapper(
+        &self,
+        sub: &Subordinate,
+        tool: Option<u32>,
+    ) -> Result<(sys::UserMaps, [OwnedFd; 2]), String> {
+        let (uid, gid) = sys::ids();
+        let lines = |own: u32, (first, count): (u32, u32)| -> Vec<String> {
+            let mut l = vec!["0".to_string(), own.to_string(), "1".to_string()];
+            match tool {
+                Some(slot) => l.extend([
+                    TOOL_ID_INSIDE.to_string(),
+                    (first + slot).to_string(),
+                    "1".to_string(),
+                ]),
+                None => l.extend(["1".to_string(), first.to_string(), count.to_string()]),
+            }
+            l
+        };
+        let uid_lines = lines(uid, sub.uids);
+        let gid_lines = lines(gid, sub.gids);
+        let (ready_r, ready_w) = sys::pipe().map_err(|e| format!("no pipe: {e}"))?;
+        let (go_r, go_w) = sys::pipe().map_err(|e| format!("no pipe: {e}"))?;
+        let (newuidmap, newgidmap) = (sub.newuidmap.clone(), sub.newgidmap.clone());
+        std::thread::Builder::new()
+            .name("tool-idmap".into())
+            .spawn(move || {
+                use std::io::{Read, Write};
+                let mut ready = std::fs::File::from(ready_r);
+                let mut go = std::fs::File::from(go_w);
+                let mut pid = [0u8; 4];
+                if ready.read_exact(&mut pid).is_err() {
+                    return; // The child is gone, or never started.
+                }
+                let pid = i32::from_ne_bytes(pid).to_string();
+                let map = |tool: &Path, lines: &[String]| -> Result<(), String> {
+                    let out = std::process::Command::new(tool)
+                        .arg(&pid)
+                        .args(lines)
+                        .stdin(std::process::Stdio::null())
+                        .output()
+                        .map_err(|e| format!("{}: {e}", tool.display()))?;
+                    if out.status.success() {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "{} {}: {}",
+                            tool.display(),
+                            out.status,
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        ))
+                    }
+                };
+                let mapped = map(&newuidmap, &uid_lines).and_then(|()| map(&newgidmap, &gid_lines));
+                if let Err(why) = &mapped {
+                    tracing::warn!(error = %why, "a tool's user namespace could not be mapped");
+                }
+                let _ = go.write_all(&[u8::from(mapped.is_err())]);
+            })
+            .map_err(|e| format!("no thread to map the tool's ids: {e}"))?;
+        Ok((
+            sys::UserMaps::Mapped {
+                ready: ready_w.as_raw_fd(),
+                go: go_r.as_raw_fd(),
+            },
+            [ready_w, go_r],
+        ))
+    }
+
+    /// The world of a tool: what [`sys::World`] builds, every source
+    /// judged here on what it resolves to by the protected-path rule.
+    /// `held` keeps `owner` (its working directory, to be made its own)
+    /// until the child has started.
+    #[allow(clippy::too_many_arguments)]
+    fn world_for(
+        &self,
+        home: &Path,
+        release: &Path,
+        program_dirs: &[PathBuf],
+        read_paths: &[PathBuf],
+        tmp_mb: u64,
+        owner: Option<OwnedFd>,
+        held: &mut Vec<OwnedFd>,
+    ) -> std::io::Result<sys::World> {
+        use sys::Place;
+        let base = self.work_root.join(WORLD_BASE);
+        std::fs::create_dir_all(&base)?;
+        let base = base.as_path();
+        let c = |p: &Path| -> CString {
+            CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL in a path")
+        };
+        let inside = |p: &Path| -> PathBuf { base.join(p.strip_prefix("/").unwrap_or(p)) };
+        let mut places = Vec::new();
+        let mut made: Vec<PathBuf> = vec![PathBuf::from("/")];
+        let mut bound: Vec<PathBuf> = Vec::new();
+        // Directories on the way to `p` (and `p`), each once.
+        let mut dirs_to = |p: &Path, places: &mut Vec<Place>| {
+            let mut at = PathBuf::from("/");
+            for part in p.components().skip(1) {
+                at.push(part);
+                if !made.contains(&at) {
+                    places.push(Place::Dir(c(&inside(&at))));
+                    made.push(at.clone());
+                }
+            }
+        };
+        if let Some(fd) = owner {
+            places.push(Place::Own {
+                fd: fd.as_raw_fd(),
+                uid: TOOL_ID_INSIDE,
+                gid: TOOL_ID_INSIDE,
+            });
+            held.push(fd);
+        }
+        // A source is bound by the path judged here, which the child
+        // resolves in its own copy of the host's mounts (a descriptor of
+        // the appliance's namespace cannot be bound in another).
+        let open = |p: &Path| -> std::io::Result<CString> { Ok(c(p)) };
+        // The system's directories, at their paths; a link (a merged
+        // /usr's /lib, /bin) as the same link. A protected path below one
+        // is masked.
+        for s in SYSTEM {
+            let p = Path::new(s);
+            match std::fs::symlink_metadata(p) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    let to = std::fs::read_link(p)?;
+                    places.push(Place::Link {
+                        to: c(&to),
+                        at: c(&inside(p)),
+                    });
+                }
+                Ok(m) if m.is_dir() => {
+                    dirs_to(p, &mut places);
+                    places.push(Place::Bind {
+                        from: open(p)?,
+                        at: c(&inside(p)),
+                        write: false,
+                        dev: false,
+                    });
+                    bound.push(p.to_path_buf());
+                    for protected in self.protected.iter().filter(|q| q.starts_with(p)) {
+                        match std::fs::metadata(protected) {
+                            Ok(m) if m.is_dir() => places.push(Place::Tmpfs {
+                                at: c(&inside(protected)),
+                                options: c(Path::new("size=4k,mode=0555")),
+                                read_only: true,
+                            }),
+                            Ok(_) => places.push(Place::Bind {
+                                from: open(Path::new("/dev/null"))?,
+                                at: c(&inside(protected)),
+                                write: false,
+                                dev: false,
+                            }),
+                            Err(_) => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        // A /dev of six devices, and the links programs expect there.
+        dirs_to(Path::new("/dev"), &mut places);
+        for d in DEVICES {
+            let p = Path::new(d);
+            if p.exists() {
+                places.push(Place::File(c(&inside(p))));
+                places.push(Place::Bind {
+                    from: open(p)?,
+                    at: c(&inside(p)),
+                    write: true,
+                    dev: true,
+                });
+            }
+        }
+        for (name, to) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            places.push(Place::Link {
+                to: c(Path::new(to)),
+                at: c(&inside(&Path::new("/dev").join(name))),
+            });
+        }
+        dirs_to(Path::new("/proc"), &mut places);
+        places.push(Place::Proc(c(&inside(Path::new("/proc")))));
+        dirs_to(Path::new("/tmp"), &mut places);
+        places.push(Place::Tmpfs {
+            at: c(&inside(Path::new("/tmp"))),
+            options: c(Path::new(&format!("size={tmp_mb}m,mode=1777"))),
+            read_only: false,
+        });
+        // Its program's and interpreter's directories, and what its
+        // release declares that the site allows: read-only at their
+        // paths, unless a directory bound already shows them.
+        let mut extra: Vec<(PathBuf, PathBuf)> = program_dirs
+            .iter()
+            .chain(read_paths)
+            .filter_map(|p| {
+                let real = std::fs::canonicalize(p).ok()?;
+                crate::domain::reach::protected_conflict(&real, &self.protected)
+                    .is_none()
+                    .then(|| (p.clone(), real))
+            })
+            .collect();
+        extra.sort_by_key(|(p, _)| p.components().count());
+        for (p, real) in extra {
+            if bound.iter().any(|b| p.starts_with(b)) || p.starts_with(TOOL_WORKDIR) {
+                continue;
+            }
+            if real.is_dir() {
+                dirs_to(&p, &mut places);
+            } else {
+                if let Some(parent) = p.parent() {
+                    dirs_to(parent, &mut places);
+                }
+                places.push(Place::File(c(&inside(&p))));
+            }
+            places.push(Place::Bind {
+                from: open(&real)?,
+                at: c(&inside(&p)),
+                write: false,
+                dev: false,
+            });
+            bound.push(p);
+        }
+        // Its working directory, and its release's files in it.
+        let workdir = Path::new(TOOL_WORKDIR);
+        dirs_to(workdir, &mut places);
+        places.push(Place::Bind {
+            from: open(home)?,
+            at: c(&inside(workdir)),
+            write: true,
+            dev: false,
+        });
+        // `home/release`, where it is mounted, was made with `home` (which
+        // the appliance may no longer enter to look).
+        if release.is_dir() {
+            places.push(Place::Bind {
+                from: open(release)?,
+                at: c(&inside(&workdir.join("release"))),
+                write: false,
+                dev: false,
+            });
+        }
+        Ok(sys::World {
+            base: c(base),
+            options: c(Path::new("size=1m,nr_inodes=4096,mode=0755")),
+            places,
+            cwd: c(workdir),
+        })
     }
 
     /// A command for `req`, confined, and its cage: spawn the command,
@@ -403,17 +963,31 @@ impl Confiner {
         req: &Request<'_>,
         config: &RuntimeConfig,
     ) -> Result<(tokio::process::Command, Cage), String> {
-        use std::ffi::CString;
         let Some((program, args)) = req.argv.split_first() else {
             return Err("the tool declares no command".into());
         };
         let refuse = config.when_unconfinable == WhenUnconfinable::Refuse;
+        let attempt = req
+            .workdir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let home = req.workdir.join("home");
+        let release = req.workdir.join("release");
         let memory_bytes = (req.memory_gb.as_f64() * GB) as u64;
         let pids = config.tool_pids_max;
         let limits = Limits::of(req.cpu.thousandths(), memory_bytes, pids);
         let mut steps = sys::Steps::default();
+        let mut held: Vec<OwnedFd> = Vec::new();
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}-{seq}", req.label);
+        let (user, own_identity) = self.who(config);
+        if !own_identity && refuse {
+            return Err(format!(
+                "a tool would run as the appliance's own uid and runtime.when_unconfinable is refuse: {user}"
+            ));
+        }
         let (group, mechanism) = match self.cgroup_for(config)? {
             Some(root) => {
                 let group = root
@@ -449,25 +1023,72 @@ impl Confiner {
                 Err(why) => format!("host (not isolated: {why})"),
             }
         };
-        let processes = match &self.pid {
+        let own = program_dirs(program, &home);
+        let (processes, filesystem) = match &self.world {
             Ok(()) => {
+                // The first tool of an attempt makes its working directory
+                // its own (its subordinate uid); after that the appliance
+                // can no longer open it, and need not.
+                let owner = match &self.identity {
+                    Identity::Subordinate(_) if owned_by_appliance(&home) => Some(
+                        sys::open_dir(&home)
+                            .map_err(|e| format!("the tool's working directory: {e}"))?,
+                    ),
+                    _ => None,
+                };
+                let world = self
+                    .world_for(
+                        &home,
+                        &release,
+                        &own,
+                        req.read_paths,
+                        config.tool_workdir_mb,
+                        owner,
+                        &mut held,
+                    )
+                    .map_err(|e| format!("the tool's filesystem cannot be built: {e}"))?;
                 namespaces.pid = true;
-                namespaces.workdir =
-                    Path::new(sys::TOOL_WORKDIR)
-                        .is_dir()
-                        .then_some(())
-                        .map(|()| {
-                            CString::new(req.workdir.as_os_str().as_encoded_bytes())
-                                .expect("no NUL")
-                        });
-                "own-namespace".to_string()
+                namespaces.world = Some(world);
+                (
+                    "own-namespace".to_string(),
+                    format!(
+                        "own-root: the system's directories read-only, {}; its working directory {TOOL_WORKDIR} ({}) and /tmp",
+                        "its program, release and allowed paths",
+                        Self::workdir_limit(&home)
+                    ),
+                )
             }
             Err(why) if refuse => {
                 return Err(format!(
-                    "this host cannot give a tool a process namespace of its own (it could see and signal the appliance) and runtime.when_unconfinable is refuse: {why}"
+                    "this host cannot give a tool a filesystem and processes of its own and runtime.when_unconfinable is refuse: {why}"
                 ));
             }
-            Err(why) => format!("the host's (not isolated: {why})"),
+            Err(why) => (
+                format!("the host's (not isolated: {why})"),
+                format!("the host's: {why}"),
+            ),
+        };
+        match &self.identity {
+            Identity::Subordinate(sub) => {
+                let slot = self.slot(&attempt);
+                let (maps, ends) = self.mapper(sub, Some(slot))?;
+                namespaces.user_maps = Some(maps);
+                namespaces.become_ids = Some((TOOL_ID_INSIDE, TOOL_ID_INSIDE));
+                held.extend(ends);
+            }
+            Identity::Root => steps.user = self.tool_ids(&attempt, config)?,
+            Identity::Shared(_) => {}
+        }
+        let user = match (&self.identity, steps.user) {
+            (Identity::Root, Some((uid, _))) if config.tool_uid_range.is_some() => {
+                format!("uid {uid} of runtime.tool_uid_range, its own while the attempt runs")
+            }
+            (Identity::Subordinate(sub), _) => format!(
+                "uid {} of the subordinate range of {}, its own while the attempt runs",
+                sub.uids.0 + self.slot(&attempt),
+                sub.account
+            ),
+            _ => user,
         };
         let mut listeners = None;
         if namespaces.network && !req.endpoints.is_empty() {
@@ -477,19 +1098,20 @@ impl Confiner {
             namespaces.listeners_to = Some(theirs.as_raw_fd());
             listeners = Some((ours, theirs, req.endpoints.to_vec()));
         }
-        if namespaces.network || namespaces.pid {
+        let world = namespaces.world.is_some();
+        if namespaces.network || namespaces.pid || namespaces.become_ids.is_some() {
             steps.namespaces = Some(namespaces);
         }
-        let (ruleset, files) = match &self.landlock {
-            Ok(_) => {
-                let (fd, granted) = self.ruleset(program, req.read_paths, req.workdir)?;
-                steps.landlock = Some(fd.as_raw_fd());
-                (
-                    Some(fd),
-                    format!(
-                        "landlock: read {granted}; write the working directory, {}",
-                        Self::workdir_limit(req.workdir)
-                    ),
+        let files = match &self.landlock {
+            Ok(abi) => {
+                let (fd, granted) = self.ruleset(&own, req.read_paths, &home, &release)?;
+                use landlock::Access;
+                let read_write = landlock::AccessFs::from_all(landlock_abi(*abi)).bits();
+                steps.landlock = Some((fd.as_raw_fd(), read_write));
+                held.push(fd);
+                format!(
+                    "landlock: read {granted}; write the working directory, {}",
+                    Self::workdir_limit(&home)
                 )
             }
             Err(why) if refuse => {
@@ -497,30 +1119,43 @@ impl Confiner {
                     "this host cannot restrict a tool's files and runtime.when_unconfinable is refuse: {why}"
                 ));
             }
-            Err(why) => (
-                None,
-                format!(
-                    "not restricted: {why}; the working directory is {}",
-                    Self::workdir_limit(req.workdir)
-                ),
+            Err(why) => format!(
+                "not restricted: {why}; the working directory is {}",
+                Self::workdir_limit(&home)
             ),
         };
-        // The working directory as the tool sees it.
-        let home: &Path = if self.pid.is_ok() && Path::new(sys::TOOL_WORKDIR).is_dir() {
-            Path::new(sys::TOOL_WORKDIR)
-        } else {
-            req.workdir
+        let syscalls = match &self.filter {
+            Ok(programs) => {
+                steps.filter = Some(programs.clone());
+                format!(
+                    "seccomp filter {}: no sockets but IP and socketpair, no ptrace, keyctl, bpf, mounts or new namespaces",
+                    filter::NAME
+                )
+            }
+            Err(why) if refuse => {
+                return Err(format!(
+                    "this host cannot filter a tool's system calls and runtime.when_unconfinable is refuse: {why}"
+                ));
+            }
+            Err(why) => format!("not filtered: {why}"),
         };
-        steps.user = Self::tool_user(config)?;
-        let steps_user = steps.user;
+        // The working directory and temporary files as the tool sees them.
+        let (cwd, tmp): (&Path, &Path) = if world {
+            (Path::new(TOOL_WORKDIR), Path::new("/tmp"))
+        } else {
+            (&home, &home)
+        };
         let mut cmd = tokio::process::Command::new(program);
+        // With a world, the child changes into its working directory
+        // once it is built (a subordinate uid's directory is not the
+        // appliance's to enter).
         cmd.args(args)
-            .current_dir(req.workdir)
+            .current_dir(if world { req.workdir } else { &home })
             .env_clear()
             .env("PATH", TOOL_PATH)
             .env("LANG", "C.UTF-8")
-            .env("HOME", home)
-            .env("TMPDIR", home)
+            .env("HOME", cwd)
+            .env("TMPDIR", tmp)
             .kill_on_drop(true);
         // SAFETY: Steps::apply makes only async-signal-safe calls on data
         // prepared here.
@@ -535,12 +1170,10 @@ impl Confiner {
             pids,
             network,
             processes,
+            filesystem,
             files,
-            user: match steps_user {
-                Some(_) => config.tool_user.clone(),
-                None if sys::is_root() => "root (runtime.tool_user is empty)".to_string(),
-                None => "the appliance's own user".to_string(),
-            },
+            syscalls,
+            user,
             peak_memory_bytes: None,
             cpu_seconds: None,
             killed_by: None,
@@ -553,7 +1186,7 @@ impl Confiner {
                 group,
                 report: Mutex::new(report),
                 pgid: AtomicI32::new(0),
-                ruleset: Mutex::new(ruleset),
+                held: Mutex::new(held),
                 forwards: Mutex::new(Vec::new()),
                 listeners: Mutex::new(listeners),
             },
@@ -561,21 +1194,26 @@ impl Confiner {
     }
 
     /// The Landlock ruleset of a tool: read the system's directories, the
-    /// directories of its program and of the program's interpreter, and
-    /// the read paths the site allowed; read and write its working
-    /// directory and the usual device files. Whatever asked for it, no
-    /// read grant is at, above or below a protected path.
+    /// directories of its program and of the program's interpreter, its
+    /// release's files and the read paths the site allowed; read and
+    /// write its working directory and the usual device files. Whatever
+    /// asked for it, no read grant is at, above or below a protected path.
     fn ruleset(
         &self,
-        program: &str,
+        own: &[PathBuf],
         read_paths: &[PathBuf],
-        workdir: &Path,
+        home: &Path,
+        release: &Path,
     ) -> Result<(OwnedFd, String), String> {
         use landlock::{
             ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, path_beneath_rules,
         };
         let abi = ABI::V5;
-        let mut read: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
+        let mut read: Vec<PathBuf> = SYSTEM
+            .iter()
+            .filter(|s| **s != "/etc")
+            .map(PathBuf::from)
+            .collect();
         if let Ok(entries) = std::fs::read_dir("/etc") {
             read.extend(entries.flatten().map(|e| e.path()));
         }
@@ -583,13 +1221,15 @@ impl Confiner {
         // the rule below judges the resolved path, so a symbolic link in
         // an allowed directory that points at a protected one grants
         // nothing. A path that does not exist is granted nothing either.
-        let own = program_dirs(program, workdir);
         read.extend(
             own.iter()
                 .chain(read_paths)
                 .filter_map(|p| std::fs::canonicalize(p).ok()),
         );
         read.retain(|r| crate::domain::reach::protected_conflict(r, &self.protected).is_none());
+        if release.is_dir() {
+            read.push(release.to_path_buf());
+        }
         read.sort();
         read.dedup();
         // In words: the program's and the declared directories by name,
@@ -599,14 +1239,18 @@ impl Confiner {
             .filter(|r| {
                 r.exists()
                     && !r.starts_with("/etc")
-                    && !SYSTEM_READ.iter().any(|s| Path::new(s) == r.as_path())
+                    && r.as_path() != release
+                    && !SYSTEM.iter().any(|s| Path::new(s) == r.as_path())
             })
             .map(|r| r.display().to_string())
             .collect();
         let granted = if named.is_empty() {
-            "the system's directories".to_string()
+            "the system's directories and its release".to_string()
         } else {
-            format!("the system's directories and {}", named.join(", "))
+            format!(
+                "the system's directories, its release and {}",
+                named.join(", ")
+            )
         };
         let err = |e: landlock::RulesetError| format!("no Landlock ruleset: {e}");
         let ruleset = Ruleset::default()
@@ -619,7 +1263,7 @@ impl Confiner {
             .add_rules(path_beneath_rules(
                 DEVICES
                     .iter()
-                    .chain(std::iter::once(&workdir.to_str().unwrap_or("/nonexistent"))),
+                    .chain(std::iter::once(&home.to_str().unwrap_or("/nonexistent"))),
                 AccessFs::from_all(abi),
             ))
             .map_err(err)?;
@@ -627,6 +1271,70 @@ impl Confiner {
         let fd = fd.ok_or("Landlock is not enforced by this kernel")?;
         Ok((fd, granted))
     }
+}
+
+/// Whether `path` belongs to the appliance's own uid.
+fn owned_by_appliance(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.uid() == sys::ids().0)
+}
+
+/// The Landlock ABI the rulesets above handle, as far as the kernel has
+/// it (what a rule added by the child may grant).
+fn landlock_abi(kernel: u32) -> landlock::ABI {
+    match kernel {
+        0 | 1 => landlock::ABI::V1,
+        2 => landlock::ABI::V2,
+        3 => landlock::ABI::V3,
+        4 => landlock::ABI::V4,
+        _ => landlock::ABI::V5,
+    }
+}
+
+/// The subordinate uid and gid ranges of the appliance's account
+/// (`/etc/subuid`, `/etc/subgid`) and the helpers that map them, or what
+/// is missing, in words that say what to do.
+fn subordinate() -> Result<Subordinate, String> {
+    let (uid, _) = sys::ids();
+    let account = sys::account_name(uid).unwrap_or_else(|| uid.to_string());
+    let find = |file: &str| -> Option<(u32, u32)> {
+        let text = std::fs::read_to_string(file).ok()?;
+        text.lines()
+            .filter_map(|l| {
+                let mut f = l.trim().split(':');
+                let (who, first, count) = (f.next()?, f.next()?, f.next()?);
+                (who == account || who == uid.to_string())
+                    .then(|| Some((first.parse().ok()?, count.parse().ok()?)))
+                    .flatten()
+            })
+            .filter(|(_, count): &(u32, u32)| *count > 0)
+            .max_by_key(|(_, count)| *count)
+    };
+    let helper = |name: &str| {
+        ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+            .iter()
+            .map(|d| Path::new(d).join(name))
+            .find(|p| p.is_file())
+    };
+    let (Some(newuidmap), Some(newgidmap)) = (helper("newuidmap"), helper("newgidmap")) else {
+        return Err(
+            "newuidmap and newgidmap are not installed (Debian and Ubuntu: apt-get install uidmap)"
+                .to_string(),
+        );
+    };
+    let uids = find("/etc/subuid").ok_or_else(|| {
+        format!("the account {account} has no subordinate uid range in /etc/subuid (usermod --add-subuids FIRST-LAST {account})")
+    })?;
+    let gids = find("/etc/subgid").ok_or_else(|| {
+        format!("the account {account} has no subordinate gid range in /etc/subgid (usermod --add-subgids FIRST-LAST {account})")
+    })?;
+    Ok(Subordinate {
+        uids,
+        gids,
+        newuidmap,
+        newgidmap,
+        account,
+    })
 }
 
 /// The directories a program needs to start: its own (resolved on
@@ -684,7 +1392,7 @@ impl Cage {
         if let Some(pid) = pid {
             self.pgid.store(pid as i32, Ordering::Relaxed);
         }
-        self.ruleset.lock().take();
+        self.held.lock().clear();
         let Some((ours, theirs, endpoints)) = self.listeners.lock().take() else {
             return Ok(());
         };

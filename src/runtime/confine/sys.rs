@@ -7,9 +7,10 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 /// Everything the child applies to itself, prepared in the parent.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Steps {
     /// `cgroup.procs` files to write `0` (itself) into.
     pub join: Vec<CString>,
@@ -19,37 +20,53 @@ pub struct Steps {
     pub processes: Option<u64>,
     /// The namespaces it leaves the host's for.
     pub namespaces: Option<Namespaces>,
-    /// The user and group to become (the appliance runs as root; its
-    /// tools do not).
+    /// The user and group to become on the host (the appliance runs as
+    /// root; its tools do not).
     pub user: Option<(libc::uid_t, libc::gid_t)>,
-    /// A Landlock ruleset to restrict itself with (its file descriptor).
-    pub landlock: Option<RawFd>,
+    /// A Landlock ruleset to restrict itself with (its file descriptor),
+    /// and the access bits a read-write rule grants under it.
+    pub landlock: Option<(RawFd, u64)>,
+    /// The system-call filter, installed last.
+    pub filter: Option<Arc<super::filter::Programs>>,
 }
-
-pub use crate::domain::reach::TOOL_WORKDIR;
-/// [`TOOL_WORKDIR`] for the system calls.
-const TOOL_WORKDIR_C: &CStr = c"/var/tmp";
 
 /// The most site endpoints one tool process may be offered.
 pub const MAX_LISTENERS: usize = crate::domain::reach::MAX_SITE_ENDPOINTS;
 
+/// How a tool's user namespace gets its ids.
+#[derive(Clone, Debug)]
+pub enum UserMaps {
+    /// The appliance's own uid and gid only, written by the child itself
+    /// (no subordinate range): the tool shares the appliance's uid.
+    Own(CString, CString),
+    /// Written by the appliance with `newuidmap`/`newgidmap` (the
+    /// account's subordinate range): the child sends its pid on `ready`
+    /// and waits for one byte on `go`, 0 when its maps are written.
+    Mapped {
+        /// The child's end of the pipe it sends its pid on.
+        ready: RawFd,
+        /// The child's end of the pipe it hears the answer on.
+        go: RawFd,
+    },
+}
+
 /// Which namespaces a process makes for itself, and what it does in them.
 #[derive(Clone, Debug, Default)]
 pub struct Namespaces {
-    /// `Some((uid_map, gid_map))` when a user namespace is needed (the
-    /// appliance is not root): it maps the caller's own ids only.
-    pub user_maps: Option<(CString, CString)>,
+    /// A user namespace, and how its ids are mapped (the appliance is not
+    /// root); `None` as root, which needs none.
+    pub user_maps: Option<UserMaps>,
     /// A network namespace with only loopback.
     pub network: bool,
     /// A PID namespace and a `/proc` of its own (in a mount namespace of
     /// its own): the tool runs as its namespace's first process, under a
     /// parent that waits for it, and sees no host process.
     pub pid: bool,
-    /// With `pid`: the working directory, bound over [`TOOL_WORKDIR`] in
-    /// the tool's mount namespace and made its current directory there
-    /// (the real one lies under the data dir, whose ancestors the tool's
-    /// account may not be able to pass through).
-    pub workdir: Option<CString>,
+    /// The filesystem built for it, in a mount namespace of its own.
+    pub world: Option<World>,
+    /// The ids to take inside the user namespace once the world is built
+    /// (a subordinate uid and gid, mapped there as these).
+    pub become_ids: Option<(libc::uid_t, libc::gid_t)>,
     /// Ports to listen on at `127.0.0.1` inside the new network (the site
     /// endpoints the appliance forwards), and the socket the listeners are
     /// sent back to the appliance over.
@@ -58,26 +75,101 @@ pub struct Namespaces {
     pub listeners_to: Option<RawFd>,
 }
 
+/// A tool's filesystem: a fresh tmpfs assembled at `base` (an empty
+/// directory, in the tool's own mount namespace), which then becomes its
+/// `/`. Every path below already starts with `base`.
+#[derive(Clone, Debug)]
+pub struct World {
+    /// Where the root is assembled.
+    pub base: CString,
+    /// The root tmpfs's mount options.
+    pub options: CString,
+    /// What goes in it, in order.
+    pub places: Vec<Place>,
+    /// Its working directory, as the tool sees it (after the pivot).
+    pub cwd: CString,
+}
+
+/// One thing put in a tool's world.
+#[derive(Clone, Debug)]
+pub enum Place {
+    /// A directory (mode 0755).
+    Dir(CString),
+    /// An empty file, for a file to be mounted on.
+    File(CString),
+    /// A symbolic link `at` -> `to`.
+    Link {
+        /// What it points at.
+        to: CString,
+        /// Where it is.
+        at: CString,
+    },
+    /// The file or tree `from` (a path the parent judged) mounted at
+    /// `at`: read-only unless `write`; device files usable only with
+    /// `dev`; never set-uid.
+    Bind {
+        /// The source.
+        from: CString,
+        /// The mount point.
+        at: CString,
+        /// Writable.
+        write: bool,
+        /// Device files work.
+        dev: bool,
+    },
+    /// A tmpfs with `options` (read-only with `read_only`: a mask over a
+    /// protected directory).
+    Tmpfs {
+        /// The mount point.
+        at: CString,
+        /// Its options (size, mode).
+        options: CString,
+        /// Mounted read-only.
+        read_only: bool,
+    },
+    /// A `/proc` of its PID namespace.
+    Proc(CString),
+    /// The directory open as `fd` given to `uid`:`gid` (ids of the tool's
+    /// user namespace): its working directory, made its own.
+    Own {
+        /// The directory.
+        fd: RawFd,
+        /// The owner.
+        uid: libc::uid_t,
+        /// The group.
+        gid: libc::gid_t,
+    },
+}
+
 impl Namespaces {
     /// The namespaces this process can make: a user namespace too unless
-    /// it is root.
+    /// it is root, mapping its own ids only.
     pub fn for_this_process(network: bool, pid: bool) -> Namespaces {
-        // SAFETY: geteuid and getegid cannot fail and touch no memory.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         Namespaces {
-            user_maps: (uid != 0).then(|| {
-                (
-                    CString::new(format!("{uid} {uid} 1\n")).expect("no NUL"),
-                    CString::new(format!("{gid} {gid} 1\n")).expect("no NUL"),
-                )
-            }),
+            user_maps: own_maps(),
             network,
             pid,
-            workdir: None,
-            listen: Vec::new(),
-            listeners_to: None,
+            ..Namespaces::default()
         }
     }
+}
+
+/// The maps of a user namespace holding only this process's own ids
+/// (none as root, which needs no user namespace).
+pub fn own_maps() -> Option<UserMaps> {
+    let (uid, gid) = ids();
+    (uid != 0).then(|| {
+        UserMaps::Own(
+            CString::new(format!("{uid} {uid} 1\n")).expect("no NUL"),
+            CString::new(format!("{gid} {gid} 1\n")).expect("no NUL"),
+        )
+    })
+}
+
+/// This process's effective uid and gid.
+pub fn ids() -> (libc::uid_t, libc::gid_t) {
+    // SAFETY: geteuid and getegid cannot fail and touch no memory.
+    unsafe { (libc::geteuid(), libc::getegid()) }
 }
 
 fn check(r: libc::c_int) -> io::Result<()> {
@@ -138,6 +230,21 @@ fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the signal a process gets when its parent dies (cleared by every
+/// change of credentials, so set again after one).
+fn die_with_parent() -> io::Result<()> {
+    // SAFETY: a flag on the calling process.
+    check(unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    })
+}
+
 impl Steps {
     /// Applies the steps to the calling process. Runs between fork and
     /// exec: see the module's note.
@@ -172,24 +279,21 @@ impl Steps {
                 check(libc::setgroups(0, std::ptr::null()))?;
                 check(libc::setgid(gid))?;
                 check(libc::setuid(uid))?;
-                // A change of user clears the parent-death signal: set it
-                // again for the namespace's first process.
-                if self.namespaces.as_ref().is_some_and(|n| n.pid) {
-                    check(libc::prctl(
-                        libc::PR_SET_PDEATHSIG,
-                        libc::SIGKILL as libc::c_ulong,
-                        0,
-                        0,
-                        0,
-                    ))?;
-                }
+            }
+            if self.namespaces.as_ref().is_some_and(|n| n.pid) {
+                die_with_parent()?;
             }
         }
-        if let Some(fd) = self.landlock {
-            if self.namespaces.as_ref().is_some_and(|n| n.pid) {
-                // The ruleset's /proc is the host's; the tool reads the one
-                // its PID namespace just mounted.
-                allow_read(fd, c"/proc")?;
+        if let Some((fd, read_write)) = self.landlock {
+            if let Some(ns) = self.namespaces.as_ref().filter(|n| n.world.is_some()) {
+                // What the world made fresh has no inode the parent's
+                // ruleset could name: its root (names only), its /tmp
+                // and, with a PID namespace, its /proc.
+                allow(fd, c"/", READ_DIR)?;
+                allow(fd, c"/tmp", read_write)?;
+                if ns.pid {
+                    allow(fd, c"/proc", READ)?;
+                }
             }
             // SAFETY: plain system calls; fd is the parent's ruleset,
             // inherited across fork.
@@ -197,6 +301,9 @@ impl Steps {
                 check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
                 check(libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) as libc::c_int)?;
             }
+        }
+        if let Some(filter) = &self.filter {
+            super::filter::install(filter)?;
         }
         Ok(())
     }
@@ -213,24 +320,29 @@ impl Namespaces {
             flags |= libc::CLONE_NEWNET;
         }
         if self.pid {
-            flags |= libc::CLONE_NEWPID | libc::CLONE_NEWNS;
+            flags |= libc::CLONE_NEWPID;
+        }
+        if self.pid || self.world.is_some() {
+            flags |= libc::CLONE_NEWNS;
         }
         match &self.user_maps {
             None => check(unsafe { libc::unshare(flags) })?,
-            Some((uid_map, gid_map)) => {
+            Some(maps) => {
                 // The appliance is not dumpable, and the /proc files of a
-                // process that is not dumpable belong to root: an
-                // unprivileged process could not write its own maps. It
-                // is dumpable for the three writes only; its memory is
-                // still the appliance's copy, but no tool can see it then
-                // (every tool of an unprivileged appliance runs in a PID
+                // process that is not dumpable belong to root: neither it
+                // nor newuidmap could write its maps. It is dumpable until
+                // they are written only; its memory is still the
+                // appliance's copy, but no tool can see it then (every
+                // tool of an unprivileged appliance runs in a PID
                 // namespace of its own).
                 // SAFETY: flags on the calling process; plain system calls.
                 unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
-                let written = check(unsafe { libc::unshare(flags) })
-                    .and_then(|()| write_file(SETGROUPS, b"deny"))
-                    .and_then(|()| write_file(UID_MAP, uid_map.as_bytes()))
-                    .and_then(|()| write_file(GID_MAP, gid_map.as_bytes()));
+                let written = check(unsafe { libc::unshare(flags) }).and_then(|()| match maps {
+                    UserMaps::Own(uid_map, gid_map) => write_file(SETGROUPS, b"deny")
+                        .and_then(|()| write_file(UID_MAP, uid_map.as_bytes()))
+                        .and_then(|()| write_file(GID_MAP, gid_map.as_bytes())),
+                    UserMaps::Mapped { ready, go } => wait_for_maps(*ready, *go),
+                });
                 unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
                 written?;
             }
@@ -241,18 +353,25 @@ impl Namespaces {
         }
         if self.pid {
             become_first_process()?;
-            if let Some(workdir) = &self.workdir {
-                // SAFETY: NUL-terminated paths prepared before the fork.
-                unsafe {
-                    check(libc::mount(
-                        workdir.as_ptr(),
-                        TOOL_WORKDIR_C.as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_BIND | libc::MS_REC,
-                        std::ptr::null(),
-                    ))?;
-                    check(libc::chdir(TOOL_WORKDIR_C.as_ptr()))?;
+        }
+        if let Some(world) = &self.world {
+            world.build(self.pid)?;
+        }
+        if let Some((uid, gid)) = self.become_ids {
+            // SAFETY: plain system calls on values. Supplementary groups
+            // are dropped where the namespace allows it (newgidmap denies
+            // setgroups when it maps the caller's own group, which the
+            // tool then keeps: the appliance's account has only its own).
+            unsafe {
+                let r = libc::setgroups(0, std::ptr::null());
+                if r != 0 && *libc::__errno_location() != libc::EPERM {
+                    return Err(io::Error::last_os_error());
                 }
+                check(libc::setresgid(gid, gid, gid))?;
+                check(libc::setresuid(uid, uid, uid))?;
+            }
+            if self.pid {
+                die_with_parent()?;
             }
         }
         Ok(())
@@ -315,17 +434,252 @@ impl Namespaces {
     }
 }
 
-/// Adds a Landlock rule to the ruleset `fd`: read (and execute) beneath
-/// `path`.
-fn allow_read(fd: RawFd, path: &CStr) -> io::Result<()> {
+/// Sends this process's pid on `ready` and waits on `go` for the
+/// appliance to write its maps: 0 when they are.
+fn wait_for_maps(ready: RawFd, go: RawFd) -> io::Result<()> {
+    // SAFETY: plain system calls on local buffers.
+    unsafe {
+        let pid = libc::getpid().to_ne_bytes();
+        if libc::write(ready, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+            return Err(io::Error::last_os_error());
+        }
+        let mut answer = [1u8; 1];
+        loop {
+            let n = libc::read(go, answer.as_mut_ptr().cast(), 1);
+            if n == 1 {
+                break;
+            }
+            if n < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            return Err(io::Error::from_raw_os_error(libc::EPIPE));
+        }
+        if answer[0] != 0 {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+    }
+    Ok(())
+}
+
+/// `struct mount_attr` of `mount_setattr(2)`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+/// Makes the mount at `at` and every mount below it read-only (unless
+/// `write`), not set-uid and (unless `dev`) without devices.
+/// `mount_setattr` adds these to each mount whatever it already has;
+/// where the kernel lacks it (before 5.12) the top mount is remounted
+/// with its own flags kept, as a user namespace must.
+fn restrict(at: &CStr, write: bool, dev: bool) -> io::Result<()> {
+    let mut set = MOUNT_ATTR_NOSUID;
+    if !write {
+        set |= MOUNT_ATTR_RDONLY;
+    }
+    if !dev {
+        set |= MOUNT_ATTR_NODEV;
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: a NUL-terminated path and a local struct of the kernel's
+    // layout and size.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            at.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    if io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
+        return Err(io::Error::last_os_error());
+    }
+    if write {
+        return Ok(());
+    }
+    // SAFETY: a zeroed statvfs is valid and statvfs fills it.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        check(libc::statvfs(at.as_ptr(), &mut st))?;
+        let mut flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID;
+        for (st_flag, ms_flag) in [
+            (libc::ST_NODEV, libc::MS_NODEV),
+            (libc::ST_NOEXEC, libc::MS_NOEXEC),
+            (libc::ST_NOATIME, libc::MS_NOATIME),
+            (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+            (libc::ST_RELATIME, libc::MS_RELATIME),
+        ] {
+            if st.f_flag & st_flag != 0 {
+                flags |= ms_flag;
+            }
+        }
+        if !dev {
+            flags |= libc::MS_NODEV;
+        }
+        check(libc::mount(
+            std::ptr::null(),
+            at.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        ))
+    }
+}
+
+impl World {
+    /// Builds the world and makes it this process's root. Runs between
+    /// fork and exec, in the tool's own mount namespace.
+    fn build(&self, pid: bool) -> io::Result<()> {
+        let null = std::ptr::null::<libc::c_char>();
+        // SAFETY: NUL-terminated paths and options prepared before the
+        // fork; plain system calls.
+        unsafe {
+            // The appliance's umask (0077) would make the world's
+            // directories its own; the tool starts with the usual one.
+            libc::umask(0o022);
+            // Mounts made here stay here.
+            check(libc::mount(
+                null,
+                c"/".as_ptr(),
+                null,
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            check(libc::mount(
+                c"tmpfs".as_ptr(),
+                self.base.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                self.options.as_ptr().cast(),
+            ))?;
+            for place in &self.places {
+                match place {
+                    Place::Dir(at) => {
+                        let r = libc::mkdir(at.as_ptr(), 0o755);
+                        if r != 0 && *libc::__errno_location() != libc::EEXIST {
+                            return Err(io::Error::last_os_error());
+                        }
+                    }
+                    Place::File(at) => {
+                        let fd = libc::open(
+                            at.as_ptr(),
+                            libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC,
+                            0o644,
+                        );
+                        if fd < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        libc::close(fd);
+                    }
+                    Place::Link { to, at } => check(libc::symlink(to.as_ptr(), at.as_ptr()))?,
+                    Place::Bind {
+                        from,
+                        at,
+                        write,
+                        dev,
+                    } => {
+                        check(libc::mount(
+                            from.as_ptr(),
+                            at.as_ptr(),
+                            null,
+                            libc::MS_BIND | libc::MS_REC,
+                            std::ptr::null(),
+                        ))?;
+                        restrict(at, *write, *dev)?;
+                    }
+                    Place::Tmpfs {
+                        at,
+                        options,
+                        read_only,
+                    } => {
+                        let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+                        if *read_only {
+                            flags |= libc::MS_RDONLY | libc::MS_NOEXEC;
+                        }
+                        check(libc::mount(
+                            c"tmpfs".as_ptr(),
+                            at.as_ptr(),
+                            c"tmpfs".as_ptr(),
+                            flags,
+                            options.as_ptr().cast(),
+                        ))?;
+                    }
+                    Place::Proc(at) => {
+                        if pid {
+                            check(libc::mount(
+                                c"proc".as_ptr(),
+                                at.as_ptr(),
+                                c"proc".as_ptr(),
+                                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                                std::ptr::null(),
+                            ))?;
+                        }
+                    }
+                    Place::Own { fd, uid, gid } => check(libc::fchownat(
+                        *fd,
+                        c"".as_ptr(),
+                        *uid,
+                        *gid,
+                        libc::AT_EMPTY_PATH,
+                    ))?,
+                }
+            }
+            // The root itself: nothing more is made in it.
+            check(libc::mount(
+                null,
+                self.base.as_ptr(),
+                null,
+                libc::MS_REMOUNT
+                    | libc::MS_BIND
+                    | libc::MS_RDONLY
+                    | libc::MS_NOSUID
+                    | libc::MS_NODEV,
+                std::ptr::null(),
+            ))?;
+            // pivot_root(".", "."): the old root is stacked under the new
+            // one and detached at once, so nothing of the host's tree is
+            // left to reach.
+            check(libc::chdir(self.base.as_ptr()))?;
+            check(
+                libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as libc::c_int,
+            )?;
+            check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH))?;
+            check(libc::chdir(self.cwd.as_ptr()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Landlock's read access: execute, read files, list directories.
+const READ: u64 = 1 | (1 << 2) | (1 << 3);
+/// Landlock's right to list directories only.
+const READ_DIR: u64 = 1 << 3;
+
+/// Adds a Landlock rule to the ruleset `fd`: `access` beneath `path`.
+fn allow(fd: RawFd, path: &CStr, access: u64) -> io::Result<()> {
     /// `struct landlock_path_beneath_attr`.
     #[repr(C, packed)]
     struct PathBeneath {
         allowed_access: u64,
         parent_fd: i32,
     }
-    // LANDLOCK_ACCESS_FS_EXECUTE | READ_FILE | READ_DIR.
-    const READ: u64 = 1 | (1 << 2) | (1 << 3);
     const RULE_PATH_BENEATH: libc::c_int = 1;
     // SAFETY: plain system calls on a NUL-terminated path and a local
     // struct of the kernel's layout; the descriptor is closed on every path.
@@ -335,7 +689,7 @@ fn allow_read(fd: RawFd, path: &CStr) -> io::Result<()> {
             return Err(io::Error::last_os_error());
         }
         let attr = PathBeneath {
-            allowed_access: READ,
+            allowed_access: access,
             parent_fd: dir,
         };
         let r = libc::syscall(
@@ -353,7 +707,6 @@ fn allow_read(fd: RawFd, path: &CStr) -> io::Result<()> {
     }
     Ok(())
 }
-
 /// A listening TCP socket on `127.0.0.1:port`, close-on-exec.
 fn listen_loopback(port: u16) -> io::Result<libc::c_int> {
     // SAFETY: plain system calls on a zeroed sockaddr_in; the socket is
@@ -418,30 +771,8 @@ fn become_first_process() -> io::Result<()> {
             }
             libc::_exit(128 + libc::WTERMSIG(status));
         }
-        check(libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        ))?;
-        // Mounts made here stay here.
-        check(libc::mount(
-            std::ptr::null(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ))?;
-        check(libc::mount(
-            c"proc".as_ptr(),
-            c"/proc".as_ptr(),
-            c"proc".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            std::ptr::null(),
-        ))?;
     }
-    Ok(())
+    die_with_parent()
 }
 
 /// A pair of connected UNIX sockets (close-on-exec): the appliance's end
@@ -603,6 +934,50 @@ pub fn account(name: &str) -> Option<(libc::uid_t, libc::gid_t)> {
     }
 }
 
+/// A pipe (both ends close-on-exec): the read end and the write end.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: fds has room for the two descriptors pipe2 writes.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both descriptors were just made and are owned here.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The directory `path`, opened (to change its owner through).
+pub fn open_dir(path: &std::path::Path) -> io::Result<OwnedFd> {
+    open_with(
+        path,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+    )
+}
+
+fn open_with(path: &std::path::Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let c = c_path(path)?;
+    // SAFETY: a NUL-terminated path; the descriptor is owned once made.
+    let fd = unsafe { libc::open(c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just made, owned here.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The name of the account `uid`, if it has one.
+pub fn account_name(uid: libc::uid_t) -> Option<String> {
+    // SAFETY: getpwuid returns a pointer into static storage or null; it
+    // is read at once.
+    unsafe {
+        let pw = libc::getpwuid(uid);
+        if pw.is_null() {
+            return None;
+        }
+        CStr::from_ptr((*pw).pw_name)
+            .to_str()
+            .ok()
+            .map(str::to_string)
+    }
+}
+
 /// Gives `path` to a user and group.
 pub fn chown(path: &std::path::Path, uid: libc::uid_t, gid: libc::gid_t) -> io::Result<()> {
     std::os::unix::fs::chown(path, Some(uid), Some(gid))
@@ -610,13 +985,6 @@ pub fn chown(path: &std::path::Path, uid: libc::uid_t, gid: libc::gid_t) -> io::
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn the_tools_working_directory_is_one_path() {
-        assert_eq!(TOOL_WORKDIR_C.to_str().unwrap(), TOOL_WORKDIR);
-    }
-
     /// The packaged service lets the appliance confine its tools as this
     /// module does: every namespace [`Namespaces::enter`] makes, the
     /// system calls it and [`become_first_process`] make, and no mask
@@ -647,6 +1015,12 @@ mod tests {
             "unshare",
             "mount",
             "umount2",
+            "mount_setattr",
+            "pivot_root",
+            "setresuid",
+            "setresgid",
+            "fchownat",
+            "capset",
             "landlock_create_ruleset",
             "landlock_add_rule",
             "landlock_restrict_self",
