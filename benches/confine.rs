@@ -13,11 +13,13 @@
 //! account with a delegated cgroup subtree (the packaged service), to
 //! measure the cgroup mechanism; without one it measures the weaker one.
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentbay::config::RuntimeConfig;
 use agentbay::domain::amount::Amount;
-use agentbay::runtime::confine::{Confiner, Request};
+use agentbay::runtime::confine::{Cage, Confiner, Request};
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -34,6 +36,47 @@ fn row(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
     (p50, p99)
 }
 
+/// One start of `/bin/true` without confinement, waited for: how long it
+/// took.
+async fn plain_start(workdir: &Path) -> Duration {
+    let t = Instant::now();
+    let status = tokio::process::Command::new("/bin/true")
+        .current_dir(workdir)
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    t.elapsed()
+}
+
+/// One start of `/bin/true` through the confinement layer, waited for:
+/// how long it took, and its cage (dropping it removes its group).
+async fn confined_start(
+    confiner: &Confiner,
+    config: &RuntimeConfig,
+    workdir: &Path,
+    label: String,
+) -> (Duration, Cage) {
+    let t = Instant::now();
+    let argv = ["/bin/true".to_string()];
+    let request = Request {
+        label,
+        argv: &argv,
+        cpu: Amount::units(1),
+        memory_gb: Amount::units(1),
+        egress: false,
+        workdir,
+        endpoints: &[],
+        read_paths: &[],
+    };
+    let (mut cmd, cage) = confiner.command(&request, config).unwrap();
+    let mut child = cmd.spawn().unwrap();
+    cage.started(child.id()).unwrap();
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "{status}");
+    (t.elapsed(), cage)
+}
+
 #[tokio::main]
 async fn main() {
     let spawns: usize = std::env::var("AGENTBAY_BENCH_SPAWNS")
@@ -41,63 +84,42 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
     let dir = tempfile::tempdir().unwrap();
-    let confiner = Confiner::detect(dir.path().join("work"), vec![dir.path().join("data")]);
-    let config = RuntimeConfig::default();
+    let confiner = Arc::new(Confiner::detect(
+        dir.path().join("work"),
+        vec![dir.path().join("data")],
+    ));
+    let config = Arc::new(RuntimeConfig::default());
     let host = confiner.host(&config);
     println!(
-        "confinement on this host: {} | network: {} | processes: {} | files: {}",
-        host.mechanism, host.network, host.processes, host.files
+        "confinement on this host: {} | network: {} | processes: {} | filesystem: {} | files: {} | syscalls: {} | user: {}",
+        host.mechanism,
+        host.network,
+        host.processes,
+        host.filesystem,
+        host.files,
+        host.syscalls,
+        host.user
     );
     let workdir = confiner.workdir("bench", &config).unwrap();
-    let argv = vec!["/bin/true".to_string()];
 
     let mut plain = Vec::with_capacity(spawns);
     for _ in 0..spawns {
-        let t = Instant::now();
-        let status = tokio::process::Command::new(&argv[0])
-            .current_dir(&workdir)
-            .status()
-            .await
-            .unwrap();
-        assert!(status.success());
-        plain.push(t.elapsed());
+        plain.push(plain_start(&workdir).await);
     }
-
     let mut confined = Vec::with_capacity(spawns);
     let mut removals = Vec::with_capacity(spawns);
     for i in 0..spawns {
-        let t = Instant::now();
-        let request = Request {
-            label: format!("bench{i}"),
-            argv: &argv,
-            cpu: Amount::units(1),
-            memory_gb: Amount::units(1),
-            egress: false,
-            workdir: &workdir,
-            endpoints: &[],
-            read_paths: &[],
-        };
-        let (mut cmd, cage) = confiner.command(&request, &config).unwrap();
-        let mut child = cmd.spawn().unwrap();
-        cage.started(child.id()).unwrap();
-        let status = child.wait().await.unwrap();
-        assert!(status.success(), "{status}");
-        confined.push(t.elapsed());
+        let (took, cage) = confined_start(&confiner, &config, &workdir, format!("bench{i}")).await;
+        confined.push(took);
         let t = Instant::now();
         drop(cage);
         removals.push(t.elapsed());
     }
-    confiner.remove_workdir("bench");
 
     println!("{spawns} starts of /bin/true each");
     let (p50a, p99a) = row("unconfined", plain);
     let (p50b, p99b) = row(&format!("confined ({})", host.mechanism), confined);
-    println!(
-        "{:<34} p50 {:>8.2} ms   p99 {:>8.2} ms",
-        "added by confinement",
-        (p50b.as_secs_f64() - p50a.as_secs_f64()) * 1e3,
-        (p99b.as_secs_f64() - p99a.as_secs_f64()) * 1e3
-    );
+    added("added by confinement", (p50a, p99a), (p50b, p99b));
     row("removing an ended tree's cgroup", removals);
 
     // Starts at once: each round starts `concurrent` tools together and
@@ -107,72 +129,48 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(32);
     let rounds = spawns.div_ceil(concurrent).max(3);
-    let confiner = std::sync::Arc::new(confiner);
-    let workdir = confiner.workdir("bench-at-once", &config).unwrap();
     let mut plain = Vec::new();
     let mut confined = Vec::new();
     for _ in 0..rounds {
-        let mut starts = Vec::new();
-        for _ in 0..concurrent {
-            let (argv, workdir) = (argv.clone(), workdir.clone());
-            starts.push(tokio::spawn(async move {
-                let t = Instant::now();
-                let status = tokio::process::Command::new(&argv[0])
-                    .current_dir(&workdir)
-                    .status()
-                    .await
-                    .unwrap();
-                assert!(status.success());
-                t.elapsed()
-            }));
-        }
+        let starts: Vec<_> = (0..concurrent)
+            .map(|_| {
+                let workdir = workdir.clone();
+                tokio::spawn(async move { plain_start(&workdir).await })
+            })
+            .collect();
         for s in starts {
             plain.push(s.await.unwrap());
         }
-        let mut starts = Vec::new();
-        for i in 0..concurrent {
-            let (argv, workdir, confiner, config) = (
-                argv.clone(),
-                workdir.clone(),
-                confiner.clone(),
-                config.clone(),
-            );
-            starts.push(tokio::spawn(async move {
-                let t = Instant::now();
-                let request = Request {
-                    label: format!("at-once{i}"),
-                    argv: &argv,
-                    cpu: Amount::units(1),
-                    memory_gb: Amount::units(1),
-                    egress: false,
-                    workdir: &workdir,
-                    endpoints: &[],
-                    read_paths: &[],
-                };
-                let (mut cmd, cage) = confiner.command(&request, &config).unwrap();
-                let mut child = cmd.spawn().unwrap();
-                cage.started(child.id()).unwrap();
-                let status = child.wait().await.unwrap();
-                assert!(status.success(), "{status}");
-                let took = t.elapsed();
-                tokio::task::spawn_blocking(move || drop(cage));
-                took
-            }));
-        }
+        let starts: Vec<_> = (0..concurrent)
+            .map(|i| {
+                let (workdir, confiner, config) =
+                    (workdir.clone(), confiner.clone(), config.clone());
+                tokio::spawn(async move {
+                    let (took, cage) =
+                        confined_start(&confiner, &config, &workdir, format!("at-once{i}")).await;
+                    tokio::task::spawn_blocking(move || drop(cage));
+                    took
+                })
+            })
+            .collect();
         for s in starts {
             confined.push(s.await.unwrap());
         }
     }
-    confiner.remove_workdir("bench-at-once");
+    confiner.remove_workdir("bench");
     println!(
         "{concurrent} starts at once, {rounds} rounds ({} starts each)",
         plain.len()
     );
-    let (p50a, p99a) = row("unconfined, at once", plain);
-    let (p50b, p99b) = row(&format!("confined ({}), at once", host.mechanism), confined);
+    let a = row("unconfined, at once", plain);
+    let b = row(&format!("confined ({}), at once", host.mechanism), confined);
+    added("added by confinement, at once", a, b);
+}
+
+/// The difference of two rows' p50 and p99.
+fn added(name: &str, (p50a, p99a): (Duration, Duration), (p50b, p99b): (Duration, Duration)) {
     println!(
-        "{:<34} p50 {:>8.2} ms   p99 {:>8.2} ms",
-        "added by confinement, at once",
+        "{name:<34} p50 {:>8.2} ms   p99 {:>8.2} ms",
         (p50b.as_secs_f64() - p50a.as_secs_f64()) * 1e3,
         (p99b.as_secs_f64() - p99a.as_secs_f64()) * 1e3
     );

@@ -280,6 +280,8 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
     let listener = bind(&config)?;
     let addr = listener.local_addr()?;
     let datadir = DataDir::open(&config.data_dir)?;
+    #[cfg(unix)]
+    let tools = confiner(&config)?;
     let (store, material) = match config.store.backend {
         crate::config::StoreBackend::Sled => {
             let store = open_store(&config, &datadir.store_path(), addr, "")?;
@@ -291,7 +293,17 @@ pub async fn start(config: Config, clocks: Clocks) -> anyhow::Result<Running> {
             (store, material)
         }
     };
-    serve(config, clocks, listener, datadir, store, material).await
+    serve(
+        config,
+        clocks,
+        listener,
+        datadir,
+        store,
+        material,
+        #[cfg(unix)]
+        tools,
+    )
+    .await
 }
 
 /// Where this process serves, for the commands and scripts that look
@@ -324,17 +336,17 @@ pub(crate) fn bind(config: &Config) -> anyhow::Result<std::net::TcpListener> {
     Ok(listener)
 }
 
-/// What confines tool processes on this host. Refused: a PostgreSQL store
-/// reached over a Unix socket while tools would run as the appliance's
-/// own uid, which PostgreSQL's `peer` authentication (the default for
-/// local sockets) cannot tell from the appliance.
+/// What confines tool processes on this host, found before any store is
+/// opened. Refused: a PostgreSQL store reached over a Unix socket while
+/// tools would run as the appliance's own uid, which PostgreSQL's `peer`
+/// authentication (the default for local sockets) cannot tell from the
+/// appliance.
 #[cfg(unix)]
-fn confiner(
-    config: &Config,
-    protected: Vec<std::path::PathBuf>,
-) -> anyhow::Result<Arc<crate::runtime::confine::Confiner>> {
-    let confiner =
-        crate::runtime::confine::Confiner::detect(config.data_dir.join("work"), protected);
+pub(crate) fn confiner(config: &Config) -> anyhow::Result<Arc<crate::runtime::confine::Confiner>> {
+    let confiner = crate::runtime::confine::Confiner::detect(
+        config.data_dir.join("work"),
+        config.protected_paths(),
+    );
     if config.store.backend == crate::config::StoreBackend::Postgres
         && let Some(socket) = crate::store::unix_socket(config.store.postgres.url.expose())
         && let Some(why) = confiner.tools_share_uid(&config.runtime)
@@ -360,6 +372,7 @@ pub(crate) async fn serve(
     datadir: DataDir,
     store: Store,
     material: TlsMaterial,
+    #[cfg(unix)] tools: Arc<crate::runtime::confine::Confiner>,
 ) -> anyhow::Result<Running> {
     let clock = clocks.clock.clone();
     let addr = listener.local_addr()?;
@@ -418,7 +431,7 @@ pub(crate) async fn serve(
         Arc::new(crate::runs::Port),
         shutdown_rx.clone(),
         #[cfg(unix)]
-        confiner(&config, releases.site().protected().to_vec())?,
+        tools,
     )
     .await
     .map_err(|e| anyhow::anyhow!("loading live attempts: {e}"))?;

@@ -59,6 +59,8 @@ pub async fn run(
     let listener = bind(&config)?;
     loop {
         let datadir = DataDir::open(&config.data_dir)?;
+        #[cfg(unix)]
+        let tools = super::confiner(&config)?;
         let material = load_tls(&config, &datadir)?;
         let Some(store) =
             stand_by(&config, &listener, &datadir, &material, shutdown.clone()).await?
@@ -72,6 +74,8 @@ pub async fn run(
             datadir,
             store,
             material,
+            #[cfg(unix)]
+            tools,
         )
         .await?;
         let leader = running.state.store.leadership();

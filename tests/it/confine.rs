@@ -1290,3 +1290,57 @@ async fn a_tool_reaches_no_host_socket_file_or_identity() {
     }
     drop(listeners);
 }
+
+/// A PostgreSQL store reached over a Unix socket, while tools would run as
+/// the appliance's own uid (a root appliance whose `runtime.tool_user` is
+/// empty), is refused at start, before the store is opened: the message
+/// names the key and the fix, and nothing waits for the database.
+#[tokio::test]
+async fn a_postgres_store_over_a_socket_is_refused_while_tools_share_the_uid() {
+    if !running_as_root() {
+        // As an unprivileged account with a subordinate range, tools have
+        // a uid of their own: nothing to refuse.
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let socket_dir = tmp.path().join("pg-socket");
+    let mut child = crate::common::agentbay()
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(tmp.path().join("data"))
+        .env("AGENTBAY_DEMO__ENABLED", "false")
+        .env("AGENTBAY_STORE__BACKEND", "postgres")
+        .env(
+            "AGENTBAY_STORE__POSTGRES__URL",
+            format!(
+                "postgresql://agentbay@localhost/agentbay?host={}",
+                socket_dir.display()
+            ),
+        )
+        .env("AGENTBAY_RUNTIME__TOOL_USER", "")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    for _ in 0..600 {
+        if let Some(s) = child.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("the appliance waited for the database instead of refusing to start");
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("store.postgres.url connects over the Unix socket")
+            && stderr.contains(&socket_dir.display().to_string())
+            && stderr.contains("runtime.tool_user"),
+        "{stderr}"
+    );
+}

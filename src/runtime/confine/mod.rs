@@ -119,8 +119,12 @@ struct Subordinate {
 pub struct Confiner {
     cgroup: Result<Root, String>,
     network: Result<(), String>,
-    /// A PID namespace and a mount namespace with a world built in it.
-    world: Result<(), String>,
+    /// A PID namespace and a mount namespace with a world built in it:
+    /// the frame every tool's world starts from.
+    world: Result<Frame, String>,
+    /// What Landlock lets every tool read of the system: [`SYSTEM`] with
+    /// `/etc` entry by entry, none at, above or below a protected path.
+    system_read: Vec<PathBuf>,
     landlock: Result<u32, String>,
     filter: Result<Arc<filter::Programs>, String>,
     identity: Identity,
@@ -182,7 +186,7 @@ pub struct Cage {
     report: Mutex<Confinement>,
     pgid: AtomicI32,
     /// What the child needs until it has started: the Landlock ruleset,
-    /// the sources of its world, the ends of its pipes.
+    /// its working directory (to make it its own), the ends of its pipes.
     held: Mutex<Vec<OwnedFd>>,
     /// The forwarders of its site endpoints, stopped with it.
     forwards: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -283,6 +287,7 @@ impl Confiner {
             world: Err("not probed".into()),
             landlock: Self::probe_landlock(),
             filter: filter::compile().map(Arc::new),
+            system_read: system_read(&protected),
             identity: Identity::Shared("not probed".into()),
             work_root,
             protected,
@@ -351,27 +356,26 @@ impl Confiner {
         })
     }
 
-    /// Whether a tool's world can be built here: a PID and mount namespace
-    /// with the system's directories, a `/proc` and a `/tmp` of its own,
-    /// under the system-call filter.
-    fn probe_world(&self) -> Result<(), String> {
+    /// The frame of every tool's world, where one can be built here: a
+    /// PID and mount namespace with the system's directories, a `/proc`
+    /// and a `/tmp` of its own.
+    fn probe_world(&self) -> Result<Frame, String> {
+        let frame = Frame::system(self.work_root.join(WORLD_BASE), &self.protected)
+            .map_err(|e| format!("a filesystem of its own cannot be made here: {e}"))?;
         let dir = self.work_root.join(".probe");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("no directory to test in: {e}"))?;
-        let mut held = Vec::new();
-        let probed = self
-            .world_for(&dir, &dir.join("release"), &[], &[], 1, None, &mut held)
-            .map_err(|e| format!("a filesystem of its own cannot be made here: {e}"))
-            .and_then(|world| {
-                let mut ns = sys::Namespaces::for_this_process(false, true);
-                ns.world = Some(world);
-                self.probe(ns).map_err(|e| {
-                    format!("a PID and mount namespace with a filesystem of its own cannot be made here ({e}); needs root or unprivileged user namespaces")
-                })
-            });
-        drop(held);
+        let mut ns = sys::Namespaces::for_this_process(false, true);
+        ns.world = Some(
+            frame
+                .clone()
+                .finish(1, Vec::new(), &dir, &dir.join("release"), None),
+        );
+        let probed = self.probe(ns).map_err(|e| {
+            format!("a PID and mount namespace with a filesystem of its own cannot be made here ({e}); needs root or unprivileged user namespaces")
+        });
         let _ = std::fs::remove_dir_all(&dir);
-        probed
+        probed.map(|()| frame)
     }
 
     /// Who tools run as here: root chooses per call; an unprivileged
@@ -395,13 +399,7 @@ impl Confiner {
             Ok(m) => m,
             Err(why) => return Identity::Shared(why),
         };
-        let steps = sys::Steps {
-            namespaces: Some(sys::Namespaces {
-                user_maps: Some(maps),
-                ..sys::Namespaces::default()
-            }),
-            ..sys::Steps::default()
-        };
+        let steps = sys::Steps::in_user_namespace(maps);
         let probed = Self::probe_steps(steps);
         drop(mapper);
         match probed {
@@ -507,11 +505,11 @@ impl Confiner {
                 Err(e) => format!("not isolated: {e}"),
             },
             processes: match &self.world {
-                Ok(()) => "a PID namespace and /proc of its own for every tool".into(),
+                Ok(_) => "a PID namespace and /proc of its own for every tool".into(),
                 Err(e) => format!("not isolated: {e}"),
             },
             filesystem: match &self.world {
-                Ok(()) => "a root of its own for every tool: the system's directories read-only, its program, release and allowed paths, its working directory and /tmp".into(),
+                Ok(_) => "a root of its own for every tool: the system's directories read-only, its program, release and allowed paths, its working directory and /tmp".into(),
                 Err(e) => format!("the host's: {e}"),
             },
             files: match &self.landlock {
@@ -565,7 +563,6 @@ impl Confiner {
             } else {
                 std::os::unix::fs::symlink("../release", home.join("release"))?;
             }
-            self.slot(attempt);
             if let Ok(Some((uid, gid))) = self.tool_ids(attempt, config) {
                 sys::chown(&home, uid, gid)?;
             }
@@ -574,21 +571,22 @@ impl Confiner {
     }
 
     /// The uid slot of `attempt`, taken if it has none.
-    fn slot(&self, attempt: &str) -> u32 {
+    /// The uid slot of `attempt` in a range of `span` uids, taken if it
+    /// has none: the next one no live attempt holds, or `None` when live
+    /// attempts hold them all.
+    fn slot(&self, attempt: &str, span: u32) -> Option<u32> {
         let mut slots = self.slots.lock();
         if let Some(s) = slots.get(attempt) {
-            return *s;
+            return Some(*s);
         }
-        let span = match &self.identity {
-            Identity::Subordinate(sub) => sub.uids.1.min(sub.gids.1),
-            _ => u32::MAX,
-        };
-        // The next slot no live attempt holds.
+        if slots.len() >= span as usize {
+            return None;
+        }
         loop {
             let s = (self.next_slot.fetch_add(1, Ordering::Relaxed) % u64::from(span)) as u32;
             if !slots.values().any(|v| *v == s) {
                 slots.insert(attempt.to_string(), s);
-                return s;
+                return Some(s);
             }
         }
     }
@@ -607,12 +605,9 @@ impl Confiner {
             return Ok(None);
         }
         if let Some(range) = &config.tool_uid_range {
-            let slot = self.slot(attempt);
-            if slot >= range.count {
-                return Err(format!(
-                    "runtime.tool_uid_range {range} has no uid left for another attempt"
-                ));
-            }
+            let slot = self.slot(attempt, range.count).ok_or_else(|| {
+                format!("runtime.tool_uid_range {range} has no uid left for another attempt")
+            })?;
             let id = range.first + slot;
             return Ok(Some((id, id)));
         }
@@ -657,13 +652,7 @@ impl Confiner {
         let Ok((maps, mapper)) = self.mapper(sub, None) else {
             return;
         };
-        let steps = sys::Steps {
-            namespaces: Some(sys::Namespaces {
-                user_maps: Some(maps),
-                ..sys::Namespaces::default()
-            }),
-            ..sys::Steps::default()
-        };
+        let steps = sys::Steps::in_user_namespace(maps);
         let mut cmd = std::process::Command::new("/bin/rm");
         cmd.arg("-rf")
             .arg("--")
@@ -770,191 +759,6 @@ impl Confiner {
         ))
     }
 
-    /// The world of a tool: what [`sys::World`] builds, every source
-    /// judged here on what it resolves to by the protected-path rule.
-    /// `held` keeps `owner` (its working directory, to be made its own)
-    /// until the child has started.
-    #[allow(clippy::too_many_arguments)]
-    fn world_for(
-        &self,
-        home: &Path,
-        release: &Path,
-        program_dirs: &[PathBuf],
-        read_paths: &[PathBuf],
-        tmp_mb: u64,
-        owner: Option<OwnedFd>,
-        held: &mut Vec<OwnedFd>,
-    ) -> std::io::Result<sys::World> {
-        use sys::Place;
-        let base = self.work_root.join(WORLD_BASE);
-        std::fs::create_dir_all(&base)?;
-        let base = base.as_path();
-        let c = |p: &Path| -> CString {
-            CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL in a path")
-        };
-        let inside = |p: &Path| -> PathBuf { base.join(p.strip_prefix("/").unwrap_or(p)) };
-        let mut places = Vec::new();
-        let mut made: Vec<PathBuf> = vec![PathBuf::from("/")];
-        let mut bound: Vec<PathBuf> = Vec::new();
-        // Directories on the way to `p` (and `p`), each once.
-        let mut dirs_to = |p: &Path, places: &mut Vec<Place>| {
-            let mut at = PathBuf::from("/");
-            for part in p.components().skip(1) {
-                at.push(part);
-                if !made.contains(&at) {
-                    places.push(Place::Dir(c(&inside(&at))));
-                    made.push(at.clone());
-                }
-            }
-        };
-        if let Some(fd) = owner {
-            places.push(Place::Own {
-                fd: fd.as_raw_fd(),
-                uid: TOOL_ID_INSIDE,
-                gid: TOOL_ID_INSIDE,
-            });
-            held.push(fd);
-        }
-        // A source is bound by the path judged here, which the child
-        // resolves in its own copy of the host's mounts (a descriptor of
-        // the appliance's namespace cannot be bound in another).
-        let open = |p: &Path| -> std::io::Result<CString> { Ok(c(p)) };
-        // The system's directories, at their paths; a link (a merged
-        // /usr's /lib, /bin) as the same link. A protected path below one
-        // is masked.
-        for s in SYSTEM {
-            let p = Path::new(s);
-            match std::fs::symlink_metadata(p) {
-                Ok(m) if m.file_type().is_symlink() => {
-                    let to = std::fs::read_link(p)?;
-                    places.push(Place::Link {
-                        to: c(&to),
-                        at: c(&inside(p)),
-                    });
-                }
-                Ok(m) if m.is_dir() => {
-                    dirs_to(p, &mut places);
-                    places.push(Place::Bind {
-                        from: open(p)?,
-                        at: c(&inside(p)),
-                        write: false,
-                        dev: false,
-                    });
-                    bound.push(p.to_path_buf());
-                    for protected in self.protected.iter().filter(|q| q.starts_with(p)) {
-                        match std::fs::metadata(protected) {
-                            Ok(m) if m.is_dir() => places.push(Place::Tmpfs {
-                                at: c(&inside(protected)),
-                                options: c(Path::new("size=4k,mode=0555")),
-                                read_only: true,
-                            }),
-                            Ok(_) => places.push(Place::Bind {
-                                from: open(Path::new("/dev/null"))?,
-                                at: c(&inside(protected)),
-                                write: false,
-                                dev: false,
-                            }),
-                            Err(_) => {}
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        // A /dev of six devices, and the links programs expect there.
-        dirs_to(Path::new("/dev"), &mut places);
-        for d in DEVICES {
-            let p = Path::new(d);
-            if p.exists() {
-                places.push(Place::File(c(&inside(p))));
-                places.push(Place::Bind {
-                    from: open(p)?,
-                    at: c(&inside(p)),
-                    write: true,
-                    dev: true,
-                });
-            }
-        }
-        for (name, to) in [
-            ("fd", "/proc/self/fd"),
-            ("stdin", "/proc/self/fd/0"),
-            ("stdout", "/proc/self/fd/1"),
-            ("stderr", "/proc/self/fd/2"),
-        ] {
-            places.push(Place::Link {
-                to: c(Path::new(to)),
-                at: c(&inside(&Path::new("/dev").join(name))),
-            });
-        }
-        dirs_to(Path::new("/proc"), &mut places);
-        places.push(Place::Proc(c(&inside(Path::new("/proc")))));
-        dirs_to(Path::new("/tmp"), &mut places);
-        places.push(Place::Tmpfs {
-            at: c(&inside(Path::new("/tmp"))),
-            options: c(Path::new(&format!("size={tmp_mb}m,mode=1777"))),
-            read_only: false,
-        });
-        // Its program's and interpreter's directories, and what its
-        // release declares that the site allows: read-only at their
-        // paths, unless a directory bound already shows them.
-        let mut extra: Vec<(PathBuf, PathBuf)> = program_dirs
-            .iter()
-            .chain(read_paths)
-            .filter_map(|p| {
-                let real = std::fs::canonicalize(p).ok()?;
-                crate::domain::reach::protected_conflict(&real, &self.protected)
-                    .is_none()
-                    .then(|| (p.clone(), real))
-            })
-            .collect();
-        extra.sort_by_key(|(p, _)| p.components().count());
-        for (p, real) in extra {
-            if bound.iter().any(|b| p.starts_with(b)) || p.starts_with(TOOL_WORKDIR) {
-                continue;
-            }
-            if real.is_dir() {
-                dirs_to(&p, &mut places);
-            } else {
-                if let Some(parent) = p.parent() {
-                    dirs_to(parent, &mut places);
-                }
-                places.push(Place::File(c(&inside(&p))));
-            }
-            places.push(Place::Bind {
-                from: open(&real)?,
-                at: c(&inside(&p)),
-                write: false,
-                dev: false,
-            });
-            bound.push(p);
-        }
-        // Its working directory, and its release's files in it.
-        let workdir = Path::new(TOOL_WORKDIR);
-        dirs_to(workdir, &mut places);
-        places.push(Place::Bind {
-            from: open(home)?,
-            at: c(&inside(workdir)),
-            write: true,
-            dev: false,
-        });
-        // `home/release`, where it is mounted, was made with `home` (which
-        // the appliance may no longer enter to look).
-        if release.is_dir() {
-            places.push(Place::Bind {
-                from: open(release)?,
-                at: c(&inside(&workdir.join("release"))),
-                write: false,
-                dev: false,
-            });
-        }
-        Ok(sys::World {
-            base: c(base),
-            options: c(Path::new("size=1m,nr_inodes=4096,mode=0755")),
-            places,
-            cwd: c(workdir),
-        })
-    }
-
     /// A command for `req`, confined, and its cage: spawn the command,
     /// then call [`Cage::started`] with its pid. Refused, with the reason,
     /// where the host cannot enforce what `config` requires.
@@ -1025,7 +829,7 @@ impl Confiner {
         };
         let own = program_dirs(program, &home);
         let (processes, filesystem) = match &self.world {
-            Ok(()) => {
+            Ok(frame) => {
                 // The first tool of an attempt makes its working directory
                 // its own (its subordinate uid); after that the appliance
                 // can no longer open it, and need not.
@@ -1036,19 +840,28 @@ impl Confiner {
                     ),
                     _ => None,
                 };
-                let world = self
-                    .world_for(
-                        &home,
-                        &release,
-                        &own,
-                        req.read_paths,
-                        config.tool_workdir_mb,
-                        owner,
-                        &mut held,
-                    )
-                    .map_err(|e| format!("the tool's filesystem cannot be built: {e}"))?;
+                // Its program's and interpreter's directories and what its
+                // release declares that the site allows, judged on what
+                // they resolve to.
+                let extra = own
+                    .iter()
+                    .chain(req.read_paths)
+                    .filter_map(|p| {
+                        let real = std::fs::canonicalize(p).ok()?;
+                        crate::domain::reach::protected_conflict(&real, &self.protected)
+                            .is_none()
+                            .then(|| (p.clone(), real))
+                    })
+                    .collect();
                 namespaces.pid = true;
-                namespaces.world = Some(world);
+                namespaces.world = Some(frame.clone().finish(
+                    config.tool_workdir_mb,
+                    extra,
+                    &home,
+                    &release,
+                    owner.as_ref().map(AsRawFd::as_raw_fd),
+                ));
+                held.extend(owner);
                 (
                     "own-namespace".to_string(),
                     format!(
@@ -1068,27 +881,36 @@ impl Confiner {
                 format!("the host's: {why}"),
             ),
         };
-        match &self.identity {
+        let user = match &self.identity {
             Identity::Subordinate(sub) => {
-                let slot = self.slot(&attempt);
+                let slot = self
+                    .slot(&attempt, sub.uids.1.min(sub.gids.1))
+                    .ok_or_else(|| {
+                        format!(
+                            "the subordinate range of {} has no uid left for another attempt",
+                            sub.account
+                        )
+                    })?;
                 let (maps, ends) = self.mapper(sub, Some(slot))?;
                 namespaces.user_maps = Some(maps);
                 namespaces.become_ids = Some((TOOL_ID_INSIDE, TOOL_ID_INSIDE));
                 held.extend(ends);
+                format!(
+                    "uid {} of the subordinate range of {}, its own while the attempt runs",
+                    sub.uids.0 + slot,
+                    sub.account
+                )
             }
-            Identity::Root => steps.user = self.tool_ids(&attempt, config)?,
-            Identity::Shared(_) => {}
-        }
-        let user = match (&self.identity, steps.user) {
-            (Identity::Root, Some((uid, _))) if config.tool_uid_range.is_some() => {
-                format!("uid {uid} of runtime.tool_uid_range, its own while the attempt runs")
+            Identity::Root => {
+                steps.user = self.tool_ids(&attempt, config)?;
+                match (steps.user, &config.tool_uid_range) {
+                    (Some((uid, _)), Some(_)) => format!(
+                        "uid {uid} of runtime.tool_uid_range, its own while the attempt runs"
+                    ),
+                    _ => user,
+                }
             }
-            (Identity::Subordinate(sub), _) => format!(
-                "uid {} of the subordinate range of {}, its own while the attempt runs",
-                sub.uids.0 + self.slot(&attempt),
-                sub.account
-            ),
-            _ => user,
+            Identity::Shared(_) => user,
         };
         let mut listeners = None;
         if namespaces.network && !req.endpoints.is_empty() {
@@ -1209,24 +1031,17 @@ impl Confiner {
             ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, path_beneath_rules,
         };
         let abi = ABI::V5;
-        let mut read: Vec<PathBuf> = SYSTEM
-            .iter()
-            .filter(|s| **s != "/etc")
-            .map(PathBuf::from)
-            .collect();
-        if let Ok(entries) = std::fs::read_dir("/etc") {
-            read.extend(entries.flatten().map(|e| e.path()));
-        }
         // Landlock grants what a path resolves to when the rule is added:
         // the rule below judges the resolved path, so a symbolic link in
         // an allowed directory that points at a protected one grants
         // nothing. A path that does not exist is granted nothing either.
-        read.extend(
-            own.iter()
-                .chain(read_paths)
-                .filter_map(|p| std::fs::canonicalize(p).ok()),
-        );
-        read.retain(|r| crate::domain::reach::protected_conflict(r, &self.protected).is_none());
+        let mut read: Vec<PathBuf> = own
+            .iter()
+            .chain(read_paths)
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .filter(|r| crate::domain::reach::protected_conflict(r, &self.protected).is_none())
+            .chain(self.system_read.iter().cloned())
+            .collect();
         if release.is_dir() {
             read.push(release.to_path_buf());
         }
@@ -1271,6 +1086,205 @@ impl Confiner {
         let fd = fd.ok_or("Landlock is not enforced by this kernel")?;
         Ok((fd, granted))
     }
+}
+
+/// The part of a tool's world that is the same for every tool, found once
+/// at start: its root's base, the system's directories at their paths (a
+/// merged `/usr`'s `/lib` and `/bin` as the same links, a protected path
+/// below one masked), a `/dev` of six devices and a `/proc`. Each tool's
+/// world is a copy with its own paths added ([`Frame::finish`]).
+#[derive(Clone)]
+struct Frame {
+    base: PathBuf,
+    places: Vec<sys::Place>,
+    /// Directories made in the root so far, as the tool sees them.
+    made: Vec<PathBuf>,
+    /// What is bound so far, as the tool sees it: what lies below shows.
+    bound: Vec<PathBuf>,
+}
+
+fn c_path(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL in a path")
+}
+
+impl Frame {
+    /// The frame at `base` (made if missing), with `protected` masked
+    /// wherever a system directory holds it.
+    fn system(base: PathBuf, protected: &[PathBuf]) -> std::io::Result<Frame> {
+        use sys::Place;
+        std::fs::create_dir_all(&base)?;
+        let mut f = Frame {
+            base,
+            places: Vec::new(),
+            made: vec![PathBuf::from("/")],
+            bound: Vec::new(),
+        };
+        for s in SYSTEM {
+            let p = Path::new(s);
+            match std::fs::symlink_metadata(p) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    let to = std::fs::read_link(p)?;
+                    f.places.push(Place::Link {
+                        to: c_path(&to),
+                        at: f.inside(p),
+                    });
+                }
+                Ok(m) if m.is_dir() => {
+                    f.bind(p, p, false, false);
+                    for q in protected.iter().filter(|q| q.starts_with(p)) {
+                        match std::fs::metadata(q) {
+                            Ok(m) if m.is_dir() => f.places.push(Place::Tmpfs {
+                                at: f.inside(q),
+                                options: c"size=4k,mode=0555".into(),
+                                read_only: true,
+                            }),
+                            Ok(_) => f.places.push(Place::Bind {
+                                from: c"/dev/null".into(),
+                                at: f.inside(q),
+                                write: false,
+                                dev: false,
+                            }),
+                            Err(_) => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for d in DEVICES.iter().map(Path::new).filter(|d| d.exists()) {
+            f.dirs_to(Path::new("/dev"));
+            f.places.push(Place::File(f.inside(d)));
+            f.places.push(Place::Bind {
+                from: c_path(d),
+                at: f.inside(d),
+                write: true,
+                dev: true,
+            });
+        }
+        for (name, to) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            f.dirs_to(Path::new("/dev"));
+            f.places.push(Place::Link {
+                to: c_path(Path::new(to)),
+                at: f.inside(&Path::new("/dev").join(name)),
+            });
+        }
+        f.dirs_to(Path::new("/proc"));
+        f.places.push(Place::Proc(f.inside(Path::new("/proc"))));
+        Ok(f)
+    }
+
+    /// Where the tool's path `p` is while its root is assembled.
+    fn inside(&self, p: &Path) -> CString {
+        c_path(&self.base.join(p.strip_prefix("/").unwrap_or(p)))
+    }
+
+    /// Makes the directories on the way to `p`, and `p`, each once.
+    fn dirs_to(&mut self, p: &Path) {
+        let mut at = PathBuf::from("/");
+        for part in p.components().skip(1) {
+            at.push(part);
+            if !self.made.contains(&at) {
+                self.places.push(sys::Place::Dir(self.inside(&at)));
+                self.made.push(at.clone());
+            }
+        }
+    }
+
+    /// Binds the host's `from` at the tool's `at` (a directory, or a file
+    /// when `from` is one).
+    fn bind(&mut self, from: &Path, at: &Path, write: bool, dev: bool) {
+        if from.is_dir() {
+            self.dirs_to(at);
+        } else {
+            if let Some(parent) = at.parent() {
+                self.dirs_to(parent);
+            }
+            self.places.push(sys::Place::File(self.inside(at)));
+        }
+        self.places.push(sys::Place::Bind {
+            from: c_path(from),
+            at: self.inside(at),
+            write,
+            dev,
+        });
+        self.bound.push(at.to_path_buf());
+    }
+
+    /// A tool's world: this frame with a `/tmp` of `tmp_mb` MiB, `extra`
+    /// read-only (each `(path, what it resolves to)`, judged already by
+    /// the protected-path rule; skipped where a bound directory shows it
+    /// or where the working directory goes), `home` read-write at
+    /// [`TOOL_WORKDIR`] with `release` read-only in it, and `owner` (its
+    /// working directory, open) made the tool's own. A source is bound by
+    /// the path judged here, which the child resolves in its own copy of
+    /// the host's mounts (a descriptor of the appliance's namespace cannot
+    /// be bound in another).
+    fn finish(
+        mut self,
+        tmp_mb: u64,
+        mut extra: Vec<(PathBuf, PathBuf)>,
+        home: &Path,
+        release: &Path,
+        owner: Option<std::os::fd::RawFd>,
+    ) -> sys::World {
+        self.dirs_to(Path::new("/tmp"));
+        self.places.push(sys::Place::Tmpfs {
+            at: self.inside(Path::new("/tmp")),
+            options: c_path(Path::new(&format!("size={tmp_mb}m,mode=1777"))),
+            read_only: false,
+        });
+        extra.sort_by_key(|(p, _)| p.components().count());
+        for (p, real) in extra {
+            if !self.bound.iter().any(|b| p.starts_with(b)) && !p.starts_with(TOOL_WORKDIR) {
+                self.bind(&real, &p, false, false);
+            }
+        }
+        let workdir = Path::new(TOOL_WORKDIR);
+        self.bind(home, workdir, true, false);
+        // `home/release`, where it is mounted, was made with `home` (which
+        // the appliance may no longer enter to look).
+        if release.is_dir() {
+            self.places.push(sys::Place::Bind {
+                from: c_path(release),
+                at: self.inside(&workdir.join("release")),
+                write: false,
+                dev: false,
+            });
+        }
+        if let Some(fd) = owner {
+            self.places.push(sys::Place::Own {
+                fd,
+                uid: TOOL_ID_INSIDE,
+                gid: TOOL_ID_INSIDE,
+            });
+        }
+        sys::World {
+            base: c_path(&self.base),
+            options: c"size=1m,nr_inodes=4096,mode=0755".into(),
+            places: self.places,
+            cwd: c_path(workdir),
+        }
+    }
+}
+
+/// What Landlock lets every tool read of the system ([`SYSTEM`], `/etc`
+/// entry by entry), none at, above or below a `protected` path.
+fn system_read(protected: &[PathBuf]) -> Vec<PathBuf> {
+    let mut read: Vec<PathBuf> = SYSTEM
+        .iter()
+        .filter(|s| **s != "/etc")
+        .map(PathBuf::from)
+        .collect();
+    if let Ok(entries) = std::fs::read_dir("/etc") {
+        read.extend(entries.flatten().map(|e| e.path()));
+    }
+    read.retain(|r| crate::domain::reach::protected_conflict(r, protected).is_none());
+    read
 }
 
 /// Whether `path` belongs to the appliance's own uid.

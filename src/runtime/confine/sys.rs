@@ -246,6 +246,17 @@ fn die_with_parent() -> io::Result<()> {
 }
 
 impl Steps {
+    /// Only a user namespace mapped by `maps` (and so root of it).
+    pub fn in_user_namespace(maps: UserMaps) -> Steps {
+        Steps {
+            namespaces: Some(Namespaces {
+                user_maps: Some(maps),
+                ..Namespaces::default()
+            }),
+            ..Steps::default()
+        }
+    }
+
     /// Applies the steps to the calling process. Runs between fork and
     /// exec: see the module's note.
     pub fn apply(&self) -> io::Result<()> {
