@@ -70,7 +70,12 @@ async fn confined_start(
         read_paths: &[],
     };
     let (mut cmd, cage) = confiner.command(&request, config).unwrap();
-    let mut child = cmd.spawn().unwrap();
+    // As the appliance does: the fork and the child's setup block the
+    // thread that spawns until the tool execs, so not an async worker.
+    let mut child = tokio::task::spawn_blocking(move || cmd.spawn())
+        .await
+        .unwrap()
+        .unwrap();
     cage.started(child.id()).unwrap();
     let status = child.wait().await.unwrap();
     assert!(status.success(), "{status}");

@@ -177,7 +177,12 @@ impl McpServers {
         )?;
         #[cfg(not(any(unix, windows)))]
         let _ = (bounds, config);
-        let transport = TokioChildProcess::new(cmd)
+        // The fork and the child's setup (its namespaces, its world) block
+        // the spawning thread until the tool execs: a blocking thread's
+        // work, not an async worker's.
+        let transport = tokio::task::spawn_blocking(move || TokioChildProcess::new(cmd))
+            .await
+            .map_err(|e| format!("MCP server {program} could not start: {e}"))?
             .map_err(|e| format!("MCP server {program} could not start: {e}"))?;
         #[cfg(unix)]
         cage.started(transport.id())?;

@@ -88,10 +88,6 @@ pub use crate::domain::reach::{SiteEndpoint, TOOL_WORKDIR};
 /// The `PATH` every tool process gets.
 pub const TOOL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
-/// The uid and gid a tool has inside its user namespace when it runs as a
-/// subordinate id of the appliance's account.
-const TOOL_ID_INSIDE: libc::uid_t = 1000;
-
 /// Who tools run as, found once at start.
 #[derive(Clone, Debug)]
 enum Identity {
@@ -99,8 +95,8 @@ enum Identity {
     /// from `runtime.tool_uid_range`.
     Root,
     /// The appliance's account has a subordinate range, and newuidmap
-    /// maps it: a uid of its own per attempt.
-    Subordinate(Subordinate),
+    /// mapped it: a uid of its own per attempt.
+    Subordinate(Arc<Range>),
     /// Tools share the appliance's uid, and why.
     Shared(String),
 }
@@ -115,6 +111,19 @@ struct Subordinate {
     account: String,
 }
 
+/// The user namespace every tool of an unprivileged appliance starts in,
+/// mapped once at start with newuidmap: the appliance's own ids as its
+/// root, and the whole subordinate range from 1 (slot `n` is uid and gid
+/// `1 + n` there). A tool joins it (the appliance owns it, so its child
+/// may), makes its other namespaces under it, and takes its slot's ids.
+#[derive(Debug)]
+struct Range {
+    sub: Subordinate,
+    /// `/proc/<pid>/ns/user` of the process that made it, open: the
+    /// namespace lives as long as this does.
+    userns: OwnedFd,
+}
+
 /// What this host can enforce, found once at start.
 pub struct Confiner {
     cgroup: Result<Root, String>,
@@ -123,8 +132,10 @@ pub struct Confiner {
     /// the frame every tool's world starts from.
     world: Result<Frame, String>,
     /// What Landlock lets every tool read of the system: [`SYSTEM`] with
-    /// `/etc` entry by entry, none at, above or below a protected path.
-    system_read: Vec<PathBuf>,
+    /// `/etc` entry by entry, none at, above or below a protected path;
+    /// opened once (each start adds them to its ruleset), with whether
+    /// each is a file.
+    system_read: Vec<(landlock::PathFd, bool)>,
     landlock: Result<u32, String>,
     filter: Result<Arc<filter::Programs>, String>,
     identity: Identity,
@@ -185,8 +196,8 @@ pub struct Cage {
     group: Option<Group>,
     report: Mutex<Confinement>,
     pgid: AtomicI32,
-    /// What the child needs until it has started: the Landlock ruleset,
-    /// its working directory (to make it its own), the ends of its pipes.
+    /// What the child needs until it has started: the Landlock ruleset and
+    /// its working directory (to make it its own).
     held: Mutex<Vec<OwnedFd>>,
     /// The forwarders of its site endpoints, stopped with it.
     forwards: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -393,17 +404,8 @@ impl Confiner {
             Ok(sub) => sub,
             Err(why) => return Identity::Shared(why),
         };
-        // The range the working directories are cleaned with: the widest
-        // map this account may write.
-        let (maps, mapper) = match self.mapper(&sub, None) {
-            Ok(m) => m,
-            Err(why) => return Identity::Shared(why),
-        };
-        let steps = sys::Steps::in_user_namespace(maps);
-        let probed = Self::probe_steps(steps);
-        drop(mapper);
-        match probed {
-            Ok(()) => Identity::Subordinate(sub),
+        match Self::map_range(&sub) {
+            Ok(userns) => Identity::Subordinate(Arc::new(Range { sub, userns })),
             Err(e) => Identity::Shared(format!(
                 "{} cannot map the subordinate range of {} here ({e}): is it set-uid root (package uidmap), and may the service gain privileges (NoNewPrivileges=false)?",
                 sub.newuidmap.display(),
@@ -468,12 +470,12 @@ impl Confiner {
                 ),
                 (None, user) => (format!("{user} (runtime.tool_user)"), true),
             },
-            Identity::Subordinate(sub) => (
+            Identity::Subordinate(range) => (
                 format!(
                     "a uid of its own per attempt from the subordinate range {}-{} of {} (newuidmap)",
-                    sub.uids.0,
-                    sub.uids.0 + sub.uids.1 - 1,
-                    sub.account
+                    range.sub.uids.0,
+                    range.sub.uids.0 + range.sub.uids.1 - 1,
+                    range.sub.account
                 ),
                 true,
             ),
@@ -638,21 +640,18 @@ impl Confiner {
         sys::unmount(&d.join("home"));
         if std::fs::remove_dir_all(&d).is_err()
             && d.exists()
-            && let Identity::Subordinate(sub) = &self.identity
+            && let Identity::Subordinate(range) = &self.identity
         {
-            self.remove_as_range(sub, &d);
+            Self::remove_as_range(range, &d);
         }
         self.slots.lock().remove(attempt);
     }
 
-    /// `rm -rf dir` as root of a user namespace that maps the appliance's
-    /// own ids and the whole subordinate range.
-    fn remove_as_range(&self, sub: &Subordinate, dir: &Path) {
+    /// `rm -rf dir` as root of the tools' user namespace, which maps the
+    /// appliance's own ids and the whole subordinate range.
+    fn remove_as_range(range: &Range, dir: &Path) {
         use std::os::unix::process::CommandExt;
-        let Ok((maps, mapper)) = self.mapper(sub, None) else {
-            return;
-        };
-        let steps = sys::Steps::in_user_namespace(maps);
+        let steps = sys::Steps::in_user_namespace(sys::UserMaps::Join(range.userns.as_raw_fd()));
         let mut cmd = std::process::Command::new("/bin/rm");
         cmd.arg("-rf")
             .arg("--")
@@ -665,7 +664,6 @@ impl Confiner {
             cmd.pre_exec(move || steps.apply());
         }
         let status = cmd.status();
-        drop(mapper);
         if !matches!(status, Ok(s) if s.success()) || dir.exists() {
             tracing::warn!(dir = %dir.display(), "a tool's working directory could not be removed");
         }
@@ -684,46 +682,41 @@ impl Confiner {
         }
     }
 
-    /// The user namespace maps of a child that the appliance writes with
-    /// newuidmap and newgidmap: the child's ends of the two pipes, and
-    /// what keeps the appliance's thread that writes them (it ends when
-    /// they are written or the child is gone). `tool`: the subordinate
-    /// slot mapped as [`TOOL_ID_INSIDE`] beside the appliance's ids as
-    /// root; `None`: the appliance's ids as root and the whole range
-    /// from 1.
-    fn mapper(
-        &self,
-        sub: &Subordinate,
-        tool: Option<u32>,
-    ) -> Result<(sys::UserMaps, [OwnedFd; 2]), String> {
+    /// The tools' user namespace ([`Range`]): a process made in a new user
+    /// namespace waits on a pipe while newuidmap and newgidmap map it, then
+    /// on its standard input while the appliance opens its namespace, and
+    /// ends.
+    fn map_range(sub: &Subordinate) -> Result<OwnedFd, String> {
+        use std::io::{Read, Write};
+        use std::os::unix::process::CommandExt;
         let (uid, gid) = sys::ids();
         let lines = |own: u32, (first, count): (u32, u32)| -> Vec<String> {
-            let mut l = vec!["0".to_string(), own.to_string(), "1".to_string()];
-            match tool {
-                Some(slot) => l.extend([
-                    TOOL_ID_INSIDE.to_string(),
-                    (first + slot).to_string(),
-                    "1".to_string(),
-                ]),
-                None => l.extend(["1".to_string(), first.to_string(), count.to_string()]),
-            }
-            l
+            [0, own, 1, 1, first, count].map(|n| n.to_string()).to_vec()
         };
-        let uid_lines = lines(uid, sub.uids);
-        let gid_lines = lines(gid, sub.gids);
         let (ready_r, ready_w) = sys::pipe().map_err(|e| format!("no pipe: {e}"))?;
         let (go_r, go_w) = sys::pipe().map_err(|e| format!("no pipe: {e}"))?;
-        let (newuidmap, newgidmap) = (sub.newuidmap.clone(), sub.newgidmap.clone());
-        std::thread::Builder::new()
-            .name("tool-idmap".into())
-            .spawn(move || {
-                use std::io::{Read, Write};
+        let steps = sys::Steps::in_user_namespace(sys::UserMaps::Mapped {
+            ready: ready_w.as_raw_fd(),
+            go: go_r.as_raw_fd(),
+        });
+        let mut cmd = std::process::Command::new("/bin/cat");
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: Steps::apply makes only async-signal-safe calls.
+        unsafe {
+            cmd.pre_exec(move || steps.apply());
+        }
+        // The child waits before it execs until its maps are written, and
+        // spawning waits for the exec: they are written on another thread.
+        let (child, mapped) = std::thread::scope(|scope| {
+            let mapping = scope.spawn(|| -> Result<(), String> {
                 let mut ready = std::fs::File::from(ready_r);
                 let mut go = std::fs::File::from(go_w);
                 let mut pid = [0u8; 4];
-                if ready.read_exact(&mut pid).is_err() {
-                    return; // The child is gone, or never started.
-                }
+                ready
+                    .read_exact(&mut pid)
+                    .map_err(|e| format!("the process to map did not start: {e}"))?;
                 let pid = i32::from_ne_bytes(pid).to_string();
                 let map = |tool: &Path, lines: &[String]| -> Result<(), String> {
                     let out = std::process::Command::new(tool)
@@ -733,30 +726,38 @@ impl Confiner {
                         .output()
                         .map_err(|e| format!("{}: {e}", tool.display()))?;
                     if out.status.success() {
-                        Ok(())
-                    } else {
-                        Err(format!(
-                            "{} {}: {}",
-                            tool.display(),
-                            out.status,
-                            String::from_utf8_lossy(&out.stderr).trim()
-                        ))
+                        return Ok(());
                     }
+                    Err(format!(
+                        "{} {}: {}",
+                        tool.display(),
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ))
                 };
-                let mapped = map(&newuidmap, &uid_lines).and_then(|()| map(&newgidmap, &gid_lines));
-                if let Err(why) = &mapped {
-                    tracing::warn!(error = %why, "a tool's user namespace could not be mapped");
-                }
+                let mapped = map(&sub.newuidmap, &lines(uid, sub.uids))
+                    .and_then(|()| map(&sub.newgidmap, &lines(gid, sub.gids)));
                 let _ = go.write_all(&[u8::from(mapped.is_err())]);
-            })
-            .map_err(|e| format!("no thread to map the tool's ids: {e}"))?;
-        Ok((
-            sys::UserMaps::Mapped {
-                ready: ready_w.as_raw_fd(),
-                go: go_r.as_raw_fd(),
-            },
-            [ready_w, go_r],
-        ))
+                mapped
+            });
+            let child = cmd.spawn();
+            // The appliance's copies: the mapping thread sees the end of
+            // the pipe if the child never started.
+            drop((ready_w, go_r));
+            let mapped = mapping
+                .join()
+                .unwrap_or_else(|_| Err("the mapping thread failed".into()));
+            (child, mapped)
+        });
+        let mut child = child.map_err(|e| e.to_string())?;
+        let opened = mapped.and_then(|()| {
+            std::fs::File::open(format!("/proc/{}/ns/user", child.id()))
+                .map(OwnedFd::from)
+                .map_err(|e| format!("the mapped namespace cannot be opened: {e}"))
+        });
+        drop(child.stdin.take());
+        let _ = child.wait();
+        opened
     }
 
     /// A command for `req`, confined, and its cage: spawn the command,
@@ -827,17 +828,48 @@ impl Confiner {
                 Err(why) => format!("host (not isolated: {why})"),
             }
         };
+        let user = match &self.identity {
+            Identity::Subordinate(range) => {
+                let sub = &range.sub;
+                let slot = self
+                    .slot(&attempt, sub.uids.1.min(sub.gids.1))
+                    .ok_or_else(|| {
+                        format!(
+                            "the subordinate range of {} has no uid left for another attempt",
+                            sub.account
+                        )
+                    })?;
+                namespaces.user_maps = Some(sys::UserMaps::Join(range.userns.as_raw_fd()));
+                namespaces.become_ids = Some((1 + slot, 1 + slot));
+                format!(
+                    "uid {} of the subordinate range of {}, its own while the attempt runs",
+                    sub.uids.0 + slot,
+                    sub.account
+                )
+            }
+            Identity::Root => {
+                steps.user = self.tool_ids(&attempt, config)?;
+                match (steps.user, &config.tool_uid_range) {
+                    (Some((uid, _)), Some(_)) => format!(
+                        "uid {uid} of runtime.tool_uid_range, its own while the attempt runs"
+                    ),
+                    _ => user,
+                }
+            }
+            Identity::Shared(_) => user,
+        };
         let own = program_dirs(program, &home);
         let (processes, filesystem) = match &self.world {
             Ok(frame) => {
                 // The first tool of an attempt makes its working directory
                 // its own (its subordinate uid); after that the appliance
                 // can no longer open it, and need not.
-                let owner = match &self.identity {
-                    Identity::Subordinate(_) if owned_by_appliance(&home) => Some(
+                let owner = match namespaces.become_ids {
+                    Some((id, _)) if owned_by_appliance(&home) => Some((
                         sys::open_dir(&home)
                             .map_err(|e| format!("the tool's working directory: {e}"))?,
-                    ),
+                        id,
+                    )),
                     _ => None,
                 };
                 // Its program's and interpreter's directories and what its
@@ -859,9 +891,9 @@ impl Confiner {
                     extra,
                     &home,
                     &release,
-                    owner.as_ref().map(AsRawFd::as_raw_fd),
+                    owner.as_ref().map(|(fd, id)| (fd.as_raw_fd(), *id)),
                 ));
-                held.extend(owner);
+                held.extend(owner.map(|(fd, _)| fd));
                 (
                     "own-namespace".to_string(),
                     format!(
@@ -880,37 +912,6 @@ impl Confiner {
                 format!("the host's (not isolated: {why})"),
                 format!("the host's: {why}"),
             ),
-        };
-        let user = match &self.identity {
-            Identity::Subordinate(sub) => {
-                let slot = self
-                    .slot(&attempt, sub.uids.1.min(sub.gids.1))
-                    .ok_or_else(|| {
-                        format!(
-                            "the subordinate range of {} has no uid left for another attempt",
-                            sub.account
-                        )
-                    })?;
-                let (maps, ends) = self.mapper(sub, Some(slot))?;
-                namespaces.user_maps = Some(maps);
-                namespaces.become_ids = Some((TOOL_ID_INSIDE, TOOL_ID_INSIDE));
-                held.extend(ends);
-                format!(
-                    "uid {} of the subordinate range of {}, its own while the attempt runs",
-                    sub.uids.0 + slot,
-                    sub.account
-                )
-            }
-            Identity::Root => {
-                steps.user = self.tool_ids(&attempt, config)?;
-                match (steps.user, &config.tool_uid_range) {
-                    (Some((uid, _)), Some(_)) => format!(
-                        "uid {uid} of runtime.tool_uid_range, its own while the attempt runs"
-                    ),
-                    _ => user,
-                }
-            }
-            Identity::Shared(_) => user,
         };
         let mut listeners = None;
         if namespaces.network && !req.endpoints.is_empty() {
@@ -1040,11 +1041,7 @@ impl Confiner {
             .chain(read_paths)
             .filter_map(|p| std::fs::canonicalize(p).ok())
             .filter(|r| crate::domain::reach::protected_conflict(r, &self.protected).is_none())
-            .chain(self.system_read.iter().cloned())
             .collect();
-        if release.is_dir() {
-            read.push(release.to_path_buf());
-        }
         read.sort();
         read.dedup();
         // In words: the program's and the declared directories by name,
@@ -1054,11 +1051,13 @@ impl Confiner {
             .filter(|r| {
                 r.exists()
                     && !r.starts_with("/etc")
-                    && r.as_path() != release
                     && !SYSTEM.iter().any(|s| Path::new(s) == r.as_path())
             })
             .map(|r| r.display().to_string())
             .collect();
+        if release.is_dir() {
+            read.push(release.to_path_buf());
+        }
         let granted = if named.is_empty() {
             "the system's directories and its release".to_string()
         } else {
@@ -1072,6 +1071,14 @@ impl Confiner {
             .handle_access(AccessFs::from_all(abi))
             .map_err(err)?
             .create()
+            .map_err(err)?
+            .add_rules(self.system_read.iter().map(|(fd, is_file)| {
+                let mut access = AccessFs::from_read(abi);
+                if *is_file {
+                    access &= AccessFs::from_file(abi);
+                }
+                Ok::<_, landlock::RulesetError>(landlock::PathBeneath::new(fd, access))
+            }))
             .map_err(err)?
             .add_rules(path_beneath_rules(&read, AccessFs::from_read(abi)))
             .map_err(err)?
@@ -1220,7 +1227,7 @@ impl Frame {
     /// the protected-path rule; skipped where a bound directory shows it
     /// or where the working directory goes), `home` read-write at
     /// [`TOOL_WORKDIR`] with `release` read-only in it, and `owner` (its
-    /// working directory, open) made the tool's own. A source is bound by
+    /// working directory, open) given to the tool's uid and gid there. A source is bound by
     /// the path judged here, which the child resolves in its own copy of
     /// the host's mounts (a descriptor of the appliance's namespace cannot
     /// be bound in another).
@@ -1230,7 +1237,7 @@ impl Frame {
         mut extra: Vec<(PathBuf, PathBuf)>,
         home: &Path,
         release: &Path,
-        owner: Option<std::os::fd::RawFd>,
+        owner: Option<(std::os::fd::RawFd, libc::uid_t)>,
     ) -> sys::World {
         self.dirs_to(Path::new("/tmp"));
         self.places.push(sys::Place::Tmpfs {
@@ -1256,11 +1263,11 @@ impl Frame {
                 dev: false,
             });
         }
-        if let Some(fd) = owner {
+        if let Some((fd, id)) = owner {
             self.places.push(sys::Place::Own {
                 fd,
-                uid: TOOL_ID_INSIDE,
-                gid: TOOL_ID_INSIDE,
+                uid: id,
+                gid: id,
             });
         }
         sys::World {
@@ -1273,8 +1280,9 @@ impl Frame {
 }
 
 /// What Landlock lets every tool read of the system ([`SYSTEM`], `/etc`
-/// entry by entry), none at, above or below a `protected` path.
-fn system_read(protected: &[PathBuf]) -> Vec<PathBuf> {
+/// entry by entry), none at, above or below a `protected` path, opened,
+/// with whether each is a file.
+fn system_read(protected: &[PathBuf]) -> Vec<(landlock::PathFd, bool)> {
     let mut read: Vec<PathBuf> = SYSTEM
         .iter()
         .filter(|s| **s != "/etc")
@@ -1284,7 +1292,12 @@ fn system_read(protected: &[PathBuf]) -> Vec<PathBuf> {
         read.extend(entries.flatten().map(|e| e.path()));
     }
     read.retain(|r| crate::domain::reach::protected_conflict(r, protected).is_none());
-    read
+    read.into_iter()
+        .filter_map(|p| {
+            let is_file = !std::fs::metadata(&p).ok()?.is_dir();
+            Some((landlock::PathFd::new(&p).ok()?, is_file))
+        })
+        .collect()
 }
 
 /// Whether `path` belongs to the appliance's own uid.

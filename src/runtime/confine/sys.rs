@@ -48,6 +48,10 @@ pub enum UserMaps {
         /// The child's end of the pipe it hears the answer on.
         go: RawFd,
     },
+    /// An existing user namespace the appliance owns (its
+    /// `/proc/<pid>/ns/user`, open), joined with `setns`: the child is its
+    /// root, with every capability there.
+    Join(RawFd),
 }
 
 /// Which namespaces a process makes for itself, and what it does in them.
@@ -338,6 +342,14 @@ impl Namespaces {
         }
         match &self.user_maps {
             None => check(unsafe { libc::unshare(flags) })?,
+            Some(UserMaps::Join(userns)) => {
+                // SAFETY: plain system calls on a descriptor the parent
+                // holds open.
+                unsafe {
+                    check(libc::setns(*userns, libc::CLONE_NEWUSER))?;
+                    check(libc::unshare(flags & !libc::CLONE_NEWUSER))?;
+                }
+            }
             Some(maps) => {
                 // The appliance is not dumpable, and the /proc files of a
                 // process that is not dumpable belong to root: neither it
@@ -353,6 +365,7 @@ impl Namespaces {
                         .and_then(|()| write_file(UID_MAP, uid_map.as_bytes()))
                         .and_then(|()| write_file(GID_MAP, gid_map.as_bytes())),
                     UserMaps::Mapped { ready, go } => wait_for_maps(*ready, *go),
+                    UserMaps::Join(_) => Err(io::Error::from_raw_os_error(libc::EINVAL)),
                 });
                 unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
                 written?;
