@@ -22,8 +22,9 @@
 //! - Identity: never the appliance's uid. As root, `runtime.tool_user` or
 //!   a uid of its own per attempt from `runtime.tool_uid_range`; as an
 //!   unprivileged account, a uid of its own per attempt from the account's
-//!   subordinate range (`/etc/subuid`, mapped with `newuidmap`). Without a
-//!   range the receipt says it shares the appliance's uid.
+//!   subordinate range (`/etc/subuid`, mapped once with `newuidmap` into a
+//!   user namespace every tool joins). Without a range the receipt says it
+//!   shares the appliance's uid.
 //! - CPU, memory and processes: a cgroup of its own under the appliance's
 //!   subtree (v2 where the host delegates one, else the v1 controllers),
 //!   with the lease's CPUs as a CFS quota, its memory as the hard limit

@@ -1041,6 +1041,7 @@ mod tests {
             "umount2",
             "mount_setattr",
             "pivot_root",
+            "setns",
             "setresuid",
             "setresgid",
             "fchownat",
