@@ -1139,7 +1139,12 @@ impl Frame {
                 }
                 Ok(m) if m.is_dir() => {
                     f.bind(p, p, false, false);
-                    for q in protected.iter().filter(|q| q.starts_with(p)) {
+                    // The outermost protected paths only: a mask hides
+                    // what lies below it, and leaves no place to mount on.
+                    let outermost = protected.iter().filter(|q| {
+                        q.starts_with(p) && !protected.iter().any(|o| o != *q && q.starts_with(o))
+                    });
+                    for q in outermost {
                         match std::fs::metadata(q) {
                             Ok(m) if m.is_dir() => f.places.push(Place::Tmpfs {
                                 at: f.inside(q),
@@ -1515,5 +1520,56 @@ impl Drop for Cage {
             Some(g) => g.remove(),
             None => sys::kill_group(self.pgid.load(Ordering::Relaxed)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A protected directory under a system directory is masked once, and
+    /// what lies below it is not masked again (there would be nothing to
+    /// mount on): the packaged configuration directory and its files.
+    #[test]
+    fn a_protected_tree_below_a_system_directory_is_masked_once() {
+        let dir = std::fs::read_dir("/etc")
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.is_dir()
+                    && std::fs::read_dir(p)
+                        .map(|mut d| d.any(|e| e.is_ok_and(|e| e.path().is_file())))
+                        .unwrap_or(false)
+            })
+            .expect("a directory with a file in /etc");
+        let file = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.is_file())
+            .unwrap();
+        let base = tempfile::tempdir().unwrap();
+        let frame = Frame::system(base.path().join("root"), &[dir.clone(), file.clone()]).unwrap();
+        let masks: Vec<String> = frame
+            .places
+            .iter()
+            .filter_map(|p| match p {
+                sys::Place::Tmpfs {
+                    at,
+                    read_only: true,
+                    ..
+                } => Some(at.to_string_lossy().into_owned()),
+                sys::Place::Bind {
+                    from,
+                    at,
+                    write: false,
+                    ..
+                } if from.as_c_str() == c"/dev/null" => Some(at.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect();
+        let inside = |p: &Path| frame.inside(p).to_string_lossy().into_owned();
+        assert_eq!(masks, vec![inside(&dir)], "{}", file.display());
     }
 }
