@@ -6,7 +6,12 @@
 //!
 //! Then the same at once: `AGENTBAY_BENCH_CONCURRENT` (default 32) tools
 //! starting together, in rounds, unconfined and confined, p50 and p99 of
-//! each start and the difference.
+//! each start and the difference: rounds back to back, then bursts from
+//! rest (250 ms idle before each round).
+//!
+//! `AGENTBAY_BENCH_RLIMIT` (any value) measures the weaker mechanism
+//! instead of a cgroup, `AGENTBAY_BENCH_EGRESS` tools with internet egress
+//! (no network namespace): what each layer costs.
 //!
 //! `cargo bench --bench confine`; `AGENTBAY_BENCH_SPAWNS` sets the number
 //! of starts per row (default 300). Run as root, or as an unprivileged
@@ -64,20 +69,13 @@ async fn confined_start(
         argv: &argv,
         cpu: Amount::units(1),
         memory_gb: Amount::units(1),
-        egress: false,
+        egress: std::env::var_os("AGENTBAY_BENCH_EGRESS").is_some(),
         workdir,
         endpoints: &[],
         read_paths: &[],
     };
-    let (mut cmd, cage) = confiner.command(&request, config).unwrap();
-    // As the appliance does: the fork and the child's setup block the
-    // thread that spawns until the tool execs, so not an async worker.
-    let mut child = tokio::task::spawn_blocking(move || cmd.spawn())
-        .await
-        .unwrap()
-        .unwrap();
-    cage.started(child.id()).unwrap();
-    let status = child.wait().await.unwrap();
+    let (tool, cage) = confiner.start(&request, config).await.unwrap();
+    let status = tool.wait().await.unwrap();
     assert!(status.success(), "{status}");
     (t.elapsed(), cage)
 }
@@ -92,8 +90,13 @@ async fn main() {
     let confiner = Arc::new(Confiner::detect(
         dir.path().join("work"),
         vec![dir.path().join("data")],
+        Path::new(env!("CARGO_BIN_EXE_agentbay")),
     ));
-    let config = Arc::new(RuntimeConfig::default());
+    let mut config = RuntimeConfig::default();
+    if std::env::var_os("AGENTBAY_BENCH_RLIMIT").is_some() {
+        config.confinement = agentbay::config::Confinement::Rlimit;
+    }
+    let config = Arc::new(config);
     let host = confiner.host(&config);
     println!(
         "confinement on this host: {} | network: {} | processes: {} | filesystem: {} | files: {} | syscalls: {} | user: {}",
@@ -128,48 +131,80 @@ async fn main() {
     row("removing an ended tree's cgroup", removals);
 
     // Starts at once: each round starts `concurrent` tools together and
-    // waits for all of them; every start is one sample.
+    // waits for all of them; every start is one sample. Twice: rounds
+    // back to back (a sustained stream of bursts: what was made ahead is
+    // used up), and bursts from rest (the appliance idle for a moment
+    // before each, as when the tools of many attempts start together).
     let concurrent: usize = std::env::var("AGENTBAY_BENCH_CONCURRENT")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(32);
     let rounds = spawns.div_ceil(concurrent).max(3);
+    for (what, rest) in [
+        ("back to back", Duration::ZERO),
+        ("from rest", Duration::from_millis(250)),
+    ] {
+        let (plain, confined) =
+            at_once(&confiner, &config, &workdir, concurrent, rounds, rest).await;
+        println!(
+            "{concurrent} starts at once, {what}, {rounds} rounds ({} starts each)",
+            plain.len()
+        );
+        let a = row("unconfined, at once", plain);
+        let b = row(&format!("confined ({}), at once", host.mechanism), confined);
+        added("added by confinement, at once", a, b);
+    }
+    confiner.remove_workdir("bench");
+}
+
+/// `rounds` rounds of `concurrent` starts at once, unconfined then
+/// confined, each after `rest`: every start's time.
+async fn at_once(
+    confiner: &Arc<Confiner>,
+    config: &Arc<RuntimeConfig>,
+    workdir: &Path,
+    concurrent: usize,
+    rounds: usize,
+    rest: Duration,
+) -> (Vec<Duration>, Vec<Duration>) {
     let mut plain = Vec::new();
     let mut confined = Vec::new();
     for _ in 0..rounds {
+        tokio::time::sleep(rest).await;
         let starts: Vec<_> = (0..concurrent)
             .map(|_| {
-                let workdir = workdir.clone();
+                let workdir = workdir.to_path_buf();
                 tokio::spawn(async move { plain_start(&workdir).await })
             })
             .collect();
         for s in starts {
             plain.push(s.await.unwrap());
         }
+        tokio::time::sleep(rest).await;
         let starts: Vec<_> = (0..concurrent)
             .map(|i| {
                 let (workdir, confiner, config) =
-                    (workdir.clone(), confiner.clone(), config.clone());
+                    (workdir.to_path_buf(), confiner.clone(), config.clone());
                 tokio::spawn(async move {
                     let (took, cage) =
                         confined_start(&confiner, &config, &workdir, format!("at-once{i}")).await;
-                    tokio::task::spawn_blocking(move || drop(cage));
-                    took
+                    (took, tokio::task::spawn_blocking(move || drop(cage)))
                 })
             })
             .collect();
+        let mut removals = Vec::new();
         for s in starts {
-            confined.push(s.await.unwrap());
+            let (took, removal) = s.await.unwrap();
+            confined.push(took);
+            removals.push(removal);
+        }
+        if !rest.is_zero() {
+            for r in removals {
+                r.await.unwrap();
+            }
         }
     }
-    confiner.remove_workdir("bench");
-    println!(
-        "{concurrent} starts at once, {rounds} rounds ({} starts each)",
-        plain.len()
-    );
-    let a = row("unconfined, at once", plain);
-    let b = row(&format!("confined ({}), at once", host.mechanism), confined);
-    added("added by confinement, at once", a, b);
+    (plain, confined)
 }
 
 /// The difference of two rows' p50 and p99.

@@ -193,6 +193,10 @@ enum Command {
     },
     /// Print the version and the store schema version.
     Version,
+    /// The process tool processes are forked by: started by `serve`, with
+    /// a socket as its standard input. Not for people.
+    #[command(name = "tool-spawner", hide = true)]
+    ToolSpawner,
 }
 
 #[derive(Subcommand)]
@@ -1128,6 +1132,9 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             println!("agentbay {}", version_line());
             Ok(())
         }
+        Command::ToolSpawner => {
+            anyhow::bail!("the tool spawner is started by `agentbay serve`, not by hand")
+        }
     }
 }
 
@@ -1147,6 +1154,11 @@ fn quiet_logging(config: &Config) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // One thread, no async runtime: the tool spawner forks.
+    #[cfg(unix)]
+    if matches!(cli.command, Command::ToolSpawner) {
+        return agentbay::runtime::confine::spawner::serve();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -612,7 +612,7 @@ async fn a_hung_tool_times_out_and_settles_by_its_class() {
 }
 
 #[tokio::test]
-async fn tools_a_killed_appliance_left_running_end_at_its_next_start() {
+async fn tools_end_with_a_killed_appliance_or_at_its_next_start() {
     let mut site = Site::start().await;
     let server = probe();
     import_probe(
@@ -662,6 +662,27 @@ async fn tools_a_killed_appliance_left_running_end_at_its_next_start() {
             .unwrap_or(false)
     };
     assert!(alive(child), "the tool's child runs while its attempt does");
+    let gone_within = |seconds: u64| async move {
+        for _ in 0..seconds * 50 {
+            if !alive(child) {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        false
+    };
+    if confinement(&call)["processes"] == "own-namespace" {
+        // Its namespace's first process dies with the tool spawner, which
+        // ends when the appliance does, and every process of the
+        // namespace with it: nothing waits for the next start.
+        site.a.kill9();
+        assert!(
+            gone_within(10).await,
+            "the tool's child {child} ended with the killed appliance"
+        );
+        site.a.restart();
+        return;
+    }
     if !confinement(&call)["mechanism"]
         .as_str()
         .unwrap()
@@ -672,16 +693,95 @@ async fn tools_a_killed_appliance_left_running_end_at_its_next_start() {
     site.a.kill9();
     assert!(alive(child), "a kill -9 of the appliance leaves its tools");
     site.a.restart();
-    for _ in 0..100 {
-        if !alive(child) {
+    assert!(
+        gone_within(2).await,
+        "the next start ended the tool's child {child}"
+    );
+}
+
+/// The pids of the tool spawners `appliance` started (its children that
+/// run `agentbay tool-spawner`).
+fn spawners_of(appliance: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let parent = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if parent == Some(appliance) && cmdline.split(|b| *b == 0).any(|arg| arg == b"tool-spawner")
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Every tool is forked by the tool spawner, one child of the appliance
+/// (as the appliance's own account); killed, it is started again for the
+/// next tool, which runs as before.
+#[tokio::test]
+async fn a_killed_tool_spawner_is_started_again_for_the_next_tool() {
+    let site = Site::start().await;
+    let appliance = site.a.child.as_ref().unwrap().id();
+    one_tool(&site, "probe-spawner", "whoami", json!({}), json!({})).await;
+    let first = the_call(&site, "probe-spawner", "Succeeded").await;
+    assert_eq!(
+        answered(&first)["path"],
+        "/usr/local/bin:/usr/bin:/bin",
+        "{first}"
+    );
+    let spawners = spawners_of(appliance);
+    assert_eq!(spawners.len(), 1, "one tool spawner: {spawners:?}");
+    let owner = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("Uid:")
+                    .map(|u| u.split_whitespace().next().unwrap().to_string())
+            })
+            .unwrap()
+    };
+    assert_eq!(
+        owner(spawners[0]),
+        owner(appliance),
+        "the spawner is the appliance's account"
+    );
+    // SAFETY: a signal to a process the test's appliance started.
+    unsafe { libc::kill(spawners[0] as i32, libc::SIGKILL) };
+    for _ in 0..250 {
+        if spawners_of(appliance).is_empty() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(
-        !alive(child),
-        "the next start ended the tool's child {child}"
+        spawners_of(appliance).is_empty(),
+        "the killed spawner was reaped"
     );
+    let second = the_call(&site, "probe-spawner", "Succeeded").await;
+    assert_eq!(
+        answered(&second)["path"],
+        "/usr/local/bin:/usr/bin:/bin",
+        "{second}"
+    );
+    assert_eq!(
+        confinement(&second)["processes"],
+        confinement(&first)["processes"],
+        "{second}"
+    );
+    let again = spawners_of(appliance);
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(again[0], spawners[0]);
 }
 
 /// `runtime.confinement = "rlimit"`: the weaker mechanism still bounds a

@@ -17,8 +17,10 @@ use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, RequestMetaObject};
 use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+#[cfg(not(unix))]
+use rmcp::transport::TokioChildProcess;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
@@ -145,8 +147,11 @@ impl McpServers {
         let Some(program) = command.first() else {
             return Err("the tool declares no command".to_string().into());
         };
+        // A tool process starts through the confinement layer, forked by
+        // the tool spawner; its standard input and output are the
+        // transport.
         #[cfg(unix)]
-        let (cmd, cage) = {
+        let (transport, cage) = {
             let workdir = self
                 .confiner
                 .workdir(&self.attempt, config)
@@ -161,13 +166,12 @@ impl McpServers {
                 endpoints: reach.endpoints,
                 read_paths: reach.read_paths,
             };
-            self.confiner.command(&request, config)?
-        };
-        #[cfg(not(unix))]
-        let cmd = {
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.args(&command[1..]).kill_on_drop(true);
-            cmd
+            let (tool, cage) = self
+                .confiner
+                .start(&request, config)
+                .await
+                .map_err(|e| format!("MCP server {program} could not start: {e}"))?;
+            ((tool.stdout, tool.stdin), cage)
         };
         #[cfg(windows)]
         let job = crate::runtime::jobobject::Job::new(
@@ -175,23 +179,21 @@ impl McpServers {
             (bounds.memory_gb.as_f64() * 1024.0 * 1024.0 * 1024.0) as u64,
             config.tool_pids_max,
         )?;
-        #[cfg(not(any(unix, windows)))]
-        let _ = (bounds, config);
-        // The fork and the child's setup (its namespaces, its world) block
-        // the spawning thread until the tool execs: a blocking thread's
-        // work, not an async worker's.
-        let transport = tokio::task::spawn_blocking(move || TokioChildProcess::new(cmd))
-            .await
-            .map_err(|e| format!("MCP server {program} could not start: {e}"))?
-            .map_err(|e| format!("MCP server {program} could not start: {e}"))?;
-        #[cfg(unix)]
-        cage.started(transport.id())?;
-        #[cfg(windows)]
-        if let Some(pid) = transport.id() {
-            job.assign(pid)?;
-        }
         #[cfg(not(unix))]
-        let _ = reach;
+        let transport = {
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(&command[1..]).kill_on_drop(true);
+            let transport = TokioChildProcess::new(cmd)
+                .map_err(|e| format!("MCP server {program} could not start: {e}"))?;
+            #[cfg(windows)]
+            if let Some(pid) = transport.id() {
+                job.assign(pid)?;
+            }
+            let _ = (reach, config);
+            transport
+        };
+        #[cfg(not(any(unix, windows)))]
+        let _ = bounds;
         let client = ().serve(transport).await.map_err(|e| ToolError {
             message: format!("MCP server {program} did not initialise: {}", in_words(&e)),
             #[cfg(unix)]

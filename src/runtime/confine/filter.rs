@@ -222,6 +222,13 @@ fn x32_refused() -> BpfProgram {
     ]
 }
 
+/// The filter for this machine, compiled on first use and kept: the
+/// appliance's probes and the tool spawner each compile it once.
+pub fn programs() -> Result<&'static Programs, String> {
+    static PROGRAMS: std::sync::OnceLock<Result<Programs, String>> = std::sync::OnceLock::new();
+    PROGRAMS.get_or_init(compile).as_ref().map_err(Clone::clone)
+}
+
 /// Installs `programs` on the calling process (and `PR_SET_NO_NEW_PRIVS`
 /// with them). Runs between fork and exec: no allocation, system calls
 /// only.

@@ -45,6 +45,7 @@
 
 pub mod cgroup;
 pub mod filter;
+pub mod spawner;
 mod sys;
 
 use std::collections::HashMap;
@@ -138,7 +139,9 @@ pub struct Confiner {
     /// each is a file.
     system_read: Vec<(landlock::PathFd, bool)>,
     landlock: Result<u32, String>,
-    filter: Result<Arc<filter::Programs>, String>,
+    filter: Result<(), String>,
+    /// The process every tool is forked by ([`spawner`]).
+    spawner: Result<spawner::Spawner, String>,
     identity: Identity,
     work_root: PathBuf,
     protected: Vec<PathBuf>,
@@ -271,7 +274,9 @@ impl Confiner {
     /// readable by a tool. Groups go under `agentbay-tools/<instance>`,
     /// one subtree per appliance on the host (named after its data dir):
     /// what a killed run of this appliance left there is ended now.
-    pub fn detect(work_root: PathBuf, protected: Vec<PathBuf>) -> Confiner {
+    /// `program` is the appliance's own binary, which the tool spawner
+    /// runs (`/proc/self/exe` in the appliance).
+    pub fn detect(work_root: PathBuf, protected: Vec<PathBuf>, program: &Path) -> Confiner {
         // The appliance's memory and environment (which may hold secrets)
         // are not readable through /proc by tools running as its user.
         // First: the probes below must see the process as its tools will.
@@ -298,7 +303,8 @@ impl Confiner {
             network: Err("not probed".into()),
             world: Err("not probed".into()),
             landlock: Self::probe_landlock(),
-            filter: filter::compile().map(Arc::new),
+            filter: filter::programs().map(|_| ()),
+            spawner: Err("not started".into()),
             system_read: system_read(&protected),
             identity: Identity::Shared("not probed".into()),
             work_root,
@@ -312,6 +318,16 @@ impl Confiner {
             .map_err(|e| format!("a network namespace cannot be made here ({e}); needs root or unprivileged user namespaces"));
         c.world = c.probe_world();
         c.identity = c.probe_identity();
+        // The spawner starts once the tools' user namespace (if any) is
+        // mapped: it lives in it.
+        c.spawner = match &c.identity {
+            Identity::Subordinate(range) => range
+                .userns
+                .try_clone()
+                .map_err(|e| format!("the tools' user namespace: {e}"))
+                .and_then(|userns| spawner::Spawner::start(program, Some(userns))),
+            _ => spawner::Spawner::start(program, None),
+        };
         if let Ok(root) = &c.cgroup {
             // A previous run that was killed left its tools running: they
             // end now, before anything new starts.
@@ -507,9 +523,10 @@ impl Confiner {
                 Ok(()) => "a network namespace with only loopback for tools without egress".into(),
                 Err(e) => format!("not isolated: {e}"),
             },
-            processes: match &self.world {
-                Ok(_) => "a PID namespace and /proc of its own for every tool".into(),
-                Err(e) => format!("not isolated: {e}"),
+            processes: match (&self.spawner, &self.world) {
+                (Err(e), _) => format!("no tool can start: {e}"),
+                (Ok(_), Ok(_)) => "a PID namespace and /proc of its own for every tool".into(),
+                (Ok(_), Err(e)) => format!("not isolated: {e}"),
             },
             filesystem: match &self.world {
                 Ok(_) => "a root of its own for every tool: the system's directories read-only, its program, release and allowed paths, its working directory and /tmp".into(),
@@ -761,15 +778,35 @@ impl Confiner {
         opened
     }
 
-    /// A command for `req`, confined, and its cage: spawn the command,
-    /// then call [`Cage::started`] with its pid. Refused, with the reason,
-    /// where the host cannot enforce what `config` requires.
-    pub fn command(
+    /// Starts `req`'s process, confined, through the tool spawner: the
+    /// process, once it has exec'd, and its cage. Refused, with the
+    /// reason, where the host cannot enforce what `config` requires.
+    pub async fn start(
         &self,
         req: &Request<'_>,
         config: &RuntimeConfig,
-    ) -> Result<(tokio::process::Command, Cage), String> {
-        let Some((program, args)) = req.argv.split_first() else {
+    ) -> Result<(spawner::Tool, Cage), String> {
+        let spawner = self.spawner.as_ref().map_err(Clone::clone)?;
+        let (mut order, cage) = self.prepare(req, config)?;
+        let fds: Vec<_> = order
+            .steps
+            .descriptors()
+            .into_iter()
+            .map(|fd| *fd)
+            .collect();
+        let tool = spawner.spawn(&order, &fds).await?;
+        cage.started(tool.pid)?;
+        Ok((tool, cage))
+    }
+
+    /// The order that starts `req`'s process and its cage (which holds
+    /// the descriptors the order names until the process starts).
+    fn prepare(
+        &self,
+        req: &Request<'_>,
+        config: &RuntimeConfig,
+    ) -> Result<(spawner::Order, Cage), String> {
+        let Some(program) = req.argv.first() else {
             return Err("the tool declares no command".into());
         };
         let refuse = config.when_unconfinable == WhenUnconfinable::Refuse;
@@ -840,7 +877,9 @@ impl Confiner {
                             sub.account
                         )
                     })?;
-                namespaces.user_maps = Some(sys::UserMaps::Join(range.userns.as_raw_fd()));
+                // The spawner lives in the tools' user namespace: the tool
+                // makes its other namespaces there and takes its slot's ids.
+                namespaces.user_maps = None;
                 namespaces.become_ids = Some((1 + slot, 1 + slot));
                 format!(
                     "uid {} of the subordinate range of {}, its own while the attempt runs",
@@ -949,8 +988,8 @@ impl Confiner {
             ),
         };
         let syscalls = match &self.filter {
-            Ok(programs) => {
-                steps.filter = Some(programs.clone());
+            Ok(()) => {
+                steps.filter = true;
                 format!(
                     "seccomp filter {}: no sockets but IP and socketpair, no ptrace, keyctl, bpf, mounts or new namespaces",
                     filter::NAME
@@ -969,23 +1008,41 @@ impl Confiner {
         } else {
             (&home, &home)
         };
-        let mut cmd = tokio::process::Command::new(program);
+        let c = |s: &[u8]| CString::new(s).map_err(|_| "a NUL in the tool's command".to_string());
+        // A name without a slash is looked for on the tool's PATH (in its
+        // world, once built).
+        let program_paths = if program.contains('/') {
+            vec![c(program.as_bytes())?]
+        } else {
+            TOOL_PATH
+                .split(':')
+                .map(|d| c(format!("{d}/{program}").as_bytes()))
+                .collect::<Result<_, _>>()?
+        };
+        let env = [
+            ("PATH", TOOL_PATH.as_ref()),
+            ("LANG", std::ffi::OsStr::new("C.UTF-8")),
+            ("HOME", cwd.as_os_str()),
+            ("TMPDIR", tmp.as_os_str()),
+        ];
         // With a world, the child changes into its working directory
         // once it is built (a subordinate uid's directory is not the
         // appliance's to enter).
-        cmd.args(args)
-            .current_dir(if world { req.workdir } else { &home })
-            .env_clear()
-            .env("PATH", TOOL_PATH)
-            .env("LANG", "C.UTF-8")
-            .env("HOME", cwd)
-            .env("TMPDIR", tmp)
-            .kill_on_drop(true);
-        // SAFETY: Steps::apply makes only async-signal-safe calls on data
-        // prepared here.
-        unsafe {
-            cmd.pre_exec(move || steps.apply());
-        }
+        let start_in = if world { req.workdir } else { &home };
+        let order = spawner::Order {
+            program: program_paths,
+            argv: req
+                .argv
+                .iter()
+                .map(|a| c(a.as_bytes()))
+                .collect::<Result<_, _>>()?,
+            env: env
+                .iter()
+                .map(|(k, v)| c(&[k.as_bytes(), b"=", v.as_encoded_bytes()].concat()))
+                .collect::<Result<_, _>>()?,
+            cwd: c(start_in.as_os_str().as_encoded_bytes())?,
+            steps,
+        };
         let report = Confinement {
             mechanism: mechanism.to_string(),
             group: group.as_ref().map(|g| g.path().display().to_string()),
@@ -1005,7 +1062,7 @@ impl Confiner {
         metrics::counter!(crate::telemetry::names::TOOL_PROCESSES, "mechanism" => mechanism)
             .increment(1);
         Ok((
-            cmd,
+            order,
             Cage {
                 group,
                 report: Mutex::new(report),
@@ -1421,10 +1478,8 @@ impl Cage {
     /// and offers it its site endpoints: the listeners its network made
     /// at `127.0.0.1:<port>`, each connection forwarded by the appliance
     /// to the endpoint's address.
-    pub fn started(&self, pid: Option<u32>) -> Result<(), String> {
-        if let Some(pid) = pid {
-            self.pgid.store(pid as i32, Ordering::Relaxed);
-        }
+    fn started(&self, pid: u32) -> Result<(), String> {
+        self.pgid.store(pid as i32, Ordering::Relaxed);
         self.held.lock().clear();
         let Some((ours, theirs, endpoints)) = self.listeners.lock().take() else {
             return Ok(());

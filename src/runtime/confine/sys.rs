@@ -7,10 +7,12 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
 
-/// Everything the child applies to itself, prepared in the parent.
-#[derive(Clone, Default)]
+use serde::{Deserialize, Serialize};
+
+/// Everything the child applies to itself, prepared in the parent (the
+/// appliance, or the tool spawner from the appliance's order).
+#[derive(Clone, Default, Serialize, Deserialize)]
 pub struct Steps {
     /// `cgroup.procs` files to write `0` (itself) into.
     pub join: Vec<CString>,
@@ -26,15 +28,20 @@ pub struct Steps {
     /// A Landlock ruleset to restrict itself with (its file descriptor),
     /// and the access bits a read-write rule grants under it.
     pub landlock: Option<(RawFd, u64)>,
-    /// The system-call filter, installed last.
-    pub filter: Option<Arc<super::filter::Programs>>,
+    /// Whether the system-call filter is installed, last.
+    pub filter: bool,
 }
+
+/// The namespaces a clone makes with the process (the rest it makes
+/// itself): a user namespace first, which owns the rest, and the PID
+/// namespace, which only a new process enters.
+const CLONED: libc::c_int = libc::CLONE_NEWUSER | libc::CLONE_NEWPID;
 
 /// The most site endpoints one tool process may be offered.
 pub const MAX_LISTENERS: usize = crate::domain::reach::MAX_SITE_ENDPOINTS;
 
 /// How a tool's user namespace gets its ids.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum UserMaps {
     /// The appliance's own uid and gid only, written by the child itself
     /// (no subordinate range): the tool shares the appliance's uid.
@@ -55,13 +62,17 @@ pub enum UserMaps {
 }
 
 /// Which namespaces a process makes for itself, and what it does in them.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Namespaces {
     /// A user namespace, and how its ids are mapped (the appliance is not
     /// root); `None` as root, which needs none.
     pub user_maps: Option<UserMaps>,
     /// A network namespace with only loopback.
     pub network: bool,
+    /// That namespace made ahead, open (the tool spawner's pool): joined
+    /// instead of made. Set by the spawner, never sent.
+    #[serde(skip)]
+    pub network_from: Option<RawFd>,
     /// A PID namespace and a `/proc` of its own (in a mount namespace of
     /// its own): the tool runs as its namespace's first process, under a
     /// parent that waits for it, and sees no host process.
@@ -82,7 +93,7 @@ pub struct Namespaces {
 /// A tool's filesystem: a fresh tmpfs assembled at `base` (an empty
 /// directory, in the tool's own mount namespace), which then becomes its
 /// `/`. Every path below already starts with `base`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct World {
     /// Where the root is assembled.
     pub base: CString,
@@ -95,7 +106,7 @@ pub struct World {
 }
 
 /// One thing put in a tool's world.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Place {
     /// A directory (mode 0755).
     Dir(CString),
@@ -236,7 +247,7 @@ fn loopback_up() -> io::Result<()> {
 
 /// Sets the signal a process gets when its parent dies (cleared by every
 /// change of credentials, so set again after one).
-fn die_with_parent() -> io::Result<()> {
+pub fn die_with_parent() -> io::Result<()> {
     // SAFETY: a flag on the calling process.
     check(unsafe {
         libc::prctl(
@@ -261,9 +272,29 @@ impl Steps {
         }
     }
 
+    /// The namespaces the tool spawner clones a child into, with the
+    /// process itself: the child is its PID namespace's first process from
+    /// the start, with no second fork and no parent waiting for it but
+    /// the spawner. Its other namespaces (the costly ones: a copy of the
+    /// mount table, a network) it makes itself, in parallel with other
+    /// starts, not in the spawner. Then [`Steps::apply_cloned`].
+    pub fn clone_flags(&self) -> libc::c_int {
+        self.namespaces.as_ref().map_or(0, |ns| ns.flags() & CLONED)
+    }
+
     /// Applies the steps to the calling process. Runs between fork and
     /// exec: see the module's note.
     pub fn apply(&self) -> io::Result<()> {
+        self.apply_in(false)
+    }
+
+    /// Applies the steps to a child cloned with [`Steps::clone_flags`]:
+    /// its namespaces exist already.
+    pub fn apply_cloned(&self) -> io::Result<()> {
+        self.apply_in(true)
+    }
+
+    fn apply_in(&self, cloned: bool) -> io::Result<()> {
         for procs in &self.join {
             write_file(procs, b"0")?;
         }
@@ -286,7 +317,7 @@ impl Steps {
             }
         }
         if let Some(ns) = &self.namespaces {
-            ns.enter()?;
+            ns.enter(cloned)?;
         }
         if let Some((uid, gid)) = self.user {
             // SAFETY: plain system calls on values.
@@ -317,21 +348,59 @@ impl Steps {
                 check(libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) as libc::c_int)?;
             }
         }
-        if let Some(filter) = &self.filter {
-            super::filter::install(filter)?;
+        if self.filter {
+            // Compiled before the fork (the confiner and the spawner both
+            // compile it first): nothing is allocated here.
+            let programs = super::filter::programs()
+                .map_err(|_| io::Error::from_raw_os_error(libc::ENOSYS))?;
+            super::filter::install(programs)?;
         }
         Ok(())
+    }
+
+    /// Every descriptor the steps name, to renumber: the tool spawner
+    /// receives them under numbers of its own.
+    pub fn descriptors(&mut self) -> Vec<&mut RawFd> {
+        let mut fds: Vec<&mut RawFd> = Vec::new();
+        if let Some((fd, _)) = &mut self.landlock {
+            fds.push(fd);
+        }
+        if let Some(ns) = &mut self.namespaces {
+            match &mut ns.user_maps {
+                Some(UserMaps::Join(fd)) => fds.push(fd),
+                Some(UserMaps::Mapped { ready, go }) => {
+                    fds.push(ready);
+                    fds.push(go);
+                }
+                Some(UserMaps::Own(..)) | None => {}
+            }
+            if let Some(fd) = &mut ns.listeners_to {
+                fds.push(fd);
+            }
+            if let Some(world) = &mut ns.world {
+                for place in &mut world.places {
+                    if let Place::Own { fd, .. } = place {
+                        fds.push(fd);
+                    }
+                }
+            }
+        }
+        fds
     }
 }
 
 impl Namespaces {
-    /// Leaves the host's namespaces. Runs between fork and exec.
-    fn enter(&self) -> io::Result<()> {
+    /// The namespaces it makes: a user namespace unless it joins one or
+    /// needs none.
+    fn flags(&self) -> libc::c_int {
         let mut flags = 0;
-        if self.user_maps.is_some() {
+        if matches!(
+            self.user_maps,
+            Some(UserMaps::Own(..) | UserMaps::Mapped { .. })
+        ) {
             flags |= libc::CLONE_NEWUSER;
         }
-        if self.network {
+        if self.network && self.network_from.is_none() {
             flags |= libc::CLONE_NEWNET;
         }
         if self.pid {
@@ -340,14 +409,34 @@ impl Namespaces {
         if self.pid || self.world.is_some() {
             flags |= libc::CLONE_NEWNS;
         }
+        flags
+    }
+
+    /// Leaves the host's namespaces (`cloned`: the clone that made the
+    /// process already did). Runs between fork and exec.
+    fn enter(&self, cloned: bool) -> io::Result<()> {
+        let flags = self.flags();
+        if cloned && self.pid {
+            // Its parent is the spawner: the tool dies with it.
+            die_with_parent()?;
+        }
+        // The clone made the user and PID namespaces; the rest are made
+        // here.
+        let rest = flags & !CLONED;
         match &self.user_maps {
+            None if cloned => check(unsafe { libc::unshare(rest) })?,
             None => check(unsafe { libc::unshare(flags) })?,
+            // The spawner cannot join a user namespace for one child: it
+            // joins the tools' own once, at start.
+            Some(UserMaps::Join(_)) if cloned => {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
             Some(UserMaps::Join(userns)) => {
                 // SAFETY: plain system calls on a descriptor the parent
                 // holds open.
                 unsafe {
                     check(libc::setns(*userns, libc::CLONE_NEWUSER))?;
-                    check(libc::unshare(flags & !libc::CLONE_NEWUSER))?;
+                    check(libc::unshare(flags))?;
                 }
             }
             Some(maps) => {
@@ -360,7 +449,12 @@ impl Namespaces {
                 // namespace of its own).
                 // SAFETY: flags on the calling process; plain system calls.
                 unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
-                let written = check(unsafe { libc::unshare(flags) }).and_then(|()| match maps {
+                let made = if cloned {
+                    check(unsafe { libc::unshare(rest) })
+                } else {
+                    check(unsafe { libc::unshare(flags) })
+                };
+                let written = made.and_then(|()| match maps {
                     UserMaps::Own(uid_map, gid_map) => write_file(SETGROUPS, b"deny")
                         .and_then(|()| write_file(UID_MAP, uid_map.as_bytes()))
                         .and_then(|()| write_file(GID_MAP, gid_map.as_bytes())),
@@ -372,10 +466,15 @@ impl Namespaces {
             }
         }
         if self.network {
-            loopback_up()?;
+            match self.network_from {
+                // SAFETY: a plain system call on a descriptor the spawner
+                // passed down.
+                Some(net) => check(unsafe { libc::setns(net, libc::CLONE_NEWNET) })?,
+                None => loopback_up()?,
+            }
             self.send_listeners()?;
         }
-        if self.pid {
+        if self.pid && !cloned {
             become_first_process()?;
         }
         if let Some(world) = &self.world {
@@ -816,6 +915,267 @@ pub fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Sends `data` and the descriptors `fds` over `to` as one message
+/// (`SCM_RIGHTS`), whole or not at all.
+pub fn send_message(to: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let data_len = std::mem::size_of_val(fds) as u32;
+    // SAFETY: CMSG_SPACE is arithmetic.
+    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: every pointer is to a live buffer of the size given; the
+    // control buffer holds CMSG_SPACE(data_len) bytes.
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(cmsg),
+                data_len as usize,
+            );
+        }
+        loop {
+            let sent = libc::sendmsg(to, &msg, libc::MSG_NOSIGNAL);
+            if sent >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// One message from `from` into `buf` and the descriptors that came with
+/// it (close-on-exec, at most `max_fds`): its length, 0 at the end. A
+/// message longer than `buf`, or with more descriptors, is refused whole.
+pub fn receive_message(
+    from: RawFd,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let space = unsafe { libc::CMSG_SPACE((max_fds * std::mem::size_of::<libc::c_int>()) as u32) };
+    let mut control = vec![0u64; (space as usize).div_ceil(8)];
+    // SAFETY: pointers to live buffers of the sizes given; each
+    // descriptor received is taken into ownership once.
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let got = loop {
+            let got = libc::recvmsg(from, &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if got >= 0 {
+                break got as usize;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        let mut fds = Vec::new();
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                for i in 0..len / std::mem::size_of::<libc::c_int>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+            return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+        }
+        Ok((got, fds))
+    }
+}
+
+/// Blocks `SIGCHLD` and returns a descriptor that is readable when one is
+/// pending (the tool spawner waits on it and its socket together).
+pub fn child_signals() -> io::Result<OwnedFd> {
+    // SAFETY: a local signal set, filled by the calls that own its format.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        check(libc::sigprocmask(
+            libc::SIG_BLOCK,
+            &set,
+            std::ptr::null_mut(),
+        ))?;
+        let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+        check(fd)?;
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// Makes the calling process (one thread) a member of the user namespace
+/// `userns`, with every capability there.
+pub fn join_user_namespace(userns: RawFd) -> io::Result<()> {
+    // SAFETY: a plain system call on a descriptor the caller holds.
+    check(unsafe { libc::setns(userns, libc::CLONE_NEWUSER) })
+}
+
+/// Makes the calling process run only when a CPU would otherwise idle.
+pub fn idle_priority() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a local parameter for the calling process.
+    check(unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) })
+}
+
+/// In a process cloned into a new network namespace: brings its loopback
+/// up and returns the namespace, open.
+pub fn made_network() -> io::Result<OwnedFd> {
+    die_with_parent()?;
+    loopback_up()?;
+    open_with(
+        std::path::Path::new("/proc/self/ns/net"),
+        libc::O_RDONLY | libc::O_CLOEXEC,
+    )
+}
+
+/// Waits for the child `pid` to end: whether it exited 0.
+pub fn wait_for(pid: i32) -> bool {
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for a child of this process; status is a local.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            return libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        }
+        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
+}
+
+/// Closes a descriptor the caller does not own as an `OwnedFd`.
+pub fn close(fd: RawFd) {
+    // SAFETY: closes a descriptor number; nothing else holds it here.
+    unsafe { libc::close(fd) };
+}
+
+/// Ends the calling process at once (a child that must not run the
+/// parent's exit handlers).
+pub fn exit(code: i32) -> ! {
+    // SAFETY: _exit runs nothing of the process's and does not return.
+    unsafe { libc::_exit(code) }
+}
+
+/// Reads what is pending on a signal descriptor.
+pub fn drain(fd: RawFd) {
+    let mut info = [0u8; 128 * 8];
+    // SAFETY: reads into a local buffer of the size given.
+    while unsafe { libc::read(fd, info.as_mut_ptr().cast(), info.len()) } > 0 {}
+}
+
+/// One ended child, reaped: its pid and wait status; `None` when none is
+/// left to reap now.
+pub fn reap() -> Option<(i32, i32)> {
+    let mut status = 0;
+    // SAFETY: waits for any child without blocking; status is a local.
+    let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+    (pid > 0).then_some((pid, status))
+}
+
+/// In a child of the tool spawner: no blocked signals, `SIGPIPE` as a
+/// program expects it, and `stdin`, `stdout` as its standard input and
+/// output (the spawner's socket was its standard input).
+pub fn fresh_process(stdin: RawFd, stdout: RawFd) -> io::Result<()> {
+    // SAFETY: plain system calls on values and a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        check(libc::sigprocmask(
+            libc::SIG_SETMASK,
+            &set,
+            std::ptr::null_mut(),
+        ))?;
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        check(libc::dup2(stdin, 0))?;
+        check(libc::dup2(stdout, 1))?;
+    }
+    Ok(())
+}
+
+/// Changes the working directory.
+pub fn change_dir(dir: &CStr) -> io::Result<()> {
+    // SAFETY: a NUL-terminated path.
+    check(unsafe { libc::chdir(dir.as_ptr()) })
+}
+
+/// Execs the first of `paths` that can be: returns only why none could
+/// (`EACCES` if one was found but not executable, as a shell says).
+pub fn exec(
+    paths: &[CString],
+    argv: &[*const libc::c_char],
+    env: &[*const libc::c_char],
+) -> io::Error {
+    let mut error = libc::ENOENT;
+    for path in paths {
+        // SAFETY: NUL-terminated strings and null-terminated arrays of
+        // them, live across the call.
+        unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), env.as_ptr()) };
+        match io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOENT)
+        {
+            libc::ENOENT | libc::ENOTDIR => {}
+            libc::EACCES => error = libc::EACCES,
+            other => return io::Error::from_raw_os_error(other),
+        }
+    }
+    io::Error::from_raw_os_error(error)
+}
+
+/// Writes `error`'s number on `errors` and exits (a child that could not
+/// become its tool).
+pub fn exit_with(errors: RawFd, error: io::Error) -> ! {
+    let errno = error.raw_os_error().unwrap_or(libc::EINVAL).to_ne_bytes();
+    // SAFETY: a write of a local buffer, then the exit that runs nothing
+    // of the parent's.
+    unsafe {
+        libc::write(errors, errno.as_ptr().cast(), errno.len());
+        libc::_exit(127)
+    }
+}
+
+/// A pair of connected sequenced-packet sockets (close-on-exec): the
+/// appliance's end and the tool spawner's.
+pub fn packet_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: fds has room for the two descriptors socketpair writes.
+    check(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: both descriptors were just made and are owned here.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
 /// The listeners a child sent over `from`, `expected` of them.
 pub fn receive_listeners(
     from: &OwnedFd,
@@ -825,46 +1185,15 @@ pub fn receive_listeners(
     if expected > MAX_LISTENERS {
         return Err(io::Error::other("too many site endpoints"));
     }
-    let mut control = [0u64; 16 + MAX_LISTENERS / 2];
     let mut byte = [0u8; 1];
-    // SAFETY: pointers to live locals of the right sizes; the descriptors
-    // received are taken into ownership once each.
-    unsafe {
-        let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control) as _;
-        let got = libc::recvmsg(from.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
-        if got < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut out = Vec::new();
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let n = len / std::mem::size_of::<libc::c_int>();
-                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
-                for i in 0..n {
-                    let fd = std::ptr::read_unaligned(data.add(i));
-                    out.push(std::net::TcpListener::from_raw_fd(fd));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-        if out.len() != expected {
-            return Err(io::Error::other(format!(
-                "the tool's network sent {} listeners, not {expected}",
-                out.len()
-            )));
-        }
-        Ok(out)
+    let (_, fds) = receive_message(from.as_raw_fd(), &mut byte, MAX_LISTENERS)?;
+    if fds.len() != expected {
+        return Err(io::Error::other(format!(
+            "the tool's network sent {} listeners, not {expected}",
+            fds.len()
+        )));
     }
+    Ok(fds.into_iter().map(std::net::TcpListener::from).collect())
 }
 
 /// Sends SIGKILL to a process.
