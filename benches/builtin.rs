@@ -89,6 +89,11 @@ async fn site(dir: &Path) -> app::Running {
         demo: DemoConfig { enabled: false },
         ..Config::default()
     };
+    // Tools start through the spawner this build made.
+    #[cfg(unix)]
+    agentbay::runtime::confine::spawner::set_program(std::path::Path::new(env!(
+        "CARGO_BIN_EXE_agentbay"
+    )));
     let running = app::start(config, Clocks::system()).await.unwrap();
     let state = running.state.clone();
     let tenant = TenantId::parse("demo").unwrap();

@@ -144,6 +144,11 @@ async fn over_https(codec: CodecFormat) -> Row {
         demo: agentbay::config::DemoConfig { enabled: false },
         ..Config::default()
     };
+    // Tools start through the spawner this build made.
+    #[cfg(unix)]
+    agentbay::runtime::confine::spawner::set_program(std::path::Path::new(env!(
+        "CARGO_BIN_EXE_agentbay"
+    )));
     let running = app::start(config, Clocks::system()).await.unwrap();
     let bootstrap = running
         .bootstrap

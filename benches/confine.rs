@@ -87,10 +87,10 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
     let dir = tempfile::tempdir().unwrap();
+    agentbay::runtime::confine::spawner::set_program(Path::new(env!("CARGO_BIN_EXE_agentbay")));
     let confiner = Arc::new(Confiner::detect(
         dir.path().join("work"),
         vec![dir.path().join("data")],
-        Path::new(env!("CARGO_BIN_EXE_agentbay")),
     ));
     let mut config = RuntimeConfig::default();
     if std::env::var_os("AGENTBAY_BENCH_RLIMIT").is_some() {

@@ -210,6 +210,11 @@ async fn main() {
     if std::env::var("AGENTBAY_BENCH_LOG").is_ok() {
         agentbay::telemetry::init_logging(&config.log, &config.telemetry).unwrap();
     }
+    // Tools start through the spawner this build made.
+    #[cfg(unix)]
+    agentbay::runtime::confine::spawner::set_program(std::path::Path::new(env!(
+        "CARGO_BIN_EXE_agentbay"
+    )));
     let running = app::start(config, Clocks::system()).await.unwrap();
     let state = running.state.clone();
     let (attempt, run) = fill(&state).await;

@@ -49,6 +49,11 @@ async fn site(dir: &Path, store: agentbay::config::StoreConfig) -> (app::Running
         store,
         ..Config::default()
     };
+    // Tools start through the spawner this build made.
+    #[cfg(unix)]
+    agentbay::runtime::confine::spawner::set_program(std::path::Path::new(env!(
+        "CARGO_BIN_EXE_agentbay"
+    )));
     let running = app::start(config, Clocks::system()).await.unwrap();
     let state = running.state.clone();
     let (scope, project) = external_site(&state).await;

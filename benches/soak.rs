@@ -383,6 +383,11 @@ async fn main() {
         "soak: {per_day} runs a day for {days} days; retention: payloads {} days, history {} days; store cache {} MiB",
         config.retention.payload_days, config.retention.history_days, config.store.cache_mb
     );
+    // Tools start through the spawner this build made.
+    #[cfg(unix)]
+    agentbay::runtime::confine::spawner::set_program(std::path::Path::new(env!(
+        "CARGO_BIN_EXE_agentbay"
+    )));
     let running = app::start(config.clone(), clocks.clone()).await.unwrap();
     let state = running.state.clone();
     let (scope, project) = external_site(&state).await;

@@ -1153,6 +1153,10 @@ fn quiet_logging(config: &Config) {
 }
 
 fn main() -> ExitCode {
+    // Tool processes are forked by this very binary, run as the tool
+    // spawner.
+    #[cfg(unix)]
+    agentbay::runtime::confine::spawner::set_program(std::path::Path::new("/proc/self/exe"));
     let cli = Cli::parse();
     // One thread, no async runtime: the tool spawner forks.
     #[cfg(unix)]

@@ -346,7 +346,6 @@ pub(crate) fn confiner(config: &Config) -> anyhow::Result<Arc<crate::runtime::co
     let confiner = crate::runtime::confine::Confiner::detect(
         config.data_dir.join("work"),
         config.protected_paths(),
-        std::path::Path::new("/proc/self/exe"),
     );
     if config.store.backend == crate::config::StoreBackend::Postgres
         && let Some(socket) = crate::store::unix_socket(config.store.postgres.url.expose())

@@ -274,9 +274,8 @@ impl Confiner {
     /// readable by a tool. Groups go under `agentbay-tools/<instance>`,
     /// one subtree per appliance on the host (named after its data dir):
     /// what a killed run of this appliance left there is ended now.
-    /// `program` is the appliance's own binary, which the tool spawner
-    /// runs (`/proc/self/exe` in the appliance).
-    pub fn detect(work_root: PathBuf, protected: Vec<PathBuf>, program: &Path) -> Confiner {
+    /// Tools start through the tool spawner ([`spawner::set_program`]).
+    pub fn detect(work_root: PathBuf, protected: Vec<PathBuf>) -> Confiner {
         // The appliance's memory and environment (which may hold secrets)
         // are not readable through /proc by tools running as its user.
         // First: the probes below must see the process as its tools will.
@@ -325,8 +324,8 @@ impl Confiner {
                 .userns
                 .try_clone()
                 .map_err(|e| format!("the tools' user namespace: {e}"))
-                .and_then(|userns| spawner::Spawner::start(program, Some(userns))),
-            _ => spawner::Spawner::start(program, None),
+                .and_then(|userns| spawner::Spawner::start(Some(userns))),
+            _ => spawner::Spawner::start(None),
         };
         if let Ok(root) = &c.cgroup {
             // A previous run that was killed left its tools running: they

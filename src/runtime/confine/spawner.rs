@@ -40,6 +40,17 @@ use super::sys::{self, Steps};
 /// The hidden subcommand the spawner runs as.
 pub const SUBCOMMAND: &str = "tool-spawner";
 
+static PROGRAM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Names the agentbay binary the spawner runs: `/proc/self/exe` in the
+/// appliance's own `main` (the running binary, even once an upgrade has
+/// replaced the file); a program that embeds the appliance (a bench)
+/// names the built `agentbay`. Unnamed, no tool can start, and the
+/// confiner says so: the spawner is never some other program.
+pub fn set_program(program: &Path) {
+    let _ = PROGRAM.set(program.to_path_buf());
+}
+
 /// The largest order, bytes (a world of a few hundred places).
 const MAX_ORDER: usize = 256 * 1024;
 
@@ -139,14 +150,17 @@ impl Tool {
 }
 
 impl Spawner {
-    /// Starts the spawner from `program` (the appliance's own binary),
-    /// in the tools' user namespace `userns` if there is one (an
-    /// unprivileged appliance's subordinate range): ready when this
-    /// returns, or why not.
-    pub fn start(program: &Path, userns: Option<OwnedFd>) -> Result<Spawner, String> {
+    /// Starts the spawner from the program [`set_program`] named, in the
+    /// tools' user namespace `userns` if there is one (an unprivileged
+    /// appliance's subordinate range): ready when this returns, or why
+    /// not.
+    pub fn start(userns: Option<OwnedFd>) -> Result<Spawner, String> {
+        let program = PROGRAM.get().ok_or(
+            "the tool spawner's program is not named (runtime::confine::spawner::set_program)",
+        )?;
         let link = Link::start(program, userns.as_ref())?;
         Ok(Spawner {
-            program: program.to_path_buf(),
+            program: program.clone(),
             userns,
             link: Mutex::new(Some(link)),
             next: AtomicU64::new(1),
@@ -210,6 +224,9 @@ impl Spawner {
             Ok(Err(errno)) => return Err(io::Error::from_raw_os_error(errno).to_string()),
             Err(_) => return Err("the tool spawner ended".into()),
         };
+        // Until it is handed over, a start that fails or is dropped kills
+        // what it started.
+        let unclaimed = Unclaimed(pid);
         // The child writes the error number here if it cannot exec; the
         // pipe closes without a word when it does.
         let mut errors =
@@ -219,16 +236,38 @@ impl Spawner {
             .await
             .map_err(|e| e.to_string())?;
         if let Some(errno) = word.first_chunk::<4>() {
+            // It has exited already.
+            unclaimed.claim();
             return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(*errno)).to_string());
         }
+        let stdin =
+            tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w).map_err(|e| e.to_string())?;
+        let stdout =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(|e| e.to_string())?;
         Ok(Tool {
-            pid: pid as u32,
-            stdin: tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w)
-                .map_err(|e| e.to_string())?,
-            stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r)
-                .map_err(|e| e.to_string())?,
+            pid: unclaimed.claim() as u32,
+            stdin,
+            stdout,
             ended,
         })
+    }
+}
+
+/// A started process nobody holds yet: killed when dropped.
+struct Unclaimed(i32);
+
+impl Unclaimed {
+    /// Its pid, now held by someone else.
+    fn claim(self) -> i32 {
+        let pid = self.0;
+        std::mem::forget(self);
+        pid
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        sys::kill(self.0);
     }
 }
 
@@ -300,7 +339,11 @@ impl Link {
                 Ok(Reply::Started { id, pid }) => {
                     if let Some((started, ended)) = waiting.starts.remove(&id) {
                         waiting.ends.insert(pid, ended);
-                        let _ = started.send(Ok(pid));
+                        if started.send(Ok(pid)).is_err() {
+                            // Nobody waits for it any more (the call that
+                            // started it was dropped): it must not run.
+                            sys::kill(pid);
+                        }
                     }
                 }
                 Ok(Reply::Refused { id, errno }) => {
