@@ -954,8 +954,8 @@ impl Confiner {
         };
         let mut listeners = None;
         if namespaces.network && !req.endpoints.is_empty() {
-            let (ours, theirs) =
-                sys::socket_pair().map_err(|e| format!("no socket for site endpoints: {e}"))?;
+            let (ours, theirs) = sys::socket_pair(libc::SOCK_DGRAM)
+                .map_err(|e| format!("no socket for site endpoints: {e}"))?;
             namespaces.listen = req.endpoints.iter().map(|(_, port, _)| *port).collect();
             namespaces.listeners_to = Some(theirs.as_raw_fd());
             listeners = Some((ours, theirs, req.endpoints.to_vec()));

@@ -279,7 +279,7 @@ impl Link {
                 program.display()
             )
         };
-        let (ours, theirs) = sys::packet_pair().map_err(fail)?;
+        let (ours, theirs) = sys::socket_pair(libc::SOCK_SEQPACKET).map_err(fail)?;
         // Its standard input is its socket; it inherits the appliance's
         // standard error, which its tools write to. No environment.
         let mut child = std::process::Command::new(program)
@@ -501,21 +501,23 @@ struct Pool {
 
 impl Pool {
     fn start() -> Pool {
-        let maker = sys::packet_pair().ok().and_then(|(ours, theirs)| {
-            // SAFETY: this process has one thread; the child runs `make`,
-            // which exits.
-            match unsafe { libc::fork() } {
-                0 => {
-                    // The maker holds nothing of the spawner's: not the
-                    // appliance's socket, not the pool's other end.
-                    drop(ours);
-                    sys::close(0);
-                    make(theirs)
+        let maker = sys::socket_pair(libc::SOCK_SEQPACKET)
+            .ok()
+            .and_then(|(ours, theirs)| {
+                // SAFETY: this process has one thread; the child runs `make`,
+                // which exits.
+                match unsafe { libc::fork() } {
+                    0 => {
+                        // The maker holds nothing of the spawner's: not the
+                        // appliance's socket, not the pool's other end.
+                        drop(ours);
+                        sys::close(0);
+                        make(theirs)
+                    }
+                    -1 => None,
+                    _ => Some(ours),
                 }
-                -1 => None,
-                _ => Some(ours),
-            }
-        });
+            });
         Pool {
             maker,
             ready: Vec::new(),

@@ -516,44 +516,12 @@ impl Namespaces {
             fds[i] = listen_loopback(*port)?;
         }
         let n = self.listen.len();
-        // An aligned buffer for one control message of up to
-        // MAX_LISTENERS descriptors.
-        let mut control = [0u64; 16 + MAX_LISTENERS / 2];
-        let mut byte = [0u8; 1];
-        // SAFETY: every pointer is to a live local of the right size; the
-        // control buffer is larger than CMSG_SPACE(MAX_LISTENERS * 4).
-        unsafe {
-            let mut iov = libc::iovec {
-                iov_base: byte.as_mut_ptr().cast(),
-                iov_len: 1,
-            };
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            let data_len = (n * std::mem::size_of::<libc::c_int>()) as u32;
-            if n > 0 {
-                msg.msg_control = control.as_mut_ptr().cast();
-                msg.msg_controllen = libc::CMSG_SPACE(data_len) as _;
-                let cmsg = libc::CMSG_FIRSTHDR(&msg);
-                (*cmsg).cmsg_level = libc::SOL_SOCKET;
-                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-                (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as _;
-                std::ptr::copy_nonoverlapping(
-                    fds.as_ptr().cast::<u8>(),
-                    libc::CMSG_DATA(cmsg),
-                    data_len as usize,
-                );
-            }
-            let sent = libc::sendmsg(to, &msg, libc::MSG_NOSIGNAL);
-            let err = io::Error::last_os_error();
-            for fd in &fds[..n] {
-                libc::close(*fd);
-            }
-            if sent < 0 {
-                return Err(err);
-            }
+        let sent = send_message(to, &[0], &fds[..n]);
+        for fd in &fds[..n] {
+            // SAFETY: each is a listener made above and owned here.
+            unsafe { libc::close(*fd) };
         }
-        Ok(())
+        sent
     }
 }
 
@@ -898,15 +866,16 @@ fn become_first_process() -> io::Result<()> {
     die_with_parent()
 }
 
-/// A pair of connected UNIX sockets (close-on-exec): the appliance's end
-/// and the child's, over which the child sends its listeners.
-pub fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+/// A pair of connected UNIX sockets of `kind` (`SOCK_DGRAM`,
+/// `SOCK_SEQPACKET`; close-on-exec): the appliance's end and the other
+/// process's.
+pub fn socket_pair(kind: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: fds has room for the two descriptors socketpair writes.
     check(unsafe {
         libc::socketpair(
             libc::AF_UNIX,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            kind | libc::SOCK_CLOEXEC,
             0,
             fds.as_mut_ptr(),
         )
@@ -915,15 +884,23 @@ pub fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Sends `data` and the descriptors `fds` over `to` as one message
-/// (`SCM_RIGHTS`), whole or not at all.
+/// The most descriptors one message carries.
+const MAX_SENT_FDS: usize = 32;
+const _: () = assert!(MAX_LISTENERS <= MAX_SENT_FDS);
+
+/// Sends `data` and the descriptors `fds` (at most [`MAX_SENT_FDS`]) over
+/// `to` as one message (`SCM_RIGHTS`), whole or not at all. Allocates
+/// nothing: a child sends its listeners with it between fork and exec.
 pub fn send_message(to: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    if fds.len() > MAX_SENT_FDS {
+        return Err(io::Error::from_raw_os_error(libc::E2BIG));
+    }
     let data_len = std::mem::size_of_val(fds) as u32;
-    // SAFETY: CMSG_SPACE is arithmetic.
-    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
-    let mut control = vec![0u64; space.div_ceil(8)];
+    // An aligned buffer for one control message of up to MAX_SENT_FDS
+    // descriptors (CMSG_SPACE of 128 bytes is 144).
+    let mut control = [0u64; 4 + MAX_SENT_FDS / 2];
     // SAFETY: every pointer is to a live buffer of the size given; the
-    // control buffer holds CMSG_SPACE(data_len) bytes.
+    // control buffer is larger than CMSG_SPACE(data_len).
     unsafe {
         let mut iov = libc::iovec {
             iov_base: data.as_ptr() as *mut libc::c_void,
@@ -934,7 +911,7 @@ pub fn send_message(to: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
         msg.msg_iovlen = 1;
         if !fds.is_empty() {
             msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = space as _;
+            msg.msg_controllen = libc::CMSG_SPACE(data_len) as _;
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
@@ -1157,23 +1134,6 @@ pub fn exit_with(errors: RawFd, error: io::Error) -> ! {
         libc::write(errors, errno.as_ptr().cast(), errno.len());
         libc::_exit(127)
     }
-}
-
-/// A pair of connected sequenced-packet sockets (close-on-exec): the
-/// appliance's end and the tool spawner's.
-pub fn packet_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: fds has room for the two descriptors socketpair writes.
-    check(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    })?;
-    // SAFETY: both descriptors were just made and are owned here.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// The listeners a child sent over `from`, `expected` of them.
