@@ -6,8 +6,10 @@
 //!
 //! Then the same at once: `AGENTBAY_BENCH_CONCURRENT` (default 32) tools
 //! starting together, in rounds, unconfined and confined, p50 and p99 of
-//! each start and the difference: rounds back to back, then bursts from
-//! rest (250 ms idle before each round).
+//! each start and the difference: rounds back to back (tools started on
+//! demand: what the spawner made ahead is used up), then bursts from rest
+//! (250 ms idle before each round, in which the spawner makes tool
+//! processes ahead).
 //!
 //! `AGENTBAY_BENCH_RLIMIT` (any value) measures the weaker mechanism
 //! instead of a cgroup, `AGENTBAY_BENCH_EGRESS` tools with internet egress
@@ -60,12 +62,10 @@ async fn confined_start(
     confiner: &Confiner,
     config: &RuntimeConfig,
     workdir: &Path,
-    label: String,
 ) -> (Duration, Cage) {
     let t = Instant::now();
     let argv = ["/bin/true".to_string()];
     let request = Request {
-        label,
         argv: &argv,
         cpu: Amount::units(1),
         memory_gb: Amount::units(1),
@@ -116,8 +116,8 @@ async fn main() {
     }
     let mut confined = Vec::with_capacity(spawns);
     let mut removals = Vec::with_capacity(spawns);
-    for i in 0..spawns {
-        let (took, cage) = confined_start(&confiner, &config, &workdir, format!("bench{i}")).await;
+    for _ in 0..spawns {
+        let (took, cage) = confined_start(&confiner, &config, &workdir).await;
         confined.push(took);
         let t = Instant::now();
         drop(cage);
@@ -182,12 +182,11 @@ async fn at_once(
         }
         tokio::time::sleep(rest).await;
         let starts: Vec<_> = (0..concurrent)
-            .map(|i| {
+            .map(|_| {
                 let (workdir, confiner, config) =
                     (workdir.to_path_buf(), confiner.clone(), config.clone());
                 tokio::spawn(async move {
-                    let (took, cage) =
-                        confined_start(&confiner, &config, &workdir, format!("at-once{i}")).await;
+                    let (took, cage) = confined_start(&confiner, &config, &workdir).await;
                     (took, tokio::task::spawn_blocking(move || drop(cage)))
                 })
             })

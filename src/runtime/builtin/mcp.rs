@@ -157,7 +157,6 @@ impl McpServers {
                 .workdir(&self.attempt, config)
                 .map_err(|e| format!("no working directory for the tool: {e}"))?;
             let request = Request {
-                label: self.attempt.clone(),
                 argv: command,
                 cpu: bounds.cpu,
                 memory_gb: bounds.memory_gb,

@@ -8,6 +8,7 @@
 //! touch, and 0.5 pulls in a D-Bus client; the part needed here is a dozen
 //! files.
 
+use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -15,7 +16,8 @@ use std::path::{Path, PathBuf};
 /// The controllers a confined tree is limited by.
 pub const CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 
-/// CFS period: quotas are in microseconds of this.
+/// CFS period: quotas are in microseconds of this (the kernel's default
+/// for a new group, not written again).
 const PERIOD_US: u64 = 100_000;
 
 /// Where groups are made.
@@ -115,85 +117,132 @@ impl Root {
         }
     }
 
-    /// Makes group `name` with `limits`.
-    pub fn create(&self, name: &str, limits: Limits) -> io::Result<Group> {
-        let mut group = Group {
-            root: self.clone(),
-            dirs: Vec::new(),
-            kill: None,
-        };
+    /// Each hierarchy's directory a group is made in: its controller
+    /// (`""` for v2, `"unified"` for a hybrid host's v2 beside v1), the
+    /// directory, and whether it may refuse a group (the unified one,
+    /// used only to kill a tree at once).
+    fn parents(&self) -> Vec<(&'static str, PathBuf, bool)> {
         match self {
-            Root::V2 { dir } => {
-                let d = dir.join(name);
-                fs::create_dir(&d)?;
-                group.dirs.push(("", d.clone()));
-                group.kill = Some(d.clone());
-                write(
-                    &d,
+            Root::V2 { dir } => vec![("", dir.clone(), false)],
+            Root::V1 { dirs, unified } => dirs
+                .iter()
+                .map(|(c, d)| (*c, d.clone(), false))
+                .chain(unified.iter().map(|u| ("unified", u.clone(), true)))
+                .collect(),
+        }
+    }
+
+    /// The files a group's `limits` are written to: the hierarchy (an
+    /// index of [`Root::parents`]), the file, the value, and whether the
+    /// file must exist (swap's is absent where swap accounting is off,
+    /// and there is no swap to turn off then).
+    fn limit_files(&self, limits: Limits) -> Vec<(usize, &'static str, String, bool)> {
+        let memory = limits.memory_bytes.to_string();
+        let pids = limits.pids.to_string();
+        match self {
+            Root::V2 { .. } => vec![
+                (
+                    0,
                     "cpu.max",
-                    &format!("{} {PERIOD_US}", limits.cpu_quota_us),
-                )?;
-                write(&d, "memory.max", &limits.memory_bytes.to_string())?;
-                // Absent where swap accounting is off: there is no swap to
-                // turn off then.
-                if d.join("memory.swap.max").exists() {
-                    write(&d, "memory.swap.max", "0")?;
-                }
-                write(&d, "pids.max", &limits.pids.to_string())?;
-            }
-            Root::V1 { dirs, unified } => {
-                for (controller, parent) in dirs {
-                    let d = parent.join(name);
-                    fs::create_dir(&d)?;
-                    group.dirs.push((controller, d.clone()));
+                    format!("{} {PERIOD_US}", limits.cpu_quota_us),
+                    true,
+                ),
+                (0, "memory.max", memory, true),
+                (0, "memory.swap.max", "0".into(), false),
+                (0, "pids.max", pids, true),
+            ],
+            Root::V1 { dirs, .. } => {
+                let mut files = Vec::new();
+                for (i, (controller, _)) in dirs.iter().enumerate() {
                     match *controller {
+                        // The period is the kernel's default (a new
+                        // group's); writing it again would visit every
+                        // CPU once more.
                         "cpu" => {
-                            write(&d, "cpu.cfs_period_us", &PERIOD_US.to_string())?;
-                            write(&d, "cpu.cfs_quota_us", &limits.cpu_quota_us.to_string())?;
+                            files.push((
+                                i,
+                                "cpu.cfs_quota_us",
+                                limits.cpu_quota_us.to_string(),
+                                true,
+                            ));
                         }
                         "memory" => {
-                            write(
-                                &d,
-                                "memory.limit_in_bytes",
-                                &limits.memory_bytes.to_string(),
-                            )?;
-                            if d.join("memory.memsw.limit_in_bytes").exists() {
-                                write(
-                                    &d,
-                                    "memory.memsw.limit_in_bytes",
-                                    &limits.memory_bytes.to_string(),
-                                )?;
-                            }
+                            files.push((i, "memory.limit_in_bytes", memory.clone(), true));
+                            files.push((i, "memory.memsw.limit_in_bytes", memory.clone(), false));
                         }
-                        "pids" => write(&d, "pids.max", &limits.pids.to_string())?,
+                        "pids" => files.push((i, "pids.max", pids.clone(), true)),
                         _ => {}
                     }
                 }
-                if let Some(u) = unified {
-                    let d = u.join(name);
-                    if fs::create_dir(&d).is_ok() {
-                        if d.join("cgroup.kill").exists() {
-                            group.kill = Some(d.clone());
-                        }
-                        group.dirs.push(("unified", d));
-                    }
-                }
+                files
             }
         }
-        Ok(group)
+    }
+
+    /// The group of a tool limited by `limits`, as its steps carry it:
+    /// the tool spawner makes it, the process joins it and writes its
+    /// limits.
+    pub fn spec(&self, limits: Limits) -> super::sys::Cgroup {
+        let c = |s: &str| CString::new(s).expect("no NUL");
+        super::sys::Cgroup::new(
+            self.parents()
+                .into_iter()
+                .map(|(_, d, may_refuse)| {
+                    (
+                        CString::new(d.into_os_string().into_encoded_bytes()).expect("no NUL"),
+                        may_refuse,
+                    )
+                })
+                .collect(),
+            self.limit_files(limits)
+                .into_iter()
+                .map(|(i, file, value, must)| (i, c(file), c(&value), must))
+                .collect(),
+        )
+    }
+
+    /// The group `name` (made by the tool spawner): its directories that
+    /// exist.
+    pub fn group(&self, name: &str) -> Group {
+        let dirs: Vec<(&'static str, PathBuf)> = self
+            .parents()
+            .into_iter()
+            .map(|(c, d, _)| (c, d.join(name)))
+            .filter(|(_, d)| d.is_dir())
+            .collect();
+        let kill = dirs
+            .iter()
+            .find(|(c, d)| (c.is_empty() || *c == "unified") && d.join("cgroup.kill").exists())
+            .map(|(_, d)| d.clone());
+        Group {
+            root: self.clone(),
+            dirs,
+            kill,
+        }
+    }
+
+    /// Makes group `name` with `limits` here, as the tool spawner and the
+    /// process do it: the file protocol, checked on plain files.
+    #[cfg(test)]
+    fn create(&self, name: &str, limits: Limits) -> io::Result<Group> {
+        let parents = self.parents();
+        for (_, d, _) in &parents {
+            fs::create_dir(d.join(name))?;
+        }
+        for (i, file, value, must) in self.limit_files(limits) {
+            let dir = parents[i].1.join(name);
+            if must || dir.join(file).exists() {
+                write(&dir, file, &value)?;
+            }
+        }
+        Ok(self.group(name))
     }
 }
 
 impl Root {
     /// Removes the root's own directories (once its groups are gone).
     pub fn remove(&self) {
-        let dirs: Vec<&PathBuf> = match self {
-            Root::V2 { dir } => vec![dir],
-            Root::V1 { dirs, unified } => {
-                dirs.iter().map(|(_, d)| d).chain(unified.iter()).collect()
-            }
-        };
-        for d in dirs {
+        for (_, d, _) in self.parents() {
             let _ = fs::remove_dir(d);
         }
     }
@@ -201,17 +250,10 @@ impl Root {
     /// Every group under the root (one per directory the root has):
     /// what a previous run left behind, or what runs at shutdown.
     pub fn groups(&self) -> Vec<Group> {
-        let parents: Vec<(&'static str, PathBuf)> = match self {
-            Root::V2 { dir } => vec![("", dir.clone())],
-            Root::V1 { dirs, unified } => dirs
-                .iter()
-                .cloned()
-                .chain(unified.iter().map(|u| ("unified", u.clone())))
-                .collect(),
-        };
-        let mut names: Vec<String> = parents
+        let mut names: Vec<String> = self
+            .parents()
             .iter()
-            .flat_map(|(_, d)| {
+            .flat_map(|(_, d, _)| {
                 fs::read_dir(d)
                     .into_iter()
                     .flatten()
@@ -222,27 +264,7 @@ impl Root {
             .collect();
         names.sort();
         names.dedup();
-        names
-            .into_iter()
-            .map(|name| {
-                let dirs: Vec<(&'static str, PathBuf)> = parents
-                    .iter()
-                    .map(|(c, d)| (*c, d.join(&name)))
-                    .filter(|(_, d)| d.is_dir())
-                    .collect();
-                let kill = dirs
-                    .iter()
-                    .find(|(c, d)| {
-                        (c.is_empty() || *c == "unified") && d.join("cgroup.kill").exists()
-                    })
-                    .map(|(_, d)| d.clone());
-                Group {
-                    root: self.clone(),
-                    dirs,
-                    kill,
-                }
-            })
-            .collect()
+        names.into_iter().map(|name| self.group(&name)).collect()
     }
 }
 

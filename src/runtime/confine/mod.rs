@@ -65,8 +65,6 @@ use crate::domain::amount::Amount;
 /// What a process is started with: its command, its lease's resources and
 /// network, and where it works.
 pub struct Request<'a> {
-    /// A name for its group (unique while it runs).
-    pub label: String,
     /// Program and arguments.
     pub argv: &'a [String],
     /// The lease's CPUs.
@@ -145,7 +143,6 @@ pub struct Confiner {
     identity: Identity,
     work_root: PathBuf,
     protected: Vec<PathBuf>,
-    seq: AtomicU64,
     /// The uid slot each attempt with a working directory holds (an
     /// offset into the subordinate range or `runtime.tool_uid_range`).
     slots: Mutex<HashMap<String, u32>>,
@@ -308,7 +305,6 @@ impl Confiner {
             identity: Identity::Shared("not probed".into()),
             work_root,
             protected,
-            seq: AtomicU64::new(0),
             slots: Mutex::new(HashMap::new()),
             next_slot: AtomicU64::new(0),
         };
@@ -324,8 +320,8 @@ impl Confiner {
                 .userns
                 .try_clone()
                 .map_err(|e| format!("the tools' user namespace: {e}"))
-                .and_then(|userns| spawner::Spawner::start(Some(userns))),
-            _ => spawner::Spawner::start(None),
+                .and_then(|userns| spawner::Spawner::start(Some(userns), c.cgroup.clone().ok())),
+            _ => spawner::Spawner::start(None, c.cgroup.clone().ok()),
         };
         if let Ok(root) = &c.cgroup {
             // A previous run that was killed left its tools running: they
@@ -793,7 +789,12 @@ impl Confiner {
             .into_iter()
             .map(|fd| *fd)
             .collect();
-        let tool = spawner.spawn(&order, &fds).await?;
+        let mut tool = spawner.spawn(&order, &fds).await?;
+        let mut cage = cage;
+        if let Some(group) = tool.group.take() {
+            cage.report.get_mut().group = Some(group.path().display().to_string());
+            cage.group = Some(group);
+        }
         cage.started(tool.pid)?;
         Ok((tool, cage))
     }
@@ -822,30 +823,23 @@ impl Confiner {
         let limits = Limits::of(req.cpu.thousandths(), memory_bytes, pids);
         let mut steps = sys::Steps::default();
         let mut held: Vec<OwnedFd> = Vec::new();
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{}-{seq}", req.label);
         let (user, own_identity) = self.who(config);
         if !own_identity && refuse {
             return Err(format!(
                 "a tool would run as the appliance's own uid and runtime.when_unconfinable is refuse: {user}"
             ));
         }
-        let (group, mechanism) = match self.cgroup_for(config)? {
+        // The tool spawner makes the group; the process joins it and
+        // writes its limits.
+        let mechanism = match self.cgroup_for(config)? {
             Some(root) => {
-                let group = root
-                    .create(&name, limits)
-                    .map_err(|e| format!("no cgroup for the tool: {e}"))?;
-                steps.join = group
-                    .procs_files()
-                    .iter()
-                    .map(|p| CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL"))
-                    .collect();
-                (Some(group), root.mechanism())
+                steps.cgroup = Some(root.spec(limits));
+                root.mechanism()
             }
             None => {
                 steps.address_space = Some(memory_bytes);
                 steps.processes = Some(u64::from(pids));
-                (None, "rlimit")
+                "rlimit"
             }
         };
         let mut namespaces = sys::Namespaces::for_this_process(false, false);
@@ -1026,8 +1020,9 @@ impl Confiner {
         ];
         // With a world, the child changes into its working directory
         // once it is built (a subordinate uid's directory is not the
-        // appliance's to enter).
-        let start_in = if world { req.workdir } else { &home };
+        // appliance's to enter, and a process made ahead no longer sees
+        // the host's): until then it is at `/`.
+        let start_in = if world { Path::new("/") } else { &home };
         let order = spawner::Order {
             program: program_paths,
             argv: req
@@ -1044,7 +1039,7 @@ impl Confiner {
         };
         let report = Confinement {
             mechanism: mechanism.to_string(),
-            group: group.as_ref().map(|g| g.path().display().to_string()),
+            group: None,
             cpu: req.cpu,
             memory_bytes,
             pids,
@@ -1063,7 +1058,7 @@ impl Confiner {
         Ok((
             order,
             Cage {
-                group,
+                group: None,
                 report: Mutex::new(report),
                 pgid: AtomicI32::new(0),
                 held: Mutex::new(held),
@@ -1301,6 +1296,8 @@ impl Frame {
         release: &Path,
         owner: Option<(std::os::fd::RawFd, libc::uid_t)>,
     ) -> sys::World {
+        // What the frame holds so far every tool's world has.
+        let shared = self.places.len();
         self.dirs_to(Path::new("/tmp"));
         self.places.push(sys::Place::Tmpfs {
             at: self.inside(Path::new("/tmp")),
@@ -1336,7 +1333,9 @@ impl Frame {
             base: c_path(&self.base),
             options: c"size=1m,nr_inodes=4096,mode=0755".into(),
             places: self.places,
+            shared,
             cwd: c_path(workdir),
+            pivoted: false,
         }
     }
 }

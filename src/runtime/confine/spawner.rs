@@ -30,11 +30,13 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use super::cgroup::{Group, Root};
 use super::sys::{self, Steps};
 
 /// The hidden subcommand the spawner runs as.
@@ -88,8 +90,13 @@ struct Setup {
 enum Reply {
     /// The spawner is ready for orders.
     Ready,
-    /// An order's child was forked: its pid.
-    Started { id: u64, pid: i32 },
+    /// An order's child was forked: its pid, and the name of the group
+    /// the spawner made for it.
+    Started {
+        id: u64,
+        pid: i32,
+        group: Option<String>,
+    },
     /// An order could not be forked: the error number.
     Refused { id: u64, errno: i32 },
     /// A child ended: its wait status.
@@ -100,6 +107,8 @@ enum Reply {
 /// spawner ended.
 pub struct Spawner {
     program: PathBuf,
+    /// Where the groups it makes are.
+    cgroup: Option<Root>,
     /// The tools' user namespace it lives in, if they have one.
     userns: Option<OwnedFd>,
     link: Mutex<Option<Arc<Link>>>,
@@ -114,8 +123,9 @@ struct Link {
 
 type Status = i32;
 
-/// Where an order's pid goes, or the error number that refused it.
-type Pid = oneshot::Sender<Result<i32, i32>>;
+/// Where an order's pid and group go, or the error number that refused
+/// it.
+type Pid = oneshot::Sender<Result<(i32, Option<String>), i32>>;
 
 #[derive(Default)]
 struct Waiting {
@@ -131,6 +141,8 @@ struct Waiting {
 pub struct Tool {
     /// Its pid.
     pub pid: u32,
+    /// The group the spawner made for it, if its steps have one.
+    pub group: Option<Group>,
     /// Its standard input.
     pub stdin: tokio::net::unix::pipe::Sender,
     /// Its standard output.
@@ -154,13 +166,14 @@ impl Spawner {
     /// tools' user namespace `userns` if there is one (an unprivileged
     /// appliance's subordinate range): ready when this returns, or why
     /// not.
-    pub fn start(userns: Option<OwnedFd>) -> Result<Spawner, String> {
+    pub fn start(userns: Option<OwnedFd>, cgroup: Option<Root>) -> Result<Spawner, String> {
         let program = PROGRAM.get().ok_or(
             "the tool spawner's program is not named (runtime::confine::spawner::set_program)",
         )?;
         let link = Link::start(program, userns.as_ref())?;
         Ok(Spawner {
             program: program.clone(),
+            cgroup,
             userns,
             link: Mutex::new(Some(link)),
             next: AtomicU64::new(1),
@@ -219,14 +232,17 @@ impl Spawner {
         // The spawner has its own copies now; the tool's ends close here
         // so that its output ends when it does.
         drop((stdin_r, stdout_w, errors_w));
-        let pid = match started.await {
-            Ok(Ok(pid)) => pid,
+        let (pid, group) = match started.await {
+            Ok(Ok(started)) => started,
             Ok(Err(errno)) => return Err(io::Error::from_raw_os_error(errno).to_string()),
             Err(_) => return Err("the tool spawner ended".into()),
         };
         // Until it is handed over, a start that fails or is dropped kills
-        // what it started.
-        let unclaimed = Unclaimed(pid);
+        // what it started and removes its group.
+        let mut unclaimed = Unclaimed {
+            pid,
+            group: group.and_then(|name| Some((self.cgroup.clone()?, name))),
+        };
         // The child writes the error number here if it cannot exec; the
         // pipe closes without a word when it does.
         let mut errors =
@@ -236,16 +252,23 @@ impl Spawner {
             .await
             .map_err(|e| e.to_string())?;
         if let Some(errno) = word.first_chunk::<4>() {
-            // It has exited already.
+            // It has exited already: only its group is left.
+            let group = unclaimed.group.take();
             unclaimed.claim();
+            if let Some((root, name)) = group {
+                std::thread::spawn(move || root.group(&name).remove());
+            }
             return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(*errno)).to_string());
         }
         let stdin =
             tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w).map_err(|e| e.to_string())?;
         let stdout =
             tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(|e| e.to_string())?;
+        // It made its group before it exec'd.
+        let group = unclaimed.group.take().map(|(root, name)| root.group(&name));
         Ok(Tool {
             pid: unclaimed.claim() as u32,
+            group,
             stdin,
             stdout,
             ended,
@@ -253,21 +276,34 @@ impl Spawner {
     }
 }
 
-/// A started process nobody holds yet: killed when dropped.
-struct Unclaimed(i32);
+/// A started process nobody holds yet, and its group (where, and its
+/// name): killed and removed when dropped.
+struct Unclaimed {
+    pid: i32,
+    group: Option<(Root, String)>,
+}
 
 impl Unclaimed {
     /// Its pid, now held by someone else.
-    fn claim(self) -> i32 {
-        let pid = self.0;
-        std::mem::forget(self);
+    fn claim(mut self) -> i32 {
+        let pid = self.pid;
+        self.pid = 0;
         pid
     }
 }
 
 impl Drop for Unclaimed {
     fn drop(&mut self) {
-        sys::kill(self.0);
+        if self.pid > 0 {
+            sys::kill(self.pid);
+        }
+        if let Some((root, name)) = self.group.take() {
+            // Once it is gone (its group is busy until then).
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                root.group(&name).remove();
+            });
+        }
     }
 }
 
@@ -336,10 +372,10 @@ impl Link {
             }
             let mut waiting = self.waiting.lock();
             match rmp_serde::from_slice::<Reply>(&buf[..n]) {
-                Ok(Reply::Started { id, pid }) => {
+                Ok(Reply::Started { id, pid, group }) => {
                     if let Some((started, ended)) = waiting.starts.remove(&id) {
                         waiting.ends.insert(pid, ended);
-                        if started.send(Ok(pid)).is_err() {
+                        if started.send(Ok((pid, group))).is_err() {
                             // Nobody waits for it any more (the call that
                             // started it was dropped): it must not run.
                             sys::kill(pid);
@@ -392,7 +428,6 @@ fn wait_readable(fd: RawFd, ms: i32) -> io::Result<()> {
 /// The spawner itself (`agentbay tool-spawner`): serves orders on its
 /// standard input until the appliance closes it.
 pub fn serve() -> std::process::ExitCode {
-    const SOCKET: RawFd = 0;
     sys::not_dumpable();
     // Compiled once, before any fork: a child only installs it.
     let _ = super::filter::programs();
@@ -411,72 +446,557 @@ pub fn serve() -> std::process::ExitCode {
     if send(SOCKET, &Reply::Ready).is_err() {
         return std::process::ExitCode::FAILURE;
     }
-    let mut pool = Pool::start();
+    let mut spawner = Serving {
+        networks: Pool::start(),
+        blanks: Blanks::default(),
+        started: HashMap::new(),
+        groups: 0,
+        trees: sys::can_copy_trees(),
+    };
     loop {
-        pool.ask();
-        let mut polls = [
-            libc::pollfd {
-                fd: SOCKET,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: children.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: pool.maker.as_ref().map_or(-1, |m| m.as_raw_fd()),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+        spawner.networks.ask();
+        let wait = spawner.blanks.wait();
+        let mut polls = vec![
+            pollfd(SOCKET),
+            pollfd(children.as_raw_fd()),
+            pollfd(
+                spawner
+                    .networks
+                    .maker
+                    .as_ref()
+                    .map_or(-1, |m| m.as_raw_fd()),
+            ),
         ];
-        // SAFETY: three pollfds, live for the call (a negative descriptor
-        // is skipped).
-        if unsafe { libc::poll(polls.as_mut_ptr(), 3, -1) } < 0 {
+        polls.extend(
+            spawner
+                .blanks
+                .making
+                .iter()
+                .map(|b| pollfd(b.socket.as_raw_fd())),
+        );
+        // SAFETY: pollfds live for the call (a negative descriptor is
+        // skipped).
+        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, wait) };
+        if n < 0 {
             if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             return std::process::ExitCode::FAILURE;
         }
+        if n == 0 {
+            spawner.make_blank();
+            continue;
+        }
         if polls[2].revents != 0 {
-            pool.receive();
+            spawner.networks.receive();
+        }
+        // Blanks that said they are ready (or ended: reaped below).
+        for (i, p) in polls[3..].iter().enumerate().rev() {
+            if p.revents != 0 {
+                spawner.blanks.hear(i);
+            }
         }
         if polls[1].revents != 0 {
             sys::drain(children.as_raw_fd());
             while let Some((pid, status)) = sys::reap() {
-                if send(SOCKET, &Reply::Ended { pid, status }).is_err() {
+                if spawner.reaped(pid, status).is_err() {
                     return std::process::ExitCode::SUCCESS;
                 }
             }
         }
         if polls[0].revents & libc::POLLIN != 0 {
-            match sys::receive_message(SOCKET, &mut buf, MAX_FDS) {
+            let reply = match sys::receive_message(SOCKET, &mut buf, MAX_FDS) {
                 Ok((0, _)) => return std::process::ExitCode::SUCCESS,
-                Ok((n, fds)) => {
-                    let reply = start(&buf[..n], fds, &mut pool);
-                    if send(SOCKET, &reply).is_err() {
-                        return std::process::ExitCode::SUCCESS;
-                    }
-                }
+                Ok((n, fds)) => spawner.start(&buf[..n], fds),
                 // A message too large or with too many descriptors is
                 // refused whole (its id came first).
-                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
-                    let id = u64::from_le_bytes(*buf.first_chunk::<8>().expect("8 bytes"));
-                    let reply = Reply::Refused {
-                        id,
-                        errno: libc::EMSGSIZE,
-                    };
-                    if send(SOCKET, &reply).is_err() {
-                        return std::process::ExitCode::SUCCESS;
-                    }
-                }
+                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => Reply::Refused {
+                    id: u64::from_le_bytes(*buf.first_chunk::<8>().expect("8 bytes")),
+                    errno: libc::EMSGSIZE,
+                },
                 Err(_) => return std::process::ExitCode::SUCCESS,
+            };
+            if send(SOCKET, &reply).is_err() {
+                return std::process::ExitCode::SUCCESS;
             }
         } else if polls[0].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
             return std::process::ExitCode::SUCCESS;
         }
     }
+}
+
+/// The spawner's socket to the appliance: its standard input.
+const SOCKET: RawFd = 0;
+
+fn pollfd(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// The spawner's state.
+struct Serving {
+    networks: Pool,
+    blanks: Blanks,
+    /// Each process started and not yet ended, with the namespaces it
+    /// was given (the spawner's hold on them): when it ends they go to
+    /// the maker, which lets go of them at idle priority, so that taking
+    /// them apart (its mounts, its network) is not done when the process
+    /// exits, while other tools start.
+    started: HashMap<i32, Vec<OwnedFd>>,
+    /// Groups named so far.
+    groups: u64,
+    /// Whether it can copy trees of its mount namespace: a tool then
+    /// pivots into its world before its order comes, and what its order
+    /// binds comes as trees ([`sys::World::bind_as_trees`]).
+    trees: bool,
+}
+
+/// An order, read: its id, the order, the tool's standard input and
+/// output and exec-error pipe, and the descriptors its steps name (the
+/// steps hold their numbers).
+struct Received {
+    id: u64,
+    order: Order,
+    io: [OwnedFd; 3],
+    /// The descriptors its steps name, open while the steps hold their
+    /// numbers.
+    _named: Vec<OwnedFd>,
+}
+
+impl Received {
+    /// Reads an order: its id and the order, or the error number that
+    /// refuses it (with its id, 0 if it has none).
+    fn read(message: &[u8], fds: Vec<OwnedFd>) -> Result<Received, (u64, i32)> {
+        let Some((id, order)) = message.split_first_chunk::<8>() else {
+            return Err((0, libc::EINVAL));
+        };
+        let id = u64::from_le_bytes(*id);
+        let Ok(mut order) = rmp_serde::from_slice::<Order>(order) else {
+            return Err((id, libc::EINVAL));
+        };
+        let mut fds = fds.into_iter();
+        let (Some(stdin), Some(stdout), Some(errors)) = (fds.next(), fds.next(), fds.next()) else {
+            return Err((id, libc::EINVAL));
+        };
+        let named: Vec<OwnedFd> = fds.collect();
+        let mut numbers = order.steps.descriptors();
+        if numbers.len() != named.len() {
+            return Err((id, libc::EINVAL));
+        }
+        for (number, fd) in numbers.iter_mut().zip(&named) {
+            **number = fd.as_raw_fd();
+        }
+        drop(numbers);
+        Ok(Received {
+            id,
+            order,
+            io: [stdin, stdout, errors],
+            _named: named,
+        })
+    }
+
+    /// Becomes the tool: takes its standard input and output and its
+    /// working directory, applies the rest of its steps (`ahead`: all of
+    /// them, not only those a process made ahead left) and execs, or
+    /// writes why not on the errors pipe and exits.
+    fn become_tool(&self, ahead: bool) -> ! {
+        let order = &self.order;
+        let argv = pointers(&order.argv);
+        let env = pointers(&order.env);
+        let [stdin, stdout, errors] = &self.io;
+        let prepared = sys::fresh_process(stdin.as_raw_fd(), stdout.as_raw_fd())
+            .and_then(|()| {
+                if ahead {
+                    order.steps.apply_ahead(true)
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| sys::change_dir(&order.cwd))
+            .and_then(|()| order.steps.apply_rest());
+        let error = match prepared {
+            Err(e) => e,
+            Ok(()) => sys::exec(&order.program, &argv, &env),
+        };
+        sys::exit_with(errors.as_raw_fd(), error)
+    }
+}
+
+impl Serving {
+    /// Starts one order: by a process made ahead for steps like its own
+    /// if one is ready, else by a clone of its own. The answer to send.
+    fn start(&mut self, message: &[u8], fds: Vec<OwnedFd>) -> Reply {
+        let mut received = match Received::read(message, fds) {
+            Ok(r) => r,
+            Err((id, errno)) => return Reply::Refused { id, errno },
+        };
+        let id = received.id;
+        self.blanks.last_order = Some(Instant::now());
+        if let Some(blank) = self.blanks.take(&received.order.steps) {
+            let handed = self.hand(&blank, &mut received);
+            let group = blank
+                .steps
+                .cgroup
+                .as_ref()
+                .and_then(|c| c.name())
+                .map(String::from);
+            return match handed {
+                Ok(()) => {
+                    self.started.insert(blank.pid, blank.held);
+                    Reply::Started {
+                        id,
+                        pid: blank.pid,
+                        group,
+                    }
+                }
+                Err(e) => {
+                    // It cannot be reached: it is ended, and the order is
+                    // refused (the appliance starts it again).
+                    sys::kill(blank.pid);
+                    self.blanks.discarded.insert(blank.pid, blank.steps);
+                    Reply::Refused {
+                        id,
+                        errno: e.raw_os_error().unwrap_or(libc::EIO),
+                    }
+                }
+            };
+        }
+        self.blanks.follow(&received.order.steps, self.trees);
+        let steps = &mut received.order.steps;
+        if let Some(group) = steps.cgroup.as_mut() {
+            self.groups += 1;
+            group.plan(&format!("tool-{}-{}", std::process::id(), self.groups));
+            if let Err(e) = group.make().and_then(|()| group.limit(None)) {
+                group.remove();
+                return Reply::Refused {
+                    id,
+                    errno: e.raw_os_error().unwrap_or(libc::EIO),
+                };
+            }
+        }
+        let network = self.networks.lend(steps);
+        match clone_into(steps) {
+            Err(e) => {
+                if let Some(group) = steps.cgroup.as_mut() {
+                    group.remove();
+                }
+                Reply::Refused {
+                    id,
+                    errno: e.raw_os_error().unwrap_or(libc::EAGAIN),
+                }
+            }
+            Ok(0) => received.become_tool(true),
+            Ok(pid) => {
+                let group = steps
+                    .cgroup
+                    .as_ref()
+                    .and_then(|c| c.name())
+                    .map(String::from);
+                self.started.insert(pid, network.into_iter().collect());
+                Reply::Started { id, pid, group }
+            }
+        }
+    }
+
+    /// Makes what `order` binds trees, where this spawner can: the trees,
+    /// held until the process has them.
+    fn trees(&self, order: &mut Order) -> io::Result<Vec<OwnedFd>> {
+        match order
+            .steps
+            .namespaces
+            .as_mut()
+            .and_then(|n| n.world.as_mut())
+        {
+            Some(world) if self.trees => world.bind_as_trees(),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Hands `received` to the process made ahead `blank`: the order
+    /// again, with its trees, and every descriptor.
+    fn hand(&self, blank: &Blank, received: &mut Received) -> io::Result<()> {
+        if let (Some(made), Some(group)) =
+            (&blank.steps.cgroup, received.order.steps.cgroup.as_mut())
+        {
+            group.take_group(made);
+            group.limit(Some(made))?;
+        }
+        let _trees = self.trees(&mut received.order)?;
+        let [stdin, stdout, errors] = &received.io;
+        let mut fds = vec![stdin.as_raw_fd(), stdout.as_raw_fd(), errors.as_raw_fd()];
+        fds.extend(received.order.steps.descriptors().into_iter().map(|fd| *fd));
+        let mut message = received.id.to_le_bytes().to_vec();
+        rmp_serde::encode::write(&mut message, &received.order).map_err(io::Error::other)?;
+        sys::send_message(blank.socket.as_raw_fd(), &message, &fds)
+    }
+
+    /// Makes one more process ahead, for the steps the pool follows.
+    fn make_blank(&mut self) {
+        let Some(mut steps) = self.blanks.template.clone() else {
+            return;
+        };
+        if let Some(group) = steps.cgroup.as_mut() {
+            self.groups += 1;
+            // Made with the limits of the order it follows: an order with
+            // the same writes none.
+            group.plan(&format!("tool-{}-{}", std::process::id(), self.groups));
+            if group.make().and_then(|()| group.limit(None)).is_err() {
+                group.remove();
+                // The pool is stopped until another order is followed.
+                self.blanks.template = None;
+                return;
+            }
+        }
+        let network = self.networks.lend(&mut steps);
+        let Ok((ours, theirs)) = sys::socket_pair(libc::SOCK_SEQPACKET) else {
+            if let Some(group) = steps.cgroup.as_mut() {
+                group.remove();
+            }
+            return;
+        };
+        match clone_into(&steps) {
+            Err(_) => {
+                if let Some(group) = steps.cgroup.as_mut() {
+                    group.remove();
+                }
+                self.blanks.template = None;
+            }
+            Ok(0) => {
+                drop(ours);
+                blank(theirs, &steps)
+            }
+            Ok(pid) => self.blanks.making.push(Blank {
+                pid,
+                socket: ours,
+                steps,
+                held: network.into_iter().collect(),
+            }),
+        }
+    }
+
+    /// A child ended: a tool's end goes to the appliance, and what the
+    /// spawner held of it to the maker; a process made ahead is
+    /// forgotten and its group removed.
+    fn reaped(&mut self, pid: i32, status: i32) -> io::Result<()> {
+        if let Some(mut steps) = self.blanks.forget(pid) {
+            if let Some(group) = steps.cgroup.as_mut() {
+                group.remove();
+            }
+            return Ok(());
+        }
+        if let Some(held) = self.started.remove(&pid) {
+            self.networks.let_go(held);
+        }
+        send(SOCKET, &Reply::Ended { pid, status })
+    }
+}
+
+/// Clones a child into the namespaces `steps` are cloned into, as `fork`
+/// would but without the C library's fork handlers (this process has one
+/// thread, so no lock is held): 0 in the child, its pid in the spawner.
+fn clone_into(steps: &Steps) -> io::Result<i32> {
+    let flags = steps.clone_flags() as libc::c_ulong | libc::SIGCHLD as libc::c_ulong;
+    // SAFETY: clone without a new stack returns twice, as fork does.
+    match unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) } as i32 {
+        -1 => Err(io::Error::last_os_error()),
+        pid => Ok(pid),
+    }
+}
+
+/// How many processes the spawner keeps made ahead: a burst of this many
+/// tools starts without making one.
+const BLANKS: usize = 32;
+
+/// How many it makes at once (one per CPU of a small appliance).
+const MAKING: usize = 2;
+
+/// How long the spawner waits after an order before it makes processes
+/// ahead again: a burst of starts is not slowed by making the next.
+const QUIET: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How many orders in a row that no process made ahead fits move the
+/// pool to the steps of the latest.
+const MISSES: u32 = 8;
+
+/// Processes made ahead (blanks): each cloned into its namespaces, in
+/// its group, with the world every tool shares built, waiting on a socket
+/// of its own for the order that tells it the rest. A tool then starts
+/// with only its own part: its limits, its own paths and the pivot into
+/// its root, its ids, Landlock and the filter. The costly part (a user
+/// and PID namespace, a copy of the mount table and a dozen mounts,
+/// joining a group, which on cgroup v1 waits for the kernel's read-copy
+/// updates) is done when the spawner is otherwise quiet.
+///
+/// The pool follows the steps of the orders it is asked: made for the
+/// steps of one order (its [`Steps::blank`]), it serves every order whose
+/// steps are made the same way; [`MISSES`] orders in a row it cannot
+/// serve move it to the latest one's.
+#[derive(Default)]
+struct Blanks {
+    template: Option<Steps>,
+    making: Vec<Blank>,
+    ready: Vec<Blank>,
+    /// Ended or being ended, not yet reaped: their steps (their groups).
+    discarded: HashMap<i32, Steps>,
+    misses: u32,
+    last_order: Option<Instant>,
+}
+
+/// A process made ahead: its pid, the spawner's end of its socket, the
+/// steps it was made with (its group) and what the spawner holds of it.
+struct Blank {
+    pid: i32,
+    socket: OwnedFd,
+    steps: Steps,
+    held: Vec<OwnedFd>,
+}
+
+impl Blanks {
+    /// How long the spawner may wait before it makes another (`-1`: until
+    /// something happens).
+    fn wait(&self) -> libc::c_int {
+        if self.template.is_none()
+            || self.making.len() >= MAKING
+            || self.making.len() + self.ready.len() >= BLANKS
+        {
+            return -1;
+        }
+        let since = self.last_order.map_or(QUIET, |t| t.elapsed());
+        QUIET
+            .saturating_sub(since)
+            .as_millis()
+            .try_into()
+            .unwrap_or(0)
+    }
+
+    /// A ready process made for steps like `steps`, if there is one.
+    fn take(&mut self, steps: &Steps) -> Option<Blank> {
+        let fits = self.template.as_ref()?.blank()? == steps.blank()?;
+        if fits && let Some(blank) = self.ready.pop() {
+            self.misses = 0;
+            return Some(blank);
+        }
+        None
+    }
+
+    /// Follows the steps of an order no ready process fitted: the first
+    /// order's, or after [`MISSES`] in a row the latest.
+    fn follow(&mut self, steps: &Steps, pivoted: bool) {
+        if steps.blank().is_none() {
+            return;
+        }
+        let fits = self
+            .template
+            .as_ref()
+            .and_then(|t| t.blank())
+            .is_some_and(|b| Some(b) == steps.blank());
+        if fits {
+            return;
+        }
+        self.misses += 1;
+        if self.template.is_some() && self.misses < MISSES {
+            return;
+        }
+        self.misses = 0;
+        for blank in self.making.drain(..).chain(self.ready.drain(..)) {
+            sys::kill(blank.pid);
+            self.discarded.insert(blank.pid, blank.steps);
+        }
+        // Only what is made ahead is kept of them: no descriptor of the
+        // order's (its numbers are the spawner's, closed once it started).
+        let mut template = steps.clone();
+        template.landlock = None;
+        if let Some(ns) = template.namespaces.as_mut() {
+            ns.listeners_to = None;
+            ns.network_from = None;
+            if let Some(world) = ns.world.as_mut() {
+                world.places.truncate(world.shared);
+                world.pivoted = pivoted;
+            }
+        }
+        self.template = Some(template);
+    }
+
+    /// What a process being made said: it is ready, or it ended.
+    fn hear(&mut self, i: usize) {
+        let blank = &self.making[i];
+        let mut word = [0u8; 1];
+        match sys::receive_message(blank.socket.as_raw_fd(), &mut word, 1) {
+            Ok((1, fds)) if word == *b"r" => {
+                let mut blank = self.making.swap_remove(i);
+                blank.held.extend(fds);
+                self.ready.push(blank);
+            }
+            _ => {
+                // It failed: ended, and reaped soon. The pool stops until
+                // another order is followed.
+                let blank = self.making.swap_remove(i);
+                sys::kill(blank.pid);
+                self.discarded.insert(blank.pid, blank.steps);
+                self.template = None;
+            }
+        }
+    }
+
+    /// The steps of process `pid`, if it was made ahead and never given
+    /// an order: it is forgotten.
+    fn forget(&mut self, pid: i32) -> Option<Steps> {
+        if let Some(steps) = self.discarded.remove(&pid) {
+            return Some(steps);
+        }
+        for list in [&mut self.making, &mut self.ready] {
+            if let Some(i) = list.iter().position(|b| b.pid == pid) {
+                return Some(list.swap_remove(i).steps);
+            }
+        }
+        None
+    }
+}
+
+/// A process made ahead: takes `steps`' part that is done ahead, says it
+/// is ready (with its mount namespace, for the spawner to hold), and waits
+/// for its order on `socket`; then becomes the tool. Ends if the spawner
+/// does.
+fn blank(socket: OwnedFd, steps: &Steps) -> ! {
+    // It holds nothing of the spawner's but its own socket and the
+    // network it joins: not the appliance's socket (its standard input),
+    // not the other processes'.
+    let mut steps = steps.clone();
+    let network = steps
+        .namespaces
+        .as_mut()
+        .and_then(|n| n.network_from.as_mut());
+    let [socket, joined] = sys::keep_only([
+        std::os::fd::IntoRawFd::into_raw_fd(socket),
+        network.as_deref().copied().unwrap_or(-1),
+    ]);
+    if let Some(fd) = network {
+        *fd = joined;
+    }
+    let ready = steps.apply_ahead(true).and_then(|()| {
+        let world = steps.namespaces.as_ref().is_some_and(|n| n.world.is_some());
+        let mount = if world {
+            Some(sys::open_namespace(c"/proc/self/ns/mnt")?)
+        } else {
+            None
+        };
+        let fds: Vec<RawFd> = mount.iter().map(|m| m.as_raw_fd()).collect();
+        sys::send_message(socket, b"r", &fds)
+    });
+    if ready.is_err() {
+        sys::exit(1);
+    }
+    let mut buf = vec![0u8; MAX_ORDER];
+    let received = match sys::receive_message(socket, &mut buf, MAX_FDS) {
+        Ok((n, fds)) if n > 0 => Received::read(&buf[..n], fds),
+        _ => sys::exit(0),
+    };
+    let Ok(received) = received else { sys::exit(1) };
+    sys::close(socket);
+    received.become_tool(false)
 }
 
 /// How many network namespaces the spawner keeps made ahead: a burst of
@@ -555,9 +1075,31 @@ impl Pool {
         }
     }
 
-    /// A namespace made ahead, if one is ready.
-    fn take(&mut self) -> Option<OwnedFd> {
-        self.ready.pop()
+    /// Gives `steps` a namespace made ahead, if they make one and one is
+    /// ready: a process of the tools' own user namespace (or root's)
+    /// joins it; one that makes a user namespace of its own could not.
+    /// The namespace is returned to be held until the process ends.
+    fn lend(&mut self, steps: &mut Steps) -> Option<OwnedFd> {
+        let ns = steps.namespaces.as_mut()?;
+        if !ns.network || ns.user_maps.is_some() {
+            return None;
+        }
+        let network = self.ready.pop()?;
+        ns.network_from = Some(network.as_raw_fd());
+        Some(network)
+    }
+
+    /// Lets go of namespaces a process that ended was given: the maker
+    /// closes them, at idle priority.
+    fn let_go(&mut self, held: Vec<OwnedFd>) {
+        if held.is_empty() {
+            return;
+        }
+        let Some(maker) = &self.maker else { return };
+        let fds: Vec<RawFd> = held.iter().map(|fd| fd.as_raw_fd()).collect();
+        if sys::send_message(maker.as_raw_fd(), b"c", &fds).is_err() {
+            self.maker = None;
+        }
     }
 }
 
@@ -570,8 +1112,14 @@ fn make(socket: OwnedFd) -> ! {
     let fd = socket.as_raw_fd();
     let mut byte = [0u8; 1];
     loop {
-        match sys::receive_message(fd, &mut byte, 0) {
-            Ok((1, _)) => {}
+        match sys::receive_message(fd, &mut byte, MAX_FDS) {
+            Ok((1, _)) if byte == *b"?" => {}
+            // What the spawner let go of: closed here (the descriptors
+            // received), when a CPU would otherwise idle.
+            Ok((1, fds)) => {
+                drop(fds);
+                continue;
+            }
             _ => sys::exit(0),
         }
         let flags = (libc::CLONE_NEWNET | libc::SIGCHLD) as libc::c_ulong;
@@ -608,7 +1156,14 @@ fn set_up(socket: RawFd, buf: &mut [u8]) -> io::Result<()> {
     let setup: Setup = rmp_serde::from_slice(&buf[..n]).map_err(io::Error::other)?;
     match (setup.join, fds.first()) {
         (false, _) => Ok(()),
-        (true, Some(userns)) => sys::join_user_namespace(userns.as_raw_fd()),
+        (true, Some(userns)) => {
+            sys::join_user_namespace(userns.as_raw_fd())?;
+            // Root of the tools' user namespace, it copies trees of a
+            // mount namespace of its own (where it cannot, each tool
+            // binds its own paths itself).
+            let _ = sys::own_mount_namespace();
+            Ok(())
+        }
         (true, None) => Err(io::Error::other("no user namespace to join")),
     }
 }
@@ -618,62 +1173,6 @@ fn send(socket: RawFd, reply: &Reply) -> io::Result<()> {
     sys::send_message(socket, &message, &[])
 }
 
-/// Forks the child of one order: the answer to send.
-fn start(message: &[u8], fds: Vec<OwnedFd>, pool: &mut Pool) -> Reply {
-    let Some((id, order)) = message.split_first_chunk::<8>() else {
-        return Reply::Refused {
-            id: 0,
-            errno: libc::EINVAL,
-        };
-    };
-    let id = u64::from_le_bytes(*id);
-    let refused = |errno| Reply::Refused { id, errno };
-    let Ok(mut order) = rmp_serde::from_slice::<Order>(order) else {
-        return refused(libc::EINVAL);
-    };
-    let [stdin, stdout, errors, rest @ ..] = &fds[..] else {
-        return refused(libc::EINVAL);
-    };
-    let mut named = order.steps.descriptors();
-    if named.len() != rest.len() {
-        return refused(libc::EINVAL);
-    }
-    for (fd, got) in named.iter_mut().zip(rest) {
-        **fd = got.as_raw_fd();
-    }
-    drop(named);
-    // A tool of the tools' own user namespace (or root's) joins a network
-    // made ahead; one that makes a user namespace of its own could not.
-    let mut network = None;
-    if let Some(ns) = order.steps.namespaces.as_mut()
-        && ns.network
-        && ns.user_maps.is_none()
-    {
-        network = pool.take();
-        ns.network_from = network.as_ref().map(|n| n.as_raw_fd());
-    }
-    let argv = pointers(&order.argv);
-    let env = pointers(&order.env);
-    let io = [stdin.as_raw_fd(), stdout.as_raw_fd(), errors.as_raw_fd()];
-    // Forked with its namespaces, as `fork` would but without the C
-    // library's fork handlers (this process has one thread, so no lock is
-    // held); the child runs `become_tool`, which execs or exits.
-    // SAFETY: clone without a new stack returns twice, as fork does.
-    let flags = order.steps.clone_flags() as libc::c_ulong | libc::SIGCHLD as libc::c_ulong;
-    match unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) } as i32 {
-        -1 => refused(
-            io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EAGAIN),
-        ),
-        0 => become_tool(&order, &argv, &env, io),
-        pid => {
-            drop(network);
-            Reply::Started { id, pid }
-        }
-    }
-}
-
 /// A null-terminated array of pointers to `strings`.
 fn pointers(strings: &[CString]) -> Vec<*const libc::c_char> {
     strings
@@ -681,22 +1180,4 @@ fn pointers(strings: &[CString]) -> Vec<*const libc::c_char> {
         .map(|s| s.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect()
-}
-
-/// The forked child: takes its standard input and output, applies its
-/// steps and execs, or writes why not on the errors pipe and exits.
-fn become_tool(
-    order: &Order,
-    argv: &[*const libc::c_char],
-    env: &[*const libc::c_char],
-    [stdin, stdout, errors]: [RawFd; 3],
-) -> ! {
-    let prepared = sys::fresh_process(stdin, stdout)
-        .and_then(|()| sys::change_dir(&order.cwd))
-        .and_then(|()| order.steps.apply_cloned());
-    let error = match prepared {
-        Err(e) => e,
-        Ok(()) => sys::exec(&order.program, argv, env),
-    };
-    sys::exit_with(errors, error)
 }

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 /// appliance, or the tool spawner from the appliance's order).
 #[derive(Clone, Default, Serialize, Deserialize)]
 pub struct Steps {
-    /// `cgroup.procs` files to write `0` (itself) into.
-    pub join: Vec<CString>,
+    /// The group it runs in and its limits.
+    pub cgroup: Option<Cgroup>,
     /// `RLIMIT_AS`, bytes (the weaker mechanism's memory bound).
     pub address_space: Option<u64>,
     /// `RLIMIT_NPROC` (the weaker mechanism's process bound).
@@ -30,6 +30,193 @@ pub struct Steps {
     pub landlock: Option<(RawFd, u64)>,
     /// Whether the system-call filter is installed, last.
     pub filter: bool,
+}
+
+/// A tool's cgroup: made by the tool spawner (a group named for the
+/// process, in each hierarchy), joined by the process before its order
+/// (a process made ahead is in its group already), limited by the
+/// process itself once its order comes, before it execs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cgroup {
+    /// The directory of each hierarchy the group is made in, and whether
+    /// the hierarchy may refuse one (a hybrid host's unified hierarchy,
+    /// used to kill a tree at once, and only where it lets the appliance).
+    pub parents: Vec<(CString, bool)>,
+    /// The limit files written in the group: the hierarchy (an index of
+    /// `parents`), the file, the value, and whether the file must exist
+    /// (one the kernel lacks where there is no swap is skipped).
+    pub limits: Vec<(usize, CString, CString, bool)>,
+    /// The group made for the process. Set by the spawner, never sent.
+    #[serde(skip)]
+    made: Option<MadeGroup>,
+}
+
+/// A group made: its name, its directory in each hierarchy where one was
+/// made, and as paths the files the process writes (`cgroup.procs` of
+/// each directory; each limit file with its value and whether it must
+/// exist).
+#[derive(Clone, Debug, Default, PartialEq)]
+struct MadeGroup {
+    name: String,
+    dirs: Vec<Option<CString>>,
+    procs: Vec<CString>,
+    limits: Vec<(CString, CString, bool)>,
+}
+
+impl Cgroup {
+    /// A group made in each of `parents`, limited by `limits` (see the
+    /// fields).
+    pub fn new(
+        parents: Vec<(CString, bool)>,
+        limits: Vec<(usize, CString, CString, bool)>,
+    ) -> Cgroup {
+        Cgroup {
+            parents,
+            limits,
+            made: None,
+        }
+    }
+
+    /// Names the group `name`: its directory in each hierarchy, not made
+    /// yet ([`Cgroup::make`]).
+    pub fn plan(&mut self, name: &str) {
+        self.made = Some(MadeGroup {
+            name: name.to_string(),
+            dirs: self
+                .parents
+                .iter()
+                .map(|(parent, _)| Some(join_path(parent, name)))
+                .collect(),
+            ..MadeGroup::default()
+        });
+        self.resolve();
+    }
+
+    /// Makes the named group's directories: refused if a hierarchy that
+    /// may not refuse does (what was made is removed then).
+    pub fn make(&mut self) -> io::Result<()> {
+        let Some(made) = self.made.as_mut() else {
+            return Ok(());
+        };
+        let mut refused = None;
+        for (dir, (_, may_refuse)) in made.dirs.iter_mut().zip(&self.parents) {
+            let Some(path) = dir.as_ref() else { continue };
+            // SAFETY: a NUL-terminated path.
+            match check(unsafe { libc::mkdir(path.as_ptr(), 0o755) }) {
+                Ok(()) => {}
+                Err(_) if *may_refuse => *dir = None,
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = refused {
+            self.remove();
+            return Err(e);
+        }
+        self.resolve();
+        Ok(())
+    }
+
+    /// Takes the group `other` made (a process made ahead, whose group
+    /// these limits are for).
+    pub fn take_group(&mut self, other: &Cgroup) {
+        self.made = other.made.clone();
+        self.resolve();
+    }
+
+    /// The files the process writes, as paths in the group made.
+    fn resolve(&mut self) {
+        let Some(made) = &mut self.made else { return };
+        made.procs = made
+            .dirs
+            .iter()
+            .flatten()
+            .map(|d| join_path(d, "cgroup.procs"))
+            .collect();
+        made.limits = self
+            .limits
+            .iter()
+            .filter_map(|(i, file, value, must)| {
+                let dir = made.dirs.get(*i)?.as_ref()?;
+                Some((
+                    join_path(dir, &file.to_string_lossy()),
+                    value.clone(),
+                    *must,
+                ))
+            })
+            .collect();
+    }
+
+    /// Removes the directories [`Cgroup::make`] made (empty by then; one
+    /// never made is skipped).
+    pub fn remove(&mut self) {
+        for dir in self
+            .made
+            .take()
+            .map(|m| m.dirs)
+            .unwrap_or_default()
+            .into_iter()
+            .flatten()
+        {
+            // SAFETY: a NUL-terminated path.
+            unsafe { libc::rmdir(dir.as_ptr()) };
+        }
+    }
+
+    /// The group's name, once made.
+    pub fn name(&self) -> Option<&str> {
+        self.made.as_ref().map(|m| m.name.as_str())
+    }
+
+    /// Joins the group (the calling process and what it starts).
+    fn join(&self) -> io::Result<()> {
+        for procs in self.made.iter().flat_map(|m| &m.procs) {
+            write_file(procs, b"0")?;
+        }
+        Ok(())
+    }
+
+    /// Writes the group's limits (the spawner, once it knows the order:
+    /// the process may no longer see the cgroup filesystem), but those
+    /// `written` (the same group's, written before) holds already: a
+    /// CPU quota's write, for one, visits every CPU.
+    pub fn limit(&self, written: Option<&Cgroup>) -> io::Result<()> {
+        let before = written.and_then(|w| w.made.as_ref()).map(|m| &m.limits[..]);
+        for limit @ (file, value, must) in self.made.iter().flat_map(|m| &m.limits) {
+            if before.is_some_and(|b| b.contains(limit)) {
+                continue;
+            }
+            match write_file(file, value.as_bytes()) {
+                Err(e) if !must && e.raw_os_error() == Some(libc::ENOENT) => {}
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `dir/name` as a C string.
+fn join_path(dir: &CStr, name: &str) -> CString {
+    let mut path = dir.to_bytes().to_vec();
+    path.push(b'/');
+    path.extend_from_slice(name.as_bytes());
+    CString::new(path).expect("no NUL in a cgroup path")
+}
+
+/// What [`Steps::apply_ahead`] does, compared: the namespaces it is
+/// cloned into and makes, its user namespace's maps, its network, its
+/// PID namespace, the world's root and shared places, and the
+/// hierarchies of its group.
+#[derive(Debug, PartialEq)]
+pub struct Blank<'a> {
+    flags: libc::c_int,
+    maps: Option<(&'a CStr, &'a CStr)>,
+    network: bool,
+    pid: bool,
+    world: Option<(&'a CStr, &'a CStr, &'a [Place])>,
+    cgroup: Option<&'a [(CString, bool)]>,
 }
 
 /// The namespaces a clone makes with the process (the rest it makes
@@ -101,12 +288,20 @@ pub struct World {
     pub options: CString,
     /// What goes in it, in order.
     pub places: Vec<Place>,
+    /// How many of `places`, from the first, every tool's world has
+    /// (made by a process made ahead, before its order).
+    pub shared: usize,
     /// Its working directory, as the tool sees it (after the pivot).
     pub cwd: CString,
+    /// Whether the root is pivoted into once the shared places are made
+    /// (its own places then come as trees, paths of the tool's root:
+    /// [`World::bind_as_trees`]); otherwise once all are.
+    #[serde(default)]
+    pub pivoted: bool,
 }
 
 /// One thing put in a tool's world.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Place {
     /// A directory (mode 0755).
     Dir(CString),
@@ -144,6 +339,16 @@ pub enum Place {
     },
     /// A `/proc` of its PID namespace.
     Proc(CString),
+    /// A detached tree (`open_tree`, open as `tree`, its flags set
+    /// already) attached at `at`: a [`Place::Bind`] made by the tool
+    /// spawner, which sees the host's paths, for a process whose root is
+    /// its world already.
+    Tree {
+        /// The tree.
+        tree: RawFd,
+        /// The mount point.
+        at: CString,
+    },
     /// The directory open as `fd` given to `uid`:`gid` (ids of the tool's
     /// user namespace): its working directory, made its own.
     Own {
@@ -277,30 +482,76 @@ impl Steps {
     /// the start, with no second fork and no parent waiting for it but
     /// the spawner. Its other namespaces (the costly ones: a copy of the
     /// mount table, a network) it makes itself, in parallel with other
-    /// starts, not in the spawner. Then [`Steps::apply_cloned`].
+    /// starts, not in the spawner. Then [`Steps::apply_ahead`] and
+    /// [`Steps::apply_rest`].
     pub fn clone_flags(&self) -> libc::c_int {
         self.namespaces.as_ref().map_or(0, |ns| ns.flags() & CLONED)
+    }
+
+    /// What a process made ahead for these steps has done before its
+    /// order comes ([`Steps::apply_ahead`]): steps with the same blank
+    /// can be finished by it. `None` where no process can be made ahead
+    /// (its user namespace's maps are written by the appliance for it, or
+    /// it joins one).
+    pub fn blank(&self) -> Option<Blank<'_>> {
+        let (maps, network, pid, world) = match &self.namespaces {
+            None => (None, false, false, None),
+            Some(ns) => {
+                let maps = match &ns.user_maps {
+                    None => None,
+                    Some(UserMaps::Own(uid, gid)) => Some((uid.as_c_str(), gid.as_c_str())),
+                    Some(UserMaps::Mapped { .. } | UserMaps::Join(_)) => return None,
+                };
+                let world = ns.world.as_ref().map(|w| {
+                    (
+                        w.base.as_c_str(),
+                        w.options.as_c_str(),
+                        &w.places[..w.shared.min(w.places.len())],
+                    )
+                });
+                (maps, ns.network, ns.pid, world)
+            }
+        };
+        Some(Blank {
+            flags: self.clone_flags(),
+            maps,
+            network,
+            pid,
+            world,
+            cgroup: self.cgroup.as_ref().map(|c| &c.parents[..]),
+        })
     }
 
     /// Applies the steps to the calling process. Runs between fork and
     /// exec: see the module's note.
     pub fn apply(&self) -> io::Result<()> {
-        self.apply_in(false)
+        self.apply_ahead(false)?;
+        self.apply_rest()
     }
 
-    /// Applies the steps to a child cloned with [`Steps::clone_flags`]:
-    /// its namespaces exist already.
-    pub fn apply_cloned(&self) -> io::Result<()> {
-        self.apply_in(true)
-    }
-
-    fn apply_in(&self, cloned: bool) -> io::Result<()> {
-        for procs in &self.join {
-            write_file(procs, b"0")?;
+    /// What of the steps a process can take before it knows what it will
+    /// run (a process made ahead, [`Steps::blank`]): its group, its
+    /// session, its namespaces and the part of its world every tool
+    /// shares. `cloned`: made by a clone with [`Steps::clone_flags`].
+    pub fn apply_ahead(&self, cloned: bool) -> io::Result<()> {
+        if let Some(group) = &self.cgroup {
+            group.join()?;
         }
+        // SAFETY: a plain system call.
+        check(unsafe { libc::setsid() })?;
+        if let Some(ns) = &self.namespaces {
+            ns.enter(cloned)?;
+        }
+        Ok(())
+    }
+
+    /// The rest, once the process knows what it runs (its group's limits
+    /// are written by the spawner): its rlimits, its own part of the world and the root's pivot, its identity, Landlock
+    /// and the filter. After [`Steps::apply_ahead`] of steps with the same
+    /// [`Steps::blank`].
+    pub fn apply_rest(&self) -> io::Result<()> {
         // SAFETY: plain system calls on values.
         unsafe {
-            check(libc::setsid())?;
             if let Some(bytes) = self.address_space {
                 let l = libc::rlimit {
                     rlim_cur: bytes as libc::rlim_t,
@@ -317,7 +568,7 @@ impl Steps {
             }
         }
         if let Some(ns) = &self.namespaces {
-            ns.enter(cloned)?;
+            ns.settle()?;
         }
         if let Some((uid, gid)) = self.user {
             // SAFETY: plain system calls on values.
@@ -379,7 +630,7 @@ impl Steps {
             }
             if let Some(world) = &mut ns.world {
                 for place in &mut world.places {
-                    if let Place::Own { fd, .. } = place {
+                    if let Place::Own { fd, .. } | Place::Tree { tree: fd, .. } = place {
                         fds.push(fd);
                     }
                 }
@@ -472,13 +723,25 @@ impl Namespaces {
                 Some(net) => check(unsafe { libc::setns(net, libc::CLONE_NEWNET) })?,
                 None => loopback_up()?,
             }
-            self.send_listeners()?;
         }
         if self.pid && !cloned {
             become_first_process()?;
         }
         if let Some(world) = &self.world {
-            world.build(self.pid)?;
+            world.build_shared(self.pid)?;
+        }
+        Ok(())
+    }
+
+    /// What [`Namespaces::enter`] leaves to the order: the listeners of
+    /// its site endpoints, its own part of the world and the pivot into
+    /// it, and its ids.
+    fn settle(&self) -> io::Result<()> {
+        if self.network {
+            self.send_listeners()?;
+        }
+        if let Some(world) = &self.world {
+            world.finish(self.pid)?;
         }
         if let Some((uid, gid)) = self.become_ids {
             // SAFETY: plain system calls on values. Supplementary groups
@@ -560,6 +823,26 @@ struct MountAttr {
     propagation: u64,
     userns_fd: u64,
 }
+impl MountAttr {
+    /// Read-only unless `write`, not set-uid, without devices unless
+    /// `dev`.
+    fn restricting(write: bool, dev: bool) -> MountAttr {
+        let mut set = MOUNT_ATTR_NOSUID;
+        if !write {
+            set |= MOUNT_ATTR_RDONLY;
+        }
+        if !dev {
+            set |= MOUNT_ATTR_NODEV;
+        }
+        MountAttr {
+            attr_set: set,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        }
+    }
+}
+
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
@@ -571,19 +854,7 @@ const AT_RECURSIVE: libc::c_uint = 0x8000;
 /// where the kernel lacks it (before 5.12) the top mount is remounted
 /// with its own flags kept, as a user namespace must.
 fn restrict(at: &CStr, write: bool, dev: bool) -> io::Result<()> {
-    let mut set = MOUNT_ATTR_NOSUID;
-    if !write {
-        set |= MOUNT_ATTR_RDONLY;
-    }
-    if !dev {
-        set |= MOUNT_ATTR_NODEV;
-    }
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
+    let attr = MountAttr::restricting(write, dev);
     // SAFETY: a NUL-terminated path and a local struct of the kernel's
     // layout and size.
     let r = unsafe {
@@ -635,9 +906,10 @@ fn restrict(at: &CStr, write: bool, dev: bool) -> io::Result<()> {
 }
 
 impl World {
-    /// Builds the world and makes it this process's root. Runs between
-    /// fork and exec, in the tool's own mount namespace.
-    fn build(&self, pid: bool) -> io::Result<()> {
+    /// Builds the part of the world every tool shares: its root tmpfs
+    /// and the first [`World::shared`] places. Runs between fork and exec,
+    /// in the tool's own mount namespace.
+    fn build_shared(&self, pid: bool) -> io::Result<()> {
         let null = std::ptr::null::<libc::c_char>();
         // SAFETY: NUL-terminated paths and options prepared before the
         // fork; plain system calls.
@@ -660,82 +932,40 @@ impl World {
                 libc::MS_NOSUID | libc::MS_NODEV,
                 self.options.as_ptr().cast(),
             ))?;
-            for place in &self.places {
-                match place {
-                    Place::Dir(at) => {
-                        let r = libc::mkdir(at.as_ptr(), 0o755);
-                        if r != 0 && *libc::__errno_location() != libc::EEXIST {
-                            return Err(io::Error::last_os_error());
-                        }
-                    }
-                    Place::File(at) => {
-                        let fd = libc::open(
-                            at.as_ptr(),
-                            libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC,
-                            0o644,
-                        );
-                        if fd < 0 {
-                            return Err(io::Error::last_os_error());
-                        }
-                        libc::close(fd);
-                    }
-                    Place::Link { to, at } => check(libc::symlink(to.as_ptr(), at.as_ptr()))?,
-                    Place::Bind {
-                        from,
-                        at,
-                        write,
-                        dev,
-                    } => {
-                        check(libc::mount(
-                            from.as_ptr(),
-                            at.as_ptr(),
-                            null,
-                            libc::MS_BIND | libc::MS_REC,
-                            std::ptr::null(),
-                        ))?;
-                        restrict(at, *write, *dev)?;
-                    }
-                    Place::Tmpfs {
-                        at,
-                        options,
-                        read_only,
-                    } => {
-                        let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
-                        if *read_only {
-                            flags |= libc::MS_RDONLY | libc::MS_NOEXEC;
-                        }
-                        check(libc::mount(
-                            c"tmpfs".as_ptr(),
-                            at.as_ptr(),
-                            c"tmpfs".as_ptr(),
-                            flags,
-                            options.as_ptr().cast(),
-                        ))?;
-                    }
-                    Place::Proc(at) => {
-                        if pid {
-                            check(libc::mount(
-                                c"proc".as_ptr(),
-                                at.as_ptr(),
-                                c"proc".as_ptr(),
-                                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                                std::ptr::null(),
-                            ))?;
-                        }
-                    }
-                    Place::Own { fd, uid, gid } => check(libc::fchownat(
-                        *fd,
-                        c"".as_ptr(),
-                        *uid,
-                        *gid,
-                        libc::AT_EMPTY_PATH,
-                    ))?,
-                }
+        }
+        for place in &self.places[..self.shared.min(self.places.len())] {
+            place.make(pid)?;
+        }
+        if self.pivoted {
+            // SAFETY: NUL-terminated paths; plain system calls.
+            unsafe {
+                check(libc::chdir(self.base.as_ptr()))?;
+                pivot_here()?;
+                check(libc::chdir(c"/".as_ptr()))?;
             }
+        }
+        Ok(())
+    }
+
+    /// Adds the tool's own places and makes the world its root. After
+    /// [`World::build_shared`].
+    fn finish(&self, pid: bool) -> io::Result<()> {
+        for place in self.places.get(self.shared..).unwrap_or_default() {
+            place.make(pid)?;
+        }
+        let null = std::ptr::null::<libc::c_char>();
+        let root = if self.pivoted {
+            c"/"
+        } else {
+            self.base.as_c_str()
+        };
+        // SAFETY: NUL-terminated paths prepared before the fork; plain
+        // system calls.
+        unsafe {
             // The root itself: nothing more is made in it.
             check(libc::mount(
                 null,
-                self.base.as_ptr(),
+                root.as_ptr(),
                 null,
                 libc::MS_REMOUNT
                     | libc::MS_BIND
@@ -744,17 +974,227 @@ impl World {
                     | libc::MS_NODEV,
                 std::ptr::null(),
             ))?;
-            // pivot_root(".", "."): the old root is stacked under the new
-            // one and detached at once, so nothing of the host's tree is
-            // left to reach.
-            check(libc::chdir(self.base.as_ptr()))?;
-            check(
-                libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as libc::c_int,
-            )?;
-            check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH))?;
+            if !self.pivoted {
+                check(libc::chdir(self.base.as_ptr()))?;
+                pivot_here()?;
+            }
             check(libc::chdir(self.cwd.as_ptr()))?;
         }
         Ok(())
+    }
+}
+
+/// Makes the working directory the root: pivot_root(".", "."), the old
+/// root stacked under the new one and detached at once, so nothing of the
+/// host's tree is left to reach.
+fn pivot_here() -> io::Result<()> {
+    // SAFETY: NUL-terminated paths; plain system calls.
+    unsafe {
+        check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as libc::c_int)?;
+        check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH))
+    }
+}
+
+impl Place {
+    /// Puts this place in the world being built (`pid`: the process has a
+    /// PID namespace of its own, whose `/proc` it mounts).
+    fn make(&self, pid: bool) -> io::Result<()> {
+        let null = std::ptr::null::<libc::c_char>();
+        // SAFETY: NUL-terminated paths and options prepared before the
+        // fork; plain system calls.
+        unsafe {
+            match self {
+                Place::Dir(at) => {
+                    let r = libc::mkdir(at.as_ptr(), 0o755);
+                    if r != 0 && *libc::__errno_location() != libc::EEXIST {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                Place::File(at) => {
+                    let fd = libc::open(
+                        at.as_ptr(),
+                        libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC,
+                        0o644,
+                    );
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    libc::close(fd);
+                }
+                Place::Link { to, at } => check(libc::symlink(to.as_ptr(), at.as_ptr()))?,
+                Place::Bind {
+                    from,
+                    at,
+                    write,
+                    dev,
+                } => {
+                    check(libc::mount(
+                        from.as_ptr(),
+                        at.as_ptr(),
+                        null,
+                        libc::MS_BIND | libc::MS_REC,
+                        std::ptr::null(),
+                    ))?;
+                    restrict(at, *write, *dev)?;
+                }
+                Place::Tmpfs {
+                    at,
+                    options,
+                    read_only,
+                } => {
+                    let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+                    if *read_only {
+                        flags |= libc::MS_RDONLY | libc::MS_NOEXEC;
+                    }
+                    check(libc::mount(
+                        c"tmpfs".as_ptr(),
+                        at.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        flags,
+                        options.as_ptr().cast(),
+                    ))?;
+                }
+                Place::Proc(at) => {
+                    if pid {
+                        check(libc::mount(
+                            c"proc".as_ptr(),
+                            at.as_ptr(),
+                            c"proc".as_ptr(),
+                            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                            std::ptr::null(),
+                        ))?;
+                    }
+                }
+                Place::Own { fd, uid, gid } => check(libc::fchownat(
+                    *fd,
+                    c"".as_ptr(),
+                    *uid,
+                    *gid,
+                    libc::AT_EMPTY_PATH,
+                ))?,
+                Place::Tree { tree, at } => check(libc::syscall(
+                    libc::SYS_move_mount,
+                    *tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    at.as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                ) as libc::c_int)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+
+/// A detached copy of the tree at `from` (with what is mounted below it)
+/// with `restrict`'s flags: read-only unless `write`, not set-uid,
+/// without devices unless `dev`.
+fn open_tree(from: &CStr, write: bool, dev: bool) -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated path; the descriptor is owned on success.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE,
+        )
+    } as libc::c_int;
+    check(fd)?;
+    // SAFETY: just made, owned here.
+    let tree = unsafe { OwnedFd::from_raw_fd(fd) };
+    let attr = MountAttr::restricting(write, dev);
+    // SAFETY: the tree's descriptor, an empty path and a local struct of
+    // the kernel's layout and size.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    } as libc::c_int)?;
+    Ok(tree)
+}
+
+/// Whether this process can copy trees of its mount namespace
+/// (`open_tree`): root of the namespace's owner, on Linux 5.2 and later.
+pub fn can_copy_trees() -> bool {
+    open_tree(c"/", false, false).is_ok()
+}
+
+/// Makes the calling process's mount namespace its own (a copy of its
+/// parent's, which keeps receiving what the host mounts): the tool
+/// spawner of an unprivileged appliance, root of the tools' user
+/// namespace, may then copy trees of it.
+pub fn own_mount_namespace() -> io::Result<()> {
+    // SAFETY: plain system calls with constant arguments.
+    unsafe {
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        check(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        ))
+    }
+}
+
+impl World {
+    /// Makes the world's own places (after the shared ones) trees and
+    /// paths of the tool's root, for a process that pivots into its root
+    /// before they are made: each bind a detached copy made here, by the
+    /// tool spawner, which still sees the host's paths. Returns the trees
+    /// (their descriptors are in the places).
+    pub fn bind_as_trees(&mut self) -> io::Result<Vec<OwnedFd>> {
+        let base = self.base.to_bytes().len();
+        let inside = |at: &CString| -> CString {
+            let rest = &at.as_bytes()[base.min(at.as_bytes().len())..];
+            CString::new(if rest.is_empty() { b"/" } else { rest }).expect("no NUL")
+        };
+        let mut trees = Vec::new();
+        for place in self.places.iter_mut().skip(self.shared) {
+            *place = match &*place {
+                Place::Bind {
+                    from,
+                    at,
+                    write,
+                    dev,
+                } => {
+                    let tree = open_tree(from, *write, *dev)?;
+                    let made = Place::Tree {
+                        tree: std::os::fd::AsRawFd::as_raw_fd(&tree),
+                        at: inside(at),
+                    };
+                    trees.push(tree);
+                    made
+                }
+                Place::Dir(at) => Place::Dir(inside(at)),
+                Place::File(at) => Place::File(inside(at)),
+                Place::Link { to, at } => Place::Link {
+                    to: to.clone(),
+                    at: inside(at),
+                },
+                Place::Tmpfs {
+                    at,
+                    options,
+                    read_only,
+                } => Place::Tmpfs {
+                    at: inside(at),
+                    options: options.clone(),
+                    read_only: *read_only,
+                },
+                Place::Proc(at) => Place::Proc(inside(at)),
+                other @ (Place::Own { .. } | Place::Tree { .. }) => other.clone(),
+            };
+        }
+        self.pivoted = true;
+        Ok(trees)
     }
 }
 
@@ -1043,6 +1483,46 @@ pub fn wait_for(pid: i32) -> bool {
             return false;
         }
     }
+}
+
+/// In a child of the tool spawner: keeps `fds` as descriptors 3, 4, …
+/// (close-on-exec), closes every other descriptor but the standard ones,
+/// and makes its standard input its output (`/dev/null`, not the
+/// appliance's socket). Returns the numbers they were given.
+pub fn keep_only<const N: usize>(fds: [RawFd; N]) -> [RawFd; N] {
+    let mut kept = [-1; N];
+    // SAFETY: plain system calls on descriptor numbers this process owns;
+    // each is moved above every number it could collide with first.
+    unsafe {
+        libc::dup2(1, 0);
+        let above = fds.iter().copied().max().unwrap_or(2).max(2 + N as RawFd) + 1;
+        let moved: Vec<RawFd> = fds
+            .iter()
+            .enumerate()
+            .map(|(i, fd)| libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, above + i as RawFd))
+            .collect();
+        for (i, fd) in moved.iter().enumerate() {
+            kept[i] = 3 + i as RawFd;
+            libc::dup3(*fd, kept[i], libc::O_CLOEXEC);
+        }
+        let first = 3 + N as u32;
+        if libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) != 0 {
+            for other in first as RawFd..1024 {
+                libc::close(other);
+            }
+        }
+    }
+    kept
+}
+
+/// Opens a namespace file (`/proc/self/ns/...`): holding it keeps the
+/// namespace alive.
+pub fn open_namespace(path: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated path; the descriptor is owned on success.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    check(fd)?;
+    // SAFETY: just opened, owned here.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Closes a descriptor the caller does not own as an `OwnedFd`.
