@@ -666,16 +666,11 @@ impl Serving {
         }
         self.blanks.follow(&received.order.steps, self.trees);
         let steps = &mut received.order.steps;
-        if let Some(group) = steps.cgroup.as_mut() {
-            self.groups += 1;
-            group.plan(&format!("tool-{}-{}", std::process::id(), self.groups));
-            if let Err(e) = group.make().and_then(|()| group.limit(None)) {
-                group.remove();
-                return Reply::Refused {
-                    id,
-                    errno: e.raw_os_error().unwrap_or(libc::EIO),
-                };
-            }
+        if let Err(e) = self.group(steps) {
+            return Reply::Refused {
+                id,
+                errno: e.raw_os_error().unwrap_or(libc::EIO),
+            };
         }
         let network = self.networks.lend(steps);
         match clone_into(steps) {
@@ -701,9 +696,25 @@ impl Serving {
         }
     }
 
+    /// Makes the group of a process with `steps`, if they have one: named
+    /// for this spawner, with the steps' limits (removed again if it
+    /// cannot be made whole).
+    fn group(&mut self, steps: &mut Steps) -> io::Result<()> {
+        let Some(group) = steps.cgroup.as_mut() else {
+            return Ok(());
+        };
+        self.groups += 1;
+        group.plan(&format!("tool-{}-{}", std::process::id(), self.groups));
+        let made = group.make().and_then(|()| group.limit(None));
+        if made.is_err() {
+            group.remove();
+        }
+        made
+    }
+
     /// Makes what `order` binds trees, where this spawner can: the trees,
     /// held until the process has them.
-    fn trees(&self, order: &mut Order) -> io::Result<Vec<OwnedFd>> {
+    fn copy_binds(&self, order: &mut Order) -> io::Result<Vec<OwnedFd>> {
         match order
             .steps
             .namespaces
@@ -724,7 +735,7 @@ impl Serving {
             group.take_group(made);
             group.limit(Some(made))?;
         }
-        let _trees = self.trees(&mut received.order)?;
+        let _trees = self.copy_binds(&mut received.order)?;
         let [stdin, stdout, errors] = &received.io;
         let mut fds = vec![stdin.as_raw_fd(), stdout.as_raw_fd(), errors.as_raw_fd()];
         fds.extend(received.order.steps.descriptors().into_iter().map(|fd| *fd));
@@ -738,25 +749,17 @@ impl Serving {
         let Some(mut steps) = self.blanks.template.clone() else {
             return;
         };
-        if let Some(group) = steps.cgroup.as_mut() {
-            self.groups += 1;
-            // Made with the limits of the order it follows: an order with
-            // the same writes none.
-            group.plan(&format!("tool-{}-{}", std::process::id(), self.groups));
-            if group.make().and_then(|()| group.limit(None)).is_err() {
-                group.remove();
-                // The pool is stopped until another order is followed.
-                self.blanks.template = None;
-                return;
-            }
-        }
-        let network = self.networks.lend(&mut steps);
         let Ok((ours, theirs)) = sys::socket_pair(libc::SOCK_SEQPACKET) else {
-            if let Some(group) = steps.cgroup.as_mut() {
-                group.remove();
-            }
             return;
         };
+        // Its group is made with the limits of the order the pool follows:
+        // an order with the same writes none.
+        if self.group(&mut steps).is_err() {
+            // The pool is stopped until another order is followed.
+            self.blanks.template = None;
+            return;
+        }
+        let network = self.networks.lend(&mut steps);
         match clone_into(&steps) {
             Err(_) => {
                 if let Some(group) = steps.cgroup.as_mut() {
@@ -885,15 +888,8 @@ impl Blanks {
     /// Follows the steps of an order no ready process fitted: the first
     /// order's, or after [`MISSES`] in a row the latest.
     fn follow(&mut self, steps: &Steps, pivoted: bool) {
-        if steps.blank().is_none() {
-            return;
-        }
-        let fits = self
-            .template
-            .as_ref()
-            .and_then(|t| t.blank())
-            .is_some_and(|b| Some(b) == steps.blank());
-        if fits {
+        let Some(wanted) = steps.blank() else { return };
+        if self.template.as_ref().and_then(Steps::blank) == Some(wanted) {
             return;
         }
         self.misses += 1;
