@@ -377,7 +377,7 @@ async fn main() {
         demo: DemoConfig { enabled: false },
         ..Config::default()
     };
-    let clocks = Clocks::manual();
+    let clocks = Clocks::manual_at(chrono::Utc::now());
     let manual = clocks.manual.clone().expect("a manual clock");
     println!(
         "soak: {per_day} runs a day for {days} days; retention: payloads {} days, history {} days; store cache {} MiB",

@@ -68,6 +68,10 @@ enum Command {
         /// Run on a clock that only Admin/AdvanceClock moves (tests).
         #[arg(long, hide = true)]
         manual_clock: bool,
+        /// Run on a manual clock standing at TIME (RFC 3339) at the start
+        /// (tests that serve a store written at a known time).
+        #[arg(long, hide = true, value_name = "TIME")]
+        manual_clock_at: Option<chrono::DateTime<chrono::Utc>>,
         /// Run as the Windows service the MSI installs (Windows only).
         #[arg(long)]
         windows_service: bool,
@@ -686,6 +690,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             common,
             listen,
             manual_clock,
+            manual_clock_at,
             windows_service,
         } => {
             let config = load(&common, listen)?;
@@ -693,10 +698,10 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             if windows_service {
                 return run_windows_service(config).await;
             }
-            let clocks = if manual_clock {
-                Clocks::manual()
-            } else {
-                Clocks::system()
+            let clocks = match (manual_clock_at, manual_clock) {
+                (Some(at), _) => Clocks::manual_at(at),
+                (None, true) => Clocks::manual_at(chrono::Utc::now()),
+                (None, false) => Clocks::system(),
             };
             let result = app::run(config, clocks, shutdown_signal()).await;
             telemetry::flush_traces();

@@ -54,9 +54,9 @@ impl Clocks {
         }
     }
 
-    /// A manual clock starting now.
-    pub fn manual() -> Clocks {
-        let manual = ManualClock::new(chrono::Utc::now());
+    /// A manual clock standing at `start`.
+    pub fn manual_at(start: chrono::DateTime<chrono::Utc>) -> Clocks {
+        let manual = ManualClock::new(start);
         Clocks {
             clock: manual.clone(),
             manual: Some(manual),

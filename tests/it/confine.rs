@@ -48,11 +48,23 @@ async fn try_import_probe(
     .await
 }
 
-/// The host's pid of a process that reported `pid` from the PID namespace
-/// `ns` (its own, where the host gives tools one), while it runs.
-fn host_pid(pid: i64, ns: &str) -> Option<i64> {
+/// The host's pid of a process that reported `pid` and its start time from
+/// the PID namespace `ns` (its own, where the host gives tools one), while
+/// it runs. The start time tells it from a process of a later namespace
+/// that got the same number.
+fn host_pid(pid: i64, ns: &str, started: u64) -> Option<i64> {
+    let start_of = |dir: &std::path::Path| -> Option<u64> {
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(19)?
+            .parse()
+            .ok()
+    };
     if std::fs::read_link("/proc/self/ns/pid").ok()?.to_str()? == ns {
-        return Some(pid);
+        let dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+        return (start_of(&dir)? == started).then_some(pid);
     }
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let host: i64 = e.file_name().to_str()?.parse().ok()?;
@@ -68,7 +80,7 @@ fn host_pid(pid: i64, ns: &str) -> Option<i64> {
             .last()?
             .parse()
             .ok()?;
-        (inner == pid).then_some(host)
+        (inner == pid && start_of(&e.path())? == started).then_some(host)
     })
 }
 
@@ -335,6 +347,7 @@ async fn a_child_that_outlives_its_tool_is_gone_when_the_lease_ends() {
     let child = host_pid(
         answered(&call)["child"].as_i64().unwrap(),
         answered(&call)["pidns"].as_str().unwrap(),
+        answered(&call)["started"].as_u64().unwrap(),
     )
     .unwrap_or(-1);
     if confinement(&call)["mechanism"] == "rlimit" {
@@ -654,6 +667,7 @@ async fn tools_end_with_a_killed_appliance_or_at_its_next_start() {
     let child = host_pid(
         answered(&call)["child"].as_i64().unwrap(),
         answered(&call)["pidns"].as_str().unwrap(),
+        answered(&call)["started"].as_u64().unwrap(),
     )
     .unwrap_or(-1);
     let alive = |pid: i64| {
@@ -842,10 +856,10 @@ async fn a_tool_ends_with_its_sandbox_lease() {
     let mut pid = None;
     for _ in 0..200 {
         if let Ok(text) = std::fs::read_to_string(&pid_file)
-            && let Some((inner, ns)) = text.trim().split_once(' ')
-            && let Ok(inner) = inner.parse()
+            && let [inner, ns, started] = text.split_whitespace().collect::<Vec<_>>()[..]
+            && let (Ok(inner), Ok(started)) = (inner.parse(), started.parse())
         {
-            pid = host_pid(inner, ns);
+            pid = host_pid(inner, ns, started);
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -978,6 +992,7 @@ async fn a_tools_server_stops_while_its_attempt_waits_for_a_human() {
     let pid = host_pid(
         answered(&call)["pid"].as_i64().unwrap(),
         answered(&call)["pidns"].as_str().unwrap(),
+        answered(&call)["started"].as_u64().unwrap(),
     )
     // None: it has stopped already (its namespace is gone with it).
     .unwrap_or(-1);

@@ -79,6 +79,26 @@ fn command(binary: &Path) -> Command {
     cmd
 }
 
+/// When a store was last written: the latest modification time of its
+/// files (tar keeps them), a second on.
+fn last_written(store: &Path) -> chrono::DateTime<chrono::Utc> {
+    fn latest(dir: &Path) -> std::time::SystemTime {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                if e.file_type().unwrap().is_dir() {
+                    latest(&e.path())
+                } else {
+                    e.metadata().unwrap().modified().unwrap()
+                }
+            })
+            .max()
+            .unwrap_or(std::time::UNIX_EPOCH)
+    }
+    chrono::DateTime::<chrono::Utc>::from(latest(store)) + chrono::Duration::seconds(1)
+}
+
 /// A served appliance of any version: its process, address and pinned
 /// client.
 struct Served {
@@ -90,11 +110,12 @@ struct Served {
 impl Served {
     /// Serves `data_dir` with `binary` (demo as the binary's default)
     /// and waits until it says where it listens.
-    fn start(binary: &Path, root: &Path, data_dir: &Path) -> Served {
+    fn start(binary: &Path, root: &Path, data_dir: &Path, args: &[&str]) -> Served {
         let log = std::fs::File::create(root.join("serve.log")).unwrap();
         let child = command(binary)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -207,7 +228,7 @@ async fn generate_store_fixture() {
     )
     .unwrap();
 
-    let a = Served::start(&binary, &root, &data);
+    let a = Served::start(&binary, &root, &data, &[]);
     let token = a.token(&admin).await;
     let said = |step: &str, result: Result<Value, String>| match result {
         Ok(_) => println!("fixture: {step}"),
@@ -427,6 +448,8 @@ async fn every_earlier_store_is_backed_up_migrated_and_served() {
             id: credential["client_id"].as_str().unwrap().into(),
             secret: credential["client_secret"].as_str().unwrap().into(),
         };
+        // Before anything opens it (opening writes).
+        let written = last_written(&store);
         let before = raw_trees(&store);
         let (found, writer) = raw_meta(&store);
         assert_eq!(
@@ -509,7 +532,14 @@ async fn every_earlier_store_is_backed_up_migrated_and_served() {
         }
 
         // Served by this build.
-        let a = Served::start(Path::new(common::binary()), root, &data);
+        // On a clock standing where the fixture was left: its decisions
+        // still wait, however long ago it was written.
+        let a = Served::start(
+            Path::new(common::binary()),
+            root,
+            &data,
+            &["--manual-clock-at", &written.to_rfc3339()],
+        );
         let ready: Value = a
             .http
             .get(format!("{}/readyz", a.url))

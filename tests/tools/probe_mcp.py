@@ -37,6 +37,14 @@ def pidns():
     return os.readlink("/proc/self/ns/pid")
 
 
+def started(pid="self"):
+    """When the process started (clock ticks since boot, as the host sees
+    it too): with its namespace and pid, it names one process, however
+    soon a namespace's number is used again."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
 def interfaces():
     """The network interfaces it sees, from /proc (netlink is refused to it)."""
     try:
@@ -62,6 +70,7 @@ def call(name, args, meta):
         return answer({
             "pid": os.getpid(),
             "pidns": pidns(),
+            "started": started(),
             "path": os.environ.get("PATH"),
             "cgroups": cgroups,
             "cwd": os.getcwd(),
@@ -79,7 +88,7 @@ def call(name, args, meta):
             os.setsid()
             time.sleep(float(args.get("seconds", 300)))
             os._exit(0)
-        return answer({"child": pid, "pidns": pidns()})
+        return answer({"child": pid, "pidns": pidns(), "started": started(pid)})
     if name == "spin":
         seconds = float(args.get("seconds", 3))
         start, cpu = time.monotonic(), time.process_time()
@@ -108,7 +117,7 @@ def call(name, args, meta):
             return answer({"written": False, "error": str(e)})
     if name == "hang":
         with open("hang.pid", "w") as f:  # in its working directory
-            f.write(f"{os.getpid()} {pidns()}")
+            f.write(f"{os.getpid()} {pidns()} {started()}")
         while True:
             time.sleep(60)
     if name == "processes":
