@@ -91,7 +91,7 @@ HEALTHY=$(date +%s)
 echo "install-to-healthy: $((HEALTHY - START)) s (with the Wine prefix)"
 
 echo "--- /healthz and /readyz over HTTPS with the generated CA"
-curl -fsS --cacert "$DATA/tls/ca.pem" "$URL/healthz" | grep -q '"ok"' || fail "/healthz"
+grep -q '"ok"' <<<"$(curl -fsS --cacert "$DATA/tls/ca.pem" "$URL/healthz")" || fail "/healthz"
 READY=""
 for _ in $(seq 1 100); do
     READY=$(curl -sS --cacert "$DATA/tls/ca.pem" "$URL/readyz")

@@ -209,7 +209,7 @@ echo "--- upgrade from an earlier version's store: backed up as found, then migr
 # binary backs it up into backup.dir before migrating it.
 CURRENT_SCHEMA=$(agentbay version | sed -n 's/.*(store schema \([0-9]*\)).*/\1/p')
 [ -n "$CURRENT_SCHEMA" ] || fail "agentbay version does not name the store schema: $(agentbay version)"
-agentbay --version | grep -q "(store schema $CURRENT_SCHEMA)" || fail "agentbay --version does not name the store schema"
+grep -q "(store schema $CURRENT_SCHEMA)" <<<"$(agentbay --version)" || fail "agentbay --version does not name the store schema"
 PREVIOUS=$((CURRENT_SCHEMA - 1))
 FIXTURE="tests/fixtures/stores/schema-$PREVIOUS.tar.gz"
 [ -f "$FIXTURE" ] || fail "no fixture store $FIXTURE"
@@ -240,7 +240,8 @@ SAFETY=$($SUDO sh -c "ls /var/lib/agentbay-backups/before-upgrade-from-*schema-$
 [ -n "$SAFETY" ] || { tail -30 "$TMP/serve4.log"; fail "no backup before the upgrade in /var/lib/agentbay-backups"; }
 [ "$($SUDO stat -c '%U %a' "$SAFETY")" = "agentbay 600" ] ||
     fail "the backup before the upgrade is not private to the agentbay account: $($SUDO stat -c '%U %a' "$SAFETY")"
-$SUDO runuser -u agentbay -- agentbay backup verify "$SAFETY" | grep -q "(schema version $PREVIOUS)" ||
+VERIFIED=$($SUDO runuser -u agentbay -- agentbay backup verify "$SAFETY") || VERIFIED=""
+grep -q "(schema version $PREVIOUS)" <<<"$VERIFIED" ||
     fail "the backup before the upgrade does not verify as schema $PREVIOUS"
 $SUDO runuser -u agentbay -- agentbay check --config /etc/agentbay/agentbay.toml > "$TMP/check.txt" ||
     { cat "$TMP/check.txt"; fail "agentbay check finds problems in the upgraded store"; }
@@ -265,6 +266,7 @@ if [ -n "$MSI" ]; then
     grep -qx ServiceInstall <<<"$TABLES" || fail "the MSI has no ServiceInstall table"
     SERVICE=$(table ServiceInstall); CONTROL=$(table ServiceControl); FILES=$(table File)
     SHORTCUTS=$(table Shortcut); DIRS=$(table Directory)
+    UPGRADE=$(table Upgrade); COMPONENTS=$(table Component)
     grep -q "serve --windows-service" <<<"$SERVICE" || fail "the service is not registered"
     grep -q agentbay <<<"$CONTROL" || fail "no service control"
     grep -q "agentbay.exe" <<<"$FILES" || fail "agentbay.exe is not in the MSI"
@@ -279,8 +281,8 @@ if [ -n "$MSI" ]; then
     grep -q "PROMETHEUSDIR" <<<"$DIRS" || fail "no prometheus directory in the MSI"
     grep -q "README" <<<"$SHORTCUTS" || fail "no shortcut"
     grep -q CommonAppDataFolder <<<"$DIRS" || fail "no ProgramData directory"
-    table Upgrade | grep -q $'\t513\t\tWIX_UPGRADE_DETECTED' || fail "an install over the same version is not an upgrade"
-    table Component | grep -q $'^Configuration\t{[0-9A-F-]*}\tINSTALLDIR\t400\t' ||
+    grep -q $'\t513\t\tWIX_UPGRADE_DETECTED' <<<"$UPGRADE" || fail "an install over the same version is not an upgrade"
+    grep -q $'^Configuration\t{[0-9A-F-]*}\tINSTALLDIR\t400\t' <<<"$COMPONENTS" ||
         fail "the configuration's component is not Permanent and NeverOverwrite"
     # Installed, served, upgraded and uninstalled under Wine where it is
     # installed (CI installs it).
