@@ -190,6 +190,16 @@ impl Served {
     }
 }
 
+/// A test that fails leaves no appliance running.
+impl Drop for Served {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Writes the fixture of the binary `AGENTBAY_FIXTURE_BIN` (default: this
 /// build) into `tests/fixtures/stores/schema-<n>.tar.gz`, `n` being the
 /// schema its store ends at. Drives the binary only through what every

@@ -453,74 +453,112 @@ pub fn serve() -> std::process::ExitCode {
         groups: 0,
         trees: sys::can_copy_trees(),
     };
-    loop {
-        spawner.networks.ask();
-        let wait = spawner.blanks.wait();
-        let mut polls = vec![
-            pollfd(SOCKET),
-            pollfd(children.as_raw_fd()),
-            pollfd(
-                spawner
-                    .networks
-                    .maker
-                    .as_ref()
-                    .map_or(-1, |m| m.as_raw_fd()),
-            ),
-        ];
-        polls.extend(
-            spawner
-                .blanks
-                .making
-                .iter()
-                .map(|b| pollfd(b.socket.as_raw_fd())),
-        );
-        // SAFETY: pollfds live for the call (a negative descriptor is
-        // skipped).
-        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, wait) };
-        if n < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+    let code = spawner.run(&children, &mut buf);
+    spawner.end();
+    code
+}
+
+impl Serving {
+    /// Serves the appliance's orders until it ends (its socket closes):
+    /// how the spawner ends.
+    fn run(&mut self, children: &OwnedFd, buf: &mut [u8]) -> std::process::ExitCode {
+        loop {
+            self.networks.ask();
+            let wait = self.blanks.wait();
+            let mut polls = vec![
+                pollfd(SOCKET),
+                pollfd(children.as_raw_fd()),
+                pollfd(self.networks.maker.as_ref().map_or(-1, |m| m.as_raw_fd())),
+            ];
+            polls.extend(
+                self.blanks
+                    .making
+                    .iter()
+                    .map(|b| pollfd(b.socket.as_raw_fd())),
+            );
+            // SAFETY: pollfds live for the call (a negative descriptor is
+            // skipped).
+            let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, wait) };
+            if n < 0 {
+                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return std::process::ExitCode::FAILURE;
+            }
+            if n == 0 {
+                self.make_blank();
                 continue;
             }
-            return std::process::ExitCode::FAILURE;
-        }
-        if n == 0 {
-            spawner.make_blank();
-            continue;
-        }
-        if polls[2].revents != 0 {
-            spawner.networks.receive();
-        }
-        // Blanks that said they are ready (or ended: reaped below).
-        for (i, p) in polls[3..].iter().enumerate().rev() {
-            if p.revents != 0 {
-                spawner.blanks.hear(i);
+            if polls[2].revents != 0 {
+                self.networks.receive();
             }
-        }
-        if polls[1].revents != 0 {
-            sys::drain(children.as_raw_fd());
-            while let Some((pid, status)) = sys::reap() {
-                if spawner.reaped(pid, status).is_err() {
-                    return std::process::ExitCode::SUCCESS;
+            // Blanks that said they are ready (or ended: reaped below).
+            for (i, p) in polls[3..].iter().enumerate().rev() {
+                if p.revents != 0 {
+                    self.blanks.hear(i);
                 }
             }
-        }
-        if polls[0].revents & libc::POLLIN != 0 {
-            let reply = match sys::receive_message(SOCKET, &mut buf, MAX_FDS) {
-                Ok((0, _)) => return std::process::ExitCode::SUCCESS,
-                Ok((n, fds)) => spawner.start(&buf[..n], fds),
-                // A message too large or with too many descriptors is
-                // refused whole (its id came first).
-                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => Reply::Refused {
-                    id: u64::from_le_bytes(*buf.first_chunk::<8>().expect("8 bytes")),
-                    errno: libc::EMSGSIZE,
-                },
-                Err(_) => return std::process::ExitCode::SUCCESS,
-            };
-            if send(SOCKET, &reply).is_err() {
+            if polls[1].revents != 0 {
+                sys::drain(children.as_raw_fd());
+                while let Some((pid, status)) = sys::reap() {
+                    if self.reaped(pid, status).is_err() {
+                        return std::process::ExitCode::SUCCESS;
+                    }
+                }
+            }
+            if polls[0].revents & libc::POLLIN != 0 {
+                let reply = match sys::receive_message(SOCKET, buf, MAX_FDS) {
+                    Ok((0, _)) => return std::process::ExitCode::SUCCESS,
+                    Ok((n, fds)) => self.start(&buf[..n], fds),
+                    // A message too large or with too many descriptors is
+                    // refused whole (its id came first).
+                    Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => Reply::Refused {
+                        id: u64::from_le_bytes(*buf.first_chunk::<8>().expect("8 bytes")),
+                        errno: libc::EMSGSIZE,
+                    },
+                    Err(_) => return std::process::ExitCode::SUCCESS,
+                };
+                if send(SOCKET, &reply).is_err() {
+                    return std::process::ExitCode::SUCCESS;
+                }
+            } else if polls[0].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
                 return std::process::ExitCode::SUCCESS;
             }
-        } else if polls[0].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-            return std::process::ExitCode::SUCCESS;
+        }
+    }
+
+    /// Ends with the appliance: kills every process it started or made
+    /// ahead, waits for each and removes the group it named for it, so
+    /// that a stop (or a killed appliance) leaves no group behind. A
+    /// group something else still holds stays for the next start, which
+    /// removes what an earlier one left.
+    fn end(&mut self) {
+        let mut ending: Vec<(i32, Option<sys::Cgroup>)> = self
+            .started
+            .drain()
+            .map(|(pid, (_, group))| (pid, group))
+            .collect();
+        ending.extend(
+            self.blanks
+                .making
+                .drain(..)
+                .chain(self.blanks.ready.drain(..))
+                .map(|b| (b.pid, b.steps.cgroup)),
+        );
+        ending.extend(
+            self.blanks
+                .discarded
+                .drain()
+                .map(|(pid, steps)| (pid, steps.cgroup)),
+        );
+        for (pid, _) in &ending {
+            sys::kill(*pid);
+        }
+        for (pid, group) in &mut ending {
+            sys::wait_for(*pid);
+            if let Some(group) = group {
+                group.remove();
+            }
         }
     }
 }
@@ -545,7 +583,8 @@ struct Serving {
     /// the maker, which lets go of them at idle priority, so that taking
     /// them apart (its mounts, its network) is not done when the process
     /// exits, while other tools start.
-    started: HashMap<i32, Vec<OwnedFd>>,
+    /// With each, its group (removed with it if the spawner ends first).
+    started: HashMap<i32, (Vec<OwnedFd>, Option<sys::Cgroup>)>,
     /// Groups named so far.
     groups: u64,
     /// Whether it can copy trees of its mount namespace: a tool then
@@ -645,7 +684,8 @@ impl Serving {
                 .map(String::from);
             return match handed {
                 Ok(()) => {
-                    self.started.insert(blank.pid, blank.held);
+                    self.started
+                        .insert(blank.pid, (blank.held, blank.steps.cgroup));
                     Reply::Started {
                         id,
                         pid: blank.pid,
@@ -690,7 +730,8 @@ impl Serving {
                     .as_ref()
                     .and_then(|c| c.name())
                     .map(String::from);
-                self.started.insert(pid, network.into_iter().collect());
+                self.started
+                    .insert(pid, (network.into_iter().collect(), steps.cgroup.clone()));
                 Reply::Started { id, pid, group }
             }
         }
@@ -790,7 +831,7 @@ impl Serving {
             }
             return Ok(());
         }
-        if let Some(held) = self.started.remove(&pid) {
+        if let Some((held, _)) = self.started.remove(&pid) {
             self.networks.let_go(held);
         }
         send(SOCKET, &Reply::Ended { pid, status })
