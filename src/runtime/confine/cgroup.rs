@@ -180,8 +180,8 @@ impl Root {
     }
 
     /// The group of a tool limited by `limits`, as its steps carry it:
-    /// the tool spawner makes it, the process joins it and writes its
-    /// limits.
+    /// the tool spawner makes it and writes its limits, the process joins
+    /// it.
     pub fn spec(&self, limits: Limits) -> super::sys::Cgroup {
         let c = |s: &str| CString::new(s).expect("no NUL");
         super::sys::Cgroup::new(
@@ -244,6 +244,29 @@ impl Root {
     pub fn remove(&self) {
         for (_, d, _) in self.parents() {
             let _ = fs::remove_dir(d);
+        }
+    }
+
+    /// Removes the groups named with `prefix` that no process is in
+    /// (the kernel refuses to remove one that is): waits up to half a
+    /// second for processes on their way out.
+    pub fn remove_empty(&self, prefix: &str) {
+        for _ in 0..10 {
+            let mut left = false;
+            for (_, d, _) in self.parents() {
+                for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+                    if e.file_name().to_string_lossy().starts_with(prefix)
+                        && e.path().is_dir()
+                        && fs::remove_dir(e.path()).is_err()
+                    {
+                        left = true;
+                    }
+                }
+            }
+            if !left {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
 

@@ -829,8 +829,8 @@ impl Confiner {
                 "a tool would run as the appliance's own uid and runtime.when_unconfinable is refuse: {user}"
             ));
         }
-        // The tool spawner makes the group; the process joins it and
-        // writes its limits.
+        // The tool spawner makes the group and writes its limits; the
+        // process joins it.
         let mechanism = match self.cgroup_for(config)? {
             Some(root) => {
                 steps.cgroup = Some(root.spec(limits));

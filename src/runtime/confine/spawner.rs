@@ -170,7 +170,7 @@ impl Spawner {
         let program = PROGRAM.get().ok_or(
             "the tool spawner's program is not named (runtime::confine::spawner::set_program)",
         )?;
-        let link = Link::start(program, userns.as_ref())?;
+        let link = Link::start(program, userns.as_ref(), cgroup.clone())?;
         Ok(Spawner {
             program: program.clone(),
             cgroup,
@@ -186,7 +186,7 @@ impl Spawner {
         if let Some(l) = link.as_ref().filter(|l| l.alive.load(Ordering::Acquire)) {
             return Ok(l.clone());
         }
-        let l = Link::start(&self.program, self.userns.as_ref())?;
+        let l = Link::start(&self.program, self.userns.as_ref(), self.cgroup.clone())?;
         *link = Some(l.clone());
         Ok(l)
     }
@@ -308,7 +308,11 @@ impl Drop for Unclaimed {
 }
 
 impl Link {
-    fn start(program: &Path, userns: Option<&OwnedFd>) -> Result<Arc<Link>, String> {
+    fn start(
+        program: &Path,
+        userns: Option<&OwnedFd>,
+        cgroup: Option<Root>,
+    ) -> Result<Arc<Link>, String> {
         let fail = |e: io::Error| {
             format!(
                 "the tool spawner ({} {SUBCOMMAND}) cannot start: {e}",
@@ -357,14 +361,17 @@ impl Link {
         let reader = link.clone();
         std::thread::Builder::new()
             .name("tool-spawner".into())
-            .spawn(move || reader.read(child))
+            .spawn(move || reader.read(child, cgroup))
             .map_err(fail)?;
         Ok(link)
     }
 
     /// Reads the spawner's answers until it ends, handing each to whoever
-    /// waits for it.
-    fn read(&self, mut child: std::process::Child) {
+    /// waits for it; then removes the groups of the processes it made
+    /// ahead, which ended with it (a spawner that ends on its own removes
+    /// them itself; one that was killed could not). A started tool's group
+    /// is its cage's to remove.
+    fn read(&self, mut child: std::process::Child, cgroup: Option<Root>) {
         let mut buf = [0u8; 256];
         while let Ok((n, _)) = sys::receive_message(self.socket.as_raw_fd(), &mut buf, 0) {
             if n == 0 {
@@ -407,6 +414,9 @@ impl Link {
             status = ?status,
             "the tool spawner ended; the next tool starts a new one"
         );
+        if let Some(root) = cgroup {
+            root.remove_empty(&format!("tool-{}-", child.id()));
+        }
     }
 }
 
@@ -456,6 +466,107 @@ pub fn serve() -> std::process::ExitCode {
     let code = spawner.run(&children, &mut buf);
     spawner.end();
     code
+}
+
+/// The spawner's socket to the appliance: its standard input.
+const SOCKET: RawFd = 0;
+
+fn pollfd(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// The spawner's state.
+struct Serving {
+    networks: Pool,
+    blanks: Blanks,
+    /// Each process started and not yet ended, with the namespaces it
+    /// was given (the spawner's hold on them): when it ends they go to
+    /// the maker, which lets go of them at idle priority, so that taking
+    /// them apart (its mounts, its network) is not done when the process
+    /// exits, while other tools start. With each, its group (removed with
+    /// it if the spawner ends first).
+    started: HashMap<i32, (Vec<OwnedFd>, Option<sys::Cgroup>)>,
+    /// Groups named so far.
+    groups: u64,
+    /// Whether it can copy trees of its mount namespace: a tool then
+    /// pivots into its world before its order comes, and what its order
+    /// binds comes as trees ([`sys::World::bind_as_trees`]).
+    trees: bool,
+}
+
+/// An order, read: its id, the order, the tool's standard input and
+/// output and exec-error pipe, and the descriptors its steps name (the
+/// steps hold their numbers).
+struct Received {
+    id: u64,
+    order: Order,
+    io: [OwnedFd; 3],
+    /// The descriptors its steps name, open while the steps hold their
+    /// numbers.
+    _named: Vec<OwnedFd>,
+}
+
+impl Received {
+    /// Reads an order: its id and the order, or the error number that
+    /// refuses it (with its id, 0 if it has none).
+    fn read(message: &[u8], fds: Vec<OwnedFd>) -> Result<Received, (u64, i32)> {
+        let Some((id, order)) = message.split_first_chunk::<8>() else {
+            return Err((0, libc::EINVAL));
+        };
+        let id = u64::from_le_bytes(*id);
+        let Ok(mut order) = rmp_serde::from_slice::<Order>(order) else {
+            return Err((id, libc::EINVAL));
+        };
+        let mut fds = fds.into_iter();
+        let (Some(stdin), Some(stdout), Some(errors)) = (fds.next(), fds.next(), fds.next()) else {
+            return Err((id, libc::EINVAL));
+        };
+        let named: Vec<OwnedFd> = fds.collect();
+        let mut numbers = order.steps.descriptors();
+        if numbers.len() != named.len() {
+            return Err((id, libc::EINVAL));
+        }
+        for (number, fd) in numbers.iter_mut().zip(&named) {
+            **number = fd.as_raw_fd();
+        }
+        drop(numbers);
+        Ok(Received {
+            id,
+            order,
+            io: [stdin, stdout, errors],
+            _named: named,
+        })
+    }
+
+    /// Becomes the tool: takes its standard input and output and its
+    /// working directory, applies the rest of its steps (`ahead`: all of
+    /// them, not only those a process made ahead left) and execs, or
+    /// writes why not on the errors pipe and exits.
+    fn become_tool(&self, ahead: bool) -> ! {
+        let order = &self.order;
+        let argv = pointers(&order.argv);
+        let env = pointers(&order.env);
+        let [stdin, stdout, errors] = &self.io;
+        let prepared = sys::fresh_process(stdin.as_raw_fd(), stdout.as_raw_fd())
+            .and_then(|()| {
+                if ahead {
+                    order.steps.apply_ahead(true)
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| sys::change_dir(&order.cwd))
+            .and_then(|()| order.steps.apply_rest());
+        let error = match prepared {
+            Err(e) => e,
+            Ok(()) => sys::exec(&order.program, &argv, &env),
+        };
+        sys::exit_with(errors.as_raw_fd(), error)
+    }
 }
 
 impl Serving {
@@ -561,110 +672,7 @@ impl Serving {
             }
         }
     }
-}
 
-/// The spawner's socket to the appliance: its standard input.
-const SOCKET: RawFd = 0;
-
-fn pollfd(fd: RawFd) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    }
-}
-
-/// The spawner's state.
-struct Serving {
-    networks: Pool,
-    blanks: Blanks,
-    /// Each process started and not yet ended, with the namespaces it
-    /// was given (the spawner's hold on them): when it ends they go to
-    /// the maker, which lets go of them at idle priority, so that taking
-    /// them apart (its mounts, its network) is not done when the process
-    /// exits, while other tools start.
-    /// With each, its group (removed with it if the spawner ends first).
-    started: HashMap<i32, (Vec<OwnedFd>, Option<sys::Cgroup>)>,
-    /// Groups named so far.
-    groups: u64,
-    /// Whether it can copy trees of its mount namespace: a tool then
-    /// pivots into its world before its order comes, and what its order
-    /// binds comes as trees ([`sys::World::bind_as_trees`]).
-    trees: bool,
-}
-
-/// An order, read: its id, the order, the tool's standard input and
-/// output and exec-error pipe, and the descriptors its steps name (the
-/// steps hold their numbers).
-struct Received {
-    id: u64,
-    order: Order,
-    io: [OwnedFd; 3],
-    /// The descriptors its steps name, open while the steps hold their
-    /// numbers.
-    _named: Vec<OwnedFd>,
-}
-
-impl Received {
-    /// Reads an order: its id and the order, or the error number that
-    /// refuses it (with its id, 0 if it has none).
-    fn read(message: &[u8], fds: Vec<OwnedFd>) -> Result<Received, (u64, i32)> {
-        let Some((id, order)) = message.split_first_chunk::<8>() else {
-            return Err((0, libc::EINVAL));
-        };
-        let id = u64::from_le_bytes(*id);
-        let Ok(mut order) = rmp_serde::from_slice::<Order>(order) else {
-            return Err((id, libc::EINVAL));
-        };
-        let mut fds = fds.into_iter();
-        let (Some(stdin), Some(stdout), Some(errors)) = (fds.next(), fds.next(), fds.next()) else {
-            return Err((id, libc::EINVAL));
-        };
-        let named: Vec<OwnedFd> = fds.collect();
-        let mut numbers = order.steps.descriptors();
-        if numbers.len() != named.len() {
-            return Err((id, libc::EINVAL));
-        }
-        for (number, fd) in numbers.iter_mut().zip(&named) {
-            **number = fd.as_raw_fd();
-        }
-        drop(numbers);
-        Ok(Received {
-            id,
-            order,
-            io: [stdin, stdout, errors],
-            _named: named,
-        })
-    }
-
-    /// Becomes the tool: takes its standard input and output and its
-    /// working directory, applies the rest of its steps (`ahead`: all of
-    /// them, not only those a process made ahead left) and execs, or
-    /// writes why not on the errors pipe and exits.
-    fn become_tool(&self, ahead: bool) -> ! {
-        let order = &self.order;
-        let argv = pointers(&order.argv);
-        let env = pointers(&order.env);
-        let [stdin, stdout, errors] = &self.io;
-        let prepared = sys::fresh_process(stdin.as_raw_fd(), stdout.as_raw_fd())
-            .and_then(|()| {
-                if ahead {
-                    order.steps.apply_ahead(true)
-                } else {
-                    Ok(())
-                }
-            })
-            .and_then(|()| sys::change_dir(&order.cwd))
-            .and_then(|()| order.steps.apply_rest());
-        let error = match prepared {
-            Err(e) => e,
-            Ok(()) => sys::exec(&order.program, &argv, &env),
-        };
-        sys::exit_with(errors.as_raw_fd(), error)
-    }
-}
-
-impl Serving {
     /// Starts one order: by a process made ahead for steps like its own
     /// if one is ready, else by a clone of its own. The answer to send.
     fn start(&mut self, message: &[u8], fds: Vec<OwnedFd>) -> Reply {
@@ -676,12 +684,7 @@ impl Serving {
         self.blanks.last_order = Some(Instant::now());
         if let Some(blank) = self.blanks.take(&received.order.steps) {
             let handed = self.hand(&blank, &mut received);
-            let group = blank
-                .steps
-                .cgroup
-                .as_ref()
-                .and_then(|c| c.name())
-                .map(String::from);
+            let group = blank.steps.cgroup.as_ref().and_then(sys::Cgroup::name);
             return match handed {
                 Ok(()) => {
                     self.started
@@ -725,11 +728,7 @@ impl Serving {
             }
             Ok(0) => received.become_tool(true),
             Ok(pid) => {
-                let group = steps
-                    .cgroup
-                    .as_ref()
-                    .and_then(|c| c.name())
-                    .map(String::from);
+                let group = steps.cgroup.as_ref().and_then(sys::Cgroup::name);
                 self.started
                     .insert(pid, (network.into_iter().collect(), steps.cgroup.clone()));
                 Reply::Started { id, pid, group }

@@ -32,10 +32,10 @@ pub struct Steps {
     pub filter: bool,
 }
 
-/// A tool's cgroup: made by the tool spawner (a group named for the
-/// process, in each hierarchy), joined by the process before its order
-/// (a process made ahead is in its group already), limited by the
-/// process itself once its order comes, before it execs.
+/// A tool's cgroup: made and limited by the tool spawner (a group named
+/// for the process, in each hierarchy), joined by the process before its
+/// order (a process made ahead is in its group already; once its order
+/// comes the spawner writes the limits it lacks).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Cgroup {
     /// The directory of each hierarchy the group is made in, and whether
@@ -165,9 +165,9 @@ impl Cgroup {
         }
     }
 
-    /// The group's name, once made.
-    pub fn name(&self) -> Option<&str> {
-        self.made.as_ref().map(|m| m.name.as_str())
+    /// The group's name, once named.
+    pub fn name(&self) -> Option<String> {
+        self.made.as_ref().map(|m| m.name.clone())
     }
 
     /// Joins the group (the calling process and what it starts).
@@ -996,6 +996,21 @@ fn pivot_here() -> io::Result<()> {
 }
 
 impl Place {
+    /// Where it is made in the root being assembled, if it is made
+    /// there (a tree's place is the tool's already; a change of owner is
+    /// made where it is).
+    fn assembled_at(&mut self) -> Option<&mut CString> {
+        match self {
+            Place::Dir(at)
+            | Place::File(at)
+            | Place::Proc(at)
+            | Place::Link { at, .. }
+            | Place::Tmpfs { at, .. }
+            | Place::Bind { at, .. } => Some(at),
+            Place::Own { .. } | Place::Tree { .. } => None,
+        }
+    }
+
     /// Puts this place in the world being built (`pid`: the process has a
     /// PID namespace of its own, whose `/proc` it mounts).
     fn make(&self, pid: bool) -> io::Result<()> {
@@ -1159,39 +1174,22 @@ impl World {
         };
         let mut trees = Vec::new();
         for place in self.places.iter_mut().skip(self.shared) {
-            *place = match &*place {
-                Place::Bind {
-                    from,
-                    at,
-                    write,
-                    dev,
-                } => {
-                    let tree = open_tree(from, *write, *dev)?;
-                    let made = Place::Tree {
-                        tree: std::os::fd::AsRawFd::as_raw_fd(&tree),
-                        at: inside(at),
-                    };
-                    trees.push(tree);
-                    made
-                }
-                Place::Dir(at) => Place::Dir(inside(at)),
-                Place::File(at) => Place::File(inside(at)),
-                Place::Link { to, at } => Place::Link {
-                    to: to.clone(),
+            if let Place::Bind {
+                from,
+                at,
+                write,
+                dev,
+            } = place
+            {
+                let tree = open_tree(from, *write, *dev)?;
+                *place = Place::Tree {
+                    tree: std::os::fd::AsRawFd::as_raw_fd(&tree),
                     at: inside(at),
-                },
-                Place::Tmpfs {
-                    at,
-                    options,
-                    read_only,
-                } => Place::Tmpfs {
-                    at: inside(at),
-                    options: options.clone(),
-                    read_only: *read_only,
-                },
-                Place::Proc(at) => Place::Proc(inside(at)),
-                other @ (Place::Own { .. } | Place::Tree { .. }) => other.clone(),
-            };
+                };
+                trees.push(tree);
+            } else if let Some(at) = place.assembled_at() {
+                *at = inside(at);
+            }
         }
         self.pivoted = true;
         Ok(trees)
