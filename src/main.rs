@@ -1162,12 +1162,18 @@ fn main() -> ExitCode {
     // spawner.
     #[cfg(unix)]
     agentbay::runtime::confine::spawner::set_program(std::path::Path::new("/proc/self/exe"));
-    let cli = Cli::parse();
-    // One thread, no async runtime: the tool spawner forks.
+    // The tool spawner (one thread, no async runtime: it forks) serves
+    // before anything is parsed: every process it makes ahead is a copy
+    // of it, and each undoes what the spawner touched when it execs its
+    // tool, while other tools start.
     #[cfg(unix)]
-    if matches!(cli.command, Command::ToolSpawner) {
+    if std::env::args_os()
+        .skip(1)
+        .eq([agentbay::runtime::confine::spawner::SUBCOMMAND])
+    {
         return agentbay::runtime::confine::spawner::serve();
     }
+    let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

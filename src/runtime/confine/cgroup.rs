@@ -76,6 +76,45 @@ pub struct Used {
     pub pids_refused: u64,
 }
 
+/// How many ended groups may wait to be removed apart
+/// ([`Group::remove_later`]).
+const REMOVING: usize = 256;
+
+/// How long no tool must have started for the moment to be quiet.
+const QUIET: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// When a tool last started: milliseconds since [`since`]'s start.
+static LAST_START: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Milliseconds since the first call.
+fn since() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
+/// Notes that a tool is starting: what is removed apart waits for a
+/// quiet moment.
+pub fn starting() {
+    LAST_START.store(since(), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Waits until no tool has started for [`QUIET`].
+fn quiet() {
+    loop {
+        let waited = since().saturating_sub(LAST_START.load(std::sync::atomic::Ordering::Relaxed));
+        let Some(left) = (QUIET.as_millis() as u64)
+            .checked_sub(waited)
+            .filter(|l| *l > 0)
+        else {
+            return;
+        };
+        std::thread::sleep(std::time::Duration::from_millis(left));
+    }
+}
+
 /// One group: a directory per hierarchy it is in.
 #[derive(Debug)]
 pub struct Group {
@@ -394,6 +433,51 @@ impl Group {
                 super::sys::kill(pid);
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// Kills what is left of the group's processes now, and removes its
+    /// directories apart, on a thread of idle priority once no tool has
+    /// started for a moment: removing an ended tool's group (on cgroup v1
+    /// a fraction of a millisecond of the kernel's work in each
+    /// hierarchy) does not compete with starting the next tools. While
+    /// [`REMOVING`] groups wait, the caller removes its own.
+    pub fn remove_later(self) {
+        let left = self
+            .dirs
+            .first()
+            .and_then(|(_, d)| read(d, "cgroup.procs"))
+            .is_some_and(|procs| !procs.trim().is_empty());
+        if left {
+            self.kill();
+        }
+        static REMOVER: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Group>>> =
+            std::sync::OnceLock::new();
+        let remover = REMOVER.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Group>(REMOVING);
+            std::thread::Builder::new()
+                .name("cgroup-remover".into())
+                .spawn(move || {
+                    // Only when a CPU would otherwise idle (a full queue
+                    // falls back to removing in place).
+                    let _ = super::sys::idle_priority();
+                    for group in rx {
+                        quiet();
+                        group.remove();
+                    }
+                })
+                .ok()
+                .map(|_| tx)
+        });
+        let Some(remover) = remover else {
+            return self.remove();
+        };
+        if let Err(
+            std::sync::mpsc::TrySendError::Full(group)
+            | std::sync::mpsc::TrySendError::Disconnected(group),
+        ) = remover.try_send(self)
+        {
+            group.remove();
         }
     }
 

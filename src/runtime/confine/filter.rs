@@ -1,7 +1,10 @@
 //! The system-call filter every tool process runs under: seccomp-BPF,
 //! compiled once by `seccompiler` (rust-vmm's) for the machine's
-//! architecture and installed by the child after its world is built and
-//! before it execs.
+//! architecture and installed by the child in two parts: all but the
+//! mount calls once its namespaces are made (by a process made ahead,
+//! before its order comes), and the mount calls once its world is built,
+//! last before it execs. The kernel compiles and checks each program it
+//! is given; what a tool start waits for is the small second part.
 //!
 //! What it refuses closes what the namespaces and Landlock leave open:
 //! sockets other than IP (a network namespace bounds IP; nothing bounds a
@@ -24,17 +27,51 @@ use seccompiler::{
 /// whenever what it refuses changes.
 pub const NAME: &str = "agentbay-tools/1";
 
-/// The programs a tool installs, in order.
-pub struct Programs(Vec<BpfProgram>);
+/// The programs a tool installs: those it installs once its namespaces
+/// are made, in order, and the one it installs last.
+pub struct Programs {
+    ahead: Vec<BpfProgram>,
+    last: BpfProgram,
+}
 
 impl Programs {
-    /// The programs, each a slice the child hands to the kernel.
+    /// The programs installed once the namespaces are made, each a slice
+    /// the child hands to the kernel.
+    pub fn ahead(&self) -> impl Iterator<Item = &[seccompiler::sock_filter]> {
+        self.ahead.iter().map(Vec::as_slice)
+    }
+
+    /// The program installed last, once the world is built: the mount
+    /// calls.
+    pub fn last(&self) -> &[seccompiler::sock_filter] {
+        &self.last
+    }
+
+    /// Every program, in the order they are installed.
     pub fn each(&self) -> impl Iterator<Item = &[seccompiler::sock_filter]> {
-        self.0.iter().map(Vec::as_slice)
+        self.ahead().chain(std::iter::once(self.last()))
     }
 }
 
-/// Calls refused whatever their arguments.
+/// The calls that build a world: refused last, once it is built.
+fn mounting() -> Vec<i64> {
+    vec![
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_chroot,
+        libc::SYS_open_tree,
+        libc::SYS_move_mount,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
+    ]
+}
+
+/// Calls refused whatever their arguments, once the namespaces are made
+/// (the mount calls apart: [`mounting`]).
 fn refused() -> Vec<i64> {
     let mut calls = vec![
         libc::SYS_ptrace,
@@ -53,17 +90,6 @@ fn refused() -> Vec<i64> {
         libc::SYS_init_module,
         libc::SYS_finit_module,
         libc::SYS_delete_module,
-        libc::SYS_mount,
-        libc::SYS_umount2,
-        libc::SYS_pivot_root,
-        libc::SYS_chroot,
-        libc::SYS_open_tree,
-        libc::SYS_move_mount,
-        libc::SYS_fsopen,
-        libc::SYS_fsconfig,
-        libc::SYS_fsmount,
-        libc::SYS_fspick,
-        libc::SYS_mount_setattr,
         libc::SYS_setns,
         libc::SYS_open_by_handle_at,
         libc::SYS_name_to_handle_at,
@@ -182,10 +208,17 @@ pub fn compile() -> Result<Programs, String> {
         libc::SYS_clone3 as u32,
         libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
     );
-    Ok(Programs(vec![
-        by_number_program(&by_number)?,
-        BpfProgram::try_from(eperm).map_err(|e| format!("the system-call filter: {e}"))?,
-    ]))
+    let mounts: BTreeMap<u32, u32> = mounting()
+        .into_iter()
+        .map(|call| (call as u32, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32))
+        .collect();
+    Ok(Programs {
+        ahead: vec![
+            by_number_program(&by_number)?,
+            BpfProgram::try_from(eperm).map_err(|e| format!("the system-call filter: {e}"))?,
+        ],
+        last: by_number_program(&mounts)?,
+    })
 }
 
 /// On x86_64 the x32 calls share the architecture's audit number, with
@@ -307,8 +340,10 @@ pub fn programs() -> Result<&'static Programs, String> {
 /// Installs `programs` on the calling process (and `PR_SET_NO_NEW_PRIVS`
 /// with them). Runs between fork and exec: no allocation, system calls
 /// only.
-pub fn install(programs: &Programs) -> std::io::Result<()> {
-    for p in programs.each() {
+pub fn install<'a>(
+    programs: impl IntoIterator<Item = &'a [seccompiler::sock_filter]>,
+) -> std::io::Result<()> {
+    for p in programs {
         seccompiler::apply_filter(p).map_err(|e| match e {
             seccompiler::Error::Seccomp(e) | seccompiler::Error::Prctl(e) => e,
             _ => std::io::Error::from_raw_os_error(libc::EINVAL),
@@ -376,8 +411,11 @@ mod tests {
         // A table too large to jump across is refused, not miscompiled.
         let huge: BTreeMap<u32, u32> = (0..400).map(|i| (i * 2, eperm)).collect();
         assert!(by_number_program(&huge).is_err());
-        let refused: BTreeMap<u32, u32> =
-            refused().into_iter().map(|c| (c as u32, eperm)).collect();
+        let refused: BTreeMap<u32, u32> = refused()
+            .into_iter()
+            .chain(mounting())
+            .map(|c| (c as u32, eperm))
+            .collect();
         let program = by_number_program(&refused).unwrap();
         assert_eq!(run(&program, libc::SYS_ptrace as u32), eperm);
         assert_eq!(

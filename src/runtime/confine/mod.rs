@@ -782,6 +782,7 @@ impl Confiner {
         config: &RuntimeConfig,
     ) -> Result<(spawner::Tool, Cage), String> {
         let spawner = self.spawner.as_ref().map_err(Clone::clone)?;
+        cgroup::starting();
         let (mut order, cage) = self.prepare(req, config)?;
         let fds: Vec<_> = order
             .steps
@@ -891,7 +892,19 @@ impl Confiner {
             }
             Identity::Shared(_) => user,
         };
-        let own = program_dirs(program, &home);
+        // Its program's and interpreter's directories and what its
+        // release declares that the site allows, judged on what they
+        // resolve to.
+        let reads: Vec<(PathBuf, PathBuf)> = program_dirs(program, &home)
+            .iter()
+            .chain(req.read_paths)
+            .filter_map(|p| {
+                let real = std::fs::canonicalize(p).ok()?;
+                crate::domain::reach::protected_conflict(&real, &self.protected)
+                    .is_none()
+                    .then(|| (p.clone(), real))
+            })
+            .collect();
         let (processes, filesystem) = match &self.world {
             Ok(frame) => {
                 // The first tool of an attempt makes its working directory
@@ -905,23 +918,10 @@ impl Confiner {
                     )),
                     _ => None,
                 };
-                // Its program's and interpreter's directories and what its
-                // release declares that the site allows, judged on what
-                // they resolve to.
-                let extra = own
-                    .iter()
-                    .chain(req.read_paths)
-                    .filter_map(|p| {
-                        let real = std::fs::canonicalize(p).ok()?;
-                        crate::domain::reach::protected_conflict(&real, &self.protected)
-                            .is_none()
-                            .then(|| (p.clone(), real))
-                    })
-                    .collect();
                 namespaces.pid = true;
                 namespaces.world = Some(frame.clone().finish(
                     config.tool_workdir_mb,
-                    extra,
+                    reads.clone(),
                     &home,
                     &release,
                     owner.as_ref().map(|(fd, id)| (fd.as_raw_fd(), *id)),
@@ -960,11 +960,28 @@ impl Confiner {
         }
         let files = match &self.landlock {
             Ok(abi) => {
-                let (fd, granted) = self.ruleset(&own, req.read_paths, &home, &release)?;
-                use landlock::Access;
-                let read_write = landlock::AccessFs::from_all(landlock_abi(*abi)).bits();
-                steps.landlock = Some((fd.as_raw_fd(), read_write));
-                held.push(fd);
+                let mut read: Vec<PathBuf> = reads.into_iter().map(|(_, real)| real).collect();
+                read.sort();
+                read.dedup();
+                let granted = granted(&read);
+                steps.landlock = Some(if world {
+                    // Its world holds only what it may read: the process
+                    // makes its ruleset of the world's own paths.
+                    use landlock::Access;
+                    sys::Landlock::World {
+                        handled: landlock::AccessFs::from_all(landlock_abi(*abi)).bits(),
+                        writable: [TOOL_WORKDIR, "/tmp"]
+                            .iter()
+                            .map(|p| c_path(Path::new(p)))
+                            .collect(),
+                        devices: DEVICES.iter().map(|p| c_path(Path::new(p))).collect(),
+                    }
+                } else {
+                    let fd = self.ruleset(read, &home, &release)?;
+                    let landlock = sys::Landlock::Ruleset(fd.as_raw_fd());
+                    held.push(fd);
+                    landlock
+                });
                 format!(
                     "landlock: read {granted}; write the working directory, {}",
                     Self::workdir_limit(&home)
@@ -1068,56 +1085,27 @@ impl Confiner {
         ))
     }
 
-    /// The Landlock ruleset of a tool: read the system's directories, the
-    /// directories of its program and of the program's interpreter, its
-    /// release's files and the read paths the site allowed; read and
-    /// write its working directory and the usual device files. Whatever
-    /// asked for it, no read grant is at, above or below a protected path.
+    /// The Landlock ruleset of a tool without a world of its own: read
+    /// the system's directories, `read` (the directories of its program
+    /// and of the program's interpreter and the read paths the site
+    /// allowed, resolved and judged against the protected paths) and its
+    /// release's files; read and write its working directory and the
+    /// usual device files. Landlock grants what a path resolves to when
+    /// the rule is added, so a symbolic link in an allowed directory that
+    /// points at a protected one grants nothing.
     fn ruleset(
         &self,
-        own: &[PathBuf],
-        read_paths: &[PathBuf],
+        mut read: Vec<PathBuf>,
         home: &Path,
         release: &Path,
-    ) -> Result<(OwnedFd, String), String> {
+    ) -> Result<OwnedFd, String> {
         use landlock::{
             ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, path_beneath_rules,
         };
         let abi = ABI::V5;
-        // Landlock grants what a path resolves to when the rule is added:
-        // the rule below judges the resolved path, so a symbolic link in
-        // an allowed directory that points at a protected one grants
-        // nothing. A path that does not exist is granted nothing either.
-        let mut read: Vec<PathBuf> = own
-            .iter()
-            .chain(read_paths)
-            .filter_map(|p| std::fs::canonicalize(p).ok())
-            .filter(|r| crate::domain::reach::protected_conflict(r, &self.protected).is_none())
-            .collect();
-        read.sort();
-        read.dedup();
-        // In words: the program's and the declared directories by name,
-        // the system's as one phrase.
-        let named: Vec<String> = read
-            .iter()
-            .filter(|r| {
-                r.exists()
-                    && !r.starts_with("/etc")
-                    && !SYSTEM.iter().any(|s| Path::new(s) == r.as_path())
-            })
-            .map(|r| r.display().to_string())
-            .collect();
         if release.is_dir() {
             read.push(release.to_path_buf());
         }
-        let granted = if named.is_empty() {
-            "the system's directories and its release".to_string()
-        } else {
-            format!(
-                "the system's directories, its release and {}",
-                named.join(", ")
-            )
-        };
         let err = |e: landlock::RulesetError| format!("no Landlock ruleset: {e}");
         let ruleset = Ruleset::default()
             .handle_access(AccessFs::from_all(abi))
@@ -1142,8 +1130,7 @@ impl Confiner {
             ))
             .map_err(err)?;
         let fd: Option<OwnedFd> = ruleset.into();
-        let fd = fd.ok_or("Landlock is not enforced by this kernel")?;
-        Ok((fd, granted))
+        Ok(fd.ok_or("Landlock is not enforced by this kernel")?)
     }
 }
 
@@ -1160,6 +1147,29 @@ struct Frame {
     made: Vec<PathBuf>,
     /// What is bound so far, as the tool sees it: what lies below shows.
     bound: Vec<PathBuf>,
+}
+
+/// What a tool may read, in words: the directories of its program and
+/// what the site allowed by name (`read`, resolved), the system's as one
+/// phrase.
+fn granted(read: &[PathBuf]) -> String {
+    let named: Vec<String> = read
+        .iter()
+        .filter(|r| {
+            r.exists()
+                && !r.starts_with("/etc")
+                && !SYSTEM.iter().any(|s| Path::new(s) == r.as_path())
+        })
+        .map(|r| r.display().to_string())
+        .collect();
+    if named.is_empty() {
+        "the system's directories and its release".to_string()
+    } else {
+        format!(
+            "the system's directories, its release and {}",
+            named.join(", ")
+        )
+    }
 }
 
 fn c_path(p: &Path) -> CString {
@@ -1569,8 +1579,8 @@ impl Drop for Cage {
             metrics::counter!(crate::telemetry::names::TOOL_KILLS, "reason" => reason.clone())
                 .increment(1);
         }
-        match &self.group {
-            Some(g) => g.remove(),
+        match self.group.take() {
+            Some(g) => g.remove_later(),
             None => sys::kill_group(self.pgid.load(Ordering::Relaxed)),
         }
     }

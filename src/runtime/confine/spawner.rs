@@ -1025,7 +1025,13 @@ fn blank(socket: OwnedFd, steps: &Steps) -> ! {
     if ready.is_err() {
         sys::exit(1);
     }
-    let mut buf = vec![0u8; MAX_ORDER];
+    // A buffer of the order's size, not of the largest: what it touches
+    // is undone when it execs, in the burst of starts it is part of.
+    let size = match sys::next_message_size(socket) {
+        Ok(n) if n > 0 => n.min(MAX_ORDER),
+        _ => sys::exit(0),
+    };
+    let mut buf = vec![0u8; size];
     let received = match sys::receive_message(socket, &mut buf, MAX_FDS) {
         Ok((n, fds)) if n > 0 => Received::read(&buf[..n], fds),
         _ => sys::exit(0),
@@ -1126,7 +1132,7 @@ impl Pool {
     }
 
     /// Lets go of namespaces a process that ended was given: the maker
-    /// closes them, at idle priority.
+    /// closes them, at idle priority, once the spawner is quiet.
     fn let_go(&mut self, held: Vec<OwnedFd>) {
         if held.is_empty() {
             return;
@@ -1139,21 +1145,45 @@ impl Pool {
     }
 }
 
+/// How many descriptors of ended tools the maker holds for a quiet
+/// moment; past that it closes the oldest at once.
+const CLOSING: usize = 256;
+
 /// The maker: for each byte asked, a child cloned into a new network
-/// namespace brings its loopback up and sends the namespace back. Ends
-/// with the spawner (its socket closes, or it dies).
+/// namespace brings its loopback up and sends the namespace back; what
+/// the spawner lets go of it closes when no tool has started for a
+/// moment. Ends with the spawner (its socket closes, or it dies).
 fn make(socket: OwnedFd) -> ! {
     let _ = sys::idle_priority();
     let _ = sys::die_with_parent();
     let fd = socket.as_raw_fd();
     let mut byte = [0u8; 1];
+    // What the spawner let go of, closed once it has been quiet for a
+    // moment: the kernel's work of tearing a tool's namespaces down
+    // (some of it in its own threads, at normal priority) is not done
+    // while tools start.
+    let mut closing: Vec<OwnedFd> = Vec::new();
     loop {
+        let quiet = if closing.is_empty() {
+            -1
+        } else {
+            QUIET.as_millis() as i32
+        };
+        match wait_readable(fd, quiet) {
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                closing.clear();
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            _ => {}
+        }
         match sys::receive_message(fd, &mut byte, MAX_FDS) {
             Ok((1, _)) if byte == *b"?" => {}
-            // What the spawner let go of: closed here (the descriptors
-            // received), when a CPU would otherwise idle.
             Ok((1, fds)) => {
-                drop(fds);
+                closing.extend(fds);
+                // Past the most it holds, the oldest are closed now.
+                let over = closing.len().saturating_sub(CLOSING);
+                closing.drain(..over);
                 continue;
             }
             _ => sys::exit(0),

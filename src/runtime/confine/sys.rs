@@ -25,11 +25,28 @@ pub struct Steps {
     /// The user and group to become on the host (the appliance runs as
     /// root; its tools do not).
     pub user: Option<(libc::uid_t, libc::gid_t)>,
-    /// A Landlock ruleset to restrict itself with (its file descriptor),
-    /// and the access bits a read-write rule grants under it.
-    pub landlock: Option<(RawFd, u64)>,
+    /// How it restricts its files with Landlock.
+    pub landlock: Option<Landlock>,
     /// Whether the system-call filter is installed, last.
     pub filter: bool,
+}
+
+/// How a process restricts its files with Landlock.
+#[derive(Clone, Serialize, Deserialize)]
+pub enum Landlock {
+    /// By the ruleset the appliance made of the host's paths (a process
+    /// without a world of its own): its descriptor.
+    Ruleset(RawFd),
+    /// By a ruleset it makes once its world is its root, a tree that
+    /// holds nothing it may not read: read beneath `/`; read and write
+    /// beneath `writable` (its working directory and its `/tmp`) and the
+    /// `devices` (files, where each is). `handled`: every right the
+    /// kernel governs, all of which a read-write rule grants.
+    World {
+        handled: u64,
+        writable: Vec<CString>,
+        devices: Vec<CString>,
+    },
 }
 
 /// A tool's cgroup: made and limited by the tool spawner (a group named
@@ -217,6 +234,7 @@ pub struct Blank<'a> {
     pid: bool,
     world: Option<(&'a CStr, &'a CStr, &'a [Place])>,
     cgroup: Option<&'a [(CString, bool)]>,
+    filter: bool,
 }
 
 /// The namespaces a clone makes with the process (the rest it makes
@@ -519,6 +537,7 @@ impl Steps {
             pid,
             world,
             cgroup: self.cgroup.as_ref().map(|c| &c.parents[..]),
+            filter: self.filter,
         })
     }
 
@@ -531,8 +550,9 @@ impl Steps {
 
     /// What of the steps a process can take before it knows what it will
     /// run (a process made ahead, [`Steps::blank`]): its group, its
-    /// session, its namespaces and the part of its world every tool
-    /// shares. `cloned`: made by a clone with [`Steps::clone_flags`].
+    /// session, its namespaces, the part of its world every tool shares
+    /// and the filter but its mount calls. `cloned`: made by a clone with
+    /// [`Steps::clone_flags`].
     pub fn apply_ahead(&self, cloned: bool) -> io::Result<()> {
         if let Some(group) = &self.cgroup {
             group.join()?;
@@ -542,12 +562,16 @@ impl Steps {
         if let Some(ns) = &self.namespaces {
             ns.enter(cloned)?;
         }
+        if self.filter {
+            install_filter(super::filter::Programs::ahead)?;
+        }
         Ok(())
     }
 
     /// The rest, once the process knows what it runs (its group's limits
-    /// are written by the spawner): its rlimits, its own part of the world and the root's pivot, its identity, Landlock
-    /// and the filter. After [`Steps::apply_ahead`] of steps with the same
+    /// are written by the spawner): its rlimits, its own part of the
+    /// world and the root's pivot, its identity, Landlock and the last of
+    /// the filter. After [`Steps::apply_ahead`] of steps with the same
     /// [`Steps::blank`].
     pub fn apply_rest(&self) -> io::Result<()> {
         // SAFETY: plain system calls on values.
@@ -581,30 +605,29 @@ impl Steps {
                 die_with_parent()?;
             }
         }
-        if let Some((fd, read_write)) = self.landlock {
-            if let Some(ns) = self.namespaces.as_ref().filter(|n| n.world.is_some()) {
-                // What the world made fresh has no inode the parent's
-                // ruleset could name: its root (names only), its /tmp
-                // and, with a PID namespace, its /proc.
-                allow(fd, c"/", READ_DIR)?;
-                allow(fd, c"/tmp", read_write)?;
-                if ns.pid {
-                    allow(fd, c"/proc", READ)?;
-                }
-            }
-            // SAFETY: plain system calls; fd is the parent's ruleset,
-            // inherited across fork.
-            unsafe {
-                check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-                check(libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) as libc::c_int)?;
+        match &self.landlock {
+            None => {}
+            Some(Landlock::Ruleset(fd)) => restrict_self(*fd)?,
+            Some(Landlock::World {
+                handled,
+                writable,
+                devices,
+            }) => {
+                let fd = new_ruleset(*handled)?;
+                let rules = std::iter::once((c"/", READ))
+                    .chain(writable.iter().map(|w| (w.as_c_str(), *handled)))
+                    .chain(devices.iter().map(|d| (d.as_c_str(), *handled & FILE)))
+                    .try_for_each(|(path, access)| match allow(fd, path, access) {
+                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+                        done => done,
+                    });
+                let restricted = rules.and_then(|()| restrict_self(fd));
+                close(fd);
+                restricted?;
             }
         }
         if self.filter {
-            // Compiled before the fork (the confiner and the spawner both
-            // compile it first): nothing is allocated here.
-            let programs = super::filter::programs()
-                .map_err(|_| io::Error::from_raw_os_error(libc::ENOSYS))?;
-            super::filter::install(programs)?;
+            install_filter(|p| std::iter::once(p.last()))?;
         }
         Ok(())
     }
@@ -613,7 +636,7 @@ impl Steps {
     /// receives them under numbers of its own.
     pub fn descriptors(&mut self) -> Vec<&mut RawFd> {
         let mut fds: Vec<&mut RawFd> = Vec::new();
-        if let Some((fd, _)) = &mut self.landlock {
+        if let Some(Landlock::Ruleset(fd)) = &mut self.landlock {
             fds.push(fd);
         }
         if let Some(ns) = &mut self.namespaces {
@@ -1196,10 +1219,50 @@ impl World {
     }
 }
 
+/// Installs the part `of` the system-call filter. Compiled before the
+/// fork (the confiner and the spawner both compile it first): nothing is
+/// allocated here.
+fn install_filter<'a, I: IntoIterator<Item = &'a [seccompiler::sock_filter]>>(
+    of: impl FnOnce(&'a super::filter::Programs) -> I,
+) -> io::Result<()> {
+    let programs =
+        super::filter::programs().map_err(|_| io::Error::from_raw_os_error(libc::ENOSYS))?;
+    super::filter::install(of(programs))
+}
+
 /// Landlock's read access: execute, read files, list directories.
 const READ: u64 = 1 | (1 << 2) | (1 << 3);
-/// Landlock's right to list directories only.
-const READ_DIR: u64 = 1 << 3;
+/// Landlock's rights on a file (not a directory): execute, write, read,
+/// truncate, device ioctls.
+const FILE: u64 = 1 | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15);
+
+/// A new Landlock ruleset that handles `handled` (file-system rights).
+fn new_ruleset(handled: u64) -> io::Result<RawFd> {
+    // SAFETY: a plain system call on a local struct, the first field of
+    // `struct landlock_ruleset_attr` (a size the kernel accepts).
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &handled as *const u64,
+            std::mem::size_of::<u64>(),
+            0u32,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd as RawFd)
+}
+
+/// Restricts the calling process by the Landlock ruleset `fd` (and sets
+/// `PR_SET_NO_NEW_PRIVS`, which it needs).
+fn restrict_self(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain system calls on values.
+    unsafe {
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        check(libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) as libc::c_int)
+    }
+}
 
 /// Adds a Landlock rule to the ruleset `fd`: `access` beneath `path`.
 fn allow(fd: RawFd, path: &CStr, access: u64) -> io::Result<()> {
@@ -1421,6 +1484,30 @@ pub fn receive_message(
             return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
         }
         Ok((got, fds))
+    }
+}
+
+/// Waits for the next message on `socket` (of datagrams or sequenced
+/// packets) and returns its size, leaving it to be received; 0 once the
+/// other end is closed.
+pub fn next_message_size(socket: RawFd) -> io::Result<usize> {
+    loop {
+        // SAFETY: a plain system call; no buffer is written.
+        let n = unsafe {
+            libc::recv(
+                socket,
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_PEEK | libc::MSG_TRUNC,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }
 
