@@ -1146,8 +1146,10 @@ impl Pool {
 }
 
 /// How many descriptors of ended tools the maker holds for a quiet
-/// moment; past that it closes the oldest at once.
-const CLOSING: usize = 256;
+/// moment (a burst of [`BLANKS`] tools' network and mount namespaces);
+/// past that it closes the oldest at once, so that what a stream of
+/// tools leaves (their `/tmp` among it) is not held long.
+const CLOSING: usize = 2 * BLANKS;
 
 /// The maker: for each byte asked, a child cloned into a new network
 /// namespace brings its loopback up and sends the namespace back; what
