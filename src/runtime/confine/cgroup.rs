@@ -80,9 +80,6 @@ pub struct Used {
 /// ([`Group::remove_later`]).
 const REMOVING: usize = 256;
 
-/// How long no tool must have started for the moment to be quiet.
-const QUIET: std::time::Duration = std::time::Duration::from_millis(100);
-
 /// When a tool last started: milliseconds since [`since`]'s start.
 static LAST_START: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -101,17 +98,16 @@ pub fn starting() {
     LAST_START.store(since(), std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Waits until no tool has started for [`QUIET`].
+/// Waits until no tool has started for [`super::spawner::QUIET`].
 fn quiet() {
     loop {
-        let waited = since().saturating_sub(LAST_START.load(std::sync::atomic::Ordering::Relaxed));
-        let Some(left) = (QUIET.as_millis() as u64)
-            .checked_sub(waited)
-            .filter(|l| *l > 0)
-        else {
-            return;
-        };
-        std::thread::sleep(std::time::Duration::from_millis(left));
+        let waited = std::time::Duration::from_millis(
+            since().saturating_sub(LAST_START.load(std::sync::atomic::Ordering::Relaxed)),
+        );
+        match super::spawner::QUIET.checked_sub(waited) {
+            Some(left) if !left.is_zero() => std::thread::sleep(left),
+            _ => return,
+        }
     }
 }
 

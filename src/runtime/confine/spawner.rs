@@ -856,9 +856,11 @@ const BLANKS: usize = 32;
 /// How many it makes at once (one per CPU of a small appliance).
 const MAKING: usize = 2;
 
-/// How long the spawner waits after an order before it makes processes
-/// ahead again: a burst of starts is not slowed by making the next.
-const QUIET: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long no tool must have started for the moment to be quiet: the
+/// spawner then makes processes ahead again, the maker closes what ended
+/// tools left and the appliance removes their groups, so that none of it
+/// slows a burst of starts.
+pub(super) const QUIET: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How many orders in a row that no process made ahead fits move the
 /// pool to the steps of the latest.
