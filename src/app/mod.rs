@@ -569,6 +569,34 @@ pub(crate) async fn serve(
             }
         });
     }
+    // Each minute, and at a stop, the counts of refused sign-ins whose
+    // minute is over go to the audit trail.
+    {
+        let (auth, store, clock) = (auth.clone(), store.clone(), clock.clone());
+        let mut stop = shutdown_rx.clone();
+        let mut ticks = clock.ticks();
+        tokio::spawn(async move {
+            loop {
+                let stopping = tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(60)) => false,
+                    _ = ticks.changed() => false,
+                    _ = stop.changed() => true,
+                };
+                let now = clock.now();
+                let ended = if stopping {
+                    auth.refusals.all(now)
+                } else {
+                    auth.refusals.ended(now)
+                };
+                if let Err(e) = crate::auth::refusals::record(&store, ended).await {
+                    tracing::warn!(error = %e, "refused sign-ins could not be recorded");
+                }
+                if stopping {
+                    break;
+                }
+            }
+        });
+    }
     let worker_tasks = background
         .into_iter()
         .map(|w| {

@@ -260,7 +260,7 @@ fn limited(message: String, retry_after: u64) -> AuthError {
 }
 
 /// The source a failure counts against: an IPv4 address, or an IPv6 /64.
-fn source_of(ip: IpAddr) -> IpAddr {
+pub(super) fn source_of(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

@@ -12,6 +12,7 @@
 pub mod bootstrap;
 pub mod clients;
 pub mod limiter;
+pub mod refusals;
 pub mod session;
 pub mod token;
 pub mod users;
@@ -163,6 +164,8 @@ pub struct Auth {
     local_admin: RwLock<Option<[u8; 32]>>,
     /// Failed secret checks and the hashing gate.
     pub throttle: limiter::Throttle,
+    /// Refused console sign-ins, counted per source and minute.
+    pub refusals: refusals::Refusals,
     /// `[auth]` as in force now (token lifetime, failure limits).
     config: crate::config::Live<crate::config::AuthConfig>,
     /// The first use of the bootstrap secrets, once printed.
@@ -181,6 +184,7 @@ impl Auth {
         Ok(Auth {
             tokens,
             throttle: limiter::Throttle::new(clock.clone(), config.clone()),
+            refusals: refusals::Refusals::default(),
             config,
             clock,
             revoked: RwLock::new(revoked),

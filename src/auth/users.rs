@@ -16,7 +16,7 @@ use crate::capacity::records::TENANT_RECORD;
 use crate::domain::access::{Actor, Role, Scope};
 use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::tenant::Tenant;
-use crate::domain::user::{User, check_password, parse_username, sign_in_name};
+use crate::domain::user::{User, check_password, parse_username, sign_in_name, tried_name};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::store::{Record, Store, StoreError, Table, Tx};
 
@@ -180,7 +180,8 @@ pub async fn authenticate(
     password: &str,
     source: IpAddr,
 ) -> Result<User, AuthError> {
-    let key = format!("user:{}", username.trim().to_ascii_lowercase());
+    // Bounded whatever was sent: no account's name is longer.
+    let key = format!("user:{}", tried_name(username));
     let turn = auth.throttle.turn(&key, source).await?;
     let refused = || AuthError::Unauthenticated("unknown user name or wrong password".into());
     let found = find(store, username).ok().flatten();

@@ -88,7 +88,7 @@ pub async fn submit(
             &state,
             Some(message),
             next.clone(),
-            username.to_string(),
+            crate::domain::user::tried_name(username),
         ))?;
         *response.status_mut() = status;
         Ok(response)
@@ -131,11 +131,16 @@ pub async fn submit(
         }
         Err(e) => {
             // Whose name was tried is not known to be anyone's: the refusal
-            // is the platform's to see.
-            let actor = format!("user {username}");
-            let why = Some(e.to_string());
-            let platform = crate::domain::TenantId::platform();
-            audit_session(&state, &platform, &actor, "session.sign-in-refused", why).await?;
+            // is the platform's to see, counted per source and minute.
+            let tried = crate::domain::user::tried_name(username);
+            let now = state.clock.now();
+            let refusals = state
+                .auth
+                .refusals
+                .refused(source, &tried, &e.to_string(), now);
+            crate::auth::refusals::record(&state.store, refusals)
+                .await
+                .map_err(crate::api::error::ApiError::internal)?;
             refuse(StatusCode::UNAUTHORIZED, e.to_string())
         }
     }

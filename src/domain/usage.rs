@@ -25,15 +25,50 @@ pub struct TokenUsage {
     pub model_calls: u64,
 }
 
+/// The most tokens one model call may report, in and out each: above any
+/// model's context window, far below what a sum of calls can overflow.
+pub const MAX_CALL_TOKENS: u64 = 16_000_000;
+
 impl TokenUsage {
-    /// One call's usage.
+    /// One call's usage, each count at most [`MAX_CALL_TOKENS`].
     pub fn call(input_tokens: u64, output_tokens: u64, cached_tokens: u64) -> TokenUsage {
+        let input_tokens = input_tokens.min(MAX_CALL_TOKENS);
         TokenUsage {
             input_tokens,
-            output_tokens,
+            output_tokens: output_tokens.min(MAX_CALL_TOKENS),
             cached_tokens: cached_tokens.min(input_tokens),
             model_calls: 1,
         }
+    }
+
+    /// One call's usage as an adapter reports it: refused, naming the
+    /// field (under `field`) and the limit, where a count is above
+    /// [`MAX_CALL_TOKENS`] or more tokens were cached than sent.
+    pub fn reported(
+        field: &str,
+        input_tokens: u64,
+        output_tokens: u64,
+        cached_tokens: u64,
+    ) -> Result<TokenUsage, super::FieldError> {
+        for (name, n) in [
+            ("inputTokens", input_tokens),
+            ("outputTokens", output_tokens),
+            ("cachedTokens", cached_tokens),
+        ] {
+            if n > MAX_CALL_TOKENS {
+                return Err(super::FieldError::new(
+                    format!("{field}.{name}"),
+                    format!("is {n}; one model call reports at most {MAX_CALL_TOKENS} tokens"),
+                ));
+            }
+        }
+        if cached_tokens > input_tokens {
+            return Err(super::FieldError::new(
+                format!("{field}.cachedTokens"),
+                format!("is {cached_tokens}, more than the call's {input_tokens} input tokens"),
+            ));
+        }
+        Ok(TokenUsage::call(input_tokens, output_tokens, cached_tokens))
     }
 
     /// Input and output tokens: what budgets and quotas count.

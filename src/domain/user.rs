@@ -121,7 +121,7 @@ pub fn parse_username(name: &str) -> Result<String, FieldError> {
         .bytes()
         .next()
         .is_some_and(|b| b.is_ascii_alphanumeric());
-    if !(3..=64).contains(&name.len()) || !ok_chars || !ok_start {
+    if !(3..=MAX_USERNAME_LEN).contains(&name.len()) || !ok_chars || !ok_start {
         return Err(FieldError::new(
             "username",
             format!(
@@ -135,6 +135,28 @@ pub fn parse_username(name: &str) -> Result<String, FieldError> {
 /// The user name a person typed at sign-in, trimmed and lower-cased.
 pub fn sign_in_name(typed: &str) -> String {
     typed.trim().to_ascii_lowercase()
+}
+
+/// Longest user name ([`parse_username`]).
+pub const MAX_USERNAME_LEN: usize = 64;
+
+/// A name typed at sign-in as records, counters and the refusal page keep
+/// it, whatever was sent: trimmed and lower-cased, its first
+/// [`MAX_USERNAME_LEN`] characters (no account's name is longer), control
+/// characters shown as `?`.
+pub fn tried_name(typed: &str) -> String {
+    typed
+        .trim()
+        .chars()
+        .take(MAX_USERNAME_LEN)
+        .map(|c| {
+            if c.is_control() {
+                '?'
+            } else {
+                c.to_ascii_lowercase()
+            }
+        })
+        .collect()
 }
 
 /// Checks a new password's length.

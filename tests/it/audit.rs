@@ -249,3 +249,86 @@ async fn the_chain_is_whole_after_a_kill_9_in_the_middle_of_actions() {
     let (ok, out) = verify_cli(&a);
     assert!(ok, "{out}");
 }
+
+/// An unauthenticated flood of refused sign-ins with megabyte names adds
+/// a bounded trail: the first refusal of the minute, with the name cut to
+/// 64 characters, and one record of how many followed once the minute is
+/// over; the store barely grows.
+#[tokio::test]
+async fn refused_sign_ins_with_huge_names_are_bounded_and_counted_per_minute() {
+    let a = Appliance::start_manual_clock();
+    let platform = a.admin_token().await;
+    let size = |dir: &std::path::Path| -> u64 {
+        walkdir(dir)
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum()
+    };
+    let before = size(&a.data_dir);
+    let browser = a.http();
+    let mut refused = 0;
+    for i in 0..15 {
+        let name = format!("{i:02}{}", "x".repeat(1_000_000));
+        let r = browser
+            .post(format!("{}/signin", a.url))
+            .form(&[("username", name.as_str()), ("password", "wrong-password")])
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let page = r.text().await.unwrap();
+        assert!([401, 429].contains(&status), "{status}");
+        assert!(
+            page.len() < 100_000,
+            "the refusal page echoes {} bytes",
+            page.len()
+        );
+        refused += usize::from(status == 401);
+    }
+    assert!(refused >= 2, "{refused} refusals");
+    let kept = records(&a, &platform, "action=session.sign-in-refused").await;
+    assert_eq!(
+        kept.len(),
+        1,
+        "one record until the minute is over: {kept:#?}"
+    );
+    let target = kept[0]["target"].as_str().unwrap();
+    assert_eq!(target, format!("00{}", "x".repeat(62)));
+    assert_eq!(kept[0]["actor"], format!("user {target}"));
+
+    a.advance(61).await;
+    let mut counted = Vec::new();
+    for _ in 0..50 {
+        counted = records(&a, &platform, "action=session.sign-in-refused").await;
+        if counted.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(counted.len(), 2, "{counted:#?}");
+    let detail = counted[0]["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(&format!(
+            "{} more refused sign-ins from 127.0.0.1",
+            refused - 1
+        )),
+        "{detail}"
+    );
+    assert!(counted[0]["target"].as_str().unwrap().len() < 8 * 66 + 20);
+    let grown = size(&a.data_dir).saturating_sub(before);
+    assert!(grown < 8 << 20, "the store grew by {grown} bytes");
+}
+
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walkdir(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

@@ -867,6 +867,71 @@ async fn each_limit_fails_the_attempt_naming_it() {
             .contains("maxContextTokens 1000")
     );
 
+    // What an adapter declares never replaces what is measured: a request
+    // of about 2,000 tokens declared as 1 is still over 1,000.
+    site.submit(json!({}), limits(&|l| l.max_context_tokens = 1000))
+        .await;
+    let adapter = site.claim_and_start().await;
+    let begin = |context_tokens: u32, request: Value| {
+        adapter.client.begin_call(ad::BeginCallRequest {
+            attempt_id: adapter.id(),
+            fencing_token: adapter.ticket.fencing_token,
+            kind: "model".into(),
+            target: "triage-scripted".into(),
+            request_json: request.to_string(),
+            context_tokens,
+            ..Default::default()
+        })
+    };
+    let e = begin(1, json!({"prompt": "p".repeat(8_000)}))
+        .await
+        .unwrap_err();
+    assert!(
+        e.message
+            .unwrap_or_default()
+            .contains("maxContextTokens 1000")
+    );
+    // A usage past what one call can use is refused by field and limit.
+    site.submit(json!({}), limits(&|_| {})).await;
+    let adapter = site.claim_and_start().await;
+    let m = adapter
+        .client
+        .begin_call(ad::BeginCallRequest {
+            attempt_id: adapter.id(),
+            fencing_token: adapter.ticket.fencing_token,
+            kind: "model".into(),
+            target: "triage-scripted".into(),
+            request_json: json!({"prompt": "p"}).to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_owned();
+    assert_eq!(m.outcome, ad::BeginOutcome::STARTED, "{}", m.reason);
+    let e = adapter
+        .client
+        .complete_call(ad::CompleteCallRequest {
+            attempt_id: adapter.id(),
+            fencing_token: adapter.ticket.fencing_token,
+            call_id: m.call_id.clone(),
+            ok: true,
+            result_json: json!({"text": "t"}).to_string(),
+            usage: buffa::MessageField::some(ad::ModelUsage {
+                input_tokens: u64::MAX,
+                output_tokens: 5,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), ErrorCode::InvalidArgument);
+    let message = e.message.unwrap_or_default();
+    assert!(
+        message.contains("usage.inputTokens") && message.contains("16000000"),
+        "{message}"
+    );
+
     // Limits may only tighten the release's contract.
     let e = site
         .runs()

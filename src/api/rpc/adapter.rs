@@ -279,13 +279,18 @@ impl pb::Adapter for AdapterService {
                 error: (!request.error.is_empty())
                     .then(|| request.error.chars().take(2000).collect()),
                 state: document("stateJson", request.state_json)?,
-                usage: request.usage.as_option().map(|u| {
-                    crate::domain::usage::TokenUsage::call(
-                        u.input_tokens,
-                        u.output_tokens,
-                        u.cached_tokens,
-                    )
-                }),
+                usage: request
+                    .usage
+                    .as_option()
+                    .map(|u| {
+                        crate::domain::usage::TokenUsage::reported(
+                            "usage",
+                            u.input_tokens,
+                            u.output_tokens,
+                            u.cached_tokens,
+                        )
+                    })
+                    .transpose()?,
                 latency_ms: (request.latency_ms > 0).then_some(request.latency_ms),
             })
         })()

@@ -98,7 +98,7 @@ impl ExecutionAttempt {
                 Some(t) if t > l.max_context_tokens => Some(LimitReached {
                     limit: "maxContextTokens",
                     reason: format!(
-                        "maxContextTokens {} exceeded: the call declares {t} tokens of context",
+                        "maxContextTokens {} exceeded: the call has {t} tokens of context (the larger of what its adapter declared and its request's size)",
                         l.max_context_tokens
                     ),
                 }),
@@ -109,7 +109,7 @@ impl ExecutionAttempt {
                         LimitReached {
                             limit: "maxTotalTokens",
                             reason: format!(
-                                "maxTotalTokens {} would be exceeded: {used} tokens used by {} model calls, and the call declares {asks} tokens of context",
+                                "maxTotalTokens {} would be exceeded: {used} tokens used by {} model calls, and the call has {asks} tokens of context",
                                 l.max_total_tokens, self.usage.tokens.model_calls
                             ),
                         }

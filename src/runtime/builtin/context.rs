@@ -7,14 +7,14 @@
 
 use serde_json::{Value, json};
 
-/// Estimated tokens of a text.
-pub fn tokens(text: &str) -> u32 {
-    (text.len() as u32).div_ceil(4)
+/// Estimated tokens of a text (as UTF-8 bytes).
+pub fn tokens(text: impl AsRef<[u8]>) -> u32 {
+    (text.as_ref().len() as u32).div_ceil(4)
 }
 
 /// Estimated tokens of a chat message.
 fn message_tokens(m: &Value) -> u32 {
-    4 + tokens(&m.to_string())
+    4 + tokens(m.to_string())
 }
 
 /// The context of one model call.

@@ -275,12 +275,6 @@ pub async fn adapter_model_call(
         .await?;
     let own = release_model(runtime, scope, &info)?;
     let (site_model, served_by) = serving(runtime, scope, &info, &own)?;
-    let context_tokens = ask.context_tokens.unwrap_or_else(|| {
-        ask.messages
-            .iter()
-            .map(|m| context::tokens(&m.to_string()))
-            .sum()
-    });
     let begun = runtime
         .begin_call(
             scope,
@@ -290,7 +284,8 @@ pub async fn adapter_model_call(
                 kind: CallKind::Model,
                 target: info.manifest.model_profile.id.clone(),
                 request: json!({"messages": ask.messages, "tools": ask.tools}),
-                context_tokens: Some(context_tokens),
+                // At least the request's estimate (the grain's rule).
+                context_tokens: ask.context_tokens,
                 approval_id: None,
                 state: ask.state.clone(),
                 context_since: None,

@@ -186,7 +186,16 @@ impl Grain {
             policy_decision_id: Some(policy_decision_id),
             policy_rule: None,
             approval_id: None,
-            context_tokens: call.context_tokens,
+            // What an adapter declares never replaces what is measured:
+            // a model call's context is at least its request's estimate.
+            context_tokens: match call.kind {
+                CallKind::Model => Some(
+                    call.context_tokens
+                        .unwrap_or(0)
+                        .max(crate::runtime::builtin::context::tokens(&request)),
+                ),
+                _ => call.context_tokens,
+            },
             pre_checkpoint_id: None,
             context_since: call.context_since,
             timeout_seconds: None,
