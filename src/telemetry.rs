@@ -95,20 +95,21 @@ pub fn init_logging(config: &LogConfig, telemetry: &TelemetryConfig) -> Result<(
 }
 
 /// `agentbay.YYYY-MM-DD.log` in `dir`, a new one each UTC day, the newest
-/// `keep` kept. The directory is made (private to the service's account on
-/// Unix) and the day's file opened, so that an unwritable one is refused at
-/// start rather than losing the log.
+/// `keep` kept. A directory the appliance makes is private to the
+/// service's account on Unix (0750); one that exists keeps the mode the
+/// site gave it. The day's file is opened, so that an unwritable directory
+/// is refused at start rather than losing the log.
 fn daily_files(
     dir: &std::path::Path,
     keep: u32,
 ) -> Result<tracing_appender::rolling::RollingFileAppender, String> {
     let refuse = |e: &dyn std::fmt::Display| format!("log.dir {}: {e}", dir.display());
-    std::fs::create_dir_all(dir).map_err(|e| refuse(&e))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
-            .map_err(|e| refuse(&e))?;
+    if !dir.is_dir() {
+        let mut make = std::fs::DirBuilder::new();
+        make.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut make, 0o750);
+        make.create(dir).map_err(|e| refuse(&e))?;
     }
     tracing_appender::rolling::Builder::new()
         .rotation(tracing_appender::rolling::Rotation::DAILY)
@@ -569,4 +570,24 @@ pub fn disk_space(path: &std::path::Path) -> Option<(u64, u64)> {
         )
     };
     (ok != 0).then_some((free, total))
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn log_dir_keeps_the_mode_of_a_directory_the_site_made() {
+        let root = tempfile::tempdir().unwrap();
+        let shared = root.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        super::daily_files(&shared, 2).unwrap();
+        let mode =
+            |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&shared), 0o1777);
+        let made = root.path().join("made/logs");
+        super::daily_files(&made, 2).unwrap();
+        assert_eq!(mode(&made), 0o750);
+    }
 }

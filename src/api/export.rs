@@ -4,10 +4,15 @@
 //! replies, tool payloads, checkpoint states, answers), a page that opens
 //! offline, and a manifest of every file's SHA-256.
 //!
+//! The archive is written as it is read, into the response: the appliance
+//! holds one artifact and a few compressed chunks of it at a time, however
+//! large the run; the manifest, made as the files go by, comes last. A
+//! tenant runs at most [`PER_TENANT`] exports at once.
+//!
 //! Layout:
 //!
 //! ```text
-//! manifest.json              format, run, tenant, who and when, files with sha256 and size
+//! manifest.json              format, run, tenant, who and when, files with sha256 and size (last)
 //! index.html                 the run and its attempts, readable offline (no script, no network)
 //! run.json                   the run record
 //! attempts/<attemptId>.json  each attempt's timeline, as GET /runtime/attempts/{id} shows it
@@ -119,81 +124,211 @@ fn index_html(run: &Value, attempts: &[(Uuid, Value)], artifacts: &[String]) -> 
     html
 }
 
-/// The export of a run of the scope's tenant: the `.tar.gz` bytes.
-pub fn run_export(
+/// Exports a tenant may run at once.
+pub const PER_TENANT: usize = 2;
+
+/// Compressed chunks in flight between the writer and the response.
+const CHUNKS: usize = 4;
+
+/// The exports running now, per tenant.
+#[derive(Default)]
+pub struct Exports {
+    running: parking_lot::Mutex<std::collections::HashMap<crate::domain::TenantId, usize>>,
+}
+
+/// One tenant's export running: its place is given back when dropped.
+pub struct Running {
+    exports: std::sync::Arc<Exports>,
+    tenant: crate::domain::TenantId,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut running = self.exports.running.lock();
+        if let Some(n) = running.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                running.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+impl Exports {
+    /// A place for one more export of `tenant`'s, or the refusal that
+    /// says why not.
+    pub fn begin(
+        self: &std::sync::Arc<Self>,
+        tenant: &crate::domain::TenantId,
+    ) -> Result<Running, ApiError> {
+        let mut running = self.running.lock();
+        let n = running.entry(tenant.clone()).or_default();
+        if *n >= PER_TENANT {
+            return Err(ApiError::new(
+                super::error::ErrorCode::RateLimited,
+                format!(
+                    "tenant {tenant} has {PER_TENANT} run exports in progress; another starts when one ends"
+                ),
+            )
+            .with_header(header::RETRY_AFTER, "5"));
+        }
+        *n += 1;
+        Ok(Running {
+            exports: self.clone(),
+            tenant: tenant.clone(),
+        })
+    }
+}
+
+/// A writer that hands what it is given to the response, a chunk at a
+/// time, waiting while the response has [`CHUNKS`] unsent: what the
+/// archive holds in memory is bounded by the reader's pace.
+struct Chunks {
+    to: tokio::sync::mpsc::Sender<Result<bytes::Bytes, std::io::Error>>,
+    buf: Vec<u8>,
+}
+
+const CHUNK: usize = 64 * 1024;
+
+impl std::io::Write for Chunks {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = bytes::Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.to
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the download ended"))
+    }
+}
+
+/// A tar entry of `path` under `root`, with its bytes; its line of the
+/// manifest.
+fn append<W: std::io::Write>(
+    tar: &mut tar::Builder<W>,
+    root: &str,
+    mtime: u64,
+    path: &str,
+    bytes: &[u8],
+) -> std::io::Result<Value> {
+    let mut head = tar::Header::new_gnu();
+    head.set_size(bytes.len() as u64);
+    head.set_mode(0o644);
+    head.set_mtime(mtime);
+    head.set_cksum();
+    tar.append_data(&mut head, format!("{root}/{path}"), bytes)?;
+    Ok(json!({
+        "path": path,
+        "sha256": format!("sha256:{}", hex::encode(Sha256::digest(bytes))),
+        "bytes": bytes.len(),
+    }))
+}
+
+/// Writes the export of run `run` of the scope's tenant to `out`, as a
+/// `.tar.gz`, one file at a time.
+fn write_export<W: std::io::Write>(
     state: &AppState,
     scope: &TenantScope,
-    run_id: Uuid,
+    run: &crate::domain::run::Run,
     by: &str,
-) -> Result<Vec<u8>, ApiError> {
-    let run = state.runs.get(scope, run_id)?;
-    let run_json = serde_json::to_value(&run).map_err(ApiError::internal)?;
-    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    out: W,
+) -> Result<W, ApiError> {
+    fn io(e: impl std::fmt::Display) -> ApiError {
+        ApiError::internal(e)
+    }
+    let run_json = serde_json::to_value(run).map_err(io)?;
     let mut refs = BTreeSet::new();
     hashes(&run_json, &mut refs);
     let mut attempts = Vec::new();
     for attempt_id in run.steps.iter().flat_map(|s| s.attempts.iter().copied()) {
-        let t = serde_json::to_value(timeline(state, scope, attempt_id)?)
-            .map_err(ApiError::internal)?;
+        let t = serde_json::to_value(timeline(state, scope, attempt_id)?).map_err(io)?;
         hashes(&t, &mut refs);
         attempts.push((attempt_id, t));
     }
     let verdicts = state.releases.verdicts(scope, &run.snapshot.release_id)?;
-    let verdicts = serde_json::to_value(&verdicts).map_err(ApiError::internal)?;
+    let verdicts = serde_json::to_value(&verdicts).map_err(io)?;
+    let pretty = |v: &Value| serde_json::to_vec_pretty(v).expect("JSON values serialise");
+    let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+        out,
+        flate2::Compression::default(),
+    ));
+    let mtime = state.clock.now().timestamp().max(0) as u64;
+    let root = format!("run-{}", run.run_id);
+    let mut files = Vec::new();
     // Artifacts: what the records name and the tenant's store still holds
-    // (a purged payload leaves its hash and its tombstone in the record).
+    // (a purged payload leaves its hash and its tombstone in the record),
+    // read and written one at a time.
     let mut artifacts = Vec::new();
     for hash in &refs {
         if let Some(bytes) = state.runtime.content(scope, hash)? {
+            let path = format!("artifacts/{}", &hash[7..]);
+            files.push(append(&mut tar, &root, mtime, &path, &bytes).map_err(io)?);
             artifacts.push(hash.clone());
-            files.push((format!("artifacts/{}", &hash[7..]), bytes));
         }
     }
-    let pretty = |v: &Value| serde_json::to_vec_pretty(v).expect("JSON values serialise");
-    files.push(("run.json".into(), pretty(&run_json)));
     for (id, t) in &attempts {
-        files.push((format!("attempts/{id}.json"), pretty(t)));
+        let path = format!("attempts/{id}.json");
+        files.push(append(&mut tar, &root, mtime, &path, &pretty(t)).map_err(io)?);
     }
-    files.push(("release-verdicts.json".into(), pretty(&verdicts)));
-    files.push((
-        "index.html".into(),
-        index_html(&run_json, &attempts, &artifacts).into_bytes(),
-    ));
-    files.sort_by(|a, b| a.0.cmp(&b.0));
+    let index = index_html(&run_json, &attempts, &artifacts);
+    for (path, bytes) in [
+        ("index.html", index.into_bytes()),
+        ("release-verdicts.json", pretty(&verdicts)),
+        ("run.json", pretty(&run_json)),
+    ] {
+        files.push(append(&mut tar, &root, mtime, path, &bytes).map_err(io)?);
+    }
     let manifest = json!({
         "format": FORMAT,
         "runId": run.run_id,
         "tenantId": run.tenant_id,
         "exportedAt": state.clock.now(),
         "exportedBy": by,
-        "files": files.iter().map(|(path, bytes)| json!({
-            "path": path,
-            "sha256": format!("sha256:{}", hex::encode(Sha256::digest(bytes))),
-            "bytes": bytes.len(),
-        })).collect::<Vec<_>>(),
+        "files": files,
     });
-    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    let mut tar = tar::Builder::new(gz);
-    let mtime = state.clock.now().timestamp().max(0) as u64;
-    let root = format!("run-{run_id}");
-    for (path, bytes) in
-        std::iter::once(("manifest.json".to_string(), pretty(&manifest))).chain(files)
-    {
-        let mut head = tar::Header::new_gnu();
-        head.set_size(bytes.len() as u64);
-        head.set_mode(0o644);
-        head.set_mtime(mtime);
-        head.set_cksum();
-        tar.append_data(&mut head, format!("{root}/{path}"), bytes.as_slice())
-            .map_err(ApiError::internal)?;
-    }
-    let gz = tar.into_inner().map_err(ApiError::internal)?;
-    gz.finish().map_err(ApiError::internal)
+    append(&mut tar, &root, mtime, "manifest.json", &pretty(&manifest)).map_err(io)?;
+    let gz = tar.into_inner().map_err(io)?;
+    gz.finish().map_err(io)
 }
 
-/// The response carrying an export, as a download.
-pub fn download(run_id: Uuid, bytes: Vec<u8>) -> Response {
-    (
+/// The export of run `run_id` of the scope's tenant, as a download that
+/// is written while it is sent: refused at once when the run is not the
+/// tenant's or the tenant has [`PER_TENANT`] exports running.
+pub async fn export(
+    state: &AppState,
+    scope: TenantScope,
+    run_id: Uuid,
+    by: String,
+) -> Result<Response, ApiError> {
+    let run = state.runs.get(&scope, run_id)?;
+    let running = state.exports.begin(scope.tenant())?;
+    let (to, from) = tokio::sync::mpsc::channel(CHUNKS);
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let _running = running;
+        let out = Chunks {
+            to: to.clone(),
+            buf: Vec::with_capacity(CHUNK),
+        };
+        let written = write_export(&state, &scope, &run, &by, out)
+            .and_then(|mut out| std::io::Write::flush(&mut out).map_err(ApiError::internal));
+        if let Err(e) = written {
+            // The response is cut short: the client sees a broken archive,
+            // never a complete-looking one.
+            tracing::warn!(run = %run_id, error = ?e, "a run export stopped");
+            let _ = to.blocking_send(Err(std::io::Error::other("the export stopped")));
+        }
+    });
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(from));
+    Ok((
         StatusCode::OK,
         [
             (header::CONTENT_TYPE, "application/gzip".to_string()),
@@ -202,9 +337,9 @@ pub fn download(run_id: Uuid, bytes: Vec<u8>) -> Response {
                 format!("attachment; filename=\"run-{run_id}.tar.gz\""),
             ),
         ],
-        bytes,
+        body,
     )
-        .into_response()
+        .into_response())
 }
 
 /// `ExportRun`: one run taken away for review, as a `.tar.gz`.
@@ -229,11 +364,5 @@ pub async fn export_run(
     let scope = super::runtime::scope_of(&auth.principal, raw.as_deref())?;
     let id = parse_uuid("runId", &run_id)?;
     let by = auth.principal.subject.to_string();
-    let bytes = {
-        let state = state.clone();
-        tokio::task::spawn_blocking(move || run_export(&state, &scope, id, &by))
-            .await
-            .map_err(ApiError::internal)??
-    };
-    Ok(download(id, bytes))
+    export(&state, scope, id, by).await
 }

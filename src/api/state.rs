@@ -58,4 +58,6 @@ pub struct AppState {
     pub webhooks: Arc<crate::webhooks::Webhooks>,
     /// The reloadable configuration (SIGHUP, `agentbay reload`).
     pub reloader: Arc<crate::reload::Reloader>,
+    /// Run exports in progress, per tenant.
+    pub exports: Arc<crate::api::export::Exports>,
 }

@@ -471,6 +471,7 @@ pub(crate) async fn serve(
         workers: workers.clone(),
         metrics: crate::telemetry::metrics_handle(),
         reloader: reloader.clone(),
+        exports: Default::default(),
         shutdown: shutdown_rx.clone(),
         started_at: clock.now(),
         backups: match &config.backup.dir {

@@ -334,9 +334,8 @@ pub fn csv(rows: &[UsageRow], by: Grouping) -> String {
         "totalTokens",
         "modelCalls",
     ]);
-    let mut out = header.join(",");
+    let mut out = crate::domain::csv::line(&header);
     out.push('\n');
-    // Ids are slugs and release ids ([a-z0-9.-]): nothing to quote.
     for r in rows {
         let mut cells: Vec<String> = Vec::new();
         if by.day {
@@ -366,7 +365,7 @@ pub fn csv(rows: &[UsageRow], by: Grouping) -> String {
             ]
             .map(|n| n.to_string()),
         );
-        out.push_str(&cells.join(","));
+        out.push_str(&crate::domain::csv::line(&cells));
         out.push('\n');
     }
     out

@@ -166,20 +166,34 @@ pub async fn retire(
 /// the Releases page, as `POST /runtime/releases` does; the answer says
 /// what the import did, or which check failed.
 pub async fn upload(console: Console, mut form: Multipart) -> Result<Response, PageError> {
-    let mut csrf = String::new();
-    let mut bundle = None;
+    // Who may import, and that the form is this appliance's, are known
+    // before the bundle is read: the token comes first in the form.
+    console.require(Scope::AssetsAdmin)?;
     let malformed = |e: axum::extract::multipart::MultipartError| {
         PageError::bad(format!("the upload is malformed: {e}"))
     };
-    while let Some(field) = form.next_field().await.map_err(malformed)? {
-        match field.name() {
-            Some("csrf") => csrf = field.text().await.map_err(malformed)?,
-            Some("bundle") => bundle = Some(field.bytes().await.map_err(malformed)?),
-            _ => {}
-        }
-    }
+    let csrf = match form.next_field().await.map_err(malformed)? {
+        Some(field) if field.name() == Some("csrf") => field.text().await.map_err(malformed)?,
+        _ => String::new(),
+    };
     console.check_csrf(&csrf)?;
-    console.require(Scope::AssetsAdmin)?;
+    let max = console.state.config.releases.max_bundle_bytes;
+    let mut bundle = None;
+    while let Some(mut field) = form.next_field().await.map_err(malformed)? {
+        if field.name() != Some("bundle") {
+            continue;
+        }
+        let mut bytes = Vec::new();
+        while let Some(chunk) = field.chunk().await.map_err(malformed)? {
+            if (bytes.len() + chunk.len()) as u64 > max {
+                return Err(PageError::bad(format!(
+                    "bundle: the file is larger than releases.max_bundle_bytes ({max} bytes)"
+                )));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        bundle = Some(bytes::Bytes::from(bytes));
+    }
     let principal = console.principal().clone();
     let mut back = "/releases".to_string();
     let result = async {

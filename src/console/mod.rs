@@ -85,7 +85,15 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/usage.csv", get(capacity::usage_csv))
         .route("/leases", get(capacity::leases))
         .route("/live/leases", get(live::leases))
-        .route("/releases", get(admin::releases).post(admin::upload))
+        .route(
+            "/releases",
+            get(admin::releases)
+                .post(admin::upload)
+                .layer(axum::extract::DefaultBodyLimit::max(
+                    // The bundle and the form around it.
+                    state.config.releases.max_bundle_bytes as usize + 64 * 1024,
+                )),
+        )
         .route("/releases/{release_id}", get(admin::release))
         .route("/releases/{release_id}/retire", post(admin::retire))
         .route("/keys", get(admin::keys).post(admin::trust_key))
@@ -642,6 +650,19 @@ pub(crate) struct ListPage {
 pub fn render<T: Template>(page: &T) -> Result<Response, PageError> {
     let body = page.render().map_err(ApiError::internal)?;
     Ok(Html(body).into_response())
+}
+
+/// A count with thousands separated: `43,210`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Short form of a long id or hash for tables: the full text stays in the

@@ -428,14 +428,7 @@ pub async fn export_run(
     console.require(Scope::RunsRead)?;
     let scope = console.scope()?;
     let id = parse_uuid("runId", &run_id)?;
-    let state = console.state.clone();
-    let by = console.by();
-    let bytes = tokio::task::spawn_blocking(move || {
-        crate::api::export::run_export(&state, &scope, id, &by)
-    })
-    .await
-    .map_err(ApiError::internal)??;
-    Ok(crate::api::export::download(id, bytes))
+    Ok(crate::api::export::export(&console.state, scope, id, console.by()).await?)
 }
 
 /// `GET /runs/{id}`: a run with its steps and attempts.
@@ -967,23 +960,13 @@ struct CheckpointsPage {
 }
 
 /// Two checkpoints compared: the sequences chosen, and the changes from
-/// the first's adapter state to the second's (or why they cannot be read).
+/// the first's adapter state to the second's, as far as a page lists
+/// them (or why they cannot be read).
 #[derive(Default)]
 struct Compare {
     from: Option<u32>,
     to: Option<u32>,
-    changes: Option<Result<Vec<crate::domain::diff::Change>, String>>,
-}
-
-impl Compare {
-    /// A value, short enough to read in a row.
-    fn shown(v: &Option<Value>) -> String {
-        let text = v.as_ref().map(Value::to_string).unwrap_or_default();
-        match crate::domain::content::cut(&text, 300) {
-            (cut, true) => format!("{cut}…"),
-            (whole, false) => whole,
-        }
-    }
+    changes: Option<Result<crate::domain::diff::Diff, String>>,
 }
 
 /// The adapter state of a checkpoint as JSON, or why it cannot be read.
@@ -1038,11 +1021,24 @@ pub async fn checkpoints(
                 .find(|c| c.sequence == n)
                 .ok_or_else(|| format!("attempt {id} has no checkpoint {n}"))
         };
-        compare.changes = Some((|| {
-            let before = checkpoint_state(&state.runtime, &scope, find(from)?)?;
-            let after = checkpoint_state(&state.runtime, &scope, find(to)?)?;
-            Ok(crate::domain::diff::diff(&before, &after))
-        })());
+        let pair = find(from).and_then(|a| Ok((a.clone(), find(to)?.clone())));
+        // Read, parsed and compared off the async workers, within the
+        // page's budget.
+        let (runtime, s) = (state.runtime.clone(), scope.clone());
+        compare.changes = Some(match pair {
+            Err(why) => Err(why),
+            Ok((a, b)) => tokio::task::spawn_blocking(move || {
+                let before = checkpoint_state(&runtime, &s, &a)?;
+                let after = checkpoint_state(&runtime, &s, &b)?;
+                Ok(crate::domain::diff::diff(
+                    &before,
+                    &after,
+                    crate::domain::diff::PAGE,
+                ))
+            })
+            .await
+            .map_err(ApiError::internal)?,
+        });
     }
     let calls = state.runtime.calls(&scope, id)?;
     let resumable = (!a.state.is_terminal())

@@ -559,21 +559,8 @@ pub const CSV_HEADER: &str =
 impl AuditRecord {
     /// The record as one CSV line (RFC 4180 quoting), without the newline.
     pub fn csv_line(&self) -> String {
-        fn field(s: &str) -> String {
-            // A leading formula character is neutralised for spreadsheets.
-            let s = if s.starts_with(['=', '+', '-', '@']) {
-                format!("'{s}")
-            } else {
-                s.to_string()
-            };
-            if s.contains([',', '"', '\n', '\r']) {
-                format!("\"{}\"", s.replace('"', "\"\""))
-            } else {
-                s
-            }
-        }
         let json = |v: &Option<Value>| v.as_ref().map(|v| v.to_string()).unwrap_or_default();
-        [
+        let fields = [
             self.sequence.to_string(),
             self.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             self.tenant_id.to_string(),
@@ -587,11 +574,8 @@ impl AuditRecord {
             self.detail.clone().unwrap_or_default(),
             self.previous_hash.clone(),
             self.hash.clone(),
-        ]
-        .iter()
-        .map(|f| field(f))
-        .collect::<Vec<_>>()
-        .join(",")
+        ];
+        super::csv::line(&fields)
     }
 }
 

@@ -1,25 +1,30 @@
 //! A structural diff of two JSON documents: what the checkpoints page shows
-//! between two checkpoints of an attempt. Pure.
+//! between two checkpoints of an attempt. Pure, and bounded: whatever the
+//! documents, it lists at most a [`Budget`] of changes and bytes and counts
+//! the rest.
 //!
 //! Objects are compared key by key, arrays index by index; a value whose
 //! type differs is one change. Paths are JSON Pointers (RFC 6901), so a
-//! change names exactly where it is.
+//! change names exactly where it is; a path or value is kept only as far
+//! as it is shown ([`SHOWN`] characters, then `…`).
 
 use serde::Serialize;
 use serde_json::Value;
 
-/// One difference between two documents.
+/// One difference between two documents, as shown.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Change {
-    /// Where, as a JSON Pointer (`""` is the whole document).
+    /// Where, as a JSON Pointer (`""` is the whole document), cut at
+    /// [`SHOWN`] characters.
     pub path: String,
     /// added, removed or changed.
     pub kind: ChangeKind,
-    /// The value before (absent when added).
-    pub before: Option<Value>,
-    /// The value after (absent when removed).
-    pub after: Option<Value>,
+    /// The value before as JSON, cut at [`SHOWN`] characters (absent when
+    /// added).
+    pub before: Option<String>,
+    /// The value after, likewise (absent when removed).
+    pub after: Option<String>,
 }
 
 /// What happened at a path.
@@ -45,72 +50,148 @@ impl ChangeKind {
     }
 }
 
-/// The changes that turn `before` into `after`, in document order.
-pub fn diff(before: &Value, after: &Value) -> Vec<Change> {
-    let mut out = Vec::new();
-    walk(String::new(), before, after, &mut out);
-    out
+/// Characters of a path or a value kept for a change.
+pub const SHOWN: usize = 300;
+
+/// How much of a diff is listed: changes, and bytes of their paths and
+/// values together.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub changes: usize,
+    pub bytes: usize,
+}
+
+/// What the checkpoints page lists.
+pub const PAGE: Budget = Budget {
+    changes: 500,
+    bytes: 256 * 1024,
+};
+
+/// The changes that turn one document into another, in document order, as
+/// far as the budget lists them, and how many more there are.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Diff {
+    pub changes: Vec<Change>,
+    pub more: u64,
+}
+
+/// The changes that turn `before` into `after`, within `budget`.
+pub fn diff(before: &Value, after: &Value, budget: Budget) -> Diff {
+    let mut walk = Walk {
+        path: String::new(),
+        budget,
+        bytes: 0,
+        out: Diff::default(),
+    };
+    walk.values(before, after);
+    walk.out
 }
 
 /// A key as a JSON Pointer token: `~` and `/` escaped.
-fn token(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
+fn push_token(path: &mut String, key: &str) {
+    path.push('/');
+    for c in key.chars() {
+        match c {
+            '~' => path.push_str("~0"),
+            '/' => path.push_str("~1"),
+            c => path.push(c),
+        }
+    }
 }
 
-fn walk(path: String, before: &Value, after: &Value, out: &mut Vec<Change>) {
-    match (before, after) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, va) in a {
-                let p = format!("{path}/{}", token(k));
-                match b.get(k) {
-                    Some(vb) => walk(p, va, vb, out),
-                    None => out.push(Change {
-                        path: p,
-                        kind: ChangeKind::Removed,
-                        before: Some(va.clone()),
-                        after: None,
-                    }),
-                }
+/// A value as JSON, at most [`SHOWN`] characters (then `…`): no more is
+/// ever written, whatever its size.
+fn shown(v: &Value) -> String {
+    struct Upto(Vec<u8>);
+    impl std::io::Write for Upto {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            // Enough bytes for SHOWN characters of any width.
+            let room = (SHOWN * 4 + 4).saturating_sub(self.0.len());
+            if room == 0 {
+                return Err(std::io::Error::other("shown"));
             }
-            for (k, vb) in b {
-                if !a.contains_key(k) {
-                    out.push(Change {
-                        path: format!("{path}/{}", token(k)),
-                        kind: ChangeKind::Added,
-                        before: None,
-                        after: Some(vb.clone()),
-                    });
-                }
-            }
+            let n = buf.len().min(room);
+            self.0.extend_from_slice(&buf[..n]);
+            Ok(n)
         }
-        (Value::Array(a), Value::Array(b)) => {
-            for i in 0..a.len().max(b.len()) {
-                let p = format!("{path}/{i}");
-                match (a.get(i), b.get(i)) {
-                    (Some(va), Some(vb)) => walk(p, va, vb, out),
-                    (Some(va), None) => out.push(Change {
-                        path: p,
-                        kind: ChangeKind::Removed,
-                        before: Some(va.clone()),
-                        after: None,
-                    }),
-                    (None, Some(vb)) => out.push(Change {
-                        path: p,
-                        kind: ChangeKind::Added,
-                        before: None,
-                        after: Some(vb.clone()),
-                    }),
-                    (None, None) => {}
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut w = Upto(Vec::new());
+    let _ = serde_json::to_writer(&mut w, v);
+    cut(&String::from_utf8_lossy(&w.0))
+}
+
+fn cut(text: &str) -> String {
+    match super::content::cut(text, SHOWN) {
+        (cut, true) => format!("{cut}…"),
+        (whole, false) => whole,
+    }
+}
+
+/// A walk of two documents: the path it is at, and what it found.
+struct Walk {
+    path: String,
+    budget: Budget,
+    bytes: usize,
+    out: Diff,
+}
+
+impl Walk {
+    /// Lists a change at the current path, or counts it past the budget.
+    fn change(&mut self, kind: ChangeKind, before: Option<&Value>, after: Option<&Value>) {
+        if self.out.changes.len() >= self.budget.changes || self.bytes >= self.budget.bytes {
+            self.out.more += 1;
+            return;
+        }
+        let change = Change {
+            path: cut(&self.path),
+            kind,
+            before: before.map(shown),
+            after: after.map(shown),
+        };
+        self.bytes += change.path.len()
+            + change.before.as_ref().map_or(0, String::len)
+            + change.after.as_ref().map_or(0, String::len);
+        self.out.changes.push(change);
+    }
+
+    fn values(&mut self, before: &Value, after: &Value) {
+        let at = self.path.len();
+        match (before, after) {
+            (Value::Object(a), Value::Object(b)) => {
+                for (k, va) in a {
+                    push_token(&mut self.path, k);
+                    match b.get(k) {
+                        Some(vb) => self.values(va, vb),
+                        None => self.change(ChangeKind::Removed, Some(va), None),
+                    }
+                    self.path.truncate(at);
+                }
+                for (k, vb) in b {
+                    if !a.contains_key(k) {
+                        push_token(&mut self.path, k);
+                        self.change(ChangeKind::Added, None, Some(vb));
+                        self.path.truncate(at);
+                    }
                 }
             }
+            (Value::Array(a), Value::Array(b)) => {
+                for i in 0..a.len().max(b.len()) {
+                    push_token(&mut self.path, &i.to_string());
+                    match (a.get(i), b.get(i)) {
+                        (Some(va), Some(vb)) => self.values(va, vb),
+                        (Some(va), None) => self.change(ChangeKind::Removed, Some(va), None),
+                        (None, Some(vb)) => self.change(ChangeKind::Added, None, Some(vb)),
+                        (None, None) => {}
+                    }
+                    self.path.truncate(at);
+                }
+            }
+            (a, b) if a != b => self.change(ChangeKind::Changed, Some(a), Some(b)),
+            _ => {}
         }
-        (a, b) if a != b => out.push(Change {
-            path,
-            kind: ChangeKind::Changed,
-            before: Some(a.clone()),
-            after: Some(b.clone()),
-        }),
-        _ => {}
     }
 }
 
@@ -126,7 +207,9 @@ mod tests {
             json!({"step": 2, "notes": ["a", "b"], "plan": {"todo": 3, "a/b": 1}, "gone": true});
         let after =
             json!({"step": 3, "notes": ["a"], "plan": {"todo": 3, "a/b": 2}, "new": {"x": 1}});
-        let changes: Vec<(String, &str)> = diff(&before, &after)
+        let found = diff(&before, &after, PAGE);
+        let changes: Vec<(String, &str)> = found
+            .changes
             .iter()
             .map(|c| (c.path.clone(), c.kind.as_str()))
             .collect();
@@ -140,11 +223,45 @@ mod tests {
                 ("/new".to_string(), "added"),
             ]
         );
-        assert!(diff(&before, &before).is_empty());
+        assert_eq!(found.more, 0);
+        assert_eq!(diff(&before, &before, PAGE), Diff::default());
         // Another type at the same place is one change of the whole value.
-        let whole = diff(&json!({"a": [1]}), &json!({"a": {"0": 1}}));
-        assert_eq!(whole.len(), 1);
-        assert_eq!(whole[0].path, "/a");
-        assert_eq!(whole[0].before, Some(json!([1])));
+        let whole = diff(&json!({"a": [1]}), &json!({"a": {"0": 1}}), PAGE);
+        assert_eq!(whole.changes.len(), 1);
+        assert_eq!(whole.changes[0].path, "/a");
+        assert_eq!(whole.changes[0].before.as_deref(), Some("[1]"));
+    }
+
+    /// The review's shape: deep arrays whose every leaf changed. The
+    /// listing stops at the budget and the rest is counted.
+    #[test]
+    fn a_hostile_diff_lists_its_budget_and_counts_the_rest() {
+        fn deep(depth: usize, leaf: u64) -> Value {
+            let mut v = json!(vec![leaf; 8]);
+            for _ in 0..depth {
+                v = json!([v.clone(), v]);
+            }
+            v
+        }
+        let (a, b) = (deep(12, 1), deep(12, 2));
+        let found = diff(&a, &b, PAGE);
+        assert_eq!(found.changes.len(), PAGE.changes);
+        assert_eq!(found.changes.len() as u64 + found.more, 8 << 12);
+        let bytes: usize = found
+            .changes
+            .iter()
+            .map(|c| {
+                c.path.len() + c.before.as_ref().unwrap().len() + c.after.as_ref().unwrap().len()
+            })
+            .sum();
+        assert!(bytes <= PAGE.bytes + 3 * (SHOWN * 4 + 4), "{bytes}");
+        // A huge value or key is kept only as far as it is shown.
+        let big = "k".repeat(100_000);
+        let found = diff(&json!({ big.clone(): big.clone() }), &json!({}), PAGE);
+        assert_eq!(found.changes[0].path.chars().count(), SHOWN + 1);
+        assert_eq!(
+            found.changes[0].before.as_ref().unwrap().chars().count(),
+            SHOWN + 1
+        );
     }
 }

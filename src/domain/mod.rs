@@ -13,6 +13,7 @@ pub mod capacity;
 pub mod cluster;
 pub mod content;
 pub mod credential;
+pub mod csv;
 pub mod diff;
 pub mod error;
 pub mod events;

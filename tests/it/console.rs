@@ -1500,6 +1500,17 @@ async fn a_workspace_admin_imports_a_release_from_the_console_and_reads_its_verd
     // Without the session's CSRF token nothing is imported.
     let (status, _) = upload_release(&wsa, "forged", &bundle).await;
     assert_eq!(status, 403);
+    // The upload is bound by releases.max_bundle_bytes (32 MiB), not by
+    // the 1 MiB of other forms: 2 MiB are read (and refused as no
+    // bundle), one byte over the limit is refused by name.
+    let (status, to) = upload_release(&wsa, &wsa.csrf, &vec![7u8; 2 << 20]).await;
+    assert_eq!(status, 303, "{to}");
+    let (_, page) = wsa.get(&to).await;
+    let said = flash_of(&page).unwrap();
+    assert!(!said.0 && !said.1.contains("larger"), "{said:?}");
+    let (status, answer) = upload_release(&wsa, &wsa.csrf, &vec![7u8; (32 << 20) + 1]).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("releases.max_bundle_bytes"), "{answer}");
     let (status, to) = upload_release(&wsa, &wsa.csrf, &bundle).await;
     assert_eq!((status, to.as_str()), (303, "/releases/uploaded-1.0.0"));
     let (_, page) = wsa.get(&to).await;

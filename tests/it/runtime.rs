@@ -2951,3 +2951,191 @@ async fn a_run_exported_for_review_holds_everything_with_hashes_and_opens_offlin
         .unwrap();
     assert_eq!(r.status(), 404);
 }
+
+/// The appliance's peak resident memory since the last reset, in bytes,
+/// and a reset: what a request made from hostile input costs at most.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+fn reset_peak_rss(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the peak");
+}
+
+/// The review's hostile shapes, within budgets: a checkpoint comparison of
+/// two deep states whose every leaf changed lists its budget and counts
+/// the rest, and exports of a run of large checkpoints stream, at most two
+/// at once for a tenant; the appliance's peak memory is measured around
+/// each.
+#[tokio::test]
+async fn what_the_appliance_builds_from_hostile_checkpoints_stays_within_its_budget() {
+    let site = Site::start(false).await;
+    let pid = site.a.child.as_ref().unwrap().id();
+    crate::console::user(&site.a, "demo", "olga", &["Observer"]).await;
+    let run = site.submit(json!({}), None).await;
+    let adapter = site.claim_and_start().await;
+    // One tool call observed with `state`: a checkpoint of it.
+    let checkpoint = |state: String| {
+        let adapter = &adapter;
+        async move {
+            let t = adapter
+                .begin("tool", "lookup-ticket", json!({"customer": "a"}), "")
+                .await
+                .unwrap();
+            assert_eq!(t.outcome, ad::BeginOutcome::STARTED, "{}", t.reason);
+            adapter
+                .client
+                .complete_call(ad::CompleteCallRequest {
+                    attempt_id: adapter.id(),
+                    fencing_token: adapter.ticket.fencing_token,
+                    call_id: t.call_id.clone(),
+                    ok: true,
+                    result_json: "{}".into(),
+                    state_json: state,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+    };
+    // 100 nested objects of 20-character keys over 15,000 numbers: every
+    // leaf's path is 2 KB long.
+    let deep = |leaf: u32| {
+        let mut v = json!(vec![leaf; 15_000]);
+        for i in 0..100 {
+            v = json!({ format!("level-{i:014}"): v });
+        }
+        v.to_string()
+    };
+    checkpoint(deep(1)).await;
+    checkpoint(deep(2)).await;
+    let timeline = site
+        .a
+        .get(&site.token, &format!("/runtime/attempts/{}", adapter.id()))
+        .await;
+    let sequences: Vec<u64> = timeline["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["sequence"].as_u64().unwrap())
+        .collect();
+    let (from, to) = (
+        sequences[sequences.len() - 2],
+        sequences[sequences.len() - 1],
+    );
+    let v = crate::console::Visitor::sign_in(&site.a, "olga").await;
+    reset_peak_rss(pid);
+    let before = peak_rss(pid);
+    let (status, page) = v
+        .get(&format!(
+            "/attempts/{}/checkpoints?from={from}&to={to}",
+            adapter.id()
+        ))
+        .await;
+    let diff_peak = peak_rss(pid).saturating_sub(before);
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("id=\"diff-more\"") && page.contains("and 14,500 more changes"),
+        "{}",
+        &page[..page.len().min(3000)]
+    );
+    assert!(page.len() < 1 << 20, "the page is {} bytes", page.len());
+    println!(
+        "checkpoint comparison: page {} bytes, peak +{} MiB",
+        page.len(),
+        diff_peak >> 20
+    );
+    assert!(
+        diff_peak < 64 << 20,
+        "the comparison took {} MiB",
+        diff_peak >> 20
+    );
+
+    // Sixteen checkpoints of 0.9 MB each (what the export carries), of
+    // text that compresses no better than a real state.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for i in 0..16 {
+        let blob: String = (0..900_000)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                char::from(b"0123456789abcdef"[(seed & 15) as usize])
+            })
+            .collect();
+        checkpoint(json!({"n": i, "blob": blob}).to_string()).await;
+    }
+    let url = format!("{}/runtime/runs/{}/export", site.a.url, run.run_id);
+    let http = site.a.http();
+    reset_peak_rss(pid);
+    let before = peak_rss(pid);
+    let (first, second) = (
+        http.get(&url)
+            .bearer_auth(&site.token)
+            .send()
+            .await
+            .unwrap(),
+        http.get(&url)
+            .bearer_auth(&site.token)
+            .send()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+    // A third at once is refused, naming the limit.
+    let third = http
+        .get(&url)
+        .bearer_auth(&site.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(third.status(), 429);
+    let body = third.text().await.unwrap();
+    assert!(body.contains("2 run exports in progress"), "{body}");
+    let (a, b) = (first.bytes().await.unwrap(), second.bytes().await.unwrap());
+    let export_peak = peak_rss(pid).saturating_sub(before);
+    assert_eq!(a.len(), b.len());
+    assert!(a.len() > 100_000, "{}", a.len());
+    let mut unpacked = 0u64;
+    let mut names = Vec::new();
+    for entry in tar::Archive::new(flate2::read::GzDecoder::new(&a[..]))
+        .entries()
+        .unwrap()
+    {
+        let entry = entry.unwrap();
+        unpacked += entry.header().size().unwrap();
+        names.push(entry.path().unwrap().display().to_string());
+    }
+    assert!(unpacked > 16 * 900_000, "{unpacked}");
+    assert!(
+        names.last().unwrap().ends_with("manifest.json"),
+        "{names:?}"
+    );
+    println!(
+        "two exports of {} MB each at once: peak +{} MiB",
+        unpacked / 1_000_000,
+        export_peak >> 20
+    );
+    assert!(
+        export_peak < 32 << 20,
+        "two exports took {} MiB",
+        export_peak >> 20
+    );
+    // Once they are done, another may start.
+    let again = http
+        .get(&url)
+        .bearer_auth(&site.token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
+}
