@@ -86,8 +86,13 @@ impl SiteModelProfile {
             ));
         }
         let endpoint = spec.endpoint.trim().trim_end_matches('/');
-        let url = url::Url::parse(endpoint)
-            .map_err(|e| FieldError::new("endpoint", format!("{endpoint:?} is not a URL: {e}")))?;
+        let url = url::Url::parse(endpoint).map_err(|e| {
+            FieldError::new(
+                "endpoint",
+                format!("{:?} is not a URL: {e}", super::reach::redacted(endpoint)),
+            )
+        })?;
+        super::reach::credential_free(&url).map_err(|why| FieldError::new("endpoint", why))?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
             return Err(FieldError::new(
                 "endpoint",

@@ -84,6 +84,39 @@ pub fn read_path_refusal(path: &str, protected: &[PathBuf], allowed: &[PathBuf])
     None
 }
 
+/// Refuses a URL that carries a user name or password before its host: a
+/// URL is stored, logged and shown, a credential must not be. The refusal
+/// names where a credential goes instead, and not the credential.
+pub fn credential_free(url: &url::Url) -> Result<(), String> {
+    if url.username().is_empty() && url.password().is_none() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} carries credentials before its host (user:password@); a URL is stored and shown, so it may not: a model server's key goes under [runtime.model_api_keys], named by its profile's apiKeyRef; a webhook is signed with the secret the appliance gives it; a site endpoint's credential belongs to the tool, which sends it",
+        redacted(url.as_str())
+    ))
+}
+
+/// `text` with any credentials of a URL in it replaced by `***` (for
+/// messages and displays of what was stored before they were refused).
+pub fn redacted(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut url) if !url.username().is_empty() || url.password().is_some() => {
+            let _ = url.set_username("***");
+            let _ = url.set_password(None);
+            url.to_string()
+        }
+        Ok(_) => text.to_string(),
+        // Not a URL: whatever sits between `://` and an `@` is cut.
+        Err(_) => match (text.find("://"), text.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}://***{}", &text[..scheme], &text[at..])
+            }
+            _ => text.to_string(),
+        },
+    }
+}
+
 /// One entry of the site's network allowlist: an exact `host:port`, or a
 /// URL prefix (`https://host[:port]/path`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,9 +188,11 @@ impl Target {
         })
     }
 
-    /// A URL target (`http` or `https`).
+    /// A URL target (`http` or `https`), without credentials
+    /// ([`credential_free`]).
     pub fn of_url(s: &str) -> Result<Target, String> {
-        let url = url::Url::parse(s).map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+        let url = url::Url::parse(s).map_err(|_| format!("{:?} is not a URL", redacted(s)))?;
+        credential_free(&url)?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(format!("{s:?} is not an http or https URL"));
         }
@@ -443,6 +478,16 @@ mod tests {
             e.contains("site endpoint tickets.site:444 is not in"),
             "{e}"
         );
+        let e = Target::of_url("https://bot:hunter2@hooks.site/x").unwrap_err();
+        assert!(
+            e.contains("carries credentials") && !e.contains("hunter2"),
+            "{e}"
+        );
+        assert!(e.contains("https://***@hooks.site/x"), "{e}");
+        let e = Target::of_url("https://token@hooks.site/x").unwrap_err();
+        assert!(!e.contains("token@"), "{e}");
+        assert_eq!(redacted("https://a:b@h/x"), "https://***@h/x");
+        assert_eq!(redacted("https://h/x"), "https://h/x");
         let t = Target::of_url("https://tools.site/mcp/search").unwrap();
         assert_eq!(target_refusal("MCP server", &t, &list, &[], &own), None);
         let t = Target::of_url("https://tools.site/admin").unwrap();

@@ -193,7 +193,10 @@ impl EndpointSpec {
         if !(lower.starts_with("https://") || lower.starts_with("http://")) {
             return Err(FieldError::new(
                 "url",
-                format!("{:?} is not an http:// or https:// URL", self.url),
+                format!(
+                    "{:?} is not an http:// or https:// URL",
+                    super::reach::redacted(&self.url)
+                ),
             ));
         }
         super::reach::Target::of_url(&self.url).map_err(|e| FieldError::new("url", e))?;

@@ -1470,8 +1470,11 @@ async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
     let run_id = site.submit("triage-llm").await;
     let done = site.until(&run_id, "Succeeded").await;
     let by = served(done).await;
+    // The tenant reads which site profile served it, never its address.
     assert!(
-        by[0].starts_with(&first.url) && by[0].contains("site profile site-llm for every tenant"),
+        by[0].starts_with("site model profile site-llm")
+            && by[0].contains("for every tenant")
+            && !by[0].contains(&first.url),
         "{by:?}"
     );
     assert_eq!(first.requests.lock().unwrap()[0]["model"], "site-model");
@@ -1482,7 +1485,7 @@ async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
     let done = site.until(&run_id, "Succeeded").await;
     let by = served(done).await;
     assert!(
-        by[0].starts_with(&second.url) && by[0].contains("for tenant demo"),
+        by[0].contains("for tenant demo") && !by[0].contains(&second.url),
         "{by:?}"
     );
     assert_eq!(second.requests.lock().unwrap().len(), 1);
@@ -1512,6 +1515,28 @@ async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
         .arg(&site.a.data_dir));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("endpoint"));
+    // A credential in the URL is refused, without repeating it, and told
+    // where a key goes.
+    let out = run(agentbay()
+        .args([
+            "model",
+            "put",
+            "site-llm",
+            "--endpoint",
+            "http://svc:s3cret-key@127.0.0.1:9/v1",
+            "--model",
+            "m",
+        ])
+        .arg("--data-dir")
+        .arg(&site.a.data_dir));
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("endpoint")
+            && said.contains("runtime.model_api_keys")
+            && !said.contains("s3cret-key"),
+        "{said}"
+    );
     assert!(
         run_cli(&["model", "list"], &site.a.data_dir).contains(&second.url),
         "the mapping stays"

@@ -144,6 +144,23 @@ async fn webhooks_are_signed_retried_isolated_and_survive_kill_9() {
         problem.to_string().contains("url"),
         "the refusal names the field: {problem}"
     );
+    // A credential in the URL is refused by field, and not repeated.
+    let refused = a
+        .http()
+        .post(format!("{}/factory/webhooks", a.url))
+        .bearer_auth(&demo_admin)
+        .json(&json!({"url": format!("http://pager:hunter22@{host_port}/x"), "events": ["run.ended"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let problem = refused.text().await.unwrap();
+    assert!(
+        problem.contains("url")
+            && problem.contains("carries credentials")
+            && !problem.contains("hunter22"),
+        "{problem}"
+    );
 
     let register = |token: String, path: &'static str| {
         let host_port = &host_port;

@@ -177,11 +177,12 @@ fn serving(
         .api_key_ref
         .as_deref()
         .and_then(|name| runtime.model_api_key(name));
+    // The site's server is named, never addressed: its address is the
+    // site's, not the tenant's to see.
     let served = format!(
-        "{} (model {}, site profile {} for {})",
-        site.endpoint,
-        site.model,
+        "site model profile {} (model {}, for {})",
         site.profile_id,
+        site.model,
         site.scope_text()
     );
     Ok((Some(Model::site(&site, profile, api_key)), served))

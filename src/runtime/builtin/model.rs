@@ -84,6 +84,10 @@ pub enum Model {
     OpenAi {
         /// Base URL, e.g. `http://127.0.0.1:8080/v1`.
         endpoint: String,
+        /// The server as failures name it to the tenant: the release's
+        /// own endpoint (the release names it), or a site profile (whose
+        /// address is the site's, not the tenant's).
+        server: String,
         /// Model name.
         model: String,
         /// Bearer key, if the server wants one (never logged).
@@ -134,19 +138,23 @@ impl Model {
             ModelKind::OpenaiCompatible if profile.endpoint.is_none() => Ok(Model::Unmapped {
                 profile: profile.id.clone(),
             }),
-            ModelKind::OpenaiCompatible => Ok(Model::OpenAi {
-                endpoint: profile
+            ModelKind::OpenaiCompatible => {
+                let endpoint = profile
                     .endpoint
                     .clone()
                     .unwrap_or_default()
                     .trim_end_matches('/')
-                    .to_string(),
-                model: profile.model.clone().unwrap_or_default(),
-                api_key,
-                timeout: Duration::from_secs(profile.timeout_seconds.unwrap_or(120).into()),
-                temperature: profile.temperature,
-                max_tokens: profile.max_tokens,
-            }),
+                    .to_string();
+                Ok(Model::OpenAi {
+                    server: endpoint.clone(),
+                    endpoint,
+                    model: profile.model.clone().unwrap_or_default(),
+                    api_key,
+                    timeout: Duration::from_secs(profile.timeout_seconds.unwrap_or(120).into()),
+                    temperature: profile.temperature,
+                    max_tokens: profile.max_tokens,
+                })
+            }
         }
     }
 
@@ -159,6 +167,7 @@ impl Model {
     ) -> Model {
         Model::OpenAi {
             endpoint: site.endpoint.clone(),
+            server: format!("of site model profile {}", site.profile_id),
             model: site.model.clone(),
             api_key,
             timeout: Duration::from_secs(site.timeout_seconds.into()),
@@ -233,6 +242,7 @@ impl Model {
             }
             Model::OpenAi {
                 endpoint,
+                server,
                 model,
                 api_key,
                 timeout,
@@ -261,32 +271,32 @@ impl Model {
                 }
                 let response = request.send().await.map_err(|e| {
                     ModelError::Transient(format!(
-                        "model server {endpoint} did not answer: {}",
+                        "model server {server} did not answer: {}",
                         in_words(&e)
                     ))
                 })?;
                 let status = response.status();
                 let text = response.text().await.map_err(|e| {
                     ModelError::Transient(format!(
-                        "model server {endpoint} broke off its answer: {}",
+                        "model server {server} broke off its answer: {}",
                         in_words(&e)
                     ))
                 })?;
                 if status.as_u16() == 429 || status.is_server_error() {
                     return Err(ModelError::Transient(format!(
-                        "model server {endpoint} answered {status}: {}",
+                        "model server {server} answered {status}: {}",
                         text.chars().take(200).collect::<String>()
                     )));
                 }
                 if !status.is_success() {
                     return Err(ModelError::Fatal(format!(
-                        "model server {endpoint} refused the request with {status}: {}",
+                        "model server {server} refused the request with {status}: {}",
                         text.chars().take(200).collect::<String>()
                     )));
                 }
                 let v: Value = serde_json::from_str(&text).map_err(|e| {
                     ModelError::Fatal(format!(
-                        "model server {endpoint} answered something that is not JSON: {e}"
+                        "model server {server} answered something that is not JSON: {e}"
                     ))
                 })?;
                 parse_chat(&v, turn, started)
