@@ -620,6 +620,13 @@ pub struct WebhooksConfig {
     pub timeout_seconds: u64,
     /// Days a delivery (delivered or given up) is kept, with its tries.
     pub keep_days: u32,
+    /// Endpoints a tenant may register.
+    pub max_endpoints_per_tenant: u32,
+    /// Tries under way at once, in all.
+    pub senders: u32,
+    /// Tries under way at once for one tenant: its share, whatever its
+    /// endpoints do.
+    pub senders_per_tenant: u32,
 }
 
 impl Default for WebhooksConfig {
@@ -629,8 +636,11 @@ impl Default for WebhooksConfig {
             retry_first_seconds: 30,
             retry_max_seconds: 3600,
             max_tries: 12,
-            timeout_seconds: 10,
+            timeout_seconds: 5,
             keep_days: 7,
+            max_endpoints_per_tenant: 100,
+            senders: 32,
+            senders_per_tenant: 4,
         }
     }
 }
@@ -1443,6 +1453,19 @@ impl Config {
         range("webhooks.max_tries", h.max_tries.into(), 1, 100)?;
         range("webhooks.timeout_seconds", h.timeout_seconds, 1, 300)?;
         range("webhooks.keep_days", h.keep_days.into(), 1, 3650)?;
+        range(
+            "webhooks.max_endpoints_per_tenant",
+            h.max_endpoints_per_tenant.into(),
+            1,
+            10_000,
+        )?;
+        range("webhooks.senders", h.senders.into(), 1, 1024)?;
+        range(
+            "webhooks.senders_per_tenant",
+            h.senders_per_tenant.into(),
+            1,
+            h.senders.into(),
+        )?;
         match (&self.tls.cert, &self.tls.key) {
             (Some(_), None) => {
                 return Err(ConfigError::new(

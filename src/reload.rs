@@ -44,6 +44,7 @@ const RELOADABLE: &[&str] = &[
     "auth.session_idle_minutes",
     "auth.session_max_hours",
     "auth.failures_per_",
+    "webhooks.",
 ];
 
 /// What a reload did.
@@ -68,6 +69,8 @@ pub struct Reloader {
     pub runtime: Live<RuntimeConfig>,
     /// `retention.*`, read by the Purger and the console.
     pub retention: Live<RetentionConfig>,
+    /// `[webhooks]`, read by the WebhookDispatcher at every pass and try.
+    pub webhooks: Live<crate::config::WebhooksConfig>,
     /// `[auth]`, read at every token issued, session touched and secret
     /// checked (`hash_memory_mb` only at the start).
     auth: Live<AuthConfig>,
@@ -91,6 +94,7 @@ impl Reloader {
         Reloader {
             runtime,
             retention: Live::new(config.retention.clone()),
+            webhooks: Live::new(config.webhooks.clone()),
             auth,
             loaded: Mutex::new((clock.now(), 0)),
             running: Mutex::new(config.clone()),
@@ -177,6 +181,7 @@ impl Reloader {
         }
         self.runtime.set(next.runtime.clone());
         self.retention.set(next.retention.clone());
+        self.webhooks.set(next.webhooks.clone());
         {
             let mut running = self.running.lock();
             let auth = AuthConfig {
@@ -188,6 +193,7 @@ impl Reloader {
             running.capacity.edition_defaults = next.capacity.edition_defaults;
             running.runtime = next.runtime;
             running.retention = next.retention;
+            running.webhooks = next.webhooks;
             running.releases.trusted_keys = next.releases.trusted_keys;
             running.log.level = next.log.level;
             running.capacity.lease_ttl_seconds = next.capacity.lease_ttl_seconds;

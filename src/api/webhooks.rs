@@ -68,6 +68,10 @@ pub struct EndpointList {
 pub struct DeliveryList {
     /// Newest first, at most 200, each with its tries.
     pub deliveries: Vec<Delivery>,
+    /// Why its pending deliveries wait, when the endpoint is paused after
+    /// failing tries in a row.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
 }
 
 fn endpoint_id(text: &str) -> Result<Uuid, ApiError> {
@@ -207,8 +211,12 @@ pub async fn deliveries(
     RawQuery(raw): RawQuery,
 ) -> Result<Json<DeliveryList>, ApiError> {
     let scope = scope_of(&auth.principal, raw.as_deref())?;
-    let deliveries = state.webhooks.deliveries(&scope, endpoint_id(&id)?, 200)?;
-    Ok(Json(DeliveryList { deliveries }))
+    let endpoint = endpoint_id(&id)?;
+    let deliveries = state.webhooks.deliveries(&scope, endpoint, 200)?;
+    Ok(Json(DeliveryList {
+        deliveries,
+        paused: state.webhooks.paused(endpoint),
+    }))
 }
 
 /// Sends a delivery again now (also one given up).

@@ -447,7 +447,7 @@ pub(crate) async fn serve(
     let webhooks = crate::webhooks::Webhooks::new(
         store.clone(),
         clock.clone(),
-        config.webhooks.clone(),
+        reloader.webhooks.clone(),
         releases.site().clone(),
         runtime.clone(),
         capacity.clone(),
@@ -551,9 +551,14 @@ pub(crate) async fn serve(
         let mut events = store.subscribe();
         let registry = workers.clone();
         let mut stop = shutdown_rx.clone();
+        let tried = webhooks.tried.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
+                    // A try ended: the endpoint's next delivery may go.
+                    _ = tried.notified() => {
+                        registry.trigger("WebhookDispatcher");
+                    }
                     event = events.recv() => match event {
                         Ok(e) => {
                             if crate::domain::webhook::WebhookEvent::of_topic(&e.topic).is_some() {

@@ -21,6 +21,7 @@
 //! are at least once: a receiver de-duplicates by `webhook-id`.
 
 use crate::domain::audit::Change as AuditChange;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ use uuid::Uuid;
 
 use crate::capacity::Capacity;
 use crate::clock::SharedClock;
-use crate::config::{SiteRules, WebhooksConfig};
+use crate::config::{Live, SiteRules, WebhooksConfig};
 use crate::domain::TenantId;
 use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::events::EventFilter;
@@ -46,8 +47,12 @@ use crate::store::{Derived, Record, Store, StoreError, Table, Tx};
 use crate::telemetry::{Gauge, names};
 use crate::worker::{RetryKind, Schedule, Worker};
 
-/// Deliveries sent at once.
-pub const SENDERS: usize = 8;
+/// Consecutive failed tries after which an endpoint is paused.
+pub const BREAKER_FAILURES: u32 = 3;
+/// The first pause of a failing endpoint, doubled at each further failure.
+const BREAKER_FIRST_SECONDS: i64 = 30;
+/// The longest pause.
+const BREAKER_MAX_SECONDS: i64 = 600;
 /// Outbox events read per pass.
 const BATCH: usize = 500;
 /// Meta key of the outbox cursor.
@@ -107,10 +112,55 @@ impl From<FieldError> for WebhookError {
 pub struct Webhooks {
     store: Store,
     clock: SharedClock,
-    config: WebhooksConfig,
+    /// `[webhooks]`, reloadable.
+    config: Live<WebhooksConfig>,
     site: SiteRules,
     runtime: Arc<Runtime>,
     capacity: Arc<Capacity>,
+    /// The tries under way, per endpoint and tenant, and each endpoint's
+    /// breaker.
+    lanes: parking_lot::Mutex<Lanes>,
+    /// Told when a try ends: the dispatcher makes another pass.
+    pub tried: Arc<tokio::sync::Notify>,
+}
+
+/// Who is being sent to now: at most one try per endpoint (its deliveries
+/// go in order, and a slow endpoint holds one sender), at most
+/// `webhooks.senders_per_tenant` per tenant and `webhooks.senders` in all;
+/// and each endpoint's run of failures.
+#[derive(Default)]
+struct Lanes {
+    endpoints: HashSet<Uuid>,
+    tenants: HashMap<TenantId, usize>,
+    total: usize,
+    breakers: HashMap<Uuid, Breaker>,
+}
+
+/// An endpoint's failed tries in a row, and until when it is paused.
+#[derive(Clone, Copy, Default)]
+struct Breaker {
+    failures: u32,
+    paused_until: Option<DateTime<Utc>>,
+}
+
+impl Breaker {
+    /// A try ended: a success closes it; the [`BREAKER_FAILURES`]th
+    /// failure in a row and each after it pause the endpoint, for longer
+    /// each time.
+    fn tried(&mut self, ok: bool, now: DateTime<Utc>) -> Option<i64> {
+        if ok {
+            *self = Breaker::default();
+            return None;
+        }
+        self.failures += 1;
+        if self.failures < BREAKER_FAILURES {
+            return None;
+        }
+        let doublings = (self.failures - BREAKER_FAILURES).min(10);
+        let seconds = (BREAKER_FIRST_SECONDS << doublings).min(BREAKER_MAX_SECONDS);
+        self.paused_until = Some(now + chrono::Duration::seconds(seconds));
+        Some(seconds)
+    }
 }
 
 impl Webhooks {
@@ -118,7 +168,7 @@ impl Webhooks {
     pub fn new(
         store: Store,
         clock: SharedClock,
-        config: WebhooksConfig,
+        config: Live<WebhooksConfig>,
         site: SiteRules,
         runtime: Arc<Runtime>,
         capacity: Arc<Capacity>,
@@ -130,14 +180,17 @@ impl Webhooks {
             site,
             runtime,
             capacity,
+            lanes: Default::default(),
+            tried: Default::default(),
         })
     }
 
     fn policy(&self) -> DeliveryPolicy {
+        let config = self.config.get();
         DeliveryPolicy {
-            first: Duration::from_secs(self.config.retry_first_seconds),
-            max: Duration::from_secs(self.config.retry_max_seconds),
-            max_tries: self.config.max_tries,
+            first: Duration::from_secs(config.retry_first_seconds),
+            max: Duration::from_secs(config.retry_max_seconds),
+            max_tries: config.max_tries,
         }
     }
 
@@ -169,6 +222,7 @@ impl Webhooks {
         by: &str,
     ) -> Result<WebhookEndpoint, WebhookError> {
         self.checked(scope.tenant(), &spec)?;
+        let most = self.config.get().max_endpoints_per_tenant;
         let now = self.clock.now();
         let endpoint = WebhookEndpoint {
             endpoint_id: new_id(),
@@ -182,10 +236,20 @@ impl Webhooks {
         let (s, e) = (scope.clone(), endpoint.clone());
         self.store
             .transact(move |tx: &mut Tx| {
+                // Counted in the transaction that adds one: concurrent
+                // registrations cannot pass the cap together.
+                let held = tx.list::<WebhookEndpoint>(&s)?.len();
+                if held >= most as usize {
+                    return Err(WebhookError::Domain(DomainError::Refused(format!(
+                        "tenant {} has {held} webhook endpoints, the most webhooks.max_endpoints_per_tenant allows ({most}): remove one first",
+                        s.tenant()
+                    ))));
+                }
                 tx.put(&s, &e)?;
                 let change = AuditChange::new(s.tenant(), "webhook.set", e.endpoint_id.to_string())
                     .after(&e.spec);
-                tx.audit(now, change)
+                tx.audit(now, change)?;
+                Ok(())
             })
             .await?;
         tracing::info!(endpoint = %endpoint.endpoint_id, tenant = %endpoint.tenant_id, by, "webhook endpoint registered");
@@ -342,14 +406,14 @@ impl Webhooks {
 
     /// One pass: messages from the outbox and from watched states, then
     /// every due delivery, then the expired ones' removal.
-    pub async fn pass(&self, now: DateTime<Utc>) -> anyhow::Result<String> {
+    pub async fn pass(self: &Arc<Self>, now: DateTime<Utc>) -> anyhow::Result<String> {
         let endpoints = self.endpoints()?;
         let from_events = self.fan_out(&endpoints, now).await?;
         let watched = self.watch(&endpoints, now).await?;
-        let (delivered, failed) = self.deliver(now).await?;
+        let (started, paused) = self.deliver(now)?;
         let pruned = self.prune(&endpoints, now).await?;
         Ok(format!(
-            "{from_events} messages from events, {watched} from watched states; {delivered} delivered, {failed} tries failed; {pruned} old deliveries removed"
+            "{from_events} messages from events, {watched} from watched states; {started} tries started, {paused} due to paused endpoints; {pruned} old deliveries removed"
         ))
     }
 
@@ -594,78 +658,140 @@ impl Webhooks {
         Ok(out)
     }
 
-    /// Sends every due delivery (at most [`SENDERS`] at once) and records
-    /// each try; returns (delivered, failed tries).
-    async fn deliver(&self, now: DateTime<Utc>) -> Result<(usize, usize), StoreError> {
-        use futures::StreamExt;
-        let due: Vec<Delivery> = self.pending()?.into_iter().filter(|d| d.due(now)).collect();
+    /// Starts a try of each due delivery that may go now (see [`Lanes`];
+    /// a paused endpoint's wait), each recorded when it ends, on its own:
+    /// the pass waits for none of them. Returns (tries started, deliveries
+    /// of paused endpoints).
+    fn deliver(self: &Arc<Self>, now: DateTime<Utc>) -> Result<(usize, usize), StoreError> {
+        let mut due: Vec<Delivery> = self.pending()?.into_iter().filter(|d| d.due(now)).collect();
         if due.is_empty() {
             return Ok((0, 0));
         }
-        let endpoints: std::collections::HashMap<Uuid, WebhookEndpoint> = self
+        due.sort_by_key(|d| (d.next_try_at, d.created_at));
+        let endpoints: HashMap<Uuid, WebhookEndpoint> = self
             .store
             .scan_all::<WebhookEndpoint>(&PlatformScope::internal())?
             .into_iter()
             .map(|e| (e.endpoint_id, e))
             .collect();
-        let results: Vec<(Delivery, DeliveryTry)> = futures::stream::iter(due)
-            .map(|d| {
-                let endpoint = endpoints.get(&d.endpoint_id).cloned();
-                async move {
-                    let attempt = match endpoint {
-                        Some(e) => self.send(&e, &d).await,
-                        None => DeliveryTry {
-                            at: self.clock.now(),
-                            status: None,
-                            error: Some("the endpoint was removed".into()),
-                            duration_ms: 0,
-                        },
-                    };
-                    (d, attempt)
+        let config = self.config.get();
+        let (mut started, mut paused) = (0, 0);
+        let mut lanes = self.lanes.lock();
+        for d in due {
+            if lanes.total >= config.senders as usize {
+                break;
+            }
+            if lanes.endpoints.contains(&d.endpoint_id) {
+                continue;
+            }
+            if lanes
+                .breakers
+                .get(&d.endpoint_id)
+                .and_then(|b| b.paused_until)
+                .is_some_and(|until| until > now)
+            {
+                paused += 1;
+                continue;
+            }
+            let tenant_busy = lanes.tenants.get(&d.tenant_id).copied().unwrap_or(0);
+            if tenant_busy >= config.senders_per_tenant as usize {
+                continue;
+            }
+            lanes.endpoints.insert(d.endpoint_id);
+            *lanes.tenants.entry(d.tenant_id.clone()).or_default() += 1;
+            lanes.total += 1;
+            started += 1;
+            let endpoint = endpoints.get(&d.endpoint_id).cloned();
+            let this = self.clone();
+            tokio::spawn(async move { this.try_one(endpoint, d).await });
+        }
+        Ok((started, paused))
+    }
+
+    /// One try of `d` and its record; then its lane is free and the
+    /// dispatcher is told.
+    async fn try_one(self: Arc<Self>, endpoint: Option<WebhookEndpoint>, d: Delivery) {
+        let attempt = match &endpoint {
+            Some(e) => self.send(e, &d).await,
+            None => DeliveryTry {
+                at: self.clock.now(),
+                status: None,
+                error: Some("the endpoint was removed".into()),
+                duration_ms: 0,
+            },
+        };
+        let ok = attempt.succeeded();
+        if let Err(e) = self.record(&d, attempt).await {
+            tracing::warn!(error = %e, endpoint = %d.endpoint_id, "a webhook try could not be recorded; it is tried again");
+        }
+        {
+            let mut lanes = self.lanes.lock();
+            lanes.endpoints.remove(&d.endpoint_id);
+            if let Some(n) = lanes.tenants.get_mut(&d.tenant_id) {
+                *n -= 1;
+                if *n == 0 {
+                    lanes.tenants.remove(&d.tenant_id);
                 }
-            })
-            .buffer_unordered(SENDERS)
-            .collect()
-            .await;
+            }
+            lanes.total -= 1;
+            let breaker = lanes.breakers.entry(d.endpoint_id).or_default();
+            if let Some(seconds) = breaker.tried(ok, self.clock.now()) {
+                tracing::warn!(endpoint = %d.endpoint_id, tenant = %d.tenant_id, failures = breaker.failures, seconds, "webhook endpoint failing: its deliveries wait");
+            }
+            if ok {
+                lanes.breakers.remove(&d.endpoint_id);
+            }
+        }
+        self.tried.notify_one();
+    }
+
+    /// Records a try of `d` on the stored delivery.
+    async fn record(&self, d: &Delivery, attempt: DeliveryTry) -> Result<(), StoreError> {
         let policy = self.policy();
-        let delivered = results.iter().filter(|(_, t)| t.succeeded()).count();
-        let failed = results.len() - delivered;
+        let (scope, id) = (TenantScope::new(d.tenant_id.clone()), Record::id(d));
         self.store
             .transact(move |tx: &mut Tx| {
-                for (d, attempt) in results {
-                    let scope = TenantScope::new(d.tenant_id.clone());
-                    // The stored state, not the one read before sending: an
-                    // operator may have asked for a redelivery meanwhile.
-                    let Some(mut stored) = tx.get::<Delivery>(&scope, &Record::id(&d))? else {
-                        continue;
-                    };
-                    if stored.state != DeliveryState::Pending {
-                        continue;
-                    }
-                    stored.record(attempt, &policy);
-                    let outcome = match stored.state {
-                        DeliveryState::Delivered => "delivered",
-                        DeliveryState::GaveUp => "gave_up",
-                        DeliveryState::Pending => "retry",
-                    };
-                    metrics::counter!(names::WEBHOOK_DELIVERIES, "outcome" => outcome)
-                        .increment(1);
-                    if stored.state == DeliveryState::GaveUp {
-                        tracing::warn!(endpoint = %stored.endpoint_id, message = %stored.message_id, tries = stored.tries.len(), "webhook delivery given up");
-                    }
-                    tx.put(&scope, &stored)?;
+                // The stored state, not the one read before sending: an
+                // operator may have asked for a redelivery meanwhile.
+                let Some(mut stored) = tx.get::<Delivery>(&scope, &id)? else {
+                    return Ok(());
+                };
+                if stored.state != DeliveryState::Pending {
+                    return Ok(());
                 }
+                stored.record(attempt, &policy);
+                let outcome = match stored.state {
+                    DeliveryState::Delivered => "delivered",
+                    DeliveryState::GaveUp => "gave_up",
+                    DeliveryState::Pending => "retry",
+                };
+                metrics::counter!(names::WEBHOOK_DELIVERIES, "outcome" => outcome).increment(1);
+                if stored.state == DeliveryState::GaveUp {
+                    tracing::warn!(endpoint = %stored.endpoint_id, message = %stored.message_id, tries = stored.tries.len(), "webhook delivery given up");
+                }
+                tx.put(&scope, &stored)?;
                 Ok::<_, StoreError>(())
             })
-            .await?;
-        Ok((delivered, failed))
+            .await
+    }
+
+    /// Why an endpoint's deliveries wait, if they wait for its breaker.
+    pub fn paused(&self, endpoint: Uuid) -> Option<String> {
+        let lanes = self.lanes.lock();
+        let b = lanes.breakers.get(&endpoint)?;
+        let until = b.paused_until.filter(|u| *u > self.clock.now())?;
+        Some(format!(
+            "{} tries in a row failed: its deliveries wait until {}",
+            b.failures,
+            until.format("%Y-%m-%d %H:%M:%S UTC")
+        ))
     }
 
     /// One try of a delivery.
     async fn send(&self, endpoint: &WebhookEndpoint, d: &Delivery) -> DeliveryTry {
         let started = std::time::Instant::now();
         let at = self.clock.now();
-        let timeout = Duration::from_secs(self.config.timeout_seconds);
+        let timeout = Duration::from_secs(self.config.get().timeout_seconds);
         let done = |status: Option<u16>, error: Option<String>| DeliveryTry {
             at,
             status,
@@ -719,7 +845,7 @@ impl Webhooks {
         endpoints: &[WebhookEndpoint],
         now: DateTime<Utc>,
     ) -> Result<usize, StoreError> {
-        let cutoff = now - chrono::Duration::days(self.config.keep_days.into());
+        let cutoff = now - chrono::Duration::days(self.config.get().keep_days.into());
         let mut old = Vec::new();
         for e in endpoints {
             let scope = TenantScope::new(e.tenant_id.clone());
@@ -797,7 +923,7 @@ impl Worker for WebhookDispatcher {
     }
 
     fn schedule(&self) -> Schedule {
-        Schedule::seconds(self.webhooks.config.poll_seconds)
+        Schedule::seconds(self.webhooks.config.get().poll_seconds)
     }
 
     fn retry(&self) -> RetryKind {

@@ -88,6 +88,63 @@ impl Site {
         }
     }
 
+    /// Another tenant on the same appliance, with its project `support`:
+    /// a token with the same scopes as the demo's.
+    pub(crate) async fn other_tenant(&self, tenant: &str) -> String {
+        self.a.tenant(tenant, "team", &[], &["support"]).await;
+        let cred = self
+            .a
+            .create_client(
+                tenant,
+                &[
+                    "factory.runs.read",
+                    "factory.runs.write",
+                    "factory.assets.read",
+                    "factory.assets.admin",
+                ],
+            )
+            .await;
+        // Its own publisher key, trusted for it alone.
+        let key = self.dir.path().join(format!("{tenant}-publisher"));
+        let out = run(agentbay().args(["release", "keygen", "--out"]).arg(&key));
+        assert!(out.status.success());
+        let out = run(agentbay()
+            .args(["trust", "add", "--name", tenant, "--public-key-file"])
+            .arg(key.with_extension("pub"))
+            .args(["--tenant", tenant, "--data-dir"])
+            .arg(&self.a.data_dir));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.a.token(&cred).await
+    }
+
+    /// Imports a release of `tenant` as the holder of `token`, signed by
+    /// the key [`Site::other_tenant`] trusted for it.
+    pub(crate) async fn import_as(&self, token: &str, tenant: &str, id: &str, responses: Value) {
+        let dir = release(self.dir.path(), &format!("{id}-as"), responses, &[], |m| {
+            m["releaseId"] = json!(id);
+            m["tenantId"] = json!(tenant);
+        });
+        let key = self.dir.path().join(format!("{tenant}-publisher.key"));
+        let out = run(agentbay()
+            .args(["release", "sign"])
+            .arg(&dir)
+            .arg("--key")
+            .arg(&key)
+            .arg("--update-hashes"));
+        assert!(out.status.success());
+        let (status, body) = upload(&self.a, token, pack(&dir, |_| {})).await;
+        assert_eq!(status, 201, "{body}");
+    }
+
+    /// Submits a run as the holder of `token` (another tenant's).
+    pub(crate) async fn submit_as(&self, token: &str, release: &str) -> String {
+        self.submit_with(token, release).await
+    }
+
     pub(crate) async fn import(&self, id: &str, responses: Value, edit: impl FnOnce(&mut Value)) {
         let (status, body) = self.try_import(id, responses, &[], edit).await;
         assert_eq!(status, 201, "{body}");
@@ -107,15 +164,23 @@ impl Site {
     }
 
     fn runs(&self) -> rn::RunsClient<Transport> {
+        self.runs_as(&self.token)
+    }
+
+    fn runs_as(&self, token: &str) -> rn::RunsClient<Transport> {
         let config = ClientConfig::new(self.a.url.parse().unwrap())
             .with_codec_format(CodecFormat::Json)
-            .with_default_header("authorization", format!("Bearer {}", self.token));
+            .with_default_header("authorization", format!("Bearer {token}"));
         rn::RunsClient::new(pinned_transport(&self.a.fingerprint), config)
     }
 
     pub(crate) async fn submit(&self, release: &str) -> String {
+        self.submit_with(&self.token, release).await
+    }
+
+    async fn submit_with(&self, token: &str, release: &str) -> String {
         let r = self
-            .runs()
+            .runs_as(token)
             .submit_run(rn::SubmitRunRequest {
                 project_id: "support".into(),
                 release_id: release.into(),

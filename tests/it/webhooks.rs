@@ -356,3 +356,82 @@ async fn metrics_show_a_failing_backup_dir_and_the_worker_that_backs_off() {
     assert_eq!((next - last).num_seconds(), 30, "{w}");
     assert!(!w["lastFailure"].as_str().unwrap().is_empty(), "{w}");
 }
+
+/// One tenant's 45 endpoints that accept a connection and never answer do
+/// not hold back another tenant's delivery: a tenant's tries take at most
+/// its share of the senders, one per endpoint. And a tenant's endpoints
+/// are capped, the refusal naming the setting.
+#[tokio::test]
+async fn one_tenants_silent_endpoints_do_not_delay_another_tenants_delivery() {
+    // Accepts, reads nothing, answers nothing.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_at = silent.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in silent.incoming() {
+            held.push(s);
+        }
+    });
+    let (r, host_port) = receiver().await;
+    let allow = format!("{silent_at},{host_port}");
+    let site = Site::on(Appliance::start_with(
+        &[],
+        &[
+            ("AGENTBAY_RUNTIME__NETWORK_ALLOW", allow.as_str()),
+            ("AGENTBAY_WEBHOOKS__POLL_SECONDS", "1"),
+            ("AGENTBAY_WEBHOOKS__TIMEOUT_SECONDS", "30"),
+            ("AGENTBAY_WEBHOOKS__MAX_ENDPOINTS_PER_TENANT", "45"),
+        ],
+    ))
+    .await;
+    let a = &site.a;
+    let demo_admin = a
+        .token(&a.create_client("demo", &["agentbay.admin"]).await)
+        .await;
+    let globex = site.other_tenant("globex").await;
+    let globex_admin = a
+        .token(&a.create_client("globex", &["agentbay.admin"]).await)
+        .await;
+    let register = |token: String, url: String| async move {
+        a.http()
+            .post(format!("{}/factory/webhooks", a.url))
+            .bearer_auth(&token)
+            .json(&json!({"url": url, "events": ["run.ended"]}))
+            .send()
+            .await
+            .unwrap()
+    };
+    for i in 0..45 {
+        let r = register(demo_admin.clone(), format!("http://{silent_at}/s{i}")).await;
+        assert_eq!(r.status(), 201);
+    }
+    let over = register(demo_admin.clone(), format!("http://{silent_at}/s45")).await;
+    assert_eq!(over.status(), 403);
+    let said = over.text().await.unwrap();
+    assert!(
+        said.contains("webhooks.max_endpoints_per_tenant") && said.contains("45"),
+        "{said}"
+    );
+    let r2 = register(globex_admin.clone(), format!("http://{host_port}/globex")).await;
+    assert_eq!(r2.status(), 201);
+
+    // demo's run ends first: 45 tries that hang for 30 s each.
+    site.import("noisy", json!([answer("low", false)]), |_| {})
+        .await;
+    site.import_as(&globex, "globex", "quiet", json!([answer("low", false)]))
+        .await;
+    let noisy = site.submit("noisy").await;
+    site.until(&noisy, "Succeeded").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Then globex's: its one delivery goes at once.
+    let quiet = site.submit_as(&globex, "quiet").await;
+    let ended = std::time::Instant::now();
+    let seen = delivered_for(&r, "/globex", &quiet).await;
+    let waited = ended.elapsed();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    println!("another tenant's delivery behind 45 silent endpoints: {waited:?}");
+    assert!(
+        waited < Duration::from_secs(10),
+        "globex waited {waited:?} behind demo's silent endpoints"
+    );
+}
