@@ -585,9 +585,21 @@ pub async fn backup(config: &Config, file: &Path) -> anyhow::Result<()> {
 }
 
 /// `agentbay restore FILE`.
-pub fn restore(config: &Config, file: &Path) -> anyhow::Result<()> {
+pub async fn restore(config: &Config, file: &Path) -> anyhow::Result<()> {
     let backend = crate::app::store_backend(config, &config.store.backend, config.listen, "");
     let summary = crate::store::restore_to(file, &config.data_dir, &backend)?;
+    // The restored store records that it was restored, and by whom.
+    if let Target::Offline(local) = Target::of(config)? {
+        let mut change = crate::domain::audit::Change::new(
+            &crate::domain::TenantId::platform(),
+            "backup.restore",
+            file.display().to_string(),
+        );
+        change.detail = Some(format!("{} records restored", summary.records));
+        let recorded = local.store.record_action(chrono::Utc::now(), change).await;
+        close(Target::Offline(local))?;
+        recorded?;
+    }
     let into = match &backend {
         crate::store::Backend::Sled => config.data_dir.display().to_string(),
         crate::store::Backend::Postgres(pg) => format!(
@@ -1333,21 +1345,36 @@ fn refusal_text(status: u16, bytes: &[u8]) -> String {
 }
 
 /// `agentbay audit verify`.
-pub async fn audit_verify(config: &Config, json: bool) -> anyhow::Result<()> {
+pub async fn audit_verify(
+    config: &Config,
+    json: bool,
+    expect: &crate::domain::audit::Expect,
+) -> anyhow::Result<()> {
     let (report, how) = match Target::of(config)? {
         Target::Running { info, .. } => {
             let token = running_appliance(&config.data_dir)
                 .map(|(_, t)| t)
                 .unwrap_or_default();
-            let report: crate::domain::audit::TrailReport =
-                get_json(&info, &token, "/factory/audit/verify").await?;
+            let mut query = Vec::new();
+            if let Some(n) = expect.first {
+                query.push(format!("expectFirst={n}"));
+            }
+            if let Some(h) = &expect.head {
+                query.push(format!("expectHead={}", crate::console::urlencode(h)));
+            }
+            let path = if query.is_empty() {
+                "/factory/audit/verify".to_string()
+            } else {
+                format!("/factory/audit/verify?{}", query.join("&"))
+            };
+            let report: crate::domain::audit::TrailReport = get_json(&info, &token, &path).await?;
             (
                 report,
                 format!("through the running appliance at {}", info.url),
             )
         }
         Target::Offline(local) => {
-            let report = local.store.verify_audit()?;
+            let report = local.store.verify_audit(expect)?;
             let how = format!("offline, in {}", local.datadir.root().display());
             close(Target::Offline(local))?;
             (report, how)
@@ -1371,8 +1398,19 @@ pub async fn audit_verify(config: &Config, json: bool) -> anyhow::Result<()> {
             ),
         }
     }
+    if !json {
+        for unmet in &report.unmet {
+            println!("  NOT AS EXPECTED: {unmet}");
+        }
+    }
     if report.broken.is_some() {
         bail!("the audit trail's hash chain is broken");
+    }
+    if !report.unmet.is_empty() {
+        bail!(
+            "the audit trail is not what was noted: {}",
+            report.unmet.join("; ")
+        );
     }
     Ok(())
 }

@@ -343,6 +343,14 @@ enum AuditCommand {
         /// Print JSON instead of words.
         #[arg(long)]
         json: bool,
+        /// The first record's sequence, as noted elsewhere: a kept chain
+        /// that starts later fails the check (records were cut).
+        #[arg(long, value_name = "SEQUENCE")]
+        expect_first: Option<u64>,
+        /// A head hash noted elsewhere: the check fails unless a kept
+        /// record has it.
+        #[arg(long, value_name = "HASH")]
+        expect_head: Option<String>,
     },
     /// Write audit records, newest first, as CSV or JSON.
     Export {
@@ -821,7 +829,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
         Command::Restore { common, file } => {
             let config = load(&common, None)?;
             quiet_logging(&config);
-            control::restore(&config, &file)
+            control::restore(&config, &file).await
         }
         Command::Client { command } => match command {
             ClientCommand::Create {
@@ -1096,10 +1104,19 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             }
         },
         Command::Audit { command } => match command {
-            AuditCommand::Verify { common, json } => {
+            AuditCommand::Verify {
+                common,
+                json,
+                expect_first,
+                expect_head,
+            } => {
                 let config = load(&common, None)?;
                 quiet_logging(&config);
-                control::audit_verify(&config, json).await
+                let expect = agentbay::domain::audit::Expect {
+                    first: expect_first,
+                    head: expect_head,
+                };
+                control::audit_verify(&config, json, &expect).await
             }
             AuditCommand::Export {
                 common,

@@ -310,6 +310,14 @@ pub async fn export(
 ) -> Result<Response, ApiError> {
     let run = state.runs.get(&scope, run_id)?;
     let running = state.exports.begin(scope.tenant())?;
+    state
+        .store
+        .record_action(
+            state.clock.now(),
+            crate::domain::audit::Change::new(scope.tenant(), "run.export", run_id.to_string()),
+        )
+        .await
+        .map_err(ApiError::internal)?;
     let (to, from) = tokio::sync::mpsc::channel(CHUNKS);
     let state = state.clone();
     tokio::task::spawn_blocking(move || {

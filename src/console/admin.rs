@@ -1591,7 +1591,7 @@ pub async fn audit(console: Console, raw: RawQuery) -> Result<Response, PageErro
     let chain = if may_verify && q.get("verify").is_some() {
         let store = console.state.store.clone();
         Some(
-            tokio::task::spawn_blocking(move || store.verify_audit())
+            tokio::task::spawn_blocking(move || store.verify_audit(&Default::default()))
                 .await
                 .map_err(ApiError::internal)?
                 .map_err(ApiError::internal)?,

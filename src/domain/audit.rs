@@ -247,6 +247,11 @@ pub const RECORDED_ACTIONS: &[&str] = &[
     "webhook.delete",
     "webhook.rotate-secret",
     "config.reload",
+    "backup.create",
+    "backup.restore",
+    "run.export",
+    "webhook.redeliver",
+    "worker.run",
     "session.sign-in",
     "session.sign-in-refused",
     "session.sign-out",
@@ -597,6 +602,52 @@ pub struct TrailReport {
     pub head: String,
     /// The first break, if the chain is not whole.
     pub broken: Option<ChainBreak>,
+    /// What the check was asked to expect and did not find (a kept chain
+    /// that starts later than the first record noted, a noted head no
+    /// record has); empty when nothing was expected or all was found.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmet: Vec<String>,
+}
+
+/// What a check of the trail is told to expect, from notes kept outside
+/// the store: the chain cannot prove its own start, since whoever can
+/// write the data directory can cut the oldest records and rewrite the
+/// anchor they follow.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Expect {
+    /// The first record's sequence, as noted: a kept chain that starts
+    /// later lost records.
+    pub first: Option<u64>,
+    /// A head hash noted earlier: a record of the kept chain must have it.
+    pub head: Option<String>,
+}
+
+impl Expect {
+    /// What `report` (whose chain held a record hashed `head` at the
+    /// sequence `head_at`, if it did) does not show of what was expected.
+    pub fn unmet(&self, report: &TrailReport, head_at: Option<u64>) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(n) = self.first {
+            match report.first {
+                Some(first) if first > n => out.push(format!(
+                    "the kept chain starts at record {first}, later than the expected first record {n}: records {n} to {} are gone (retention removes records older than retention.audit_days; younger ones removed mean the trail was cut)",
+                    first - 1
+                )),
+                None => out.push(format!(
+                    "no record is kept, though the chain was expected to start at record {n}"
+                )),
+                _ => {}
+            }
+        }
+        if let Some(h) = &self.head
+            && head_at.is_none()
+        {
+            out.push(format!(
+                "no kept record has the hash {h} noted earlier: the records up to it were rewritten or removed"
+            ));
+        }
+        out
+    }
 }
 
 #[cfg(test)]

@@ -27,8 +27,22 @@ impl Store {
 
     /// Checks the whole audit chain: every kept record follows the one
     /// before and hashes to what it says.
-    pub fn verify_audit(&self) -> Result<crate::domain::audit::TrailReport, StoreError> {
-        trail::verify(&self.tree(Table::Audit)?, &self.tree(Table::Meta)?)
+    pub fn verify_audit(
+        &self,
+        expect: &crate::domain::audit::Expect,
+    ) -> Result<crate::domain::audit::TrailReport, StoreError> {
+        trail::verify(&self.tree(Table::Audit)?, &self.tree(Table::Meta)?, expect)
+    }
+
+    /// Records an action that changes no record (a backup taken, a run
+    /// exported, a worker run by hand), as done by whoever the request or
+    /// command acts for, in a transaction of its own.
+    pub async fn record_action(
+        &self,
+        at: chrono::DateTime<chrono::Utc>,
+        change: crate::domain::audit::Change,
+    ) -> Result<(), StoreError> {
+        self.transact(move |tx| tx.audit(at, change)).await
     }
 
     /// Removes up to `limit` audit records written before `until`, oldest

@@ -347,7 +347,7 @@ impl Store {
                 problems.push(format!("count {} has no records", text(k)));
             }
         }
-        if let Some(broken) = self.verify_audit()?.broken {
+        if let Some(broken) = self.verify_audit(&Default::default())?.broken {
             problems.push(format!(
                 "the audit chain is broken at record {}: {}",
                 broken.sequence, broken.reason

@@ -1427,7 +1427,7 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit(dir: Place) {
     assert_eq!(all.len(), 4);
     assert_eq!(all[0].tenant_id.as_str(), "beta");
 
-    let report = store.verify_audit().unwrap();
+    let report = store.verify_audit(&Default::default()).unwrap();
     assert_eq!(
         (report.checked, report.first, report.last),
         (4, Some(1), Some(4))
@@ -1441,7 +1441,7 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit(dir: Place) {
         .await
         .unwrap();
     assert_eq!(removed, 2);
-    let report = store.verify_audit().unwrap();
+    let report = store.verify_audit(&Default::default()).unwrap();
     assert_eq!((report.checked, report.first), (2, Some(3)));
     assert!(report.broken.is_none(), "{:?}", report.broken);
 
@@ -1455,9 +1455,91 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit(dir: Place) {
     )
     .await
     .unwrap();
-    let report = store.verify_audit().unwrap();
+    let report = store.verify_audit(&Default::default()).unwrap();
     assert_eq!((report.checked, report.last), (3, Some(5)));
     assert!(report.broken.is_none());
+
+    // Cutting the start (the oldest kept record removed, the anchor
+    // rewritten to it) leaves a chain that checks, with the same head: only
+    // what was noted elsewhere finds the cut.
+    let noted = crate::domain::audit::Expect {
+        first: report.first,
+        head: Some(
+            store
+                .audit_page(&AuditFilter::default(), None, 10)
+                .unwrap()
+                .iter()
+                .find(|r| r.sequence == 4)
+                .unwrap()
+                .hash
+                .clone(),
+        ),
+    };
+    assert!(store.verify_audit(&noted).unwrap().unmet.is_empty());
+    let anchor = store
+        .tree(Table::Meta)
+        .unwrap()
+        .get(trail::PRUNED_THROUGH.as_bytes())
+        .unwrap()
+        .unwrap()
+        .to_vec();
+    let third = trail::decode(
+        &store
+            .tree(Table::Audit)
+            .unwrap()
+            .get(3u64.to_be_bytes())
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap();
+    store.damage(Table::Audit, &3u64.to_be_bytes(), None);
+    store.damage(
+        Table::Meta,
+        trail::PRUNED_THROUGH.as_bytes(),
+        Some(&trail::anchor_value(&third)),
+    );
+    let cut = store.verify_audit(&Default::default()).unwrap();
+    assert!(cut.broken.is_none() && cut.unmet.is_empty());
+    assert_eq!(cut.head, report.head, "the head is unchanged");
+    let found = store.verify_audit(&noted).unwrap();
+    assert_eq!(found.unmet.len(), 1, "{:?}", found.unmet);
+    assert!(
+        found.unmet[0].contains("starts at record 4, later than the expected first record 3"),
+        "{:?}",
+        found.unmet
+    );
+    // Cutting through the noted head: it is found missing too.
+    let fourth = trail::decode(
+        &store
+            .tree(Table::Audit)
+            .unwrap()
+            .get(4u64.to_be_bytes())
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap();
+    store.damage(Table::Audit, &4u64.to_be_bytes(), None);
+    store.damage(
+        Table::Meta,
+        trail::PRUNED_THROUGH.as_bytes(),
+        Some(&trail::anchor_value(&fourth)),
+    );
+    let found = store.verify_audit(&noted).unwrap();
+    assert!(
+        found.unmet.iter().any(|u| u.contains("noted earlier")),
+        "{:?}",
+        found.unmet
+    );
+    // Put back for what follows.
+    for r in [&third, &fourth] {
+        store.damage(
+            Table::Audit,
+            &r.sequence.to_be_bytes(),
+            Some(&trail::encode(r).unwrap()),
+        );
+    }
+    store.damage(Table::Meta, trail::PRUNED_THROUGH.as_bytes(), Some(&anchor));
+    assert!(store.verify_audit(&noted).unwrap().unmet.is_empty());
 
     // An edit in place is found, at the record edited.
     let bytes = store
@@ -1473,7 +1555,7 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit(dir: Place) {
         &4u64.to_be_bytes(),
         Some(&trail::encode(&edited).unwrap()),
     );
-    let report = store.verify_audit().unwrap();
+    let report = store.verify_audit(&Default::default()).unwrap();
     let broken = report.broken.expect("the edit is found");
     assert_eq!(broken.sequence, 4);
     assert_eq!(report.checked, 1);

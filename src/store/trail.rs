@@ -150,8 +150,13 @@ pub(super) fn page(
 }
 
 /// Checks every kept record against the chain.
-pub(super) fn verify(trail: &Reading<'_>, meta: &Reading<'_>) -> Result<TrailReport, StoreError> {
+pub(super) fn verify(
+    trail: &Reading<'_>,
+    meta: &Reading<'_>,
+    expect: &crate::domain::audit::Expect,
+) -> Result<TrailReport, StoreError> {
     let start = anchor(meta.get(PRUNED_THROUGH)?.as_deref());
+    let mut head_at = None;
     let mut check = ChainCheck::new(start.next, start.previous.clone());
     let mut first = None;
     let mut last = None;
@@ -176,16 +181,22 @@ pub(super) fn verify(trail: &Reading<'_>, meta: &Reading<'_>) -> Result<TrailRep
         if !check.take(&record) {
             break;
         }
+        if expect.head.as_deref() == Some(record.hash.as_str()) {
+            head_at = Some(record.sequence);
+        }
         last = Some(record.sequence);
     }
-    Ok(TrailReport {
+    let mut report = TrailReport {
         checked: check.checked,
         first,
         last,
         anchor: start.previous,
         head: check.head().to_string(),
         broken: check.broken,
-    })
+        unmet: Vec::new(),
+    };
+    report.unmet = expect.unmet(&report, head_at);
+    Ok(report)
 }
 
 /// The oldest records written before `until`, at most `limit`: what

@@ -389,6 +389,9 @@ impl Webhooks {
                 })?;
                 d.redeliver(now);
                 tx.put(&s, &d)?;
+                let mut change = AuditChange::new(s.tenant(), "webhook.redeliver", id.to_string());
+                change.detail = Some(format!("delivery {message} asked for again"));
+                tx.audit(now, change)?;
                 Ok::<_, WebhookError>(d)
             })
             .await

@@ -332,3 +332,103 @@ fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// What was noted elsewhere is checked: the first record and a head hash.
+/// A noted head no kept record has fails the check, by name.
+#[tokio::test]
+async fn verify_checks_the_noted_first_record_and_head() {
+    let a = Appliance::start();
+    a.ensure_tenant("acme").await;
+    let platform = a.admin_token().await;
+    for runs in [4, 2] {
+        let (status, p) = a
+            .put(
+                &platform,
+                "/factory/capacity/quotas/tenant.acme",
+                json!({ "concurrentRuns": runs }),
+            )
+            .await;
+        assert_eq!(status, 200, "{p}");
+    }
+    let report = a.get(&platform, "/factory/audit/verify").await;
+    let head = report["head"].as_str().unwrap().to_string();
+    let first = report["first"].as_u64().unwrap();
+    let verify = |args: Vec<String>| {
+        run(agentbay()
+            .args(["audit", "verify", "--data-dir"])
+            .arg(&a.data_dir)
+            .args(args))
+    };
+    let out = verify(vec![
+        "--expect-first".into(),
+        first.to_string(),
+        "--expect-head".into(),
+        head.clone(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gone = format!("sha256:{}", "0".repeat(64));
+    let out = verify(vec!["--expect-head".into(), gone.clone()]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("NOT AS EXPECTED") && said.contains(&gone),
+        "{said}"
+    );
+    let r = a
+        .http()
+        .get(format!("{}/factory/audit/verify?expectFirst=x", a.url))
+        .bearer_auth(&platform)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("expectFirst"));
+}
+
+/// Actions that change no record are audited too: a backup taken, a store
+/// restored, a worker run by hand.
+#[tokio::test]
+async fn backups_restores_and_worker_runs_are_audited() {
+    let a = Appliance::start();
+    let platform = a.admin_token().await;
+    a.run_worker("Purger").await;
+    let file = a.root.join("audited.agentbay");
+    let out = run(agentbay()
+        .args(["backup"])
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(&a.data_dir));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let actions: Vec<String> = records(&a, &platform, "limit=100")
+        .await
+        .iter()
+        .map(|r| r["action"].as_str().unwrap().to_string())
+        .collect();
+    for action in ["worker.run", "backup.create"] {
+        assert!(actions.iter().any(|a| a == action), "{action}: {actions:?}");
+    }
+    let restored = a.root.join("restored");
+    let out = run(agentbay()
+        .args(["restore"])
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(&restored));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(agentbay()
+        .args(["audit", "export", "--format", "json", "--data-dir"])
+        .arg(&restored));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("backup.restore"), "{text}");
+}

@@ -406,6 +406,20 @@ impl pb::Admin for AdminService {
             .await
             .map_err(|e| rpc(DomainError::from(e)))?;
         tracing::info!(records = summary.records, by = %caller.subject, "backup taken");
+        let mut change = crate::domain::audit::Change::new(
+            &crate::domain::TenantId::platform(),
+            "backup.create",
+            "the store",
+        );
+        change.detail = Some(format!(
+            "{} records, sent to the caller (Admin/Backup)",
+            summary.records
+        ));
+        self.state
+            .store
+            .record_action(self.state.clock.now(), change)
+            .await
+            .map_err(|e| rpc(DomainError::from(e)))?;
         let file = tokio::fs::File::open(&path).await.map_err(|e| {
             rpc(ApiError::internal(format!(
                 "reading {}: {e}",
@@ -739,6 +753,17 @@ impl pb::Admin for AdminService {
                 format!("no worker {name:?}; workers: {}", known.join(", ")),
             ))
         })?;
+        let mut change = crate::domain::audit::Change::new(
+            &crate::domain::TenantId::platform(),
+            "worker.run",
+            name.clone(),
+        );
+        change.detail = status.last_message.clone();
+        self.state
+            .store
+            .record_action(self.state.clock.now(), change)
+            .await
+            .map_err(|e| rpc(DomainError::from(e)))?;
         Response::ok(pb::RunWorkerResponse {
             name,
             ok: status.last_ok,
