@@ -619,23 +619,7 @@ pub(crate) async fn serve(
     let app = crate::api::router(state.clone(), crate::console::router(&state));
     let handle = axum_server::Handle::new();
     let http = &config.http;
-    let bounds = crate::api::conn::Bounds::from_config(http);
-    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(
-        axum_server::tls_rustls::RustlsConfig::from_config(material.server_config.clone()),
-    )
-    .handshake_timeout(bounds.header_read)
-    .acceptor(crate::api::conn::BoundedAcceptor::new(bounds));
-    let mut server = axum_server::from_tcp(listener)?
-        .acceptor(acceptor)
-        .handle(handle.clone());
-    server
-        .http_builder()
-        .http2()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .keep_alive_interval(Some(seconds(http.http2_keepalive_interval_seconds)))
-        .keep_alive_timeout(seconds(http.http2_keepalive_timeout_seconds));
-    let server =
-        tokio::spawn(server.serve(app.into_make_service_with_connect_info::<SocketAddr>()));
+    let server = serve_bounded(listener, &material, http, handle.clone(), app)?;
 
     let admin_token = auth.issue_local_admin_token();
     datadir.write_admin_token(&admin_token)?;
@@ -771,4 +755,36 @@ pub async fn run(
     }
     shutdown.await;
     running.stop().await
+}
+
+/// Serves `app` on `listener` through the connection layer every node of a
+/// pair uses, active or standing by: TLS with its handshake bounded, the
+/// per-address connection slots and the header timeout (`api::conn`), and
+/// HTTP/2 keep-alives.
+pub(crate) fn serve_bounded(
+    listener: std::net::TcpListener,
+    material: &crate::tls::TlsMaterial,
+    http: &crate::config::HttpConfig,
+    handle: axum_server::Handle<SocketAddr>,
+    app: axum::Router,
+) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let seconds = Duration::from_secs;
+    let bounds = crate::api::conn::Bounds::from_config(http);
+    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(
+        axum_server::tls_rustls::RustlsConfig::from_config(material.server_config.clone()),
+    )
+    .handshake_timeout(bounds.header_read)
+    .acceptor(crate::api::conn::BoundedAcceptor::new(bounds));
+    let mut server = axum_server::from_tcp(listener)?
+        .acceptor(acceptor)
+        .handle(handle);
+    server
+        .http_builder()
+        .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Some(seconds(http.http2_keepalive_interval_seconds)))
+        .keep_alive_timeout(seconds(http.http2_keepalive_timeout_seconds));
+    Ok(tokio::spawn(server.serve(
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )))
 }

@@ -234,13 +234,15 @@ fn serve_standby(
         .fallback(forward_request)
         .with_state(forward);
     let handle = axum_server::Handle::new();
-    let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(
-        axum_server::tls_rustls::RustlsConfig::from_config(material.server_config.clone()),
-    );
-    let server = axum_server::from_tcp(listener.try_clone()?)?
-        .acceptor(acceptor)
-        .handle(handle.clone());
-    let task = tokio::spawn(server.serve(app.into_make_service_with_connect_info::<SocketAddr>()));
+    // The same connection layer as the active node's: a standby is as
+    // exposed, and half-sent requests must not hold it.
+    let task = super::serve_bounded(
+        listener.try_clone()?,
+        material,
+        &config.http,
+        handle.clone(),
+        app,
+    )?;
     Ok((handle, task))
 }
 

@@ -256,6 +256,19 @@ async fn a_standby_forwards_and_takes_over_when_the_active_appliance_is_killed()
     let trail = via_b.get(&token, "/factory/audit?limit=50").await;
     assert!(trail.to_string().contains("t5"), "{trail}");
 
+    // Half-sent requests flood the standby (137 connections that send
+    // three bytes of a TLS record and wait): its connection layer drops
+    // them, and they hold nothing the takeover needs.
+    let standby_at = b.url().trim_start_matches("https://").to_string();
+    let mut flood = Vec::new();
+    for _ in 0..137 {
+        if let Ok(mut s) = std::net::TcpStream::connect(&standby_at) {
+            use std::io::Write;
+            let _ = s.write_all(&[0x16, 0x03, 0x01]);
+            flood.push(s);
+        }
+    }
+
     // kill -9 the active appliance: B takes over within the lease.
     a.kill9();
     let killed = Instant::now();
@@ -264,7 +277,11 @@ async fn a_standby_forwards_and_takes_over_when_the_active_appliance_is_killed()
         .await;
     let took = killed.elapsed();
     assert!(took < Duration::from_secs(15), "the takeover took {took:?}");
-    eprintln!("takeover after kill -9: {took:?}");
+    eprintln!(
+        "takeover after kill -9, with {} half-sent connections on the standby: {took:?}",
+        flood.len()
+    );
+    drop(flood);
     assert_eq!(active["leader"]["node"], "b");
     let epoch = active["leader"]["epoch"].as_i64().unwrap();
     assert!(
