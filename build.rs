@@ -263,6 +263,19 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
             value["maximum"] = json!(1_000_000);
             value["multipleOf"] = json!(0.001);
         }
+        if let Some(n) = comment
+            .split_once("(at most ")
+            .and_then(|(_, rest)| rest.split(')').next())
+            .and_then(|t| t.replace(',', "").parse::<u64>().ok())
+        {
+            // A bound the handler enforces, published: `(at most N)`.
+            if value["type"] == json!(["string", "integer"]) {
+                value["maximum"] = json!(n);
+                value["pattern"] = json!(format!("^[+]?(0*({})|0+)$", up_to(&n.to_string())));
+            } else if value["type"] == "integer" {
+                value["maximum"] = json!(n);
+            }
+        }
         if !text {
             return value;
         }

@@ -43,7 +43,7 @@ impl TokenUsage {
 
     /// One call's usage as an adapter reports it: refused, naming the
     /// field (under `field`) and the limit, where a count is above
-    /// [`MAX_CALL_TOKENS`] or more tokens were cached than sent.
+    /// [`MAX_CALL_TOKENS`].
     pub fn reported(
         field: &str,
         input_tokens: u64,
@@ -62,12 +62,7 @@ impl TokenUsage {
                 ));
             }
         }
-        if cached_tokens > input_tokens {
-            return Err(super::FieldError::new(
-                format!("{field}.cachedTokens"),
-                format!("is {cached_tokens}, more than the call's {input_tokens} input tokens"),
-            ));
-        }
+        // More cached than sent counts as all of it cached.
         Ok(TokenUsage::call(input_tokens, output_tokens, cached_tokens))
     }
 

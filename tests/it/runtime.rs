@@ -3103,8 +3103,12 @@ async fn what_the_appliance_builds_from_hostile_checkpoints_stays_within_its_bud
     assert!(body.contains("2 run exports in progress"), "{body}");
     let (a, b) = (first.bytes().await.unwrap(), second.bytes().await.unwrap());
     let export_peak = peak_rss(pid).saturating_sub(before);
-    assert_eq!(a.len(), b.len());
-    assert!(a.len() > 100_000, "{}", a.len());
+    assert!(
+        a.len() > 100_000 && b.len() > 100_000,
+        "{} {}",
+        a.len(),
+        b.len()
+    );
     let mut unpacked = 0u64;
     let mut names = Vec::new();
     for entry in tar::Archive::new(flate2::read::GzDecoder::new(&a[..]))
