@@ -590,12 +590,12 @@ pub async fn restore(config: &Config, file: &Path) -> anyhow::Result<()> {
     let summary = crate::store::restore_to(file, &config.data_dir, &backend)?;
     // The restored store records that it was restored, and by whom.
     if let Target::Offline(local) = Target::of(config)? {
-        let mut change = crate::domain::audit::Change::new(
+        let change = crate::domain::audit::Change::new(
             &crate::domain::TenantId::platform(),
             "backup.restore",
             file.display().to_string(),
-        );
-        change.detail = Some(format!("{} records restored", summary.records));
+        )
+        .detail(format!("{} records restored", summary.records));
         let recorded = local.store.record_action(chrono::Utc::now(), change).await;
         close(Target::Offline(local))?;
         recorded?;

@@ -1112,10 +1112,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
             } => {
                 let config = load(&common, None)?;
                 quiet_logging(&config);
-                let expect = agentbay::domain::audit::Expect {
-                    first: expect_first,
-                    head: expect_head,
-                };
+                let expect = agentbay::domain::audit::Expect::new(expect_first, expect_head)?;
                 control::audit_verify(&config, json, &expect).await
             }
             AuditCommand::Export {

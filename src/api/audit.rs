@@ -149,7 +149,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/factory/audit/verify", tag = "audit",
     params(
         ("expectFirst" = Option<u64>, Query, description = "The first record's sequence as noted elsewhere: a kept chain that starts later is reported in `unmet`", minimum = 1),
-        ("expectHead" = Option<String>, Query, description = "A head hash noted elsewhere (`sha256:…`): a kept record must have it, else `unmet` says so", max_length = 80),
+        ("expectHead" = Option<String>, Query, description = "A head hash noted elsewhere (`sha256:…`): a kept record must have it, else `unmet` says so", pattern = "^sha256:[0-9a-fA-F]{64}$"),
     ),
     responses(
         (status = 200, description = "What the check found; `broken` names the first record that does not follow, `unmet` what was expected and not found", body = TrailReport),
@@ -163,28 +163,15 @@ pub async fn verify(
 ) -> Result<Json<TrailReport>, ApiError> {
     auth.principal.platform_scope()?;
     let pairs = query_pairs(raw.as_deref(), &["expectFirst", "expectHead"])?;
-    let mut expect = crate::domain::audit::Expect::default();
-    for (k, v) in pairs {
-        match k.as_str() {
-            "expectFirst" => {
-                expect.first = Some(v.parse().ok().filter(|n: &u64| *n >= 1).ok_or_else(|| {
-                    ApiError::invalid(
-                        "expectFirst",
-                        format!("{v:?} is not a record sequence (1 or more)"),
-                    )
-                })?);
-            }
-            _ => {
-                if !(v.starts_with("sha256:") && v.len() == 71) {
-                    return Err(ApiError::invalid(
-                        "expectHead",
-                        format!("{v:?} is not a head hash (sha256: and 64 hex digits)"),
-                    ));
-                }
-                expect.head = Some(v);
-            }
-        }
-    }
+    let value = |key: &str| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    let first = value("expectFirst")
+        .map(|v| {
+            v.parse::<u64>().map_err(|_| {
+                ApiError::invalid("expectFirst", format!("{v:?} is not a record sequence"))
+            })
+        })
+        .transpose()?;
+    let expect = crate::domain::audit::Expect::new(first, value("expectHead"))?;
     let report = tokio::task::spawn_blocking(move || state.store.verify_audit(&expect))
         .await
         .map_err(ApiError::internal)?

@@ -182,8 +182,8 @@ pub async fn record(store: &Store, refusals: Vec<Refusal>) -> Result<(), StoreEr
                     address: r.address.clone(),
                     via: Via::Console,
                 };
-                let mut change = Change::new(&TenantId::platform(), ACTION, r.names.clone());
-                change.detail = Some(r.detail.clone());
+                let change = Change::new(&TenantId::platform(), ACTION, r.names.clone())
+                    .detail(r.detail.clone());
                 tx.audit_as(&origin, r.at, change)?;
             }
             Ok::<_, StoreError>(())

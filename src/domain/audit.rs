@@ -623,6 +623,29 @@ pub struct Expect {
 }
 
 impl Expect {
+    /// Expectations as given: `first` a sequence (1 or more), `head` a
+    /// record hash (`sha256:` and 64 hex digits); refused naming the field
+    /// (`expectFirst`, `expectHead`).
+    pub fn new(first: Option<u64>, head: Option<String>) -> Result<Expect, FieldError> {
+        if first == Some(0) {
+            return Err(FieldError::new(
+                "expectFirst",
+                "is 0; records are numbered from 1",
+            ));
+        }
+        if let Some(h) = &head
+            && !h
+                .strip_prefix("sha256:")
+                .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(FieldError::new(
+                "expectHead",
+                format!("{h:?} is not a record hash (sha256: and 64 hex digits)"),
+            ));
+        }
+        Ok(Expect { first, head })
+    }
+
     /// What `report` (whose chain held a record hashed `head` at the
     /// sequence `head_at`, if it did) does not show of what was expected.
     pub fn unmet(&self, report: &TrailReport, head_at: Option<u64>) -> Vec<String> {

@@ -1483,21 +1483,28 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit(dir: Place) {
         .unwrap()
         .unwrap()
         .to_vec();
-    let third = trail::decode(
-        &store
-            .tree(Table::Audit)
-            .unwrap()
-            .get(3u64.to_be_bytes())
-            .unwrap()
-            .unwrap(),
-    )
-    .unwrap();
-    store.damage(Table::Audit, &3u64.to_be_bytes(), None);
-    store.damage(
-        Table::Meta,
-        trail::PRUNED_THROUGH.as_bytes(),
-        Some(&trail::anchor_value(&third)),
-    );
+    let kept = |n: u64| {
+        trail::decode(
+            &store
+                .tree(Table::Audit)
+                .unwrap()
+                .get(n.to_be_bytes())
+                .unwrap()
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    // Removes a record and anchors the chain on it, as a cut would.
+    let cut_through = |r: &crate::domain::audit::AuditRecord| {
+        store.damage(Table::Audit, &r.sequence.to_be_bytes(), None);
+        store.damage(
+            Table::Meta,
+            trail::PRUNED_THROUGH.as_bytes(),
+            Some(&trail::anchor_value(r)),
+        );
+    };
+    let third = kept(3);
+    cut_through(&third);
     let cut = store.verify_audit(&Default::default()).unwrap();
     assert!(cut.broken.is_none() && cut.unmet.is_empty());
     assert_eq!(cut.head, report.head, "the head is unchanged");
@@ -1509,21 +1516,8 @@ async fn the_audit_chain_follows_commit_order_and_finds_an_edit(dir: Place) {
         found.unmet
     );
     // Cutting through the noted head: it is found missing too.
-    let fourth = trail::decode(
-        &store
-            .tree(Table::Audit)
-            .unwrap()
-            .get(4u64.to_be_bytes())
-            .unwrap()
-            .unwrap(),
-    )
-    .unwrap();
-    store.damage(Table::Audit, &4u64.to_be_bytes(), None);
-    store.damage(
-        Table::Meta,
-        trail::PRUNED_THROUGH.as_bytes(),
-        Some(&trail::anchor_value(&fourth)),
-    );
+    let fourth = kept(4);
+    cut_through(&fourth);
     let found = store.verify_audit(&noted).unwrap();
     assert!(
         found.unmet.iter().any(|u| u.contains("noted earlier")),

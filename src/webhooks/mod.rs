@@ -144,14 +144,10 @@ struct Breaker {
 }
 
 impl Breaker {
-    /// A try ended: a success closes it; the [`BREAKER_FAILURES`]th
-    /// failure in a row and each after it pause the endpoint, for longer
-    /// each time.
-    fn tried(&mut self, ok: bool, now: DateTime<Utc>) -> Option<i64> {
-        if ok {
-            *self = Breaker::default();
-            return None;
-        }
+    /// A try failed: the [`BREAKER_FAILURES`]th failure in a row and each
+    /// after it pause the endpoint, for longer each time (the seconds).
+    /// A success forgets the breaker.
+    fn failed(&mut self, now: DateTime<Utc>) -> Option<i64> {
         self.failures += 1;
         if self.failures < BREAKER_FAILURES {
             return None;
@@ -389,8 +385,8 @@ impl Webhooks {
                 })?;
                 d.redeliver(now);
                 tx.put(&s, &d)?;
-                let mut change = AuditChange::new(s.tenant(), "webhook.redeliver", id.to_string());
-                change.detail = Some(format!("delivery {message} asked for again"));
+                let change = AuditChange::new(s.tenant(), "webhook.redeliver", id.to_string())
+                    .detail(format!("delivery {message} asked for again"));
                 tx.audit(now, change)?;
                 Ok::<_, WebhookError>(d)
             })
@@ -737,12 +733,13 @@ impl Webhooks {
                 }
             }
             lanes.total -= 1;
-            let breaker = lanes.breakers.entry(d.endpoint_id).or_default();
-            if let Some(seconds) = breaker.tried(ok, self.clock.now()) {
-                tracing::warn!(endpoint = %d.endpoint_id, tenant = %d.tenant_id, failures = breaker.failures, seconds, "webhook endpoint failing: its deliveries wait");
-            }
             if ok {
                 lanes.breakers.remove(&d.endpoint_id);
+            } else {
+                let breaker = lanes.breakers.entry(d.endpoint_id).or_default();
+                if let Some(seconds) = breaker.failed(self.clock.now()) {
+                    tracing::warn!(endpoint = %d.endpoint_id, tenant = %d.tenant_id, failures = breaker.failures, seconds, "webhook endpoint failing: its deliveries wait");
+                }
             }
         }
         self.tried.notify_one();

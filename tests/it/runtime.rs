@@ -250,6 +250,27 @@ impl Adapter {
             .expect("model result");
     }
 
+    /// A model call of the release's scripted profile declaring
+    /// `context_tokens` of context (0: none declared).
+    async fn begin_model(
+        &self,
+        context_tokens: u32,
+        request: Value,
+    ) -> Result<ad::BeginCallResponse, connectrpc::ConnectError> {
+        self.client
+            .begin_call(ad::BeginCallRequest {
+                attempt_id: self.id(),
+                fencing_token: self.ticket.fencing_token,
+                kind: "model".into(),
+                target: "triage-scripted".into(),
+                request_json: request.to_string(),
+                context_tokens,
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_owned())
+    }
+
     async fn begin(
         &self,
         kind: &str,
@@ -872,18 +893,8 @@ async fn each_limit_fails_the_attempt_naming_it() {
     site.submit(json!({}), limits(&|l| l.max_context_tokens = 1000))
         .await;
     let adapter = site.claim_and_start().await;
-    let begin = |context_tokens: u32, request: Value| {
-        adapter.client.begin_call(ad::BeginCallRequest {
-            attempt_id: adapter.id(),
-            fencing_token: adapter.ticket.fencing_token,
-            kind: "model".into(),
-            target: "triage-scripted".into(),
-            request_json: request.to_string(),
-            context_tokens,
-            ..Default::default()
-        })
-    };
-    let e = begin(1, json!({"prompt": "p".repeat(8_000)}))
+    let e = adapter
+        .begin_model(1, json!({"prompt": "p".repeat(8_000)}))
         .await
         .unwrap_err();
     assert!(
@@ -895,18 +906,9 @@ async fn each_limit_fails_the_attempt_naming_it() {
     site.submit(json!({}), limits(&|_| {})).await;
     let adapter = site.claim_and_start().await;
     let m = adapter
-        .client
-        .begin_call(ad::BeginCallRequest {
-            attempt_id: adapter.id(),
-            fencing_token: adapter.ticket.fencing_token,
-            kind: "model".into(),
-            target: "triage-scripted".into(),
-            request_json: json!({"prompt": "p"}).to_string(),
-            ..Default::default()
-        })
+        .begin_model(0, json!({"prompt": "p"}))
         .await
-        .unwrap()
-        .into_owned();
+        .unwrap();
     assert_eq!(m.outcome, ad::BeginOutcome::STARTED, "{}", m.reason);
     let e = adapter
         .client

@@ -406,12 +406,12 @@ impl pb::Admin for AdminService {
             .await
             .map_err(|e| rpc(DomainError::from(e)))?;
         tracing::info!(records = summary.records, by = %caller.subject, "backup taken");
-        let mut change = crate::domain::audit::Change::new(
+        let change = crate::domain::audit::Change::new(
             &crate::domain::TenantId::platform(),
             "backup.create",
             "the store",
-        );
-        change.detail = Some(format!(
+        )
+        .detail(format!(
             "{} records, sent to the caller (Admin/Backup)",
             summary.records
         ));
