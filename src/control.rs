@@ -557,7 +557,7 @@ pub async fn backup(config: &Config, file: &Path) -> anyhow::Result<()> {
                 Ok::<_, anyhow::Error>(format!("{bytes} bytes"))
             }
             Target::Offline(local) => {
-                let files = crate::tls::backup_files(&local.datadir.tls_dir());
+                let files = crate::store::datadir::backup_files(local.datadir.root());
                 let summary = local.store.backup_file(&partial, files).await?;
                 Ok(format!(
                     "{} records, {} files",
@@ -586,7 +586,7 @@ pub async fn backup(config: &Config, file: &Path) -> anyhow::Result<()> {
 
 /// `agentbay restore FILE`.
 pub async fn restore(config: &Config, file: &Path) -> anyhow::Result<()> {
-    let backend = crate::app::store_backend(config, &config.store.backend, config.listen, "");
+    let backend = crate::app::store_backend(config, &config.store.backend, config.listen, "")?;
     let summary = crate::store::restore_to(file, &config.data_dir, &backend)?;
     // The restored store records that it was restored, and by whom.
     if let Target::Offline(local) = Target::of(config)? {
@@ -641,8 +641,8 @@ pub fn migrate_store(
         e => e.into(),
     })?;
     let path = datadir.store_path();
-    let source = crate::app::store_backend(config, &from, config.listen, "");
-    let target = crate::app::store_backend(config, &to, config.listen, "");
+    let source = crate::app::store_backend(config, &from, config.listen, "")?;
+    let target = crate::app::store_backend(config, &to, config.listen, "")?;
     let tables = crate::store::migrate::migrate(&path, &source, &target)?;
     let records: u64 = tables.iter().map(|t| t.records).sum();
     if json {

@@ -195,12 +195,30 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Appliances sharing one PostgreSQL store (README, "Two appliances
+    /// on one PostgreSQL store").
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
     /// Print the version and the store schema version.
     Version,
     /// The process tool processes are forked by: started by `serve`, with
     /// a socket as its standard input. Not for people.
     #[command(name = "tool-spawner", hide = true)]
     ToolSpawner,
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Make the key the appliances of a pair share (`pair.key` in the data
+    /// directory, 0600), on the first appliance; copy the file to the same
+    /// place on the others before they start. A standby believes only a
+    /// leader row signed with it, and forwards with it.
+    Init {
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
 #[derive(Subcommand)]
@@ -1103,6 +1121,28 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 control::release_import(&config, &bundle).await
             }
         },
+        Command::Cluster {
+            command: ClusterCommand::Init { common },
+        } => {
+            let config = load(&common, None)?;
+            let key = agentbay::store::datadir::create_pair_key(&config.data_dir)?;
+            let path = config
+                .data_dir
+                .join(agentbay::store::datadir::PAIR_KEY_FILE);
+            println!("made the pair key {} (id {})", path.display(), key.id());
+            println!(
+                "copy it to the same place on every other appliance of the pair, readable only by the account agentbay runs as, e.g."
+            );
+            println!(
+                "  install -m 600 -o agentbay -g agentbay pair.key {}",
+                path.display()
+            );
+            println!(
+                "a standby shows the id of the key it holds in /readyz (pairKey); it must be {}",
+                key.id()
+            );
+            Ok(())
+        }
         Command::Audit { command } => match command {
             AuditCommand::Verify {
                 common,

@@ -47,6 +47,7 @@ pub fn postgres_options(cluster: &pg::PgCluster) -> agentbay::store::StoreOption
             advertise: "https://127.0.0.1:1".into(),
             fingerprint: String::new(),
             lease: Duration::from_secs(10),
+            pair: Some(agentbay::domain::cluster::PairKey::generate().1),
         }),
         ..agentbay::store::StoreOptions::default()
     }

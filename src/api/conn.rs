@@ -472,9 +472,10 @@ impl http_body::Body for GuardedBody {
     }
 }
 
-/// The address a request came from (the TCP peer: the appliance terminates
-/// TLS itself, so no forwarding header is trusted). A router called in
-/// process, without a connection, sees the unspecified address.
+/// The address a request came from: the TCP peer (the appliance
+/// terminates TLS itself), or the client a standby of the pair forwarded
+/// for, as [`believe_the_pair`] established. A router called in process,
+/// without a connection, sees the unspecified address.
 #[derive(Clone, Copy, Debug)]
 pub struct Peer(pub std::net::IpAddr);
 
@@ -493,6 +494,61 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
                 .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
         ))
     }
+}
+
+/// The header a standby names the client's address in.
+pub const FORWARDED_FOR: &str = "x-agentbay-forwarded-for";
+/// The header a standby names itself in.
+pub const FORWARDED_BY: &str = "x-agentbay-forwarded-by";
+/// The header carrying the pair key's proof of the two above
+/// ([`PairKey::forward_proof`](crate::domain::cluster::PairKey::forward_proof)).
+pub const PAIR_PROOF: &str = "x-agentbay-pair-proof";
+
+/// The forwarding headers, removed from every request before a handler
+/// sees it, and from every request a standby forwards before it adds its
+/// own.
+pub const FORWARDING_HEADERS: [&str; 4] = [FORWARDED_FOR, FORWARDED_BY, PAIR_PROOF, "forwarded"];
+
+/// Where a request came from, the one rule: the TCP peer, unless the peer
+/// is a standby of this pair that forwarded it, proven by the pair key
+/// over the client's address, the standby's name and the time (within
+/// [`FORWARD_SKEW_SECONDS`](crate::domain::cluster::FORWARD_SKEW_SECONDS)
+/// of the system clock: the pair's clocks, not the appliance's). Then the
+/// client's address replaces the peer's for everything after (the
+/// limiter, the lockouts, the audit trail). Forwarding headers without
+/// a valid proof are dropped, unread.
+pub async fn believe_the_pair(
+    key: Option<Arc<crate::domain::cluster::PairKey>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let headers = request.headers();
+    let forwarded = headers.contains_key(PAIR_PROOF).then(|| {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let client: IpAddr = text(FORWARDED_FOR)?.parse().ok()?;
+        let (by, proof) = (text(FORWARDED_BY)?, text(PAIR_PROOF)?);
+        let now = chrono::Utc::now().timestamp();
+        key.as_ref()?
+            .check_forward(proof, client, by, now)
+            .then_some(client)
+    });
+    match forwarded {
+        Some(Some(client)) => {
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(std::net::SocketAddr::new(
+                    client, 0,
+                )));
+        }
+        Some(None) => tracing::debug!(
+            "a forwarded request's pair proof does not hold; its client address is not believed"
+        ),
+        None => {}
+    }
+    for name in FORWARDING_HEADERS {
+        request.headers_mut().remove(name);
+    }
+    next.run(request).await
 }
 
 /// Gives every request body a reader to the end: a body a handler stops

@@ -244,9 +244,9 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 }
 
 /// Counts and times every request by route, and logs failures.
-/// Where a request comes from, for the audit trail: the TCP peer (the
-/// appliance terminates TLS, so no forwarding header is believed) and the
-/// door (RPC by its path, the API by its bearer token, else the console).
+/// Where a request comes from, for the audit trail: the client's address
+/// ([`conn::Peer`]'s rule: the TCP peer, or the client a standby of the
+/// pair proved it forwarded for) and the door (RPC by its path, the API by its bearer token, else the console).
 /// Authentication names the actor later.
 fn request_origin(request: &Request) -> crate::domain::audit::Origin {
     use crate::domain::audit::Via;

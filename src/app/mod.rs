@@ -97,20 +97,21 @@ pub fn open_store(
         cache_bytes: config.store.cache_mb * 1024 * 1024,
         snapshot_every_bytes: config.store.snapshot_every_mb * 1024 * 1024,
         upgrade_backup_dir: Some(config.upgrade_backup_dir()),
-        backend: store_backend(config, &config.store.backend, listen, fingerprint),
+        backend: store_backend(config, &config.store.backend, listen, fingerprint)?,
         ..StoreOptions::default()
     };
     Store::open(store_path, &options)
 }
 
-/// How the store reaches `backend` as the configuration sets it up.
+/// How the store reaches `backend` as the configuration sets it up (on
+/// PostgreSQL with the pair key of the data directory, when it has one).
 pub fn store_backend(
     config: &Config,
     backend: &crate::config::StoreBackend,
     listen: SocketAddr,
     fingerprint: &str,
-) -> crate::store::Backend {
-    match backend {
+) -> Result<crate::store::Backend, crate::store::StoreError> {
+    Ok(match backend {
         crate::config::StoreBackend::Sled => crate::store::Backend::Sled,
         crate::config::StoreBackend::Postgres => {
             let pg = &config.store.postgres;
@@ -121,9 +122,10 @@ pub fn store_backend(
                 advertise: pg.advertise_url(listen),
                 fingerprint: fingerprint.to_string(),
                 lease: Duration::from_secs(pg.lease_seconds),
+                pair: crate::store::datadir::read_pair_key(&config.data_dir)?,
             })
         }
-    }
+    })
 }
 
 /// What `agentbay check` found in a stopped appliance's store.
@@ -616,7 +618,17 @@ pub(crate) async fn serve(
         })
         .collect();
 
-    let app = crate::api::router(state.clone(), crate::console::router(&state));
+    let pair = match config.store.backend {
+        crate::config::StoreBackend::Postgres => {
+            crate::store::datadir::read_pair_key(datadir.root())?.map(Arc::new)
+        }
+        crate::config::StoreBackend::Sled => None,
+    };
+    let app = crate::api::router(state.clone(), crate::console::router(&state)).layer(
+        axum::middleware::from_fn(move |request, next| {
+            crate::api::conn::believe_the_pair(pair.clone(), request, next)
+        }),
+    );
     let handle = axum_server::Handle::new();
     let http = &config.http;
     let server = serve_bounded(listener, &material, http, handle.clone(), app)?;

@@ -16,6 +16,12 @@
 //!   leader row, streaming both ways (Connect, gRPC with its trailers,
 //!   SSE, the console). So a client configured with every appliance's
 //!   address works whichever is active.
+//!
+//! A standby believes only its pair: it forwards only to a leader row
+//! signed with the pair key (`pair.key`), and proves with that key which
+//! client it forwards for, so the active appliance limits, locks out and
+//! audits the client's own address, not the standby's
+//! ([`crate::api::conn::believe_the_pair`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -36,6 +42,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use super::{Clocks, bind, load_tls, open_store, serve};
+use crate::api::conn;
 use crate::config::Config;
 use crate::domain::cluster::{Node, Role};
 use crate::store::{DataDir, StoreError};
@@ -158,13 +165,36 @@ async fn stand_by(
                 }
                 return Ok(Some(store));
             }
-            Err(StoreError::Standby { active }) => {
+            Err(StoreError::Standby {
+                active,
+                untrusted: None,
+            }) => {
                 let mut p = pair.lock();
                 p.reason = format!(
                     "{} is active (epoch {}) until its lease runs out",
                     active.node, active.epoch
                 );
                 p.active = Some(*active);
+            }
+            Err(StoreError::Standby {
+                active,
+                untrusted: Some(why),
+            }) => {
+                let reason = format!(
+                    "the leader row names {} at {} (epoch {}), but {why}: this appliance does not believe it, forwards nothing, and takes the store over when that lease runs out. Someone other than this pair wrote the row: check who holds the database's credentials",
+                    active.node, active.url, active.epoch
+                );
+                let mut p = pair.lock();
+                if p.reason != reason {
+                    tracing::error!(
+                        node = %active.node,
+                        url = %active.url,
+                        epoch = active.epoch,
+                        "standing by: the leader row is not signed with this pair's key ({why}); nothing is forwarded to it"
+                    );
+                }
+                p.reason = reason;
+                p.active = None;
             }
             Err(e) => {
                 // PostgreSQL out of reach, or refused: keep trying.
@@ -222,9 +252,17 @@ fn serve_standby(
     axum_server::Handle<SocketAddr>,
     tokio::task::JoinHandle<std::io::Result<()>>,
 )> {
+    // Without a key (the store then says why it cannot be opened) requests
+    // are still forwarded, with no proof: the active one sees this
+    // standby's address.
+    let key = crate::store::datadir::read_pair_key(&config.data_dir)
+        .ok()
+        .flatten();
     let forward = Forward {
         pair,
         node: config.store.postgres.node_name(),
+        pair_key: key.as_ref().map(|k| k.id().to_string()),
+        key: key.map(Arc::new),
         started: Instant::now(),
         clients: Arc::new(Mutex::new(None)),
     };
@@ -252,6 +290,10 @@ type Upstream = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
 struct Forward {
     pair: Arc<Mutex<Pair>>,
     node: String,
+    /// The pair key, which proves for whom this standby forwards.
+    key: Option<Arc<crate::domain::cluster::PairKey>>,
+    /// Its id, for the readiness answer.
+    pair_key: Option<String>,
     started: Instant,
     /// The client pinned to the active appliance's fingerprint.
     clients: Arc<Mutex<Option<(String, Upstream)>>>,
@@ -292,6 +334,8 @@ struct StandbyReadiness {
     active: Option<Node>,
     /// Why this one is not active.
     store: String,
+    /// The id of the pair key it holds (equal ids, equal keys), if any.
+    pair_key: Option<String>,
     standing_by_seconds: u64,
 }
 
@@ -304,6 +348,7 @@ async fn readyz(State(f): State<Forward>) -> Response {
         node: f.node.clone(),
         active: p.active.clone(),
         store: p.reason.clone(),
+        pair_key: f.pair_key.clone(),
         standing_by_seconds: f.started.elapsed().as_secs(),
     };
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
@@ -341,13 +386,21 @@ async fn forward_request(
     };
     let (mut parts, body) = request.into_parts();
     parts.uri = uri;
-    for name in HOP_BY_HOP {
-        parts.headers.remove(name);
+    for name in HOP_BY_HOP.iter().chain(&conn::FORWARDING_HEADERS) {
+        parts.headers.remove(*name);
     }
-    if let Ok(v) = HeaderValue::from_str(&format!("for=\"{peer}\";by={}", f.node)) {
-        parts
-            .headers
-            .append(HeaderName::from_static("forwarded"), v);
+    if let Some(key) = &f.key {
+        let client = peer.ip().to_canonical();
+        let proof = key.forward_proof(chrono::Utc::now().timestamp(), client, &f.node);
+        for (name, value) in [
+            (conn::FORWARDED_FOR, client.to_string()),
+            (conn::FORWARDED_BY, f.node.clone()),
+            (conn::PAIR_PROOF, proof),
+        ] {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                parts.headers.insert(HeaderName::from_static(name), v);
+            }
+        }
     }
     let client = f.client(&active.fingerprint);
     match client.request(Request::from_parts(parts, body)).await {

@@ -153,7 +153,7 @@ pub(super) fn before_upgrade(
     let partial = dir.join(format!("{name}.partial"));
     let files = store_path
         .parent()
-        .map(|data| crate::tls::backup_files(&data.join("tls")))
+        .map(super::datadir::backup_files)
         .unwrap_or_default();
     let write = || -> Result<BackupSummary, StoreError> {
         let out = super::datadir::create_private_file(&partial)?;
@@ -360,7 +360,16 @@ pub fn restore_to(
                 super::snapshot_rewritten(&staging.join("store"))?;
             }
             super::Backend::Postgres(options) => {
-                let pg = super::postgres::PgEngine::open(options.clone())?;
+                // The data directory is empty, so it holds no pair key yet:
+                // the backup's comes with its files, after the records. The
+                // restore holds the store only while it fills it, under a
+                // key made for that, and releases it when filled; the
+                // restored appliance signs the row with its pair's key.
+                let mut options = options.clone();
+                options
+                    .pair
+                    .get_or_insert_with(|| crate::domain::cluster::PairKey::generate().1);
+                let pg = super::postgres::PgEngine::open(options)?;
                 pg.load(|sink| {
                     entries.read(&mut |name, key, value| match Table::named(name) {
                         Some(table) => sink(table, key, value),

@@ -9,6 +9,8 @@
 //!   tls/              generated CA and server certificate (0600 keys)
 //!   run/              appliance.json (where the running appliance listens)
 //!                     and admin.token (the local administration token)
+//!   pair.key          the key the appliances on one PostgreSQL store share
+//!                     (`agentbay cluster init`; 0600, in backups)
 //! ```
 //!
 //! Administrative commands find a running appliance through `run/` and talk
@@ -27,6 +29,11 @@ pub(super) const MARKER: &str = "AGENTBAY-DATA";
 pub(super) const MARKER_TEXT: &str = "agentbay data directory\nformat = 1\n";
 const RUNTIME_INFO: &str = "run/appliance.json";
 const ADMIN_TOKEN: &str = "run/admin.token";
+
+/// The pair key's file in the data directory. It may be the only file of a
+/// directory not yet initialised: it is copied there before a second
+/// appliance of a pair first starts.
+pub const PAIR_KEY_FILE: &str = "pair.key";
 
 /// Where a running appliance can be reached, as it wrote it at start.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -227,6 +234,59 @@ impl DataDir {
     }
 }
 
+/// The pair key of the data directory at `root`, if it has one. A file
+/// that cannot be read or is not a key is an error naming the file and
+/// what is wrong, never its content.
+pub fn read_pair_key(root: &Path) -> Result<Option<crate::domain::cluster::PairKey>, StoreError> {
+    let path = root.join(PAIR_KEY_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(StoreError::Io {
+                context: format!(
+                    "reading the pair key {} (it must be readable by the account the appliance runs as)",
+                    path.display()
+                ),
+                source: e,
+            });
+        }
+    };
+    crate::domain::cluster::PairKey::parse(&text)
+        .map(Some)
+        .map_err(|why| {
+            StoreError::Engine(format!("the pair key {} is not one: {why}", path.display()))
+        })
+}
+
+/// Makes a new pair key in the data directory at `root` (creating the
+/// directory if needed), 0600. Refuses when one is there: replacing it
+/// would cut this appliance off from the rest of its pair.
+pub fn create_pair_key(root: &Path) -> Result<crate::domain::cluster::PairKey, StoreError> {
+    use crate::domain::cluster::PairKey;
+    ensure_agentbay_dir(root)?;
+    let path = root.join(PAIR_KEY_FILE);
+    if path.exists() {
+        return Err(StoreError::NotAStore {
+            path,
+            reason: "a pair key is already there; the pair's appliances must share one key, so it is not replaced (delete it first to make a new one for every appliance of the pair)".into(),
+        });
+    }
+    let (bytes, key) = PairKey::generate();
+    write_private(&path, PairKey::file_text(&bytes).as_bytes())?;
+    Ok(key)
+}
+
+/// The files of the data directory at `root` a backup carries besides the
+/// store: the TLS material and the pair key.
+pub fn backup_files(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files = crate::tls::backup_files(&root.join("tls"));
+    if let Ok(bytes) = fs::read(root.join(PAIR_KEY_FILE)) {
+        files.push((PAIR_KEY_FILE.to_string(), bytes));
+    }
+    files
+}
+
 /// The running appliance of a data directory, if one holds its lock.
 pub fn running_appliance(root: &Path) -> Option<(RuntimeInfo, String)> {
     let info: RuntimeInfo =
@@ -290,6 +350,7 @@ fn ensure_agentbay_dir(root: &Path) -> Result<(), StoreError> {
         .map_err(StoreError::io(format!("reading {}", root.display())))?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name != PAIR_KEY_FILE)
         .collect();
     if !entries.is_empty() {
         let mut shown: Vec<String> = entries.iter().take(5).cloned().collect();

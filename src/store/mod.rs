@@ -236,10 +236,13 @@ pub enum StoreError {
     #[error("backup: {0}")]
     Backup(String),
     /// Another appliance holds the shared store: this one stands by.
-    #[error("another appliance ({} at {}, epoch {}) is active on this PostgreSQL store; this one stands by", active.node, active.url, active.epoch)]
+    #[error("another appliance ({} at {}, epoch {}) is active on this PostgreSQL store; this one stands by{}", active.node, active.url, active.epoch, untrusted.as_ref().map(|u| format!(", and does not believe the leader row: {u}")).unwrap_or_default())]
     Standby {
-        /// The active appliance.
+        /// The active appliance, as the leader row names it.
         active: Box<crate::domain::cluster::Node>,
+        /// Why the row is not to be believed (not signed with the pair's
+        /// key), if it is not.
+        untrusted: Option<crate::domain::cluster::Untrusted>,
     },
 }
 

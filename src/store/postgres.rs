@@ -8,14 +8,19 @@
 //!   bytea compares bytewise and then by length, which is sled's order, so
 //!   every range and prefix scan is a range of the primary key, read in
 //!   pages (`key > last ... LIMIT n`) from either end.
-//! - `agentbay_leader(id, node, url, fingerprint, epoch, expires_at)`:
-//!   which appliance is active (row 1), where it is reached, the epoch it
-//!   took, and until when its lease runs, on the database's clock. An
-//!   appliance opening the store takes the row with a new epoch if it is
-//!   free, expired or its own, and renews it a third of a lease apart. It
-//!   stops committing once a lease has passed, less a margin, since its
-//!   last renewal was sent, so it has stopped before the row can expire
-//!   on the database's clock and a standby take it.
+//! - `agentbay_leader(id, node, url, fingerprint, epoch, expires_at,
+//!   signature)`: which appliance is active (row 1), where it is reached,
+//!   the epoch it took, and until when its lease runs, on the database's
+//!   clock. An appliance opening the store takes the row with a new epoch
+//!   if it is free, expired or its own, and renews it a third of a lease
+//!   apart. It stops committing once a lease has passed, less a margin,
+//!   since its last renewal was sent, so it has stopped before the row can
+//!   expire on the database's clock and a standby take it. `signature` is
+//!   the pair key's over node, URL, fingerprint and epoch
+//!   ([`PairKey::sign_leader`]): a standby believes only a row its pair
+//!   signed (where it forwards, which certificate it pins), and the active
+//!   appliance renews only the row exactly as it wrote it, so one that
+//!   someone with the database's password rewrote makes it stand down.
 //! - `agentbay_layout(version)`: the version of this SQL layout, so a
 //!   later one can migrate it. The store's own schema version and format
 //!   marker are rows of the `meta` tree, as on sled.
@@ -65,10 +70,10 @@ use tokio_postgres::{Client, Statement};
 use super::kv::{KvBulk, KvEngine, KvRead, Pair, Rows, Sink};
 use super::tx::Writes;
 use super::{StoreError, Table};
-use crate::domain::cluster::Node;
+use crate::domain::cluster::{Node, PairKey, Untrusted};
 
-/// The SQL layout this binary creates and reads.
-const LAYOUT: i32 = 1;
+/// The SQL layout this binary creates and reads: 2 signs the leader row.
+const LAYOUT: i32 = 2;
 
 /// Connections readers share (each pipelines its queries).
 const READERS: usize = 4;
@@ -112,6 +117,9 @@ pub struct PgOptions {
     pub fingerprint: String,
     /// How long a leader's lease runs without renewal.
     pub lease: Duration,
+    /// The key the pair shares (`pair.key` in the data directory); the
+    /// store does not open without it.
+    pub pair: Option<PairKey>,
 }
 
 impl PgOptions {
@@ -385,6 +393,8 @@ pub(super) struct PgEngine {
     options: PgOptions,
     /// The epoch this appliance holds the leader row with.
     epoch: i64,
+    /// The signature it wrote into the row with it.
+    signature: String,
     /// False once a renewal or a commit found the row taken, or the lease
     /// ran out unrenewed; never true again.
     leading: Arc<AtomicBool>,
@@ -452,19 +462,26 @@ impl PgEngine {
     /// Connects, creates the layout if the database has none, and takes
     /// the leader row. Refused while another appliance's lease runs.
     pub fn open(options: PgOptions) -> Result<PgEngine, StoreError> {
+        let Some(key) = options.pair.clone() else {
+            return Err(StoreError::Engine(format!(
+                "the PostgreSQL store needs the key its appliances share, {} in the data directory: run `agentbay cluster init` on the first appliance and copy the file it writes to the same place on the others (owned by the account the appliance runs as, mode 0600)",
+                super::datadir::PAIR_KEY_FILE
+            )));
+        };
         let rt = Runtime::new()?;
         let sent = Instant::now();
         let (writer, taken) = {
             let options = options.clone();
             rt.block(async move {
-                let client = connect(&options, "write").await?;
+                let mut client = connect(&options, "write").await?;
                 create_layout(&client).await?;
-                let taken = take_leadership(&client, &options).await?;
+                let taken = take_leadership(&mut client, &options, &key).await?;
                 Ok::<_, StoreError>((client, taken))
             })?
         };
-        let epoch = taken.map_err(|active| StoreError::Standby {
+        let (epoch, signature) = taken.map_err(|(active, untrusted)| StoreError::Standby {
             active: Box::new(active),
+            untrusted,
         })?;
         let leading = Arc::new(AtomicBool::new(true));
         let engine = PgEngine {
@@ -473,6 +490,7 @@ impl PgEngine {
             writer: Mutex::new(Some(Arc::new(Conn::new(writer)))),
             options,
             epoch,
+            signature,
             leading,
             renewed: Arc::new(Mutex::new(sent)),
             committed: Mutex::new(Committed::default()),
@@ -491,6 +509,7 @@ impl PgEngine {
     fn renew_in_background(&self) {
         let options = self.options.clone();
         let (epoch, leading, renewed) = (self.epoch, self.leading.clone(), self.renewed.clone());
+        let signature = self.signature.clone();
         let every = options.lease / 3;
         self.rt.handle().spawn(async move {
             let mut client: Option<Client> = None;
@@ -502,25 +521,45 @@ impl PgEngine {
                         client = Some(connect(&options, "lease").await?);
                     }
                     let c = client.as_ref().expect("connected above");
-                    Ok::<_, StoreError>(
-                        c.execute(
+                    // Only the row exactly as this appliance wrote it.
+                    let renewed = c
+                        .execute(
                             "UPDATE agentbay_leader SET expires_at = now() + make_interval(secs => $3)
-                             WHERE id = 1 AND node = $1 AND epoch = $2",
-                            &[&options.node, &epoch, &options.lease.as_secs_f64()],
+                             WHERE id = 1 AND node = $1 AND epoch = $2
+                               AND url = $4 AND fingerprint = $5 AND signature = $6",
+                            &[
+                                &options.node,
+                                &epoch,
+                                &options.lease.as_secs_f64(),
+                                &options.advertise,
+                                &options.fingerprint,
+                                &signature,
+                            ],
                         )
-                        .await?,
-                    )
+                        .await?;
+                    let found = if renewed == 0 { Some(leader(c).await?) } else { None };
+                    Ok::<_, StoreError>(found)
                 };
                 // A renewal that hangs is a renewal that failed.
                 match tokio::time::timeout(every, attempt).await {
-                    Ok(Ok(0)) => {
+                    Ok(Ok(Some((found, _)))) if found.node == options.node && found.epoch == epoch => {
                         tracing::error!(
                             epoch,
+                            url = %found.url,
+                            fingerprint = %found.fingerprint,
+                            "store: the leader row was rewritten by someone other than this appliance (its address, certificate or signature changed): this appliance stands down and no longer commits; the pair key and the database's credentials may be exposed"
+                        );
+                        leading.store(false, Ordering::Release);
+                    }
+                    Ok(Ok(Some((found, _)))) => {
+                        tracing::error!(
+                            epoch,
+                            by = %found.node,
                             "store: another appliance took over the PostgreSQL store; this one no longer commits"
                         );
                         leading.store(false, Ordering::Release);
                     }
-                    Ok(Ok(_)) => *renewed.lock() = sent,
+                    Ok(Ok(None)) => *renewed.lock() = sent,
                     Ok(Err(e)) => {
                         client = None;
                         tracing::warn!(error = %e, "store: renewing the leader lease failed");
@@ -837,8 +876,10 @@ async fn create_layout(client: &Client) -> Result<(), StoreError> {
                  url text NOT NULL,
                  fingerprint text NOT NULL,
                  epoch bigint NOT NULL,
-                 expires_at timestamptz NOT NULL);
-             INSERT INTO agentbay_leader VALUES (1, '', '', '', 0, '-infinity') ON CONFLICT DO NOTHING;",
+                 expires_at timestamptz NOT NULL,
+                 signature text NOT NULL DEFAULT '');
+             INSERT INTO agentbay_leader (id, node, url, fingerprint, epoch, expires_at)
+                 VALUES (1, '', '', '', 0, '-infinity') ON CONFLICT DO NOTHING;",
         )
         .await?;
     client
@@ -856,52 +897,88 @@ async fn create_layout(client: &Client) -> Result<(), StoreError> {
             "the PostgreSQL store's layout is version {found}, newer than this agentbay's ({LAYOUT})"
         )));
     }
+    if found < 2 {
+        // Layout 1 → 2: the leader row is signed. An unsigned row is
+        // believed by no appliance of this version; it is taken once free.
+        client
+            .batch_execute(
+                "ALTER TABLE agentbay_leader ADD COLUMN IF NOT EXISTS signature text NOT NULL DEFAULT '';
+                 UPDATE agentbay_layout SET version = 2 WHERE id = 1 AND version < 2;",
+            )
+            .await?;
+    }
     Ok(())
 }
 
 /// Takes the leader row with a new epoch if it is free, expired or this
 /// node's own (its name and its address: a restart takes it back at once,
-/// a second appliance given the same name by mistake does not); `Err`
-/// names the appliance whose lease runs.
+/// a second appliance given the same name by mistake does not), signed
+/// with the pair key: `Ok` is the epoch and the signature. `Err` names the
+/// appliance whose lease runs, and why its row is not to be believed, if
+/// it is not.
 async fn take_leadership(
-    client: &Client,
+    client: &mut Client,
     options: &PgOptions,
-) -> Result<Result<i64, Node>, StoreError> {
-    let taken = client
-        .query_opt(
-            "UPDATE agentbay_leader
-             SET node = $1, url = $2, fingerprint = $3, epoch = epoch + 1,
-                 expires_at = now() + make_interval(secs => $4)
-             WHERE id = 1 AND (expires_at < now() OR node = '' OR (node = $1 AND url = $2))
-             RETURNING epoch",
-            &[
-                &options.node,
-                &options.advertise,
-                &options.fingerprint,
-                &options.lease.as_secs_f64(),
-            ],
+    key: &PairKey,
+) -> Result<Result<(i64, String), (Node, Option<Untrusted>)>, StoreError> {
+    let tx = client.transaction().await?;
+    let row = tx
+        .query_one(
+            "SELECT epoch, (expires_at < now() OR node = '' OR (node = $1 AND url = $2))
+             FROM agentbay_leader WHERE id = 1 FOR UPDATE",
+            &[&options.node, &options.advertise],
         )
         .await?;
-    if let Some(row) = taken {
-        return Ok(Ok(row.get(0)));
+    let (epoch, free): (i64, bool) = (row.get(0), row.get(1));
+    if !free {
+        tx.rollback().await?;
+        let (active, signature) = leader(client).await?;
+        let untrusted = key.check_leader(&active, &signature).err();
+        return Ok(Err((active, untrusted)));
     }
-    Ok(Err(leader(client).await?))
+    let mine = Node {
+        node: options.node.clone(),
+        url: options.advertise.clone(),
+        fingerprint: options.fingerprint.clone(),
+        epoch: epoch + 1,
+    };
+    let signature = key.sign_leader(&mine);
+    tx.execute(
+        "UPDATE agentbay_leader
+         SET node = $1, url = $2, fingerprint = $3, epoch = $4, signature = $5,
+             expires_at = now() + make_interval(secs => $6)
+         WHERE id = 1",
+        &[
+            &mine.node,
+            &mine.url,
+            &mine.fingerprint,
+            &mine.epoch,
+            &signature,
+            &options.lease.as_secs_f64(),
+        ],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Ok((mine.epoch, signature)))
 }
 
-/// The appliance the leader row names.
-async fn leader(client: &Client) -> Result<Node, StoreError> {
+/// The appliance the leader row names, and the row's signature.
+async fn leader(client: &Client) -> Result<(Node, String), StoreError> {
     let row = client
         .query_one(
-            "SELECT node, url, fingerprint, epoch FROM agentbay_leader WHERE id = 1",
+            "SELECT node, url, fingerprint, epoch, signature FROM agentbay_leader WHERE id = 1",
             &[],
         )
         .await?;
-    Ok(Node {
-        node: row.get(0),
-        url: row.get(1),
-        fingerprint: row.get(2),
-        epoch: row.get(3),
-    })
+    Ok((
+        Node {
+            node: row.get(0),
+            url: row.get(1),
+            fingerprint: row.get(2),
+            epoch: row.get(3),
+        },
+        row.get(4),
+    ))
 }
 
 impl PgEngine {

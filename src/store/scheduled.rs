@@ -128,7 +128,7 @@ impl Backups {
             .find(|(_, f)| !f.exists())
             .expect("a free name");
         let partial = self.dir.join(format!("{name}.partial"));
-        let files = crate::tls::backup_files(&self.data_dir.join("tls"));
+        let files = super::datadir::backup_files(&self.data_dir);
         let summary = self.store.backup_file(&partial, files).await?;
         let (p, f) = (partial.clone(), file.clone());
         tokio::task::spawn_blocking(move || -> Result<(), StoreError> {

@@ -160,6 +160,7 @@ impl Place {
                     advertise: "https://test.invalid:8443".into(),
                     fingerprint: String::new(),
                     lease: std::time::Duration::from_secs(10),
+                    pair: Some(crate::domain::cluster::PairKey::from_bytes(&[1; 32])),
                 }),
                 ..StoreOptions::default()
             },
@@ -196,6 +197,50 @@ impl Place {
 }
 
 #[tokio::test]
+async fn on_postgres_a_layout_1_store_gains_the_signed_leader_row_and_an_unsigned_one_is_not_believed()
+ {
+    let place = Place::postgres();
+    // As an agentbay before signed rows left it, held by an appliance
+    // whose lease runs.
+    pg::PgCluster::shared().psql_in(
+        place.pg_url(),
+        "CREATE TABLE agentbay_layout (id int PRIMARY KEY CHECK (id = 1), version int NOT NULL);
+         INSERT INTO agentbay_layout VALUES (1, 1);
+         CREATE TABLE agentbay_leader (id int PRIMARY KEY, node text NOT NULL, url text NOT NULL,
+             fingerprint text NOT NULL, epoch bigint NOT NULL, expires_at timestamptz NOT NULL);
+         INSERT INTO agentbay_leader VALUES (1, 'old', 'https://old.invalid:8443', '', 4,
+             now() + interval '1 hour');",
+    );
+    let err = Store::open(&place.path().join("store"), &place.options).unwrap_err();
+    let StoreError::Standby { active, untrusted } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!((active.node.as_str(), active.epoch), ("old", 4));
+    assert_eq!(
+        untrusted,
+        &Some(crate::domain::cluster::Untrusted::Unsigned)
+    );
+    assert!(err.to_string().contains("it is not signed"), "{err}");
+    let layout =
+        pg::PgCluster::shared().psql_in(place.pg_url(), "SELECT version FROM agentbay_layout");
+    assert!(layout.contains('2'), "{layout}");
+
+    // Once its lease ended, the row is taken and signed.
+    pg::PgCluster::shared().psql_in(
+        place.pg_url(),
+        "UPDATE agentbay_leader SET expires_at = '-infinity'",
+    );
+    let store = place.open();
+    let epoch = store.leadership().unwrap().epoch;
+    assert_eq!(epoch, 5);
+    let err = Store::open(&place.path().join("other"), &place.as_node("other")).unwrap_err();
+    let StoreError::Standby { untrusted, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(untrusted, &None, "{err}");
+}
+
+#[tokio::test]
 async fn on_postgres_one_appliance_holds_the_store_and_a_deposed_one_cannot_commit() {
     let place = Place::postgres();
     let store = place.open();
@@ -225,10 +270,11 @@ async fn on_postgres_one_appliance_holds_the_store_and_a_deposed_one_cannot_comm
 
     // Another appliance stands by while the lease runs.
     let err = Store::open(&place.path().join("other"), &place.as_node("other")).unwrap_err();
-    let StoreError::Standby { active } = &err else {
+    let StoreError::Standby { active, untrusted } = &err else {
         panic!("{err}")
     };
     assert_eq!((active.node.as_str(), active.epoch), ("test", epoch));
+    assert_eq!(untrusted, &None, "the row is signed with the pair's key");
 
     // It takes the row over (as it would once the lease ran out): the
     // first appliance's next write is refused by the database, and

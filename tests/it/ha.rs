@@ -38,12 +38,39 @@ fn free_port() -> u16 {
 }
 
 impl Node {
+    /// A node of the pair whose nodes live under `root`: the first one
+    /// made runs `agentbay cluster init`, the others get a copy of its
+    /// pair key, as an operator copies it.
     pub fn new(name: &'static str, root: &Path, db_url: &str) -> Node {
+        let shared_key = root.join("pair.key");
         let root = root.join(name);
         std::fs::create_dir_all(&root).unwrap();
+        let data_dir = root.join("data");
+        let key = data_dir.join(agentbay::store::datadir::PAIR_KEY_FILE);
+        if shared_key.exists() {
+            std::fs::create_dir_all(&data_dir).unwrap();
+            std::fs::copy(&shared_key, &key).unwrap();
+        } else {
+            let out = common::run(
+                common::agentbay()
+                    .args(["cluster", "init", "--data-dir"])
+                    .arg(&data_dir),
+            );
+            assert!(
+                out.status.success(),
+                "cluster init: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                String::from_utf8_lossy(&out.stdout).contains("made the pair key"),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            std::fs::copy(&key, &shared_key).unwrap();
+        }
         Node {
             name,
-            data_dir: root.join("data"),
+            data_dir,
             root,
             port: free_port(),
             db_url: db_url.to_string(),
@@ -200,6 +227,18 @@ impl Node {
         }
     }
 
+    /// The id of the pair key in its data directory, as `/readyz` shows it.
+    pub fn readyz_of_key(&self) -> Value {
+        let text =
+            std::fs::read_to_string(self.data_dir.join(agentbay::store::datadir::PAIR_KEY_FILE))
+                .unwrap();
+        Value::from(
+            agentbay::domain::cluster::PairKey::parse(&text)
+                .unwrap()
+                .id(),
+        )
+    }
+
     /// The node as the shared test helpers see an appliance.
     pub fn appliance(&self, admin: &Credential) -> Appliance {
         Appliance::remote(&self.url(), &self.fingerprint, admin.clone())
@@ -210,6 +249,101 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// A client credential's token request from `source` through `node`.
+async fn token_from(node: &Node, source: &str, id: &str, secret: &str) -> reqwest::Response {
+    common::https_client_at(&node.fingerprint, Some(source))
+        .post(format!("{}/oauth/token", node.url()))
+        .basic_auth(id, Some(secret))
+        .form(&[("grant_type", "client_credentials")])
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Registers `tenant` from `source` through `node`, with extra headers.
+async fn put_tenant_from(
+    node: &Node,
+    source: &str,
+    token: &str,
+    tenant: &str,
+    headers: &[(&str, &str)],
+) {
+    let mut request = common::https_client_at(&node.fingerprint, Some(source))
+        .post(format!("{}/agentbay.admin.v1.Admin/PutTenant", node.url()))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"tenantId": tenant, "edition": "team"}));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let r = request.send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+}
+
+/// The address the audit trail recorded for the action on `target`.
+async fn audited_address(a: &Appliance, target: &str) -> String {
+    let token = a.admin_token().await;
+    let trail = a.get(&token, "/factory/audit?limit=200").await;
+    let record = trail["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["target"].as_str().is_some_and(|t| t.contains(target)))
+        .unwrap_or_else(|| panic!("no record for {target}: {trail}"))
+        .clone();
+    record["address"].as_str().unwrap().to_string()
+}
+
+async fn client_addresses_are_the_clients_own_through_the_standby(
+    a: &Node,
+    b: &Node,
+    admin: &Credential,
+) {
+    // `auth.failures_per_name_and_source` is 5.
+    for _ in 0..5 {
+        let r = token_from(b, "127.0.0.2", &admin.id, "abs_wrong").await;
+        assert_eq!(r.status(), 401);
+    }
+    let locked = token_from(b, "127.0.0.2", &admin.id, &admin.secret).await;
+    assert_eq!(
+        locked.status(),
+        429,
+        "the address that failed is locked out"
+    );
+    let elsewhere = token_from(b, "127.0.0.9", &admin.id, &admin.secret).await;
+    assert_eq!(
+        elsewhere.status(),
+        200,
+        "another client through the same standby is not locked out"
+    );
+    let token = elsewhere.json::<Value>().await.unwrap()["access_token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    put_tenant_from(b, "127.0.0.9", &token, "seen-via-standby", &[]).await;
+    // A client that sends the forwarding headers itself is not believed.
+    put_tenant_from(
+        a,
+        "127.0.0.3",
+        &token,
+        "claims-to-be-forwarded",
+        &[
+            ("x-agentbay-forwarded-for", "192.0.2.66"),
+            ("x-agentbay-forwarded-by", "b"),
+            ("x-agentbay-pair-proof", "1.00"),
+        ],
+    )
+    .await;
+    let via_a = a.appliance(admin);
+    assert_eq!(
+        audited_address(&via_a, "seen-via-standby").await,
+        "127.0.0.9"
+    );
+    assert_eq!(
+        audited_address(&via_a, "claims-to-be-forwarded").await,
+        "127.0.0.3"
+    );
 }
 
 async fn tenants(a: &Appliance) -> Vec<String> {
@@ -255,6 +389,15 @@ async fn a_standby_forwards_and_takes_over_when_the_active_appliance_is_killed()
     let token = via_b.admin_token().await;
     let trail = via_b.get(&token, "/factory/audit?limit=50").await;
     assert!(trail.to_string().contains("t5"), "{trail}");
+    assert_eq!(
+        standby["pairKey"],
+        a.readyz_of_key(),
+        "both hold the key cluster init made: {standby}"
+    );
+
+    // Through the standby, the active appliance sees each client's own
+    // address: failures from one address lock that address out, no other.
+    client_addresses_are_the_clients_own_through_the_standby(&a, &b, &admin).await;
 
     // Half-sent requests flood the standby (137 connections that send
     // three bytes of a TLS record and wait): its connection layer drops
@@ -305,6 +448,103 @@ async fn a_standby_forwards_and_takes_over_when_the_active_appliance_is_killed()
     let via_a = a.appliance(&admin);
     via_a.ensure_tenant("after").await;
     assert!(tenants(&via_b).await.contains(&"after".to_string()));
+}
+
+#[tokio::test]
+async fn a_leader_row_rewritten_outside_the_pair_is_refused_by_the_standby_and_stands_the_active_down()
+ {
+    let cluster = PgCluster::shared();
+    let db = cluster.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut a = Node::new("a", tmp.path(), &db);
+    let mut b = Node::new("b", tmp.path(), &db);
+    let admin = a.init();
+    a.start();
+    a.wait_for_role("active", Duration::from_secs(30)).await;
+    b.start();
+    b.wait_for_role("standby", Duration::from_secs(30)).await;
+    a.appliance(&admin).ensure_tenant("before").await;
+
+    // Someone with the database's password points the row at a server of
+    // theirs, without the pair key: the signature no longer matches.
+    let impostor = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    impostor.set_nonblocking(true).unwrap();
+    let impostor_url = format!("https://{}", impostor.local_addr().unwrap());
+    cluster.psql_in(
+        &db,
+        &format!(
+            "UPDATE agentbay_leader SET url = '{impostor_url}', fingerprint = 'sha256:{}',
+             expires_at = now() + interval '1 hour'",
+            "0".repeat(64)
+        ),
+    );
+
+    // The standby does not believe it, says so, and forwards nothing.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let (status, body) = b.readyz().await;
+        if body["store"]
+            .as_str()
+            .is_some_and(|s| s.contains("does not believe"))
+        {
+            assert_eq!(status, 503);
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby believed the row: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(refused["active"].is_null(), "{refused}");
+    assert!(
+        refused["store"].as_str().unwrap().contains("signature"),
+        "{refused}"
+    );
+    let forwarded = common::https_client(&b.fingerprint)
+        .get(format!("{}/factory/tenants", b.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forwarded.status(), 503);
+
+    // The active appliance finds its row changed at its next renewal and
+    // stands down, loudly; it does not believe the row either.
+    let down = a
+        .wait_for_role("standby", Duration::from_secs(LEASE_SECONDS + 5))
+        .await;
+    assert!(down["active"].is_null(), "{down}");
+    assert!(
+        a.log()
+            .contains("the leader row was rewritten by someone other than this appliance"),
+        "{}",
+        a.log()
+    );
+    assert!(
+        impostor.accept().is_err(),
+        "no appliance of the pair connected to the address the rewritten row named"
+    );
+
+    // Once that row's lease ends, one of the pair takes the store with a
+    // row it signs, and everything acknowledged is there.
+    cluster.psql_in(&db, "UPDATE agentbay_leader SET expires_at = '-infinity'");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (active, standby) = loop {
+        let ((sa, _), (sb, _)) = (a.readyz().await, b.readyz().await);
+        match (sa, sb) {
+            (200, _) => break (&a, &b),
+            (_, 200) => break (&b, &a),
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "nobody took the store over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let body = standby
+        .wait_for_role("standby", Duration::from_secs(10))
+        .await;
+    assert_eq!(body["active"]["node"], active.name, "{body}");
+    let via_standby = standby.appliance(&admin);
+    assert!(tenants(&via_standby).await.contains(&"before".to_string()));
 }
 
 /// A TCP relay to PostgreSQL that a test can cut: once cut it forwards
@@ -573,7 +813,18 @@ async fn a_store_moves_between_sled_and_postgres_verified_and_backups_restore_ac
         ]
     };
 
-    // sled -> PostgreSQL, verified table by table.
+    // sled -> PostgreSQL, verified table by table: the PostgreSQL store
+    // needs a pair key, which `cluster init` makes.
+    let out = common::run(
+        common::agentbay()
+            .args(["cluster", "init", "--data-dir"])
+            .arg(&first.data_dir),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = common::run(
         common::agentbay()
             .args([
@@ -662,6 +913,13 @@ async fn a_store_moves_between_sled_and_postgres_verified_and_backups_restore_ac
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+
+    assert!(
+        restored
+            .join(agentbay::store::datadir::PAIR_KEY_FILE)
+            .exists(),
+        "the backup carries the pair key"
     );
 
     // PostgreSQL -> sled, into the restored data directory, which holds

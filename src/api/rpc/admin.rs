@@ -398,7 +398,7 @@ impl pb::Admin for AdminService {
             crate::domain::ids::new_id().simple()
         ));
         let guard = TempFile(path.clone());
-        let files = crate::tls::backup_files(&self.state.config.data_dir.join("tls"));
+        let files = crate::store::datadir::backup_files(&self.state.config.data_dir);
         let summary = self
             .state
             .store
