@@ -47,7 +47,7 @@ impl EndpointBody {
         EndpointBody {
             endpoint_id: e.endpoint_id,
             tenant_id: e.tenant_id,
-            spec: e.spec,
+            spec: e.spec.shown(),
             secret: with_secret.then_some(e.secret),
             created_by: e.created_by,
             created_at: e.created_at,

@@ -131,6 +131,9 @@ struct Pair {
     active: Option<Node>,
     /// Why this one is not active (the last attempt's words).
     reason: String,
+    /// The pair key, read again at every attempt (it may be copied in
+    /// while this one stands by); it proves for whom this one forwards.
+    key: Option<Arc<crate::domain::cluster::PairKey>>,
 }
 
 /// Serves as a standby until the store can be taken (`Some`) or the
@@ -147,6 +150,10 @@ async fn stand_by(
     tokio::pin!(shutdown);
     let mut announced = false;
     loop {
+        pair.lock().key = crate::store::datadir::read_pair_key(&config.data_dir)
+            .ok()
+            .flatten()
+            .map(Arc::new);
         let attempt = {
             let (config, path, fingerprint) = (
                 config.clone(),
@@ -252,17 +259,9 @@ fn serve_standby(
     axum_server::Handle<SocketAddr>,
     tokio::task::JoinHandle<std::io::Result<()>>,
 )> {
-    // Without a key (the store then says why it cannot be opened) requests
-    // are still forwarded, with no proof: the active one sees this
-    // standby's address.
-    let key = crate::store::datadir::read_pair_key(&config.data_dir)
-        .ok()
-        .flatten();
     let forward = Forward {
         pair,
         node: config.store.postgres.node_name(),
-        pair_key: key.as_ref().map(|k| k.id().to_string()),
-        key: key.map(Arc::new),
         started: Instant::now(),
         clients: Arc::new(Mutex::new(None)),
     };
@@ -290,10 +289,6 @@ type Upstream = Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>;
 struct Forward {
     pair: Arc<Mutex<Pair>>,
     node: String,
-    /// The pair key, which proves for whom this standby forwards.
-    key: Option<Arc<crate::domain::cluster::PairKey>>,
-    /// Its id, for the readiness answer.
-    pair_key: Option<String>,
     started: Instant,
     /// The client pinned to the active appliance's fingerprint.
     clients: Arc<Mutex<Option<(String, Upstream)>>>,
@@ -348,7 +343,7 @@ async fn readyz(State(f): State<Forward>) -> Response {
         node: f.node.clone(),
         active: p.active.clone(),
         store: p.reason.clone(),
-        pair_key: f.pair_key.clone(),
+        pair_key: p.key.as_ref().map(|k| k.id().to_string()),
         standing_by_seconds: f.started.elapsed().as_secs(),
     };
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
@@ -370,11 +365,16 @@ async fn forward_request(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    let active = f.pair.lock().active.clone();
-    let Some(active) = active.filter(|a| !a.url.is_empty()) else {
-        return unavailable(
-            "no appliance is active yet; this one stands by and takes over when it can",
-        );
+    let (active, key, why) = {
+        let p = f.pair.lock();
+        (p.active.clone(), p.key.clone(), p.reason.clone())
+    };
+    // Without a key the store is not opened (and says why), no leader row
+    // is read, and nothing is forwarded.
+    let (Some(active), Some(key)) = (active.filter(|a| !a.url.is_empty()), key) else {
+        return unavailable(&format!(
+            "no appliance this one believes is active ({why}); it stands by and takes over when it can"
+        ));
     };
     let path = request
         .uri()
@@ -389,17 +389,15 @@ async fn forward_request(
     for name in HOP_BY_HOP.iter().chain(&conn::FORWARDING_HEADERS) {
         parts.headers.remove(*name);
     }
-    if let Some(key) = &f.key {
-        let client = peer.ip().to_canonical();
-        let proof = key.forward_proof(chrono::Utc::now().timestamp(), client, &f.node);
-        for (name, value) in [
-            (conn::FORWARDED_FOR, client.to_string()),
-            (conn::FORWARDED_BY, f.node.clone()),
-            (conn::PAIR_PROOF, proof),
-        ] {
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                parts.headers.insert(HeaderName::from_static(name), v);
-            }
+    let client = peer.ip().to_canonical();
+    let proof = key.forward_proof(chrono::Utc::now().timestamp(), client, &f.node);
+    for (name, value) in [
+        (conn::FORWARDED_FOR, client.to_string()),
+        (conn::FORWARDED_BY, f.node.clone()),
+        (conn::PAIR_PROOF, proof),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            parts.headers.insert(HeaderName::from_static(name), v);
         }
     }
     let client = f.client(&active.fingerprint);

@@ -1419,13 +1419,18 @@ impl Capacity {
 
     async fn each_grain<T>(&self, msg: impl Fn(oneshot::Sender<T>) -> Msg) -> Vec<(String, T)> {
         let ids: Vec<String> = self.shared.grains.read().keys().cloned().collect();
-        let mut out = Vec::new();
-        for id in ids {
-            if let Ok(v) = self.ask(&id, &msg).await {
-                out.push((id, v));
-            }
-        }
-        out
+        // Every pool is asked at once and answers in its own time: a pool
+        // whose mailbox is long (one tenant's traffic) delays no other
+        // pool's pass, only the pass's end.
+        let msg = &msg;
+        futures::future::join_all(
+            ids.into_iter()
+                .map(|id| async move { self.ask(&id, msg).await.ok().map(|v| (id, v)) }),
+        )
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
     }
 
     /// LeaseExpirer pass: expires leases whose heartbeat stopped, gives up

@@ -1377,7 +1377,7 @@ pub async fn webhooks(console: Console, raw: RawQuery) -> Result<Response, PageE
         .map(|e| {
             vec![
                 Cell::id(e.endpoint_id, format!("/webhooks/{}", e.endpoint_id)),
-                Cell::code(e.spec.url.clone()),
+                Cell::code(crate::domain::reach::redacted(&e.spec.url)),
                 Cell::text(
                     e.spec
                         .events
@@ -1489,7 +1489,7 @@ pub async fn webhook(
         l: console.layout("Webhook deliveries", "/webhooks"),
         intro: format!(
             "Deliveries to {} ({}), newest first. A failed try is retried with exponential backoff; a receiver de-duplicates by webhook-id.",
-            endpoint.spec.url,
+            crate::domain::reach::redacted(&endpoint.spec.url),
             endpoint
                 .spec
                 .events

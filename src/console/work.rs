@@ -1345,7 +1345,14 @@ struct DecisionsPage {
     can_decide: bool,
     /// Whether more than one approval waits: they can be decided at once.
     bulk: bool,
+    /// How many wait beyond those shown ([`INBOX`]).
+    more_pending: String,
 }
+
+/// Waiting decisions the inbox shows at most, those of the oldest
+/// attempts: each is a form with its question, so the page stays within
+/// its budget however many wait.
+const INBOX: usize = 100;
 
 /// `GET /decisions`: the inbox of pending decisions, then the decided ones.
 pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, PageError> {
@@ -1355,10 +1362,22 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
     let pending: Vec<DecisionView> = console
         .state
         .runtime
-        .pending_decisions(&scope, usize::MAX)?
+        .pending_decisions(&scope, INBOX)?
         .into_iter()
         .map(|d| DecisionView::read(&console.state.runtime, &scope, d))
         .collect();
+    let waiting = if pending.len() < INBOX {
+        pending.len()
+    } else {
+        console.state.runtime.pending_decision_count(&scope)?
+    };
+    let more_pending = match waiting - pending.len() {
+        0 => String::new(),
+        n => format!(
+            "… and {} more waiting, of later attempts: they show here as these are decided.",
+            crate::console::thousands(n as u64)
+        ),
+    };
     let before = q.get("before");
     let mut decided = console
         .state
@@ -1417,6 +1436,7 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
         t,
         can_decide: console.can(Scope::RunsDecide),
         bulk,
+        more_pending,
     })
 }
 

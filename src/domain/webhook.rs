@@ -180,6 +180,13 @@ fn default_queued_seconds() -> u32 {
 }
 
 impl EndpointSpec {
+    /// The spec as it is shown (the API, the console): its URL without
+    /// credentials, should one stored before they were refused carry any.
+    pub fn shown(mut self) -> EndpointSpec {
+        self.url = super::reach::redacted(&self.url);
+        self
+    }
+
     /// Checks the spec; the error names the field and the reason. Whether
     /// the site allows the URL is the site's rule, checked by the caller.
     pub fn check(&self) -> Result<(), FieldError> {
@@ -465,6 +472,19 @@ impl Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_stored_with_credentials_before_they_were_refused_is_shown_without_them() {
+        let mut e = endpoint();
+        e.spec.url = "https://hook:s3cret@hooks.example/agentbay".into();
+        assert!(e.spec.check().is_err(), "refused when set");
+        let shown = e.spec.clone().shown();
+        assert_eq!(shown.url, "https://***@hooks.example/agentbay");
+        assert_eq!(
+            endpoint().spec.shown().url,
+            "https://hooks.example/agentbay"
+        );
+    }
 
     fn endpoint() -> WebhookEndpoint {
         WebhookEndpoint {

@@ -996,8 +996,10 @@ impl Runtime {
         limit: usize,
     ) -> Result<Vec<DecisionRequest>, RuntimeError> {
         let store = &self.shared.store;
+        // At most `limit` read: the index runs in attempt order, so these
+        // are the oldest attempts' decisions.
         let ids: Vec<String> = store
-            .index_range(scope, index::DECISION_PENDING, None, None, usize::MAX)?
+            .index_range(scope, index::DECISION_PENDING, None, None, limit)?
             .into_iter()
             .map(|(_, id)| id)
             .collect();
@@ -1005,6 +1007,15 @@ impl Runtime {
         d.sort_by_key(|d| d.requested_at);
         d.truncate(limit);
         Ok(d)
+    }
+
+    /// How many decisions of the tenant wait (index entries only).
+    pub fn pending_decision_count(&self, scope: &TenantScope) -> Result<usize, RuntimeError> {
+        Ok(self
+            .shared
+            .store
+            .index_range(scope, index::DECISION_PENDING, None, None, usize::MAX)?
+            .len())
     }
 
     /// Decided decisions of a tenant, a page of `limit` in key order after
@@ -1183,7 +1194,6 @@ impl Runtime {
     /// settled (Uncertain with an unconfirmed call in flight, else
     /// Cancelled); returns what it settled.
     pub async fn reconcile(&self) -> Result<Vec<(Uuid, AttemptState)>, RuntimeError> {
-        let mut settled = Vec::new();
         let grains: Vec<(Uuid, GrainHandle)> = self
             .shared
             .grains
@@ -1191,14 +1201,29 @@ impl Runtime {
             .iter()
             .map(|(k, v)| (*k, v.clone()))
             .collect();
-        for (id, g) in grains {
-            let (reply, rx) = oneshot::channel();
-            if g.tx.send((Msg::Reconcile { reply }, None)).is_ok()
-                && let Ok(Ok(Some(state))) = rx.await
-            {
-                settled.push((id, state));
-            }
-        }
+        // Every grain is asked first, then the answers are awaited: each
+        // reconciles in its own time, and one tenant's busy grains delay
+        // no other grain, only the end of the pass.
+        let asked: Vec<_> = grains
+            .into_iter()
+            .filter_map(|(id, g)| {
+                let (reply, rx) = oneshot::channel();
+                g.tx.send((Msg::Reconcile { reply }, None))
+                    .is_ok()
+                    .then_some((id, rx))
+            })
+            .collect();
+        let settled: Vec<(Uuid, AttemptState)> =
+            futures::future::join_all(asked.into_iter().map(|(id, rx)| async move {
+                match rx.await {
+                    Ok(Ok(Some(state))) => Some((id, state)),
+                    _ => None,
+                }
+            }))
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
         // An attempt the store says is live but that has no grain (its
         // grain stopped on an error): start one, which resumes or settles it.
         let live = self.shared.store.global_ids(
