@@ -39,6 +39,17 @@ fn binary() -> String {
     })
 }
 
+/// The binary, with none of the bench's own `AGENTBAY_` settings.
+fn agentbay_command() -> Command {
+    let mut cmd = Command::new(binary());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("AGENTBAY_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
 impl Node {
     fn new(name: &'static str, root: &Path) -> Node {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -62,13 +73,7 @@ impl Node {
             .append(true)
             .open(self.dir.join("serve.err"))
             .unwrap();
-        let mut cmd = Command::new(binary());
-        for (key, _) in std::env::vars() {
-            if key.starts_with("AGENTBAY_") {
-                cmd.env_remove(key);
-            }
-        }
-        let child = cmd
+        let child = agentbay_command()
             .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
             .arg("--data-dir")
             .arg(self.dir.join("data"))
@@ -169,6 +174,24 @@ fn main() {
         .build()
         .unwrap();
     let mut nodes = [Node::new("a", root.path()), Node::new("b", root.path())];
+    // The pair's key, made on one and copied to the other.
+    let made = agentbay_command()
+        .args(["cluster", "init", "--data-dir"])
+        .arg(nodes[0].dir.join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "cluster init: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let key = agentbay::store::datadir::PAIR_KEY_FILE;
+    std::fs::create_dir_all(nodes[1].dir.join("data")).unwrap();
+    std::fs::copy(
+        nodes[0].dir.join("data").join(key),
+        nodes[1].dir.join("data").join(key),
+    )
+    .unwrap();
     nodes[0].start(&db, lease);
     runtime.block_on(nodes[0].wait_for("active"));
     nodes[1].start(&db, lease);

@@ -325,6 +325,8 @@ fn main() {
             };
             store.postgres.url = serde_json::from_value(serde_json::json!(cluster.database()))
                 .expect("a URL is a string");
+            agentbay::store::datadir::create_pair_key(&dir.path().join("data"))
+                .expect("a pair key for the PostgreSQL store");
             let (running, tickets) = site(dir.path(), store).await;
             let state = running.state.clone();
             checkpoints_in_process(state.clone(), &tickets, "PostgreSQL store, ")

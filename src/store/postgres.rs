@@ -542,21 +542,30 @@ impl PgEngine {
                 };
                 // A renewal that hangs is a renewal that failed.
                 match tokio::time::timeout(every, attempt).await {
-                    Ok(Ok(Some((found, _)))) if found.node == options.node && found.epoch == epoch => {
-                        tracing::error!(
-                            epoch,
-                            url = %found.url,
-                            fingerprint = %found.fingerprint,
-                            "store: the leader row was rewritten by someone other than this appliance (its address, certificate or signature changed): this appliance stands down and no longer commits; the pair key and the database's credentials may be exposed"
-                        );
-                        leading.store(false, Ordering::Release);
-                    }
-                    Ok(Ok(Some((found, _)))) => {
-                        tracing::error!(
-                            epoch,
-                            by = %found.node,
-                            "store: another appliance took over the PostgreSQL store; this one no longer commits"
-                        );
+                    Ok(Ok(Some((found, signature)))) => {
+                        // A later epoch its pair signed is a takeover;
+                        // anything else was written by someone else.
+                        let taken = found.epoch > epoch
+                            && options
+                                .pair
+                                .as_ref()
+                                .is_some_and(|k| k.check_leader(&found, &signature).is_ok());
+                        if taken {
+                            tracing::error!(
+                                epoch,
+                                by = %found.node,
+                                "store: another appliance of the pair took over the PostgreSQL store; this one no longer commits"
+                            );
+                        } else {
+                            tracing::error!(
+                                epoch,
+                                node = %found.node,
+                                found_epoch = found.epoch,
+                                url = %found.url,
+                                fingerprint = %found.fingerprint,
+                                "store: the leader row was rewritten by someone other than this appliance (not a takeover its pair signed): this appliance stands down and no longer commits; check who holds the database's credentials"
+                            );
+                        }
                         leading.store(false, Ordering::Release);
                     }
                     Ok(Ok(None)) => *renewed.lock() = sent,
