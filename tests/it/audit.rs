@@ -316,6 +316,34 @@ async fn refused_sign_ins_with_huge_names_are_bounded_and_counted_per_minute() {
         "{detail}"
     );
     assert!(counted[0]["target"].as_str().unwrap().len() < 8 * 66 + 20);
+    // A name a spreadsheet would take as a formula is exported as text.
+    let r = browser
+        .post(format!("{}/signin", a.url))
+        .form(&[
+            ("username", "=HYPERLINK(\"https://x.invalid\")"),
+            ("password", "wrong-password"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let csv = browser
+        .get(format!(
+            "{}/factory/audit?format=csv&action=session.sign-in-refused",
+            a.url
+        ))
+        .bearer_auth(&platform)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        csv.contains("\"'=hyperlink(\"\"https://x.invalid\"\")\""),
+        "{csv}"
+    );
+    assert!(!csv.contains(",=hyperlink"), "{csv}");
     let grown = size(&a.data_dir).saturating_sub(before);
     eprintln!("15 sign-ins refused with 1 MB names: the data directory grew by {grown} bytes");
     assert!(grown < 8 << 20, "the store grew by {grown} bytes");

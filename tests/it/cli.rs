@@ -330,6 +330,11 @@ async fn the_log_goes_to_a_file_a_day_in_log_dir() {
         // Creation times in order of the names.
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // A directory the site made keeps the mode it gave it.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     crate::common::hand_to_appliance(logs.path());
     let dir_text = dir.to_str().unwrap();
     let mut appliance = Appliance::start_with(
@@ -342,6 +347,14 @@ async fn the_log_goes_to_a_file_a_day_in_log_dir() {
     let token = appliance.admin_token().await;
     assert!(!token.is_empty());
     assert!(appliance.terminate().await.success());
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            mode, 0o755,
+            "the mode of a log.dir the appliance did not make: {mode:o}"
+        );
+    }
 
     let mut files: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
