@@ -195,8 +195,8 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// Appliances sharing one PostgreSQL store (README, "Two appliances
-    /// on one PostgreSQL store").
+    /// Appliances sharing one PostgreSQL store (README, "Beyond one
+    /// machine: an active/standby pair on PostgreSQL").
     Cluster {
         #[command(subcommand)]
         command: ClusterCommand,

@@ -243,11 +243,11 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
     )
 }
 
-/// Counts and times every request by route, and logs failures.
 /// Where a request comes from, for the audit trail: the client's address
 /// ([`conn::Peer`]'s rule: the TCP peer, or the client a standby of the
-/// pair proved it forwarded for) and the door (RPC by its path, the API by its bearer token, else the console).
-/// Authentication names the actor later.
+/// pair proved it forwarded for) and the door (RPC by its path, the API
+/// by its bearer token, else the console). Authentication names the actor
+/// later.
 fn request_origin(request: &Request) -> crate::domain::audit::Origin {
     use crate::domain::audit::Via;
     let address = request
@@ -269,6 +269,7 @@ fn request_origin(request: &Request) -> crate::domain::audit::Origin {
     }
 }
 
+/// Counts and times every request by route, and logs failures.
 async fn observe(State(_state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     // Label values come from fixed sets only, whatever the request: the

@@ -151,6 +151,13 @@ impl PairKey {
         }
     }
 
+    /// Whether a leader row found in place of the one an appliance holds
+    /// with `epoch` is a takeover by its pair (a later epoch, signed with
+    /// this key); anything else was written by someone else.
+    pub fn is_takeover(&self, epoch: i64, found: &Node, signature: &str) -> bool {
+        found.epoch > epoch && self.check_leader(found, signature).is_ok()
+    }
+
     /// The proof a standby sends with a request it forwards: that a node
     /// of the pair (`by`), at `at` (Unix seconds), saw the request come
     /// from `client`.
@@ -220,6 +227,19 @@ mod tests {
         assert_eq!(
             key.check_leader(&moved, &signature),
             Err(Untrusted::Mismatch)
+        );
+        let later = Node {
+            epoch: 8,
+            ..row.clone()
+        };
+        assert!(key.is_takeover(7, &later, &key.sign_leader(&later)));
+        assert!(
+            !key.is_takeover(7, &row, &signature),
+            "the same epoch, changed"
+        );
+        assert!(
+            !key.is_takeover(7, &later, &signature),
+            "a later epoch, not signed"
         );
         let other = PairKey::from_bytes(&[8; PAIR_KEY_BYTES]);
         assert_eq!(

@@ -543,13 +543,10 @@ impl PgEngine {
                 // A renewal that hangs is a renewal that failed.
                 match tokio::time::timeout(every, attempt).await {
                     Ok(Ok(Some((found, signature)))) => {
-                        // A later epoch its pair signed is a takeover;
-                        // anything else was written by someone else.
-                        let taken = found.epoch > epoch
-                            && options
-                                .pair
-                                .as_ref()
-                                .is_some_and(|k| k.check_leader(&found, &signature).is_ok());
+                        let taken = options
+                            .pair
+                            .as_ref()
+                            .is_some_and(|k| k.is_takeover(epoch, &found, &signature));
                         if taken {
                             tracing::error!(
                                 epoch,

@@ -1111,15 +1111,7 @@ async fn a_failover_on_postgres_in_the_middle_of_the_load_loses_or_replaces_noth
     let tmp = tempfile::tempdir().unwrap();
     let mut active = Node::new("a", tmp.path(), &db).with_env(ENV);
     let mut standby = Node::new("b", tmp.path(), &db).with_env(ENV);
-    let admin = active.init();
-    active.start();
-    active
-        .wait_for_role("active", Duration::from_secs(30))
-        .await;
-    standby.start();
-    standby
-        .wait_for_role("standby", Duration::from_secs(30))
-        .await;
+    let (admin, _) = crate::ha::start_pair(&mut active, &mut standby).await;
     let (_, cred) = site_on(active.appliance(&admin)).await;
     // Every client goes through the standby: forwarded until the active
     // appliance is killed, served by it once it took over.

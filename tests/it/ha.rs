@@ -251,6 +251,22 @@ impl Drop for Node {
     }
 }
 
+/// `agentbay init` on `active`, then `active` started and active, then
+/// `standby` started and standing by: the bootstrap credential and the
+/// active one's readiness.
+pub async fn start_pair(active: &mut Node, standby: &mut Node) -> (Credential, Value) {
+    let admin = active.init();
+    active.start();
+    let ready = active
+        .wait_for_role("active", Duration::from_secs(30))
+        .await;
+    standby.start();
+    standby
+        .wait_for_role("standby", Duration::from_secs(30))
+        .await;
+    (admin, ready)
+}
+
 /// A client credential's token request from `source` through `node`.
 async fn token_from(node: &Node, source: &str, id: &str, secret: &str) -> reqwest::Response {
     common::https_client_at(&node.fingerprint, Some(source))
@@ -458,11 +474,7 @@ async fn a_leader_row_rewritten_outside_the_pair_is_refused_by_the_standby_and_s
     let tmp = tempfile::tempdir().unwrap();
     let mut a = Node::new("a", tmp.path(), &db);
     let mut b = Node::new("b", tmp.path(), &db);
-    let admin = a.init();
-    a.start();
-    a.wait_for_role("active", Duration::from_secs(30)).await;
-    b.start();
-    b.wait_for_role("standby", Duration::from_secs(30)).await;
+    let (admin, _) = start_pair(&mut a, &mut b).await;
     a.appliance(&admin).ensure_tenant("before").await;
 
     // Someone with the database's password points the row at a server of
@@ -641,11 +653,7 @@ async fn an_appliance_cut_off_from_postgres_stops_acting_before_the_standby_take
     let tmp = tempfile::tempdir().unwrap();
     let mut a = Node::new("a", tmp.path(), &through_relay);
     let mut b = Node::new("b", tmp.path(), &db);
-    let admin = a.init();
-    a.start();
-    a.wait_for_role("active", Duration::from_secs(30)).await;
-    b.start();
-    b.wait_for_role("standby", Duration::from_secs(30)).await;
+    let (admin, _) = start_pair(&mut a, &mut b).await;
     let via_b = b.appliance(&admin);
     via_b.ensure_tenant("before-the-cut").await;
 
@@ -711,11 +719,7 @@ async fn a_postgres_restart_under_load_loses_no_acknowledged_write() {
     let tmp = tempfile::tempdir().unwrap();
     let mut a = Node::new("a", tmp.path(), &db);
     let mut b = Node::new("b", tmp.path(), &db);
-    let admin = a.init();
-    a.start();
-    a.wait_for_role("active", Duration::from_secs(30)).await;
-    b.start();
-    b.wait_for_role("standby", Duration::from_secs(30)).await;
+    let (admin, _) = start_pair(&mut a, &mut b).await;
     let nodes = [a.appliance(&admin), b.appliance(&admin)];
     let token = nodes[0].admin_token().await;
 
@@ -963,11 +967,7 @@ async fn a_hung_active_appliance_is_replaced_and_commits_nothing_when_it_wakes()
     let tmp = tempfile::tempdir().unwrap();
     let mut a = Node::new("a", tmp.path(), &db);
     let mut b = Node::new("b", tmp.path(), &db);
-    let admin = a.init();
-    a.start();
-    let first = a.wait_for_role("active", Duration::from_secs(30)).await;
-    b.start();
-    b.wait_for_role("standby", Duration::from_secs(30)).await;
+    let (admin, first) = start_pair(&mut a, &mut b).await;
     let via_b = b.appliance(&admin);
     via_b.ensure_tenant("before-the-hang").await;
 
