@@ -996,7 +996,7 @@ pub async fn model_profiles(config: &Config, action: ModelAction) -> anyhow::Res
     };
     let line = |p: &pb::ModelProfile| {
         format!(
-            "{:<24} {:<12} {} (model {}{}, timeout {} s)",
+            "{:<24} {:<12} {}{} (model {}{}, timeout {} s)",
             p.profile_id,
             if p.tenant_id.is_empty() {
                 "every tenant"
@@ -1004,6 +1004,10 @@ pub async fn model_profiles(config: &Config, action: ModelAction) -> anyhow::Res
                 p.tenant_id.as_str()
             },
             p.endpoint,
+            p.fallback_endpoints
+                .iter()
+                .map(|f| format!(", then {f}"))
+                .collect::<String>(),
             p.model,
             if p.api_key_ref.is_empty() {
                 String::new()

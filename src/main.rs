@@ -275,6 +275,11 @@ enum ModelCommand {
         /// Base URL of an OpenAI-compatible API, e.g. http://llm:8080/v1.
         #[arg(long)]
         endpoint: String,
+        /// A server a call moves to when the one before cannot serve now
+        /// (connection refused, no answer in time, 429, 502, 503, 504);
+        /// repeat it for more, in order (at most 4).
+        #[arg(long = "fallback", value_name = "URL")]
+        fallbacks: Vec<String>,
         /// The model name the server is asked for.
         #[arg(long)]
         model: String,
@@ -943,6 +948,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                     common,
                     profile,
                     endpoint,
+                    fallbacks,
                     model,
                     api_key_ref,
                     timeout_seconds,
@@ -954,6 +960,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                             profile_id: profile,
                             tenant_id: tenant.unwrap_or_default(),
                             endpoint,
+                            fallback_endpoints: fallbacks,
                             model,
                             api_key_ref: api_key_ref.unwrap_or_default(),
                             timeout_seconds: timeout_seconds.unwrap_or(0),

@@ -22,6 +22,11 @@ pub struct SiteModelProfile {
     pub profile_id: String,
     /// Base URL of an OpenAI-compatible chat-completions API on the site.
     pub endpoint: String,
+    /// Servers a call moves to, in order, when the one before cannot
+    /// serve now (refused the connection, timed out before answering,
+    /// 429, 502, 503, 504): never when it says the request is wrong.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_endpoints: Vec<String>,
     /// The model name the server is asked for.
     pub model: String,
     /// Name of an API key under `[runtime.model_api_keys]`, never the key.
@@ -45,6 +50,8 @@ pub struct ProfileSpec {
     pub profile_id: String,
     /// Endpoint.
     pub endpoint: String,
+    /// Fallback endpoints, in order.
+    pub fallback_endpoints: Vec<String>,
     /// Model name.
     pub model: String,
     /// API key name.
@@ -58,6 +65,7 @@ impl SiteModelProfile {
     pub fn settings(&self) -> serde_json::Value {
         serde_json::json!({
             "endpoint": self.endpoint,
+            "fallbackEndpoints": self.fallback_endpoints,
             "model": self.model,
             "apiKeyRef": self.api_key_ref,
             "timeoutSeconds": self.timeout_seconds,
@@ -85,19 +93,27 @@ impl SiteModelProfile {
                 "is required: 1 to 128 of a-z, A-Z, 0-9, '-', '_', '.' (the id releases name)",
             ));
         }
-        let endpoint = spec.endpoint.trim().trim_end_matches('/');
-        let url = url::Url::parse(endpoint).map_err(|e| {
-            FieldError::new(
-                "endpoint",
-                format!("{:?} is not a URL: {e}", super::reach::redacted(endpoint)),
-            )
-        })?;
-        super::reach::credential_free(&url).map_err(|why| FieldError::new("endpoint", why))?;
-        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        let endpoint = server_url("endpoint", &spec.endpoint)?;
+        if spec.fallback_endpoints.len() > MAX_FALLBACKS {
             return Err(FieldError::new(
-                "endpoint",
-                format!("{endpoint:?} must be an http:// or https:// URL with a host"),
+                "fallbackEndpoints",
+                format!(
+                    "has {} servers; at most {MAX_FALLBACKS}",
+                    spec.fallback_endpoints.len()
+                ),
             ));
+        }
+        let mut fallback_endpoints = Vec::with_capacity(spec.fallback_endpoints.len());
+        for (i, url) in spec.fallback_endpoints.iter().enumerate() {
+            let field = format!("fallbackEndpoints[{i}]");
+            let url = server_url(&field, url)?;
+            if url == endpoint || fallback_endpoints.contains(&url) {
+                return Err(FieldError::new(
+                    field,
+                    "names a server the profile already lists",
+                ));
+            }
+            fallback_endpoints.push(url);
         }
         FieldError::require(
             "model",
@@ -126,7 +142,8 @@ impl SiteModelProfile {
         Ok(SiteModelProfile {
             tenant_id: owner,
             profile_id: id.to_string(),
-            endpoint: endpoint.to_string(),
+            endpoint,
+            fallback_endpoints,
             model: spec.model.trim().to_string(),
             api_key_ref,
             timeout_seconds: timeout,
@@ -134,6 +151,14 @@ impl SiteModelProfile {
             updated_by: by.to_string(),
             version: 0,
         })
+    }
+
+    /// Its servers, in the order a call tries them.
+    pub fn servers(&self) -> Vec<String> {
+        std::iter::once(&self.endpoint)
+            .chain(&self.fallback_endpoints)
+            .cloned()
+            .collect()
     }
 
     /// Whom it applies to, in words.
@@ -146,6 +171,29 @@ impl SiteModelProfile {
     }
 }
 
+/// The most fallback servers one profile lists.
+pub const MAX_FALLBACKS: usize = 4;
+
+/// A model server's base URL, checked: an http(s) URL with a host and no
+/// credential, without a trailing slash.
+fn server_url(field: &str, url: &str) -> Result<String, FieldError> {
+    let endpoint = url.trim().trim_end_matches('/');
+    let parsed = url::Url::parse(endpoint).map_err(|e| {
+        FieldError::new(
+            field,
+            format!("{:?} is not a URL: {e}", super::reach::redacted(endpoint)),
+        )
+    })?;
+    super::reach::credential_free(&parsed).map_err(|why| FieldError::new(field, why))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(FieldError::new(
+            field,
+            format!("{endpoint:?} must be an http:// or https:// URL with a host"),
+        ));
+    }
+    Ok(endpoint.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +202,7 @@ mod tests {
         ProfileSpec {
             profile_id: "triage-llm".into(),
             endpoint: "http://llm.local:8080/v1/".into(),
+            fallback_endpoints: vec!["http://llm-b.local:8080/v1".into()],
             model: "qwen".into(),
             api_key_ref: Some("site".into()),
             timeout_seconds: None,
@@ -180,5 +229,24 @@ mod tests {
         bad(|s| s.model = " ".into(), "model");
         bad(|s| s.api_key_ref = Some("other".into()), "apiKeyRef");
         bad(|s| s.timeout_seconds = Some(4000), "timeoutSeconds");
+        bad(
+            |s| s.fallback_endpoints.push("gopher://x".into()),
+            "fallbackEndpoints[1]",
+        );
+        bad(
+            |s| {
+                s.fallback_endpoints
+                    .push("http://llm.local:8080/v1/".into())
+            },
+            "fallbackEndpoints[1]",
+        );
+        bad(
+            |s| s.fallback_endpoints = vec!["http://a".into(); 5],
+            "fallbackEndpoints",
+        );
+        assert_eq!(
+            ok.servers(),
+            ["http://llm.local:8080/v1", "http://llm-b.local:8080/v1"]
+        );
     }
 }

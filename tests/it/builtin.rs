@@ -1608,6 +1608,110 @@ async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
     );
 }
 
+/// A site profile lists servers in order: a call moves on only when a
+/// server says it cannot serve now (its port closed, 503), records each
+/// move in `servedBy` without an address, and never moves on a request
+/// the server calls wrong (400).
+#[tokio::test]
+async fn a_profile_falls_back_only_when_a_server_cannot_serve_now_and_says_so() {
+    let answer = Reply::Chat(completion(
+        Some(&json!({"severity": "low", "summary": "checked", "paged": false}).to_string()),
+        Value::Null,
+    ));
+    let release_default = model_server(vec![]).await;
+    let busy = model_server(vec![Reply::Status(503, "loading the model")]).await;
+    let good = model_server(vec![answer.clone()]).await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/v1", l.local_addr().unwrap())
+    };
+    let site = release_default.site().await;
+    site.import(
+        "triage-llm",
+        json!([]),
+        openai_profile(&release_default.url),
+    )
+    .await;
+    let served = |run: rn::Run| {
+        let site = &site;
+        async move {
+            let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
+            t["calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c["kind"] == "model")
+                .map(|c| c["servedBy"].as_str().unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    let out = run_cli(
+        &[
+            "model",
+            "put",
+            "site-llm",
+            "--endpoint",
+            &closed,
+            "--fallback",
+            &busy.url,
+            "--fallback",
+            &good.url,
+            "--model",
+            "site-model",
+        ],
+        &site.a.data_dir,
+    );
+    assert!(out.contains(&format!("then {}", good.url)), "{out}");
+    let run_id = site.submit("triage-llm").await;
+    let done = site.until(&run_id, "Succeeded").await;
+    let by = served(done).await;
+    assert_eq!(by.len(), 1, "one call, served once: {by:?}");
+    assert!(
+        by[0].starts_with("site model profile site-llm")
+            && by[0].contains("server 3 of 3")
+            && by[0].contains("server 1 could not serve")
+            && by[0].contains("server 2 could not serve (503"),
+        "{by:?}"
+    );
+    for url in [&closed, &busy.url, &good.url] {
+        assert!(!by[0].contains(url.as_str()), "no address: {by:?}");
+    }
+    assert_eq!(busy.requests.lock().unwrap().len(), 1);
+    assert_eq!(good.requests.lock().unwrap().len(), 1);
+
+    // A request the first server calls wrong is the answer: the next
+    // server is never asked.
+    let wrong = model_server(vec![
+        Reply::Status(400, "context too long"),
+        Reply::Status(400, "context too long"),
+        Reply::Status(400, "context too long"),
+    ])
+    .await;
+    let spare = model_server(vec![answer]).await;
+    run_cli(
+        &[
+            "model",
+            "put",
+            "site-llm",
+            "--endpoint",
+            &wrong.url,
+            "--fallback",
+            &spare.url,
+            "--model",
+            "site-model",
+        ],
+        &site.a.data_dir,
+    );
+    let run_id = site.submit("triage-llm").await;
+    site.until(&run_id, "Failed").await;
+    assert!(!wrong.requests.lock().unwrap().is_empty());
+    assert_eq!(
+        spare.requests.lock().unwrap().len(),
+        0,
+        "a 400 never moves the call"
+    );
+}
+
 /// Runs the CLI on a data directory and returns its output, failing on an
 /// error.
 fn run_cli(args: &[&str], data: &Path) -> String {

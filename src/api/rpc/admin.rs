@@ -97,6 +97,7 @@ pub fn profile_message(p: &crate::domain::model_profile::SiteModelProfile) -> pb
             p.tenant_id.to_string()
         },
         endpoint: p.endpoint.clone(),
+        fallback_endpoints: p.fallback_endpoints.clone(),
         model: p.model.clone(),
         api_key_ref: p.api_key_ref.clone().unwrap_or_default(),
         timeout_seconds: p.timeout_seconds,
@@ -582,6 +583,11 @@ impl pb::Admin for AdminService {
             crate::domain::model_profile::ProfileSpec {
                 profile_id: request.profile_id.to_string(),
                 endpoint: request.endpoint.to_string(),
+                fallback_endpoints: request
+                    .fallback_endpoints
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect(),
                 model: request.model.to_string(),
                 api_key_ref: Some(request.api_key_ref.to_string()),
                 timeout_seconds: Some(request.timeout_seconds),

@@ -158,9 +158,10 @@ fn serving(
     let Some(site) = site else {
         let served = match own {
             Model::OpenAi {
-                endpoint, model, ..
+                endpoints, model, ..
             } => format!(
-                "{endpoint} (model {model}, the release's profile {})",
+                "{} (model {model}, the release's profile {})",
+                endpoints.join(", "),
                 profile.id
             ),
             Model::Scripted { .. } => {
@@ -201,11 +202,12 @@ async fn ask_model(
     fence: &CallFence,
 ) -> Result<ModelReply, ModelError> {
     let pinned = match model {
-        Model::OpenAi { endpoint, .. } if !site_model => Some(
+        // A release names one endpoint.
+        Model::OpenAi { endpoints, .. } if !site_model => Some(
             crate::runtime::reach::pinned_client(
                 reach,
                 "model endpoint",
-                endpoint,
+                endpoints.first().map_or("", String::as_str),
                 MODEL_CONNECT_TIMEOUT,
             )
             .await,
@@ -223,8 +225,18 @@ async fn ask_model(
     }
 }
 
+/// What served a call that answered: the profile, and which of its
+/// servers when another was tried first.
+fn served(reply: &ModelReply, served_by: &str) -> String {
+    match &reply.route {
+        Some(route) => format!("{served_by}: {route}"),
+        None => served_by.to_string(),
+    }
+}
+
 /// The receipt of a model call that answered.
 fn model_receipt(reply: &ModelReply, served_by: &str) -> Value {
+    let served_by = served(reply, served_by);
     json!({
         "schema": "model-invocation-v1", "model": reply.model,
         "inputTokens": reply.input_tokens, "outputTokens": reply.output_tokens,
@@ -368,8 +380,8 @@ pub async fn adapter_model_call(
     match answer {
         Ok(reply) => Ok(ModelTurn {
             begun,
+            served_by: served(&reply, &served_by),
             reply: Some(reply),
-            served_by,
             completed: Some(completed),
         }),
         Err(ModelError::Transient(e)) => Err(DomainError::Unavailable(format!(

@@ -43,6 +43,10 @@ pub struct ModelReply {
     pub model: String,
     /// Milliseconds the call took.
     pub latency_ms: u64,
+    /// Which of a profile's servers answered, when another was tried
+    /// first (not part of the answer: the receipt's `servedBy` says it).
+    #[serde(skip)]
+    pub route: Option<String>,
 }
 
 impl ModelReply {
@@ -80,10 +84,12 @@ pub enum Model {
         /// The profile id.
         profile: String,
     },
-    /// An OpenAI-compatible `/chat/completions` endpoint.
+    /// An OpenAI-compatible `/chat/completions` endpoint, or a site
+    /// profile's servers in the order a call tries them.
     OpenAi {
-        /// Base URL, e.g. `http://127.0.0.1:8080/v1`.
-        endpoint: String,
+        /// Base URLs, e.g. `http://127.0.0.1:8080/v1`: the first, then
+        /// each a call moves to when the one before cannot serve now.
+        endpoints: Vec<String>,
         /// The server as failures name it to the tenant: the release's
         /// own endpoint (the release names it), or a site profile (whose
         /// address is the site's, not the tenant's).
@@ -107,8 +113,8 @@ impl std::fmt::Debug for Model {
             Model::Scripted { responses } => write!(f, "Scripted({} responses)", responses.len()),
             Model::Unmapped { profile } => write!(f, "Unmapped({profile})"),
             Model::OpenAi {
-                endpoint, model, ..
-            } => write!(f, "OpenAi({endpoint}, {model})"),
+                endpoints, model, ..
+            } => write!(f, "OpenAi({endpoints:?}, {model})"),
         }
     }
 }
@@ -147,7 +153,7 @@ impl Model {
                     .to_string();
                 Ok(Model::OpenAi {
                     server: endpoint.clone(),
-                    endpoint,
+                    endpoints: vec![endpoint],
                     model: profile.model.clone().unwrap_or_default(),
                     api_key,
                     timeout: Duration::from_secs(profile.timeout_seconds.unwrap_or(120).into()),
@@ -166,7 +172,7 @@ impl Model {
         api_key: Option<String>,
     ) -> Model {
         Model::OpenAi {
-            endpoint: site.endpoint.clone(),
+            endpoints: site.servers(),
             server: format!("of site model profile {}", site.profile_id),
             model: site.model.clone(),
             api_key,
@@ -238,10 +244,11 @@ impl Model {
                     cached_tokens: cached,
                     model: "scripted".into(),
                     latency_ms: started.elapsed().as_millis() as u64,
+                    route: None,
                 })
             }
             Model::OpenAi {
-                endpoint,
+                endpoints,
                 server,
                 model,
                 api_key,
@@ -259,49 +266,130 @@ impl Model {
                 if let Some(m) = max_tokens {
                     body["max_tokens"] = json!(m);
                 }
-                let mut request = http
-                    .post(format!("{endpoint}/chat/completions"))
-                    .timeout(*timeout)
-                    .json(&body);
-                if let Some(key) = api_key {
-                    request = request.bearer_auth(key);
+                let ask = Ask {
+                    http,
+                    body: &body,
+                    api_key: api_key.as_deref(),
+                    timeout: *timeout,
+                    fence,
+                };
+                // A server that cannot serve now passes the call to the
+                // next; one that answered anything else is the answer.
+                let mut moves: Vec<String> = Vec::new();
+                let n = endpoints.len();
+                for (i, endpoint) in endpoints.iter().enumerate() {
+                    let name = if n > 1 {
+                        format!("{} of {n} {server}", i + 1)
+                    } else {
+                        server.clone()
+                    };
+                    let after = |text: String| match moves.is_empty() {
+                        true => text,
+                        false => format!("{text}, after {}", moves.join("; ")),
+                    };
+                    match ask.once(endpoint, &name).await {
+                        Ok(v) => {
+                            let mut reply = parse_chat(&v, turn, started)?;
+                            if !moves.is_empty() {
+                                reply.route = Some(after(format!("server {} of {n}", i + 1)));
+                            }
+                            return Ok(reply);
+                        }
+                        Err(Failed::CannotServeNow(why)) if i + 1 < n => {
+                            moves.push(format!("server {} could not serve ({why})", i + 1));
+                        }
+                        Err(Failed::CannotServeNow(why)) => {
+                            return Err(ModelError::Transient(after(format!(
+                                "model server {name} could not serve: {why}"
+                            ))));
+                        }
+                        Err(Failed::Transient(e)) => return Err(ModelError::Transient(after(e))),
+                        Err(Failed::Fatal(e)) => return Err(ModelError::Fatal(after(e))),
+                    }
                 }
-                for (name, value) in fence.headers() {
-                    request = request.header(name, value);
-                }
-                let response = request.send().await.map_err(|e| {
-                    ModelError::Transient(format!(
-                        "model server {server} did not answer: {}",
-                        in_words(&e)
-                    ))
-                })?;
-                let status = response.status();
-                let text = response.text().await.map_err(|e| {
-                    ModelError::Transient(format!(
-                        "model server {server} broke off its answer: {}",
-                        in_words(&e)
-                    ))
-                })?;
-                if status.as_u16() == 429 || status.is_server_error() {
-                    return Err(ModelError::Transient(format!(
-                        "model server {server} answered {status}: {}",
-                        text.chars().take(200).collect::<String>()
-                    )));
-                }
-                if !status.is_success() {
-                    return Err(ModelError::Fatal(format!(
-                        "model server {server} refused the request with {status}: {}",
-                        text.chars().take(200).collect::<String>()
-                    )));
-                }
-                let v: Value = serde_json::from_str(&text).map_err(|e| {
-                    ModelError::Fatal(format!(
-                        "model server {server} answered something that is not JSON: {e}"
-                    ))
-                })?;
-                parse_chat(&v, turn, started)
+                Err(ModelError::Fatal(format!(
+                    "model {server} has no server to ask"
+                )))
             }
         }
+    }
+}
+
+/// One chat completion request, as each server of a profile is asked it.
+struct Ask<'a> {
+    http: &'a reqwest::Client,
+    body: &'a Value,
+    api_key: Option<&'a str>,
+    timeout: Duration,
+    fence: &'a CallFence,
+}
+
+/// Why one server did not answer.
+enum Failed {
+    /// It says it cannot serve now and the request did not start there:
+    /// the connection was refused or not made, nothing came back before
+    /// the timeout, or it answered 429, 502, 503 or 504. The next server
+    /// of the profile is asked.
+    CannotServeNow(String),
+    /// It may have started the request, or failed it (500, a broken-off
+    /// answer): tried again by the attempt's rules, not moved.
+    Transient(String),
+    /// The request is wrong for it (400, 401, 403, context too long) or
+    /// its answer is not one: never moved.
+    Fatal(String),
+}
+
+impl Ask<'_> {
+    /// Asks the server at `endpoint` (`name`: what failures call it):
+    /// its answer as JSON.
+    async fn once(&self, endpoint: &str, name: &str) -> Result<Value, Failed> {
+        let mut request = self
+            .http
+            .post(format!("{endpoint}/chat/completions"))
+            .timeout(self.timeout)
+            .json(self.body);
+        if let Some(key) = self.api_key {
+            request = request.bearer_auth(key);
+        }
+        for (header, value) in self.fence.headers() {
+            request = request.header(header, value);
+        }
+        let response = request.send().await.map_err(|e| {
+            let why = format!("model server {name} did not answer: {}", in_words(&e));
+            if e.is_connect() || e.is_timeout() {
+                Failed::CannotServeNow(in_words(&e))
+            } else {
+                Failed::Transient(why)
+            }
+        })?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| {
+            Failed::Transient(format!(
+                "model server {name} broke off its answer: {}",
+                in_words(&e)
+            ))
+        })?;
+        let said = || text.chars().take(200).collect::<String>();
+        if matches!(status.as_u16(), 429 | 502 | 503 | 504) {
+            return Err(Failed::CannotServeNow(format!("{status}: {}", said())));
+        }
+        if status.is_server_error() {
+            return Err(Failed::Transient(format!(
+                "model server {name} answered {status}: {}",
+                said()
+            )));
+        }
+        if !status.is_success() {
+            return Err(Failed::Fatal(format!(
+                "model server {name} refused the request with {status}: {}",
+                said()
+            )));
+        }
+        serde_json::from_str(&text).map_err(|e| {
+            Failed::Fatal(format!(
+                "model server {name} answered something that is not JSON: {e}"
+            ))
+        })
     }
 }
 
@@ -369,5 +457,6 @@ fn parse_chat(v: &Value, turn: u32, started: Instant) -> Result<ModelReply, Mode
             .unwrap_or_default()
             .to_string(),
         latency_ms: started.elapsed().as_millis() as u64,
+        route: None,
     })
 }

@@ -416,7 +416,7 @@ class RevokePublisherKeyResponse(_message.Message):
     def __init__(self, key: _Optional[_Union[PublisherKey, _Mapping]] = ..., reverified: _Optional[_Union[Reverified, _Mapping]] = ...) -> None: ...
 
 class ModelProfile(_message.Message):
-    __slots__ = ("profile_id", "tenant_id", "endpoint", "model", "api_key_ref", "timeout_seconds", "updated_at", "updated_by")
+    __slots__ = ("profile_id", "tenant_id", "endpoint", "model", "api_key_ref", "timeout_seconds", "updated_at", "updated_by", "fallback_endpoints")
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -425,6 +425,7 @@ class ModelProfile(_message.Message):
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     profile_id: str
     tenant_id: str
     endpoint: str
@@ -433,23 +434,26 @@ class ModelProfile(_message.Message):
     timeout_seconds: int
     updated_at: str
     updated_by: str
-    def __init__(self, profile_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., api_key_ref: _Optional[str] = ..., timeout_seconds: _Optional[int] = ..., updated_at: _Optional[str] = ..., updated_by: _Optional[str] = ...) -> None: ...
+    fallback_endpoints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, profile_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., api_key_ref: _Optional[str] = ..., timeout_seconds: _Optional[int] = ..., updated_at: _Optional[str] = ..., updated_by: _Optional[str] = ..., fallback_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutModelProfileRequest(_message.Message):
-    __slots__ = ("profile_id", "tenant_id", "endpoint", "model", "api_key_ref", "timeout_seconds")
+    __slots__ = ("profile_id", "tenant_id", "endpoint", "model", "api_key_ref", "timeout_seconds", "fallback_endpoints")
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     API_KEY_REF_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     profile_id: str
     tenant_id: str
     endpoint: str
     model: str
     api_key_ref: str
     timeout_seconds: int
-    def __init__(self, profile_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., api_key_ref: _Optional[str] = ..., timeout_seconds: _Optional[int] = ...) -> None: ...
+    fallback_endpoints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, profile_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., api_key_ref: _Optional[str] = ..., timeout_seconds: _Optional[int] = ..., fallback_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutModelProfileResponse(_message.Message):
     __slots__ = ("profile",)
