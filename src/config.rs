@@ -850,6 +850,10 @@ pub struct RuntimeConfig {
     /// API keys of site model servers, by the name a release's model
     /// profile refers to (`apiKeyRef`). Never logged.
     pub model_api_keys: std::collections::BTreeMap<String, Secret>,
+    /// Longest a model server's streamed answer may go without sending a
+    /// byte before the call is given up on, seconds (the profile's
+    /// `timeoutSeconds` bounds the whole call).
+    pub model_stream_idle_seconds: u64,
     /// How tool processes are bound: `auto` (a cgroup where the host has
     /// one, else what `when_unconfinable` says), `cgroup` (refuse tools
     /// where there is none) or `rlimit` (resource limits and a process
@@ -1036,6 +1040,7 @@ impl Default for RuntimeConfig {
                 .expect("the default schedule parses"),
             max_wait_seconds: 60,
             model_api_keys: std::collections::BTreeMap::new(),
+            model_stream_idle_seconds: 30,
             confinement: Confinement::Auto,
             when_unconfinable: WhenUnconfinable::Rlimit,
             when_tokens_run_out: WhenTokensRunOut::Wait,
@@ -1688,6 +1693,12 @@ impl Config {
             3650,
         )?;
         range("runtime.max_wait_seconds", rt.max_wait_seconds, 0, 300)?;
+        range(
+            "runtime.model_stream_idle_seconds",
+            rt.model_stream_idle_seconds,
+            1,
+            3600,
+        )?;
         crate::domain::tenant::check_region("capacity.default_region", &c.default_region)
             .map_err(|e| ConfigError::new("capacity.default_region", e.reason, ""))?;
         if self.data_dir.as_os_str().is_empty() {

@@ -868,6 +868,11 @@ enum Reply {
     Status(u16, &'static str),
     /// Nothing for this long, then a chat completion.
     Slow(u64, Value),
+    /// 200 with these chat completion chunks as server-sent events, then
+    /// `data: [DONE]`, each after `ms`.
+    Stream(u64, Vec<Value>),
+    /// 200, the first of these chunks, then nothing for ever.
+    Stall(Value),
 }
 
 /// An OpenAI-compatible chat-completions server on an ephemeral port that
@@ -897,6 +902,7 @@ impl ModelServer {
 async fn model_server(script: Vec<Reply>) -> ModelServer {
     use axum::extract::State;
     use axum::response::IntoResponse;
+    use futures::StreamExt;
     type Shared = (
         std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Reply>>>,
         std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
@@ -925,6 +931,32 @@ async fn model_server(script: Vec<Reply>) -> ModelServer {
             Some(Reply::Slow(ms, v)) => {
                 tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
                 axum::Json(v).into_response()
+            }
+            Some(Reply::Stream(ms, chunks)) => {
+                let events = chunks
+                    .into_iter()
+                    .map(|c| format!("data: {c}\n\n"))
+                    .chain(["data: [DONE]\n\n".to_string()]);
+                let body = futures::stream::iter(events).then(move |e| async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                    Ok::<_, std::convert::Infallible>(e)
+                });
+                (
+                    [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                    axum::body::Body::from_stream(body),
+                )
+                    .into_response()
+            }
+            Some(Reply::Stall(first)) => {
+                let body = futures::stream::iter([Ok::<_, std::convert::Infallible>(format!(
+                    "data: {first}\n\n"
+                ))])
+                .chain(futures::stream::pending());
+                (
+                    [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                    axum::body::Body::from_stream(body),
+                )
+                    .into_response()
             }
             None => (axum::http::StatusCode::GONE, "script over").into_response(),
         }
@@ -1606,6 +1638,96 @@ async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
         run_cli(&["model", "list"], &site.a.data_dir).contains(&second.url),
         "the mapping stays"
     );
+}
+
+/// The chunks of a streamed chat completion: `content` in pieces of
+/// `piece` characters, then the usage in a last chunk of its own.
+fn stream_of(content: &str, piece: usize, input: u64, output: u64) -> Vec<Value> {
+    let chars: Vec<char> = content.chars().collect();
+    let mut chunks: Vec<Value> = chars
+        .chunks(piece)
+        .map(|c| {
+            json!({"model": "test-model", "choices": [{"index": 0, "delta": {"content": c.iter().collect::<String>()}}]})
+        })
+        .collect();
+    chunks.push(json!({"model": "test-model", "choices": [], "usage": {"prompt_tokens": input, "completion_tokens": output}}));
+    chunks
+}
+
+/// Model servers are asked for streamed answers: the pieces make the
+/// answer, the usage of the last chunk is what the call is charged, and a
+/// stream that stalls is given up on after
+/// `runtime.model_stream_idle_seconds`, not after the whole timeout.
+#[tokio::test]
+async fn a_streamed_answer_is_put_together_and_a_stalled_stream_is_given_up_on() {
+    let ok =
+        json!({"severity": "low", "summary": "streamed in pieces", "paged": false}).to_string();
+    let server = model_server(vec![
+        Reply::Stall(json!({"model": "test-model", "choices": [{"index": 0, "delta": {"content": "{\"sev"}}]})),
+        Reply::Stream(20, stream_of(&ok, 7, 410, 23)),
+    ])
+    .await;
+    let host_port = server
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    let site = Site::on(Appliance::start_with(
+        &[],
+        &[
+            ("AGENTBAY_RUNTIME__NETWORK_ALLOW", &host_port),
+            ("AGENTBAY_RUNTIME__MODEL_STREAM_IDLE_SECONDS", "1"),
+        ],
+    ))
+    .await;
+    site.import("triage-llm", json!([]), openai_profile(&server.url))
+        .await;
+    // The site's profile gives the call a minute; the stall is seen in a
+    // second.
+    run_cli(
+        &[
+            "model",
+            "put",
+            "site-llm",
+            "--endpoint",
+            &server.url,
+            "--model",
+            "site-model",
+            "--timeout-seconds",
+            "60",
+        ],
+        &site.a.data_dir,
+    );
+    let run_id = site.submit("triage-llm").await;
+    let run = site.until(&run_id, "Succeeded").await;
+    let a = &run.steps[0].attempts[0];
+    let t = site.timeline(&a.attempt_id).await;
+    let models: Vec<&Value> = t["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "model")
+        .collect();
+    assert_eq!(models.len(), 2, "{models:?}");
+    assert_eq!(models[0]["status"], "failed");
+    let stalled = models[0]["error"].as_str().unwrap_or_default();
+    assert!(
+        stalled.contains("sent nothing for 1 s") && stalled.contains("model_stream_idle_seconds"),
+        "{stalled}"
+    );
+    assert!(
+        models[0]["latencyMs"].as_u64().is_none_or(|ms| ms < 30_000),
+        "given up on after the idle time, not the minute: {}",
+        models[0]
+    );
+    assert_eq!(models[1]["status"], "completed");
+    assert_eq!(models[1]["usage"]["inputTokens"], 410, "{}", models[1]);
+    assert_eq!(models[1]["usage"]["outputTokens"], 23, "{}", models[1]);
+    let requests = server.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1]["stream"], true);
+    assert_eq!(requests[1]["stream_options"]["include_usage"], true);
+    assert_eq!(run.state, "Succeeded");
 }
 
 /// A site profile lists servers in order: a call moves on only when a

@@ -118,6 +118,12 @@ fn model_http() -> &'static reqwest::Client {
     })
 }
 
+/// How long a streamed answer may go without a byte (read at every call:
+/// reloadable).
+fn stream_idle(runtime: &Runtime) -> Duration {
+    Duration::from_secs(runtime.shared.config.get().model_stream_idle_seconds.max(1))
+}
+
 /// The model a release's profile calls: its scripted responses, or its
 /// OpenAI-compatible endpoint (or none), with the site's key for it.
 fn release_model(
@@ -138,7 +144,7 @@ fn release_model(
         .api_key_ref
         .as_deref()
         .and_then(|name| runtime.model_api_key(name));
-    Model::of(profile, responses.as_deref(), api_key).map_err(|e| {
+    Model::of(profile, responses.as_deref(), api_key, stream_idle(runtime)).map_err(|e| {
         DomainError::FailedPrecondition(format!("model profile {}: {e}", profile.id)).into()
     })
 }
@@ -186,7 +192,10 @@ fn serving(
         site.model,
         site.scope_text()
     );
-    Ok((Some(Model::site(&site, profile, api_key)), served))
+    Ok((
+        Some(Model::site(&site, profile, api_key, stream_idle(runtime))),
+        served,
+    ))
 }
 
 /// Sends one chat completion to `model`: a model endpoint the release

@@ -100,6 +100,8 @@ pub enum Model {
         api_key: Option<String>,
         /// Per-call timeout.
         timeout: Duration,
+        /// Longest a streamed answer may go without a byte.
+        idle: Duration,
         /// Sampling temperature.
         temperature: Option<f64>,
         /// Completion budget.
@@ -127,6 +129,7 @@ impl Model {
         profile: &ModelProfile,
         responses: Option<&[u8]>,
         api_key: Option<String>,
+        idle: Duration,
     ) -> Result<Model, String> {
         match profile.kind {
             ModelKind::Scripted => {
@@ -157,6 +160,7 @@ impl Model {
                     model: profile.model.clone().unwrap_or_default(),
                     api_key,
                     timeout: Duration::from_secs(profile.timeout_seconds.unwrap_or(120).into()),
+                    idle,
                     temperature: profile.temperature,
                     max_tokens: profile.max_tokens,
                 })
@@ -170,6 +174,7 @@ impl Model {
         site: &crate::domain::model_profile::SiteModelProfile,
         release: &ModelProfile,
         api_key: Option<String>,
+        idle: Duration,
     ) -> Model {
         Model::OpenAi {
             endpoints: site.servers(),
@@ -177,6 +182,7 @@ impl Model {
             model: site.model.clone(),
             api_key,
             timeout: Duration::from_secs(site.timeout_seconds.into()),
+            idle,
             temperature: release.temperature,
             max_tokens: release.max_tokens,
         }
@@ -253,6 +259,7 @@ impl Model {
                 model,
                 api_key,
                 timeout,
+                idle,
                 temperature,
                 max_tokens,
             } => {
@@ -271,6 +278,7 @@ impl Model {
                     body: &body,
                     api_key: api_key.as_deref(),
                     timeout: *timeout,
+                    idle: *idle,
                     fence,
                 };
                 // A server that cannot serve now passes the call to the
@@ -321,6 +329,7 @@ struct Ask<'a> {
     body: &'a Value,
     api_key: Option<&'a str>,
     timeout: Duration,
+    idle: Duration,
     fence: &'a CallFence,
 }
 
@@ -340,14 +349,30 @@ enum Failed {
 }
 
 impl Ask<'_> {
-    /// Asks the server at `endpoint` (`name`: what failures call it):
-    /// its answer as JSON.
+    /// Asks the server at `endpoint` (`name`: what failures call it) for
+    /// a streamed answer, so that a long answer is seen arriving and a
+    /// stalled one is given up on after `idle`, not only after the whole
+    /// timeout (the usage comes in the last chunk); a server that refuses
+    /// streaming (400 naming it) is asked again without. Its answer as
+    /// JSON.
     async fn once(&self, endpoint: &str, name: &str) -> Result<Value, Failed> {
+        let mut streamed = self.body.clone();
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"include_usage": true});
+        match self.send(endpoint, name, &streamed).await {
+            Err(Failed::Fatal(why)) if why.contains("with 400") && why.contains("stream") => {
+                self.send(endpoint, name, self.body).await
+            }
+            other => other,
+        }
+    }
+
+    async fn send(&self, endpoint: &str, name: &str, body: &Value) -> Result<Value, Failed> {
         let mut request = self
             .http
             .post(format!("{endpoint}/chat/completions"))
             .timeout(self.timeout)
-            .json(self.body);
+            .json(body);
         if let Some(key) = self.api_key {
             request = request.bearer_auth(key);
         }
@@ -363,12 +388,21 @@ impl Ask<'_> {
             }
         })?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| {
-            Failed::Transient(format!(
-                "model server {name} broke off its answer: {}",
-                in_words(&e)
-            ))
-        })?;
+        let streamed = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|t| t.to_str().ok())
+            .is_some_and(|t| t.starts_with("text/event-stream"));
+        let mut answer = Answer {
+            response,
+            idle: self.idle,
+            name,
+            read: Vec::new(),
+        };
+        if streamed && status.is_success() {
+            return answer.streamed().await;
+        }
+        let text = answer.whole().await?;
         let said = || text.chars().take(200).collect::<String>();
         if matches!(status.as_u16(), 429 | 502 | 503 | 504) {
             return Err(Failed::CannotServeNow(format!("{status}: {}", said())));
@@ -385,10 +419,181 @@ impl Ask<'_> {
                 said()
             )));
         }
+        // A server that does not stream answers whole.
         serde_json::from_str(&text).map_err(|e| {
             Failed::Fatal(format!(
                 "model server {name} answered something that is not JSON: {e}"
             ))
+        })
+    }
+}
+
+/// The most of one answer read from a model server, bytes: a larger one
+/// is refused, not held.
+const MAX_ANSWER: usize = 16 * 1024 * 1024;
+
+/// A model server's answer as it arrives.
+struct Answer<'a> {
+    response: reqwest::Response,
+    idle: Duration,
+    name: &'a str,
+    read: Vec<u8>,
+}
+
+impl Answer<'_> {
+    /// The next bytes, none at the end: a gap longer than `idle` or an
+    /// answer past [`MAX_ANSWER`] ends it with why.
+    async fn next(&mut self) -> Result<Option<bytes::Bytes>, Failed> {
+        let name = self.name;
+        let chunk = tokio::time::timeout(self.idle, self.response.chunk())
+            .await
+            .map_err(|_| {
+                Failed::Transient(format!(
+                    "model server {name} sent nothing for {} s in the middle of its answer (runtime.model_stream_idle_seconds)",
+                    self.idle.as_secs()
+                ))
+            })?
+            .map_err(|e| {
+                Failed::Transient(format!(
+                    "model server {name} broke off its answer: {}",
+                    in_words(&e)
+                ))
+            })?;
+        if let Some(c) = &chunk
+            && self.read.len() + c.len() > MAX_ANSWER
+        {
+            return Err(Failed::Fatal(format!(
+                "model server {name} answered more than {} MiB",
+                MAX_ANSWER >> 20
+            )));
+        }
+        Ok(chunk)
+    }
+
+    /// The whole answer as text.
+    async fn whole(&mut self) -> Result<String, Failed> {
+        while let Some(chunk) = self.next().await? {
+            self.read.extend_from_slice(&chunk);
+        }
+        Ok(String::from_utf8_lossy(&self.read).into_owned())
+    }
+
+    /// A streamed answer (server-sent events of chat completion chunks),
+    /// put together as the answer a server that does not stream gives.
+    async fn streamed(&mut self) -> Result<Value, Failed> {
+        let mut whole = Streamed::default();
+        let mut line = Vec::new();
+        while let Some(chunk) = self.next().await? {
+            self.read.extend_from_slice(&chunk);
+            for &b in chunk.iter() {
+                if b != b'\n' {
+                    line.push(b);
+                    continue;
+                }
+                if whole.line(&line).map_err(|e| self.broken(e))? {
+                    return Ok(whole.answer());
+                }
+                line.clear();
+            }
+        }
+        if whole.line(&line).map_err(|e| self.broken(e))? || whole.chunks > 0 {
+            return Ok(whole.answer());
+        }
+        Err(self.broken("the stream ended before any chunk".into()))
+    }
+
+    fn broken(&self, why: String) -> Failed {
+        Failed::Transient(format!("model server {}'s stream: {why}", self.name))
+    }
+}
+
+/// A streamed answer so far.
+#[derive(Default)]
+struct Streamed {
+    chunks: usize,
+    model: String,
+    content: Option<String>,
+    tool_calls: Vec<Value>,
+    usage: Option<Value>,
+}
+
+impl Streamed {
+    /// Takes one line of the stream: true at its end (`data: [DONE]`).
+    fn line(&mut self, line: &[u8]) -> Result<bool, String> {
+        let line = String::from_utf8_lossy(line);
+        let line = line.trim_end_matches('\r');
+        let Some(data) = line.strip_prefix("data:") else {
+            // Comments, event names, ids and the blank line between events.
+            return Ok(false);
+        };
+        let data = data.trim();
+        if data == "[DONE]" {
+            return Ok(true);
+        }
+        let chunk: Value =
+            serde_json::from_str(data).map_err(|e| format!("a chunk is not JSON: {e}"))?;
+        if let Some(error) = chunk.get("error") {
+            return Err(format!(
+                "the server failed mid-answer: {}",
+                error.to_string().chars().take(200).collect::<String>()
+            ));
+        }
+        self.chunks += 1;
+        if let Some(m) = chunk.get("model").and_then(Value::as_str)
+            && !m.is_empty()
+        {
+            self.model = m.to_string();
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(u.clone());
+        }
+        let Some(delta) = chunk.pointer("/choices/0/delta") else {
+            return Ok(false);
+        };
+        if let Some(text) = delta.get("content").and_then(Value::as_str) {
+            self.content.get_or_insert_default().push_str(text);
+        }
+        for call in delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let i = call.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+            if i >= 128 {
+                return Err(format!("tool call index {i} is past 127"));
+            }
+            if self.tool_calls.len() <= i {
+                self.tool_calls
+                    .resize(i + 1, json!({"function": {"name": "", "arguments": ""}}));
+            }
+            let whole = &mut self.tool_calls[i];
+            if let Some(id) = call.get("id").and_then(Value::as_str) {
+                whole["id"] = json!(id);
+            }
+            for part in ["name", "arguments"] {
+                if let Some(more) = call
+                    .pointer(&format!("/function/{part}"))
+                    .and_then(Value::as_str)
+                {
+                    let so_far = whole["function"][part].as_str().unwrap_or_default();
+                    whole["function"][part] = json!(format!("{so_far}{more}"));
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// The answer it came to, shaped as a whole chat completion.
+    fn answer(self) -> Value {
+        let mut message = json!({"role": "assistant", "content": self.content});
+        if !self.tool_calls.is_empty() {
+            message["tool_calls"] = Value::Array(self.tool_calls);
+        }
+        json!({
+            "model": self.model,
+            "choices": [{"index": 0, "message": message}],
+            "usage": self.usage,
         })
     }
 }
@@ -459,4 +664,55 @@ fn parse_chat(v: &Value, turn: u32, started: Instant) -> Result<ModelReply, Mode
         latency_ms: started.elapsed().as_millis() as u64,
         route: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A streamed answer's tool calls come in pieces by index: the name
+    /// once, the arguments in parts; the usage in a last chunk without
+    /// choices; comments and CRLF line ends are read past.
+    #[test]
+    fn a_streamed_answer_is_put_together_as_a_whole_one() {
+        let mut whole = Streamed::default();
+        let lines = [
+            ": keep-alive",
+            r#"data: {"model":"m","choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"lookup","arguments":""}}]}}]}"#,
+            "",
+            r#"data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"customer\":"}}]}}]}"#,
+            r#"data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"c2","function":{"name":"page","arguments":"{}"}}]}}]}"#,
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"acme\\\"}\"}}]}}]}\r",
+            r#"data: {"choices":[],"usage":{"prompt_tokens":90,"completion_tokens":7}}"#,
+        ];
+        for line in lines {
+            assert!(!whole.line(line.as_bytes()).unwrap(), "{line}");
+        }
+        assert!(whole.line(b"data: [DONE]").unwrap());
+        let reply = parse_chat(&whole.answer(), 0, Instant::now()).unwrap();
+        assert_eq!(reply.model, "m");
+        assert_eq!(reply.content, None);
+        assert_eq!(reply.tool_calls.len(), 2);
+        assert_eq!(reply.tool_calls[0].id, "c1");
+        assert_eq!(reply.tool_calls[0].tool, "lookup");
+        assert_eq!(reply.tool_calls[0].arguments, json!({"customer": "acme"}));
+        assert_eq!(reply.tool_calls[1].tool, "page");
+        assert_eq!((reply.input_tokens, reply.output_tokens), (90, 7));
+    }
+
+    /// A chunk that is not JSON, an error in the stream or a tool call
+    /// index past the bound ends the answer with why.
+    #[test]
+    fn a_broken_stream_says_why() {
+        let mut whole = Streamed::default();
+        assert!(whole.line(b"data: {nope").unwrap_err().contains("not JSON"));
+        let error = whole
+            .line(br#"data: {"error":{"message":"out of memory"}}"#)
+            .unwrap_err();
+        assert!(error.contains("out of memory"), "{error}");
+        let far = whole
+            .line(br#"data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":100000}]}}]}"#)
+            .unwrap_err();
+        assert!(far.contains("past 127"), "{far}");
+    }
 }
