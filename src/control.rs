@@ -996,7 +996,7 @@ pub async fn model_profiles(config: &Config, action: ModelAction) -> anyhow::Res
     };
     let line = |p: &pb::ModelProfile| {
         format!(
-            "{:<24} {:<12} {}{} (model {}{}, timeout {} s)",
+            "{:<24} {:<12} {}{} (model {}{}, timeout {} s, {})",
             p.profile_id,
             if p.tenant_id.is_empty() {
                 "every tenant"
@@ -1014,7 +1014,14 @@ pub async fn model_profiles(config: &Config, action: ModelAction) -> anyhow::Res
             } else {
                 format!(", key {}", p.api_key_ref)
             },
-            p.timeout_seconds
+            p.timeout_seconds,
+            crate::domain::model_profile::ServerLimits::of(
+                p.max_concurrent,
+                p.requests_per_minute,
+                p.tokens_per_minute
+            )
+            .map(|l| l.describe())
+            .unwrap_or_default()
         )
     };
     match action {

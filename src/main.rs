@@ -280,6 +280,16 @@ enum ModelCommand {
         /// repeat it for more, in order (at most 4).
         #[arg(long = "fallback", value_name = "URL")]
         fallbacks: Vec<String>,
+        /// Calls its server takes at once, from every caller together
+        /// (its slots); more wait in a queue fair between tenants.
+        #[arg(long)]
+        max_concurrent: Option<u32>,
+        /// Calls its server takes a minute.
+        #[arg(long)]
+        requests_per_minute: Option<u32>,
+        /// Tokens (input and output) its server takes a minute.
+        #[arg(long)]
+        tokens_per_minute: Option<u32>,
         /// The model name the server is asked for.
         #[arg(long)]
         model: String,
@@ -949,6 +959,9 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                     profile,
                     endpoint,
                     fallbacks,
+                    max_concurrent,
+                    requests_per_minute,
+                    tokens_per_minute,
                     model,
                     api_key_ref,
                     timeout_seconds,
@@ -961,6 +974,9 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                             tenant_id: tenant.unwrap_or_default(),
                             endpoint,
                             fallback_endpoints: fallbacks,
+                            max_concurrent: max_concurrent.unwrap_or(0),
+                            requests_per_minute: requests_per_minute.unwrap_or(0),
+                            tokens_per_minute: tokens_per_minute.unwrap_or(0),
                             model,
                             api_key_ref: api_key_ref.unwrap_or_default(),
                             timeout_seconds: timeout_seconds.unwrap_or(0),

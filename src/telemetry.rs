@@ -383,6 +383,16 @@ pub mod names {
     /// Model tokens charged, by tenant, agent and kind (input, output,
     /// cached), as the model servers counted them.
     pub const MODEL_TOKENS: &str = "agentbay_model_tokens_total";
+    /// Model calls in flight at a site model server (and turns given).
+    pub const MODEL_SERVER_IN_FLIGHT: &str = "agentbay_model_server_in_flight";
+    /// Attempts queued for a site model server.
+    pub const MODEL_SERVER_QUEUED: &str = "agentbay_model_server_queued";
+    /// How long the oldest attempt queued for a server has waited.
+    pub const MODEL_SERVER_OLDEST_WAIT: &str = "agentbay_model_server_oldest_wait_seconds";
+    /// Tokens of the calls a site model server answered.
+    pub const MODEL_SERVER_TOKENS: &str = "agentbay_model_server_tokens_total";
+    /// Calls to a site model server by outcome.
+    pub const MODEL_SERVER_CALLS: &str = "agentbay_model_server_calls_total";
     /// Model call latency (histogram, s; tenant, agent).
     pub const MODEL_CALL_SECONDS: &str = "agentbay_model_call_seconds";
     /// Lease requests waiting in a pool's queue (pool, limit).
@@ -467,6 +477,27 @@ fn describe() {
     describe_counter!(
         names::AUTH_THROTTLED,
         "Secret checks delayed or refused by the throttle, by key"
+    );
+    describe_gauge!(
+        names::MODEL_SERVER_IN_FLIGHT,
+        "Model calls in flight at a site model server, with turns given and not yet taken, by server"
+    );
+    describe_gauge!(
+        names::MODEL_SERVER_QUEUED,
+        "Attempts whose next model call waits for a site model server at its limits, by server"
+    );
+    describe_gauge!(
+        names::MODEL_SERVER_OLDEST_WAIT,
+        metrics::Unit::Seconds,
+        "How long the oldest attempt queued for a site model server has waited, by server"
+    );
+    describe_counter!(
+        names::MODEL_SERVER_TOKENS,
+        "Tokens (input and output) of the calls a site model server answered, by server"
+    );
+    describe_counter!(
+        names::MODEL_SERVER_CALLS,
+        "Calls to a site model server by outcome: answered, moved (to a fallback), failed, refused"
     );
     describe_counter!(
         names::MODEL_TOKENS,

@@ -439,7 +439,14 @@ pub fn timeline(
         max_corrections: a.max_corrections,
         interrupt: a.interrupt.clone(),
         renewal_failure: a.renewal_failure.clone(),
-        pause_reason: a.pause_reason.clone(),
+        // A wait for a model server says where the attempt is in its queue
+        // now, not when it joined.
+        pause_reason: a
+            .model_server_wait
+            .as_ref()
+            .filter(|_| a.state == crate::domain::attempt::AttemptState::Paused)
+            .and_then(|_| state.runtime.model_server_waiting(a.attempt_id))
+            .or_else(|| a.pause_reason.clone()),
         failure: a.failure.clone(),
         output_ref: a.output_ref.clone(),
         outcome_hash: a.outcome_hash.clone(),

@@ -19,6 +19,7 @@ pub mod error;
 pub mod events;
 pub mod ids;
 pub mod model_profile;
+pub mod model_server;
 pub mod reach;
 pub mod release;
 pub mod rerun;

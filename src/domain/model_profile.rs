@@ -34,6 +34,10 @@ pub struct SiteModelProfile {
     pub api_key_ref: Option<String>,
     /// Seconds one call may take.
     pub timeout_seconds: u32,
+    /// What its server takes: calls in flight, requests and tokens a
+    /// minute, for every caller together.
+    #[serde(default)]
+    pub limits: ServerLimits,
     /// When and by whom it was last set.
     pub updated_at: DateTime<Utc>,
     /// Who.
@@ -58,6 +62,66 @@ pub struct ProfileSpec {
     pub api_key_ref: Option<String>,
     /// Seconds; 0 or none: 120.
     pub timeout_seconds: Option<u32>,
+    /// Its server's limits (0: none).
+    pub limits: ServerLimits,
+}
+
+/// The limits of a site's model server, enforced for every caller (the
+/// builtin loop and `CallModel` alike): a call beyond them waits in a
+/// queue fair between tenants. None: no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerLimits {
+    /// Calls in flight at once (a llama.cpp server's slots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    /// Calls started in any minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u32>,
+    /// Tokens (input and output) of the calls that ended in any minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u32>,
+}
+
+impl ServerLimits {
+    /// Limits from the wire's numbers (0: none), checked.
+    pub fn of(
+        max_concurrent: u32,
+        requests_per_minute: u32,
+        tokens_per_minute: u32,
+    ) -> Result<ServerLimits, FieldError> {
+        let bounded = |field: &str, n: u32, most: u32| match n {
+            0 => Ok(None),
+            n if n > most => Err(FieldError::new(
+                field,
+                format!("{n} is more than {most} (0: no limit)"),
+            )),
+            n => Ok(Some(n)),
+        };
+        Ok(ServerLimits {
+            max_concurrent: bounded("maxConcurrent", max_concurrent, 10_000)?,
+            requests_per_minute: bounded("requestsPerMinute", requests_per_minute, 1_000_000)?,
+            tokens_per_minute: bounded("tokensPerMinute", tokens_per_minute, 1_000_000_000)?,
+        })
+    }
+
+    /// The limits in words, for the console and the command line.
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = [
+            self.max_concurrent.map(|n| format!("{n} in flight")),
+            self.requests_per_minute
+                .map(|n| format!("{n} requests/min")),
+            self.tokens_per_minute.map(|n| format!("{n} tokens/min")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if parts.is_empty() {
+            "no limits".into()
+        } else {
+            parts.join(", ")
+        }
+    }
 }
 
 impl SiteModelProfile {
@@ -69,6 +133,7 @@ impl SiteModelProfile {
             "model": self.model,
             "apiKeyRef": self.api_key_ref,
             "timeoutSeconds": self.timeout_seconds,
+            "limits": self.limits,
         })
     }
 
@@ -147,6 +212,7 @@ impl SiteModelProfile {
             model: spec.model.trim().to_string(),
             api_key_ref,
             timeout_seconds: timeout,
+            limits: spec.limits,
             updated_at: now,
             updated_by: by.to_string(),
             version: 0,
@@ -206,6 +272,7 @@ mod tests {
             model: "qwen".into(),
             api_key_ref: Some("site".into()),
             timeout_seconds: None,
+            limits: ServerLimits::default(),
         }
     }
 

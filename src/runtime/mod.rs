@@ -22,6 +22,7 @@ pub mod profiles;
 pub mod reach;
 pub mod records;
 pub mod release;
+pub mod servers;
 pub mod workers;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -131,6 +132,8 @@ pub struct Shared {
     /// Where tool processes start.
     #[cfg(unix)]
     pub(crate) confiner: Arc<confine::Confiner>,
+    /// The site's model servers as capacity: their limits and queues.
+    pub(crate) servers: Arc<servers::ModelServers>,
 }
 
 impl Shared {
@@ -202,8 +205,10 @@ impl Runtime {
         shutdown: watch::Receiver<bool>,
         #[cfg(unix)] confiner: Arc<confine::Confiner>,
     ) -> Result<Arc<Runtime>, RuntimeError> {
+        let (model_servers, turns) = servers::ModelServers::new(clock.clone());
         let shared = Arc::new(Shared {
             store: store.clone(),
+            servers: Arc::new(model_servers),
             clock,
             config,
             capacity,
@@ -226,6 +231,7 @@ impl Runtime {
         let (builtin_tx, builtin_rx) = mpsc::unbounded_channel();
         *runtime.shared.builtin.lock() = Some(builtin_tx);
         builtin::start(runtime.clone(), builtin_rx);
+        runtime.clone().serve_model_server_turns(turns);
         for (tenant, id) in
             store.global_ids(&PlatformScope::internal(), index::ATTEMPT_LIVE, index::ALL)?
         {
@@ -1170,6 +1176,49 @@ impl Runtime {
         if let Err(e) = r {
             tracing::warn!(attempt = %attempt_id, error = %e, "delivering a child run's outcome");
         }
+    }
+
+    /// Lets each attempt whose turn came at a model server run again, and
+    /// gives the turns a passing minute makes (every second, on the
+    /// appliance's clock), until the appliance stops.
+    fn serve_model_server_turns(
+        self: Arc<Self>,
+        mut turns: mpsc::UnboundedReceiver<(TenantId, Uuid)>,
+    ) {
+        let weak = Arc::downgrade(&self);
+        let mut shutdown = self.shared.shutdown.clone();
+        drop(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    turn = turns.recv() => {
+                        let Some((tenant, attempt_id)) = turn else { return };
+                        let Some(runtime) = weak.upgrade() else { return };
+                        tokio::spawn(async move {
+                            let scope = TenantScope::new(tenant);
+                            let r = runtime
+                                .try_ask(&scope, attempt_id, |reply| Msg::ModelServerTurn { reply })
+                                .await;
+                            if let Err(e) = r {
+                                tracing::warn!(attempt = %attempt_id, error = %e, "an attempt's turn at its model server");
+                            }
+                        });
+                    }
+                    _ = tick.tick() => {
+                        let Some(runtime) = weak.upgrade() else { return };
+                        runtime.shared.servers.tick();
+                    }
+                    _ = shutdown.changed() => return,
+                }
+            }
+        });
+    }
+
+    /// Where an attempt waits at a model server now and why, if it does.
+    pub fn model_server_waiting(&self, attempt_id: Uuid) -> Option<String> {
+        self.shared.servers.waiting(attempt_id)
     }
 
     /// LeaseHeartbeat: every live grain renews its leases.

@@ -880,6 +880,11 @@ enum Reply {
 struct ModelServer {
     url: String,
     requests: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+    /// The requests it is answering now, and the most it answered at once.
+    load: std::sync::Arc<(
+        std::sync::atomic::AtomicUsize,
+        std::sync::atomic::AtomicUsize,
+    )>,
 }
 
 impl ModelServer {
@@ -903,12 +908,27 @@ async fn model_server(script: Vec<Reply>) -> ModelServer {
     use axum::extract::State;
     use axum::response::IntoResponse;
     use futures::StreamExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     type Shared = (
         std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Reply>>>,
         std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+        std::sync::Arc<(AtomicUsize, AtomicUsize)>,
     );
     async fn chat(
-        State((script, seen)): State<Shared>,
+        State((script, seen, load)): State<Shared>,
+        headers: axum::http::HeaderMap,
+        body: axum::Json<Value>,
+    ) -> axum::response::Response {
+        // Requests being answered now, and the most at once.
+        let now = load.0.fetch_add(1, Ordering::SeqCst) + 1;
+        load.1.fetch_max(now, Ordering::SeqCst);
+        let answer = answer_chat(script, seen, headers, body).await;
+        load.0.fetch_sub(1, Ordering::SeqCst);
+        answer
+    }
+    async fn answer_chat(
+        script: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Reply>>>,
+        seen: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
         headers: axum::http::HeaderMap,
         body: axum::Json<Value>,
     ) -> axum::response::Response {
@@ -962,9 +982,11 @@ async fn model_server(script: Vec<Reply>) -> ModelServer {
         }
     }
     let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let load = std::sync::Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
     let state: Shared = (
         std::sync::Arc::new(std::sync::Mutex::new(script.into())),
         requests.clone(),
+        load.clone(),
     );
     let app = axum::Router::new()
         .route("/v1/chat/completions", axum::routing::post(chat))
@@ -972,7 +994,11 @@ async fn model_server(script: Vec<Reply>) -> ModelServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    ModelServer { url, requests }
+    ModelServer {
+        url,
+        requests,
+        load,
+    }
 }
 
 fn completion(content: Option<&str>, tool_calls: Value) -> Value {
@@ -1728,6 +1754,91 @@ async fn a_streamed_answer_is_put_together_and_a_stalled_stream_is_given_up_on()
     assert_eq!(requests[1]["stream"], true);
     assert_eq!(requests[1]["stream_options"]["include_usage"], true);
     assert_eq!(run.state, "Succeeded");
+}
+
+/// A site model server's limit holds for every caller: six attempts
+/// whose calls each take half a second, on a server that takes two at
+/// once, never have more than two in flight there; the others wait
+/// paused, saying for what and where they are in its queue; all succeed.
+#[tokio::test]
+async fn a_model_servers_limit_holds_and_a_waiting_attempt_says_why() {
+    let ok = json!({"severity": "low", "summary": "queued", "paged": false}).to_string();
+    let server = model_server(
+        (0..6)
+            .map(|_| Reply::Slow(500, completion(Some(&ok), Value::Null)))
+            .collect(),
+    )
+    .await;
+    let site = server.site().await;
+    site.import("triage-llm", json!([]), |m| {
+        openai_profile(&server.url)(m);
+        // Six fit the default pool at once.
+        m["contract"]["cpu"] = json!(0.25);
+        m["contract"]["memoryGb"] = json!(0.25);
+    })
+    .await;
+    let out = run_cli(
+        &[
+            "model",
+            "put",
+            "site-llm",
+            "--endpoint",
+            &server.url,
+            "--model",
+            "site-model",
+            "--max-concurrent",
+            "2",
+        ],
+        &site.a.data_dir,
+    );
+    assert!(out.contains("2 in flight"), "{out}");
+    let mut runs = Vec::new();
+    for _ in 0..6 {
+        runs.push(site.submit("triage-llm").await);
+    }
+    // While they run, one of them waits for the server and says why.
+    let mut why = None;
+    for _ in 0..200 {
+        for run_id in &runs {
+            let r = site.run(run_id).await;
+            let Some(a) = r.steps[0].attempts.last() else {
+                continue;
+            };
+            let t = site.timeline(&a.attempt_id).await;
+            if let Some(reason) = t["pauseReason"].as_str()
+                && reason.contains("waiting for model server")
+            {
+                why = Some((t["state"].clone(), reason.to_string()));
+            }
+        }
+        if why.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (state, why) = why.expect("an attempt waited for the model server");
+    assert_eq!(state, "Paused", "{why}");
+    assert!(
+        why.contains("of site model profile site-llm: 2 of 2 calls in flight; position ")
+            && !why.contains(&server.url),
+        "{why}"
+    );
+    for run_id in &runs {
+        let done = site.until(run_id, "Succeeded").await;
+        assert_eq!(
+            done.steps[0].attempts.len(),
+            1,
+            "no attempt failed: {done:?}"
+        );
+    }
+    assert_eq!(
+        server.requests.lock().unwrap().len(),
+        6,
+        "no call made twice"
+    );
+    let peak = server.load.1.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(peak <= 2, "{peak} calls at once at a server that takes 2");
+    assert_eq!(peak, 2, "the server was used to its limit");
 }
 
 /// A site profile lists servers in order: a call moves on only when a

@@ -101,6 +101,9 @@ pub fn profile_message(p: &crate::domain::model_profile::SiteModelProfile) -> pb
         model: p.model.clone(),
         api_key_ref: p.api_key_ref.clone().unwrap_or_default(),
         timeout_seconds: p.timeout_seconds,
+        max_concurrent: p.limits.max_concurrent.unwrap_or(0),
+        requests_per_minute: p.limits.requests_per_minute.unwrap_or(0),
+        tokens_per_minute: p.limits.tokens_per_minute.unwrap_or(0),
         updated_at: p.updated_at.to_rfc3339(),
         updated_by: p.updated_by.clone(),
         ..Default::default()
@@ -577,6 +580,12 @@ impl pb::Admin for AdminService {
                 ),
             )));
         }
+        let limits = crate::domain::model_profile::ServerLimits::of(
+            request.max_concurrent,
+            request.requests_per_minute,
+            request.tokens_per_minute,
+        )
+        .map_err(|e| rpc(crate::domain::DomainError::from(e)))?;
         let profile = crate::runtime::profiles::put(
             &self.state.store,
             owner,
@@ -591,6 +600,7 @@ impl pb::Admin for AdminService {
                 model: request.model.to_string(),
                 api_key_ref: Some(request.api_key_ref.to_string()),
                 timeout_seconds: Some(request.timeout_seconds),
+                limits,
             },
             |k| self.state.runtime.model_api_key(k).is_some(),
             &caller.subject.to_string(),

@@ -183,9 +183,57 @@ impl ExecutionAttempt {
     pub fn renewed(&mut self, now: DateTime<Utc>) -> Result<Vec<NewEvent>, IllegalTransition> {
         self.renewal_failure = None;
         let mut events = Vec::new();
-        if self.state == AttemptState::Paused && self.quota_paused_until.is_none() {
+        if self.state == AttemptState::Paused
+            && self.quota_paused_until.is_none()
+            && self.model_server_wait.is_none()
+        {
             self.pause_reason = None;
             self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
+        }
+        Ok(events)
+    }
+
+    /// The site's model server its next model call goes to is at its
+    /// limits (`why` says which and where the attempt is in its queue):
+    /// Running -> Paused until its turn comes, waiting, not active, and
+    /// giving its compute back after the usual grace as any pause does.
+    /// No call is in flight.
+    pub fn wait_for_model_server(
+        &mut self,
+        server: &str,
+        why: String,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        if self.state != AttemptState::Running || self.open_call.is_some() {
+            return Err(self.illegal("wait for a model server"));
+        }
+        let mut events = Vec::new();
+        self.pause_reason = Some(why);
+        self.model_server_wait = Some(server.to_string());
+        self.move_to(AttemptState::Paused, self.phase, now, &mut events)?;
+        Ok(events)
+    }
+
+    /// Its turn at the model server came: it runs again, unless its lease
+    /// renewal failed or its quota ran out meanwhile (then it stays paused
+    /// for that).
+    pub fn model_server_turn(
+        &mut self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        let mut events = Vec::new();
+        if self.model_server_wait.take().is_none() || self.state != AttemptState::Paused {
+            return Ok(events);
+        }
+        if self.quota_paused_until.is_some() {
+            return Ok(events);
+        }
+        match self.renewal_failure.clone() {
+            Some(why) => self.pause_reason = Some(why),
+            None => {
+                self.pause_reason = None;
+                self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
+            }
         }
         Ok(events)
     }

@@ -735,6 +735,10 @@ pub struct ExecutionAttempt {
     /// sooner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota_paused_until: Option<DateTime<Utc>>,
+    /// Paused because the site's model server its next call goes to is at
+    /// its limits: the server, until its queue comes to the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_server_wait: Option<String>,
     /// How it failed.
     pub failure: Option<AttemptFailure>,
     /// Artifact reference of the verified output.
@@ -1057,6 +1061,7 @@ impl ExecutionAttempt {
             renewal_failure: None,
             pause_reason: None,
             quota_paused_until: None,
+            model_server_wait: None,
             failure: None,
             output_ref: None,
             outcome_report_hash: None,

@@ -223,7 +223,7 @@ async fn ask_model(
         ),
         _ => None,
     };
-    match &pinned {
+    let answer = match &pinned {
         Some(Err(why)) => Err(ModelError::Fatal(why.clone())),
         Some(Ok(client)) => model.complete(client, messages, tools, turn, fence).await,
         None => {
@@ -231,7 +231,20 @@ async fn ask_model(
                 .complete(model_http(), messages, tools, turn, fence)
                 .await
         }
+    };
+    if let (true, Model::OpenAi { endpoints, .. }) = (site_model, model) {
+        let outcome = match &answer {
+            Ok(reply) if reply.route.is_some() => "moved",
+            Ok(_) => "answered",
+            Err(ModelError::Transient(_)) => "failed",
+            Err(ModelError::Fatal(_)) => "refused",
+        };
+        let server =
+            crate::runtime::servers::label_of(endpoints.first().map_or("", String::as_str));
+        metrics::counter!(crate::telemetry::names::MODEL_SERVER_CALLS, "server" => server, "outcome" => outcome)
+            .increment(1);
     }
+    answer
 }
 
 /// What served a call that answered: the profile, and which of its

@@ -277,6 +277,19 @@ impl Grain {
                 {
                     return self.tokens_ran_out(start, request, limit).await;
                 }
+                // The site's server for the profile takes the call now, or
+                // the attempt waits its turn.
+                if let Some(site) = crate::runtime::profiles::resolve(
+                    &self.shared.store,
+                    &self.attempt.tenant_id,
+                    &call.target,
+                )? && let Err(why) = self.shared.servers.admit(
+                    &site,
+                    &self.attempt.tenant_id,
+                    self.attempt.attempt_id,
+                ) {
+                    return self.wait_for_model_server(&site.endpoint, why).await;
+                }
                 start.policy_rule = Some(PolicyRule::Allow);
             }
             CallKind::SubAgent => {
@@ -532,6 +545,25 @@ impl Grain {
         .into())
     }
 
+    /// The site's model server its call goes to is at its limits: the
+    /// attempt pauses until its turn comes (no call is recorded: none was
+    /// made or refused).
+    async fn wait_for_model_server(
+        &mut self,
+        server: &str,
+        why: String,
+    ) -> Result<Begun, RuntimeError> {
+        let now = self.now();
+        let mut a = self.attempt.clone();
+        let events = a.wait_for_model_server(server, why.clone(), now)?;
+        self.save(a, events, |_, _| Ok(())).await?;
+        Err(DomainError::Waiting(format!(
+            "attempt {} is paused: {why}; call again once it runs",
+            self.attempt.attempt_id
+        ))
+        .into())
+    }
+
     pub(super) async fn limit_reached(
         &mut self,
         start: CallStart,
@@ -713,6 +745,11 @@ impl Grain {
             return Err(precondition(
                 "a sub-agent call completes when its child run ends; use AwaitCall".into(),
             ));
+        }
+        if open.kind == CallKind::Model {
+            // Its place at the model server is free for the next call.
+            let tokens = c.usage.map_or(0, |u| u.input_tokens + u.output_tokens);
+            self.shared.servers.ended(self.attempt.attempt_id, tokens);
         }
         let now = self.now();
         let retain = self.retain();

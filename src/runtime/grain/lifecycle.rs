@@ -246,6 +246,7 @@ impl Grain {
         let gave_back = !a.capacity_granted
             && a.state == AttemptState::Paused
             && a.quota_paused_until.is_none()
+            && a.model_server_wait.is_none()
             && a.capacity_gaps
                 .last()
                 .is_some_and(|g| g.granted_at.is_none());
@@ -282,7 +283,9 @@ impl Grain {
                 // Nothing to record: no failure to clear, and no pause a
                 // renewal ends (a `tokensPerDay` pause waits for its quota).
                 if a.renewal_failure.is_none()
-                    && (a.state != AttemptState::Paused || a.quota_paused_until.is_some())
+                    && (a.state != AttemptState::Paused
+                        || a.quota_paused_until.is_some()
+                        || a.model_server_wait.is_some())
                     && renewed.is_none()
                 {
                     return Ok(true);

@@ -183,6 +183,11 @@ pub enum Msg {
         /// Answer.
         reply: Reply<()>,
     },
+    /// Its turn came at the model server it waits for.
+    ModelServerTurn {
+        /// Answer.
+        reply: Reply<()>,
+    },
     /// LeaseHeartbeat: renew the capacity lease.
     Renew {
         /// Whether something was renewed.
@@ -865,8 +870,13 @@ impl Grain {
                 reply,
             } => reply_with(reply, self.report(token, report).await),
             Msg::ChildEnded { child, reply } => reply_with(reply, self.child_ended(*child).await),
+            Msg::ModelServerTurn { reply } => reply_with(reply, self.model_server_turn().await),
             Msg::Renew { reply } => {
                 let renewed = match self.quota_check().await {
+                    Ok(()) => self.model_server_check().await,
+                    Err(e) => Err(e),
+                };
+                let renewed = match renewed {
                     Ok(()) => self.renew().await,
                     Err(e) => Err(e),
                 };
@@ -962,6 +972,10 @@ impl Grain {
     /// Makes `next` the grain's copy of the attempt.
     fn become_current(&mut self, next: ExecutionAttempt) {
         let before = self.attempt.state;
+        if next.state.is_terminal() && !before.is_terminal() {
+            // Its place at a model server, if any, is given up.
+            self.shared.servers.forget(next.attempt_id);
+        }
         self.attempt = next;
         if before != self.attempt.state {
             self.gauge(before, -1.0);
@@ -1162,6 +1176,35 @@ impl Grain {
         self.save(a, events, |_, _| Ok(())).await?;
         if self.attempt.needs_capacity() {
             self.acquire_capacity();
+        }
+        Ok(())
+    }
+
+    /// Its turn came at the model server it waits for: it runs again (and
+    /// asks for compute again if it gave it back); its next model call
+    /// takes the place held for it.
+    pub(super) async fn model_server_turn(&mut self) -> Result<(), RuntimeError> {
+        if self.attempt.model_server_wait.is_none() {
+            return Ok(());
+        }
+        let mut a = self.attempt.clone();
+        let events = a.model_server_turn(self.now())?;
+        self.save(a, events, |_, _| Ok(())).await?;
+        if self.attempt.needs_capacity() {
+            self.acquire_capacity();
+        }
+        Ok(())
+    }
+
+    /// An attempt paused for a model server that holds no place there
+    /// (the appliance restarted since it queued) runs again, and its next
+    /// call queues anew. Every LeaseHeartbeat pass asks.
+    async fn model_server_check(&mut self) -> Result<(), RuntimeError> {
+        if self.attempt.state == AttemptState::Paused
+            && self.attempt.model_server_wait.is_some()
+            && !self.shared.servers.holds_place(self.attempt.attempt_id)
+        {
+            return self.model_server_turn().await;
         }
         Ok(())
     }

@@ -416,7 +416,7 @@ class RevokePublisherKeyResponse(_message.Message):
     def __init__(self, key: _Optional[_Union[PublisherKey, _Mapping]] = ..., reverified: _Optional[_Union[Reverified, _Mapping]] = ...) -> None: ...
 
 class ModelProfile(_message.Message):
-    __slots__ = ("profile_id", "tenant_id", "endpoint", "model", "api_key_ref", "timeout_seconds", "updated_at", "updated_by", "fallback_endpoints")
+    __slots__ = ("profile_id", "tenant_id", "endpoint", "model", "api_key_ref", "timeout_seconds", "updated_at", "updated_by", "fallback_endpoints", "max_concurrent", "requests_per_minute", "tokens_per_minute")
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -426,6 +426,9 @@ class ModelProfile(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     profile_id: str
     tenant_id: str
     endpoint: str
@@ -435,10 +438,13 @@ class ModelProfile(_message.Message):
     updated_at: str
     updated_by: str
     fallback_endpoints: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, profile_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., api_key_ref: _Optional[str] = ..., timeout_seconds: _Optional[int] = ..., updated_at: _Optional[str] = ..., updated_by: _Optional[str] = ..., fallback_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_concurrent: int
+    requests_per_minute: int
+    tokens_per_minute: int
+    def __init__(self, profile_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., api_key_ref: _Optional[str] = ..., timeout_seconds: _Optional[int] = ..., updated_at: _Optional[str] = ..., updated_by: _Optional[str] = ..., fallback_endpoints: _Optional[_Iterable[str]] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ...) -> None: ...
 
 class PutModelProfileRequest(_message.Message):
-    __slots__ = ("profile_id", "tenant_id", "endpoint", "model", "api_key_ref", "timeout_seconds", "fallback_endpoints")
+    __slots__ = ("profile_id", "tenant_id", "endpoint", "model", "api_key_ref", "timeout_seconds", "fallback_endpoints", "max_concurrent", "requests_per_minute", "tokens_per_minute")
     PROFILE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -446,6 +452,9 @@ class PutModelProfileRequest(_message.Message):
     API_KEY_REF_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
     profile_id: str
     tenant_id: str
     endpoint: str
@@ -453,7 +462,10 @@ class PutModelProfileRequest(_message.Message):
     api_key_ref: str
     timeout_seconds: int
     fallback_endpoints: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, profile_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., api_key_ref: _Optional[str] = ..., timeout_seconds: _Optional[int] = ..., fallback_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_concurrent: int
+    requests_per_minute: int
+    tokens_per_minute: int
+    def __init__(self, profile_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., model: _Optional[str] = ..., api_key_ref: _Optional[str] = ..., timeout_seconds: _Optional[int] = ..., fallback_endpoints: _Optional[_Iterable[str]] = ..., max_concurrent: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ...) -> None: ...
 
 class PutModelProfileResponse(_message.Message):
     __slots__ = ("profile",)

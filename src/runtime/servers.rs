@@ -1,0 +1,205 @@
+//! The site's model servers as capacity: every model call to a site
+//! profile's server (the builtin loop's and `CallModel`'s alike) is
+//! admitted here first, within the limits its profile sets (calls in
+//! flight, requests and tokens a minute). A call beyond them waits in the
+//! server's queue, fair between tenants ([`ServerQueue`]); its attempt is
+//! paused meanwhile (waiting, not active; its compute given back after the
+//! usual grace) and runs again when its turn comes.
+//!
+//! What is held here is held in memory: a restart starts every queue
+//! empty, and the attempts it paused are asked again by their reminders.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::clock::SharedClock;
+use crate::domain::TenantId;
+use crate::domain::model_profile::{ServerLimits, SiteModelProfile};
+use crate::domain::model_server::{Admission, ServerQueue};
+use crate::telemetry::names;
+
+/// The model servers of the site, by their first endpoint.
+pub struct ModelServers {
+    clock: SharedClock,
+    servers: Mutex<Servers>,
+    /// Where the attempts whose turn came go: the runtime lets each one's
+    /// grain know.
+    turns: mpsc::UnboundedSender<(TenantId, Uuid)>,
+}
+
+#[derive(Default)]
+struct Servers {
+    by_key: HashMap<String, Server>,
+    /// The server each attempt holds a place at, with its tenant.
+    attempts: HashMap<Uuid, (String, TenantId)>,
+}
+
+struct Server {
+    queue: ServerQueue,
+    limits: ServerLimits,
+    /// The label its metrics carry: its address (operators read metrics,
+    /// tenants never do).
+    label: String,
+    /// What a waiting attempt reads it as: its profile, never its address.
+    words: String,
+}
+
+/// A server's key and label: its profile's first endpoint, and that
+/// endpoint's `host:port`.
+fn key_of(profile: &SiteModelProfile) -> (String, String) {
+    (profile.endpoint.clone(), label_of(&profile.endpoint))
+}
+
+/// The label a server's metrics carry: its endpoint's `host:port`.
+pub fn label_of(endpoint: &str) -> String {
+    url::Url::parse(endpoint)
+        .ok()
+        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
+        .unwrap_or_else(|| endpoint.to_string())
+}
+
+impl ModelServers {
+    /// The servers, and where the attempts whose turn comes are sent.
+    pub fn new(clock: SharedClock) -> (ModelServers, mpsc::UnboundedReceiver<(TenantId, Uuid)>) {
+        let (turns, rx) = mpsc::unbounded_channel();
+        (
+            ModelServers {
+                clock,
+                servers: Mutex::new(Servers::default()),
+                turns,
+            },
+            rx,
+        )
+    }
+
+    /// Attempt `attempt` of `tenant` is about to call `profile`'s server:
+    /// go, or wait (why, in words a tenant may read).
+    pub fn admit(
+        &self,
+        profile: &SiteModelProfile,
+        tenant: &TenantId,
+        attempt: Uuid,
+    ) -> Result<(), String> {
+        let now = self.clock.now();
+        let (key, label) = key_of(profile);
+        let mut all = self.servers.lock();
+        // A place held at another server (the profile was re-pointed) is
+        // given up.
+        if let Some((held, _)) = all.attempts.get(&attempt).cloned()
+            && held != key
+        {
+            self.forget_locked(&mut all, attempt);
+        }
+        let words = format!("of site model profile {}", profile.profile_id);
+        let server = all.by_key.entry(key.clone()).or_insert_with(|| Server {
+            queue: ServerQueue::default(),
+            limits: profile.limits,
+            label,
+            words: words.clone(),
+        });
+        // The profile's limits as set now (a change applies at once).
+        server.limits = profile.limits;
+        server.words = words;
+        let admission = server.queue.admit(attempt, tenant, &server.limits, now);
+        let words = server.words.clone();
+        gauges(server, now);
+        all.attempts.insert(attempt, (key, tenant.clone()));
+        match admission {
+            Admission::Go => Ok(()),
+            Admission::Wait(w) => Err(w.why(&words)),
+        }
+    }
+
+    /// Attempt `attempt`'s call ended with `tokens`: its place is free.
+    pub fn ended(&self, attempt: Uuid, tokens: u64) {
+        let now = self.clock.now();
+        let mut all = self.servers.lock();
+        let Some((key, _)) = all.attempts.remove(&attempt) else {
+            return;
+        };
+        let Some(server) = all.by_key.get_mut(&key) else {
+            return;
+        };
+        if tokens > 0 {
+            metrics::counter!(names::MODEL_SERVER_TOKENS, "server" => server.label.clone())
+                .increment(tokens);
+        }
+        let turns = server.queue.ended(attempt, tokens, &server.limits, now);
+        gauges(server, now);
+        self.give(&all, turns);
+    }
+
+    /// Attempt `attempt` ended: whatever place it holds is given up.
+    pub fn forget(&self, attempt: Uuid) {
+        let mut all = self.servers.lock();
+        self.forget_locked(&mut all, attempt);
+    }
+
+    fn forget_locked(&self, all: &mut Servers, attempt: Uuid) {
+        let now = self.clock.now();
+        let Some((key, _)) = all.attempts.remove(&attempt) else {
+            return;
+        };
+        let Some(server) = all.by_key.get_mut(&key) else {
+            return;
+        };
+        let turns = server.queue.forget(attempt, &server.limits, now);
+        gauges(server, now);
+        self.give(all, turns);
+    }
+
+    /// Gives the turns of the servers whose minute moved on; the runtime
+    /// calls it every second. Idle servers are dropped.
+    pub fn tick(&self) {
+        let now = self.clock.now();
+        let mut all = self.servers.lock();
+        let mut turns = Vec::new();
+        for server in all.by_key.values_mut() {
+            if server.queue.has_waiting() {
+                turns.extend(server.queue.serve(&server.limits, now));
+            }
+            gauges(server, now);
+        }
+        all.by_key.retain(|_, s| !s.queue.is_idle());
+        self.give(&all, turns);
+    }
+
+    /// Whether `attempt` holds a place at a server: in flight, with a turn
+    /// given, or queued.
+    pub fn holds_place(&self, attempt: Uuid) -> bool {
+        self.servers.lock().attempts.contains_key(&attempt)
+    }
+
+    /// Where `attempt` waits now and why, if it does: its place moves as
+    /// the queue is served.
+    pub fn waiting(&self, attempt: Uuid) -> Option<String> {
+        let all = self.servers.lock();
+        let (key, _) = all.attempts.get(&attempt)?;
+        let server = all.by_key.get(key)?;
+        server
+            .queue
+            .position(attempt, &server.limits)
+            .map(|w| w.why(&server.words))
+    }
+
+    fn give(&self, all: &Servers, turns: Vec<Uuid>) {
+        for attempt in turns {
+            if let Some((_, tenant)) = all.attempts.get(&attempt) {
+                let _ = self.turns.send((tenant.clone(), attempt));
+            }
+        }
+    }
+}
+
+/// A server's gauges, as they are now.
+fn gauges(server: &Server, now: chrono::DateTime<chrono::Utc>) {
+    let g = server.queue.gauges(now);
+    let label = server.label.clone();
+    metrics::gauge!(names::MODEL_SERVER_IN_FLIGHT, "server" => label.clone())
+        .set(g.in_flight as f64);
+    metrics::gauge!(names::MODEL_SERVER_QUEUED, "server" => label.clone()).set(g.queued as f64);
+    metrics::gauge!(names::MODEL_SERVER_OLDEST_WAIT, "server" => label).set(g.oldest_wait_seconds);
+}
