@@ -854,6 +854,10 @@ pub struct RuntimeConfig {
     /// byte before the call is given up on, seconds (the profile's
     /// `timeoutSeconds` bounds the whole call).
     pub model_stream_idle_seconds: u64,
+    /// How long an attempt waits for a site model server that is down
+    /// (every server of its profile refuses or does not answer) before it
+    /// fails `model-unavailable`, minutes.
+    pub model_outage_max_minutes: u64,
     /// How tool processes are bound: `auto` (a cgroup where the host has
     /// one, else what `when_unconfinable` says), `cgroup` (refuse tools
     /// where there is none) or `rlimit` (resource limits and a process
@@ -1041,6 +1045,7 @@ impl Default for RuntimeConfig {
             max_wait_seconds: 60,
             model_api_keys: std::collections::BTreeMap::new(),
             model_stream_idle_seconds: 30,
+            model_outage_max_minutes: 30,
             confinement: Confinement::Auto,
             when_unconfinable: WhenUnconfinable::Rlimit,
             when_tokens_run_out: WhenTokensRunOut::Wait,
@@ -1693,6 +1698,12 @@ impl Config {
             3650,
         )?;
         range("runtime.max_wait_seconds", rt.max_wait_seconds, 0, 300)?;
+        range(
+            "runtime.model_outage_max_minutes",
+            rt.model_outage_max_minutes,
+            1,
+            10_080,
+        )?;
         range(
             "runtime.model_stream_idle_seconds",
             rt.model_stream_idle_seconds,

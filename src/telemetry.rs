@@ -391,6 +391,8 @@ pub mod names {
     pub const MODEL_SERVER_OLDEST_WAIT: &str = "agentbay_model_server_oldest_wait_seconds";
     /// Tokens of the calls a site model server answered.
     pub const MODEL_SERVER_TOKENS: &str = "agentbay_model_server_tokens_total";
+    /// Whether a site model server answers (0 while it is down).
+    pub const MODEL_SERVER_UP: &str = "agentbay_model_server_up";
     /// Calls to a site model server by outcome.
     pub const MODEL_SERVER_CALLS: &str = "agentbay_model_server_calls_total";
     /// Model call latency (histogram, s; tenant, agent).
@@ -494,6 +496,10 @@ fn describe() {
     describe_counter!(
         names::MODEL_SERVER_TOKENS,
         "Tokens (input and output) of the calls a site model server answered, by server"
+    );
+    describe_gauge!(
+        names::MODEL_SERVER_UP,
+        "1 while a site model server answers, 0 while every server of its profile is down and calls to it wait, by server"
     );
     describe_counter!(
         names::MODEL_SERVER_CALLS,

@@ -62,6 +62,8 @@ pub struct ServerQueue {
     requests: VecDeque<DateTime<Utc>>,
     /// The tokens of the last minute's ended calls, with when.
     tokens: VecDeque<(DateTime<Utc>, u64)>,
+    /// Down: since when, and why (no call goes while it is).
+    down: Option<(DateTime<Utc>, String)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -162,6 +164,12 @@ impl ServerQueue {
 
     /// The limit that keeps a new call from going now, in words.
     fn holds(&self, limits: &ServerLimits) -> Option<String> {
+        if let Some((since, why)) = &self.down {
+            return Some(format!(
+                "it is down since {} ({why}); the appliance asks it again and the attempt runs when it answers",
+                since.format("%Y-%m-%d %H:%M:%S UTC")
+            ));
+        }
         if let Some(most) = limits.max_concurrent
             && self.in_flight.len() as u32 >= most
         {
@@ -260,6 +268,34 @@ impl ServerQueue {
         }
     }
 
+    /// No server of its profile could serve now (`why`): calls wait until
+    /// it answers again. Kept from the first failure on.
+    pub fn set_down(&mut self, why: String, now: DateTime<Utc>) {
+        if self.down.is_none() {
+            self.down = Some((now, why));
+        }
+    }
+
+    /// It answers again: the queue is served. Returns the attempts whose
+    /// turn came.
+    pub fn set_up(&mut self, limits: &ServerLimits, now: DateTime<Utc>) -> Vec<Uuid> {
+        self.down = None;
+        self.serve(limits, now)
+    }
+
+    /// Since when it is down, if it is.
+    pub fn down_since(&self) -> Option<DateTime<Utc>> {
+        self.down.as_ref().map(|(t, _)| *t)
+    }
+
+    /// Every attempt waiting, forgotten: the outage outlasted their wait.
+    pub fn give_up_waiting(&mut self) -> Vec<Uuid> {
+        let all: Vec<Uuid> = self.order();
+        self.waiting.clear();
+        self.rotation.clear();
+        all
+    }
+
     /// Whether anyone waits.
     pub fn has_waiting(&self) -> bool {
         !self.rotation.is_empty()
@@ -267,7 +303,7 @@ impl ServerQueue {
 
     /// Whether the server holds nothing: no call, no turn, nobody queued.
     pub fn is_idle(&self) -> bool {
-        self.in_flight.is_empty() && self.rotation.is_empty()
+        self.in_flight.is_empty() && self.rotation.is_empty() && self.down.is_none()
     }
 
     /// What the metrics show.
@@ -379,6 +415,25 @@ mod tests {
             last = turn[0];
         }
         assert_eq!(served, vec![bigs[0], smalls[0], bigs[1], smalls[1]]);
+    }
+
+    /// A server that is down holds every call, whatever its limits, until
+    /// it is up again; then the queue is served.
+    #[test]
+    fn a_server_that_is_down_holds_every_call_until_it_answers() {
+        let now = Utc::now();
+        let t = TenantId::parse("acme").unwrap();
+        let mut q = ServerQueue::default();
+        let l = ServerLimits::default();
+        q.set_down("connection refused".into(), now);
+        let a = crate::domain::ids::new_id();
+        let Admission::Wait(w) = q.admit(a, &t, &l, now) else {
+            panic!("waits while the server is down")
+        };
+        assert!(w.holds.contains("down since") && w.holds.contains("connection refused"));
+        assert_eq!(q.down_since(), Some(now));
+        assert_eq!(q.set_up(&l, now), vec![a]);
+        assert_eq!(q.admit(a, &t, &l, now), Admission::Go);
     }
 
     /// Requests and tokens a minute hold calls until the minute passes.

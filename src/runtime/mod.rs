@@ -1208,12 +1208,43 @@ impl Runtime {
                     }
                     _ = tick.tick() => {
                         let Some(runtime) = weak.upgrade() else { return };
-                        runtime.shared.servers.tick();
+                        runtime.model_servers_tick();
                     }
                     _ = shutdown.changed() => return,
                 }
             }
         });
+    }
+
+    /// A second of the model servers: turns a passing minute gives,
+    /// probes of servers that are down, and attempts whose wait an outage
+    /// outlasted, which fail `model-unavailable`.
+    fn model_servers_tick(self: &Arc<Self>) {
+        let minutes = self.shared.config.get().model_outage_max_minutes;
+        let max = chrono::Duration::minutes(i64::try_from(minutes).unwrap_or(i64::MAX / 60_000));
+        let (probes, over) = self.shared.servers.tick(max);
+        for probe in probes {
+            let servers = self.shared.servers.clone();
+            tokio::spawn(async move {
+                let answered = builtin::probe_model_server(&probe.endpoints).await;
+                servers.probed(&probe.key, answered);
+            });
+        }
+        for o in over {
+            let runtime = self.clone();
+            tokio::spawn(async move {
+                let scope = TenantScope::new(o.tenant);
+                let r = runtime
+                    .try_ask(&scope, o.attempt, |reply| Msg::ModelOutage {
+                        why: o.why,
+                        reply,
+                    })
+                    .await;
+                if let Err(e) = r {
+                    tracing::warn!(attempt = %o.attempt, error = %e, "ending an attempt a model server outage outlasted");
+                }
+            });
+        }
     }
 
     /// Where an attempt waits at a model server now and why, if it does.

@@ -45,6 +45,41 @@ struct Server {
     label: String,
     /// What a waiting attempt reads it as: its profile, never its address.
     words: String,
+    /// Its profile's servers, in order: what a probe asks while it is down.
+    endpoints: Vec<String>,
+    /// While down: when the next probe may start, the wait after a
+    /// failed one, and whether one is out.
+    probe: Option<Probe>,
+}
+
+#[derive(Clone, Copy)]
+struct Probe {
+    at: std::time::Instant,
+    backoff: std::time::Duration,
+    out: bool,
+}
+
+/// The first wait before a probe of a server that went down, and the
+/// longest (the wait doubles after each failed probe).
+const PROBE_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+const PROBE_MOST: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A probe to make: the server's key and its profile's endpoints.
+pub struct ProbeDue {
+    /// The server.
+    pub key: String,
+    /// Where to ask, in order: any answer means it is up.
+    pub endpoints: Vec<String>,
+}
+
+/// An attempt whose wait the outage outlasted: it fails.
+pub struct OutageOver {
+    /// Its tenant.
+    pub tenant: TenantId,
+    /// The attempt.
+    pub attempt: Uuid,
+    /// Why, in words.
+    pub why: String,
 }
 
 /// A server's key and label: its profile's first endpoint, and that
@@ -59,6 +94,19 @@ pub fn label_of(endpoint: &str) -> String {
         .ok()
         .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)))
         .unwrap_or_else(|| endpoint.to_string())
+}
+
+impl Server {
+    fn new(profile: &SiteModelProfile, label: String) -> Server {
+        Server {
+            queue: ServerQueue::default(),
+            limits: profile.limits,
+            label,
+            words: format!("of site model profile {}", profile.profile_id),
+            endpoints: profile.servers(),
+            probe: None,
+        }
+    }
 }
 
 impl ModelServers {
@@ -94,15 +142,14 @@ impl ModelServers {
             self.forget_locked(&mut all, attempt);
         }
         let words = format!("of site model profile {}", profile.profile_id);
-        let server = all.by_key.entry(key.clone()).or_insert_with(|| Server {
-            queue: ServerQueue::default(),
-            limits: profile.limits,
-            label,
-            words: words.clone(),
-        });
+        let server = all
+            .by_key
+            .entry(key.clone())
+            .or_insert_with(|| Server::new(profile, label));
         // The profile's limits as set now (a change applies at once).
         server.limits = profile.limits;
         server.words = words;
+        server.endpoints = profile.servers();
         let admission = server.queue.admit(attempt, tenant, &server.limits, now);
         let words = server.words.clone();
         gauges(server, now);
@@ -151,20 +198,111 @@ impl ModelServers {
         self.give(all, turns);
     }
 
-    /// Gives the turns of the servers whose minute moved on; the runtime
-    /// calls it every second. Idle servers are dropped.
-    pub fn tick(&self) {
+    /// Every server of `profile` could not serve now (`why`): it is down
+    /// until a probe finds it answering; calls to it wait meanwhile.
+    pub fn mark_down(&self, profile: &SiteModelProfile, why: &str) {
+        let now = self.clock.now();
+        let (key, label) = key_of(profile);
+        let mut all = self.servers.lock();
+        let server = all
+            .by_key
+            .entry(key)
+            .or_insert_with(|| Server::new(profile, label));
+        if server.probe.is_none() {
+            tracing::warn!(profile = %profile.profile_id, server = %server.label, reason = %why, "a site model server is down: calls to it wait until it answers");
+            server.probe = Some(Probe {
+                at: std::time::Instant::now() + PROBE_FIRST,
+                backoff: PROBE_FIRST,
+                out: false,
+            });
+        }
+        server.queue.set_down(why.to_string(), now);
+        metrics::gauge!(names::MODEL_SERVER_UP, "server" => server.label.clone()).set(0.0);
+        gauges(server, now);
+    }
+
+    /// A probe of server `key` ended: it answered, or not (the next waits
+    /// twice as long, up to half a minute).
+    pub fn probed(&self, key: &str, answered: bool) {
+        let now = self.clock.now();
+        let mut all = self.servers.lock();
+        let Some(server) = all.by_key.get_mut(key) else {
+            return;
+        };
+        let Some(probe) = server.probe.as_mut() else {
+            return;
+        };
+        if !answered {
+            probe.out = false;
+            probe.backoff = (probe.backoff * 2).min(PROBE_MOST);
+            probe.at = std::time::Instant::now() + probe.backoff;
+            return;
+        }
+        tracing::info!(server = %server.label, "a site model server answers again: the calls that waited for it go");
+        server.probe = None;
+        metrics::gauge!(names::MODEL_SERVER_UP, "server" => server.label.clone()).set(1.0);
+        let turns = server.queue.set_up(&server.limits, now);
+        gauges(server, now);
+        self.give(&all, turns);
+    }
+
+    /// Every second: gives the turns of the servers whose minute moved
+    /// on, ends the waits an outage of more than `outage_max` outlasted,
+    /// drops idle servers, and returns the probes due.
+    pub fn tick(&self, outage_max: chrono::Duration) -> (Vec<ProbeDue>, Vec<OutageOver>) {
         let now = self.clock.now();
         let mut all = self.servers.lock();
         let mut turns = Vec::new();
-        for server in all.by_key.values_mut() {
+        let mut probes = Vec::new();
+        let mut over = Vec::new();
+        for (key, server) in all.by_key.iter_mut() {
+            if let Some(since) = server.queue.down_since()
+                && now - since > outage_max
+            {
+                let why = format!(
+                    "model server {} did not answer for {} minutes (since {}; runtime.model_outage_max_minutes = {})",
+                    server.words,
+                    (now - since).num_minutes(),
+                    since.format("%Y-%m-%d %H:%M:%S UTC"),
+                    outage_max.num_minutes()
+                );
+                over.extend(
+                    server
+                        .queue
+                        .give_up_waiting()
+                        .into_iter()
+                        .map(|attempt| (attempt, why.clone())),
+                );
+            }
             if server.queue.has_waiting() {
                 turns.extend(server.queue.serve(&server.limits, now));
             }
+            if let Some(probe) = server.probe.as_mut()
+                && !probe.out
+                && probe.at <= std::time::Instant::now()
+            {
+                probe.out = true;
+                probes.push(ProbeDue {
+                    key: key.clone(),
+                    endpoints: server.endpoints.clone(),
+                });
+            }
             gauges(server, now);
         }
+        let over = over
+            .into_iter()
+            .filter_map(|(attempt, why)| {
+                let (_, tenant) = all.attempts.remove(&attempt)?;
+                Some(OutageOver {
+                    tenant,
+                    attempt,
+                    why,
+                })
+            })
+            .collect();
         all.by_key.retain(|_, s| !s.queue.is_idle());
         self.give(&all, turns);
+        (probes, over)
     }
 
     /// Whether `attempt` holds a place at a server: in flight, with a turn

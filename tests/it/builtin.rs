@@ -905,6 +905,13 @@ impl ModelServer {
 }
 
 async fn model_server(script: Vec<Reply>) -> ModelServer {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    model_server_on(listener, script).await
+}
+
+/// [`model_server`] on `listener`: a server that comes up where one was
+/// down.
+async fn model_server_on(listener: tokio::net::TcpListener, script: Vec<Reply>) -> ModelServer {
     use axum::extract::State;
     use axum::response::IntoResponse;
     use futures::StreamExt;
@@ -991,7 +998,6 @@ async fn model_server(script: Vec<Reply>) -> ModelServer {
     let app = axum::Router::new()
         .route("/v1/chat/completions", axum::routing::post(chat))
         .with_state(state);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     ModelServer {
@@ -1839,6 +1845,126 @@ async fn a_model_servers_limit_holds_and_a_waiting_attempt_says_why() {
     let peak = server.load.1.load(std::sync::atomic::Ordering::SeqCst);
     assert!(peak <= 2, "{peak} calls at once at a server that takes 2");
     assert_eq!(peak, 2, "the server was used to its limit");
+}
+
+/// A site model server that is down holds the attempts that need it:
+/// they wait paused, saying so, through a minute of the manual clock,
+/// and run on their own when it answers, no attempt failed and no call
+/// made twice at it; past `runtime.model_outage_max_minutes` an attempt
+/// still waiting fails `model-unavailable`.
+#[tokio::test]
+async fn attempts_wait_out_a_model_server_outage_and_give_up_only_past_its_limit() {
+    let closed = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let down = closed();
+    let url = format!("http://{down}/v1");
+    let mut site = Site::on(Appliance::start_with(
+        &["--manual-clock"],
+        &[("AGENTBAY_RUNTIME__NETWORK_ALLOW", &down.to_string())],
+    ))
+    .await;
+    site.import("triage-llm", json!([]), |m| {
+        openai_profile(&url)(m);
+        m["contract"]["cpu"] = json!(0.25);
+        m["contract"]["memoryGb"] = json!(0.25);
+    })
+    .await;
+    let map = |url: &str| {
+        run_cli(
+            &[
+                "model",
+                "put",
+                "site-llm",
+                "--endpoint",
+                url,
+                "--model",
+                "site-model",
+            ],
+            &site.a.data_dir,
+        )
+    };
+    map(&url);
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        runs.push(site.submit("triage-llm").await);
+    }
+    let paused = |t: &Value| {
+        t["state"] == "Paused"
+            && t["pauseReason"]
+                .as_str()
+                .is_some_and(|r| r.contains("is down since") && r.contains("site-llm"))
+    };
+    for run_id in &runs {
+        let r = site.until(run_id, "Paused").await;
+        let t = site
+            .timeline_until(&r.steps[0].attempts[0].attempt_id, paused)
+            .await;
+        assert!(paused(&t), "{t}");
+        assert!(
+            !t["pauseReason"]
+                .as_str()
+                .unwrap()
+                .contains(&down.to_string()),
+            "the tenant never reads the site's address: {t}"
+        );
+    }
+    // A minute of outage fails nothing.
+    site.a.advance(60).await;
+    for run_id in &runs {
+        let r = site.run(run_id).await;
+        assert_eq!(r.steps[0].attempts.len(), 1, "{r:?}");
+        assert_eq!(r.steps[0].attempts[0].state, "Paused", "{r:?}");
+    }
+    // The server comes back where it was: the attempts run on their own.
+    let ok = json!({"severity": "low", "summary": "after the outage", "paged": false}).to_string();
+    let server = model_server_on(
+        tokio::net::TcpListener::bind(down).await.unwrap(),
+        (0..3)
+            .map(|_| Reply::Chat(completion(Some(&ok), Value::Null)))
+            .collect(),
+    )
+    .await;
+    for run_id in &runs {
+        let done = site.until(run_id, "Succeeded").await;
+        assert_eq!(
+            done.steps[0].attempts.len(),
+            1,
+            "no attempt failed: {done:?}"
+        );
+        assert_eq!(done.steps[0].attempts[0].state, "Succeeded");
+    }
+    assert_eq!(
+        server.requests.lock().unwrap().len(),
+        3,
+        "each call reached the server once"
+    );
+
+    // Down past the limit: the attempt still waiting fails, and says why.
+    let gone = closed();
+    map(&format!("http://{gone}/v1"));
+    let run_id = site.submit("triage-llm").await;
+    let r = site.until(&run_id, "Paused").await;
+    site.timeline_until(&r.steps[0].attempts[0].attempt_id, paused)
+        .await;
+    site.a.advance(31 * 60).await;
+    // Half an hour on, the tenant's token has expired too.
+    site.token = site.a.token(&site.cred).await;
+    let failed = site.until(&run_id, "Failed").await;
+    let a = &failed.steps[0].attempts[0];
+    assert_eq!(a.failure_class, "model-unavailable", "{failed:?}");
+    assert!(
+        a.failure_reason.contains("did not answer for 31 minutes")
+            && a.failure_reason.contains("model_outage_max_minutes = 30"),
+        "{}",
+        a.failure_reason
+    );
+    assert_eq!(
+        failed.steps[0].attempts.len(),
+        1,
+        "not tried again: {failed:?}"
+    );
 }
 
 /// A site profile lists servers in order: a call moves on only when a

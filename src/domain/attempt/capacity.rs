@@ -237,4 +237,27 @@ impl ExecutionAttempt {
         }
         Ok(events)
     }
+
+    /// Its model server stayed down past the outage limit while it waited
+    /// (`why` says which and for how long): it fails `model-unavailable`
+    /// (Paused -> Running -> Failed; no call is in flight).
+    pub fn model_outage_over(
+        &mut self,
+        why: String,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        if self.state != AttemptState::Paused || self.model_server_wait.take().is_none() {
+            return Ok(Vec::new());
+        }
+        let mut events = Vec::new();
+        self.pause_reason = None;
+        self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
+        let failure = AttemptFailure {
+            class: FailureClass::ModelUnavailable,
+            reason: why,
+            feedback_ref: None,
+        };
+        events.extend(self.fail(failure, None, now)?);
+        Ok(events)
+    }
 }

@@ -274,16 +274,20 @@ pub enum FailureClass {
     Policy,
     /// A limit of the attempt was reached.
     Budget,
+    /// Every server of its model profile stayed down longer than
+    /// `runtime.model_outage_max_minutes` while the attempt waited.
+    ModelUnavailable,
 }
 
 impl FailureClass {
     /// Every class.
-    pub const ALL: [FailureClass; 5] = [
+    pub const ALL: [FailureClass; 6] = [
         FailureClass::Validation,
         FailureClass::Infrastructure,
         FailureClass::Transient,
         FailureClass::Policy,
         FailureClass::Budget,
+        FailureClass::ModelUnavailable,
     ];
 
     /// The wire name.
@@ -294,6 +298,7 @@ impl FailureClass {
             FailureClass::Transient => "transient",
             FailureClass::Policy => "policy",
             FailureClass::Budget => "budget",
+            FailureClass::ModelUnavailable => "model-unavailable",
         }
     }
 

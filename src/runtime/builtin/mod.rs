@@ -158,7 +158,7 @@ fn serving(
     scope: &TenantScope,
     info: &ReleaseInfo,
     own: &Model,
-) -> Result<(Option<Model>, String), RuntimeError> {
+) -> Result<Serving, RuntimeError> {
     let profile = &info.manifest.model_profile;
     let site = super::profiles::resolve(runtime.store(), scope.tenant(), &profile.id)?;
     let Some(site) = site else {
@@ -178,7 +178,11 @@ fn serving(
             }
             Model::Unmapped { .. } => format!("nothing: profile {} is not mapped", profile.id),
         };
-        return Ok((None, served));
+        return Ok(Serving {
+            model: None,
+            site: None,
+            served_by: served,
+        });
     };
     let api_key = site
         .api_key_ref
@@ -192,10 +196,39 @@ fn serving(
         site.model,
         site.scope_text()
     );
-    Ok((
-        Some(Model::site(&site, profile, api_key, stream_idle(runtime))),
-        served,
-    ))
+    Ok(Serving {
+        model: Some(Model::site(&site, profile, api_key, stream_idle(runtime))),
+        site: Some(site),
+        served_by: served,
+    })
+}
+
+/// What serves a model call: the site's model for the release's profile
+/// and its profile, or none (the release's own); and what serves it, in
+/// words, for its record.
+struct Serving {
+    model: Option<Model>,
+    site: Option<crate::domain::model_profile::SiteModelProfile>,
+    served_by: String,
+}
+
+/// Asks every server of a profile that is down whether it answers again
+/// (`GET /models`): any HTTP answer but one that says it cannot serve now
+/// (429, 502, 503, 504: a server still loading its model) means it does.
+pub(crate) async fn probe_model_server(endpoints: &[String]) -> bool {
+    for endpoint in endpoints {
+        let asked = model_http()
+            .get(format!("{endpoint}/models"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        if let Ok(answer) = asked
+            && !matches!(answer.status().as_u16(), 429 | 502 | 503 | 504)
+        {
+            return true;
+        }
+    }
+    false
 }
 
 /// Sends one chat completion to `model`: a model endpoint the release
@@ -237,6 +270,7 @@ async fn ask_model(
             Ok(reply) if reply.route.is_some() => "moved",
             Ok(_) => "answered",
             Err(ModelError::Transient(_)) => "failed",
+            Err(ModelError::Unavailable(_)) => "unavailable",
             Err(ModelError::Fatal(_)) => "refused",
         };
         let server =
@@ -309,7 +343,11 @@ pub async fn adapter_model_call(
         .release_info(scope, &attempt.release_id)
         .await?;
     let own = release_model(runtime, scope, &info)?;
-    let (site_model, served_by) = serving(runtime, scope, &info, &own)?;
+    let Serving {
+        model: site_model,
+        site,
+        served_by,
+    } = serving(runtime, scope, &info, &own)?;
     let begun = runtime
         .begin_call(
             scope,
@@ -406,10 +444,21 @@ pub async fn adapter_model_call(
             reply: Some(reply),
             completed: Some(completed),
         }),
-        Err(ModelError::Transient(e)) => Err(DomainError::Unavailable(format!(
-            "the model server did not answer ({e}); the call {call_id} is recorded as failed and may be made again"
-        ))
-        .into()),
+        Err(ModelError::Unavailable(e)) if site.is_some() => {
+            if let Some(site) = &site {
+                runtime.shared.servers.mark_down(site, &e);
+            }
+            Err(DomainError::Unavailable(format!(
+                "the model server is down ({e}); the call {call_id} is recorded as failed, and the attempt waits, paused, until the server answers: make the call again then"
+            ))
+            .into())
+        }
+        Err(ModelError::Transient(e) | ModelError::Unavailable(e)) => {
+            Err(DomainError::Unavailable(format!(
+                "the model server did not answer ({e}); the call {call_id} is recorded as failed and may be made again"
+            ))
+            .into())
+        }
         Err(ModelError::Fatal(e)) => Err(DomainError::FailedPrecondition(format!(
             "the model call {call_id} failed: {e}"
         ))
@@ -605,7 +654,11 @@ impl<'a> Loop<'a> {
                 self.budget,
             );
             let request = json!({"messages": ctx.messages, "tools": self.tools});
-            let (site_model, served_by) = self.model_now()?;
+            let Serving {
+                model: site_model,
+                site,
+                served_by,
+            } = self.model_now()?;
             let model = site_model.as_ref().unwrap_or(&self.model);
             let begun = self
                 .begin(BeginCall {
@@ -713,7 +766,16 @@ impl<'a> Loop<'a> {
                         None,
                     )
                     .await?;
-                    let transient = matches!(e, ModelError::Transient(_));
+                    // A site's server that cannot serve now is down: the
+                    // next call waits, paused, until it answers, and this
+                    // try is not counted.
+                    if let (ModelError::Unavailable(why), Some(site)) = (&e, &site) {
+                        self.runtime.shared.servers.mark_down(site, why);
+                        tries -= 1;
+                        continue;
+                    }
+                    let transient =
+                        matches!(e, ModelError::Transient(_) | ModelError::Unavailable(_));
                     if transient && tries < MODEL_TRIES {
                         tokio::time::sleep(Duration::from_millis(200 * u64::from(tries))).await;
                         continue;
@@ -738,7 +800,7 @@ impl<'a> Loop<'a> {
     }
 
     /// The model of the next call and what serves it ([`serving`]).
-    fn model_now(&self) -> Result<(Option<Model>, String), RuntimeError> {
+    fn model_now(&self) -> Result<Serving, RuntimeError> {
         serving(self.runtime, self.scope, &self.info, &self.model)
     }
 

@@ -69,6 +69,13 @@ pub enum ModelError {
     /// Not worth trying again (4xx, a malformed answer, no script left).
     #[error("{0}")]
     Fatal(String),
+    /// No server of the profile could serve now (each refused the
+    /// connection, sent nothing in time, or answered 429, 502, 503 or
+    /// 504): a site profile's server is marked down and the call waits
+    /// for it; a release's own endpoint is tried again as a transient
+    /// failure.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// A model the builtin adapter can call.
@@ -102,6 +109,9 @@ pub enum Model {
         timeout: Duration,
         /// Longest a streamed answer may go without a byte.
         idle: Duration,
+        /// Whether the server is the site's (a site profile's): its
+        /// address is then never in what the tenant reads.
+        site: bool,
         /// Sampling temperature.
         temperature: Option<f64>,
         /// Completion budget.
@@ -161,6 +171,7 @@ impl Model {
                     api_key,
                     timeout: Duration::from_secs(profile.timeout_seconds.unwrap_or(120).into()),
                     idle,
+                    site: false,
                     temperature: profile.temperature,
                     max_tokens: profile.max_tokens,
                 })
@@ -183,6 +194,7 @@ impl Model {
             api_key,
             timeout: Duration::from_secs(site.timeout_seconds.into()),
             idle,
+            site: true,
             temperature: release.temperature,
             max_tokens: release.max_tokens,
         }
@@ -260,6 +272,7 @@ impl Model {
                 api_key,
                 timeout,
                 idle,
+                site,
                 temperature,
                 max_tokens,
             } => {
@@ -279,11 +292,16 @@ impl Model {
                     api_key: api_key.as_deref(),
                     timeout: *timeout,
                     idle: *idle,
+                    site: *site,
                     fence,
                 };
                 // A server that cannot serve now passes the call to the
                 // next; one that answered anything else is the answer.
                 let mut moves: Vec<String> = Vec::new();
+                // Whether a server that could not serve may have had the
+                // request (it sent nothing in time): then the call is not
+                // known unmade, and is tried again by today's rules.
+                let mut reached = false;
                 let n = endpoints.len();
                 for (i, endpoint) in endpoints.iter().enumerate() {
                     let name = if n > 1 {
@@ -303,13 +321,17 @@ impl Model {
                             }
                             return Ok(reply);
                         }
-                        Err(Failed::CannotServeNow(why)) if i + 1 < n => {
+                        Err(Failed::CannotServeNow(why, timed_out)) if i + 1 < n => {
+                            reached |= timed_out;
                             moves.push(format!("server {} could not serve ({why})", i + 1));
                         }
-                        Err(Failed::CannotServeNow(why)) => {
-                            return Err(ModelError::Transient(after(format!(
-                                "model server {name} could not serve: {why}"
-                            ))));
+                        Err(Failed::CannotServeNow(why, timed_out)) => {
+                            let why = after(format!("model server {name} could not serve: {why}"));
+                            return Err(if reached || timed_out {
+                                ModelError::Transient(why)
+                            } else {
+                                ModelError::Unavailable(why)
+                            });
                         }
                         Err(Failed::Transient(e)) => return Err(ModelError::Transient(after(e))),
                         Err(Failed::Fatal(e)) => return Err(ModelError::Fatal(after(e))),
@@ -330,6 +352,7 @@ struct Ask<'a> {
     api_key: Option<&'a str>,
     timeout: Duration,
     idle: Duration,
+    site: bool,
     fence: &'a CallFence,
 }
 
@@ -338,8 +361,9 @@ enum Failed {
     /// It says it cannot serve now and the request did not start there:
     /// the connection was refused or not made, nothing came back before
     /// the timeout, or it answered 429, 502, 503 or 504. The next server
-    /// of the profile is asked.
-    CannotServeNow(String),
+    /// of the profile is asked. With whether it timed out (the request
+    /// may have reached it).
+    CannotServeNow(String, bool),
     /// It may have started the request, or failed it (500, a broken-off
     /// answer): tried again by the attempt's rules, not moved.
     Transient(String),
@@ -380,9 +404,10 @@ impl Ask<'_> {
             request = request.header(header, value);
         }
         let response = request.send().await.map_err(|e| {
+            let e = self.shown(e);
             let why = format!("model server {name} did not answer: {}", in_words(&e));
             if e.is_connect() || e.is_timeout() {
-                Failed::CannotServeNow(in_words(&e))
+                Failed::CannotServeNow(in_words(&e), e.is_timeout())
             } else {
                 Failed::Transient(why)
             }
@@ -397,6 +422,7 @@ impl Ask<'_> {
             response,
             idle: self.idle,
             name,
+            site: self.site,
             read: Vec::new(),
         };
         if streamed && status.is_success() {
@@ -405,7 +431,10 @@ impl Ask<'_> {
         let text = answer.whole().await?;
         let said = || text.chars().take(200).collect::<String>();
         if matches!(status.as_u16(), 429 | 502 | 503 | 504) {
-            return Err(Failed::CannotServeNow(format!("{status}: {}", said())));
+            return Err(Failed::CannotServeNow(
+                format!("{status}: {}", said()),
+                false,
+            ));
         }
         if status.is_server_error() {
             return Err(Failed::Transient(format!(
@@ -428,6 +457,14 @@ impl Ask<'_> {
     }
 }
 
+impl Ask<'_> {
+    /// `e` as the tenant may read it: without the address of a site's
+    /// server.
+    fn shown(&self, e: reqwest::Error) -> reqwest::Error {
+        if self.site { e.without_url() } else { e }
+    }
+}
+
 /// The most of one answer read from a model server, bytes: a larger one
 /// is refused, not held.
 const MAX_ANSWER: usize = 16 * 1024 * 1024;
@@ -437,6 +474,7 @@ struct Answer<'a> {
     response: reqwest::Response,
     idle: Duration,
     name: &'a str,
+    site: bool,
     read: Vec<u8>,
 }
 
@@ -454,6 +492,7 @@ impl Answer<'_> {
                 ))
             })?
             .map_err(|e| {
+                let e = if self.site { e.without_url() } else { e };
                 Failed::Transient(format!(
                     "model server {name} broke off its answer: {}",
                     in_words(&e)

@@ -183,6 +183,13 @@ pub enum Msg {
         /// Answer.
         reply: Reply<()>,
     },
+    /// The model server it waits for stayed down past the outage limit.
+    ModelOutage {
+        /// Why, in words.
+        why: String,
+        /// Answer.
+        reply: Reply<()>,
+    },
     /// Its turn came at the model server it waits for.
     ModelServerTurn {
         /// Answer.
@@ -871,6 +878,18 @@ impl Grain {
             } => reply_with(reply, self.report(token, report).await),
             Msg::ChildEnded { child, reply } => reply_with(reply, self.child_ended(*child).await),
             Msg::ModelServerTurn { reply } => reply_with(reply, self.model_server_turn().await),
+            Msg::ModelOutage { why, reply } => {
+                let r = async {
+                    let mut a = self.attempt.clone();
+                    let events = a.model_outage_over(why, self.now())?;
+                    if !events.is_empty() {
+                        self.save(a, events, |_, _| Ok(())).await?;
+                    }
+                    Ok(())
+                }
+                .await;
+                reply_with(reply, r)
+            }
             Msg::Renew { reply } => {
                 let renewed = match self.quota_check().await {
                     Ok(()) => self.model_server_check().await,
