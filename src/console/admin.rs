@@ -1140,6 +1140,9 @@ struct SystemPage {
     l: Layout,
     facts: Vec<(&'static str, String)>,
     t: Table,
+    /// The site's model profiles: profile, for whom, servers, model,
+    /// limits, and what the server is doing now.
+    models: Vec<[String; 6]>,
 }
 
 /// What this host enforces on tool processes, in one line.
@@ -1336,10 +1339,24 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
         vec![],
         "No workers.",
     );
+    let models = crate::runtime::profiles::list(&state.store)?
+        .into_iter()
+        .map(|p| {
+            [
+                p.profile_id.clone(),
+                p.scope_text(),
+                p.servers().join(", then "),
+                p.model.clone(),
+                p.limits.describe(),
+                state.runtime.model_server_now(&p.endpoint),
+            ]
+        })
+        .collect();
     render(&SystemPage {
         l: console.layout("System", "/system"),
         facts,
         t,
+        models,
     })
 }
 

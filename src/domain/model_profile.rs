@@ -108,7 +108,7 @@ impl ServerLimits {
     /// The limits in words, for the console and the command line.
     pub fn describe(&self) -> String {
         let parts: Vec<String> = [
-            self.max_concurrent.map(|n| format!("{n} in flight")),
+            self.max_concurrent.map(|n| format!("{n} calls at once")),
             self.requests_per_minute
                 .map(|n| format!("{n} requests/min")),
             self.tokens_per_minute.map(|n| format!("{n} tokens/min")),

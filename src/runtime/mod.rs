@@ -1247,6 +1247,11 @@ impl Runtime {
         }
     }
 
+    /// What a site model server is doing now, in words (the console).
+    pub fn model_server_now(&self, endpoint: &str) -> String {
+        self.shared.servers.now(endpoint)
+    }
+
     /// Where an attempt waits at a model server now and why, if it does.
     pub fn model_server_waiting(&self, attempt_id: Uuid) -> Option<String> {
         self.shared.servers.waiting(attempt_id)

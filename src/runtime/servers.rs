@@ -305,6 +305,28 @@ impl ModelServers {
         (probes, over)
     }
 
+    /// What the server whose first endpoint is `endpoint` is doing now,
+    /// in words, for the console: idle, its calls and queue, or down.
+    pub fn now(&self, endpoint: &str) -> String {
+        let now = self.clock.now();
+        let all = self.servers.lock();
+        let Some(server) = all.by_key.get(endpoint) else {
+            return "idle".into();
+        };
+        let g = server.queue.gauges(now);
+        let queue = match g.queued {
+            0 => String::new(),
+            n => format!("; {n} waiting (the oldest {:.0} s)", g.oldest_wait_seconds),
+        };
+        match server.queue.down_since() {
+            Some(since) => format!(
+                "DOWN since {} (probed with backoff){queue}",
+                since.format("%Y-%m-%d %H:%M:%S UTC")
+            ),
+            None => format!("{} in flight{queue}", g.in_flight),
+        }
+    }
+
     /// Whether `attempt` holds a place at a server: in flight, with a turn
     /// given, or queued.
     pub fn holds_place(&self, attempt: Uuid) -> bool {

@@ -1797,7 +1797,7 @@ async fn a_model_servers_limit_holds_and_a_waiting_attempt_says_why() {
         ],
         &site.a.data_dir,
     );
-    assert!(out.contains("2 in flight"), "{out}");
+    assert!(out.contains("2 calls at once"), "{out}");
     let mut runs = Vec::new();
     for _ in 0..6 {
         runs.push(site.submit("triage-llm").await);
@@ -1823,6 +1823,23 @@ async fn a_model_servers_limit_holds_and_a_waiting_attempt_says_why() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let (state, why) = why.expect("an attempt waited for the model server");
+    // The System page shows the server, its limits and its queue.
+    crate::console::user(&site.a, "platform", "pla", &["PlatformAdmin"]).await;
+    let pla = crate::console::Visitor::sign_in(&site.a, "pla").await;
+    let (status, page) = pla.get("/system").await;
+    assert_eq!(status, 200);
+    let servers = page
+        .split("id=\"model-servers\"")
+        .nth(1)
+        .expect("the model servers table");
+    assert!(
+        servers.contains("site-llm")
+            && servers.contains(&server.url)
+            && servers.contains("2 calls at once")
+            && servers.contains(" in flight")
+            && servers.contains("every tenant"),
+        "{servers}"
+    );
     assert_eq!(state, "Paused", "{why}");
     assert!(
         why.contains("of site model profile site-llm: 2 of 2 calls in flight; position ")
