@@ -124,9 +124,23 @@ impl Site {
     /// Imports a release of `tenant` as the holder of `token`, signed by
     /// the key [`Site::other_tenant`] trusted for it.
     pub(crate) async fn import_as(&self, token: &str, tenant: &str, id: &str, responses: Value) {
+        self.import_as_with(token, tenant, id, responses, |_| {})
+            .await
+    }
+
+    /// [`Site::import_as`], its manifest edited by `edit` first.
+    pub(crate) async fn import_as_with(
+        &self,
+        token: &str,
+        tenant: &str,
+        id: &str,
+        responses: Value,
+        edit: impl FnOnce(&mut Value),
+    ) {
         let dir = release(self.dir.path(), &format!("{id}-as"), responses, &[], |m| {
             m["releaseId"] = json!(id);
             m["tenantId"] = json!(tenant);
+            edit(m);
         });
         let key = self.dir.path().join(format!("{tenant}-publisher.key"));
         let out = run(agentbay()
@@ -191,6 +205,22 @@ impl Site {
             .expect("submit")
             .into_owned();
         r.run.as_option().unwrap().run_id.clone()
+    }
+
+    /// A run as the holder of `token` (another tenant's) reads it.
+    pub(crate) async fn run_as(&self, token: &str, run_id: &str) -> rn::Run {
+        self.runs_as(token)
+            .get_run(rn::GetRunRequest {
+                run_id: run_id.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("get run")
+            .into_owned()
+            .run
+            .as_option()
+            .unwrap()
+            .clone()
     }
 
     pub(crate) async fn run(&self, run_id: &str) -> rn::Run {
@@ -1766,11 +1796,21 @@ async fn a_streamed_answer_is_put_together_and_a_stalled_stream_is_given_up_on()
 /// whose calls each take half a second, on a server that takes two at
 /// once, never have more than two in flight there; the others wait
 /// paused, saying for what and where they are in its queue; all succeed.
+///
+/// `AGENTBAY_MODEL_QUEUE=ATTEMPTS,LIMIT` (e.g. `32,4`) runs it with more
+/// and prints the queue's figures.
 #[tokio::test]
 async fn a_model_servers_limit_holds_and_a_waiting_attempt_says_why() {
+    let (attempts, limit): (usize, usize) = std::env::var("AGENTBAY_MODEL_QUEUE")
+        .ok()
+        .and_then(|v| {
+            let (a, l) = v.split_once(',')?;
+            Some((a.parse().ok()?, l.parse().ok()?))
+        })
+        .unwrap_or((6, 2));
     let ok = json!({"severity": "low", "summary": "queued", "paged": false}).to_string();
     let server = model_server(
-        (0..6)
+        (0..attempts)
             .map(|_| Reply::Slow(500, completion(Some(&ok), Value::Null)))
             .collect(),
     )
@@ -1778,11 +1818,12 @@ async fn a_model_servers_limit_holds_and_a_waiting_attempt_says_why() {
     let site = server.site().await;
     site.import("triage-llm", json!([]), |m| {
         openai_profile(&server.url)(m);
-        // Six fit the default pool at once.
-        m["contract"]["cpu"] = json!(0.25);
-        m["contract"]["memoryGb"] = json!(0.25);
+        // They all fit the default pool at once.
+        m["contract"]["cpu"] = json!(0.05);
+        m["contract"]["memoryGb"] = json!(0.05);
     })
     .await;
+    let limit_text = limit.to_string();
     let out = run_cli(
         &[
             "model",
@@ -1793,13 +1834,14 @@ async fn a_model_servers_limit_holds_and_a_waiting_attempt_says_why() {
             "--model",
             "site-model",
             "--max-concurrent",
-            "2",
+            &limit_text,
         ],
         &site.a.data_dir,
     );
-    assert!(out.contains("2 calls at once"), "{out}");
+    assert!(out.contains(&format!("{limit} calls at once")), "{out}");
+    let started = std::time::Instant::now();
     let mut runs = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..attempts {
         runs.push(site.submit("triage-llm").await);
     }
     // While they run, one of them waits for the server and says why.
@@ -1835,17 +1877,19 @@ async fn a_model_servers_limit_holds_and_a_waiting_attempt_says_why() {
     assert!(
         servers.contains("site-llm")
             && servers.contains(&server.url)
-            && servers.contains("2 calls at once")
+            && servers.contains(&format!("{limit} calls at once"))
             && servers.contains(" in flight")
             && servers.contains("every tenant"),
         "{servers}"
     );
     assert_eq!(state, "Paused", "{why}");
     assert!(
-        why.contains("of site model profile site-llm: 2 of 2 calls in flight; position ")
-            && !why.contains(&server.url),
+        why.contains(&format!(
+            "of site model profile site-llm: {limit} of {limit} calls in flight; position "
+        )) && !why.contains(&server.url),
         "{why}"
     );
+    let mut paused_ms = Vec::new();
     for run_id in &runs {
         let done = site.until(run_id, "Succeeded").await;
         assert_eq!(
@@ -1853,15 +1897,122 @@ async fn a_model_servers_limit_holds_and_a_waiting_attempt_says_why() {
             1,
             "no attempt failed: {done:?}"
         );
+        // How long it waited paused for the server.
+        let t = site.timeline(&done.steps[0].attempts[0].attempt_id).await;
+        paused_ms.push(
+            t["phases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p["state"] == "Paused")
+                .map(|p| p["durationMs"].as_u64().unwrap_or(0))
+                .sum::<u64>(),
+        );
     }
+    let took = started.elapsed();
     assert_eq!(
         server.requests.lock().unwrap().len(),
-        6,
+        attempts,
         "no call made twice"
     );
     let peak = server.load.1.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(peak <= 2, "{peak} calls at once at a server that takes 2");
-    assert_eq!(peak, 2, "the server was used to its limit");
+    assert!(
+        peak <= limit,
+        "{peak} calls at once at a server that takes {limit}"
+    );
+    assert_eq!(peak, limit, "the server was used to its limit");
+    paused_ms.sort();
+    println!(
+        "{attempts} attempts, calls of 0.5 s, a server that takes {limit}: at most {peak} at once at the server; all done in {:.1} s (ideal {:.1} s); waited paused: {} of them, median {} ms, longest {} ms",
+        took.as_secs_f64(),
+        attempts.div_ceil(limit) as f64 * 0.5,
+        paused_ms.iter().filter(|ms| **ms > 0).count(),
+        paused_ms[paused_ms.len() / 2],
+        paused_ms.last().unwrap()
+    );
+}
+
+/// Two tenants share a server that takes one call at a time: one submits
+/// ten times more than the other, and the other's runs still go in turn
+/// with the first one's, not after all of them.
+#[tokio::test]
+async fn a_tenant_that_queues_more_does_not_starve_another_at_a_model_server() {
+    let ok = json!({"severity": "low", "summary": "fair", "paged": false}).to_string();
+    let server = model_server(
+        (0..12)
+            .map(|_| Reply::Slow(200, completion(Some(&ok), Value::Null)))
+            .collect(),
+    )
+    .await;
+    let site = server.site().await;
+    let small = |m: &mut Value| {
+        openai_profile(&server.url)(m);
+        m["contract"]["cpu"] = json!(0.05);
+        m["contract"]["memoryGb"] = json!(0.05);
+    };
+    site.import("triage-llm", json!([]), small).await;
+    let other = site.other_tenant("globex").await;
+    site.import_as_with(&other, "globex", "triage-llm", json!([]), small)
+        .await;
+    run_cli(
+        &[
+            "model",
+            "put",
+            "site-llm",
+            "--endpoint",
+            &server.url,
+            "--model",
+            "site-model",
+            "--max-concurrent",
+            "1",
+        ],
+        &site.a.data_dir,
+    );
+    let mut many = Vec::new();
+    for _ in 0..10 {
+        many.push(site.submit("triage-llm").await);
+    }
+    let mut few = Vec::new();
+    for _ in 0..2 {
+        few.push(site.submit_as(&other, "triage-llm").await);
+    }
+    for run_id in &many {
+        site.until(run_id, "Succeeded").await;
+    }
+    let mut globex = Vec::new();
+    for run_id in &few {
+        let r = site.run_as(&other, run_id).await;
+        globex.push(r.steps[0].attempts[0].attempt_id.clone());
+    }
+    // The order the server answered the attempts in.
+    let answered: Vec<String> = server
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["_headers"]["agentbay-attempt-id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    let positions: Vec<usize> = globex
+        .iter()
+        .filter_map(|a| answered.iter().position(|t| t == a))
+        .collect();
+    assert_eq!(
+        positions.len(),
+        2,
+        "both of globex's runs were served: {answered:?}"
+    );
+    // Queued behind ten of demo's, each of globex's goes within the next
+    // few turns, not after all ten.
+    assert!(
+        positions.iter().all(|p| *p < 7),
+        "globex's calls were answered at {positions:?} of {}",
+        answered.len()
+    );
 }
 
 /// A site model server that is down holds the attempts that need it:
