@@ -418,7 +418,7 @@ pub fn timeline(
         fencing_token: a.fencing_token,
         lease_id: a.lease_id,
         lease: a.lease.clone(),
-        waiting_reason: view.waiting_reason(),
+        waiting_reason: runtime.waiting_reason(&view),
         pending_decision: view
             .decision
             .as_ref()
@@ -439,14 +439,7 @@ pub fn timeline(
         max_corrections: a.max_corrections,
         interrupt: a.interrupt.clone(),
         renewal_failure: a.renewal_failure.clone(),
-        // A wait for a model server says where the attempt is in its queue
-        // now, not when it joined.
-        pause_reason: a
-            .model_server_wait
-            .as_ref()
-            .filter(|_| a.state == crate::domain::attempt::AttemptState::Paused)
-            .and_then(|_| state.runtime.model_server_waiting(a.attempt_id))
-            .or_else(|| a.pause_reason.clone()),
+        pause_reason: state.runtime.pause_reason(a),
         failure: a.failure.clone(),
         output_ref: a.output_ref.clone(),
         outcome_hash: a.outcome_hash.clone(),
@@ -709,7 +702,7 @@ pub async fn watch_attempt(
             phase: a.phase,
             checkpoints: a.usage.checkpoints,
             last_checkpoint_id: a.last_checkpoint_id,
-            waiting_reason: view.waiting_reason(),
+            waiting_reason: runtime.waiting_reason(&view),
             pending_decision: view
                 .decision
                 .as_ref()

@@ -1252,9 +1252,27 @@ impl Runtime {
         self.shared.servers.now(endpoint)
     }
 
-    /// Where an attempt waits at a model server now and why, if it does.
-    pub fn model_server_waiting(&self, attempt_id: Uuid) -> Option<String> {
-        self.shared.servers.waiting(attempt_id)
+    /// Why an attempt is paused, as it is now: for a wait at a model
+    /// server, its place in the server's queue now, not when it joined.
+    pub fn pause_reason(&self, a: &ExecutionAttempt) -> Option<String> {
+        a.model_server_wait
+            .as_ref()
+            .filter(|_| a.state == AttemptState::Paused)
+            .and_then(|_| self.shared.servers.waiting(a.attempt_id))
+            .or_else(|| a.pause_reason.clone())
+    }
+
+    /// Why an attempt waits now ([`AttemptView::waiting_reason`], with a
+    /// model server's queue as it is now).
+    pub fn waiting_reason(&self, view: &AttemptView) -> Option<String> {
+        let a = &view.attempt;
+        if a.state == AttemptState::Paused
+            && a.model_server_wait.is_some()
+            && let Some(why) = self.pause_reason(a)
+        {
+            return Some(format!("paused: {why}"));
+        }
+        view.waiting_reason()
     }
 
     /// LeaseHeartbeat: every live grain renews its leases.

@@ -105,7 +105,7 @@ pub fn attempt_message(
         state: a.state.as_str().to_string(),
         phase: a.phase.as_str().to_string(),
         fencing_token: a.fencing_token,
-        waiting_reason: view.waiting_reason().unwrap_or_default(),
+        waiting_reason: runtime.waiting_reason(view).unwrap_or_default(),
         limiting_quota: view.limiting_quota.clone().unwrap_or_default(),
         queue_position: view.queue_position.unwrap_or(0) as u32,
         correction_count: a.correction_count,

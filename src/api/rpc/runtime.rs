@@ -44,7 +44,7 @@ fn update_message(
             .last_checkpoint_id
             .map(|c| c.to_string())
             .unwrap_or_default(),
-        waiting_reason: view.waiting_reason().unwrap_or_default(),
+        waiting_reason: runtime.waiting_reason(view).unwrap_or_default(),
         interrupt_requested: a.interrupt.is_some(),
         interrupt_reason: a
             .interrupt
@@ -84,7 +84,7 @@ impl pb::Runtime for RuntimeService {
         Response::ok(pb::InterruptResponse {
             state: attempt.state.as_str().to_string(),
             observed: attempt.cancellation_observed_at.is_some() || attempt.state.is_terminal(),
-            waiting_reason: view.waiting_reason().unwrap_or_default(),
+            waiting_reason: self.state.runtime.waiting_reason(&view).unwrap_or_default(),
             ..Default::default()
         })
     }

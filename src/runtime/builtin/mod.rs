@@ -1505,6 +1505,7 @@ impl<'a> Loop<'a> {
     /// (paused, or waiting for capacity again after a human decision)
     /// until it may, or has ended.
     async fn begin(&self, call: BeginCall) -> Result<crate::runtime::Begun, RuntimeError> {
+        let mut again = 0;
         loop {
             let result = self
                 .runtime
@@ -1523,6 +1524,12 @@ impl<'a> Loop<'a> {
                 )
             };
             if !blocked(&rx.borrow_and_update()) {
+                // Refused because it waited, and it no longer does (its
+                // turn at a model server came at once): begin again.
+                if matches!(e, RuntimeError::Domain(DomainError::Waiting(_))) && again < 100 {
+                    again += 1;
+                    continue;
+                }
                 return result;
             }
             tracing::debug!(attempt = %self.attempt_id, reason = %e, "the builtin loop waits before its next call");
