@@ -288,6 +288,18 @@ impl ServerQueue {
         self.down.as_ref().map(|(t, _)| *t)
     }
 
+    /// Why the waits end, if it has been down longer than `max`
+    /// (`runtime.model_outage_max_minutes`): the server as `server` says.
+    pub fn outage_over(&self, server: &str, max: Duration, now: DateTime<Utc>) -> Option<String> {
+        let since = self.down_since().filter(|since| now - *since > max)?;
+        Some(format!(
+            "model server {server} did not answer for {} minutes (since {}; runtime.model_outage_max_minutes = {})",
+            (now - since).num_minutes(),
+            since.format("%Y-%m-%d %H:%M:%S UTC"),
+            max.num_minutes()
+        ))
+    }
+
     /// Every attempt waiting, forgotten: the outage outlasted their wait.
     pub fn give_up_waiting(&mut self) -> Vec<Uuid> {
         let all: Vec<Uuid> = self.order();
@@ -432,6 +444,11 @@ mod tests {
         };
         assert!(w.holds.contains("down since") && w.holds.contains("connection refused"));
         assert_eq!(q.down_since(), Some(now));
+        assert_eq!(q.outage_over("s", Duration::minutes(30), now), None);
+        let over = q
+            .outage_over("s", Duration::minutes(30), now + Duration::minutes(31))
+            .expect("past the limit");
+        assert!(over.contains("did not answer for 31 minutes"), "{over}");
         assert_eq!(q.set_up(&l, now), vec![a]);
         assert_eq!(q.admit(a, &t, &l, now), Admission::Go);
     }

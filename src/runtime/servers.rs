@@ -256,16 +256,7 @@ impl ModelServers {
         let mut probes = Vec::new();
         let mut over = Vec::new();
         for (key, server) in all.by_key.iter_mut() {
-            if let Some(since) = server.queue.down_since()
-                && now - since > outage_max
-            {
-                let why = format!(
-                    "model server {} did not answer for {} minutes (since {}; runtime.model_outage_max_minutes = {})",
-                    server.words,
-                    (now - since).num_minutes(),
-                    since.format("%Y-%m-%d %H:%M:%S UTC"),
-                    outage_max.num_minutes()
-                );
+            if let Some(why) = server.queue.outage_over(&server.words, outage_max, now) {
                 over.extend(
                     server
                         .queue

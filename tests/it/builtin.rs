@@ -224,18 +224,7 @@ impl Site {
     }
 
     pub(crate) async fn run(&self, run_id: &str) -> rn::Run {
-        self.runs()
-            .get_run(rn::GetRunRequest {
-                run_id: run_id.into(),
-                ..Default::default()
-            })
-            .await
-            .expect("get run")
-            .into_owned()
-            .run
-            .as_option()
-            .unwrap()
-            .clone()
+        self.run_as(&self.token, run_id).await
     }
 
     /// Waits until the run's last attempt is in `state` (or the run is).
@@ -262,6 +251,19 @@ impl Site {
         self.a
             .get(&self.token, &format!("/runtime/attempts/{attempt_id}"))
             .await
+    }
+
+    /// What served each model call of the run's first attempt
+    /// (`servedBy`, in order).
+    pub(crate) async fn served_by(&self, run: &rn::Run) -> Vec<String> {
+        let t = self.timeline(&run.steps[0].attempts[0].attempt_id).await;
+        t["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["kind"] == "model")
+            .map(|c| c["servedBy"].as_str().unwrap_or_default().to_string())
+            .collect()
     }
 
     /// Waits until the attempt's timeline satisfies `ready`, and returns it
@@ -921,16 +923,19 @@ impl ModelServer {
     /// A site whose network allowlist names this server by its exact
     /// `host:port` (it listens on loopback).
     async fn site(&self) -> Site {
+        self.site_with(&[]).await
+    }
+
+    /// [`ModelServer::site`] with more environment.
+    async fn site_with(&self, env: &[(&str, &str)]) -> Site {
         let host_port = self
             .url
             .trim_start_matches("http://")
             .trim_end_matches("/v1")
             .to_string();
-        Site::on(Appliance::start_with(
-            &[],
-            &[("AGENTBAY_RUNTIME__NETWORK_ALLOW", &host_port)],
-        ))
-        .await
+        let mut all = vec![("AGENTBAY_RUNTIME__NETWORK_ALLOW", host_port.as_str())];
+        all.extend_from_slice(env);
+        Site::on(Appliance::start_with(&[], &all)).await
     }
 }
 
@@ -1586,24 +1591,11 @@ async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
         openai_profile(&release_default.url),
     )
     .await;
-    let served = |run: rn::Run| {
-        let site = &site;
-        async move {
-            let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
-            t["calls"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|c| c["kind"] == "model")
-                .map(|c| c["servedBy"].as_str().unwrap_or_default().to_string())
-                .collect::<Vec<_>>()
-        }
-    };
 
     // Unmapped: the release's endpoint serves, and the record says so.
     let run_id = site.submit("triage-llm").await;
     let done = site.until(&run_id, "Succeeded").await;
-    let by = served(done).await;
+    let by = site.served_by(&done).await;
     assert!(
         by[0].starts_with(&release_default.url) && by[0].contains("the release's profile site-llm"),
         "{by:?}"
@@ -1612,23 +1604,12 @@ async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
     // Mapped for every tenant through the running appliance: the next
     // call goes to the site's server, without a new release.
     let map = |url: &str, extra: &[&str]| {
-        let mut args = vec![
-            "model",
-            "put",
-            "site-llm",
-            "--endpoint",
-            url,
-            "--model",
-            "site-model",
-        ];
-        args.extend_from_slice(extra);
-        let out = run_cli(&args, &site.a.data_dir);
-        assert!(out.contains("through the running appliance"), "{out}");
+        put_profile(&site.a.data_dir, url, extra);
     };
     map(&first.url, &[]);
     let run_id = site.submit("triage-llm").await;
     let done = site.until(&run_id, "Succeeded").await;
-    let by = served(done).await;
+    let by = site.served_by(&done).await;
     // The tenant reads which site profile served it, never its address.
     assert!(
         by[0].starts_with("site model profile site-llm")
@@ -1642,7 +1623,7 @@ async fn the_site_maps_a_releases_model_profile_and_re_points_it_at_run_time() {
     map(&second.url, &["--tenant", "demo"]);
     let run_id = site.submit("triage-llm").await;
     let done = site.until(&run_id, "Succeeded").await;
-    let by = served(done).await;
+    let by = site.served_by(&done).await;
     assert!(
         by[0].contains("for tenant demo") && !by[0].contains(&second.url),
         "{by:?}"
@@ -1729,37 +1710,14 @@ async fn a_streamed_answer_is_put_together_and_a_stalled_stream_is_given_up_on()
         Reply::Stream(20, stream_of(&ok, 7, 410, 23)),
     ])
     .await;
-    let host_port = server
-        .url
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .to_string();
-    let site = Site::on(Appliance::start_with(
-        &[],
-        &[
-            ("AGENTBAY_RUNTIME__NETWORK_ALLOW", &host_port),
-            ("AGENTBAY_RUNTIME__MODEL_STREAM_IDLE_SECONDS", "1"),
-        ],
-    ))
-    .await;
+    let site = server
+        .site_with(&[("AGENTBAY_RUNTIME__MODEL_STREAM_IDLE_SECONDS", "1")])
+        .await;
     site.import("triage-llm", json!([]), openai_profile(&server.url))
         .await;
     // The site's profile gives the call a minute; the stall is seen in a
     // second.
-    run_cli(
-        &[
-            "model",
-            "put",
-            "site-llm",
-            "--endpoint",
-            &server.url,
-            "--model",
-            "site-model",
-            "--timeout-seconds",
-            "60",
-        ],
-        &site.a.data_dir,
-    );
+    put_profile(&site.a.data_dir, &server.url, &["--timeout-seconds", "60"]);
     let run_id = site.submit("triage-llm").await;
     let run = site.until(&run_id, "Succeeded").await;
     let a = &run.steps[0].attempts[0];
@@ -1824,19 +1782,10 @@ async fn a_model_servers_limit_holds_and_a_waiting_attempt_says_why() {
     })
     .await;
     let limit_text = limit.to_string();
-    let out = run_cli(
-        &[
-            "model",
-            "put",
-            "site-llm",
-            "--endpoint",
-            &server.url,
-            "--model",
-            "site-model",
-            "--max-concurrent",
-            &limit_text,
-        ],
+    let out = put_profile(
         &site.a.data_dir,
+        &server.url,
+        &["--max-concurrent", &limit_text],
     );
     assert!(out.contains(&format!("{limit} calls at once")), "{out}");
     let started = std::time::Instant::now();
@@ -1954,20 +1903,7 @@ async fn a_tenant_that_queues_more_does_not_starve_another_at_a_model_server() {
     let other = site.other_tenant("globex").await;
     site.import_as_with(&other, "globex", "triage-llm", json!([]), small)
         .await;
-    run_cli(
-        &[
-            "model",
-            "put",
-            "site-llm",
-            "--endpoint",
-            &server.url,
-            "--model",
-            "site-model",
-            "--max-concurrent",
-            "1",
-        ],
-        &site.a.data_dir,
-    );
+    put_profile(&site.a.data_dir, &server.url, &["--max-concurrent", "1"]);
     let mut many = Vec::new();
     for _ in 0..10 {
         many.push(site.submit("triage-llm").await);
@@ -2022,11 +1958,7 @@ async fn a_tenant_that_queues_more_does_not_starve_another_at_a_model_server() {
 /// still waiting fails `model-unavailable`.
 #[tokio::test]
 async fn attempts_wait_out_a_model_server_outage_and_give_up_only_past_its_limit() {
-    let closed = || {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let down = closed();
+    let down = closed_port();
     let url = format!("http://{down}/v1");
     let mut site = Site::on(Appliance::start_with(
         &["--manual-clock"],
@@ -2039,20 +1971,7 @@ async fn attempts_wait_out_a_model_server_outage_and_give_up_only_past_its_limit
         m["contract"]["memoryGb"] = json!(0.25);
     })
     .await;
-    let map = |url: &str| {
-        run_cli(
-            &[
-                "model",
-                "put",
-                "site-llm",
-                "--endpoint",
-                url,
-                "--model",
-                "site-model",
-            ],
-            &site.a.data_dir,
-        )
-    };
+    let map = |url: &str| put_profile(&site.a.data_dir, url, &[]);
     map(&url);
     let mut runs = Vec::new();
     for _ in 0..3 {
@@ -2110,7 +2029,7 @@ async fn attempts_wait_out_a_model_server_outage_and_give_up_only_past_its_limit
     );
 
     // Down past the limit: the attempt still waiting fails, and says why.
-    let gone = closed();
+    let gone = closed_port();
     map(&format!("http://{gone}/v1"));
     let run_id = site.submit("triage-llm").await;
     let r = site.until(&run_id, "Paused").await;
@@ -2148,10 +2067,7 @@ async fn a_profile_falls_back_only_when_a_server_cannot_serve_now_and_says_so() 
     let release_default = model_server(vec![]).await;
     let busy = model_server(vec![Reply::Status(503, "loading the model")]).await;
     let good = model_server(vec![answer.clone()]).await;
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}/v1", l.local_addr().unwrap())
-    };
+    let closed = format!("http://{}/v1", closed_port());
     let site = release_default.site().await;
     site.import(
         "triage-llm",
@@ -2159,39 +2075,15 @@ async fn a_profile_falls_back_only_when_a_server_cannot_serve_now_and_says_so() 
         openai_profile(&release_default.url),
     )
     .await;
-    let served = |run: rn::Run| {
-        let site = &site;
-        async move {
-            let t = site.timeline(&run.steps[0].attempts[0].attempt_id).await;
-            t["calls"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|c| c["kind"] == "model")
-                .map(|c| c["servedBy"].as_str().unwrap_or_default().to_string())
-                .collect::<Vec<_>>()
-        }
-    };
-    let out = run_cli(
-        &[
-            "model",
-            "put",
-            "site-llm",
-            "--endpoint",
-            &closed,
-            "--fallback",
-            &busy.url,
-            "--fallback",
-            &good.url,
-            "--model",
-            "site-model",
-        ],
+    let out = put_profile(
         &site.a.data_dir,
+        &closed,
+        &["--fallback", &busy.url, "--fallback", &good.url],
     );
     assert!(out.contains(&format!("then {}", good.url)), "{out}");
     let run_id = site.submit("triage-llm").await;
     let done = site.until(&run_id, "Succeeded").await;
-    let by = served(done).await;
+    let by = site.served_by(&done).await;
     assert_eq!(by.len(), 1, "one call, served once: {by:?}");
     assert!(
         by[0].starts_with("site model profile site-llm")
@@ -2215,20 +2107,7 @@ async fn a_profile_falls_back_only_when_a_server_cannot_serve_now_and_says_so() 
     ])
     .await;
     let spare = model_server(vec![answer]).await;
-    run_cli(
-        &[
-            "model",
-            "put",
-            "site-llm",
-            "--endpoint",
-            &wrong.url,
-            "--fallback",
-            &spare.url,
-            "--model",
-            "site-model",
-        ],
-        &site.a.data_dir,
-    );
+    put_profile(&site.a.data_dir, &wrong.url, &["--fallback", &spare.url]);
     let run_id = site.submit("triage-llm").await;
     site.until(&run_id, "Failed").await;
     assert!(!wrong.requests.lock().unwrap().is_empty());
@@ -2237,6 +2116,30 @@ async fn a_profile_falls_back_only_when_a_server_cannot_serve_now_and_says_so() 
         0,
         "a 400 never moves the call"
     );
+}
+
+/// Maps the profile `site-llm` to model `site-model` at `url` through the
+/// running appliance, with `extra` arguments: what the CLI printed.
+fn put_profile(data: &Path, url: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "model",
+        "put",
+        "site-llm",
+        "--endpoint",
+        url,
+        "--model",
+        "site-model",
+    ];
+    args.extend_from_slice(extra);
+    let out = run_cli(&args, data);
+    assert!(out.contains("through the running appliance"), "{out}");
+    out
+}
+
+/// A loopback address nothing listens on (a server that is down).
+fn closed_port() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
 }
 
 /// Runs the CLI on a data directory and returns its output, failing on an

@@ -164,17 +164,29 @@ impl ExecutionAttempt {
         &mut self,
         now: DateTime<Utc>,
     ) -> Result<Vec<NewEvent>, IllegalTransition> {
+        if self.quota_paused_until.take().is_none() {
+            return Ok(Vec::new());
+        }
+        self.run_unless_held(now)
+    }
+
+    /// A paused attempt runs again unless something still holds it: a
+    /// failed lease renewal (then it says so), its quota, or its turn at a
+    /// model server.
+    fn run_unless_held(&mut self, now: DateTime<Utc>) -> Result<Vec<NewEvent>, IllegalTransition> {
         let mut events = Vec::new();
-        if self.quota_paused_until.take().is_none() || self.state != AttemptState::Paused {
+        if self.state != AttemptState::Paused {
             return Ok(events);
         }
-        match self.renewal_failure.clone() {
-            Some(why) => self.pause_reason = Some(why),
-            None => {
-                self.pause_reason = None;
-                self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
-            }
+        if let Some(why) = self.renewal_failure.clone() {
+            self.pause_reason = Some(why);
+            return Ok(events);
         }
+        if self.quota_paused_until.is_some() || self.model_server_wait.is_some() {
+            return Ok(events);
+        }
+        self.pause_reason = None;
+        self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
         Ok(events)
     }
 
@@ -182,15 +194,7 @@ impl ExecutionAttempt {
     /// `tokensPerDay` waits for its quota).
     pub fn renewed(&mut self, now: DateTime<Utc>) -> Result<Vec<NewEvent>, IllegalTransition> {
         self.renewal_failure = None;
-        let mut events = Vec::new();
-        if self.state == AttemptState::Paused
-            && self.quota_paused_until.is_none()
-            && self.model_server_wait.is_none()
-        {
-            self.pause_reason = None;
-            self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
-        }
-        Ok(events)
+        self.run_unless_held(now)
     }
 
     /// The site's model server its next model call goes to is at its
@@ -221,21 +225,10 @@ impl ExecutionAttempt {
         &mut self,
         now: DateTime<Utc>,
     ) -> Result<Vec<NewEvent>, IllegalTransition> {
-        let mut events = Vec::new();
-        if self.model_server_wait.take().is_none() || self.state != AttemptState::Paused {
-            return Ok(events);
+        if self.model_server_wait.take().is_none() {
+            return Ok(Vec::new());
         }
-        if self.quota_paused_until.is_some() {
-            return Ok(events);
-        }
-        match self.renewal_failure.clone() {
-            Some(why) => self.pause_reason = Some(why),
-            None => {
-                self.pause_reason = None;
-                self.move_to(AttemptState::Running, self.phase, now, &mut events)?;
-            }
-        }
-        Ok(events)
+        self.run_unless_held(now)
     }
 
     /// Its model server stayed down past the outage limit while it waited
