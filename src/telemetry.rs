@@ -330,6 +330,11 @@ pub mod names {
     pub const STORE_DISK_BYTES: &str = "agentbay_store_disk_bytes";
     /// Reopens of the store that wrote a fresh page-table snapshot.
     pub const STORE_REOPENS: &str = "agentbay_store_reopens_total";
+    /// Times the store's database (PostgreSQL) stopped answering and the
+    /// store waited for it.
+    pub const STORE_OUTAGES: &str = "agentbay_store_outages_total";
+    /// Seconds the store's database has not answered (0 while it does).
+    pub const STORE_UNANSWERED_SECONDS: &str = "agentbay_store_unanswered_seconds";
     /// How long the last reopen paused the store.
     pub const STORE_REOPEN_SECONDS: &str = "agentbay_store_reopen_seconds";
     /// Writes of an aggregate refused because they were derived from an
@@ -460,6 +465,15 @@ fn describe() {
         names::STORE_DISK_BYTES,
         metrics::Unit::Bytes,
         "Size of the store on disk"
+    );
+    describe_counter!(
+        names::STORE_OUTAGES,
+        "Times the store's database (PostgreSQL) stopped answering and the store waited for it"
+    );
+    describe_gauge!(
+        names::STORE_UNANSWERED_SECONDS,
+        metrics::Unit::Seconds,
+        "Seconds the store's database has not answered (0 while it does)"
     );
     describe_counter!(
         names::STORE_REOPENS,

@@ -78,7 +78,12 @@ pub struct Readiness {
     responses((status = 200, body = Readiness), (status = 503, body = Readiness))
 )]
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    let store = state.store.healthy();
+    // An active appliance waiting for its database keeps its role, but
+    // serves nothing that needs the store meanwhile.
+    let store = state
+        .store
+        .healthy()
+        .and_then(|()| state.store.reach().unreachable().map_or(Ok(()), Err));
     let shutting_down = *state.shutdown.borrow();
     let dead = state.workers.dead();
     let ready = store.is_ok() && !shutting_down && dead.is_empty();
@@ -167,6 +172,12 @@ pub async fn metrics(
     let stats = state.store.commit_stats();
     metrics::counter!(names::STORE_COMMITS).absolute(stats.commits);
     metrics::counter!(names::STORE_FLUSHES).absolute(stats.flushes);
+    let unanswered = state
+        .store
+        .reach()
+        .down
+        .map_or(0.0, |(since, _)| since.elapsed().as_secs_f64());
+    metrics::gauge!(names::STORE_UNANSWERED_SECONDS).set(unanswered);
     if let Ok(bytes) = state.store.size_on_disk() {
         metrics::gauge!(names::STORE_DISK_BYTES).set(bytes as f64);
     }

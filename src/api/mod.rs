@@ -177,6 +177,10 @@ pub fn router(state: AppState, pages: Router<AppState>) -> Router {
     api.layer(middleware::map_response(problem_for_plain_rejections))
         .layer(DefaultBodyLimit::max(state.config.http.max_body_bytes))
         .layer(middleware::map_request(conn::drain_unread_bodies))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            come_back_while_the_store_waits,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(header_layer(
             header::STRICT_TRANSPORT_SECURITY,
@@ -268,6 +272,53 @@ fn request_origin(request: &Request) -> crate::domain::audit::Origin {
         via,
     }
 }
+
+/// While the store's database does not answer (a PostgreSQL restart or
+/// failover this appliance rides out, see `store/postgres.rs`), a request
+/// that needs the store is told at once to come back (503, Retry-After),
+/// in its own protocol, instead of waiting with what is already in
+/// flight; what needs no store (health, readiness, metrics, the contract
+/// and static files) is served.
+async fn come_back_while_the_store_waits(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    const WITHOUT_THE_STORE: [&str; 6] = [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/proto/",
+        "/static/",
+    ];
+    let path = request.uri().path();
+    let needs_store = !WITHOUT_THE_STORE
+        .iter()
+        .any(|p| path == *p || (p.ends_with('/') && path.starts_with(p)));
+    let Some(words) = needs_store
+        .then(|| state.store.reach().unreachable())
+        .flatten()
+    else {
+        return next.run(request).await;
+    };
+    let message = format!("{words}; retry");
+    if is_rpc_path(path) {
+        let content_type = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        return rpc::come_back(content_type, &message, STORE_RETRY_AFTER_SECONDS);
+    }
+    ApiError::new(ErrorCode::Unavailable, message)
+        .with_header(header::RETRY_AFTER, &STORE_RETRY_AFTER_SECONDS.to_string())
+        .into_response()
+}
+
+/// When a caller told to come back while the store's database does not
+/// answer is told to: a restart takes a few seconds.
+const STORE_RETRY_AFTER_SECONDS: u32 = 1;
 
 /// Counts and times every request by route, and logs failures.
 async fn observe(State(_state): State<AppState>, request: Request, next: Next) -> Response {

@@ -411,14 +411,30 @@ async fn forward_request(
         }
         Err(e) => {
             tracing::warn!(error = %e, active = %active.node, "forwarding to the active appliance failed");
-            unavailable(&format!(
-                "the active appliance {} at {} did not answer ({e}); retry: a standby takes over within its lease",
-                active.node, active.url
-            ))
+            // Retry-After says nothing was done: only when the request
+            // never reached the active appliance.
+            if e.is_connect() {
+                return unavailable(&format!(
+                    "the active appliance {} at {} could not be reached ({e}); retry: a standby takes over within its lease",
+                    active.node, active.url
+                ));
+            }
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({
+                    "code": "unavailable",
+                    "message": format!(
+                        "the active appliance {} at {} did not answer ({e}); whether it acted on the request is not known: read what it would have changed before repeating it",
+                        active.node, active.url
+                    ),
+                })),
+            )
+                .into_response()
         }
     }
 }
 
+/// Nothing was done: come back in a second.
 fn unavailable(message: &str) -> Response {
     (
         StatusCode::SERVICE_UNAVAILABLE,

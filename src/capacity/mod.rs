@@ -1433,6 +1433,14 @@ impl Capacity {
         .collect()
     }
 
+    /// Why expiring leases waits now: the store's database does not
+    /// answer, or answered again less than a lease's time to live ago, so
+    /// a holder told to come back has not had a chance to renew.
+    pub fn expiry_waits(&self) -> Option<String> {
+        let ttl = self.shared.ttl().to_std().unwrap_or_default();
+        self.store().reach().settling(ttl)
+    }
+
     /// LeaseExpirer pass: expires leases whose heartbeat stopped, gives up
     /// unattended requests, and lets every queue drain (a new UTC day may
     /// have freed minutes). Returns how many ended.

@@ -34,6 +34,9 @@ impl Worker for LeaseExpirer {
 
     fn run(&self, now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
         Box::pin(async move {
+            if let Some(why) = self.capacity.expiry_waits() {
+                return Ok(format!("waits: {why}"));
+            }
             let n = self.capacity.expire_due(now).await;
             Ok(format!("{n} leases or requests ended"))
         })

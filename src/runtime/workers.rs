@@ -67,6 +67,12 @@ impl Worker for OrphanedAttemptReconciler {
 
     fn run(&self, _now: DateTime<Utc>) -> BoxFuture<'_, anyhow::Result<String>> {
         Box::pin(async move {
+            // An adapter told to come back while the store's database did
+            // not answer has its lease's time to renew once it answers.
+            let lease = std::time::Duration::from_secs(self.runtime.config().attempt_lease_seconds);
+            if let Some(why) = self.runtime.store().reach().settling(lease) {
+                return Ok(format!("waits: {why}"));
+            }
             let settled = self.runtime.reconcile().await?;
             Ok(format!("{} orphaned attempts settled", settled.len()))
         })

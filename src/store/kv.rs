@@ -23,7 +23,7 @@
 
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::tx::Writes;
 use super::{StoreError, Table, prefix_end};
@@ -96,6 +96,12 @@ pub(super) trait KvEngine: Send + Sync {
         Ok(())
     }
 
+    /// Whether the database behind the engine answers now (sled's always
+    /// does).
+    fn reach(&self) -> Reach {
+        Reach::default()
+    }
+
     /// The appliance that holds the store, when appliances share it.
     fn leadership(&self) -> Option<crate::domain::cluster::Node> {
         None
@@ -111,6 +117,61 @@ pub(super) trait KvEngine: Send + Sync {
     /// stored.
     #[cfg(test)]
     fn damage(&self, table: Table, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError>;
+}
+
+/// Whether the database behind the store answers: a PostgreSQL restart
+/// or failover is ridden out by waiting, while this appliance keeps its
+/// role, instead of failing what was asked.
+#[derive(Clone, Debug, Default)]
+pub struct Reach {
+    /// Since when it has not answered, and its last words; `None` while
+    /// it answers.
+    pub down: Option<(Instant, String)>,
+    /// When it answered again after it last did not, and how long it had
+    /// not.
+    pub back: Option<(Instant, Duration)>,
+    /// How much longer this appliance keeps its role without an answer
+    /// (its leader lease, less the margin it keeps).
+    pub role_left: Option<Duration>,
+}
+
+impl Reach {
+    /// Why requests that need the store are answered "come back" now, in
+    /// words: `None` while the database answers.
+    pub fn unreachable(&self) -> Option<String> {
+        let (since, why) = self.down.as_ref()?;
+        let mut words = format!(
+            "the store's database has not answered for {:.1} s ({why})",
+            since.elapsed().as_secs_f64()
+        );
+        if let Some(left) = self.role_left {
+            words.push_str(&format!(
+                "; this appliance stays active and waits for it up to {:.1} s more",
+                left.as_secs_f64()
+            ));
+        }
+        Some(words)
+    }
+
+    /// Why what counts a client's silence against it (an adapter's
+    /// lease, a capacity lease's heartbeat) waits now, in words: the
+    /// database does not answer, or answered again less than `period`
+    /// ago, so a client told to come back has not had `period` to renew.
+    pub fn settling(&self, period: Duration) -> Option<String> {
+        if let Some(words) = self.unreachable() {
+            return Some(words);
+        }
+        let (at, after) = self.back?;
+        let ago = at.elapsed();
+        (ago < period).then(|| {
+            format!(
+                "the store's database answered again {:.1} s ago, after {:.1} s without an answer; clients have {} s to renew first",
+                ago.as_secs_f64(),
+                after.as_secs_f64(),
+                period.as_secs()
+            )
+        })
+    }
 }
 
 /// One table of a [`KvRead`], with the shapes of a sled tree.
@@ -181,5 +242,42 @@ impl<'a> Reading<'a> {
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.iter().next().is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reach_says_why_requests_and_expiries_wait() {
+        let answering = Reach::default();
+        assert_eq!(answering.unreachable(), None);
+        assert_eq!(answering.settling(Duration::from_secs(60)), None);
+
+        let now = Instant::now();
+        let down = Reach {
+            down: Some((now - Duration::from_secs(2), "connection refused".into())),
+            back: None,
+            role_left: Some(Duration::from_secs(5)),
+        };
+        let words = down.unreachable().unwrap();
+        assert!(
+            words.contains("has not answered for 2.0 s (connection refused)"),
+            "{words}"
+        );
+        assert!(words.contains("up to 5.0 s more"), "{words}");
+        assert_eq!(down.settling(Duration::ZERO), Some(words));
+
+        let back = Reach {
+            down: None,
+            back: Some((now - Duration::from_secs(1), Duration::from_secs(3))),
+            role_left: Some(Duration::from_secs(8)),
+        };
+        assert_eq!(back.unreachable(), None);
+        let words = back.settling(Duration::from_secs(60)).unwrap();
+        assert!(words.contains("after 3.0 s without an answer"), "{words}");
+        assert!(words.contains("60 s to renew"), "{words}");
+        assert_eq!(back.settling(Duration::from_millis(500)), None);
     }
 }

@@ -103,6 +103,7 @@ pub use datadir::DataDir;
 pub use derived::{Derived, time_value};
 pub use engine::open_sled;
 pub(crate) use engine::snapshot_rewritten;
+pub use kv::Reach;
 pub use postgres::{PgOptions, unix_socket};
 pub use record::{Record, StoredVersion, Table, VersionOnly, Versioned};
 pub(crate) use record::{
@@ -120,6 +121,13 @@ pub enum StoreError {
     /// sees the engine's types.
     #[error("store engine error: {0}")]
     Engine(String),
+    /// The database behind the store did not answer (PostgreSQL
+    /// restarting, failing over, out of reach): the same request may
+    /// succeed a moment later. While this appliance keeps its role the
+    /// store waits for it instead (see [`Reach`]); this is what is left
+    /// when the wait ended without an answer.
+    #[error("the store's database does not answer: {0}")]
+    Unreachable(String),
     /// A file operation failed.
     #[error("{context}: {source}")]
     Io {
@@ -260,7 +268,10 @@ impl From<StoreError> for DomainError {
             StoreError::Closed | StoreError::FlushFailed(_) | StoreError::Standby { .. } => {
                 DomainError::Unavailable(format!("the store cannot accept writes: {e}"))
             }
-            // The engine's own failure (PostgreSQL unreachable): retry.
+            // The database did not answer: the caller is told when to
+            // come back.
+            StoreError::Unreachable(_) => DomainError::Waiting(format!("{e}; retry")),
+            // The engine's own failure: retry.
             StoreError::Engine(_) => {
                 DomainError::Unavailable(format!("the store cannot be reached: {e}"))
             }
@@ -545,6 +556,11 @@ impl Store {
     pub fn healthy(&self) -> Result<(), String> {
         self.inner.committer.health()?;
         self.inner.engine.health()
+    }
+
+    /// Whether the database behind the store answers now (see [`Reach`]).
+    pub fn reach(&self) -> Reach {
+        self.inner.engine.reach()
     }
 
     /// The appliance holding the store with its epoch, when appliances

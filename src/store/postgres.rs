@@ -12,8 +12,8 @@
 //!   signature)`: which appliance is active (row 1), where it is reached,
 //!   the epoch it took, and until when its lease runs, on the database's
 //!   clock. An appliance opening the store takes the row with a new epoch
-//!   if it is free, expired or its own, and renews it a third of a lease
-//!   apart. It stops committing once a lease has passed, less a margin,
+//!   if it is free, expired or its own, and renews it a fifth of a lease
+//!   apart (a quarter of a second apart after a renewal failed). It stops committing once a lease has passed, less a margin,
 //!   since its last renewal was sent, so it has stopped before the row can
 //!   expire on the database's clock and a standby take it. `signature` is
 //!   the pair key's over node, URL, fingerprint and epoch
@@ -34,9 +34,26 @@
 //! transaction: a check that this appliance's epoch still holds the leader
 //! row (`FOR SHARE`, so a takeover waits for the commit in flight, and
 //! every later commit of a deposed appliance is refused), then one upsert
-//! of every written key and one delete of every removed key. A commit that
-//! fails, or whose reply is lost, stops the store (the outcome is unknown;
-//! the writes are answered as not durable), as a failed sync does on sled.
+//! of every written key and one delete of every removed key.
+//!
+//! # Riding out a restart
+//!
+//! A PostgreSQL restart or failover is shorter than the leader lease, and
+//! the appliance keeps its role through it: a query or a commit that finds
+//! the database not answering (its connection closed or refused, the
+//! server starting up or shutting down, a read-only server after a
+//! failover, no answer in time) is tried again, on a new connection, until
+//! it is answered or the lease is lost ([`PgEngine::ride_out`]). A commit
+//! is tried again whole: it writes every key's value and removes every
+//! removed key, and this appliance is the only writer while its epoch
+//! holds the row, so a commit whose reply was lost and that did commit
+//! writes the same values again; one that did not commits now. Only when
+//! the lease is lost does a commit fail, and then the store stops (the
+//! outcome is unknown; the writes are answered as not durable), as a
+//! failed sync does on sled, and the appliance stands down. Meanwhile the
+//! store says since when the database has not answered ([`Reach`]), so
+//! that requests that need it are told to come back, and what counts a
+//! client's silence against it waits until clients could renew.
 //! Event numbers stay the writer's own counter, gapless, and a number
 //! reused by a deposed writer cannot commit: its fence fails first.
 //!
@@ -67,7 +84,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio_postgres::{Client, Statement};
 
-use super::kv::{KvBulk, KvEngine, KvRead, Pair, Rows, Sink};
+use super::kv::{KvBulk, KvEngine, KvRead, Pair, Reach, Rows, Sink};
 use super::tx::Writes;
 use super::{StoreError, Table};
 use crate::domain::cluster::{Node, PairKey, Untrusted};
@@ -89,6 +106,12 @@ const UPSERT: &str = "INSERT INTO agentbay_kv (tree, key, value)
      SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
      ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value";
 
+/// A commit's written keys, by column: tables, keys, values.
+type Upserts = (Vec<&'static str>, Vec<Vec<u8>>, Vec<Vec<u8>>);
+
+/// A commit's removed keys, by column: tables, keys.
+type Deletes = (Vec<&'static str>, Vec<Vec<u8>>);
+
 /// Every removed key of a commit, in one statement.
 const DELETE: &str = "DELETE FROM agentbay_kv USING unnest($1::text[], $2::bytea[]) AS d(tree, key)
      WHERE agentbay_kv.tree = d.tree AND agentbay_kv.key = d.key";
@@ -97,6 +120,14 @@ const DELETE: &str = "DELETE FROM agentbay_kv USING unnest($1::text[], $2::bytea
 /// server (a partition drops packets, it does not refuse them) fails the
 /// call instead of hanging its caller.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+/// The first and the longest pause before a query the database did not
+/// answer is tried again.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// How soon a renewal of the leader lease that failed is tried again.
+const RENEW_RETRY: Duration = Duration::from_millis(250);
 
 /// Rows a scan reads per query, first and at most.
 const FIRST_PAGE: i64 = 64;
@@ -170,10 +201,96 @@ impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> Self {
         // The server's own words when it sent any (`Display` says only
         // "db error").
-        match e.as_db_error() {
-            Some(db) => StoreError::Engine(format!("PostgreSQL: {}", db.message())),
-            None => StoreError::Engine(format!("PostgreSQL: {e}")),
+        let words = match e.as_db_error() {
+            Some(db) => format!("PostgreSQL: {}", db.message()),
+            None => format!("PostgreSQL: {e}"),
+        };
+        if not_answering(&e) {
+            StoreError::Unreachable(words)
+        } else {
+            StoreError::Engine(words)
         }
+    }
+}
+
+/// Whether `e` says the database does not answer now, rather than that
+/// what was asked is wrong: the connection closed or could not be made
+/// (but not a certificate or a password refused), or the server is
+/// shutting down, starting up, read-only after a failover, out of
+/// connections, or broke a transaction off it may run again.
+fn not_answering(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    if let Some(code) = e.code() {
+        return code.code().starts_with("08")
+            || [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::READ_ONLY_SQL_TRANSACTION,
+                SqlState::TOO_MANY_CONNECTIONS,
+                SqlState::T_R_SERIALIZATION_FAILURE,
+                SqlState::T_R_DEADLOCK_DETECTED,
+                SqlState::LOCK_NOT_AVAILABLE,
+            ]
+            .contains(code);
+    }
+    if e.is_closed() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(inner) = source {
+        if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+            // TLS refusals reach here as I/O errors too: a certificate
+            // the site does not trust is not an outage.
+            return io
+                .get_ref()
+                .is_none_or(|inner| inner.downcast_ref::<rustls::Error>().is_none());
+        }
+        source = inner.source();
+    }
+    false
+}
+
+/// Whether the database answers, as the queries and renewals found it
+/// (see [`Reach`]).
+#[derive(Default)]
+struct Answers {
+    /// Whether it did not answer last: queries that find it answering
+    /// take no lock while it does.
+    down: AtomicBool,
+    /// Since when it has not answered and why, and when it last answered
+    /// again after how long (`role_left` is the engine's to say).
+    seen: Mutex<Reach>,
+}
+
+impl Answers {
+    fn not_answering(&self, why: &str) {
+        let mut seen = self.seen.lock();
+        match seen.down.as_mut() {
+            Some((_, last)) => why.clone_into(last),
+            None => {
+                tracing::warn!(error = %why, "store: PostgreSQL does not answer; this appliance keeps its role and waits while its leader lease runs");
+                metrics::counter!(crate::telemetry::names::STORE_OUTAGES).increment(1);
+                seen.down = Some((Instant::now(), why.to_string()));
+            }
+        }
+        self.down.store(true, Ordering::Release);
+    }
+
+    fn answered(&self) {
+        if !self.down.load(Ordering::Acquire) {
+            return;
+        }
+        let mut seen = self.seen.lock();
+        if let Some((since, _)) = seen.down.take() {
+            let after = since.elapsed();
+            tracing::info!(
+                after_ms = after.as_millis() as u64,
+                "store: PostgreSQL answers again; what waited for it goes on"
+            );
+            seen.back = Some((Instant::now(), after));
+        }
+        self.down.store(false, Ordering::Release);
     }
 }
 
@@ -227,11 +344,23 @@ impl Runtime {
         };
         match answer {
             Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(StoreError::Engine(format!(
+            Ok(Err(_)) => Err(StoreError::Unreachable(format!(
                 "PostgreSQL did not answer within {} s",
                 within.as_secs()
             ))),
             Err(_) => Err(StoreError::Closed),
+        }
+    }
+
+    /// Waits `pause` from any thread but the runtime's own, handing a
+    /// worker's other tasks on as [`Runtime::block_within`] does.
+    fn pause(&self, pause: Duration) {
+        let on_worker = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if on_worker {
+            tokio::task::block_in_place(|| std::thread::sleep(pause));
+        } else {
+            std::thread::sleep(pause);
         }
     }
 }
@@ -400,6 +529,8 @@ pub(super) struct PgEngine {
     leading: Arc<AtomicBool>,
     /// When the last renewal that succeeded was sent.
     renewed: Arc<Mutex<Instant>>,
+    /// Whether PostgreSQL answers.
+    answers: Arc<Answers>,
     /// What is committed, by key (see [`Committed`]).
     committed: Mutex<Committed>,
 }
@@ -493,6 +624,7 @@ impl PgEngine {
             signature,
             leading,
             renewed: Arc::new(Mutex::new(sent)),
+            answers: Arc::new(Answers::default()),
             committed: Mutex::new(Committed::default()),
         };
         engine.renew_in_background();
@@ -504,17 +636,20 @@ impl PgEngine {
         Ok(engine)
     }
 
-    /// Renews the lease a third of it apart; a renewal that finds the row
-    /// taken stops further commits (they would fail their fence anyway).
+    /// Renews the lease a fifth of it apart, and soon again after a
+    /// renewal failed; a renewal that finds the row taken stops further
+    /// commits (they would fail their fence anyway).
     fn renew_in_background(&self) {
         let options = self.options.clone();
         let (epoch, leading, renewed) = (self.epoch, self.leading.clone(), self.renewed.clone());
-        let signature = self.signature.clone();
-        let every = options.lease / 3;
+        let (signature, answers) = (self.signature.clone(), self.answers.clone());
+        let every = options.lease / 5;
         self.rt.handle().spawn(async move {
             let mut client: Option<Client> = None;
+            let mut wait = every;
             while leading.load(Ordering::Acquire) {
-                tokio::time::sleep(every).await;
+                tokio::time::sleep(wait).await;
+                wait = RENEW_RETRY.min(every);
                 let sent = Instant::now();
                 let attempt = async {
                     if client.as_ref().is_none_or(Client::is_closed) {
@@ -565,13 +700,21 @@ impl PgEngine {
                         }
                         leading.store(false, Ordering::Release);
                     }
-                    Ok(Ok(None)) => *renewed.lock() = sent,
+                    Ok(Ok(None)) => {
+                        *renewed.lock() = sent;
+                        answers.answered();
+                        wait = every;
+                    }
                     Ok(Err(e)) => {
                         client = None;
+                        if let StoreError::Unreachable(why) = &e {
+                            answers.not_answering(why);
+                        }
                         tracing::warn!(error = %e, "store: renewing the leader lease failed");
                     }
                     Err(_) => {
                         client = None;
+                        answers.not_answering("renewing the leader lease timed out");
                         tracing::warn!("store: renewing the leader lease timed out");
                     }
                 }
@@ -600,6 +743,41 @@ impl PgEngine {
 
     fn client(&self) -> Result<Arc<Conn>, StoreError> {
         self.readers.client(&self.rt)
+    }
+
+    /// How much longer this appliance keeps its role without a renewal.
+    fn role_left(&self) -> Option<Duration> {
+        self.leading.load(Ordering::Acquire).then(|| {
+            self.options
+                .lease
+                .saturating_sub(self.options.margin())
+                .saturating_sub(self.renewed.lock().elapsed())
+        })
+    }
+
+    /// Runs `op` until PostgreSQL answers it (see the module's words):
+    /// again, after a pause, while it does not answer and this appliance
+    /// keeps its role; its answer, or its error once the role is lost.
+    fn ride_out<T>(&self, mut op: impl FnMut() -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let mut pause = RETRY_FIRST;
+        loop {
+            match op() {
+                Err(StoreError::Unreachable(why)) => {
+                    self.answers.not_answering(&why);
+                    if self.check_leading().is_err() {
+                        return Err(StoreError::Unreachable(why));
+                    }
+                    self.rt.pause(pause);
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+                answer => {
+                    if answer.is_ok() {
+                        self.answers.answered();
+                    }
+                    return answer;
+                }
+            }
+        }
     }
 
     /// Fills an empty store in one transaction, all or nothing: `fill`
@@ -707,7 +885,6 @@ impl PgEngine {
         ascending: bool,
         limit: i64,
     ) -> Result<Vec<Pair>, StoreError> {
-        let client = self.client()?;
         let mut sql = String::from("SELECT key, value FROM agentbay_kv WHERE tree = $1");
         let mut keys: Vec<Vec<u8>> = Vec::new();
         for (bound, below, at_or_below) in [(lo, ">", ">="), (hi, "<", "<=")] {
@@ -726,28 +903,33 @@ impl PgEngine {
         });
         sql.push_str(&format!(" LIMIT {limit}"));
         let name = table.name();
-        self.rt.block(async move {
-            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&name];
-            for k in &keys {
-                params.push(k);
-            }
-            let statement = client.prepared(&sql).await?;
-            let rows = client.query(&statement, &params).await?;
-            Ok(rows
-                .into_iter()
-                .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
-                .collect())
+        let (sql, keys) = (Arc::new(sql), Arc::new(keys));
+        self.ride_out(|| {
+            let client = self.client()?;
+            let (sql, keys) = (sql.clone(), keys.clone());
+            self.rt.block(async move {
+                let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&name];
+                for k in keys.iter() {
+                    params.push(k);
+                }
+                let statement = client.prepared(&sql).await?;
+                let rows = client.query(&statement, &params).await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
+                    .collect())
+            })
         })
     }
 
-    /// Commits `writes` in one transaction, fenced by the epoch.
+    /// Commits `writes` in one transaction, fenced by the epoch, riding
+    /// out a restart of PostgreSQL (see the module's words).
     fn commit(
         &self,
         writes: BTreeMap<(Table, Vec<u8>), Option<Vec<u8>>>,
     ) -> Result<(), StoreError> {
-        self.check_leading()?;
-        let mut upsert: (Vec<&str>, Vec<Vec<u8>>, Vec<Vec<u8>>) = Default::default();
-        let mut delete: (Vec<&str>, Vec<Vec<u8>>) = Default::default();
+        let mut upsert = Upserts::default();
+        let mut delete = Deletes::default();
         for ((table, key), value) in writes {
             match value {
                 Some(v) => {
@@ -761,6 +943,13 @@ impl PgEngine {
                 }
             }
         }
+        let (upsert, delete) = (Arc::new(upsert), Arc::new(delete));
+        self.ride_out(|| self.commit_once(upsert.clone(), delete.clone()))
+    }
+
+    /// One try of [`PgEngine::commit`].
+    fn commit_once(&self, upsert: Arc<Upserts>, delete: Arc<Deletes>) -> Result<(), StoreError> {
+        self.check_leading()?;
         let mut guard = self.writer.lock();
         let client = match guard.take().filter(|c| !c.is_closed()) {
             Some(c) => c,
@@ -1008,14 +1197,17 @@ impl PgEngine {
             }
             committed.commits
         };
-        let client = self.client()?;
-        let (name, owned) = (table.name(), key.to_vec());
-        let value = self.rt.block(async move {
-            let statement = client
-                .prepared("SELECT value FROM agentbay_kv WHERE tree = $1 AND key = $2")
-                .await?;
-            let row = client.query_opt(&statement, &[&name, &owned]).await?;
-            Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
+        let name = table.name();
+        let value = self.ride_out(|| {
+            let client = self.client()?;
+            let owned = key.to_vec();
+            self.rt.block(async move {
+                let statement = client
+                    .prepared("SELECT value FROM agentbay_kv WHERE tree = $1 AND key = $2")
+                    .await?;
+                let row = client.query_opt(&statement, &[&name, &owned]).await?;
+                Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
+            })
         })?;
         let mut committed = self.committed.lock();
         if leading && (writer || committed.commits == commits) {
@@ -1196,6 +1388,13 @@ impl KvEngine for PgEngine {
 
     fn health(&self) -> Result<(), String> {
         self.check_leading().map_err(|e| e.to_string())
+    }
+
+    fn reach(&self) -> Reach {
+        Reach {
+            role_left: self.role_left(),
+            ..self.answers.seen.lock().clone()
+        }
     }
 
     fn leadership(&self) -> Option<Node> {

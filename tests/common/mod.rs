@@ -744,6 +744,12 @@ pub async fn token(http: &reqwest::Client, url: &str, credential: &Credential) -
 }
 
 /// An HTTPS client pinned to a certificate fingerprint.
+/// Whether the appliance answered "come back" (Unavailable with
+/// Retry-After): nothing was done, and the same call may be made again.
+pub fn told_to_come_back(e: &connectrpc::ConnectError) -> bool {
+    e.code == connectrpc::ErrorCode::Unavailable && e.response_headers().contains_key("retry-after")
+}
+
 pub fn https_client(fingerprint: &str) -> reqwest::Client {
     https_client_builder(fingerprint, None).build().unwrap()
 }

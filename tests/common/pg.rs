@@ -15,6 +15,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+/// How a restart stops the server (`pg_ctl restart -m fast|immediate`).
+#[derive(Clone, Copy, Debug)]
+pub enum Shutdown {
+    Fast,
+    Immediate,
+}
+
 /// A running cluster.
 pub struct PgCluster {
     /// Kept until the process exits.
@@ -249,16 +256,27 @@ impl PgCluster {
         }
     }
 
-    /// Kills the server outright (as a crash would) and starts it again:
-    /// `pg_ctl restart -m immediate`.
-    pub fn restart_immediate(&self) {
+    /// Stops the server and starts it again `down` later, as `pg_ctl
+    /// restart -m MODE` does (the same signals to the postmaster; a
+    /// failover leaves a pause): how long it took until the server took
+    /// connections again.
+    pub fn restart(&self, mode: Shutdown, down: Duration) -> Duration {
+        let started = Instant::now();
         if let Some(mut child) = self.server.lock().unwrap().take() {
-            // SIGQUIT: the immediate shutdown, no checkpoint.
+            let signal = match mode {
+                // Sessions are ended (admin shutdown), a checkpoint is
+                // written.
+                Shutdown::Fast => libc::SIGINT,
+                // As a crash: no checkpoint, recovery at the start.
+                Shutdown::Immediate => libc::SIGQUIT,
+            };
             // SAFETY: signalling our own child.
-            unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
+            unsafe { libc::kill(child.id() as i32, signal) };
             let _ = child.wait();
         }
+        std::thread::sleep(down);
         self.run();
+        started.elapsed()
     }
 
     /// Runs SQL as the cluster's superuser, in database `postgres`.

@@ -207,15 +207,25 @@ impl Site {
         r.run.as_option().unwrap().run_id.clone()
     }
 
-    /// A run as the holder of `token` (another tenant's) reads it.
+    /// A run as the holder of `token` (another tenant's) reads it, again
+    /// while the appliance says to come back.
     pub(crate) async fn run_as(&self, token: &str, run_id: &str) -> rn::Run {
-        self.runs_as(token)
-            .get_run(rn::GetRunRequest {
-                run_id: run_id.into(),
-                ..Default::default()
-            })
-            .await
-            .expect("get run")
+        let runs = self.runs_as(token);
+        let read = loop {
+            let read = runs
+                .get_run(rn::GetRunRequest {
+                    run_id: run_id.into(),
+                    ..Default::default()
+                })
+                .await;
+            match read {
+                Err(e) if crate::common::told_to_come_back(&e) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                read => break read,
+            }
+        };
+        read.expect("get run")
             .into_owned()
             .run
             .as_option()

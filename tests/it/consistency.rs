@@ -111,6 +111,8 @@ struct Ctx {
     journal: Mutex<Journal>,
     stop: AtomicBool,
     acknowledged: AtomicU64,
+    /// Calls the appliance told to come back (and that were made again).
+    came_back: AtomicU64,
 }
 
 /// Clients for the current endpoint, rebuilt when it moves.
@@ -150,6 +152,23 @@ impl Ctx {
         }
     }
 
+    /// Makes a call again while the appliance says to come back (503 with
+    /// Retry-After: nothing was done), as a well-behaved client does.
+    async fn again<T, F>(&self, call: impl Fn() -> F) -> Result<T, connectrpc::ConnectError>
+    where
+        F: std::future::Future<Output = Result<T, connectrpc::ConnectError>>,
+    {
+        loop {
+            match call().await {
+                Err(e) if crate::common::told_to_come_back(&e) && !self.stopped() => {
+                    self.came_back.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
     /// After a failed call: while the appliance restarts, wait a little.
     async fn after_error(&self, e: &connectrpc::ConnectError) {
         if matches!(e.code, ErrorCode::Unavailable | ErrorCode::Unknown) {
@@ -183,6 +202,9 @@ struct Journal {
     checkpoints: BTreeSet<(String, u32)>,
     outcomes: Vec<Ended>,
     repeats: usize,
+    /// Attempts an adapter walked away from on purpose with a call out:
+    /// the only ones a load without faults may leave Uncertain.
+    walked_with_call: BTreeSet<String>,
     leases_granted: BTreeSet<String>,
     leases_released: BTreeSet<String>,
     /// Tokens of model calls completed and acknowledged, and of those
@@ -213,14 +235,14 @@ async fn adapter(ctx: Arc<Ctx>, n: usize) {
     while !ctx.stopped() {
         ctx.refresh(&mut clients);
         session += 1;
-        let claimed = clients
-            .adapter
-            .claim_attempt(ad::ClaimAttemptRequest {
-                agent_id: "triage".into(),
-                session: format!("adapter-{n}-{session}"),
-                wait_seconds: 1,
-                ..Default::default()
-            })
+        let claim = ad::ClaimAttemptRequest {
+            agent_id: "triage".into(),
+            session: format!("adapter-{n}-{session}"),
+            wait_seconds: 1,
+            ..Default::default()
+        };
+        let claimed = ctx
+            .again(|| clients.adapter.claim_attempt(claim.clone()))
             .await;
         let ticket = match claimed {
             Ok(r) => match r.into_owned().attempt.into_option() {
@@ -260,15 +282,14 @@ async fn drive(
 ) -> Result<(), connectrpc::ConnectError> {
     let client = &clients.adapter;
     let (id, token) = (t.attempt_id.clone(), t.fencing_token);
-    client
-        .start_attempt(ad::StartAttemptRequest {
-            attempt_id: id.clone(),
-            fencing_token: token,
-            adapter_version: t.adapter_version.clone(),
-            checkpoint_format: t.checkpoint_format,
-            ..Default::default()
-        })
-        .await?;
+    let start = ad::StartAttemptRequest {
+        attempt_id: id.clone(),
+        fencing_token: token,
+        adapter_version: t.adapter_version.clone(),
+        checkpoint_format: t.checkpoint_format,
+        ..Default::default()
+    };
+    ctx.again(|| client.start_attempt(start.clone())).await?;
     ctx.ack();
     if rng.pct() < 5 {
         return Ok(()); // walks away before doing anything
@@ -276,13 +297,14 @@ async fn drive(
     let checkpoint = |step: u64| {
         let id = id.clone();
         async move {
-            let cp = client
-                .checkpoint(ad::CheckpointRequest {
-                    attempt_id: id.clone(),
-                    fencing_token: token,
-                    state_json: json!({"step": step}).to_string(),
-                    ..Default::default()
-                })
+            let request = ad::CheckpointRequest {
+                attempt_id: id.clone(),
+                fencing_token: token,
+                state_json: json!({"step": step}).to_string(),
+                ..Default::default()
+            };
+            let cp = ctx
+                .again(|| client.checkpoint(request.clone()))
                 .await?
                 .into_owned();
             ctx.ack();
@@ -297,18 +319,18 @@ async fn drive(
         // A model call the adapter makes itself, with the usage its server
         // reported.
         let (input, output, cached) = (100 + rng.below(900), 1 + rng.below(99), rng.below(50));
-        let m = client
-            .begin_call(ad::BeginCallRequest {
-                attempt_id: id.clone(),
-                fencing_token: token,
-                kind: "model".into(),
-                target: t.model_profile_id.clone(),
-                request_json: json!({"messages": [{"role": "user", "content": "triage"}]})
-                    .to_string(),
-                context_tokens: 100,
-                state_json: json!({"thinking": true}).to_string(),
-                ..Default::default()
-            })
+        let begin = ad::BeginCallRequest {
+            attempt_id: id.clone(),
+            fencing_token: token,
+            kind: "model".into(),
+            target: t.model_profile_id.clone(),
+            request_json: json!({"messages": [{"role": "user", "content": "triage"}]}).to_string(),
+            context_tokens: 100,
+            state_json: json!({"thinking": true}).to_string(),
+            ..Default::default()
+        };
+        let m = ctx
+            .again(|| client.begin_call(begin.clone()))
             .await?
             .into_owned();
         ctx.ack();
@@ -318,24 +340,23 @@ async fn drive(
                 .tokens_sent
                 .entry(id.clone())
                 .or_default() += input + output;
-            client
-                .complete_call(ad::CompleteCallRequest {
-                    attempt_id: id.clone(),
-                    fencing_token: token,
-                    call_id: m.call_id.clone(),
-                    ok: true,
-                    result_json: json!({"content": "look it up"}).to_string(),
-                    state_json: json!({"thought": m.call_id}).to_string(),
-                    usage: buffa::MessageField::some(ad::ModelUsage {
-                        input_tokens: input,
-                        output_tokens: output,
-                        cached_tokens: cached,
-                        ..Default::default()
-                    }),
-                    latency_ms: 1 + rng.below(40),
+            let complete = ad::CompleteCallRequest {
+                attempt_id: id.clone(),
+                fencing_token: token,
+                call_id: m.call_id.clone(),
+                ok: true,
+                result_json: json!({"content": "look it up"}).to_string(),
+                state_json: json!({"thought": m.call_id}).to_string(),
+                usage: buffa::MessageField::some(ad::ModelUsage {
+                    input_tokens: input,
+                    output_tokens: output,
+                    cached_tokens: cached,
                     ..Default::default()
-                })
-                .await?;
+                }),
+                latency_ms: 1 + rng.below(40),
+                ..Default::default()
+            };
+            ctx.again(|| client.complete_call(complete.clone())).await?;
             ctx.ack();
             *ctx.journal
                 .lock()
@@ -345,50 +366,53 @@ async fn drive(
         }
     }
     if rng.pct() < 30 {
-        client
-            .heartbeat(ad::HeartbeatRequest {
-                attempt_id: id.clone(),
-                fencing_token: token,
-                ..Default::default()
-            })
-            .await?;
+        let beat = ad::HeartbeatRequest {
+            attempt_id: id.clone(),
+            fencing_token: token,
+            ..Default::default()
+        };
+        ctx.again(|| client.heartbeat(beat.clone())).await?;
         ctx.ack();
     }
     let write = rng.pct() < 50;
-    let begun = client
-        .begin_call(ad::BeginCallRequest {
-            attempt_id: id.clone(),
-            fencing_token: token,
-            kind: "tool".into(),
-            target: if write {
-                "update-ticket"
-            } else {
-                "lookup-ticket"
-            }
-            .into(),
-            request_json: json!({"customer": "acme"}).to_string(),
-            state_json: json!({"calling": write}).to_string(),
-            ..Default::default()
-        })
+    let begin = ad::BeginCallRequest {
+        attempt_id: id.clone(),
+        fencing_token: token,
+        kind: "tool".into(),
+        target: if write {
+            "update-ticket"
+        } else {
+            "lookup-ticket"
+        }
+        .into(),
+        request_json: json!({"customer": "acme"}).to_string(),
+        state_json: json!({"calling": write}).to_string(),
+        ..Default::default()
+    };
+    let begun = ctx
+        .again(|| client.begin_call(begin.clone()))
         .await?
         .into_owned();
     ctx.ack();
     if rng.pct() < 4 {
-        return Ok(()); // walks away with the call out
+        // Walks away with the call out.
+        ctx.journal.lock().walked_with_call.insert(id.clone());
+        return Ok(());
     }
     tokio::time::sleep(Duration::from_millis(rng.below(150))).await;
     if begun.outcome == ad::BeginOutcome::STARTED {
-        let done = client
-            .complete_call(ad::CompleteCallRequest {
-                attempt_id: id.clone(),
-                fencing_token: token,
-                call_id: begun.call_id.clone(),
-                ok: true,
-                result_json: json!({"tickets": rng.below(9)}).to_string(),
-                receipt_json: json!({"receipt": begun.call_id}).to_string(),
-                state_json: json!({"observed": begun.call_id}).to_string(),
-                ..Default::default()
-            })
+        let complete = ad::CompleteCallRequest {
+            attempt_id: id.clone(),
+            fencing_token: token,
+            call_id: begun.call_id.clone(),
+            ok: true,
+            result_json: json!({"tickets": rng.below(9)}).to_string(),
+            receipt_json: json!({"receipt": begun.call_id}).to_string(),
+            state_json: json!({"observed": begun.call_id}).to_string(),
+            ..Default::default()
+        };
+        let done = ctx
+            .again(|| client.complete_call(complete.clone()))
             .await?
             .into_owned();
         ctx.ack();
@@ -427,8 +451,9 @@ async fn drive(
     } else {
         if plan < 15 {
             // Invalid first: the validator asks for a correction.
-            let r = client
-                .report_outcome(report(true, json!({"severity": "catastrophic"})))
+            let invalid = report(true, json!({"severity": "catastrophic"}));
+            let r = ctx
+                .again(|| client.report_outcome(invalid.clone()))
                 .await?
                 .into_owned();
             ctx.ack();
@@ -441,7 +466,10 @@ async fn drive(
         }
         report(true, good_output(rng))
     };
-    let r = client.report_outcome(request.clone()).await?.into_owned();
+    let r = ctx
+        .again(|| client.report_outcome(request.clone()))
+        .await?
+        .into_owned();
     ctx.ack();
     {
         let mut j = ctx.journal.lock();
@@ -457,12 +485,12 @@ async fn drive(
         });
     }
     // Whoever was told can read it back at once.
-    let run = clients
-        .runs
-        .get_run(rn::GetRunRequest {
-            run_id: t.run_id.clone(),
-            ..Default::default()
-        })
+    let get = rn::GetRunRequest {
+        run_id: t.run_id.clone(),
+        ..Default::default()
+    };
+    let run = ctx
+        .again(|| clients.runs.get_run(get.clone()))
         .await?
         .into_owned();
     let read = run
@@ -483,7 +511,10 @@ async fn drive(
     }
     if rng.pct() < 15 {
         // The same report again is a repeat of the one outcome.
-        let again = client.report_outcome(request).await?.into_owned();
+        let again = ctx
+            .again(|| client.report_outcome(request.clone()))
+            .await?
+            .into_owned();
         ctx.ack();
         let mut j = ctx.journal.lock();
         j.repeats += 1;
@@ -511,17 +542,17 @@ async fn lease_client(ctx: Arc<Ctx>, n: usize) {
     while !ctx.stopped() {
         ctx.refresh(&mut clients);
         k += 1;
-        let granted = clients
-            .capacity
-            .acquire_lease(cap::AcquireLeaseRequest {
-                project_id: "support".into(),
-                holder_kind: kind.into(),
-                holder_id: format!("lease-client-{n}-{k}"),
-                pool_id: pool.into(),
-                cpu: 0.25,
-                memory_gb: 0.25,
-                ..Default::default()
-            })
+        let acquire = cap::AcquireLeaseRequest {
+            project_id: "support".into(),
+            holder_kind: kind.into(),
+            holder_id: format!("lease-client-{n}-{k}"),
+            pool_id: pool.into(),
+            cpu: 0.25,
+            memory_gb: 0.25,
+            ..Default::default()
+        };
+        let granted = ctx
+            .again(|| clients.capacity.acquire_lease(acquire.clone()))
             .await;
         let lease = match granted {
             Ok(r) => {
@@ -541,12 +572,12 @@ async fn lease_client(ctx: Arc<Ctx>, n: usize) {
         let mut alive = true;
         for _ in 0..rng.below(4) {
             tokio::time::sleep(Duration::from_millis(200 + rng.below(600))).await;
-            let renewed = clients
-                .capacity
-                .renew_lease(cap::RenewLeaseRequest {
-                    lease_id: lease.lease_id.clone(),
-                    ..Default::default()
-                })
+            let renew = cap::RenewLeaseRequest {
+                lease_id: lease.lease_id.clone(),
+                ..Default::default()
+            };
+            let renewed = ctx
+                .again(|| clients.capacity.renew_lease(renew.clone()))
                 .await;
             if renewed.is_err() {
                 alive = false;
@@ -555,12 +586,12 @@ async fn lease_client(ctx: Arc<Ctx>, n: usize) {
             ctx.ack();
         }
         if alive && rng.pct() >= 15 {
-            let released = clients
-                .capacity
-                .release_lease(cap::ReleaseLeaseRequest {
-                    lease_id: lease.lease_id.clone(),
-                    ..Default::default()
-                })
+            let release = cap::ReleaseLeaseRequest {
+                lease_id: lease.lease_id.clone(),
+                ..Default::default()
+            };
+            let released = ctx
+                .again(|| clients.capacity.release_lease(release.clone()))
                 .await;
             if released.is_ok() {
                 ctx.ack();
@@ -597,16 +628,13 @@ async fn submitter(ctx: Arc<Ctx>) {
         live = still;
         while live.len() < LIVE_RUNS && !ctx.stopped() {
             n += 1;
-            match clients
-                .runs
-                .submit_run(rn::SubmitRunRequest {
-                    project_id: "support".into(),
-                    release_id: RELEASE.into(),
-                    input_json: json!({"ticket": format!("load {n}")}).to_string(),
-                    ..Default::default()
-                })
-                .await
-            {
+            let submit = rn::SubmitRunRequest {
+                project_id: "support".into(),
+                release_id: RELEASE.into(),
+                input_json: json!({"ticket": format!("load {n}")}).to_string(),
+                ..Default::default()
+            };
+            match ctx.again(|| clients.runs.submit_run(submit.clone())).await {
                 Ok(r) => {
                     ctx.ack();
                     let run_id = r.into_owned().run.as_option().unwrap().run_id.clone();
@@ -707,6 +735,7 @@ async fn load(
         journal: Mutex::new(Journal::default()),
         stop: AtomicBool::new(false),
         acknowledged: AtomicU64::new(0),
+        came_back: AtomicU64::new(0),
     });
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(submitter(ctx.clone())));
@@ -1135,5 +1164,95 @@ async fn a_failover_on_postgres_in_the_middle_of_the_load_loses_or_replaces_noth
     assert!(
         ctx.acknowledged.load(Ordering::Relaxed) > 0,
         "the load ran through the pair"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_restart_in_the_middle_of_the_load_is_ridden_out_by_the_same_appliance() {
+    use crate::pg::{PgCluster, Shutdown};
+    // A cluster of its own, synced, since it is restarted; the pair with
+    // the default lease (10 s).
+    let cluster = Arc::new(PgCluster::start(true));
+    let db = cluster.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let env: Vec<(&str, &str)> = ENV
+        .iter()
+        .copied()
+        .chain([("AGENTBAY_STORE__POSTGRES__LEASE_SECONDS", "10")])
+        .collect();
+    let mut active = crate::ha::Node::new("a", tmp.path(), &db).with_env(&env);
+    let mut standby = crate::ha::Node::new("b", tmp.path(), &db).with_env(&env);
+    let (admin, ready) = crate::ha::start_pair(&mut active, &mut standby).await;
+    let (_, cred) = site_on(active.appliance(&admin)).await;
+    // Through the standby, which forwards to the active appliance.
+    let mut through = standby.appliance(&admin);
+    let restarts = Arc::new(Mutex::new(Vec::new()));
+    let (pg, took) = (cluster.clone(), restarts.clone());
+    let ctx = load(
+        &mut through,
+        cred,
+        load_seconds(),
+        Disruption::Other(Box::new(move || {
+            // `pg_ctl restart -m fast`, then a crash and a start 3 s later.
+            took.lock().push(pg.restart(Shutdown::Fast, Duration::ZERO));
+            std::thread::sleep(Duration::from_secs(3));
+            took.lock()
+                .push(pg.restart(Shutdown::Immediate, Duration::from_secs(3)));
+        })),
+    )
+    .await;
+    let (walked, runs) = {
+        let j = ctx.journal.lock();
+        (j.walked_with_call.clone(), j.runs.clone())
+    };
+    let findings = check(&through, &ctx).await;
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+
+    // No attempt was left Uncertain but those an adapter walked away from
+    // with a call out.
+    let mut uncertain = Vec::new();
+    let clients = ctx.clients();
+    for run_id in &runs {
+        let run = clients
+            .runs
+            .get_run(rn::GetRunRequest {
+                run_id: run_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("get run")
+            .into_owned();
+        for at in run
+            .run
+            .as_option()
+            .unwrap()
+            .steps
+            .iter()
+            .flat_map(|s| s.attempts.iter())
+        {
+            if at.state == "Uncertain" && !walked.contains(&at.attempt_id) {
+                uncertain.push(at.attempt_id.clone());
+            }
+        }
+    }
+    assert!(
+        uncertain.is_empty(),
+        "left Uncertain by the restarts: {uncertain:?}"
+    );
+
+    // The same appliance active, with the same epoch: it never stood down.
+    let (status, after) = active.readyz().await;
+    assert_eq!(status, 200, "{after}");
+    assert_eq!(after["role"], "active", "{after}");
+    assert_eq!(
+        after["leader"]["epoch"], ready["leader"]["epoch"],
+        "{after}"
+    );
+    eprintln!(
+        "postgres restarts under the load: down {:?}; {} replies acknowledged, {} calls told to come back and made again, {} attempts walked away from with a call out",
+        restarts.lock(),
+        ctx.acknowledged.load(Ordering::Relaxed),
+        ctx.came_back.load(Ordering::Relaxed),
+        walked.len()
     );
 }

@@ -466,6 +466,53 @@ fn refusal(
         .into_response()
 }
 
+/// "Unavailable, come back in `retry_after` seconds" before the call is
+/// read, in the caller's protocol: Connect unary (503 with Retry-After),
+/// Connect streaming (the end-of-stream envelope), gRPC and gRPC-Web (a
+/// trailers-only answer, status 14, with Retry-After).
+pub fn come_back(content_type: &str, message: &str, retry_after: u32) -> axum::response::Response {
+    let base = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let mut response = if base.starts_with("application/grpc") {
+        let mut response = axum::response::Response::new(axum::body::Body::empty());
+        let headers = response.headers_mut();
+        let kind = http::HeaderValue::from_str(&base)
+            .unwrap_or(http::HeaderValue::from_static("application/grpc"));
+        headers.insert(http::header::CONTENT_TYPE, kind);
+        headers.insert("grpc-status", http::HeaderValue::from_static("14"));
+        let encoded: String = message
+            .bytes()
+            .map(|b| {
+                if (0x20..0x7f).contains(&b) && b != b'%' {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        if let Ok(v) = http::HeaderValue::from_str(&encoded) {
+            headers.insert("grpc-message", v);
+        }
+        response
+    } else {
+        refusal(
+            &base,
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            &ErrorCode::Unavailable,
+            message,
+        )
+    };
+    response.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from(retry_after),
+    );
+    response
+}
+
 /// A Connect unary error: JSON `code` and `message` with an HTTP status.
 fn unary_error(
     status: http::StatusCode,
@@ -593,6 +640,41 @@ pub fn service(state: &AppState) -> ConnectRpcService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn come_back_speaks_each_protocol_with_retry_after() {
+        let header = |r: &axum::response::Response, name: &str| {
+            r.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let grpc = come_back("application/grpc+proto", "down 1.0 s (100%)", 1);
+        assert_eq!(grpc.status(), http::StatusCode::OK);
+        assert_eq!(header(&grpc, "grpc-status").as_deref(), Some("14"));
+        assert_eq!(
+            header(&grpc, "grpc-message").as_deref(),
+            Some("down 1.0 s (100%25)")
+        );
+        assert_eq!(header(&grpc, "retry-after").as_deref(), Some("1"));
+
+        let unary = come_back("application/json; charset=utf-8", "down", 1);
+        assert_eq!(unary.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&unary, "retry-after").as_deref(), Some("1"));
+        let body = axum::body::to_bytes(unary.into_body(), 1024).await.unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["code"], "unavailable");
+
+        let stream = come_back("application/connect+json", "down", 1);
+        assert_eq!(stream.status(), http::StatusCode::OK);
+        assert_eq!(header(&stream, "retry-after").as_deref(), Some("1"));
+        let body = axum::body::to_bytes(stream.into_body(), 1024)
+            .await
+            .unwrap();
+        assert_eq!(body[0], 0x02, "an end-of-stream envelope");
+        let end: serde_json::Value = serde_json::from_slice(&body[5..]).unwrap();
+        assert_eq!(end["error"]["code"], "unavailable");
+    }
 
     #[test]
     fn every_method_of_the_contract_has_an_access_rule() {
