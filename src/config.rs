@@ -722,10 +722,21 @@ pub struct CapacityConfig {
     pub reconcile_interval_seconds: u64,
     /// Longest one AcquireLease call waits for a grant, in seconds.
     pub max_wait_seconds: u64,
-    /// Create a shared agent pool and a shared sandbox pool on first start.
+    /// Create a shared agent pool and a shared sandbox pool on first start,
+    /// sized from the host.
     pub default_pools: bool,
-    /// Region of the default pools.
+    /// Region of the default pools: this host's. Pools in it run here and
+    /// count against the host; pools in other regions are remote.
     pub default_region: String,
+    /// CPUs kept for the appliance itself: the host's pools promise the
+    /// rest.
+    pub reserve_cpu: f64,
+    /// Memory kept for the appliance itself, GB.
+    pub reserve_memory_gb: f64,
+    /// How many times over the host's pools may promise its CPUs (less
+    /// the reserve): an agent attempt mostly waits for its model server
+    /// and tools. Memory is promised once.
+    pub cpu_overcommit: f64,
 }
 
 impl Default for CapacityConfig {
@@ -758,6 +769,9 @@ impl Default for CapacityConfig {
             max_wait_seconds: 60,
             default_pools: true,
             default_region: "local".into(),
+            reserve_cpu: 0.5,
+            reserve_memory_gb: 1.0,
+            cpu_overcommit: 8.0,
         }
     }
 }
@@ -1559,6 +1573,24 @@ impl Config {
             86_400,
         )?;
         range("capacity.max_wait_seconds", c.max_wait_seconds, 0, 300)?;
+        for (key, v, most) in [
+            ("capacity.reserve_cpu", c.reserve_cpu, 1024.0),
+            ("capacity.reserve_memory_gb", c.reserve_memory_gb, 65_536.0),
+            ("capacity.cpu_overcommit", c.cpu_overcommit, 64.0),
+        ] {
+            let least = if key == "capacity.cpu_overcommit" {
+                1.0
+            } else {
+                0.0
+            };
+            if !(least..=most).contains(&v) {
+                return Err(ConfigError::new(
+                    key,
+                    format!("{v} is outside {least}..={most}"),
+                    "",
+                ));
+            }
+        }
         if !c.edition_defaults.contains_key("platform") {
             return Err(ConfigError::new(
                 "capacity.edition_defaults",

@@ -56,6 +56,11 @@ pub struct Readiness {
     pub shutting_down: bool,
     /// Every background worker.
     pub workers: Vec<WorkerStatus>,
+    /// How the pools that run on this host fit it: what it has, what they
+    /// promise, pools taken as remote, and warnings when they promise more
+    /// than it has (absent when the host's resources could not be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<crate::domain::capacity::HostFit>,
     /// Scheduled backups (absent when `backup.dir` is not set): the last
     /// one, its age and size, and the last failure.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -96,6 +101,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         store: store.err().unwrap_or_else(|| "ok".into()),
         shutting_down,
         workers: state.workers.statuses(),
+        host: state.capacity.host_fit(),
         backup: state.backups.as_ref().map(|b| b.report(state.clock.now())),
         #[cfg(any(unix, windows))]
         tools: state.runtime.confinement(),

@@ -696,6 +696,21 @@ impl Running {
     }
 }
 
+/// What the start banner says of the pools that run on this host: what
+/// they promise of it, and a warning for each way they promise more than
+/// it has (also in the log).
+pub fn print_host_fit(capacity: &crate::capacity::Capacity) {
+    let Some(fit) = capacity.host_fit() else {
+        println!("  pools: this host's CPUs and memory could not be read");
+        return;
+    };
+    println!("  {}", fit.summary());
+    for warning in &fit.warnings {
+        println!("  warning: {warning}");
+        tracing::warn!("{warning}");
+    }
+}
+
 /// What the start banner says of scheduled backups: where they go, or that
 /// they are off and how to turn them on.
 pub fn backup_line(config: &Config) -> String {
@@ -739,6 +754,7 @@ pub async fn run(
         println!("  {demo}");
     }
     println!("  {}", backup_line(&config));
+    print_host_fit(&running.state.capacity);
     #[cfg(unix)]
     {
         let tools = running.state.runtime.confinement();

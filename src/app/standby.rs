@@ -97,6 +97,7 @@ pub async fn run(
             env!("CARGO_PKG_VERSION"),
             running.url
         );
+        super::print_host_fit(&running.state.capacity);
         if let Some(bootstrap) = &running.bootstrap {
             super::print_bootstrap(bootstrap, &config, Some(&running.url));
         }

@@ -14,6 +14,7 @@
 pub mod book;
 pub mod grain;
 pub mod holders;
+pub mod host;
 pub mod ledger;
 pub mod records;
 pub mod workers;
@@ -41,9 +42,9 @@ use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::amount::Amount;
 use crate::domain::capacity::quota::quota_changed;
 use crate::domain::capacity::{
-    CapacityLease, EffectiveLimits, LeaseRequest, LeaseState, Limit, PoolKind, PoolSpec, PoolState,
-    Quota, QuotaLimits, QuotaPatch, QuotaScope, SecurityBoundary, SlotSize, Usage, WorkerPool,
-    placement, token_quota,
+    CapacityLease, EffectiveLimits, HostBudget, HostFit, LeaseRequest, LeaseState, Limit, PoolKind,
+    PoolSpec, PoolState, Quota, QuotaLimits, QuotaPatch, QuotaScope, SecurityBoundary, SlotSize,
+    Usage, WorkerPool, placement, token_quota,
 };
 use crate::domain::events::NewEvent;
 use crate::domain::ids::new_id;
@@ -265,6 +266,11 @@ pub struct Capacity {
     shared: Arc<Shared>,
     profiles: BTreeMap<String, SlotSize>,
     max_wait: Duration,
+    /// What the pools of this host may promise (`None`: the host's
+    /// resources could not be read).
+    budget: Option<HostBudget>,
+    /// This host's region: its pools count against it.
+    local_region: String,
     /// Serialises registry and quota changes: they validate against the
     /// book and then write, and two of them interleaving could each validate
     /// against a state the other is replacing.
@@ -313,8 +319,14 @@ impl Capacity {
         let platform = PlatformScope::internal();
 
         ensure_platform_tenant(&store, &book.edition_names(), now).await?;
+        let budget = host::probe().map(|host| HostBudget {
+            host,
+            reserve_cpu: config.reserve_cpu,
+            reserve_memory_gb: config.reserve_memory_gb,
+            cpu_overcommit: config.cpu_overcommit,
+        });
         if config.default_pools {
-            create_default_pools(&store, &profiles, &config.default_region, now).await?;
+            create_default_pools(&store, &profiles, &config.default_region, budget, now).await?;
         }
 
         let (tenants, projects, quotas, pools, leases, minutes, slots, tokens) = {
@@ -441,8 +453,19 @@ impl Capacity {
             shared,
             profiles,
             max_wait: Duration::from_secs(config.max_wait_seconds),
+            budget,
+            local_region: config.default_region.clone(),
             admin: tokio::sync::Mutex::new(()),
         }))
+    }
+
+    /// How the pools fit the host they run on (those of its region), with
+    /// warnings when they promise more than it has; `None` when the host's
+    /// resources could not be read.
+    pub fn host_fit(&self) -> Option<HostFit> {
+        let pools = self.pools();
+        self.budget
+            .map(|b| b.fit(pools.iter().map(|p| &p.pool), &self.local_region))
     }
 
     fn store(&self) -> &Store {
@@ -1591,19 +1614,29 @@ pub async fn ensure_platform_tenant(
         .await
 }
 
+/// The shared pools of a first start, `agents` and `sandboxes`, each
+/// holding half of what the host backs (see `domain::capacity::host`), in
+/// slots of the `small` node profile, else the smallest (eight when the
+/// host cannot be read).
 async fn create_default_pools(
     store: &Store,
     profiles: &BTreeMap<String, SlotSize>,
     region: &str,
+    budget: Option<HostBudget>,
     now: chrono::DateTime<Utc>,
 ) -> Result<(), StoreError> {
     let Some((profile, slot)) = profiles
         .get_key_value("small")
-        .or_else(|| profiles.iter().next())
+        .or_else(|| {
+            profiles
+                .iter()
+                .min_by_key(|(name, s)| (s.cpu, s.memory_gb, name.as_str()))
+        })
         .map(|(k, v)| (k.clone(), *v))
     else {
         return Ok(());
     };
+    let max_size = budget.map_or(8, |b| b.slots(0.5, slot));
     let mut made = Vec::new();
     for (id, kind) in [
         ("agents", PoolKind::AgentRuntime),
@@ -1616,7 +1649,7 @@ async fn create_default_pools(
             region: region.to_string(),
             node_profile: profile.clone(),
             min_size: 1,
-            max_size: 8,
+            max_size,
             internet_egress: false,
             autoscaling: None,
             state: None,

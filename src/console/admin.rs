@@ -1278,6 +1278,14 @@ pub async fn system(console: Console, raw: RawQuery) -> Result<Response, PageErr
         ),
         ("Console sessions", state.sessions.count().to_string()),
         ("Live attempts", state.runtime.live().len().to_string()),
+        (
+            "Pools and this host",
+            match state.capacity.host_fit() {
+                None => "this host's CPUs and memory could not be read".to_string(),
+                Some(fit) if fit.warnings.is_empty() => fit.summary(),
+                Some(fit) => format!("{}. WARNING: {}", fit.summary(), fit.warnings.join("; ")),
+            },
+        ),
     ];
     let rows = state
         .workers

@@ -283,6 +283,12 @@ impl Appliance {
         self.child = Some(child);
     }
 
+    /// What the appliance printed on its standard output so far (the
+    /// start banner).
+    pub fn banner(&self) -> String {
+        std::fs::read_to_string(self.root.join("serve.out")).unwrap_or_default()
+    }
+
     /// The appliance's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.root.join("serve.err")).unwrap_or_default()
@@ -409,6 +415,22 @@ impl Appliance {
     }
 
     /// PUT a JSON body; the status and the JSON answer.
+    /// Sets the default `agents` pool (shared, this host's region, small
+    /// slots) to `max_size` slots, for a load that needs more than the
+    /// host-sized default.
+    pub async fn size_agents_pool(&self, max_size: u32) {
+        let admin = self.admin_token().await;
+        let (status, body) = self
+            .put(
+                &admin,
+                "/factory/capacity/pools/agents",
+                serde_json::json!({"kind": "agent-runtime", "securityBoundary": "shared",
+                       "region": "local", "nodeProfile": "small", "minSize": 1, "maxSize": max_size}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
     pub async fn put(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
         let r = self
             .http()

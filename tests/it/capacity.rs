@@ -277,9 +277,22 @@ async fn every_denial_names_its_limit_in_the_error_the_event_and_the_lease_list(
     // A pool too small for the request, ever.
     let (code, message) = denial(&a, &token, waiting(acquire("api", "huge", 100.0, 1.0))).await;
     assert_eq!(code, ErrorCode::ResourceExhausted);
+    // The default pool is sized from the host: what it offers is its
+    // maxSize in small slots.
+    let pools = a.get(&admin, "/factory/capacity/pools").await;
+    let agents = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["poolId"] == "agents")
+        .cloned()
+        .expect("the default agents pool");
+    let offers = agents["maxSize"].as_u64().unwrap() * 2;
     assert!(
-        message.contains("requested cpu 100, but the whole pool at maxSize offers 16"),
-        "{message}"
+        message.contains(&format!(
+            "requested cpu 100, but the whole pool at maxSize offers {offers}"
+        )),
+        "{message} ({agents})"
     );
 
     // pool maxSize reached: a one-slot pool, filled, then a waiter.
@@ -904,6 +917,9 @@ async fn sixty_four_clients_never_exceed_a_pool_or_a_quota() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_under_load_restarts_with_exact_accounting() {
     let mut a = Appliance::start();
+    // Room for every kept grant (16 CPU), beyond what the host-sized
+    // default offers.
+    a.size_agents_pool(8).await;
     // The platform edition sets no quota: the pool is the only bound here.
     let acme = a.tenant("acme", "platform", &[], &["web"]).await;
     let token = a.token(&acme).await;
@@ -1146,4 +1162,114 @@ async fn the_lease_list_pages_with_a_cursor_past_its_limit() {
         .unwrap();
     let (status, problem) = crate::common::problem(bad).await;
     assert_eq!((status, problem["field"].as_str()), (400, Some("before")));
+}
+
+#[tokio::test]
+async fn the_default_pools_fit_the_host_and_readyz_warns_of_pools_that_do_not() {
+    let a = Appliance::start();
+    let admin = a.admin_token().await;
+    let ready = |a: &Appliance| {
+        let http = a.http();
+        let url = format!("{}/readyz", a.url);
+        async move {
+            let r = http.get(url).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, body) = ready(&a).await;
+    assert_eq!(status, 200, "{body}");
+    let fit = &body["host"];
+    // The host as this process sees it: its CPUs, and at most the
+    // machine's memory (a control group may allow less).
+    let cpus = std::thread::available_parallelism().unwrap().get() as f64;
+    assert_eq!(fit["budget"]["host"]["cpus"], cpus, "{fit}");
+    let total_gb = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap()
+        / (1024.0 * 1024.0);
+    let memory = fit["budget"]["host"]["memoryGb"].as_f64().unwrap();
+    assert!(memory > 0.0 && memory <= total_gb + 0.01, "{fit}");
+
+    // The zero-config pools promise no more than the host backs: its
+    // memory less the appliance's reserve, its CPUs less the reserve
+    // times the overcommit; each holds half, in small slots.
+    assert_eq!(fit["warnings"], json!([]), "{fit}");
+    assert_eq!(fit["localPools"], json!(["agents", "sandboxes"]), "{fit}");
+    let pools = a.get(&admin, "/factory/capacity/pools").await;
+    let promised: Vec<(f64, f64)> = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let n = p["maxSize"].as_f64().unwrap();
+            assert_eq!(p["nodeProfile"], "small", "{p}");
+            (2.0 * n, 4.0 * n)
+        })
+        .collect();
+    let (cpu, mem): (f64, f64) = promised
+        .iter()
+        .fold((0.0, 0.0), |(c, m), (pc, pm)| (c + pc, m + pm));
+    assert_eq!(fit["cpu"]["promised"], cpu, "{fit}");
+    assert_eq!(fit["memoryGb"]["promised"], mem, "{fit}");
+    assert!(
+        mem <= (memory - 1.0).max(8.0),
+        "{mem} GB of {memory} GB: {fit}"
+    );
+    assert!(
+        cpu <= ((cpus - 0.5) * 8.0).max(4.0),
+        "{cpu} CPU of {cpus}: {fit}"
+    );
+    assert!(
+        a.banner()
+            .contains("pools of this host (agents, sandboxes)"),
+        "{}",
+        a.banner()
+    );
+
+    let big = |region: &str| {
+        json!({"kind": "sandbox", "securityBoundary": "shared", "region": region,
+               "nodeProfile": "large", "minSize": 1, "maxSize": 1000})
+    };
+    // A pool in a region of its own is remote (a customer's machines):
+    // counted against nothing here.
+    let (s, p) = a
+        .put(
+            &admin,
+            "/factory/capacity/pools/customer-box",
+            big("customer-a"),
+        )
+        .await;
+    assert_eq!(s, 200, "{p}");
+    let (_, body) = ready(&a).await;
+    assert_eq!(body["host"]["warnings"], json!([]), "{body}");
+    assert_eq!(
+        body["host"]["remotePools"],
+        json!(["customer-box (customer-a)"]),
+        "{body}"
+    );
+
+    // A pool of this host that promises more than it has: still ready,
+    // but warned of, by name and by how much.
+    let (s, p) = a
+        .put(&admin, "/factory/capacity/pools/gpu-box", big("local"))
+        .await;
+    assert_eq!(s, 200, "{p}");
+    let (status, body) = ready(&a).await;
+    assert_eq!(status, 200, "{body}");
+    let warnings = body["host"]["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 3, "{warnings:?}");
+    let cpu_warning = warnings[0].as_str().unwrap();
+    assert!(
+        cpu_warning.contains("gpu-box") && cpu_warning.contains("capacity.cpu_overcommit"),
+        "{cpu_warning}"
+    );
+    let memory_warning = warnings[1].as_str().unwrap();
+    assert!(
+        memory_warning.contains(&format!("promise {} GB", mem + 16_000.0)),
+        "{memory_warning}"
+    );
 }
