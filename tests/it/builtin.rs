@@ -927,9 +927,23 @@ struct ModelServer {
         std::sync::atomic::AtomicUsize,
         std::sync::atomic::AtomicUsize,
     )>,
+    /// The server's task: aborted, it stops listening.
+    serving: tokio::task::JoinHandle<()>,
 }
 
 impl ModelServer {
+    /// Stops listening (a restart's first half): its port refuses
+    /// connections until a server is bound there again.
+    async fn stop(self) -> std::net::SocketAddr {
+        self.serving.abort();
+        let _ = self.serving.await;
+        self.url
+            .trim_start_matches("http://")
+            .trim_end_matches("/v1")
+            .parse()
+            .unwrap()
+    }
+
     /// A site whose network allowlist names this server by its exact
     /// `host:port` (it listens on loopback).
     async fn site(&self) -> Site {
@@ -1044,11 +1058,12 @@ async fn model_server_on(listener: tokio::net::TcpListener, script: Vec<Reply>) 
         .route("/v1/chat/completions", axum::routing::post(chat))
         .with_state(state);
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     ModelServer {
         url,
         requests,
         load,
+        serving,
     }
 }
 
@@ -2130,6 +2145,95 @@ async fn a_profile_falls_back_only_when_a_server_cannot_serve_now_and_says_so() 
 
 /// Maps the profile `site-llm` to model `site-model` at `url` through the
 /// running appliance, with `extra` arguments: what the CLI printed.
+/// A model server restarted under load, in real time: the attempts whose
+/// calls find it gone wait, paused, and succeed when it is back; none
+/// fails and no call is made twice. `AGENTBAY_MODEL_RESTART=SECONDS,RUNS`
+/// sets how long it is down and how many runs it takes (default 3 s, 16;
+/// `60,32` for a minute's restart under 32 runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_server_restart_under_load_is_waited_out() {
+    let (down_for, n) = std::env::var("AGENTBAY_MODEL_RESTART")
+        .ok()
+        .and_then(|v| {
+            let (s, n) = v.split_once(',')?;
+            Some((s.parse::<u64>().ok()?, n.parse::<usize>().ok()?))
+        })
+        .unwrap_or((3, 16));
+    let ok = json!({"severity": "low", "summary": "served", "paged": false}).to_string();
+    let script = |n: usize| {
+        (0..n)
+            .map(|_| Reply::Chat(completion(Some(&ok), Value::Null)))
+            .collect::<Vec<_>>()
+    };
+    let server = model_server(script(1)).await;
+    let url = server.url.clone();
+    let site = server.site().await;
+    // Small attempts, so that the host-sized default pool holds them all.
+    site.a.size_agents_pool(8).await;
+    site.import("triage-llm", json!([]), |m| {
+        openai_profile(&url)(m);
+        m["contract"]["cpu"] = json!(0.25);
+        m["contract"]["memoryGb"] = json!(0.25);
+    })
+    .await;
+    put_profile(&site.a.data_dir, &url, &[]);
+    let warm = site.submit("triage-llm").await;
+    site.until(&warm, "Succeeded").await;
+
+    // The server goes away; the runs come while it is away.
+    let addr = server.stop().await;
+    let stopped = std::time::Instant::now();
+    let mut runs = Vec::new();
+    for _ in 0..n {
+        runs.push(site.submit("triage-llm").await);
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(down_for).saturating_sub(stopped.elapsed()))
+        .await;
+    // Just before it is back: the attempts wait, paused, none failed.
+    let mut paused = 0;
+    for run_id in &runs {
+        let r = site.run(run_id).await;
+        assert_eq!(r.steps[0].attempts.len(), 1, "{r:?}");
+        assert_ne!(r.steps[0].attempts[0].state, "Failed", "{r:?}");
+        if r.steps[0].attempts[0].state == "Paused" {
+            paused += 1;
+        }
+    }
+    let back = model_server_on(
+        tokio::net::TcpListener::bind(addr).await.unwrap(),
+        script(n),
+    )
+    .await;
+    let restarted = std::time::Instant::now();
+    let deadline = restarted + std::time::Duration::from_secs(90);
+    for run_id in &runs {
+        let done = loop {
+            let r = site.run(run_id).await;
+            if r.state != "Running" {
+                break r;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{run_id} did not end within 90 s of the restart: {r:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        assert_eq!(done.state, "Succeeded", "{done:?}");
+        assert_eq!(
+            done.steps[0].attempts.len(),
+            1,
+            "no attempt failed: {done:?}"
+        );
+    }
+    let requests = back.requests.lock().unwrap().len();
+    assert_eq!(requests, n, "each call reached the server once");
+    eprintln!(
+        "model server restart: down {:.1} s under {n} runs; {n} succeeded on their first attempt, 0 failed; {paused} were waiting paused just before it was back; all done {:.1} s after it was back; {requests} requests at the server",
+        restarted.duration_since(stopped).as_secs_f64(),
+        restarted.elapsed().as_secs_f64()
+    );
+}
+
 fn put_profile(data: &Path, url: &str, extra: &[&str]) -> String {
     let mut args = vec![
         "model",
