@@ -1614,10 +1614,9 @@ pub async fn ensure_platform_tenant(
         .await
 }
 
-/// The shared pools of a first start, `agents` and `sandboxes`, each
-/// holding half of what the host backs (see `domain::capacity::host`), in
-/// slots of the `small` node profile, else the smallest (eight when the
-/// host cannot be read).
+/// The shared pools of a first start, `agents` and `sandboxes`, sized from
+/// the host ([`HostBudget::default_pool_slots`]), in slots of the `small`
+/// node profile, else the smallest.
 async fn create_default_pools(
     store: &Store,
     profiles: &BTreeMap<String, SlotSize>,
@@ -1636,7 +1635,7 @@ async fn create_default_pools(
     else {
         return Ok(());
     };
-    let max_size = budget.map_or(8, |b| b.slots(0.5, slot));
+    let max_size = HostBudget::default_pool_slots(budget.as_ref(), slot);
     let mut made = Vec::new();
     for (id, kind) in [
         ("agents", PoolKind::AgentRuntime),

@@ -332,16 +332,7 @@ impl Runtime {
         self.handle().spawn(async move {
             let _ = tx.send(tokio::time::timeout(within, f).await);
         });
-        // A caller on a worker of a multi-threaded runtime (a request, a
-        // grain) hands its worker's other tasks on while it waits, so one
-        // round trip never stalls them.
-        let on_worker = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let answer = if on_worker {
-            tokio::task::block_in_place(|| rx.recv())
-        } else {
-            rx.recv()
-        };
+        let answer = Runtime::waiting(|| rx.recv());
         match answer {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(StoreError::Unreachable(format!(
@@ -352,15 +343,21 @@ impl Runtime {
         }
     }
 
-    /// Waits `pause` from any thread but the runtime's own, handing a
-    /// worker's other tasks on as [`Runtime::block_within`] does.
+    /// Waits `pause` from any thread but the runtime's own.
     fn pause(&self, pause: Duration) {
+        Runtime::waiting(|| std::thread::sleep(pause));
+    }
+
+    /// Runs `wait`, which blocks. A caller on a worker of a
+    /// multi-threaded runtime (a request, a grain) hands its worker's
+    /// other tasks on meanwhile, so one wait never stalls them.
+    fn waiting<T>(wait: impl FnOnce() -> T) -> T {
         let on_worker = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         if on_worker {
-            tokio::task::block_in_place(|| std::thread::sleep(pause));
+            tokio::task::block_in_place(wait)
         } else {
-            std::thread::sleep(pause);
+            wait()
         }
     }
 }

@@ -295,6 +295,17 @@ impl Site {
     }
 }
 
+/// The calls of an attempt's timeline to `target`, in order.
+pub(crate) fn calls_to(timeline: &Value, target: &str) -> Vec<Value> {
+    timeline["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["target"] == target)
+        .cloned()
+        .collect()
+}
+
 pub(crate) fn answer(severity: &str, paged: bool) -> Value {
     json!({"content": json!({"severity": severity, "summary": "checked", "paged": paged}).to_string()})
 }
@@ -667,12 +678,7 @@ async fn kill_9_during_a_builtin_loop_resumes_or_settles_and_reissues_nothing() 
     let t = site
         .timeline(&settled.steps[0].attempts[0].attempt_id)
         .await;
-    let pages: Vec<&Value> = t["calls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["target"] == "page-oncall")
-        .collect();
+    let pages = calls_to(&t, "page-oncall");
     assert_eq!(pages.len(), 1, "the unconfirmed call is not made again");
     assert_eq!(pages[0]["status"], "uncertain");
 }
@@ -2729,18 +2735,19 @@ async fn a_failed_run_is_re_run_from_a_checkpoint_with_a_fixed_release_and_pages
     assert_ne!(new_attempt, attempt);
     let nt = site.timeline(&new_attempt).await;
     assert_eq!(nt["rerunOf"]["attemptId"], attempt.as_str());
-    let calls = nt["calls"].as_array().unwrap();
-    let replayed: Vec<&Value> = calls
-        .iter()
-        .filter(|c| c["target"] == "page-oncall")
-        .collect();
+    let replayed = calls_to(&nt, "page-oncall");
     assert_eq!(replayed.len(), 1, "{nt}");
     assert_eq!(replayed[0]["status"], "completed");
     assert_eq!(replayed[0]["replayOf"]["callId"], paged["callId"]);
     assert_eq!(replayed[0]["resultHash"], paged["resultHash"]);
     assert_eq!(replayed[0]["receiptRef"], paged["receiptRef"]);
     assert_eq!(
-        calls.iter().filter(|c| c["kind"] == "model").count(),
+        nt["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["kind"] == "model")
+            .count(),
         1,
         "the loop resumed after the first model turn: {nt}"
     );

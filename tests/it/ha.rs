@@ -823,12 +823,7 @@ async fn a_postgres_restart_is_ridden_out_by_the_active_appliance() {
             assert_eq!(done.state, "Succeeded", "{done:?}");
             assert_eq!(done.steps[0].attempts.len(), 1, "one attempt: {done:?}");
             let t = site.timeline(&done.steps[0].attempts[0].attempt_id).await;
-            let pages: Vec<&Value> = t["calls"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|c| c["target"] == "page-oncall")
-                .collect();
+            let pages = crate::builtin::calls_to(&t, "page-oncall");
             assert_eq!(pages.len(), 1, "the tool ran once: {t}");
             assert_eq!(pages[0]["status"], "completed", "{t}");
         }

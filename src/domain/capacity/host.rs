@@ -110,6 +110,13 @@ impl HostBudget {
         (self.host.memory_gb - self.reserve_memory_gb).max(0.0)
     }
 
+    /// The maxSize of each of the two pools a first start makes (`agents`
+    /// and `sandboxes`): half of what the host backs each, in `slot`s;
+    /// eight when the host's resources could not be read.
+    pub fn default_pool_slots(budget: Option<&HostBudget>, slot: SlotSize) -> u32 {
+        budget.map_or(8, |b| b.slots(0.5, slot))
+    }
+
     /// Slots of `slot` that `share` (0..=1) of the budget holds: at least
     /// one, so a pool can grant anything at all.
     pub fn slots(&self, share: f64, slot: SlotSize) -> u32 {
