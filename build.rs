@@ -135,6 +135,9 @@ fn leading_comments(
 /// (proto3: absent).
 /// - `pattern `REGEX``: the text matches it;
 /// - `(an amount)`: a number above 0 in whole thousandths (`Amount`);
+/// - `(labels)` on a map: at most 16 keys of 1 to 63 of a-z, 0-9, `.`, `_`,
+///   `-` starting with a letter or digit, values of 1 to 128 characters
+///   without control characters (`domain::run::parse_labels`);
 /// - `Required when `other` is V.`: required only then (V: true, false or
 ///   a text); `At least N when `other` is V.`: a list that long then;
 ///   `True only when `other` is V.`: a bool that may be true only then;
@@ -430,7 +433,19 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
                 f.name()
             );
             let value = if let Some(value) = maps.get(f.type_name()) {
-                json!({"type": "object", "additionalProperties": scalar(value)})
+                if comment.contains("(labels)") {
+                    json!({
+                        "type": "object",
+                        "maxProperties": 16,
+                        "propertyNames": {"pattern": "^[a-z0-9][a-z0-9._-]{0,62}$"},
+                        "additionalProperties": {
+                            "type": "string",
+                            "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]{1,128}$",
+                        },
+                    })
+                } else {
+                    json!({"type": "object", "additionalProperties": scalar(value)})
+                }
             } else if f.label() == Label::Repeated {
                 let mut list =
                     json!({"type": "array", "items": annotate(scalar(f), &comment, true)});

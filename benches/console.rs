@@ -52,6 +52,8 @@ fn request(release: &str, project: &ProjectId, i: usize) -> RunRequest {
         max_attempts: 0,
         max_corrections: None,
         request_id: None,
+        run_key: None,
+        labels: Default::default(),
         environment_id: None,
         submitted_by: "bench".into(),
     }

@@ -73,6 +73,8 @@ async fn one_run(state: &AppState, scope: &TenantScope, project: &ProjectId, i: 
                 max_attempts: 0,
                 max_corrections: None,
                 request_id: None,
+                run_key: None,
+                labels: Default::default(),
                 environment_id: None,
                 submitted_by: "soak".into(),
             },
@@ -159,6 +161,7 @@ async fn one_run(state: &AppState, scope: &TenantScope, project: &ProjectId, i: 
                 ),
                 failure_class: None,
                 reason: None,
+                error: None,
             },
         )
         .await

@@ -59,7 +59,7 @@ fn bundle(dir: &str) -> Bundle {
 /// Seeds the demo unless it is seeded already: the demo tenant holds a
 /// run (whatever became of the runs since, an operator's or an earlier
 /// version's). The steps are idempotent (releases by hash, runs by
-/// request id), so a start cut short before the runs completes the seeding
+/// run key), so a start cut short before the runs completes the seeding
 /// on the next start. Returns what it did, for the start banner.
 pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
     let tenant = TenantId::parse(TENANT)?;
@@ -119,7 +119,9 @@ pub async fn seed(state: &AppState) -> anyhow::Result<Option<String>> {
                     limits: None,
                     max_attempts: 0,
                     max_corrections: None,
-                    request_id: Some(format!("demo-{release}")),
+                    request_id: None,
+                    run_key: Some(format!("demo-{release}")),
+                    labels: [("source".to_string(), "demo".to_string())].into(),
                     environment_id: None,
                     submitted_by: "demo".into(),
                 },

@@ -42,6 +42,9 @@ pub enum ErrorCode {
     AlreadyExists,
     /// Well-formed, but refused on its content (a rejected release).
     Unprocessable,
+    /// A document does not satisfy the schema it must (a run's input):
+    /// every field at fault is listed.
+    DoesNotMatch,
     /// Wrong state for the operation.
     FailedPrecondition,
     /// A quota, pool bound or budget stops the operation.
@@ -84,6 +87,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => ("method-not-allowed", "Method not allowed", S::METHOD_NOT_ALLOWED, C::Unimplemented),
             ErrorCode::AlreadyExists => ("already-exists", "Already exists", S::CONFLICT, C::AlreadyExists),
             ErrorCode::Unprocessable => ("unprocessable", "Unprocessable content", S::UNPROCESSABLE_ENTITY, C::FailedPrecondition),
+            ErrorCode::DoesNotMatch => ("does-not-match", "Does not match its schema", S::UNPROCESSABLE_ENTITY, C::InvalidArgument),
             ErrorCode::FailedPrecondition => ("failed-precondition", "Failed precondition", S::CONFLICT, C::FailedPrecondition),
             ErrorCode::ResourceExhausted => ("resource-exhausted", "Resource exhausted", S::TOO_MANY_REQUESTS, C::ResourceExhausted),
             ErrorCode::Aborted => ("aborted", "Aborted", S::CONFLICT, C::Aborted),
@@ -292,12 +296,31 @@ impl From<ApiError> for ConnectError {
             error = error.with_detail(detail);
         }
         if let Some(field) = &e.field {
+            // Every field at fault, when the problem lists them; else the one.
+            let listed: Vec<FieldViolation> = e
+                .extensions
+                .get("violations")
+                .and_then(Value::as_array)
+                .map(|all| {
+                    all.iter()
+                        .map(|v| FieldViolation {
+                            field: v["field"].as_str().unwrap_or_default().to_string(),
+                            description: v["reason"].as_str().unwrap_or_default().to_string(),
+                            ..Default::default()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
             let bad = BadRequest {
-                field_violations: vec![FieldViolation {
-                    field: field.clone(),
-                    description: e.detail.clone(),
-                    ..Default::default()
-                }],
+                field_violations: if listed.is_empty() {
+                    vec![FieldViolation {
+                        field: field.clone(),
+                        description: e.detail.clone(),
+                        ..Default::default()
+                    }]
+                } else {
+                    listed
+                },
                 ..Default::default()
             };
             error = error.with_detail(connectrpc::ErrorDetail::from_message(
@@ -331,6 +354,20 @@ impl From<DomainError> for ApiError {
             DomainError::Waiting(m) => ApiError::new(ErrorCode::Unavailable, m)
                 .with_header(header::RETRY_AFTER, &DomainError::WAIT_SECONDS.to_string()),
             DomainError::TooLarge(m) => ApiError::new(ErrorCode::PayloadTooLarge, m),
+            DomainError::Unfit {
+                ref what,
+                ref violations,
+                ..
+            } => {
+                let facts: Vec<Value> = violations
+                    .iter()
+                    .map(|v| json!({"field": v.field, "reason": v.reason}))
+                    .collect();
+                let mut problem =
+                    ApiError::new(ErrorCode::DoesNotMatch, e.to_string()).with("violations", facts);
+                problem.field = Some(what.clone());
+                problem
+            }
             DomainError::Broken(m) => ApiError::internal(m),
         }
     }

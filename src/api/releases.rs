@@ -84,6 +84,10 @@ pub struct ReleaseBody {
     /// release): a rejected import stays visible after a later good one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verdicts: Option<Vec<ReleaseVerdict>>,
+    /// The JSON Schema a run's input must satisfy, when the manifest
+    /// declares one (`GET` of one release).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<serde_json::Value>,
 }
 
 impl ReleaseBody {
@@ -96,6 +100,7 @@ impl ReleaseBody {
             dispatchable: why_not.is_none(),
             not_dispatchable_because: why_not,
             verdicts: None,
+            input_schema: None,
         }
     }
 }
@@ -249,6 +254,9 @@ pub async fn get(
         .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("release {id} not found")))?;
     let mut body = ReleaseBody::of(&release);
     body.verdicts = Some(state.releases.verdicts(&scope, &id)?);
+    if release.state == LoadState::Verified {
+        body.input_schema = state.releases.manifest(&scope, &release)?.input_schema;
+    }
     Ok(Json(body))
 }
 

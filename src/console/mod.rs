@@ -49,6 +49,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/account", get(signin::account))
         .route("/account/password", post(signin::change_password))
         .route("/runs", get(work::runs).post(work::submit_run))
+        .route("/runs/new", get(work::run_new))
         .route("/runs/bulk", post(work::bulk_runs))
         .route("/runs/{run_id}", get(work::run))
         .route("/runs/{run_id}/export", get(work::export_run))
@@ -561,6 +562,11 @@ impl Fields {
     pub fn need(&self, key: &str) -> Result<&str, ApiError> {
         self.get(key)
             .ok_or_else(|| ApiError::invalid(key, "is required"))
+    }
+
+    /// Every key the form sent.
+    pub fn all_keys(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(k, _)| k.as_str())
     }
 
     /// Every value of `key`.

@@ -10,7 +10,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::capacity::{PoolBar, pool_bars};
-use super::table::{Cell, ListQuery, PAGE_SIZE, Table};
+use super::table::{Cell, Filter, ListQuery, PAGE_SIZE, Table};
 use super::{Console, Layout, ListPage, PageError, render, short, when, when_opt};
 use crate::api::error::ApiError;
 use crate::domain::access::Scope;
@@ -20,6 +20,7 @@ use crate::domain::attempt::{
     InterruptSource,
 };
 use crate::domain::content::Shown;
+use crate::domain::form::Form;
 use crate::domain::release::canonical_json;
 use crate::domain::run::{RunAction, RunState};
 use crate::domain::{FieldError, ProjectId};
@@ -218,7 +219,6 @@ struct RunsPage {
     can_cancel: bool,
     can_hold: bool,
     releases: Vec<String>,
-    projects: Vec<String>,
 }
 
 /// `GET /runs`: runs with state, agent, release and project filters.
@@ -244,6 +244,20 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .map(str::to_string),
+        label: match q.get("label").map(str::trim).filter(|t| !t.is_empty()) {
+            Some(t) => Some(
+                t.split_once('=')
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                    .ok_or_else(|| ApiError::invalid("label", format!("{t:?} is not key=value")))?,
+            ),
+            None => None,
+        },
+        waiting: match q.get("waiting") {
+            Some(w) => {
+                Some(crate::domain::run::parse_waiting("waiting", w).map_err(ApiError::from)?)
+            }
+            None => None,
+        },
     };
     let before = q.get("before").and_then(|b| Uuid::parse_str(b).ok());
     let mut runs = console
@@ -267,9 +281,18 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
                 .map(|a| Cell::id(a, format!("/attempts/{a}")))
                 .unwrap_or_else(|| Cell::text(""));
             let why = run_why(&console, &scope, r);
+            let named = r
+                .run_key
+                .iter()
+                .cloned()
+                .chain(r.labels.iter().map(|(k, v)| format!("{k}={v}")))
+                .collect::<Vec<_>>()
+                .join(" · ");
             let mut row = vec![
                 Cell::id(r.run_id, format!("/runs/{}", r.run_id)),
                 Cell::State(r.state.as_str().to_string()),
+                Cell::text(named),
+                Cell::text(input_summary(&console, &scope, r)),
                 Cell::text(&r.agent_id),
                 Cell::text(&r.snapshot.release_id),
                 Cell::text(r.project_id.as_str()),
@@ -310,11 +333,29 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
         q.day_filter("from", "submitted from"),
         q.day_filter("until", "until"),
         q.filter("reason", "reason has", Vec::new()),
+        q.filter("label", "label (key=value)", Vec::new()),
+        Filter {
+            name: "waiting",
+            label: "waiting for",
+            options: [
+                ("WaitingForDecision", "a decision"),
+                ("Paused", "paused (model server, quota, lease)"),
+                ("WaitingForTool", "a tool"),
+                ("Claimed", "capacity"),
+            ]
+            .iter()
+            .map(|(v, l)| (v.to_string(), l.to_string()))
+            .collect(),
+            value: q.get("waiting").unwrap_or_default().to_string(),
+            input: "text",
+        },
     ];
     let labels = [
         "Pick",
         "Run",
         "State",
+        "Key and labels",
+        "Input",
         "Agent",
         "Release",
         "Project",
@@ -340,8 +381,25 @@ pub async fn runs(console: Console, raw: RawQuery) -> Result<Response, PageError
         can_cancel: console.can(Scope::RunsWrite),
         can_hold: console.can(Scope::RunsOperate),
         releases,
-        projects,
     })
+}
+
+/// The first characters of a run's input, as compact JSON.
+fn input_summary(console: &Console, scope: &TenantScope, run: &crate::domain::run::Run) -> String {
+    const SHOWN: usize = 80;
+    if run.purged.is_some() {
+        return "(purged)".into();
+    }
+    let Ok(Some(bytes)) = console.state.runtime.content(scope, &run.input_ref) else {
+        return String::new();
+    };
+    let text = serde_json::from_slice::<Value>(&bytes)
+        .map(|v| v.to_string())
+        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+    match text.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text,
+    }
 }
 
 /// Agents, release ids and project ids, for filters.
@@ -365,23 +423,91 @@ fn choices(console: &Console, scope: &TenantScope) -> Result<Choices, PageError>
     Ok((agents, release_ids, projects))
 }
 
-/// `POST /runs`: a Requester submits a run of a release with its input.
+#[derive(Template)]
+#[template(path = "console/run_new.html")]
+struct RunNewPage {
+    l: Layout,
+    release_id: String,
+    /// The form of the release's input schema; `None`: a JSON box.
+    input: Option<Form>,
+    projects: Vec<String>,
+}
+
+/// The form of a release's input schema, when it declares one.
+fn input_form(
+    console: &Console,
+    scope: &TenantScope,
+    release_id: &str,
+) -> Result<Option<Form>, ApiError> {
+    let release = console
+        .state
+        .releases
+        .get(scope, release_id)?
+        .ok_or_else(|| {
+            ApiError::from(crate::domain::DomainError::not_found("release", release_id))
+        })?;
+    let manifest = console.state.releases.manifest(scope, &release)?;
+    Ok(manifest.input_schema.map(|s| Form::of(&s, None)))
+}
+
+/// `GET /runs/new?release=ID`: the submit form of a release, built from
+/// its input schema.
+pub async fn run_new(console: Console, raw: RawQuery) -> Result<Response, PageError> {
+    console.require(Scope::RunsWrite)?;
+    let scope = console.scope()?;
+    let q = ListQuery::parse(&raw);
+    let release_id = crate::domain::release::parse_release_id(q.get("release").unwrap_or(""))
+        .map_err(|e| ApiError::invalid("release", e.reason))?;
+    let input = input_form(&console, &scope, &release_id)?;
+    let (_, _, projects) = choices(&console, &scope)?;
+    render(&RunNewPage {
+        l: console.layout(format!("Submit a run of {release_id}"), "/runs"),
+        release_id,
+        input,
+        projects,
+    })
+}
+
+/// `POST /runs`: a Requester submits a run of a release with its input,
+/// from the release's form (`f.*` fields) or as JSON (`inputJson`).
 pub async fn submit_run(console: Console, raw: RawForm) -> Result<Response, PageError> {
     let fields = console.form(raw)?;
     console.require(Scope::RunsWrite)?;
     let scope = console.scope()?;
+    let release_id = fields.get("releaseId").unwrap_or("").to_string();
     let result = async {
+        let input = match fields.get("inputJson") {
+            Some(text) => crate::api::runtime::parse_json("inputJson", text)?,
+            None => match input_form(&console, &scope, fields.need("releaseId")?)? {
+                Some(form) => form.read(|name| fields.all(name))?,
+                None => Value::Object(Default::default()),
+            },
+        };
         let request = RunRequest {
             project_id: ProjectId::parse_field("projectId", fields.need("projectId")?)?,
-            release_id: fields.need("releaseId")?.to_string(),
-            input: crate::api::runtime::parse_json(
-                "inputJson",
-                fields.get("inputJson").unwrap_or("{}"),
-            )?,
+            release_id: release_id.clone(),
+            input,
             limits: None,
             max_attempts: 0,
             max_corrections: None,
-            request_id: fields.get("requestId").map(str::to_string),
+            request_id: None,
+            run_key: fields.get("runKey").map(str::to_string),
+            labels: crate::domain::run::parse_labels(
+                "labels",
+                fields
+                    .get("labels")
+                    .unwrap_or("")
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(|l| {
+                        l.split_once('=')
+                            .map_or(l.to_string(), |(k, v)| format!("{}={}", k.trim(), v.trim()))
+                    })
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(String::as_str),
+            )?,
             environment_id: None,
             submitted_by: console.by(),
         };
@@ -397,7 +523,14 @@ pub async fn submit_run(console: Console, raw: RawForm) -> Result<Response, Page
                 Ok::<_, ApiError>(format!("run {} submitted", run.run_id)),
             )
         }
-        Err(e) => console.done("/runs", Err::<String, _>(e)),
+        Err(e) => {
+            let back = if release_id.is_empty() {
+                "/runs".to_string()
+            } else {
+                format!("/runs/new?release={release_id}")
+            };
+            console.done(&back, Err::<String, _>(e))
+        }
     })
 }
 
@@ -733,6 +866,9 @@ pub struct DecisionView {
     question: Option<Shown>,
     schema: Option<String>,
     answer: Option<Shown>,
+    /// The form a pending question is answered with, built from its answer
+    /// schema (a text box when it has none).
+    form: Form,
 }
 
 impl DecisionView {
@@ -769,7 +905,23 @@ impl DecisionView {
                 .as_ref()
                 .map(|s| serde_json::to_string_pretty(s).unwrap_or_default()),
             answer: d.answer_ref.as_ref().map(show),
+            form: answer_form(&d),
             d,
+        }
+    }
+}
+
+/// The form a question is answered with: its answer schema's, else one
+/// box whose text is the answer (JSON when it parses as JSON).
+fn answer_form(d: &DecisionRequest) -> Form {
+    match &d.answer_schema {
+        Some(schema) => Form::of(schema, None),
+        None => {
+            let mut form = Form::of(&serde_json::json!({"type": "string"}), None);
+            form.fields[0].label = "Your answer".into();
+            form.fields[0].kind = crate::domain::form::Kind::LongText;
+            form.fields[0].help = "Text, or a JSON document.".into();
+            form
         }
     }
 }
@@ -1248,11 +1400,35 @@ pub async fn decide(
             .map_err(ApiError::from),
         Some("answer") => {
             let choice = fields.get("choice").map(str::to_string);
-            let answer = fields.get("answer").map(|text| {
-                let value = serde_json::from_str::<Value>(text)
-                    .unwrap_or_else(|_| Value::String(text.to_string()));
-                canonical_json(&value)
-            });
+            // A form's fields make the answer, by the question's schema.
+            let from_form = choice.is_none()
+                && (fields.has(crate::domain::form::ROOT)
+                    || fields.all_keys().any(|k| k.starts_with("f.")));
+            let answer = match runtime.decision(&scope, id, decision) {
+                Ok(d) if from_form => {
+                    let form = answer_form(&d);
+                    match form.read(|name| fields.all(name)) {
+                        Ok(value) if d.answer_schema.is_none() => {
+                            let text = value.as_str().unwrap_or_default().trim().to_string();
+                            (!text.is_empty()).then(|| {
+                                canonical_json(
+                                    &serde_json::from_str::<Value>(&text)
+                                        .unwrap_or(Value::String(text)),
+                                )
+                            })
+                        }
+                        Ok(value) => Some(canonical_json(&value)),
+                        Err(e) => {
+                            return Ok(console.done(&back, Err::<String, ApiError>(e.into())));
+                        }
+                    }
+                }
+                _ => fields.get("answer").map(|text| {
+                    let value = serde_json::from_str::<Value>(text)
+                        .unwrap_or_else(|_| Value::String(text.to_string()));
+                    canonical_json(&value)
+                }),
+            };
             if choice.is_none() && answer.is_none() {
                 Err(ApiError::invalid(
                     "answer",

@@ -81,6 +81,14 @@ impl FieldError {
     }
 }
 
+fn list(violations: &[FieldError]) -> String {
+    violations
+        .iter()
+        .map(FieldError::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// A rule of the domain that a command broke.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DomainError {
@@ -130,6 +138,17 @@ pub enum DomainError {
     /// keeps (free text, lists): nothing was written.
     #[error("{0}")]
     TooLarge(String),
+    /// A document does not satisfy the schema it must (a run's input, a
+    /// decision's answer): every field at fault, with why.
+    #[error("{what} does not match {schema}: {}", list(.violations))]
+    Unfit {
+        /// The document, as the caller named it (`inputJson`).
+        what: String,
+        /// The schema, in words (`the input schema of release triage-1.0.0`).
+        schema: String,
+        /// The fields at fault, named as dotted paths below `what`.
+        violations: Vec<FieldError>,
+    },
     /// Something beneath the rules failed: a record that cannot be read, a
     /// disk's error. Not the caller's doing: the API logs it in full and
     /// answers with a reference only.

@@ -17,6 +17,7 @@ pub mod csv;
 pub mod diff;
 pub mod error;
 pub mod events;
+pub mod form;
 pub mod ids;
 pub mod model_profile;
 pub mod model_server;

@@ -428,6 +428,10 @@ pub struct Contract {
     /// Memory, GB.
     #[serde(default = "default_memory")]
     pub memory_gb: f64,
+    /// Retry a failure of the agent's own code (class `agent`) like a
+    /// passing one; by default such a bug fails the run at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retry_agent_failures: bool,
 }
 
 fn default_attempts() -> u32 {
@@ -448,6 +452,7 @@ impl Default for Contract {
             max_attempts: default_attempts(),
             cpu: default_cpu(),
             memory_gb: default_memory(),
+            retry_agent_failures: false,
         }
     }
 }
@@ -494,6 +499,11 @@ pub struct Manifest {
     /// signed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_files: Vec<FileRef>,
+    /// JSON Schema a run's input must satisfy: a run whose input does not
+    /// is refused before it is made, and the console builds its submit
+    /// form from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
 }
 
 impl Manifest {
@@ -573,12 +583,7 @@ impl Manifest {
                     format!("duplicate tool id {:?}", t.id),
                 ));
             }
-            if !t.input_schema.is_object() {
-                return Err(FieldError::new(
-                    field("inputSchema"),
-                    "must be a JSON Schema object",
-                ));
-            }
+            check_schema(&field("inputSchema"), &t.input_schema)?;
             match t.transport {
                 ToolTransport::McpStdio if t.command.is_empty() => {
                     return Err(FieldError::new(
@@ -609,6 +614,9 @@ impl Manifest {
                 }
                 _ => {}
             }
+        }
+        if let Some(schema) = &self.input_schema {
+            check_schema("inputSchema", schema)?;
         }
         for (i, t) in self.tools.iter().enumerate() {
             for (j, p) in t.read_paths.iter().enumerate() {
@@ -679,6 +687,16 @@ impl Manifest {
         }
         Ok(())
     }
+}
+
+/// Refuses a schema that is not a JSON Schema object a validator takes.
+fn check_schema(field: &str, schema: &Value) -> Result<(), FieldError> {
+    if !schema.is_object() {
+        return Err(FieldError::new(field, "must be a JSON Schema object"));
+    }
+    jsonschema::validator_for(schema)
+        .map(|_| ())
+        .map_err(|e| FieldError::new(field, format!("is not a usable JSON Schema: {e}")))
 }
 
 fn check_release_id(id: &str) -> Result<(), FieldError> {

@@ -116,6 +116,17 @@ pub struct Snapshot {
     pub cpu: f64,
     /// Memory (GB) an attempt's capacity lease asks for.
     pub memory_gb: f64,
+    /// The release's contract retries failures of class `agent`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retry_agent_failures: bool,
+}
+
+impl Snapshot {
+    /// Whether a failure of `class` earns another attempt: the classes
+    /// another attempt may get past, and `agent` when the release says so.
+    pub fn retries(&self, class: FailureClass) -> bool {
+        class.retryable() || (class == FailureClass::Agent && self.retry_agent_failures)
+    }
 }
 
 /// One step of the release's workflow.
@@ -306,6 +317,114 @@ pub struct Run {
     /// A re-run: the checkpoint it started from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<RerunOrigin>,
+    /// The name its submitter chose, unique in its project: submitting
+    /// the same key again returns this run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_key: Option<String>,
+    /// Labels to find it by.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
+}
+
+/// A run's labels: `key=value` pairs, at most [`MAX_LABELS`].
+pub type Labels = std::collections::BTreeMap<String, String>;
+
+/// Most labels a run carries.
+pub const MAX_LABELS: usize = 16;
+/// Longest label key, in characters.
+pub const MAX_LABEL_KEY: usize = 63;
+/// Longest label value, in characters.
+pub const MAX_LABEL_VALUE: usize = 128;
+
+/// Checks labels given as `key=value` texts: a key of 1 to 63 of a-z, 0-9,
+/// `.`, `_`, `-` starting with a letter or digit; a value of 1 to 128
+/// characters without control characters; each key once; at most
+/// [`MAX_LABELS`].
+pub fn parse_labels<'a>(
+    field: &str,
+    given: impl IntoIterator<Item = &'a str>,
+) -> Result<Labels, FieldError> {
+    let mut labels = Labels::new();
+    for (i, text) in given.into_iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        let Some((key, value)) = text.split_once('=') else {
+            return Err(FieldError::new(at, format!("{text:?} is not key=value")));
+        };
+        check_label(&at, key, value)?;
+        if labels.insert(key.to_string(), value.to_string()).is_some() {
+            return Err(FieldError::new(
+                at,
+                format!("the key {key:?} is given twice"),
+            ));
+        }
+    }
+    if labels.len() > MAX_LABELS {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "{} labels; a run carries at most {MAX_LABELS}",
+                labels.len()
+            ),
+        ));
+    }
+    Ok(labels)
+}
+
+/// Checks one label.
+pub fn check_label(field: &str, key: &str, value: &str) -> Result<(), FieldError> {
+    let key_ok = !key.is_empty()
+        && key.len() <= MAX_LABEL_KEY
+        && key.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && key
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
+    if !key_ok {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "the key {key:?} must be 1 to {MAX_LABEL_KEY} of a-z, 0-9, '.', '_' and '-', starting with a letter or digit"
+            ),
+        ));
+    }
+    let n = value.chars().count();
+    if n == 0 || n > MAX_LABEL_VALUE || value.chars().any(char::is_control) {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "the value of {key} must be 1 to {MAX_LABEL_VALUE} characters without control characters"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A live attempt state a run can be found waiting in: WaitingForDecision,
+/// Paused, WaitingForTool or Claimed (waiting for capacity).
+pub fn parse_waiting(field: &str, text: &str) -> Result<AttemptState, FieldError> {
+    [
+        AttemptState::WaitingForDecision,
+        AttemptState::Paused,
+        AttemptState::WaitingForTool,
+        AttemptState::Claimed,
+    ]
+    .into_iter()
+    .find(|s| s.as_str() == text)
+    .ok_or_else(|| {
+        FieldError::new(
+            field,
+            format!("{text:?} is not one of WaitingForDecision, Paused, WaitingForTool, Claimed"),
+        )
+    })
+}
+
+/// A label as its index stores it (`key=value`).
+pub fn label_value(key: &str, value: &str) -> String {
+    format!("{key}={value}")
+}
+
+/// A run key as its index stores it: unique per project.
+pub fn run_key_value(project: &ProjectId, key: &str) -> String {
+    format!("{} {key}", project.as_str())
 }
 
 impl Run {
@@ -588,8 +707,9 @@ impl Run {
                 let retryable = state == AttemptState::Failed
                     || (state == AttemptState::Cancelled
                         && class == Some(FailureClass::Infrastructure));
+                let retries = class.is_some_and(|c| self.snapshot.retries(c));
                 if retryable
-                    && class.is_some_and(FailureClass::retryable)
+                    && retries
                     && self.cancel_requested.is_none()
                     && step_attempts < self.max_attempts
                 {
@@ -611,7 +731,7 @@ impl Run {
                     _ => RunState::Failed,
                 };
                 self.steps[index].state = run_state;
-                let reason = if retryable && class.is_some_and(FailureClass::retryable) {
+                let reason = if retryable && retries {
                     format!(
                         "{reason} (attempt {step_attempts} of {}; none left)",
                         self.max_attempts
@@ -879,6 +999,7 @@ mod tests {
                 checkpoint_format: 1,
                 cpu: 0.5,
                 memory_gb: 0.5,
+                retry_agent_failures: false,
             },
             input_ref: "sha256:i".into(),
             max_attempts,
@@ -910,6 +1031,8 @@ mod tests {
             hold: None,
             purged: None,
             rerun_of: None,
+            run_key: None,
+            labels: Labels::new(),
         }
     }
 
@@ -962,6 +1085,7 @@ mod tests {
             class,
             reason: "x".into(),
             feedback_ref: None,
+            detail_ref: None,
         });
         a
     }
@@ -1080,6 +1204,7 @@ mod tests {
             class: FailureClass::Infrastructure,
             reason: "lease-lost".into(),
             feedback_ref: None,
+            detail_ref: None,
         });
         assert!(!r.awaits_outcome_of(again.attempt_id));
         let (next, events) = r.on_attempt_ended(&again, now());

@@ -27,7 +27,10 @@ use crate::domain::events::NewEvent;
 use crate::domain::ids::new_id;
 use crate::domain::release::{AttemptLimits, LoadedRelease, Manifest};
 use crate::domain::run::{Followup, NewRun};
-use crate::domain::run::{Next, ParentLink, Run, RunState, RunSubmitted, Snapshot, Step};
+use crate::domain::run::{
+    Labels, Next, ParentLink, Run, RunState, RunSubmitted, Snapshot, Step, label_value,
+    run_key_value,
+};
 use crate::domain::usage::TokenUsage;
 use crate::domain::{DomainError, FieldError, ProjectId, TenantId};
 use crate::releases::{ReleaseError, Releases};
@@ -60,6 +63,10 @@ pub mod index {
     pub const HISTORY_DUE: &str = "run-history-due";
     /// Re-runs by the run they started from.
     pub const RERUN_OF: &str = "run-rerun-of";
+    /// Runs by the key their submitter chose (`<project> <key>`).
+    pub const RUN_KEY: &str = "run-key";
+    /// Runs by label (`key=value`).
+    pub const LABEL: &str = "run-label";
 }
 
 impl Record for Run {
@@ -86,6 +93,12 @@ impl Record for Run {
             .counted(index::RELEASE, &*self.snapshot.release_id);
         if let Some(key) = &self.request_id {
             d.index(index::REQUEST, &**key);
+        }
+        if let Some(key) = &self.run_key {
+            d.index(index::RUN_KEY, run_key_value(&self.project_id, key));
+        }
+        for (key, value) in &self.labels {
+            d.index(index::LABEL, label_value(key, value));
         }
         if self.hold.is_some() {
             d.index(index::HELD, "_");
@@ -168,6 +181,11 @@ pub struct RunRequest {
     pub max_corrections: Option<u32>,
     /// Idempotency key.
     pub request_id: Option<String>,
+    /// The run's name in its project, chosen by the caller: the same key
+    /// again returns the run it named.
+    pub run_key: Option<String>,
+    /// Labels to find the run by.
+    pub labels: Labels,
     /// Environment.
     pub environment_id: Option<String>,
     /// Who.
@@ -261,6 +279,10 @@ pub fn plan_run(
     if let Some(environment) = &request.environment_id {
         FieldError::check_key("environmentId", environment)?;
     }
+    if let Some(key) = &request.run_key {
+        FieldError::check_key("runKey", key)?;
+    }
+    crate::runtime::release::check_input(manifest, &request.input)?;
     let limits = effective_limits(&manifest.contract.limits, request.limits.as_ref(), config)?;
     let release_attempts = manifest.contract.max_attempts.max(1);
     let max_attempts = match request.max_attempts {
@@ -315,6 +337,7 @@ pub fn plan_run(
             checkpoint_format: manifest.checkpoint_format,
             cpu: manifest.contract.cpu,
             memory_gb: manifest.contract.memory_gb,
+            retry_agent_failures: manifest.contract.retry_agent_failures,
         },
         input_ref: input_hash.clone(),
         max_attempts,
@@ -348,6 +371,8 @@ pub fn plan_run(
         hold: None,
         purged: None,
         rerun_of: None,
+        run_key: request.run_key.clone(),
+        labels: request.labels.clone(),
     };
     Ok(NewRun { run, input })
 }
@@ -489,12 +514,20 @@ pub struct RunFilter {
     /// Its reason (why it failed, was cancelled or is uncertain) holds
     /// this text, in any case.
     pub reason_contains: Option<String>,
+    /// It carries this label (`key`, `value`).
+    pub label: Option<(String, String)>,
+    /// Its attempt now is in this state (waiting for a decision, paused,
+    /// waiting for a tool, claimed and waiting for capacity).
+    pub waiting: Option<AttemptState>,
 }
 
 impl RunFilter {
     /// The index that serves the filter best: the one that narrows it most
     /// directly (none: the table in id order).
     fn index_value(&self) -> Option<(&'static str, String)> {
+        if let Some((key, value)) = &self.label {
+            return Some((index::LABEL, label_value(key, value)));
+        }
         match (
             &self.project_id,
             self.state,
@@ -535,6 +568,10 @@ impl RunFilter {
                     .as_ref()
                     .is_some_and(|r| r.to_lowercase().contains(&text.to_lowercase()))
             })
+            && self
+                .label
+                .as_ref()
+                .is_none_or(|(k, v)| run.labels.get(k) == Some(v))
     }
 }
 
@@ -595,9 +632,7 @@ impl RunControl {
         scope: &TenantScope,
         request: RunRequest,
     ) -> Result<Run, RuntimeError> {
-        if let Some(key) = &request.request_id
-            && let Some(run) = self.by_request(scope, key)?
-        {
+        if let Some(run) = self.submitted(scope, &request)? {
             return Ok(run);
         }
         let projects = self.capacity.projects(scope).map_err(RuntimeError::from)?;
@@ -625,7 +660,31 @@ impl RunControl {
         self.create(scope, new, now).await
     }
 
-    /// The run made for the idempotency key `key`, if any.
+    /// The run a submission names already: by its idempotency key, else
+    /// by its run key in its project.
+    fn submitted(
+        &self,
+        scope: &TenantScope,
+        request: &RunRequest,
+    ) -> Result<Option<Run>, RuntimeError> {
+        if let Some(key) = &request.request_id
+            && let Some(run) = self.by_request(scope, key)?
+        {
+            return Ok(Some(run));
+        }
+        let store = self.runtime.store();
+        Ok(match &request.run_key {
+            Some(key) => {
+                let value = run_key_value(&request.project_id, key);
+                match store.index_ids(scope, index::RUN_KEY, &value)?.first() {
+                    Some(id) => store.get::<Run>(scope, id)?,
+                    None => None,
+                }
+            }
+            None => None,
+        })
+    }
+
     /// The run submitted with `request_id` `key`, if any.
     pub fn by_request(&self, scope: &TenantScope, key: &str) -> Result<Option<Run>, RuntimeError> {
         let store = self.runtime.store();
@@ -646,16 +705,23 @@ impl RunControl {
     ) -> Result<Run, RuntimeError> {
         let retain = crate::store::artifacts::unreferenced_until(now);
         let s = scope.clone();
-        let key = new.run.request_id.clone();
+        let keys = [
+            new.run.request_id.clone().map(|k| (index::REQUEST, k)),
+            new.run
+                .run_key
+                .as_ref()
+                .map(|k| (index::RUN_KEY, run_key_value(&new.run.project_id, k))),
+        ];
         let (run, attempt) = self
             .runtime
             .store()
             .transact(move |tx: &mut Tx| {
-                if let Some(key) = &key
-                    && let Some(id) = tx.index_ids(&s, index::REQUEST, key)?.first()
-                    && let Some(run) = tx.get::<Run>(&s, id)?
-                {
-                    return Ok::<_, RuntimeError>((run, None));
+                for (index, key) in keys.iter().flatten() {
+                    if let Some(id) = tx.index_ids(&s, index, key)?.first()
+                        && let Some(run) = tx.get::<Run>(&s, id)?
+                    {
+                        return Ok::<_, RuntimeError>((run, None));
+                    }
                 }
                 let (run, attempt) = create_run(tx, &s, new, retain, now)?;
                 Ok((run, Some(attempt)))
@@ -696,13 +762,38 @@ impl RunControl {
     ) -> Result<Vec<Run>, RuntimeError> {
         let by = filter.index_value();
         let after = after.map(|a| a.to_string());
+        let waiting = match filter.waiting {
+            Some(state) => Some(self.runs_waiting(scope, state)?),
+            None => None,
+        };
         Ok(self.runtime.store().page(
             scope,
             by.as_ref().map(|(i, v)| (*i, v.as_str())),
             after.as_deref(),
             limit,
-            |r| filter.admits(r),
+            |r| filter.admits(r) && waiting.as_ref().is_none_or(|runs| runs.contains(&r.run_id)),
         )?)
+    }
+
+    /// The runs whose attempt is in `state` now (a live state: few).
+    fn runs_waiting(
+        &self,
+        scope: &TenantScope,
+        state: AttemptState,
+    ) -> Result<std::collections::HashSet<Uuid>, RuntimeError> {
+        let store = self.runtime.store();
+        let mut runs = std::collections::HashSet::new();
+        let ids = store.index_ids(
+            scope,
+            crate::runtime::records::index::ATTEMPT_STATE,
+            state.as_str(),
+        )?;
+        for id in ids {
+            if let Some(a) = store.get::<ExecutionAttempt>(scope, &id)? {
+                runs.insert(a.run_id);
+            }
+        }
+        Ok(runs)
     }
 
     /// How many runs the filter admits, when its index alone decides it
@@ -724,7 +815,9 @@ impl RunControl {
         .count();
         let beyond_indexes = filter.submitted_from.is_some()
             || filter.submitted_until.is_some()
-            || filter.reason_contains.is_some();
+            || filter.reason_contains.is_some()
+            || filter.label.is_some()
+            || filter.waiting.is_some();
         let exact = !beyond_indexes
             && (fields == 0
                 || fields == 1
@@ -1036,6 +1129,8 @@ impl RunPort for Port {
             max_attempts: 0,
             max_corrections: None,
             request_id: None,
+            run_key: None,
+            labels: Default::default(),
             environment_id: None,
             submitted_by: format!("attempt {}", supervisor.attempt_id),
         };

@@ -291,6 +291,8 @@ impl RunControl {
                 max_attempts: 0,
                 max_corrections: None,
                 request_id: request.request_id.clone(),
+                run_key: None,
+                labels: source.labels.clone(),
                 environment_id: source.environment_id.clone(),
                 submitted_by: request.by.clone(),
             },

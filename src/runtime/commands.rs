@@ -140,6 +140,8 @@ pub struct Report {
     pub failure_class: Option<FailureClass>,
     /// The failure's reason.
     pub reason: Option<String>,
+    /// What the adapter said of an error in the agent's code.
+    pub error: Option<crate::domain::attempt::ErrorDetail>,
 }
 
 /// The verdict on an outcome report.

@@ -46,6 +46,10 @@ pub struct OutcomeContent {
     /// The validator's violations, for an output that failed verification.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub feedback: Option<Shown>,
+    /// The error the agent's code raised: its type, message and traceback,
+    /// as the adapter reported them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::domain::attempt::ErrorDetail>,
 }
 
 impl Runtime {
@@ -115,6 +119,13 @@ impl Runtime {
                 .as_ref()
                 .and_then(|f| f.feedback_ref.as_ref())
                 .map(|h| self.show(scope, h, purged)),
+            error: a
+                .failure
+                .as_ref()
+                .and_then(|f| f.detail_ref.as_ref())
+                .filter(|_| purged.is_none())
+                .and_then(|h| self.store().read_artifact(scope, h).ok().flatten())
+                .and_then(|bytes| serde_json::from_slice(&bytes).ok()),
         }
     }
 

@@ -71,7 +71,8 @@ impl Record for ExecutionAttempt {
                     self.failure
                         .as_ref()
                         .and_then(|f| f.feedback_ref.as_deref()),
-                );
+                )
+                .reference(self.failure.as_ref().and_then(|f| f.detail_ref.as_deref()));
         }
     }
 }

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::RuntimeError;
-use crate::domain::DomainError;
 use crate::domain::access::TenantScope;
 use crate::domain::release::{LoadedRelease, Manifest, ToolDescriptor};
+use crate::domain::{DomainError, FieldError};
 use crate::releases::Releases;
 
 /// A release as the runtime uses it.
@@ -55,6 +55,72 @@ pub fn violations(validator: &jsonschema::Validator, document: &Value) -> Vec<St
             format!("{path}: {e}")
         })
         .collect()
+}
+
+/// Refuses `input` when the manifest declares an input schema it does not
+/// satisfy, naming each field at fault below `inputJson`.
+pub fn check_input(manifest: &Manifest, input: &Value) -> Result<(), DomainError> {
+    let Some(schema) = &manifest.input_schema else {
+        return Ok(());
+    };
+    let validator = jsonschema::validator_for(schema).map_err(|e| {
+        DomainError::FailedPrecondition(format!(
+            "the input schema of release {} is not a usable JSON Schema: {e}",
+            manifest.release_id
+        ))
+    })?;
+    unfit(
+        "inputJson",
+        format!("the input schema of release {}", manifest.release_id),
+        &validator,
+        input,
+    )
+}
+
+/// Refuses a document the validator does not pass: each field at fault
+/// named as a dotted path below `what` (`inputJson.customer`), a missing
+/// property by its own name.
+pub fn unfit(
+    what: &str,
+    schema: String,
+    validator: &jsonschema::Validator,
+    document: &Value,
+) -> Result<(), DomainError> {
+    use jsonschema::error::ValidationErrorKind;
+    const MAX_LISTED: usize = 20;
+    let violations: Vec<FieldError> = validator
+        .iter_errors(document)
+        .take(MAX_LISTED)
+        .map(|e| {
+            let mut path: Vec<String> = e
+                .instance_path()
+                .to_string()
+                .split('/')
+                .filter(|p| !p.is_empty())
+                .map(|p| p.replace("~1", "/").replace("~0", "~"))
+                .collect();
+            let reason = match e.kind() {
+                ValidationErrorKind::Required { property } => {
+                    path.push(property.as_str().unwrap_or_default().to_string());
+                    "is required".to_string()
+                }
+                _ => e.to_string(),
+            };
+            let field = std::iter::once(what.to_string())
+                .chain(path)
+                .collect::<Vec<_>>()
+                .join(".");
+            FieldError::new(field, reason)
+        })
+        .collect();
+    if violations.is_empty() {
+        return Ok(());
+    }
+    Err(DomainError::Unfit {
+        what: what.to_string(),
+        schema,
+        violations,
+    })
 }
 
 fn compile(what: &str, schema: &Value) -> Result<jsonschema::Validator, RuntimeError> {

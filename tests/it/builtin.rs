@@ -1343,7 +1343,7 @@ async fn the_model_delegates_to_a_child_run_and_limits_stop_the_loop() {
         "supervisor",
         json!([
             {"content": "ask", "toolCalls": [{"tool": "ask-helper", "arguments": {
-                "release": "helper", "purpose": "second opinion", "input": {"ticket": "t"}}}]},
+                "release": "helper", "purpose": "second opinion", "input": {"customer": "acme", "text": "t"}}}]},
             answer("low", false)
         ]),
         |m| {

@@ -839,18 +839,74 @@ async fn forms_act_only_for_the_roles_that_may() {
         )
         .await;
     assert!(!ok && message.starts_with("inputJson"), "{message}");
+    // The release declares its input: what does not match is refused
+    // before a run is made, each field named.
+    let (ok, message) = req
+        .act(
+            "/runs",
+            &[
+                ("releaseId", "triage-1.0.0"),
+                ("projectId", "support"),
+                ("inputJson", r#"{"text": 7}"#),
+            ],
+        )
+        .await;
+    assert!(
+        !ok && message.contains("inputJson.customer: is required")
+            && message.contains("inputJson.text: 7 is not of type \"string\""),
+        "{message}"
+    );
     let (status, location) = req
         .post(
             "/runs",
             &[
                 ("releaseId", "triage-approval-1.0.0"),
                 ("projectId", "support"),
-                ("inputJson", r#"{"ticket":"T-9","text":"database down"}"#),
+                ("f.customer", "globex"),
+                ("f.text", "database down"),
+                ("f.priority", "urgent"),
+                ("runKey", "INC-9"),
+                ("labels", "ticket=INC-9\nteam=db"),
             ],
         )
         .await;
     assert_eq!(status, 303, "{location}");
     assert!(location.starts_with("/runs/"), "{location}");
+    // The form was built from the release's input schema.
+    let (_, form) = req.get("/runs/new?release=triage-approval-1.0.0").await;
+    for needle in [
+        "name=\"f.customer\"",
+        "name=\"f.text\"",
+        "<option selected>normal</option>",
+        "placeholder=\"acme-corp\"",
+    ] {
+        assert!(form.contains(needle), "{needle} in {form}");
+    }
+    // The same run key again is the same run, whatever else is sent.
+    let (_, again) = req
+        .post(
+            "/runs",
+            &[
+                ("releaseId", "triage-approval-1.0.0"),
+                ("projectId", "support"),
+                ("inputJson", r#"{"customer": "other", "text": "other"}"#),
+                ("runKey", "INC-9"),
+            ],
+        )
+        .await;
+    assert_eq!(again, location);
+    let (_, listed) = req.get("/runs?label=team%3Ddb").await;
+    let run_id = location.trim_start_matches("/runs/");
+    assert!(
+        listed.contains(run_id) && listed.contains("INC-9 · team=db · ticket=INC-9"),
+        "{listed}"
+    );
+    assert!(
+        html_unescape(&listed).contains(r#"{"customer":"globex""#),
+        "{listed}"
+    );
+    let (_, none) = req.get("/runs?label=team%3Dweb").await;
+    assert!(!none.contains(run_id), "{none}");
     let (_, run_page) = req.get(&location).await;
     let new_attempt = run_page
         .split("href=\"/attempts/")

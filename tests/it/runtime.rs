@@ -2163,6 +2163,8 @@ async fn a_cancelled_attempt_gives_back_its_capacity_even_before_it_heard_of_its
                                 max_attempts: 0,
                                 max_corrections: None,
                                 request_id: None,
+                                run_key: None,
+                                labels: Default::default(),
                                 environment_id: None,
                                 submitted_by: "test".into(),
                             },

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import ssl
+import urllib.request
 
 import pytest
 from conftest import EXAMPLES, TESTS, attempts, run_of, spawn, submit, wait_for
@@ -227,3 +229,35 @@ def test_an_adapters_own_model_call_is_charged_with_the_usage_its_stream_reporte
     usage = operator.runs.get_usage(runs_pb2.GetUsageRequest(group_by="agent"))
     assert [(r.agent_id, r.usage.total_tokens) for r in usage.rows] == [("triage", usage.total.total_tokens)]
     assert usage.total.total_tokens >= 876
+
+
+def test_a_bug_in_the_handler_fails_once_as_the_agents_own_with_its_traceback(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="acme", text="checkout is slow")
+    worker = spawn(TESTS / "workers" / "buggy.py", appliance.env(adapter_cred))
+    out = finish(worker)
+    assert "raised" in out and "KeyError" in out, out
+    run = wait_for("the run to fail", lambda: (r := run_of(operator, run_id)).state == "Failed" and r)
+    # A deterministic bug is not retried as if the machine had failed: the
+    # release allows two attempts, and one was made.
+    tried = [a for s in run.steps for a in s.attempts]
+    assert len(tried) == 1, tried
+    assert tried[0].failure_class == "agent"
+    assert "KeyError: 'customer_name'" in tried[0].failure_reason
+    # The traceback reached the appliance and is kept with the attempt.
+    tls = ssl.create_default_context(cafile=appliance.ca)
+    get = urllib.request.Request(
+        f"{appliance.url}/runtime/attempts/{tried[0].attempt_id}",
+        headers={"Authorization": f"Bearer {operator.tokens.get()}"},
+    )
+    with urllib.request.urlopen(get, context=tls) as r:
+        error = json.loads(r.read())["outcome"]["error"]
+    assert error["errorType"] == "KeyError"
+    assert "customer_name" in error["message"]
+    assert 'ticket["customer_name"]' in error["traceback"] and "in summarise" in error["traceback"], error
+
+
+def test_an_input_the_release_does_not_declare_is_refused_naming_each_field(operator):
+    with pytest.raises(agentbay.InvalidArgument) as e:
+        operator.runs.submit_run(runs_pb2.SubmitRunRequest(project_id="support", release_id="triage-external-1.0.0", input_json="{}"))
+    fields = {v.field for v in e.value.field_violations}
+    assert fields == {"inputJson.customer", "inputJson.text"}, e.value.field_violations

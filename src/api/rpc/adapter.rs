@@ -12,7 +12,7 @@ use crate::api::error::rpc;
 use crate::api::runtime::parse_json;
 use crate::domain::FieldError;
 use crate::domain::attempt::{
-    AttemptPhase, CallKind, DecisionKind, ExecutionAttempt, FailureClass,
+    AttemptPhase, CallKind, DecisionKind, ErrorDetail, ExecutionAttempt, FailureClass,
 };
 use crate::domain::ids::{optional_uuid, required_uuid};
 use crate::domain::release::canonical_json;
@@ -597,7 +597,7 @@ impl pb::Adapter for AdapterService {
                     FieldError::new(
                         "failureClass",
                         format!(
-                            "{c:?} is not validation, infrastructure, transient, policy or budget"
+                            "{c:?} is not validation, infrastructure, transient, policy, budget or agent"
                         ),
                     )
                 })?),
@@ -611,6 +611,7 @@ impl pb::Adapter for AdapterService {
                     output: Some(output),
                     failure_class: None,
                     reason: None,
+                    error: None,
                 });
             }
             let class = class.ok_or_else(|| {
@@ -622,6 +623,11 @@ impl pb::Adapter for AdapterService {
                 output: None,
                 failure_class: Some(class),
                 reason: Some(request.reason.chars().take(2000).collect()),
+                error: Some(ErrorDetail::bounded(
+                    request.error_type,
+                    request.error_message,
+                    request.traceback,
+                )),
             })
         })()
         .map_err(rpc)?;

@@ -150,6 +150,14 @@ pub fn attempt_message(
     }
 }
 
+/// Labels given as a map, checked.
+fn labels_of<'a>(
+    given: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Result<crate::domain::run::Labels, FieldError> {
+    let texts: Vec<String> = given.map(|(k, v)| format!("{k}={v}")).collect();
+    crate::domain::run::parse_labels("labels", texts.iter().map(String::as_str))
+}
+
 /// The wire form of a run, with its attempts as they are now.
 pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run {
     let now = state.clock.now();
@@ -237,6 +245,12 @@ pub fn run_message(state: &AppState, scope: &TenantScope, run: &Run) -> pb::Run 
             .into(),
         tokens: buffa::MessageField::some(tokens_message(&tokens.own)),
         tokens_with_children: buffa::MessageField::some(tokens_message(&tokens.with_children)),
+        run_key: run.run_key.clone().unwrap_or_default(),
+        labels: run
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         ..Default::default()
     }
 }
@@ -270,6 +284,8 @@ impl pb::Runs for RunsService {
                 max_attempts: request.max_attempts,
                 max_corrections: request.max_corrections,
                 request_id,
+                run_key: (!request.run_key.is_empty()).then(|| request.run_key.to_string()),
+                labels: labels_of(request.labels.iter().map(|(k, v)| (&**k, &**v)))?,
                 environment_id: (!request.environment_id.is_empty())
                     .then(|| request.environment_id.to_string()),
                 submitted_by: caller.subject.to_string(),
@@ -396,6 +412,19 @@ impl pb::Runs for RunsService {
                         ));
                     }
                     t => Some(t.to_string()),
+                },
+                label: match request.label.trim() {
+                    "" => None,
+                    t => {
+                        let (k, v) = t.split_once('=').ok_or_else(|| {
+                            FieldError::new("label", format!("{t:?} is not key=value"))
+                        })?;
+                        Some((k.to_string(), v.to_string()))
+                    }
+                },
+                waiting: match request.waiting {
+                    "" => None,
+                    w => Some(crate::domain::run::parse_waiting("waiting", w)?),
                 },
             })
         })()

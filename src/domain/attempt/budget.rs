@@ -155,6 +155,7 @@ impl ExecutionAttempt {
                 self.active_ms(now) / 1000
             ),
             feedback_ref: None,
+            detail_ref: None,
         });
         let state = if uncertain {
             AttemptState::Uncertain

@@ -291,6 +291,7 @@ impl ExecutionAttempt {
                 class: FailureClass::Infrastructure,
                 reason: why.to_string(),
                 feedback_ref: None,
+                detail_ref: None,
             });
             events.extend(self.finish(AttemptState::Uncertain, failure, None, now)?);
             return Ok(events);

@@ -249,6 +249,7 @@ impl ExecutionAttempt {
             class: FailureClass::ModelUnavailable,
             reason: why,
             feedback_ref: None,
+            detail_ref: None,
         };
         events.extend(self.fail(failure, None, now)?);
         Ok(events)

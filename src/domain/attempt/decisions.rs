@@ -137,6 +137,7 @@ impl ExecutionAttempt {
                     class: FailureClass::Policy,
                     reason: why,
                     feedback_ref: None,
+                    detail_ref: None,
                 })
             }
             Resolution::Expired { minutes } => {
@@ -150,6 +151,7 @@ impl ExecutionAttempt {
                         decision.decision_id
                     ),
                     feedback_ref: None,
+                    detail_ref: None,
                 })
             }
         };

@@ -274,6 +274,10 @@ pub enum FailureClass {
     Policy,
     /// A limit of the attempt was reached.
     Budget,
+    /// The agent's own code failed (its handler raised an exception): a
+    /// bug another attempt repeats, so it is not retried unless the
+    /// release's contract says `retryAgentFailures`.
+    Agent,
     /// Every server of its model profile stayed down longer than
     /// `runtime.model_outage_max_minutes` while the attempt waited.
     ModelUnavailable,
@@ -281,12 +285,13 @@ pub enum FailureClass {
 
 impl FailureClass {
     /// Every class.
-    pub const ALL: [FailureClass; 6] = [
+    pub const ALL: [FailureClass; 7] = [
         FailureClass::Validation,
         FailureClass::Infrastructure,
         FailureClass::Transient,
         FailureClass::Policy,
         FailureClass::Budget,
+        FailureClass::Agent,
         FailureClass::ModelUnavailable,
     ];
 
@@ -298,6 +303,7 @@ impl FailureClass {
             FailureClass::Transient => "transient",
             FailureClass::Policy => "policy",
             FailureClass::Budget => "budget",
+            FailureClass::Agent => "agent",
             FailureClass::ModelUnavailable => "model-unavailable",
         }
     }
@@ -323,6 +329,60 @@ pub struct AttemptFailure {
     pub reason: String,
     /// Artifact reference of the validator's feedback (validation).
     pub feedback_ref: Option<String>,
+    /// Artifact reference of what the adapter said of the error: its type,
+    /// message and traceback ([`ErrorDetail`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail_ref: Option<String>,
+}
+
+/// What an adapter reports of an error in the agent's code, bounded: kept
+/// as an artifact beside the failure.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorDetail {
+    /// The exception's type (`KeyError`).
+    pub error_type: String,
+    /// Its message.
+    pub message: String,
+    /// The traceback, cut at [`ErrorDetail::MAX_TRACEBACK`] bytes.
+    pub traceback: String,
+}
+
+impl ErrorDetail {
+    /// Longest type name kept, in characters.
+    pub const MAX_TYPE: usize = 200;
+    /// Longest traceback kept, in bytes; a longer one keeps its last
+    /// part (where the error is) after a note of what was cut.
+    pub const MAX_TRACEBACK: usize = 64 * 1024;
+
+    /// The detail as reported, bounded.
+    pub fn bounded(error_type: &str, message: &str, traceback: &str) -> ErrorDetail {
+        let traceback = if traceback.len() > Self::MAX_TRACEBACK {
+            let mut start = traceback.len() - Self::MAX_TRACEBACK;
+            while !traceback.is_char_boundary(start) {
+                start += 1;
+            }
+            format!(
+                "… the first {start} bytes are cut …\n{}",
+                &traceback[start..]
+            )
+        } else {
+            traceback.to_string()
+        };
+        ErrorDetail {
+            error_type: error_type.chars().take(Self::MAX_TYPE).collect(),
+            message: message
+                .chars()
+                .take(crate::domain::error::MAX_TEXT_CHARS)
+                .collect(),
+            traceback,
+        }
+    }
+
+    /// Whether nothing was reported.
+    pub fn is_empty(&self) -> bool {
+        self.error_type.is_empty() && self.message.is_empty() && self.traceback.is_empty()
+    }
 }
 
 /// Who asked an attempt to stop.
@@ -1234,6 +1294,7 @@ impl ExecutionAttempt {
             class: FailureClass::Infrastructure,
             reason: format!("cannot resume: {why}; a new attempt starts from the step input"),
             feedback_ref: None,
+            detail_ref: None,
         };
         self.resume_refused = Some(why);
         self.fail(failure, None, now)
@@ -1394,6 +1455,7 @@ impl ExecutionAttempt {
             },
             reason: format!("{}: {}", request.source.as_str(), request.reason),
             feedback_ref: None,
+            detail_ref: None,
         });
         let state = if uncertain {
             AttemptState::Uncertain
@@ -1490,6 +1552,7 @@ impl ExecutionAttempt {
                 self.max_corrections
             ),
             feedback_ref,
+            detail_ref: None,
         };
         events.extend(self.finish(AttemptState::Failed, Some(failure), None, now)?);
         Ok((Verdict::Exhausted { feedback }, events))

@@ -303,6 +303,7 @@ fn model_calls_charge_their_tokens_and_the_token_budget_times_the_attempt_out() 
         class: FailureClass::Budget,
         reason: limit.reason.clone(),
         feedback_ref: None,
+        detail_ref: None,
     };
     a.end_as(limit.ends_as(), failure, None, t0()).unwrap();
     assert_eq!(a.state, AttemptState::TimedOut);
@@ -756,7 +757,7 @@ proptest! {
                     if let Ok((_, e)) = a.report_success("o".into(), &violations, None, "h".into(), now) { events = e; }
                 }
                 Cmd::Fail => {
-                    let failure = AttemptFailure { class: FailureClass::Transient, reason: "x".into(), feedback_ref: None };
+                    let failure = AttemptFailure { class: FailureClass::Transient, reason: "x".into(), feedback_ref: None, detail_ref: None };
                     if let Ok(e) = a.fail(failure, None, now) { events = e; }
                 }
                 Cmd::Wait(s) => now += Duration::seconds(i64::from(s)),

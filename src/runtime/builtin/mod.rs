@@ -621,6 +621,7 @@ impl<'a> Loop<'a> {
                         output: Some(output),
                         failure_class: None,
                         reason: None,
+                        error: None,
                     },
                 )
                 .await?;
@@ -1495,6 +1496,7 @@ impl<'a> Loop<'a> {
                     output: None,
                     failure_class: Some(class),
                     reason: Some(reason),
+                    error: None,
                 },
             )
             .await?;

@@ -575,6 +575,7 @@ impl Grain {
             class: FailureClass::Budget,
             reason: reason.clone(),
             feedback_ref: None,
+            detail_ref: None,
         };
         let state = limit.ends_as();
         self.record_refusal(start, request, &reason, Some((state, failure)))

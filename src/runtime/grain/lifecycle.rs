@@ -220,16 +220,30 @@ impl Grain {
             .ok_or_else(|| {
                 crate::domain::FieldError::new("reason", "is required when succeeded is false")
             })?;
+        let detail = report
+            .error
+            .as_ref()
+            .filter(|e| !e.is_empty())
+            .map(|e| serde_json::to_vec(e).expect("json"));
+        let detail_ref = detail.as_deref().map(crate::domain::content::content_hash);
         let events = a.fail(
             AttemptFailure {
                 class,
                 reason,
                 feedback_ref: None,
+                detail_ref,
             },
             Some(hash),
             now,
         )?;
-        self.save(a, events, |_, _| Ok(())).await?;
+        let retain = self.retain();
+        self.save(a, events, move |tx, s| {
+            if let Some(d) = &detail {
+                tx.put_artifact(s, d, "application/json", Some(retain), now)?;
+            }
+            Ok(())
+        })
+        .await?;
         Ok(Reported {
             verdict: crate::runtime::Outcome::Failed,
             state: self.attempt.state,
@@ -460,6 +474,7 @@ impl Grain {
                         view.lease.reason.clone().unwrap_or_default()
                     ),
                     feedback_ref: None,
+                    detail_ref: None,
                 };
                 let mut a = self.attempt.clone();
                 let events = a.fail(failure, None, now)?;
@@ -492,6 +507,7 @@ impl Grain {
                     class: FailureClass::Budget,
                     reason: format!("capacity denied: {limit}"),
                     feedback_ref: None,
+                    detail_ref: None,
                 };
                 let mut a = self.attempt.clone();
                 let events = a.fail(failure, None, now)?;

@@ -552,6 +552,7 @@ impl Grain {
                             self.attempt.release_id
                         ),
                         feedback_ref: None,
+                        detail_ref: None,
                     };
                     let mut a = self.attempt.clone();
                     let events = a.fail(failure, None, self.now())?;

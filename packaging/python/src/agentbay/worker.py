@@ -38,6 +38,7 @@ import signal
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -59,11 +60,13 @@ SAFE_CLASSES = frozenset({"read", "workspace-write"})
 
 class Failed(Exception):
     """Raised by a handler to end its attempt Failed with a class (one of
-    validation, infrastructure, transient, policy, budget) and a reason.
-    Infrastructure and transient failures get a new attempt, up to the
-    release's maxAttempts."""
+    validation, infrastructure, transient, policy, budget, agent) and a
+    reason. Infrastructure and transient failures get a new attempt, up to
+    the release's maxAttempts; agent failures only when the release's
+    contract says retryAgentFailures. Any other exception a handler raises
+    is reported as an agent failure with its type, message and traceback."""
 
-    CLASSES = ("validation", "infrastructure", "transient", "policy", "budget")
+    CLASSES = ("validation", "infrastructure", "transient", "policy", "budget", "agent")
 
     def __init__(self, failure_class: str, reason: str) -> None:
         if failure_class not in self.CLASSES:
@@ -846,8 +849,15 @@ class Worker:
                 hold.release()
                 return
             except Exception as e:
-                log.exception("handler of attempt %s", ctx.attempt_id)
-                self._report(ctx, succeeded=False, failure_class="infrastructure", reason=f"{type(e).__name__}: {e}")
+                # A bug in the agent's code: the appliance keeps its type,
+                # message and traceback, and does not retry it as if the
+                # machine had failed.
+                log.exception("handler of attempt %s raised", ctx.attempt_id)
+                self._report(
+                    ctx, succeeded=False, failure_class="agent",
+                    reason=f"the agent's handler raised {type(e).__name__}: {e}",
+                    error=e,
+                )
                 hold.release()
                 return
             r = self._report(ctx, succeeded=True, output=output)
@@ -858,12 +868,24 @@ class Worker:
             hold.release()
             return
 
-    def _report(self, ctx: Context, *, succeeded: bool, output: Any = None, failure_class: str = "", reason: str = "") -> pb.ReportOutcomeResponse | None:
+    def _report(
+        self, ctx: Context, *, succeeded: bool, output: Any = None, failure_class: str = "", reason: str = "",
+        error: BaseException | None = None,
+    ) -> pb.ReportOutcomeResponse | None:
+        detail = {}
+        if error is not None:
+            trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            detail = {
+                "error_type": type(error).__qualname__[:200],
+                "error_message": str(error)[:2000],
+                # The appliance keeps the last 64 KiB: where the error is.
+                "traceback": trace[-64 * 1024:],
+            }
         r = ctx._rpc(
             self.client.adapter.report_outcome,
             pb.ReportOutcomeRequest(
                 **ctx._ids(), succeeded=succeeded, output_json=_doc(output) if succeeded else "",
-                failure_class=failure_class, reason=reason[:2000],
+                failure_class=failure_class, reason=reason[:2000], **detail,
             ),
         )
         if r.verdict != pb.CORRECT:

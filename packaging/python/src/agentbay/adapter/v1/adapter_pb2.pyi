@@ -394,20 +394,26 @@ class AwaitDecisionResponse(_message.Message):
     def __init__(self, status: _Optional[str] = ..., choice: _Optional[str] = ..., answer_json: _Optional[str] = ..., reason: _Optional[str] = ..., answered_by: _Optional[str] = ..., attempt_state: _Optional[str] = ...) -> None: ...
 
 class ReportOutcomeRequest(_message.Message):
-    __slots__ = ("attempt_id", "fencing_token", "succeeded", "output_json", "failure_class", "reason")
+    __slots__ = ("attempt_id", "fencing_token", "succeeded", "output_json", "failure_class", "reason", "error_type", "error_message", "traceback")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_JSON_FIELD_NUMBER: _ClassVar[int]
     FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     fencing_token: int
     succeeded: bool
     output_json: str
     failure_class: str
     reason: str
-    def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., succeeded: _Optional[bool] = ..., output_json: _Optional[str] = ..., failure_class: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    error_type: str
+    error_message: str
+    traceback: str
+    def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., succeeded: _Optional[bool] = ..., output_json: _Optional[str] = ..., failure_class: _Optional[str] = ..., reason: _Optional[str] = ..., error_type: _Optional[str] = ..., error_message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class ReportOutcomeResponse(_message.Message):
     __slots__ = ("verdict", "feedback", "corrections_left", "state", "outcome_hash", "acknowledged")

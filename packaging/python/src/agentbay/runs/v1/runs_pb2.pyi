@@ -147,7 +147,14 @@ class Limits(_message.Message):
     def __init__(self, max_minutes: _Optional[int] = ..., max_model_calls: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., max_sub_agent_depth: _Optional[int] = ..., max_total_tokens: _Optional[int] = ...) -> None: ...
 
 class SubmitRunRequest(_message.Message):
-    __slots__ = ("project_id", "release_id", "input_json", "limits", "max_attempts", "max_corrections", "request_id", "environment_id", "tenant_id")
+    __slots__ = ("project_id", "release_id", "input_json", "limits", "max_attempts", "max_corrections", "request_id", "environment_id", "tenant_id", "run_key", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +164,8 @@ class SubmitRunRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_KEY_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     release_id: str
     input_json: str
@@ -166,7 +175,9 @@ class SubmitRunRequest(_message.Message):
     request_id: str
     environment_id: str
     tenant_id: str
-    def __init__(self, project_id: _Optional[str] = ..., release_id: _Optional[str] = ..., input_json: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., max_attempts: _Optional[int] = ..., max_corrections: _Optional[int] = ..., request_id: _Optional[str] = ..., environment_id: _Optional[str] = ..., tenant_id: _Optional[str] = ...) -> None: ...
+    run_key: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, project_id: _Optional[str] = ..., release_id: _Optional[str] = ..., input_json: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., max_attempts: _Optional[int] = ..., max_corrections: _Optional[int] = ..., request_id: _Optional[str] = ..., environment_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., run_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Attempt(_message.Message):
     __slots__ = ("attempt_id", "run_id", "step_id", "number", "state", "phase", "fencing_token", "waiting_reason", "limiting_quota", "queue_position", "correction_count", "max_corrections", "model_calls", "tool_calls", "failure_class", "failure_reason", "outcome_hash", "pending_decision_id", "release_id", "agent_id", "started_at", "ended_at", "checkpoints", "capacity_lease_id", "pending_decision", "tokens", "active_seconds", "wall_seconds")
@@ -287,7 +298,14 @@ class Step(_message.Message):
     def __init__(self, step_id: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "tenant_id", "project_id", "release_id", "agent_id", "snapshot_id", "state", "reason", "steps", "output_json", "output_ref", "input_ref", "depth", "parent_run_id", "created_at", "ended_at", "cancel_requested", "max_attempts", "limits", "hold", "purged", "rerun_of", "rerun_ids", "tokens", "tokens_with_children")
+    __slots__ = ("run_id", "tenant_id", "project_id", "release_id", "agent_id", "snapshot_id", "state", "reason", "steps", "output_json", "output_ref", "input_ref", "depth", "parent_run_id", "created_at", "ended_at", "cancel_requested", "max_attempts", "limits", "hold", "purged", "rerun_of", "rerun_ids", "tokens", "tokens_with_children", "run_key", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -313,6 +331,8 @@ class Run(_message.Message):
     RERUN_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_WITH_CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    RUN_KEY_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tenant_id: str
     project_id: str
@@ -338,7 +358,9 @@ class Run(_message.Message):
     rerun_ids: _containers.RepeatedScalarFieldContainer[str]
     tokens: TokenUsage
     tokens_with_children: TokenUsage
-    def __init__(self, run_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., project_id: _Optional[str] = ..., release_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., output_json: _Optional[str] = ..., output_ref: _Optional[str] = ..., input_ref: _Optional[str] = ..., depth: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., created_at: _Optional[str] = ..., ended_at: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., max_attempts: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., hold: _Optional[_Union[Hold, _Mapping]] = ..., purged: _Optional[str] = ..., rerun_of: _Optional[_Union[RerunOrigin, _Mapping]] = ..., rerun_ids: _Optional[_Iterable[str]] = ..., tokens: _Optional[_Union[TokenUsage, _Mapping]] = ..., tokens_with_children: _Optional[_Union[TokenUsage, _Mapping]] = ...) -> None: ...
+    run_key: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, run_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., project_id: _Optional[str] = ..., release_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., output_json: _Optional[str] = ..., output_ref: _Optional[str] = ..., input_ref: _Optional[str] = ..., depth: _Optional[int] = ..., parent_run_id: _Optional[str] = ..., created_at: _Optional[str] = ..., ended_at: _Optional[str] = ..., cancel_requested: _Optional[bool] = ..., max_attempts: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., hold: _Optional[_Union[Hold, _Mapping]] = ..., purged: _Optional[str] = ..., rerun_of: _Optional[_Union[RerunOrigin, _Mapping]] = ..., rerun_ids: _Optional[_Iterable[str]] = ..., tokens: _Optional[_Union[TokenUsage, _Mapping]] = ..., tokens_with_children: _Optional[_Union[TokenUsage, _Mapping]] = ..., run_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SubmitRunResponse(_message.Message):
     __slots__ = ("run",)
@@ -361,7 +383,7 @@ class GetRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("state", "agent_id", "release_id", "project_id", "page_size", "page_after", "tenant_id", "submitted_from", "submitted_until", "reason_contains")
+    __slots__ = ("state", "agent_id", "release_id", "project_id", "page_size", "page_after", "tenant_id", "submitted_from", "submitted_until", "reason_contains", "label", "waiting")
     STATE_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -372,6 +394,8 @@ class ListRunsRequest(_message.Message):
     SUBMITTED_FROM_FIELD_NUMBER: _ClassVar[int]
     SUBMITTED_UNTIL_FIELD_NUMBER: _ClassVar[int]
     REASON_CONTAINS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
     state: str
     agent_id: str
     release_id: str
@@ -382,7 +406,9 @@ class ListRunsRequest(_message.Message):
     submitted_from: str
     submitted_until: str
     reason_contains: str
-    def __init__(self, state: _Optional[str] = ..., agent_id: _Optional[str] = ..., release_id: _Optional[str] = ..., project_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_after: _Optional[str] = ..., tenant_id: _Optional[str] = ..., submitted_from: _Optional[str] = ..., submitted_until: _Optional[str] = ..., reason_contains: _Optional[str] = ...) -> None: ...
+    label: str
+    waiting: str
+    def __init__(self, state: _Optional[str] = ..., agent_id: _Optional[str] = ..., release_id: _Optional[str] = ..., project_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_after: _Optional[str] = ..., tenant_id: _Optional[str] = ..., submitted_from: _Optional[str] = ..., submitted_until: _Optional[str] = ..., reason_contains: _Optional[str] = ..., label: _Optional[str] = ..., waiting: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_after")
