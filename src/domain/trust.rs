@@ -129,6 +129,24 @@ pub fn tenants_in_words(tenants: &[TenantId]) -> String {
 }
 
 impl PublisherKey {
+    /// Refuses a new key under the name of another trusted key: a name
+    /// names one key, so a second `trust add` of a new key under an
+    /// existing name is a mistake to stop, not a second key to keep.
+    pub fn check_name(trusted: &[PublisherKey], spec: &KeySpec) -> Result<(), DomainError> {
+        match trusted.iter().find(|k| {
+            k.name == spec.name && k.key_id != spec.key_id && k.state == KeyState::Trusted
+        }) {
+            Some(other) => Err(DomainError::AlreadyExists {
+                kind: "publisher key named",
+                id: format!(
+                    "{:?} (key {}); choose another name, or revoke that key first (agentbay trust revoke)",
+                    spec.name, other.key_id
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Trusts a key: a new one, a revoked one again, or a trusted one with
     /// more tenants (or, with [`KeySpec::replace`], a new name and exactly
     /// the tenants given). Returns the key and what changed, in words. The

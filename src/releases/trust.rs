@@ -186,6 +186,7 @@ impl Releases {
                 move |tx: &mut Tx| -> Result<(PublisherKey, KeyChange), ReleaseError> {
                     let scope = platform();
                     let existing: Option<PublisherKey> = tx.get(&scope, &spec.key_id)?;
+                    PublisherKey::check_name(&tx.list::<PublisherKey>(&scope)?, &spec)?;
                     let (mut key, change) = PublisherKey::trust(existing, spec, &by_owned, now)?;
                     if let Some(change) = &change {
                         tx.emit(key.changed_event(&by_owned, change, now))?;

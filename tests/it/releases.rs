@@ -698,6 +698,25 @@ async fn publisher_keys_are_data_trusted_revoked_and_trusted_again_at_run_time()
     let got = state("acme-triage-1.0.0").await;
     assert_eq!(got["state"], "Verified", "{got}");
     assert_eq!(got["dispatchable"], true, "{got}");
+    // A second new key under a name already trusted is refused, naming
+    // the key that has it: a pasted walk-through run twice makes no twin.
+    let again = root.join("again");
+    assert!(
+        run(agentbay().args(["release", "keygen", "--out"]).arg(&again))
+            .status
+            .success()
+    );
+    let twin = run(agentbay()
+        .args(["trust", "add", "--name", "site", "--public-key-file"])
+        .arg(again.with_extension("pub"))
+        .arg("--data-dir")
+        .arg(&a.data_dir));
+    let said = String::from_utf8_lossy(&twin.stderr);
+    assert!(!twin.status.success(), "{said}");
+    assert!(
+        said.contains("publisher key named \"site\"") && said.contains("already exists"),
+        "{said}"
+    );
     let bad = state("acme-triage-1.0.1").await;
     assert_eq!(bad["state"], "Rejected", "{bad}");
     assert!(
