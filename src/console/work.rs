@@ -869,6 +869,11 @@ pub struct DecisionView {
     /// The form a pending question is answered with, built from its answer
     /// schema (a text box when it has none).
     form: Form,
+    /// The form of a pending approval's arguments, filled with the
+    /// proposed ones, when the release lets a reviewer change them.
+    edit: Option<Form>,
+    /// The arguments approved instead of the proposed ones.
+    edited: Option<Shown>,
 }
 
 impl DecisionView {
@@ -906,9 +911,33 @@ impl DecisionView {
                 .map(|s| serde_json::to_string_pretty(s).unwrap_or_default()),
             answer: d.answer_ref.as_ref().map(show),
             form: answer_form(&d),
+            edit: edit_form(runtime, scope, &d),
+            edited: d.edited_request_hash.as_ref().map(show),
             d,
         }
     }
+}
+
+/// The form of a pending approval's arguments, filled with the proposed
+/// ones: only where the release's policy lets a reviewer change them.
+fn edit_form(
+    runtime: &crate::runtime::Runtime,
+    scope: &TenantScope,
+    d: &DecisionRequest,
+) -> Option<Form> {
+    let proposal = d.proposal.as_ref().filter(|_| d.awaits_approval())?;
+    let attempt = runtime.attempt(scope, d.attempt_id).ok()?;
+    let info = runtime.release(scope, &attempt.release_id).ok()?;
+    if !info.manifest.policy.allows_edit(&proposal.target) {
+        return None;
+    }
+    let (tool, _) = info.tool(&proposal.target)?;
+    let proposed = runtime
+        .content(scope, &proposal.request_hash)
+        .ok()
+        .flatten()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+    Some(Form::of(&tool.input_schema, proposed.as_ref()))
 }
 
 /// The form a question is answered with: its answer schema's, else one
@@ -1379,25 +1408,45 @@ pub async fn decide(
     let runtime = &console.state.runtime;
     let by = console.by();
     let result = match fields.get("action") {
-        Some(action @ ("approve" | "reject")) => runtime
-            .decide(
-                &scope,
-                id,
-                decision,
-                action == "approve",
-                &by,
-                fields.get("reason").map(str::to_string),
-            )
-            .await
-            .map(|a| {
-                let done = if action == "approve" {
-                    "approved"
-                } else {
-                    "rejected"
+        // Accept, edit (approve with changed arguments) or reject.
+        Some(action @ ("approve" | "edit" | "reject")) => {
+            let arguments = if action == "edit" {
+                let d = runtime.decision(&scope, id, decision)?;
+                let Some(form) = edit_form(runtime, &scope, &d) else {
+                    let why = ApiError::invalid(
+                        "action",
+                        "the release's policy does not let a reviewer change this call's arguments",
+                    );
+                    return Ok(console.done(&back, Err::<String, _>(why)));
                 };
-                format!("{done}; the attempt is {}", a.state.as_str())
-            })
-            .map_err(ApiError::from),
+                match form.read(|name| fields.all(name)) {
+                    Ok(value) => Some(value),
+                    Err(e) => return Ok(console.done(&back, Err::<String, ApiError>(e.into()))),
+                }
+            } else {
+                None
+            };
+            runtime
+                .decide(
+                    &scope,
+                    id,
+                    decision,
+                    action != "reject",
+                    &by,
+                    fields.get("reason").map(str::to_string),
+                    arguments,
+                )
+                .await
+                .map(|a| {
+                    let done = match action {
+                        "approve" => "approved",
+                        "edit" => "approved with the changed arguments",
+                        _ => "rejected",
+                    };
+                    format!("{done}; the attempt is {}", a.state.as_str())
+                })
+                .map_err(ApiError::from)
+        }
         Some("answer") => {
             let choice = fields.get("choice").map(str::to_string);
             // A form's fields make the answer, by the question's schema.
@@ -1960,7 +2009,7 @@ pub async fn bulk_decisions(console: Console, raw: RawForm) -> Result<Response, 
     for (_, (attempt, decision)) in items.iter().zip(keys).filter(|(i, _)| i.changes()) {
         let runtime = &console.state.runtime;
         if let Err(e) = runtime
-            .decide(&scope, attempt, decision, approve, &by, why.clone())
+            .decide(&scope, attempt, decision, approve, &by, why.clone(), None)
             .await
         {
             let why = super::describe(&ApiError::from(e).finish());

@@ -261,9 +261,20 @@ pub struct Policy {
     /// Rules for single tools, over their class's rule.
     #[serde(default)]
     pub tools: BTreeMap<String, PolicyRule>,
+    /// Tools whose proposed arguments a reviewer may change when
+    /// approving a call: the call then made is the one with the changed
+    /// arguments, and no other.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub editable: BTreeSet<String>,
 }
 
 impl Policy {
+    /// Whether a reviewer may change the arguments of a call of `tool`
+    /// when approving it.
+    pub fn allows_edit(&self, tool: &str) -> bool {
+        self.editable.contains(tool)
+    }
+
     /// Why a call of `tool` with class `class` is refused, when the policy
     /// denies it.
     pub fn denial(&self, tool: &str, class: SideEffectClass) -> Option<String> {
@@ -634,6 +645,14 @@ impl Manifest {
                         format!("{p:?} is not an absolute path without . or .."),
                     ));
                 }
+            }
+        }
+        for tool in &self.policy.editable {
+            if !tools.contains(tool.as_str()) {
+                return Err(FieldError::new(
+                    format!("policy.editable.{tool}"),
+                    "names a tool the release does not declare",
+                ));
             }
         }
         for tool in self.policy.tools.keys() {
@@ -1326,6 +1345,7 @@ mod tests {
             revision: "r1".into(),
             side_effects: [(SideEffectClass::External, PolicyRule::Deny)].into(),
             tools: [("deploy".to_string(), PolicyRule::RequireApproval)].into(),
+            editable: Default::default(),
         };
         assert_eq!(p.rule("search", SideEffectClass::Read), PolicyRule::Allow);
         assert_eq!(

@@ -945,6 +945,7 @@ impl RunControl {
         approve: bool,
         by: &str,
         reason: Option<String>,
+        arguments: Option<Value>,
     ) -> Result<ExecutionAttempt, RuntimeError> {
         if let Some(reason) = &reason {
             FieldError::check_text("reason", reason)?;
@@ -983,6 +984,7 @@ impl RunControl {
                 approve,
                 by,
                 reason,
+                arguments,
             )
             .await
     }

@@ -164,7 +164,7 @@ impl Shared {
         }
     }
 
-    pub(crate) async fn release_info(
+    pub(crate) fn release_info(
         &self,
         scope: &TenantScope,
         release_id: &str,
@@ -176,6 +176,18 @@ impl Shared {
         let info = Arc::new(ReleaseInfo::load(&self.releases, scope, release_id)?);
         self.release_cache.lock().insert(key, info.clone());
         Ok(info)
+    }
+}
+
+impl Runtime {
+    /// What the runtime knows of a release of the scope's tenant: its
+    /// manifest, tools and contracts (loaded once).
+    pub fn release(
+        &self,
+        scope: &TenantScope,
+        release_id: &str,
+    ) -> Result<Arc<ReleaseInfo>, RuntimeError> {
+        self.shared.release_info(scope, release_id)
     }
 }
 
@@ -869,6 +881,7 @@ impl Runtime {
         approve: bool,
         by: &str,
         reason: Option<String>,
+        arguments: Option<serde_json::Value>,
     ) -> Result<ExecutionAttempt, RuntimeError> {
         if let Some(reason) = &reason {
             crate::domain::FieldError::check_text("reason", reason)?;
@@ -882,6 +895,7 @@ impl Runtime {
                 approve,
                 by,
                 reason,
+                arguments,
                 reply,
             },
             |a| {

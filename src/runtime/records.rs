@@ -145,7 +145,8 @@ impl Record for DecisionRequest {
         if self.purged.is_none() {
             d.reference(self.question_ref.as_deref())
                 .reference(self.answer_ref.as_deref())
-                .reference(self.proposal.as_ref().map(|p| p.request_hash.as_str()));
+                .reference(self.proposal.as_ref().map(|p| p.request_hash.as_str()))
+                .reference(self.edited_request_hash.as_deref());
         }
     }
 }

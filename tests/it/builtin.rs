@@ -625,6 +625,96 @@ async fn a_gated_tool_waits_for_approval_and_corrections_run_out() {
     assert_eq!(failed.state, "Failed");
 }
 
+/// The pending decision of a run that waits for one.
+async fn pending_of(site: &Site, run: &str) -> rn::PendingDecision {
+    let waiting = site.until(run, "WaitingForDecision").await;
+    waiting.steps[0].attempts[0]
+        .pending_decision
+        .as_option()
+        .expect("a pending decision")
+        .clone()
+}
+
+#[tokio::test]
+async fn a_reviewer_approves_a_call_with_changed_arguments_where_the_policy_allows_and_that_call_is_made()
+ {
+    let site = Site::start().await;
+    let page = json!([
+        {"content": "Paging", "toolCalls": [{"tool": "page-oncall", "arguments": {"message": "checkout down"}}]},
+        answer("high", true)
+    ]);
+    site.import("triage-fixed", page.clone(), |_| {}).await;
+    site.import("triage-editable", page, |m| {
+        m["policy"]["editable"] = json!(["page-oncall"]);
+    })
+    .await;
+    let decide = |decision: &str, arguments: &str| rn::DecideApprovalRequest {
+        decision_id: decision.to_string(),
+        approve: true,
+        reason: "page the database team instead".into(),
+        arguments_json: arguments.to_string(),
+        ..Default::default()
+    };
+
+    // A release whose policy does not list the tool: its arguments stand.
+    let fixed = site.submit("triage-fixed").await;
+    let pending = pending_of(&site, &fixed).await;
+    let err = site
+        .runs()
+        .decide_approval(decide(&pending.decision_id, r#"{"message": "other"}"#))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("policy.editable"), "{err}");
+
+    // Where it does: arguments that do not fit the tool are refused,
+    // naming them; fitting ones are approved, and that call is made.
+    let editable = site.submit("triage-editable").await;
+    let pending = pending_of(&site, &editable).await;
+    let err = site
+        .runs()
+        .decide_approval(decide(&pending.decision_id, r#"{"text": "no message"}"#))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("arguments") && err.to_string().contains("message"),
+        "{err}"
+    );
+    let edited = json!({"message": "database down: page the DBA on call"});
+    site.runs()
+        .decide_approval(decide(&pending.decision_id, &edited.to_string()))
+        .await
+        .unwrap();
+    let done = site.until(&editable, "Succeeded").await;
+    let attempt = &done.steps[0].attempts[0].attempt_id;
+    let t = site.timeline(attempt).await;
+    let pages = calls_to(&t, "page-oncall");
+    assert_eq!(pages.len(), 1, "one call, the approved one: {pages:?}");
+    let made = site
+        .a
+        .get(
+            &site.token,
+            &format!(
+                "/runtime/attempts/{attempt}/calls/{}",
+                pages[0]["callId"].as_str().unwrap()
+            ),
+        )
+        .await;
+    assert_eq!(made["content"]["request"]["json"], edited, "{made}");
+    // The decision keeps what was proposed and what was approved.
+    let decision = &t["decisions"][0];
+    assert_eq!(decision["status"], "approved");
+    assert_eq!(
+        decision["answeredBy"].as_str().map(|s| !s.is_empty()),
+        Some(true)
+    );
+    assert_eq!(decision["reason"], "page the database team instead");
+    assert!(decision["editedRequestHash"].is_string(), "{decision}");
+    assert_ne!(
+        decision["editedRequestHash"], decision["proposal"]["requestHash"],
+        "{decision}"
+    );
+}
+
 #[tokio::test]
 async fn kill_9_during_a_builtin_loop_resumes_or_settles_and_reissues_nothing() {
     let mut site = Site::start().await;

@@ -261,3 +261,20 @@ def test_an_input_the_release_does_not_declare_is_refused_naming_each_field(oper
         operator.runs.submit_run(runs_pb2.SubmitRunRequest(project_id="support", release_id="triage-external-1.0.0", input_json="{}"))
     fields = {v.field for v in e.value.field_violations}
     assert fields == {"inputJson.customer", "inputJson.text"}, e.value.field_violations
+
+
+def test_an_approval_with_changed_arguments_is_the_call_the_handler_makes(appliance, adapter_cred, operator):
+    run_id = submit(operator, customer="acme", text="checkout is down")
+    worker = spawn(TESTS / "workers" / "page.py", appliance.env(adapter_cred))
+    approval = waiting(operator, run_id, "approval")
+    assert json.loads(approval.pending_decision.proposed_call.arguments_json) == {"message": "outage at acme"}
+    operator.runs.decide_approval(
+        runs_pb2.DecideApprovalRequest(
+            decision_id=approval.pending_decision_id, approve=True, reason="name the service",
+            arguments_json=json.dumps({"message": "checkout outage at acme: page the payments team"}),
+        )
+    )
+    out = finish(worker)
+    assert "PAGED checkout outage at acme: page the payments team" in out, out
+    assert "PAGED outage at acme\n" not in out, out
+    assert wait_for("the run to succeed", lambda: run_of(operator, run_id).state == "Succeeded")

@@ -561,16 +561,18 @@ impl pb::Adapter for AdapterService {
             )
             .await
             .map_err(rpc)?;
-        let answer_json = d
-            .answer_ref
-            .as_ref()
-            .and_then(|r| self.state.runtime.content(&scope, r).ok().flatten())
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default();
+        let text = |r: Option<&String>| {
+            r.and_then(|r| self.state.runtime.content(&scope, r).ok().flatten())
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default()
+        };
+        let answer_json = text(d.answer_ref.as_ref());
+        let approved_arguments_json = text(d.edited_request_hash.as_ref());
         Response::ok(pb::AwaitDecisionResponse {
             status: d.status.as_str().to_string(),
             choice: d.choice.unwrap_or_default(),
             answer_json,
+            approved_arguments_json,
             reason: d.reason.unwrap_or_default(),
             answered_by: d.answered_by.unwrap_or_default(),
             attempt_state: state.as_str().to_string(),

@@ -517,6 +517,10 @@ impl pb::Runs for RunsService {
             }
         };
         let reason = (!request.reason.is_empty()).then(|| request.reason.to_string());
+        let arguments = match request.arguments_json {
+            "" => None,
+            text => Some(parse_json("argumentsJson", text).map_err(rpc)?),
+        };
         let attempt = self
             .state
             .runs
@@ -526,6 +530,7 @@ impl pb::Runs for RunsService {
                 request.approve,
                 &caller.subject.to_string(),
                 reason,
+                arguments,
             )
             .await
             .map_err(rpc)?;

@@ -32,6 +32,7 @@ impl ExecutionAttempt {
         self.usage.decisions += 1;
         let proposal_hash = proposal.as_ref().map(ProposedCall::hash);
         let request = DecisionRequest {
+            edited_request_hash: None,
             decision_id,
             attempt_id: self.attempt_id,
             run_id: self.run_id,
@@ -96,7 +97,23 @@ impl ExecutionAttempt {
         self.pending_decision = None;
         decision.answered_at = Some(now);
         let failure = match resolution {
-            Resolution::Approved { by, reason } => {
+            Resolution::Approved { by, reason, edited } => {
+                if let Some(request_hash) = edited {
+                    // What is approved is the call with the changed
+                    // arguments: only that call may use the approval.
+                    let Some(proposal) = decision.proposal.as_ref() else {
+                        return Err(DomainError::FailedPrecondition(format!(
+                            "decision {} proposes no call whose arguments could change",
+                            decision.decision_id
+                        )));
+                    };
+                    let approved = ProposedCall {
+                        request_hash: request_hash.clone(),
+                        ..proposal.clone()
+                    };
+                    decision.proposal_hash = Some(approved.hash());
+                    decision.edited_request_hash = Some(request_hash);
+                }
                 decision.status = DecisionStatus::Approved;
                 decision.answered_by = Some(by);
                 decision.reason = reason;

@@ -501,6 +501,11 @@ pub struct DecisionRequest {
     pub reason: Option<String>,
     /// For an approval: whether the approved call has been issued.
     pub consumed: bool,
+    /// The arguments a reviewer approved instead of the proposed ones
+    /// (their artifact reference): the approval allows the call with
+    /// these, and `proposal_hash` is that call's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edited_request_hash: Option<String>,
     /// The JSON Schema an input answer must satisfy, when the asker gave
     /// one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

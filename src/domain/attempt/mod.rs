@@ -934,6 +934,9 @@ pub enum Resolution {
         by: String,
         /// Why.
         reason: Option<String>,
+        /// The request hash of the arguments the reviewer approved instead
+        /// of the proposed ones.
+        edited: Option<String>,
     },
     /// Approval refused.
     Rejected {

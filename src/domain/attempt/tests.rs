@@ -730,7 +730,7 @@ proptest! {
                 Cmd::Resolve(r) => {
                     if let Some(d) = decision.as_mut() {
                         let resolution = match r {
-                            0 => Resolution::Approved { by: "r".into(), reason: None },
+                            0 => Resolution::Approved { by: "r".into(), reason: None, edited: None },
                             1 => Resolution::Rejected { by: "r".into(), reason: None },
                             2 => Resolution::Answered { by: "r".into(), choice: None, answer_ref: None },
                             _ => Resolution::Expired { minutes: 5 },

@@ -338,10 +338,7 @@ pub async fn adapter_model_call(
     ask: ModelAsk,
 ) -> Result<ModelTurn, RuntimeError> {
     let attempt_id = attempt.attempt_id;
-    let info = runtime
-        .shared
-        .release_info(scope, &attempt.release_id)
-        .await?;
+    let info = runtime.shared.release_info(scope, &attempt.release_id)?;
     let own = release_model(runtime, scope, &info)?;
     let Serving {
         model: site_model,
@@ -476,7 +473,7 @@ async fn drive(
         return Ok(());
     };
     let a = &ticket.attempt;
-    let info = runtime.shared.release_info(scope, &a.release_id).await?;
+    let info = runtime.shared.release_info(scope, &a.release_id)?;
     let loop_ = Loop::new(runtime, scope, &ticket, info)?;
     let attempt = runtime
         .start_attempt(
@@ -827,7 +824,11 @@ impl<'a> Loop<'a> {
             return self.ask_human(state, call, kind).await;
         }
         let mut approval = None;
+        // A reviewer may approve the call with changed arguments: from then
+        // on the call is the approved one, and no other.
+        let mut approved: Option<ToolCall> = None;
         loop {
+            let call = approved.as_ref().unwrap_or(call);
             let begun = self
                 .begin(BeginCall {
                     kind: CallKind::Tool,
@@ -853,10 +854,26 @@ impl<'a> Loop<'a> {
                 }
                 BeginOutcome::ApprovalRequired => {
                     let decision_id = begun.decision_id.expect("an approval has a decision");
-                    let status = self.await_decision(decision_id).await?;
-                    if status != DecisionStatus::Approved {
+                    let decision = self.await_decision(decision_id).await?;
+                    if decision.status != DecisionStatus::Approved {
                         // Rejected or expired: the attempt has failed.
-                        return Err(self.refused(Some(format!("approval {}", status.as_str()))));
+                        return Err(
+                            self.refused(Some(format!("approval {}", decision.status.as_str())))
+                        );
+                    }
+                    if let Some(hash) = &decision.edited_request_hash {
+                        let bytes = self.runtime.content(self.scope, hash)?.ok_or_else(|| {
+                            DomainError::Broken(format!(
+                                "the approved arguments {hash} are not in the artifact store"
+                            ))
+                        })?;
+                        let arguments = serde_json::from_slice(&bytes).map_err(|e| {
+                            DomainError::Broken(format!("the approved arguments {hash}: {e}"))
+                        })?;
+                        approved = Some(ToolCall {
+                            arguments,
+                            ..call.clone()
+                        });
                     }
                     approval = begun.approval_id;
                 }
@@ -1017,7 +1034,7 @@ impl<'a> Loop<'a> {
                 }
             }
         };
-        let status = self.await_decision(decision_id).await?;
+        let status = self.await_decision(decision_id).await?.status;
         if status != DecisionStatus::Answered {
             // Expired (the attempt has failed) or cancelled.
             return Err(self.refused(Some(format!("question {}", status.as_str()))));
@@ -1411,7 +1428,10 @@ impl<'a> Loop<'a> {
         }
     }
 
-    async fn await_decision(&self, decision_id: Uuid) -> Result<DecisionStatus, RuntimeError> {
+    async fn await_decision(
+        &self,
+        decision_id: Uuid,
+    ) -> Result<crate::domain::attempt::DecisionRequest, RuntimeError> {
         // A human's wait may outlast the attempt's capacity lease (it is
         // given back after runtime.return_capacity_after_seconds): no tool
         // process runs without one, so the servers stop now and the next
@@ -1429,7 +1449,7 @@ impl<'a> Loop<'a> {
                 )
                 .await?;
             if d.status != DecisionStatus::Pending {
-                return Ok(d.status);
+                return Ok(d);
             }
         }
     }

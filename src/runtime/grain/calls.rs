@@ -306,7 +306,7 @@ impl Grain {
                     .dispatchable(&self.scope, &call.target)
                     .await
                 {
-                    Ok(_) => self.shared.release_info(&self.scope, &call.target).await?,
+                    Ok(_) => self.shared.release_info(&self.scope, &call.target)?,
                     Err(e) => {
                         let reason = format!("sub-agent release {:?} cannot run: {e}", call.target);
                         return self.refuse(start, request, reason).await;

@@ -226,6 +226,7 @@ impl Grain {
         approve: bool,
         by: String,
         reason: Option<String>,
+        arguments: Option<serde_json::Value>,
     ) -> Result<ExecutionAttempt, RuntimeError> {
         let decision = self.pending_named(decision_id)?;
         if decision.kind != DecisionKind::Approval {
@@ -234,12 +235,79 @@ impl Grain {
                 decision.kind.as_str()
             )));
         }
-        let resolution = if approve {
-            Resolution::Approved { by, reason }
-        } else {
-            Resolution::Rejected { by, reason }
+        let edited = match arguments {
+            None => None,
+            Some(_) if !approve => {
+                return Err(crate::domain::FieldError::new(
+                    "arguments",
+                    "only an approval takes changed arguments; a rejection has none",
+                )
+                .into());
+            }
+            Some(arguments) => Some(self.edited_arguments(&decision, arguments)?),
         };
-        self.resolve(decision, resolution, None).await?;
+        let (resolution, bytes) = match edited {
+            Some((hash, bytes)) if approve => (
+                Resolution::Approved {
+                    by,
+                    reason,
+                    edited: Some(hash),
+                },
+                Some(bytes),
+            ),
+            _ if approve => (
+                Resolution::Approved {
+                    by,
+                    reason,
+                    edited: None,
+                },
+                None,
+            ),
+            _ => (Resolution::Rejected { by, reason }, None),
+        };
+        self.resolve(decision, resolution, bytes).await?;
         Ok(self.attempt.clone())
+    }
+
+    /// The changed arguments of an approval, checked: the release's policy
+    /// lets a reviewer change this tool's arguments, and they fit its
+    /// input schema. Returns their request hash and canonical bytes.
+    fn edited_arguments(
+        &self,
+        decision: &DecisionRequest,
+        arguments: serde_json::Value,
+    ) -> Result<(String, Vec<u8>), RuntimeError> {
+        let info = self.info()?;
+        let Some(proposal) = decision
+            .proposal
+            .as_ref()
+            .filter(|p| p.kind == CallKind::Tool)
+        else {
+            return Err(precondition(format!(
+                "decision {} proposes no tool call whose arguments could change",
+                decision.decision_id
+            )));
+        };
+        if !info.manifest.policy.allows_edit(&proposal.target) {
+            return Err(precondition(format!(
+                "the policy of release {} does not let a reviewer change the arguments of tool {} (policy.editable); approve or reject the call as proposed",
+                info.manifest.release_id, proposal.target
+            )));
+        }
+        let Some((_, schema)) = info.tool(&proposal.target) else {
+            return Err(precondition(format!(
+                "tool {} is not in the release's closure",
+                proposal.target
+            )));
+        };
+        if let Some(why) =
+            crate::runtime::release::argument_mismatch(schema, &proposal.target, &arguments)
+        {
+            return Err(crate::domain::FieldError::new("arguments", why).into());
+        }
+        Ok((
+            crate::domain::attempt::json_hash(&arguments),
+            crate::domain::release::canonical_json(&arguments),
+        ))
     }
 }

@@ -157,6 +157,8 @@ pub enum Msg {
         by: String,
         /// Why.
         reason: Option<String>,
+        /// Arguments approved instead of the proposed ones.
+        arguments: Option<serde_json::Value>,
         /// Answer.
         reply: Reply<ExecutionAttempt>,
     },
@@ -540,7 +542,6 @@ impl Grain {
         match self
             .shared
             .release_info(&self.scope, &self.attempt.release_id)
-            .await
         {
             Ok(info) => self.info = Some(info),
             Err(e) => {
@@ -869,8 +870,13 @@ impl Grain {
                 approve,
                 by,
                 reason,
+                arguments,
                 reply,
-            } => reply_with(reply, self.decide(decision_id, approve, by, reason).await),
+            } => reply_with(
+                reply,
+                self.decide(decision_id, approve, by, reason, arguments)
+                    .await,
+            ),
             Msg::Interrupt { request, reply } => reply_with(reply, self.interrupt(request).await),
             Msg::Report {
                 token,

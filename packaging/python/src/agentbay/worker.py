@@ -161,6 +161,8 @@ class Answer:
     value: Any
     reason: str
     answered_by: str
+    # An approval given with changed arguments: the arguments approved.
+    arguments: Any = None
 
     @property
     def approved(self) -> bool:
@@ -330,7 +332,7 @@ class Context:
         done = self._records.get(key)
         if done is not None and "result" in done:
             return done["result"]
-        begun = self._begin("tool", tool, args, key)
+        begun, args = self._begin("tool", tool, args, key)
         if begun.outcome == pb.REPLAYED:
             result = json.loads(begun.result_json) if begun.result_json else None
             self._records[key] = {"result": result}
@@ -366,9 +368,11 @@ class Context:
         )
         return result
 
-    def _begin(self, kind: str, target: str, request: Any, key: str) -> pb.BeginCallResponse:
+    def _begin(self, kind: str, target: str, request: Any, key: str) -> tuple[pb.BeginCallResponse, Any]:
         """BeginCall; an approval the policy asks for suspends the attempt
-        and, once decided, is used for exactly this call."""
+        and, once decided, is used for exactly this call — with the
+        arguments the reviewer approved, when they changed them. Returns
+        the call begun and the request it carries."""
         pending = self._records.get(key) or {}
         approval_id = ""
         if "decisionId" in pending:
@@ -379,6 +383,9 @@ class Context:
                 self._records[key] = {"refused": answer.status}
                 raise errors.Refused(target, f"{answer.status} by {answer.answered_by or 'nobody'}: {answer.reason}")
             approval_id = pending["approvalId"]
+            if answer.arguments is not None:
+                log.info("attempt %s: %s approved with arguments changed by %s", self.attempt_id, target, answer.answered_by)
+                request = answer.arguments
         delay = 0.5
         while True:
             try:
@@ -405,7 +412,7 @@ class Context:
             self._records[key] = {"decisionId": begun.decision_id, "approvalId": begun.approval_id}
             self.checkpoint(self.state)
             raise _Suspended(begun.decision_id)
-        return begun
+        return begun, request
 
     def _decision(self, decision_id: str, wait: int = 0) -> Answer:
         d = self._rpc(
@@ -418,6 +425,7 @@ class Context:
             value=json.loads(d.answer_json) if d.answer_json else None,
             reason=d.reason,
             answered_by=d.answered_by,
+            arguments=json.loads(d.approved_arguments_json) if d.approved_arguments_json else None,
         )
 
     def _ask(self, kind: str, question: Any, summary: str, options: list[str], recommendation: str, key: str | None) -> Answer:
@@ -597,7 +605,7 @@ class Context:
             return done["result"]
         call_id = (done or {}).get("callId")
         if call_id is None:
-            begun = self._begin("sub-agent", release_id, input, key)
+            begun, _ = self._begin("sub-agent", release_id, input, key)
             call_id = begun.call_id
             self._records[key] = {"callId": call_id}
             self.checkpoint(self.state)  # a resume waits for this child, never starts another
