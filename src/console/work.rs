@@ -1431,10 +1431,12 @@ pub async fn decide(
                     &scope,
                     id,
                     decision,
-                    action != "reject",
-                    &by,
-                    fields.get("reason").map(str::to_string),
-                    arguments,
+                    crate::runtime::ApprovalVerdict {
+                        approve: action != "reject",
+                        by: by.clone(),
+                        reason: fields.get("reason").map(str::to_string),
+                        arguments,
+                    },
                 )
                 .await
                 .map(|a| {
@@ -2009,7 +2011,12 @@ pub async fn bulk_decisions(console: Console, raw: RawForm) -> Result<Response, 
     for (_, (attempt, decision)) in items.iter().zip(keys).filter(|(i, _)| i.changes()) {
         let runtime = &console.state.runtime;
         if let Err(e) = runtime
-            .decide(&scope, attempt, decision, approve, &by, why.clone(), None)
+            .decide(
+                &scope,
+                attempt,
+                decision,
+                crate::runtime::ApprovalVerdict::plain(approve, &by, why.clone()),
+            )
             .await
         {
             let why = super::describe(&ApiError::from(e).finish());

@@ -942,14 +942,8 @@ impl RunControl {
         &self,
         scope: &TenantScope,
         which: ApprovalRef,
-        approve: bool,
-        by: &str,
-        reason: Option<String>,
-        arguments: Option<Value>,
+        verdict: crate::runtime::ApprovalVerdict,
     ) -> Result<ExecutionAttempt, RuntimeError> {
-        if let Some(reason) = &reason {
-            FieldError::check_text("reason", reason)?;
-        }
         let (index, what, id) = match which {
             ApprovalRef::Approval(id) => (crate::runtime::index::APPROVAL, "approval", id),
             ApprovalRef::Decision(id) => (crate::runtime::index::DECISION, "decision", id),
@@ -977,15 +971,7 @@ impl RunControl {
             .into());
         }
         self.runtime
-            .decide(
-                scope,
-                decision.attempt_id,
-                decision.decision_id,
-                approve,
-                by,
-                reason,
-                arguments,
-            )
+            .decide(scope, decision.attempt_id, decision.decision_id, verdict)
             .await
     }
 

@@ -144,6 +144,32 @@ pub struct Report {
     pub error: Option<crate::domain::attempt::ErrorDetail>,
 }
 
+/// A reviewer's word on an approval: approve (as proposed, or with
+/// changed arguments where the release's policy allows) or reject.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApprovalVerdict {
+    /// Approved?
+    pub approve: bool,
+    /// Who.
+    pub by: String,
+    /// Why.
+    pub reason: Option<String>,
+    /// The arguments approved instead of the proposed ones.
+    pub arguments: Option<serde_json::Value>,
+}
+
+impl ApprovalVerdict {
+    /// Approval or rejection as proposed.
+    pub fn plain(approve: bool, by: &str, reason: Option<String>) -> ApprovalVerdict {
+        ApprovalVerdict {
+            approve,
+            by: by.to_string(),
+            reason,
+            arguments: None,
+        }
+    }
+}
+
 /// The verdict on an outcome report.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {

@@ -878,24 +878,17 @@ impl Runtime {
         scope: &TenantScope,
         attempt_id: Uuid,
         decision_id: Uuid,
-        approve: bool,
-        by: &str,
-        reason: Option<String>,
-        arguments: Option<serde_json::Value>,
+        verdict: ApprovalVerdict,
     ) -> Result<ExecutionAttempt, RuntimeError> {
-        if let Some(reason) = &reason {
+        if let Some(reason) = &verdict.reason {
             crate::domain::FieldError::check_text("reason", reason)?;
         }
-        let by = by.to_string();
         self.ask(
             scope,
             attempt_id,
             |reply| Msg::Decide {
                 decision_id,
-                approve,
-                by,
-                reason,
-                arguments,
+                verdict,
                 reply,
             },
             |a| {

@@ -527,10 +527,12 @@ impl pb::Runs for RunsService {
             .decide_approval(
                 &scope,
                 id,
-                request.approve,
-                &caller.subject.to_string(),
-                reason,
-                arguments,
+                crate::runtime::ApprovalVerdict {
+                    approve: request.approve,
+                    by: caller.subject.to_string(),
+                    reason,
+                    arguments,
+                },
             )
             .await
             .map_err(rpc)?;

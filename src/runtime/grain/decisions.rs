@@ -223,11 +223,14 @@ impl Grain {
     pub(super) async fn decide(
         &mut self,
         decision_id: Uuid,
-        approve: bool,
-        by: String,
-        reason: Option<String>,
-        arguments: Option<serde_json::Value>,
+        verdict: crate::runtime::ApprovalVerdict,
     ) -> Result<ExecutionAttempt, RuntimeError> {
+        let crate::runtime::ApprovalVerdict {
+            approve,
+            by,
+            reason,
+            arguments,
+        } = verdict;
         let decision = self.pending_named(decision_id)?;
         if decision.kind != DecisionKind::Approval {
             return Err(precondition(format!(

@@ -151,14 +151,8 @@ pub enum Msg {
     Decide {
         /// Decision.
         decision_id: Uuid,
-        /// Approved?
-        approve: bool,
-        /// Who.
-        by: String,
-        /// Why.
-        reason: Option<String>,
-        /// Arguments approved instead of the proposed ones.
-        arguments: Option<serde_json::Value>,
+        /// The reviewer's word.
+        verdict: crate::runtime::ApprovalVerdict,
         /// Answer.
         reply: Reply<ExecutionAttempt>,
     },
@@ -867,16 +861,9 @@ impl Grain {
             } => reply_with(reply, self.answer(decision_id, by, choice, answer).await),
             Msg::Decide {
                 decision_id,
-                approve,
-                by,
-                reason,
-                arguments,
+                verdict,
                 reply,
-            } => reply_with(
-                reply,
-                self.decide(decision_id, approve, by, reason, arguments)
-                    .await,
-            ),
+            } => reply_with(reply, self.decide(decision_id, verdict).await),
             Msg::Interrupt { request, reply } => reply_with(reply, self.interrupt(request).await),
             Msg::Report {
                 token,
