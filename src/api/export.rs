@@ -55,75 +55,6 @@ fn hashes(v: &Value, out: &mut BTreeSet<String>) {
     }
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// The offline page: the run, its attempts and what each did, linking to
-/// the files beside it.
-fn index_html(run: &Value, attempts: &[(Uuid, Value)], artifacts: &[String]) -> String {
-    let text = |v: &Value| {
-        v.as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| v.to_string())
-    };
-    let mut html = format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Run {id}</title>\
-         <style>body{{font:14px system-ui,sans-serif;margin:24px;max-width:1100px}}table{{border-collapse:collapse}}\
-         td,th{{border:1px solid #ccd;padding:3px 6px;text-align:left;vertical-align:top}}code{{font-size:12px}}</style></head><body>\
-         <h1>Run <code>{id}</code> — {state}</h1><p>Agent {agent}, release {release}, tenant {tenant}; submitted {at} by {by}.</p>",
-        id = escape(&text(&run["runId"])),
-        state = escape(&text(&run["state"])),
-        agent = escape(&text(&run["agentId"])),
-        release = escape(&text(&run["snapshot"]["releaseId"])),
-        tenant = escape(&text(&run["tenantId"])),
-        at = escape(&text(&run["createdAt"])),
-        by = escape(&text(&run["submittedBy"])),
-    );
-    if let Some(reason) = run["reason"].as_str() {
-        html += &format!("<p>Reason: {}</p>", escape(reason));
-    }
-    html += "<p><a href=\"run.json\">run.json</a> · <a href=\"release-verdicts.json\">release verdicts</a> · <a href=\"manifest.json\">manifest</a></p>";
-    for (id, t) in attempts {
-        html += &format!(
-            "<h2>Attempt {n} <code>{id}</code> — {state}</h2><p><a href=\"attempts/{id}.json\">timeline (JSON)</a></p>",
-            n = escape(&text(&t["number"])),
-            state = escape(&text(&t["state"])),
-        );
-        html += "<table><tr><th>#</th><th>Call</th><th>Target</th><th>Status</th><th>Request</th><th>Result</th></tr>";
-        for c in t["calls"].as_array().into_iter().flatten() {
-            let link = |key: &str| match c[key].as_str() {
-                Some(h) if artifacts.iter().any(|a| a == h) => {
-                    format!(
-                        "<a href=\"artifacts/{0}\"><code>{0:.12}</code></a>",
-                        &h[7..]
-                    )
-                }
-                Some(h) => format!("<code>{}</code>", escape(h)),
-                None => String::new(),
-            };
-            html += &format!(
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                escape(&text(&c["sequence"])),
-                escape(&text(&c["kind"])),
-                escape(&text(&c["target"])),
-                escape(&text(&c["status"])),
-                link("requestHash"),
-                link("resultHash"),
-            );
-        }
-        html += "</table>";
-        let decisions = t["decisions"].as_array().map_or(0, Vec::len);
-        let checkpoints = t["checkpoints"].as_array().map_or(0, Vec::len);
-        html += &format!("<p>{checkpoints} checkpoint(s), {decisions} decision(s).</p>");
-    }
-    html += "</body></html>\n";
-    html
-}
-
 /// Exports a tenant may run at once.
 pub const PER_TENANT: usize = 2;
 
@@ -248,10 +179,17 @@ fn write_export<W: std::io::Write>(
     let mut refs = BTreeSet::new();
     hashes(&run_json, &mut refs);
     let mut attempts = Vec::new();
-    for attempt_id in run.steps.iter().flat_map(|s| s.attempts.iter().copied()) {
-        let t = serde_json::to_value(timeline(state, scope, attempt_id)?).map_err(io)?;
-        hashes(&t, &mut refs);
-        attempts.push((attempt_id, t));
+    let mut story = Vec::new();
+    for step in &run.steps {
+        let mut told = Vec::new();
+        for attempt_id in step.attempts.iter().copied() {
+            let typed = timeline(state, scope, attempt_id)?;
+            let t = serde_json::to_value(&typed).map_err(io)?;
+            hashes(&t, &mut refs);
+            attempts.push((attempt_id, t));
+            told.push(typed);
+        }
+        story.push((step.name.clone(), step.state.as_str().to_string(), told));
     }
     let verdicts = state.releases.verdicts(scope, &run.snapshot.release_id)?;
     let verdicts = serde_json::to_value(&verdicts).map_err(io)?;
@@ -278,7 +216,22 @@ fn write_export<W: std::io::Write>(
         let path = format!("attempts/{id}.json");
         files.push(append(&mut tar, &root, mtime, &path, &pretty(t)).map_err(io)?);
     }
-    let index = index_html(&run_json, &attempts, &artifacts);
+    let content = |hash: &str| -> Option<String> {
+        let bytes = state.runtime.content(scope, hash).ok().flatten()?;
+        Some(match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_default(),
+            Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+        })
+    };
+    let index = crate::console::export_index(
+        run,
+        content(&run.input_ref).filter(|_| run.purged.is_none()),
+        run.output_ref.as_deref().and_then(content),
+        story,
+        state.clock.now(),
+        by,
+    )
+    .map_err(io)?;
     for (path, bytes) in [
         ("index.html", index.into_bytes()),
         ("release-verdicts.json", pretty(&verdicts)),

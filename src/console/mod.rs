@@ -18,6 +18,8 @@ mod signin;
 mod table;
 mod work;
 
+pub use work::export_index;
+
 use std::collections::BTreeSet;
 
 use askama::Template;

@@ -534,9 +534,80 @@ pub async fn submit_run(console: Console, raw: RawForm) -> Result<Response, Page
     })
 }
 
-/// A step of a run: name, state and its attempts (id, state, number,
-/// failure).
-type StepRows = (String, String, Vec<(String, String, String, String)>);
+/// Where the story of a run links to: the console's pages, or the files
+/// beside an export's `index.html`.
+#[derive(Clone, Copy, Debug)]
+pub enum Links {
+    /// The console.
+    Console,
+    /// An export, read offline.
+    Export,
+}
+
+impl Links {
+    /// An artifact's content.
+    pub fn artifact(&self, hash: &str) -> String {
+        match self {
+            Links::Console => format!("/artifacts/{hash}"),
+            Links::Export => format!("artifacts/{}", hash.trim_start_matches("sha256:")),
+        }
+    }
+
+    /// An attempt's whole timeline.
+    pub fn attempt(&self, id: &Uuid) -> String {
+        match self {
+            Links::Console => format!("/attempts/{id}"),
+            Links::Export => format!("attempts/{id}.json"),
+        }
+    }
+}
+
+/// The offline page of a run's export: the run's story as the console
+/// tells it, linking to the files beside it. No script, no network.
+#[derive(Template)]
+#[template(path = "console/export.html")]
+struct ExportPage<'a> {
+    run: &'a crate::domain::run::Run,
+    input: Option<String>,
+    output: Option<String>,
+    waiting: Option<String>,
+    story: Vec<StepStory>,
+    links: Links,
+    exported_at: String,
+    exported_by: &'a str,
+}
+
+/// Renders an export's `index.html`: the input and output given whole
+/// (as text), every step's attempts as their timelines tell them.
+pub fn export_index(
+    run: &crate::domain::run::Run,
+    input: Option<String>,
+    output: Option<String>,
+    story: Vec<StepStory>,
+    at: chrono::DateTime<chrono::Utc>,
+    by: &str,
+) -> askama::Result<String> {
+    let waiting = story
+        .iter()
+        .flat_map(|(_, _, ts)| ts.last())
+        .next_back()
+        .and_then(|t| t.waiting_reason.clone());
+    ExportPage {
+        run,
+        input,
+        output,
+        waiting,
+        story,
+        links: Links::Export,
+        exported_at: at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        exported_by: by,
+    }
+    .render()
+}
+
+/// A step of a run as its story tells it: name, state, and each attempt's
+/// whole timeline.
+pub type StepStory = (String, String, Vec<crate::api::runtime::Timeline>);
 
 #[derive(Template)]
 #[template(path = "console/run.html")]
@@ -545,7 +616,10 @@ struct RunPage {
     input: Shown,
     output: Option<Shown>,
     run: crate::domain::run::Run,
-    attempts: Vec<StepRows>,
+    /// Why the run waits now (its attempt's reason), while it runs.
+    waiting: Option<String>,
+    story: Vec<StepStory>,
+    links: Links,
     reruns: Vec<crate::domain::run::Run>,
     tokens: crate::capacity::ledger::RunTokens,
     can_cancel: bool,
@@ -572,25 +646,20 @@ pub async fn run(console: Console, Path(run_id): Path<String>) -> Result<Respons
         .state
         .runs
         .get(&scope, parse_uuid("runId", &run_id)?)?;
-    let mut attempts = Vec::new();
+    let mut story = Vec::new();
     for step in &run.steps {
-        let mut rows = Vec::new();
+        let mut attempts = Vec::new();
         for id in &step.attempts {
-            let a = console.state.runtime.attempt(&scope, *id)?;
-            rows.push((
-                id.to_string(),
-                a.state.as_str().to_string(),
-                a.number.to_string(),
-                a.failure
-                    .as_ref()
-                    .map(|f| format!("{}: {}", f.class.as_str(), f.reason))
-                    .unwrap_or_default(),
-            ));
+            attempts.push(crate::api::runtime::timeline(&console.state, &scope, *id)?);
         }
-        attempts.push((step.name.clone(), step.state.as_str().to_string(), rows));
+        story.push((step.name.clone(), step.state.as_str().to_string(), attempts));
     }
+    let waiting = (!run.state.is_terminal()).then(|| run_why(&console, &scope, &run));
     let runtime = &console.state.runtime;
     render(&RunPage {
+        waiting,
+        story,
+        links: Links::Console,
         input: runtime.show(&scope, &run.input_ref, run.purged.as_ref()),
         output: run
             .output_ref
@@ -602,7 +671,6 @@ pub async fn run(console: Console, Path(run_id): Path<String>) -> Result<Respons
         reruns: console.state.runs.reruns(&scope, run.run_id)?,
         tokens: console.state.runs.tokens(&scope, run.run_id)?,
         run,
-        attempts,
     })
 }
 
@@ -813,8 +881,8 @@ pub struct LegendItem {
 }
 
 /// Milliseconds as a person reads them.
-fn spent(ms: i64) -> String {
-    match ms {
+pub(crate) fn spent(ms: impl std::borrow::Borrow<i64>) -> String {
+    match *ms.borrow() {
         ms if ms < 1_000 => format!("{ms} ms"),
         ms if ms < 60_000 => format!("{:.1} s", ms as f64 / 1000.0),
         ms if ms < 3_600_000 => format!("{} min {} s", ms / 60_000, ms % 60_000 / 1000),

@@ -9,8 +9,10 @@
 //   CHROMIUM (default /usr/bin/chromium)
 
 import { chromium } from "playwright-core";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { execFileSync } from "node:child_process";
 
 const url = process.env.AGENTBAY_URL;
 const user = process.env.AGENTBAY_USER;
@@ -20,6 +22,7 @@ const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
 mkdirSync(shots, { recursive: true });
 
 const steps = [];
+const EDITED = "Checkout down at globex: page the payments on-call";
 const problems = [];
 const browser = await chromium.launch({ executablePath, args: ["--no-sandbox"] });
 const context = await browser.newContext({
@@ -106,28 +109,37 @@ try {
   // 3. Approve in a second tab; the first tab's timeline resumes live.
   const inbox = await context.newPage();
   watch(inbox);
+  // The reviewer changes the page's message before approving it: the
+  // release's policy lets a reviewer edit page-oncall's arguments.
   await inbox.goto(`${url}/decisions`);
-  await inbox.fill(".decision form.decide input[name=reason]", "on-call confirmed");
-  await inbox.click(".decision form.decide button:has-text('Approve')");
+  const approval = inbox.locator(".decision.approval").first();
+  await approval.locator("input[name=reason]").fill("on-call confirmed; name the service");
+  await approval.locator("details.edit-call summary").click();
+  const proposed = await approval.locator("[name='f.message']").inputValue();
+  expect(proposed.length > 0, "the edit form holds the proposed arguments");
+  await approval.locator("[name='f.message']").fill(EDITED);
+  await approval.locator("button:has-text('Approve with these arguments')").click();
   await inbox.waitForSelector(".flash.ok");
   const approved = await inbox.textContent(".flash.ok");
-  expect(/approved/.test(approved), `approval message: ${approved}`);
+  expect(/approved with the changed arguments/.test(approved), `approval message: ${approved}`);
   await shot(inbox, "04-decision-approved");
   // The demo's other question: the support lead answers it with a JSON
   // document its schema accepts.
   const question = await inbox.textContent(".decision.input pre.artifact");
   expect(/How many/.test(question), `the inbox shows the question: ${question}`);
-  // A wrong answer is refused beside the field, the typed text kept.
-  const wrong = '{"affectedUsers": "many"}';
-  await inbox.fill(".decision.input textarea[name=answer]", wrong);
+  // It is answered through a form of the question's schema; an answer
+  // the schema refuses is refused, the typed value kept.
+  const wrong = "-5";
+  await inbox.fill(".decision.input [name='f.affectedUsers']", wrong);
   await inbox.click(".decision.input button:has-text('Answer')");
   await inbox.waitForSelector(".decision.input .field-error");
-  const kept = await inbox.inputValue(".decision.input textarea[name=answer]");
+  const kept = await inbox.inputValue(".decision.input [name='f.affectedUsers']");
   expect(kept === wrong, `the refused answer is kept in its field: ${kept}`);
   const refusal = await inbox.textContent(".decision.input .field-error");
-  expect(refusal.length > 10, `the reason is shown beside the field: ${refusal}`);
+  expect(/affectedUsers/.test(refusal), `the reason names the field: ${refusal}`);
   await shot(inbox, "04b-wrong-answer-kept");
-  await inbox.fill(".decision.input textarea[name=answer]", '{"affectedUsers": 40}');
+  await inbox.fill(".decision.input [name='f.affectedUsers']", "40");
+  await inbox.fill(".decision.input [name='f.since']", "Monday");
   await inbox.click(".decision.input button:has-text('Answer')");
   await inbox.waitForSelector(".flash.ok");
   expect(await inbox.locator(".field-error").count() === 0, "no refusal note after a good answer");
@@ -144,6 +156,35 @@ try {
   const conversation = await page.textContent("#calls details[open] ol.conversation");
   expect(/Task input/.test(conversation), `the model call's conversation: ${conversation}`);
   await shot(page, "05b-call-content");
+
+  // The run as one story: the approval with who and why, and the call made
+  // with the arguments the reviewer approved.
+  await page.click("dd a[href^='/runs/']");
+  await page.waitForSelector(".attempt-story");
+  const story = await page.textContent("main");
+  expect(/on-call confirmed; name the service/.test(story) && /approved by/.test(story),
+    `the run's story names the decision, who and why: ${story}`);
+  const request = await page.locator("tr:has-text('page-oncall') a:has-text('request')").getAttribute("href");
+  const made = await (await page.request.get(`${url}${request}`)).text();
+  expect(made.includes(EDITED), `the call made carries the edited message: ${made}`);
+  await shot(page, "05c-run-story");
+  // Its export opens offline, with no script, and tells the same story.
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click("#export")]);
+  const dir = mkdtempSync(join(tmpdir(), "agentbay-export-"));
+  const archive = join(dir, "run.tar.gz");
+  await download.saveAs(archive);
+  execFileSync("tar", ["-xzf", archive, "-C", dir]);
+  const root = execFileSync("sh", ["-c", `ls -d ${dir}/run-*`]).toString().trim();
+  const offline = await browser.newContext({ javaScriptEnabled: false, offline: true, viewport: { width: 1280, height: 860 } });
+  const exported = await offline.newPage();
+  await exported.goto(`file://${root}/index.html`);
+  const told = await exported.textContent("body");
+  expect(/globex/.test(told), `the export shows the input: ${told}`);
+  expect(/on-call confirmed; name the service/.test(told), `the export shows the decision's reason: ${told}`);
+  expect(/severity/.test(await exported.textContent("#output")), `the export shows the output: ${told}`);
+  expect(!readFileSync(join(root, "index.html"), "utf8").includes("<script"), "the export's page has no script");
+  await shot(exported, "05d-export-offline");
+  await offline.close();
 
   // 4. Tighten the project's quota to one concurrent run.
   await page.click("nav.main a:has-text('Quotas')");
@@ -164,22 +205,27 @@ try {
 
   // 5. One run holds the project's only slot while it waits for a
   // reviewer; the next one waits for capacity and says which quota holds it.
-  async function submit(release, input) {
+  // A run is submitted through the form the release's input schema makes.
+  async function submit(release, fields, name) {
     await page.click("nav.main a:has-text('Runs')");
-    await page.click("details.panel summary:has-text('Submit a run')");
-    await page.selectOption("form[action='/runs'] select[name=releaseId]", release);
-    await page.selectOption("form[action='/runs'] select[name=projectId]", "support");
-    await page.fill("form[action='/runs'] textarea[name=inputJson]", input);
-    await page.click("form[action='/runs'] button:has-text('Submit')");
+    await page.selectOption("#pick-release select[name=release]", release);
+    await page.click("#pick-release button");
+    await page.waitForSelector("#submit-run");
+    await page.selectOption("#submit-run select[name=projectId]", "support");
+    for (const [field, value] of Object.entries(fields)) {
+      await page.fill(`#submit-run [name='f.${field}']`, value);
+    }
+    if (name) await shot(page, name);
+    await page.click("#submit-run button:has-text('Submit')");
     await page.waitForSelector("h1:has-text('Run')");
-    await page.click("table a[href^='/attempts/']");
+    await page.click(".attempt-story h3 a[href^='/attempts/']");
     await page.waitForSelector("#attempt-state");
   }
-  await submit("triage-approval-1.0.0", '{"customer": "globex", "text": "Checkout is down again."}');
+  await submit("triage-approval-1.0.0", { customer: "globex", text: "Checkout is down again." }, "06b-submit-form");
   await page.waitForFunction(
     () => document.querySelector("#attempt-state")?.textContent.trim() === "WaitingForDecision",
     null, { timeout: 15000 });
-  await submit("triage-1.0.0", '{"customer": "initech", "text": "The printer is on fire."}');
+  await submit("triage-1.0.0", { customer: "initech", text: "The printer is on fire." });
   // The page may come before the lease request is refused; it follows live.
   await page.waitForFunction(
     () => /concurrentRuns/.test(document.querySelector("#waiting")?.textContent ?? ""),
@@ -213,6 +259,17 @@ try {
   const files = await page.textContent("#files");
   expect(/instructions\.md/.test(files), `the files it pins: ${files}`);
   await shot(page, "09b-release");
+
+  // A run whose agent code raised: found by its label, its page shows the
+  // error and the traceback the adapter reported.
+  await page.goto(`${url}/runs?label=ticket%3DINC-7`);
+  await page.click("#runs tbody a[href^='/runs/']");
+  await page.waitForSelector(".attempt-story");
+  const failure = await page.textContent(".attempt-story .failure");
+  expect(/agent/.test(failure) && /KeyError/.test(failure), `the failure says whose it is: ${failure}`);
+  const traceback = await page.textContent(".attempt-story .traceback");
+  expect(/customer_name/.test(traceback) && /in summarise/.test(traceback), `the traceback is shown: ${traceback}`);
+  await shot(page, "09d-failed-run-traceback");
 
   // The audit trail: the approval, the quota and the sign-in of this
   // session, each with who and from where; filtered by action; exports.

@@ -1196,6 +1196,61 @@ async fn an_operator_settles_an_uncertain_call_from_the_console() {
     );
 }
 
+/// A run of the demo's external release whose adapter's handler raised:
+/// the adapter reports the error's type, message and traceback, as the
+/// Python Worker does. Returns the run's id.
+async fn agent_bug(a: &Appliance) -> String {
+    let admin = a.admin_token().await;
+    let cred = a.create_client("demo", &["factory.runs.execute"]).await;
+    let adapter = a.token(&cred).await;
+    let call = |token: &str, method: &str, body: Value| {
+        let request = a
+            .http()
+            .post(format!("{}/agentbay.{method}", a.url))
+            .bearer_auth(token)
+            .json(&body);
+        let method = method.to_string();
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            let v: Value = response.json().await.unwrap();
+            assert!(status.is_success(), "{method}: {v}");
+            v
+        }
+    };
+    let run = call(
+        &admin,
+        "runs.v1.Runs/SubmitRun",
+        json!({"tenantId": "demo", "projectId": "support", "releaseId": "triage-external-1.0.0",
+               "inputJson": "{\"customer\": \"umbrella\", \"text\": \"Exports fail\"}",
+               "runKey": "INC-7", "labels": {"ticket": "INC-7"}}),
+    )
+    .await;
+    let ticket = call(
+        &adapter,
+        "adapter.v1.Adapter/ClaimAttempt",
+        json!({"agentId": "triage", "waitSeconds": 5}),
+    )
+    .await;
+    let t = &ticket["attempt"];
+    let ids = json!({"attemptId": t["attemptId"], "fencingToken": t["fencingToken"]});
+    let mut start = ids.clone();
+    start["adapterVersion"] = json!("external/1");
+    start["checkpointFormat"] = t["checkpointFormat"].clone();
+    call(&adapter, "adapter.v1.Adapter/StartAttempt", start).await;
+    let mut report = ids;
+    report["succeeded"] = json!(false);
+    report["failureClass"] = json!("agent");
+    report["reason"] = json!("the agent's handler raised KeyError: 'customer_name'");
+    report["errorType"] = json!("KeyError");
+    report["errorMessage"] = json!("'customer_name'");
+    report["traceback"] = json!(
+        "Traceback (most recent call last):\n  File \"agent.py\", line 12, in summarise\n    return ticket[\"customer_name\"]\nKeyError: 'customer_name'\n"
+    );
+    call(&adapter, "adapter.v1.Adapter/ReportOutcome", report).await;
+    run["run"]["runId"].as_str().unwrap().to_string()
+}
+
 #[tokio::test]
 async fn the_console_in_a_real_browser() {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
@@ -1213,6 +1268,7 @@ async fn the_console_in_a_real_browser() {
     let a = demo();
     user(&a, "demo", "wendy", &["WorkspaceAdmin"]).await;
     demo_attempts(&a).await;
+    agent_bug(&a).await;
     let screenshots =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/screenshots");
     let _ = std::fs::remove_dir_all(&screenshots);
@@ -1249,7 +1305,7 @@ async fn the_console_in_a_real_browser() {
             file.display()
         );
     }
-    assert_eq!(result["steps"].as_array().unwrap().len(), 14, "{result}");
+    assert_eq!(result["steps"].as_array().unwrap().len(), 18, "{result}");
 }
 
 #[tokio::test]

@@ -2906,6 +2906,18 @@ async fn a_run_exported_for_review_holds_everything_with_hashes_and_opens_offlin
         "{html}"
     );
     assert!(!html.contains("<script"), "the page needs no script");
+    // The story, readable without the JSON beside it: the input, each
+    // call, the output.
+    assert!(
+        html.contains("&quot;ticket&quot;: &quot;t-1&quot;")
+            || html.contains("&#34;ticket&#34;: &#34;t-1&#34;"),
+        "{html}"
+    );
+    assert!(html.contains("Checkout is down for acme"), "{html}");
+    assert!(
+        html.contains("Phases:") && html.contains("href=\"artifacts/"),
+        "{html}"
+    );
     // The command line writes the same file through the running appliance.
     let file = dir.path().join("by-cli.tar.gz");
     let out = crate::common::run(

@@ -279,7 +279,9 @@ impl AttemptView {
                 d.summary
             );
             if let Some(approval) = d.approval_id {
-                why.push_str(&format!(" (approval {approval}, Runs/DecideApproval)"));
+                why.push_str(&format!(
+                    " (approval {approval}: accept, edit or reject it in Decisions)"
+                ));
             }
             why.push_str(&format!(
                 "; expires {}",
