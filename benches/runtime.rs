@@ -235,6 +235,7 @@ async fn decisions_in_process(state: AppState, tickets: &[Ticket]) -> Row {
                             recommendation: None,
                             answer_schema: None,
                             tool_call_id: None,
+                            assignee: None,
                         },
                     )
                     .await

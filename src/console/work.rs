@@ -1642,6 +1642,8 @@ struct DecisionsPage {
     bulk: bool,
     /// How many wait beyond those shown ([`INBOX`]).
     more_pending: String,
+    /// Only those the reader is expected to answer.
+    mine: bool,
 }
 
 /// Waiting decisions the inbox shows at most, those of the oldest
@@ -1654,11 +1656,21 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
     console.require(Scope::RunsRead)?;
     let scope = console.scope()?;
     let q = ListQuery::parse(&raw);
+    // "Mine": those whose assignee is the reader or one of the reader's
+    // roles.
+    let mine = q.get("mine").is_some();
+    let roles: Vec<crate::domain::access::Role> = console.session.roles.iter().copied().collect();
     let pending: Vec<DecisionView> = console
         .state
         .runtime
         .pending_decisions(&scope, INBOX)?
         .into_iter()
+        .filter(|d| {
+            !mine
+                || d.assignee
+                    .as_ref()
+                    .is_some_and(|a| a.includes(&console.session.username, &roles))
+        })
         .map(|d| DecisionView::read(&console.state.runtime, &scope, d))
         .collect();
     let waiting = if pending.len() < INBOX {
@@ -1732,6 +1744,7 @@ pub async fn decisions(console: Console, raw: RawQuery) -> Result<Response, Page
         can_decide: console.can(Scope::RunsDecide),
         bulk,
         more_pending,
+        mine,
     })
 }
 

@@ -204,6 +204,84 @@ pub enum Role {
     Observer,
 }
 
+/// Who is expected to answer a decision: anyone holding a role, or one
+/// user of the tenant. Written `role:Reviewer` or `user:alice`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Assignee {
+    /// Whoever holds the role.
+    Role(Role),
+    /// One user, by name.
+    User(String),
+}
+
+impl Assignee {
+    /// Parses `role:<Role>` or `user:<name>`, naming `field` when it is
+    /// neither.
+    pub fn parse(field: &str, text: &str) -> Result<Assignee, FieldError> {
+        let bad = || {
+            FieldError::new(
+                field,
+                format!(
+                    "{text:?} is not role:<{}> or user:<name>",
+                    Role::ALL
+                        .iter()
+                        .map(|r| r.as_str())
+                        .collect::<Vec<_>>()
+                        .join("|")
+                ),
+            )
+        };
+        match text.split_once(':') {
+            Some(("role", name)) => Role::ALL
+                .iter()
+                .find(|r| r.as_str() == name)
+                .map(|r| Assignee::Role(*r))
+                .ok_or_else(bad),
+            Some(("user", name))
+                if !name.is_empty()
+                    && name.chars().count() <= 64
+                    && !name.chars().any(|c| c.is_control() || c.is_whitespace()) =>
+            {
+                Ok(Assignee::User(name.to_string()))
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    /// Whether the user `name` with `roles` is who is expected.
+    pub fn includes(&self, name: &str, roles: &[Role]) -> bool {
+        match self {
+            Assignee::Role(role) => roles.contains(role),
+            Assignee::User(user) => user == name,
+        }
+    }
+
+    /// In words, for pages: `anyone with role Reviewer`, `user alice`.
+    pub fn words(&self) -> String {
+        match self {
+            Assignee::Role(role) => format!("anyone with role {}", role.as_str()),
+            Assignee::User(user) => format!("user {user}"),
+        }
+    }
+}
+
+impl From<Assignee> for String {
+    fn from(a: Assignee) -> String {
+        match a {
+            Assignee::Role(role) => format!("role:{}", role.as_str()),
+            Assignee::User(user) => format!("user:{user}"),
+        }
+    }
+}
+
+impl TryFrom<String> for Assignee {
+    type Error = String;
+    fn try_from(text: String) -> Result<Assignee, String> {
+        Assignee::parse("assignee", &text).map_err(|e| e.to_string())
+    }
+}
+
 impl Role {
     /// Every role, from the least to the most powerful.
     pub const ALL: &'static [Role] = &[
@@ -295,6 +373,21 @@ impl PlatformScope {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_assignee_is_a_role_or_a_user_and_says_whom_it_includes() {
+        let role = Assignee::parse("assignee", "role:Reviewer").unwrap();
+        assert!(role.includes("bob", &[Role::Observer, Role::Reviewer]));
+        assert!(!role.includes("bob", &[Role::Operator]));
+        let user = Assignee::parse("assignee", "user:alice").unwrap();
+        assert!(user.includes("alice", &[]) && !user.includes("bob", &[Role::Reviewer]));
+        assert_eq!(String::from(user), "user:alice");
+        for bad in ["role:Chief", "alice", "user:", "user:a b", "group:x"] {
+            let e = Assignee::parse("assignee", bad).unwrap_err();
+            assert!(e.reason.contains("role:<Observer|"), "{bad}: {e}");
+        }
+    }
+
     use super::*;
 
     #[test]

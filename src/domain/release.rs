@@ -266,6 +266,10 @@ pub struct Policy {
     /// arguments, and no other.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub editable: BTreeSet<String>,
+    /// Who is expected to answer the release's decisions when the asker
+    /// names no one: `role:Reviewer` or `user:alice`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignee: Option<crate::domain::access::Assignee>,
 }
 
 impl Policy {
@@ -1346,6 +1350,7 @@ mod tests {
             side_effects: [(SideEffectClass::External, PolicyRule::Deny)].into(),
             tools: [("deploy".to_string(), PolicyRule::RequireApproval)].into(),
             editable: Default::default(),
+            assignee: None,
         };
         assert_eq!(p.rule("search", SideEffectClass::Read), PolicyRule::Allow);
         assert_eq!(

@@ -233,6 +233,8 @@ pub struct PendingDecision {
     pub expires_at: DateTime<Utc>,
     /// Set once retention removed the question and the arguments.
     pub purged: Option<String>,
+    /// Who is expected to answer (`role:Reviewer`, `user:alice`).
+    pub assignee: Option<String>,
 }
 
 /// The call an approval is about, with its arguments.
@@ -291,6 +293,7 @@ impl PendingDecision {
             options: d.options.clone(),
             recommendation: d.recommendation.clone(),
             answer_schema: d.answer_schema.clone(),
+            assignee: d.assignee.clone().map(String::from),
             requested_at: d.requested_at,
             expires_at: d.expires_at,
             purged,
@@ -315,6 +318,9 @@ pub struct DecisionAsk {
     pub answer_schema: Option<serde_json::Value>,
     /// The model's tool call that asks (builtin loop).
     pub tool_call_id: Option<String>,
+    /// Who is expected to answer, `role:<Role>` or `user:<name>` (else
+    /// the release policy's assignee).
+    pub assignee: Option<String>,
 }
 
 impl DecisionAsk {
@@ -328,6 +334,9 @@ impl DecisionAsk {
             &self.summary,
             "one line a reviewer reads in the inbox",
         )?;
+        if let Some(who) = &self.assignee {
+            crate::domain::access::Assignee::parse("assignee", who)?;
+        }
         if self.kind == DecisionKind::Escalation && self.options.len() < 2 {
             return Err(FieldError::new(
                 "options",

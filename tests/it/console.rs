@@ -1929,3 +1929,34 @@ async fn bulk_actions_list_what_changes_then_each_change_is_audited() {
         .await;
     assert!(!ok && message.contains("not a bulk action"), "{message}");
 }
+
+#[tokio::test]
+async fn the_inbox_says_who_is_expected_to_answer_and_filters_by_mine() {
+    let a = demo_with_every_role().await;
+    demo_attempts(&a).await;
+    // The demo's approval release names role:Reviewer in its policy.
+    let rev = Visitor::sign_in(&a, "rev").await;
+    let (_, all) = rev.get("/decisions").await;
+    assert!(
+        all.contains("For: <b>anyone with role Reviewer</b>"),
+        "{all}"
+    );
+    let (_, mine) = rev.get("/decisions?mine=1").await;
+    assert!(
+        mine.contains("page-oncall") && mine.contains("waiting for me"),
+        "{mine}"
+    );
+    // The question names no one: it is in everyone's list, in no one's own.
+    assert!(!mine.contains("class=\"decision input"), "{mine}");
+    let ops = Visitor::sign_in(&a, "ops").await;
+    let (_, theirs) = ops.get("/decisions?mine=1").await;
+    assert!(
+        !theirs.contains("page-oncall") && theirs.contains("No decision waits for you."),
+        "{theirs}"
+    );
+    // A single approval has no bulk control; none sits outside its item.
+    assert!(
+        !all.contains("pick this approval for a bulk decision"),
+        "{all}"
+    );
+}

@@ -522,6 +522,7 @@ impl pb::Adapter for AdapterService {
                 recommendation,
                 answer_schema: None,
                 tool_call_id: None,
+                assignee: (!request.assignee.is_empty()).then(|| request.assignee.to_string()),
             };
             ask.check()?;
             Ok(ask)

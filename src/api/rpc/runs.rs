@@ -85,6 +85,7 @@ pub(crate) fn pending_decision_message(d: PendingDecision) -> pb::PendingDecisio
         requested_at: d.requested_at.to_rfc3339(),
         expires_at: d.expires_at.to_rfc3339(),
         purged: string(d.purged),
+        assignee: string(d.assignee),
         ..Default::default()
     }
 }

@@ -33,6 +33,7 @@ impl ExecutionAttempt {
         let proposal_hash = proposal.as_ref().map(ProposedCall::hash);
         let request = DecisionRequest {
             edited_request_hash: None,
+            assignee: None,
             decision_id,
             attempt_id: self.attempt_id,
             run_id: self.run_id,

@@ -501,6 +501,11 @@ pub struct DecisionRequest {
     pub reason: Option<String>,
     /// For an approval: whether the approved call has been issued.
     pub consumed: bool,
+    /// Who is expected to answer: the asker's choice, else the release
+    /// policy's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub assignee: Option<crate::domain::access::Assignee>,
     /// The arguments a reviewer approved instead of the proposed ones
     /// (their artifact reference): the approval allows the call with
     /// these, and `proposal_hash` is that call's.

@@ -1017,6 +1017,7 @@ impl<'a> Loop<'a> {
                     recommendation: text("recommendation"),
                     answer_schema: args.get("answerSchema").cloned(),
                     tool_call_id: Some(call.id.clone()),
+                    assignee: text("assignee"),
                 };
                 match self
                     .runtime

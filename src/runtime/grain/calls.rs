@@ -675,8 +675,9 @@ impl Grain {
             class.as_str()
         );
         let timeout = Duration::minutes(self.shared.config.get().input_timeout_minutes as i64);
+        let assignee = self.info()?.manifest.policy.assignee.clone();
         let mut a = self.attempt.clone();
-        let (decision, events) = a.request_decision(
+        let (mut decision, events) = a.request_decision(
             decision_id,
             DecisionKind::Approval,
             Some(approval_id),
@@ -688,6 +689,7 @@ impl Grain {
             timeout,
             now,
         )?;
+        decision.assignee = assignee;
         let retain = self.retain();
         let d = decision.clone();
         self.save(a, events, move |tx, s| {

@@ -40,6 +40,10 @@ impl Grain {
         let mut decision = decision;
         decision.answer_schema = ask.answer_schema;
         decision.tool_call_id = ask.tool_call_id;
+        decision.assignee = match &ask.assignee {
+            Some(who) => Some(crate::domain::access::Assignee::parse("assignee", who)?),
+            None => self.info()?.manifest.policy.assignee.clone(),
+        };
         let retain = self.retain();
         let d = decision.clone();
         let question = ask.question;

@@ -240,7 +240,7 @@ class Attempt(_message.Message):
     def __init__(self, attempt_id: _Optional[str] = ..., run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., number: _Optional[int] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., fencing_token: _Optional[int] = ..., waiting_reason: _Optional[str] = ..., limiting_quota: _Optional[str] = ..., queue_position: _Optional[int] = ..., correction_count: _Optional[int] = ..., max_corrections: _Optional[int] = ..., model_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., failure_class: _Optional[str] = ..., failure_reason: _Optional[str] = ..., outcome_hash: _Optional[str] = ..., pending_decision_id: _Optional[str] = ..., release_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., started_at: _Optional[str] = ..., ended_at: _Optional[str] = ..., checkpoints: _Optional[int] = ..., capacity_lease_id: _Optional[str] = ..., pending_decision: _Optional[_Union[PendingDecision, _Mapping]] = ..., tokens: _Optional[_Union[TokenUsage, _Mapping]] = ..., active_seconds: _Optional[int] = ..., wall_seconds: _Optional[int] = ...) -> None: ...
 
 class PendingDecision(_message.Message):
-    __slots__ = ("decision_id", "kind", "approval_id", "summary", "question", "proposed_call", "options", "recommendation", "requested_at", "expires_at", "purged", "answer_schema_json")
+    __slots__ = ("decision_id", "kind", "approval_id", "summary", "question", "proposed_call", "options", "recommendation", "requested_at", "expires_at", "purged", "answer_schema_json", "assignee")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +253,7 @@ class PendingDecision(_message.Message):
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     PURGED_FIELD_NUMBER: _ClassVar[int]
     ANSWER_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNEE_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     kind: str
     approval_id: str
@@ -265,7 +266,8 @@ class PendingDecision(_message.Message):
     expires_at: str
     purged: str
     answer_schema_json: str
-    def __init__(self, decision_id: _Optional[str] = ..., kind: _Optional[str] = ..., approval_id: _Optional[str] = ..., summary: _Optional[str] = ..., question: _Optional[str] = ..., proposed_call: _Optional[_Union[ProposedCall, _Mapping]] = ..., options: _Optional[_Iterable[str]] = ..., recommendation: _Optional[str] = ..., requested_at: _Optional[str] = ..., expires_at: _Optional[str] = ..., purged: _Optional[str] = ..., answer_schema_json: _Optional[str] = ...) -> None: ...
+    assignee: str
+    def __init__(self, decision_id: _Optional[str] = ..., kind: _Optional[str] = ..., approval_id: _Optional[str] = ..., summary: _Optional[str] = ..., question: _Optional[str] = ..., proposed_call: _Optional[_Union[ProposedCall, _Mapping]] = ..., options: _Optional[_Iterable[str]] = ..., recommendation: _Optional[str] = ..., requested_at: _Optional[str] = ..., expires_at: _Optional[str] = ..., purged: _Optional[str] = ..., answer_schema_json: _Optional[str] = ..., assignee: _Optional[str] = ...) -> None: ...
 
 class ProposedCall(_message.Message):
     __slots__ = ("kind", "target", "side_effect_class", "arguments_json", "request_hash", "policy_decision_id")
