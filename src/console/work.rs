@@ -1476,8 +1476,9 @@ pub async fn decide(
     let runtime = &console.state.runtime;
     let by = console.by();
     let result = match fields.get("action") {
-        // Accept, edit (approve with changed arguments) or reject.
-        Some(action @ ("approve" | "edit" | "reject")) => {
+        // Accept, edit (approve with changed arguments), respond (decline
+        // with words for the agent, which goes on) or reject.
+        Some(action @ ("approve" | "edit" | "respond" | "reject")) => {
             let arguments = if action == "edit" {
                 let d = runtime.decision(&scope, id, decision)?;
                 let Some(form) = edit_form(runtime, &scope, &d) else {
@@ -1500,10 +1501,11 @@ pub async fn decide(
                     id,
                     decision,
                     crate::runtime::ApprovalVerdict {
-                        approve: action != "reject",
+                        approve: matches!(action, "approve" | "edit"),
                         by: by.clone(),
                         reason: fields.get("reason").map(str::to_string),
                         arguments,
+                        respond: action == "respond",
                     },
                 )
                 .await
@@ -1511,6 +1513,7 @@ pub async fn decide(
                     let done = match action {
                         "approve" => "approved",
                         "edit" => "approved with the changed arguments",
+                        "respond" => "answered the agent instead of making the call",
                         _ => "rejected",
                     };
                     format!("{done}; the attempt is {}", a.state.as_str())

@@ -156,6 +156,9 @@ pub struct ApprovalVerdict {
     pub reason: Option<String>,
     /// The arguments approved instead of the proposed ones.
     pub arguments: Option<serde_json::Value>,
+    /// A rejection that responds: the reason goes back to the agent and
+    /// the attempt goes on without the call.
+    pub respond: bool,
 }
 
 impl ApprovalVerdict {
@@ -166,6 +169,7 @@ impl ApprovalVerdict {
             by: by.to_string(),
             reason,
             arguments: None,
+            respond: false,
         }
     }
 }

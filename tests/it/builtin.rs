@@ -716,6 +716,72 @@ async fn a_reviewer_approves_a_call_with_changed_arguments_where_the_policy_allo
 }
 
 #[tokio::test]
+async fn a_reviewer_responds_instead_of_approving_and_the_loop_goes_on_without_the_call() {
+    let site = Site::start().await;
+    site.import(
+        "triage-respond",
+        json!([
+            {"content": "Paging", "toolCalls": [{"tool": "page-oncall", "arguments": {"message": "checkout down"}}]},
+            answer("medium", false)
+        ]),
+        |_| {},
+    )
+    .await;
+    let run = site.submit("triage-respond").await;
+    let pending = pending_of(&site, &run).await;
+    // A response needs words for the agent.
+    let err = site
+        .runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            decision_id: pending.decision_id.clone(),
+            respond: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("reason"), "{err}");
+    site.runs()
+        .decide_approval(rn::DecideApprovalRequest {
+            decision_id: pending.decision_id.clone(),
+            respond: true,
+            reason: "no page: the payments team is already on it".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let done = site.until(&run, "Succeeded").await;
+    let attempt = &done.steps[0].attempts[0].attempt_id;
+    let t = site.timeline(attempt).await;
+    assert!(
+        calls_to(&t, "page-oncall")
+            .iter()
+            .all(|c| c["status"] != "completed"),
+        "the call was not made: {t}"
+    );
+    let decision = &t["decisions"][0];
+    assert_eq!(decision["status"], "rejected");
+    assert_eq!(decision["responded"], true);
+    // The model's next turn heard the reviewer.
+    let last_model = calls_to(&t, "triage-scripted").last().cloned().unwrap();
+    let content = site
+        .a
+        .get(
+            &site.token,
+            &format!(
+                "/runtime/attempts/{attempt}/calls/{}",
+                last_model["callId"].as_str().unwrap()
+            ),
+        )
+        .await;
+    assert!(
+        content
+            .to_string()
+            .contains("the payments team is already on it"),
+        "{content}"
+    );
+}
+
+#[tokio::test]
 async fn kill_9_during_a_builtin_loop_resumes_or_settles_and_reissues_nothing() {
     let mut site = Site::start().await;
     // A slow read tool: abandoned by the crash, the attempt resumes.

@@ -574,6 +574,7 @@ impl pb::Adapter for AdapterService {
             choice: d.choice.unwrap_or_default(),
             answer_json,
             approved_arguments_json,
+            responded: d.responded,
             reason: d.reason.unwrap_or_default(),
             answered_by: d.answered_by.unwrap_or_default(),
             attempt_state: state.as_str().to_string(),

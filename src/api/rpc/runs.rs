@@ -533,6 +533,7 @@ impl pb::Runs for RunsService {
                     by: caller.subject.to_string(),
                     reason,
                     arguments,
+                    respond: request.respond,
                 },
             )
             .await

@@ -32,6 +32,7 @@ impl ExecutionAttempt {
         self.usage.decisions += 1;
         let proposal_hash = proposal.as_ref().map(ProposedCall::hash);
         let request = DecisionRequest {
+            responded: false,
             edited_request_hash: None,
             assignee: None,
             decision_id,
@@ -131,8 +132,21 @@ impl ExecutionAttempt {
                 decision.answer_ref = answer_ref;
                 None
             }
-            Resolution::Rejected { by, reason } => {
+            Resolution::Rejected {
+                by,
+                reason,
+                respond,
+            } => {
                 decision.status = DecisionStatus::Rejected;
+                if respond {
+                    // The call is not made; the agent hears why and goes on.
+                    decision.responded = true;
+                    decision.answered_by = Some(by);
+                    decision.reason = reason;
+                    let phase = self.phase;
+                    self.move_to(AttemptState::Running, phase, now, &mut events)?;
+                    return Ok(events);
+                }
                 let why = format!(
                     "approval {} for {} was rejected by {by}{}",
                     decision

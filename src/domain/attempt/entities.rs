@@ -501,6 +501,10 @@ pub struct DecisionRequest {
     pub reason: Option<String>,
     /// For an approval: whether the approved call has been issued.
     pub consumed: bool,
+    /// A rejection that responds: the reviewer's reason went back to the
+    /// agent, which goes on without the call.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub responded: bool,
     /// Who is expected to answer: the asker's choice, else the release
     /// policy's.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -944,6 +944,10 @@ pub enum Resolution {
         by: String,
         /// Why.
         reason: Option<String>,
+        /// The reviewer responds instead: the call is not made, the reason
+        /// goes back to the agent, and the attempt goes on (it fails
+        /// otherwise).
+        respond: bool,
     },
     /// Input or escalation answered.
     Answered {

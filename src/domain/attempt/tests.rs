@@ -731,7 +731,7 @@ proptest! {
                     if let Some(d) = decision.as_mut() {
                         let resolution = match r {
                             0 => Resolution::Approved { by: "r".into(), reason: None, edited: None },
-                            1 => Resolution::Rejected { by: "r".into(), reason: None },
+                            1 => Resolution::Rejected { by: "r".into(), reason: None, respond: false },
                             2 => Resolution::Answered { by: "r".into(), choice: None, answer_ref: None },
                             _ => Resolution::Expired { minutes: 5 },
                         };

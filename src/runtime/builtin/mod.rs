@@ -855,6 +855,16 @@ impl<'a> Loop<'a> {
                 BeginOutcome::ApprovalRequired => {
                     let decision_id = begun.decision_id.expect("an approval has a decision");
                     let decision = self.await_decision(decision_id).await?;
+                    if decision.responded {
+                        // The reviewer answered instead: no call, the
+                        // model hears why and goes on.
+                        let why = json!({"declined": format!(
+                            "a reviewer declined this call and answered: {}",
+                            decision.reason.as_deref().unwrap_or("")
+                        )});
+                        *state = observed(state, call, &why);
+                        return self.checkpoint(state).await;
+                    }
                     if decision.status != DecisionStatus::Approved {
                         // Rejected or expired: the attempt has failed.
                         return Err(

@@ -234,7 +234,15 @@ impl Grain {
             by,
             reason,
             arguments,
+            respond,
         } = verdict;
+        if respond && (approve || reason.as_deref().is_none_or(|r| r.trim().is_empty())) {
+            return Err(crate::domain::FieldError::new(
+                "reason",
+                "a response is a rejection with words for the agent: give them",
+            )
+            .into());
+        }
         let decision = self.pending_named(decision_id)?;
         if decision.kind != DecisionKind::Approval {
             return Err(precondition(format!(
@@ -270,7 +278,14 @@ impl Grain {
                 },
                 None,
             ),
-            _ => (Resolution::Rejected { by, reason }, None),
+            _ => (
+                Resolution::Rejected {
+                    by,
+                    reason,
+                    respond,
+                },
+                None,
+            ),
         };
         self.resolve(decision, resolution, bytes).await?;
         Ok(self.attempt.clone())

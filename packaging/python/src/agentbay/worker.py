@@ -163,6 +163,8 @@ class Answer:
     answered_by: str
     # An approval given with changed arguments: the arguments approved.
     arguments: Any = None
+    # A rejection that responds: the reviewer's reason is their answer.
+    responded: bool = False
 
     @property
     def approved(self) -> bool:
@@ -381,6 +383,10 @@ class Context:
                 raise _Suspended(pending["decisionId"])
             if answer.status != "approved":
                 self._records[key] = {"refused": answer.status}
+                if answer.responded:
+                    # The reviewer answered instead of approving: the call
+                    # is not made; a handler may catch this and go on.
+                    raise errors.Refused(target, f"declined by {answer.answered_by}, who answered: {answer.reason}")
                 raise errors.Refused(target, f"{answer.status} by {answer.answered_by or 'nobody'}: {answer.reason}")
             approval_id = pending["approvalId"]
             if answer.arguments is not None:
@@ -426,6 +432,7 @@ class Context:
             reason=d.reason,
             answered_by=d.answered_by,
             arguments=json.loads(d.approved_arguments_json) if d.approved_arguments_json else None,
+            responded=d.responded,
         )
 
     def _ask(self, kind: str, question: Any, summary: str, options: list[str], recommendation: str, key: str | None) -> Answer:

@@ -380,7 +380,7 @@ class AwaitDecisionRequest(_message.Message):
     def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., decision_id: _Optional[str] = ..., wait_seconds: _Optional[int] = ...) -> None: ...
 
 class AwaitDecisionResponse(_message.Message):
-    __slots__ = ("status", "choice", "answer_json", "reason", "answered_by", "attempt_state", "approved_arguments_json")
+    __slots__ = ("status", "choice", "answer_json", "reason", "answered_by", "attempt_state", "approved_arguments_json", "responded")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     ANSWER_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -388,6 +388,7 @@ class AwaitDecisionResponse(_message.Message):
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_STATE_FIELD_NUMBER: _ClassVar[int]
     APPROVED_ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESPONDED_FIELD_NUMBER: _ClassVar[int]
     status: str
     choice: str
     answer_json: str
@@ -395,7 +396,8 @@ class AwaitDecisionResponse(_message.Message):
     answered_by: str
     attempt_state: str
     approved_arguments_json: str
-    def __init__(self, status: _Optional[str] = ..., choice: _Optional[str] = ..., answer_json: _Optional[str] = ..., reason: _Optional[str] = ..., answered_by: _Optional[str] = ..., attempt_state: _Optional[str] = ..., approved_arguments_json: _Optional[str] = ...) -> None: ...
+    responded: bool
+    def __init__(self, status: _Optional[str] = ..., choice: _Optional[str] = ..., answer_json: _Optional[str] = ..., reason: _Optional[str] = ..., answered_by: _Optional[str] = ..., attempt_state: _Optional[str] = ..., approved_arguments_json: _Optional[str] = ..., responded: _Optional[bool] = ...) -> None: ...
 
 class ReportOutcomeRequest(_message.Message):
     __slots__ = ("attempt_id", "fencing_token", "succeeded", "output_json", "failure_class", "reason", "error_type", "error_message", "traceback")

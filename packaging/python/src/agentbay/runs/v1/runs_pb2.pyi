@@ -437,20 +437,22 @@ class CancelRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
 
 class DecideApprovalRequest(_message.Message):
-    __slots__ = ("approval_id", "approve", "reason", "decision_id", "tenant_id", "arguments_json")
+    __slots__ = ("approval_id", "approve", "reason", "decision_id", "tenant_id", "arguments_json", "respond")
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     APPROVE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    RESPOND_FIELD_NUMBER: _ClassVar[int]
     approval_id: str
     approve: bool
     reason: str
     decision_id: str
     tenant_id: str
     arguments_json: str
-    def __init__(self, approval_id: _Optional[str] = ..., approve: _Optional[bool] = ..., reason: _Optional[str] = ..., decision_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
+    respond: bool
+    def __init__(self, approval_id: _Optional[str] = ..., approve: _Optional[bool] = ..., reason: _Optional[str] = ..., decision_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., arguments_json: _Optional[str] = ..., respond: _Optional[bool] = ...) -> None: ...
 
 class DecideApprovalResponse(_message.Message):
     __slots__ = ("attempt",)
