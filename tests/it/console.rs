@@ -1865,9 +1865,41 @@ async fn bulk_actions_list_what_changes_then_each_change_is_audited() {
         "{held:?}"
     );
 
-    // Approvals: the inbox picks them; the plan says what each approves.
+    // Approvals: with one waiting there is nothing to pick; with two the
+    // inbox picks them, each inside its own item, and the plan says what
+    // each approves.
     let (_, inbox) = v.get("/decisions").await;
     let marker = "form=\"bulk-decisions\" name=\"decision\" value=\"";
+    assert!(!inbox.contains(marker), "{inbox}");
+    let (status, _) = v
+        .post(
+            "/runs",
+            &[
+                ("releaseId", "triage-approval-1.0.0"),
+                ("projectId", "support"),
+                ("f.customer", "globex"),
+                ("f.text", "Checkout is down again."),
+            ],
+        )
+        .await;
+    assert_eq!(status, 303);
+    let mut inbox = String::new();
+    for _ in 0..200 {
+        inbox = v.get("/decisions").await.1;
+        if inbox.matches(marker).count() == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(inbox.matches(marker).count(), 2, "{inbox}");
+    let item = inbox
+        .split("<div class=\"decision approval\"")
+        .nth(1)
+        .unwrap();
+    assert!(
+        item.split("</div>").next().unwrap().contains(marker),
+        "{item}"
+    );
     let at = inbox.find(marker).unwrap_or_else(|| panic!("{inbox}")) + marker.len();
     let picked = inbox[at..].split('"').next().unwrap().to_string();
     let approve = [("action", "approve"), ("decision", picked.as_str())];
