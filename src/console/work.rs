@@ -483,6 +483,19 @@ pub async fn submit_run(console: Console, raw: RawForm) -> Result<Response, Page
                 None => Value::Object(Default::default()),
             },
         };
+        // One `key=value` a line; blanks around either side are the box's.
+        let labels: Vec<String> = fields
+            .get("labels")
+            .unwrap_or("")
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|l| match l.split_once('=') {
+                Some((k, v)) => format!("{}={}", k.trim(), v.trim()),
+                // Refused by parse_labels, naming the line.
+                None => l.to_string(),
+            })
+            .collect();
         let request = RunRequest {
             project_id: ProjectId::parse_field("projectId", fields.need("projectId")?)?,
             release_id: release_id.clone(),
@@ -492,22 +505,7 @@ pub async fn submit_run(console: Console, raw: RawForm) -> Result<Response, Page
             max_corrections: None,
             request_id: None,
             run_key: fields.get("runKey").map(str::to_string),
-            labels: crate::domain::run::parse_labels(
-                "labels",
-                fields
-                    .get("labels")
-                    .unwrap_or("")
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty())
-                    .map(|l| {
-                        l.split_once('=')
-                            .map_or(l.to_string(), |(k, v)| format!("{}={}", k.trim(), v.trim()))
-                    })
-                    .collect::<Vec<_>>()
-                    .iter()
-                    .map(String::as_str),
-            )?,
+            labels: crate::domain::run::parse_labels("labels", labels.iter().map(String::as_str))?,
             environment_id: None,
             submitted_by: console.by(),
         };
