@@ -183,6 +183,7 @@ async fn session(state: &AppState) -> String {
             display_name: "",
             roles: [Role::PlatformAdmin].into(),
             password: None,
+            email: "",
         },
         state.clock.now(),
     )

@@ -74,6 +74,9 @@ pub struct Config {
     pub workers: WorkersConfig,
     /// Signed webhook deliveries.
     pub webhooks: WebhooksConfig,
+    /// Telling people a decision waits for them: mail, and the links in
+    /// mails and chat messages.
+    pub notify: NotifyConfig,
     /// Pools, quotas and leases (`RuntimeCloud:Capacity`).
     pub capacity: CapacityConfig,
     /// Release bundles and the publishers trusted to sign them.
@@ -165,6 +168,7 @@ impl Default for Config {
             backup: BackupConfig::default(),
             workers: WorkersConfig::default(),
             webhooks: WebhooksConfig::default(),
+            notify: NotifyConfig::default(),
             capacity: CapacityConfig::default(),
             releases: ReleasesConfig::default(),
             runtime: RuntimeConfig::default(),
@@ -642,6 +646,169 @@ impl Default for WebhooksConfig {
             senders: 32,
             senders_per_tenant: 4,
         }
+    }
+}
+
+/// Telling people a decision waits for them (`[notify]`, reloadable).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NotifyConfig {
+    /// The console's address as people's browsers reach it, the base of
+    /// every link sent (`https://host:port`); empty: `https://` + this
+    /// host's name + the listener's port.
+    pub console_url: String,
+    /// Hours a link to a decision may be opened (1 to 720); never past the
+    /// decision's own expiry.
+    pub link_hours: u32,
+    /// Mails sent about one decision, at most (1 to 1000): its assignees,
+    /// else the people of its tenant who may decide, with a mail address.
+    pub max_recipients: u32,
+    /// Days a mail (sent or given up) is kept with its tries (1 to 3650).
+    pub keep_days: u32,
+    /// The site's mail relay; mail is sent only when `relay` is set.
+    pub smtp: SmtpConfig,
+}
+
+impl Default for NotifyConfig {
+    fn default() -> Self {
+        NotifyConfig {
+            console_url: String::new(),
+            link_hours: 72,
+            max_recipients: 20,
+            keep_days: 7,
+            smtp: SmtpConfig::default(),
+        }
+    }
+}
+
+impl NotifyConfig {
+    /// The base of every link: `console_url`, or this host's name with the
+    /// listener's port (the generated certificate names the host).
+    pub fn base_url(&self, listen: SocketAddr) -> String {
+        if !self.console_url.is_empty() {
+            return self.console_url.trim_end_matches('/').to_string();
+        }
+        let host = gethostname::gethostname().to_string_lossy().into_owned();
+        format!("https://{host}:{}", listen.port())
+    }
+}
+
+/// `[notify.smtp]`: the site's SMTP relay.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SmtpConfig {
+    /// `host` or `host:port` of the relay (port 587 with `starttls`, 465
+    /// with `tls`, 25 with `none`, when not given); empty: no mail.
+    pub relay: String,
+    /// How the connection is protected: `starttls` (the default), `tls`
+    /// (TLS from the first byte), or `none`, allowed only for a relay on
+    /// this host.
+    pub security: SmtpSecurity,
+    /// The sender, `agentbay@<host name>` when empty.
+    pub from: String,
+    /// A user name for the relay's AUTH, when it asks for one.
+    pub username: String,
+    /// Its password. Never logged.
+    pub password: Option<Secret>,
+    /// PEM file of the CA that signed the relay's certificate, beside the
+    /// host's CA store.
+    pub ca_file: Option<PathBuf>,
+    /// Seconds one try may take (connect, greet, send; 1 to 300).
+    pub timeout_seconds: u64,
+    /// Tries of one mail before it is given up (1 to 100); a refusal the
+    /// relay calls permanent (5xx) is not tried again.
+    pub max_tries: u32,
+}
+
+impl Default for SmtpConfig {
+    fn default() -> Self {
+        SmtpConfig {
+            relay: String::new(),
+            security: SmtpSecurity::Starttls,
+            from: String::new(),
+            username: String::new(),
+            password: None,
+            ca_file: None,
+            timeout_seconds: 10,
+            max_tries: 8,
+        }
+    }
+}
+
+/// How the connection to the relay is protected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpSecurity {
+    /// Plain connection upgraded with STARTTLS, which must succeed.
+    Starttls,
+    /// TLS from the first byte (port 465).
+    Tls,
+    /// No TLS: only for a relay on this host.
+    None,
+}
+
+impl SmtpConfig {
+    /// The relay's host and port, when mail is on.
+    pub fn relay(&self) -> Option<(String, u16)> {
+        let relay = self.relay.trim();
+        if relay.is_empty() {
+            return None;
+        }
+        let default_port = match self.security {
+            SmtpSecurity::Starttls => 587,
+            SmtpSecurity::Tls => 465,
+            SmtpSecurity::None => 25,
+        };
+        let (host, port) = match relay.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') || h.starts_with('[') => {
+                (h.trim_matches(['[', ']']), p.parse().ok()?)
+            }
+            _ => (relay, default_port),
+        };
+        Some((host.to_string(), port))
+    }
+
+    /// Checks the relay's address and the rule that mail leaves the host
+    /// protected.
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.relay.trim().is_empty() {
+            return Ok(());
+        }
+        let Some((host, _)) = self.relay() else {
+            return Err(ConfigError::new(
+                "notify.smtp.relay",
+                format!("{:?} is not host or host:port", self.relay),
+                "",
+            ));
+        };
+        let local = host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if self.security == SmtpSecurity::None && !local {
+            return Err(ConfigError::new(
+                "notify.smtp.security",
+                format!(
+                    "\"none\" sends mail in the clear: it is allowed only for a relay on this host, and {host} is not; use starttls or tls (and notify.smtp.ca_file)"
+                ),
+                "",
+            ));
+        }
+        if self.password.is_some() && self.username.is_empty() {
+            return Err(ConfigError::new(
+                "notify.smtp.username",
+                "a password is set: name the user it belongs to",
+                "",
+            ));
+        }
+        if !self.from.is_empty() && self.from.parse::<lettre::Address>().is_err() {
+            return Err(ConfigError::new(
+                "notify.smtp.from",
+                format!("{:?} is not a mail address", self.from),
+                "",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -1460,6 +1627,32 @@ impl Config {
             86_400,
         )?;
         range("workers.retry_attempts", w.retry_attempts.into(), 0, 1000)?;
+        let n = &self.notify;
+        range("notify.link_hours", n.link_hours.into(), 1, 720)?;
+        range("notify.max_recipients", n.max_recipients.into(), 1, 1000)?;
+        range("notify.keep_days", n.keep_days.into(), 1, 3650)?;
+        range(
+            "notify.smtp.timeout_seconds",
+            n.smtp.timeout_seconds,
+            1,
+            300,
+        )?;
+        range("notify.smtp.max_tries", n.smtp.max_tries.into(), 1, 100)?;
+        if !n.console_url.is_empty() {
+            let bad = |why: &str| {
+                Err(ConfigError::new(
+                    "notify.console_url",
+                    format!("{:?} {why}", n.console_url),
+                    "",
+                ))
+            };
+            match url::Url::parse(&n.console_url) {
+                Ok(u) if u.scheme() == "https" && u.host().is_some() => {}
+                Ok(_) => return bad("is not an https:// address"),
+                Err(e) => return bad(&format!("is not an address: {e}")),
+            }
+        }
+        n.smtp.check()?;
         let h = &self.webhooks;
         range("webhooks.poll_seconds", h.poll_seconds, 1, 3600)?;
         range(

@@ -282,6 +282,8 @@ pub struct NewUserArgs<'a> {
     pub name: &'a str,
     /// The password; generated when `None`.
     pub password: Option<String>,
+    /// The mail address.
+    pub email: Option<String>,
 }
 
 /// `agentbay user create`.
@@ -296,6 +298,7 @@ pub async fn user_create(config: &Config, args: NewUserArgs<'_>, json: bool) -> 
                     display_name: args.name.to_string(),
                     roles: args.roles.to_vec(),
                     password: args.password.clone().unwrap_or_default(),
+                    email: args.email.clone().unwrap_or_default(),
                     ..Default::default()
                 })
                 .await
@@ -318,6 +321,7 @@ pub async fn user_create(config: &Config, args: NewUserArgs<'_>, json: bool) -> 
                     display_name: args.name,
                     roles,
                     password: args.password.as_deref(),
+                    email: args.email.as_deref().unwrap_or_default(),
                 },
                 chrono::Utc::now(),
             )
@@ -440,6 +444,51 @@ pub async fn user_disable(config: &Config, tenant: &str, username: &str) -> anyh
         }
     }
     println!("disabled {username} in {tenant} ({})", target.describe());
+    close(target)
+}
+
+/// `agentbay user set-email`.
+pub async fn user_set_email(
+    config: &Config,
+    tenant: &str,
+    username: &str,
+    email: &str,
+) -> anyhow::Result<()> {
+    let target = Target::of(config)?;
+    match &target {
+        Target::Running { client, .. } => {
+            client
+                .set_user_email(pb::SetUserEmailRequest {
+                    tenant_id: tenant.to_string(),
+                    username: username.to_string(),
+                    email: email.to_string(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(connect_error)?;
+        }
+        Target::Offline(local) => {
+            crate::auth::users::set_email(
+                &local.store,
+                &owner(),
+                TenantScope::new(TenantId::parse_field("--tenant", tenant)?),
+                username,
+                email,
+                chrono::Utc::now(),
+            )
+            .await?;
+        }
+    }
+    match email.trim() {
+        "" => println!(
+            "cleared the mail address of {username} in {tenant} ({})",
+            target.describe()
+        ),
+        e => println!(
+            "{username} in {tenant} is mailed at {e} ({})",
+            target.describe()
+        ),
+    }
     close(target)
 }
 

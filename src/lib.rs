@@ -77,6 +77,7 @@ pub mod console;
 pub mod control;
 pub mod demo;
 pub mod domain;
+pub mod notify;
 pub mod releases;
 pub mod reload;
 pub mod runs;

@@ -575,9 +575,26 @@ enum UserCommand {
         /// so that it never appears on a command line.
         #[arg(long)]
         password_file: Option<PathBuf>,
+        /// Where mail reaches the user: decisions waiting for it are told
+        /// there ([notify.smtp]).
+        #[arg(long)]
+        email: Option<String>,
         /// Print JSON for scripts.
         #[arg(long)]
         json: bool,
+    },
+    /// Set or clear a user's mail address, where decisions waiting for it
+    /// are told ([notify.smtp]).
+    SetEmail {
+        #[command(flatten)]
+        common: Common,
+        /// The user's tenant.
+        #[arg(long)]
+        tenant: String,
+        /// The user name.
+        username: String,
+        /// The address; empty ("") to clear it.
+        email: String,
     },
     /// List console users (never their password hashes).
     List {
@@ -895,6 +912,7 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                 roles,
                 name,
                 password_file,
+                email,
                 json,
             } => {
                 let config = load(&common, None)?;
@@ -908,10 +926,21 @@ async fn execute(command: Command) -> anyhow::Result<()> {
                         roles: &roles,
                         name: &name,
                         password,
+                        email,
                     },
                     json,
                 )
                 .await
+            }
+            UserCommand::SetEmail {
+                common,
+                tenant,
+                username,
+                email,
+            } => {
+                let config = load(&common, None)?;
+                quiet_logging(&config);
+                control::user_set_email(&config, &tenant, &username, &email).await
             }
             UserCommand::List {
                 common,

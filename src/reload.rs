@@ -16,7 +16,7 @@
 //!   verifies the stored releases again), and of `[auth]` the token
 //!   lifetime (tokens issued from then on), the console session lifetimes
 //!   (live sessions too) and the failure limits (`failures_per_*`, counting
-//!   the failures already seen);
+//!   the failures already seen), every `webhooks.*` and `notify.*` key;
 //! - every other changed key is named in a warning and keeps its running
 //!   value until the next restart (the listener, the data directory, TLS
 //!   files, pools, `auth.hash_memory_mb`, ...).
@@ -45,6 +45,7 @@ const RELOADABLE: &[&str] = &[
     "auth.session_max_hours",
     "auth.failures_per_",
     "webhooks.",
+    "notify.",
 ];
 
 /// What a reload did.
@@ -71,6 +72,9 @@ pub struct Reloader {
     pub retention: Live<RetentionConfig>,
     /// `[webhooks]`, read by the WebhookDispatcher at every pass and try.
     pub webhooks: Live<crate::config::WebhooksConfig>,
+    /// `[notify]`, read by the Notifier at every pass and by every link
+    /// made.
+    pub notify: Live<crate::config::NotifyConfig>,
     /// `[auth]`, read at every token issued, session touched and secret
     /// checked (`hash_memory_mb` only at the start).
     auth: Live<AuthConfig>,
@@ -95,6 +99,7 @@ impl Reloader {
             runtime,
             retention: Live::new(config.retention.clone()),
             webhooks: Live::new(config.webhooks.clone()),
+            notify: Live::new(config.notify.clone()),
             auth,
             loaded: Mutex::new((clock.now(), 0)),
             running: Mutex::new(config.clone()),
@@ -182,6 +187,7 @@ impl Reloader {
         self.runtime.set(next.runtime.clone());
         self.retention.set(next.retention.clone());
         self.webhooks.set(next.webhooks.clone());
+        self.notify.set(next.notify.clone());
         {
             let mut running = self.running.lock();
             let auth = AuthConfig {
@@ -194,6 +200,7 @@ impl Reloader {
             running.runtime = next.runtime;
             running.retention = next.retention;
             running.webhooks = next.webhooks;
+            running.notify = next.notify;
             running.releases.trusted_keys = next.releases.trusted_keys;
             running.log.level = next.log.level;
             running.capacity.lease_ttl_seconds = next.capacity.lease_ttl_seconds;

@@ -435,6 +435,8 @@ pub mod names {
     pub const WORKER_LAST_SUCCESS: &str = "agentbay_worker_last_success_timestamp_seconds";
     /// Webhook delivery tries by outcome (delivered, retry, gave_up).
     pub const WEBHOOK_DELIVERIES: &str = "agentbay_webhook_deliveries_total";
+    /// Tries of decision mails by outcome (sent, retry, gave_up).
+    pub const NOTIFY_MAILS: &str = "agentbay_notify_mails_total";
     /// Webhook deliveries not yet delivered nor given up.
     pub const WEBHOOK_PENDING: &str = "agentbay_webhook_pending";
     /// Age of the oldest pending webhook delivery, in seconds.
@@ -580,6 +582,10 @@ fn describe() {
     describe_counter!(
         names::WEBHOOK_DELIVERIES,
         "Webhook delivery tries by outcome (delivered, retry, gave_up)"
+    );
+    describe_counter!(
+        names::NOTIFY_MAILS,
+        "Tries of decision mails by outcome (sent, retry, gave_up)"
     );
     describe_counter!(
         names::ACCOUNTING_REPAIRS,

@@ -56,6 +56,11 @@ pub struct AppState {
     pub backups: Option<Arc<crate::store::scheduled::Backups>>,
     /// Webhook endpoints and deliveries.
     pub webhooks: Arc<crate::webhooks::Webhooks>,
+    /// Links to decisions, made for notifications and opened by the
+    /// console.
+    pub links: Arc<crate::notify::Links>,
+    /// Mails about decisions.
+    pub notifier: Arc<crate::notify::Notifier>,
     /// The reloadable configuration (SIGHUP, `agentbay reload`).
     pub reloader: Arc<crate::reload::Reloader>,
     /// Run exports in progress, per tenant.

@@ -446,6 +446,16 @@ pub(crate) async fn serve(
         clock.clone(),
         reloader.runtime.clone(),
     ));
+    let links =
+        crate::notify::Links::open(store.clone(), clock.clone(), reloader.notify.clone(), addr)
+            .await
+            .context("loading the key of links to decisions")?;
+    let notifier = crate::notify::Notifier::new(
+        store.clone(),
+        clock.clone(),
+        reloader.notify.clone(),
+        links.clone(),
+    );
     let webhooks = crate::webhooks::Webhooks::new(
         store.clone(),
         clock.clone(),
@@ -453,9 +463,12 @@ pub(crate) async fn serve(
         releases.site().clone(),
         runtime.clone(),
         capacity.clone(),
+        links.clone(),
     );
     let state = AppState {
         webhooks: webhooks.clone(),
+        links,
+        notifier: notifier.clone(),
         store: store.clone(),
         auth: auth.clone(),
         sessions: crate::auth::session::Sessions::new(clock.clone(), auth_config),
@@ -542,6 +555,7 @@ pub(crate) async fn serve(
     background.push(Arc::new(crate::webhooks::WebhookDispatcher {
         webhooks: webhooks.clone(),
     }));
+    background.push(Arc::new(crate::notify::NotifyWorker { notifier }));
     if let Some(backups) = &state.backups {
         background.push(Arc::new(crate::store::scheduled::ScheduledBackup {
             backups: backups.clone(),
@@ -565,6 +579,9 @@ pub(crate) async fn serve(
                         Ok(e) => {
                             if crate::domain::webhook::WebhookEvent::of_topic(&e.topic).is_some() {
                                 registry.trigger("WebhookDispatcher");
+                            }
+                            if e.topic == crate::notify::TOPIC {
+                                registry.trigger("Notifier");
                             }
                         }
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {

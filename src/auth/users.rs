@@ -16,7 +16,9 @@ use crate::capacity::records::TENANT_RECORD;
 use crate::domain::access::{Actor, Role, Scope};
 use crate::domain::access::{PlatformScope, TenantScope};
 use crate::domain::tenant::Tenant;
-use crate::domain::user::{User, check_password, parse_username, sign_in_name, tried_name};
+use crate::domain::user::{
+    User, check_password, parse_email, parse_username, sign_in_name, tried_name,
+};
 use crate::domain::{DomainError, FieldError, TenantId};
 use crate::store::{Record, Store, StoreError, Table, Tx};
 
@@ -71,6 +73,8 @@ pub struct NewUser<'a> {
     pub roles: BTreeSet<Role>,
     /// The password, checked for length; generated when `None`.
     pub password: Option<&'a str>,
+    /// Where mail reaches the user (empty: none).
+    pub email: &'a str,
 }
 
 /// The scopes a set of roles stands for.
@@ -92,11 +96,12 @@ pub async fn create(
         &scopes_of(&new.roles),
         &format!("create a user with the roles {}", roles.join(", ")),
     )?;
+    let email = parse_email("email", new.email)?;
     let generated = new.password.is_none().then(generate_password);
     let password = new.password.or(generated.as_deref()).unwrap_or_default();
     check_password(password)?;
     let password_hash = hash_secret(password).await;
-    let (user, event) = User::create(
+    let (mut user, event) = User::create(
         new.tenant.tenant().clone(),
         new.username,
         new.display_name,
@@ -105,6 +110,7 @@ pub async fn create(
         &actor.name,
         now,
     )?;
+    user.email = email;
     let stored = user.clone();
     let tenant = new.tenant;
     store
@@ -292,6 +298,33 @@ pub async fn enable(
         .transact(move |tx: &mut Tx| {
             let mut user = managed(tx, &actor, &tenant, &name, "enable")?;
             if let Some(event) = user.enable(&actor.name, now) {
+                tx.put(&tenant, &user)?;
+                tx.emit(event)?;
+            }
+            Ok::<_, UserError>(user)
+        })
+        .await
+}
+
+/// Sets or clears a user's mail address: the user's own, or an
+/// administrator's change.
+pub async fn set_email(
+    store: &Store,
+    actor: &Actor,
+    tenant: TenantScope,
+    username: &str,
+    email: &str,
+    now: DateTime<Utc>,
+) -> Result<User, UserError> {
+    let name = parse_username(username)?;
+    let email = parse_email("email", email)?;
+    let actor = actor.clone();
+    store
+        .transact(move |tx: &mut Tx| {
+            // A user's own scopes are within its own authority: the
+            // same rule lets a user set its own address.
+            let mut user = managed(tx, &actor, &tenant, &name, "set the mail address of")?;
+            if let Some(event) = user.set_email(email, &actor.name, now) {
                 tx.put(&tenant, &user)?;
                 tx.emit(event)?;
             }

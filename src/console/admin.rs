@@ -606,6 +606,7 @@ fn users_table(console: &Console, q: &ListQuery) -> Result<Table, PageError> {
             vec![
                 Cell::text(&u.username),
                 Cell::text(&u.display_name),
+                Cell::text(u.email.clone().unwrap_or_default()),
                 Cell::text(u.tenant_id.as_str()),
                 Cell::text(
                     u.roles
@@ -634,6 +635,7 @@ fn users_table(console: &Console, q: &ListQuery) -> Result<Table, PageError> {
         &[
             "User",
             "Name",
+            "Mail",
             "Tenant",
             "Roles",
             "State",
@@ -692,6 +694,31 @@ pub async fn users(console: Console, raw: RawQuery) -> Result<Response, PageErro
     })
 }
 
+/// `POST /users/email`: sets or clears the mail address of a user of the
+/// tenant shown.
+pub async fn set_email(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    console.require(Scope::Admin)?;
+    let scope = console.scope()?;
+    let result = async {
+        let user = users::set_email(
+            &console.state.store,
+            &console.principal().actor(),
+            scope,
+            fields.need("username")?,
+            fields.get("email").unwrap_or_default(),
+            console.state.clock.now(),
+        )
+        .await?;
+        Ok::<_, ApiError>(match user.email {
+            Some(e) => format!("{} is mailed at {e}", user.username),
+            None => format!("{} has no mail address now", user.username),
+        })
+    }
+    .await;
+    Ok(console.done("/users", result))
+}
+
 /// `POST /users`: creates a user in the tenant shown; the password is the
 /// one given or a generated one shown once.
 pub async fn create_user(console: Console, raw: RawForm) -> Result<Response, PageError> {
@@ -709,6 +736,7 @@ pub async fn create_user(console: Console, raw: RawForm) -> Result<Response, Pag
                 display_name: fields.get("displayName").unwrap_or_default(),
                 roles,
                 password: fields.get("password"),
+                email: fields.get("email").unwrap_or_default(),
             },
             console.state.clock.now(),
         )

@@ -13,6 +13,7 @@
 
 mod admin;
 mod capacity;
+mod decision;
 mod live;
 mod signin;
 mod table;
@@ -50,6 +51,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/view-tenant", post(signin::view_tenant))
         .route("/account", get(signin::account))
         .route("/account/password", post(signin::change_password))
+        .route("/account/email", post(signin::change_email))
         .route("/runs", get(work::runs).post(work::submit_run))
         .route("/runs/new", get(work::run_new))
         .route("/runs/bulk", post(work::bulk_runs))
@@ -65,8 +67,9 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/attempts/{attempt_id}/interrupt", post(work::interrupt))
         .route(
             "/attempts/{attempt_id}/decisions/{decision_id}",
-            post(work::decide),
+            get(decision::page).post(work::decide),
         )
+        .route("/l/{token}", get(decision::open_link))
         .route(
             "/attempts/{attempt_id}/calls/{call_id}/settle",
             post(work::settle),
@@ -104,6 +107,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/tenants", get(admin::tenants).post(admin::put_tenant))
         .route("/tenants/{tenant_id}/projects", post(admin::put_project))
         .route("/users", get(admin::users).post(admin::create_user))
+        .route("/users/email", post(admin::set_email))
         .route("/users/{username}/disable", post(admin::disable_user))
         .route("/users/{username}/enable", post(admin::enable_user))
         .route("/users/{username}/reset", post(admin::reset_password))

@@ -220,6 +220,8 @@ pub async fn view_tenant(console: Console, raw: RawForm) -> Result<Response, Pag
 struct AccountPage {
     l: super::Layout,
     facts: Vec<(&'static str, String)>,
+    /// The user's mail address, empty when none.
+    email: String,
 }
 
 /// `GET /account`: who is signed in, with which roles, until when; the
@@ -256,9 +258,14 @@ pub async fn account(console: Console) -> Result<Response, PageError> {
             ),
         ),
     ];
+    let email = users::find(&console.state.store, &s.username)
+        .map_err(crate::domain::DomainError::from)?
+        .and_then(|u| u.email)
+        .unwrap_or_default();
     render(&AccountPage {
         l: console.layout("Account", ""),
         facts,
+        email,
     })
 }
 
@@ -304,6 +311,27 @@ pub async fn change_password(
         Ok("password changed; your other sessions have ended".to_string())
     }
     .await;
+    Ok(console.done("/account", result))
+}
+
+/// `POST /account/email`: sets or clears the signed-in user's own mail
+/// address.
+pub async fn change_email(console: Console, raw: RawForm) -> Result<Response, PageError> {
+    let fields = console.form(raw)?;
+    let state = &console.state;
+    let result = users::set_email(
+        &state.store,
+        &console.principal().actor(),
+        crate::domain::access::TenantScope::new(console.session.tenant.clone()),
+        &console.session.username,
+        fields.get("email").unwrap_or_default(),
+        state.clock.now(),
+    )
+    .await
+    .map(|u| match u.email {
+        Some(e) => format!("decisions waiting for you are mailed to {e}"),
+        None => "no mail address: you are not mailed".to_string(),
+    });
     Ok(console.done("/account", result))
 }
 

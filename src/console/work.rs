@@ -28,7 +28,7 @@ use crate::runs::{RunRequest, rerun};
 use crate::runtime::content::{CallContent, OutcomeContent};
 use crate::runtime::grain::AttemptView;
 
-fn parse_uuid(field: &str, text: &str) -> Result<Uuid, PageError> {
+pub(super) fn parse_uuid(field: &str, text: &str) -> Result<Uuid, PageError> {
     Uuid::parse_str(text).map_err(|_| PageError::bad(format!("{field}: {text:?} is not a UUID")))
 }
 
@@ -927,19 +927,19 @@ impl TimelineLive {
 /// A decision with what is decided, from the artifact store: the
 /// proposed call's arguments, the question, the answer schema, the answer.
 pub struct DecisionView {
-    d: DecisionRequest,
-    arguments: Option<Shown>,
-    question: Option<Shown>,
-    schema: Option<String>,
-    answer: Option<Shown>,
+    pub(super) d: DecisionRequest,
+    pub(super) arguments: Option<Shown>,
+    pub(super) question: Option<Shown>,
+    pub(super) schema: Option<String>,
+    pub(super) answer: Option<Shown>,
     /// The form a pending question is answered with, built from its answer
     /// schema (a text box when it has none).
-    form: Form,
+    pub(super) form: Form,
     /// The form of a pending approval's arguments, filled with the
     /// proposed ones, when the release lets a reviewer change them.
-    edit: Option<Form>,
+    pub(super) edit: Option<Form>,
     /// The arguments approved instead of the proposed ones.
-    edited: Option<Shown>,
+    pub(super) edited: Option<Shown>,
 }
 
 impl DecisionView {
@@ -1468,7 +1468,7 @@ pub async fn decide(
     let decision = parse_uuid("decisionId", &decision_id)?;
     let back = fields
         .get("back")
-        .filter(|b| *b == "/decisions")
+        .filter(|b| *b == "/decisions" || *b == crate::domain::notify::decision_page(id, decision))
         .map(str::to_string)
         .unwrap_or_else(|| format!("/attempts/{id}"));
     let runtime = &console.state.runtime;

@@ -21,6 +21,7 @@ pub mod form;
 pub mod ids;
 pub mod model_profile;
 pub mod model_server;
+pub mod notify;
 pub mod reach;
 pub mod release;
 pub mod rerun;

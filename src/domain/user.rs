@@ -37,6 +37,10 @@ pub struct User {
     /// When it was disabled; a disabled user cannot sign in.
     #[serde(default)]
     pub disabled_at: Option<DateTime<Utc>>,
+    /// Where mail reaches the user: decisions waiting for them are told
+    /// there (`[notify.smtp]`). None: no mail.
+    #[serde(default)]
+    pub email: Option<String>,
 }
 
 /// Payload of `agentbay.admin.v1.user-created`.
@@ -103,6 +107,57 @@ pub struct UserPasswordChanged<'a> {
 
 impl EventPayload for UserPasswordChanged<'_> {
     const TOPIC: &'static str = "agentbay.admin.v1.user-password-changed";
+}
+
+/// Payload of `agentbay.admin.v1.user-email-set`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserEmailSet<'a> {
+    /// The user.
+    pub username: &'a str,
+    /// Its tenant.
+    pub tenant_id: &'a TenantId,
+    /// Whether it has an address now (the address is not in the event).
+    pub has_email: bool,
+    /// Who set it.
+    pub by: &'a str,
+}
+
+impl EventPayload for UserEmailSet<'_> {
+    const TOPIC: &'static str = "agentbay.admin.v1.user-email-set";
+}
+
+/// Longest mail address accepted (RFC 5321's path limit).
+pub const MAX_EMAIL_LEN: usize = 254;
+
+/// Checks a mail address: `local@domain`, at most 254 characters, no
+/// space or control character. Empty is no address.
+pub fn parse_email(field: &str, text: &str) -> Result<Option<String>, FieldError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let shaped = text.len() <= MAX_EMAIL_LEN
+        && !text
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || matches!(c, '<' | '>' | ',' | ';'))
+        && text.split_once('@').is_some_and(|(local, domain)| {
+            !local.is_empty()
+                && !domain.is_empty()
+                && !domain.contains('@')
+                && !domain.starts_with('.')
+                && !domain.ends_with('.')
+        });
+    if shaped {
+        Ok(Some(text.to_string()))
+    } else {
+        Err(FieldError::new(
+            field,
+            format!(
+                "{text:?} is not a mail address (name@domain, at most {MAX_EMAIL_LEN} characters)"
+            ),
+        ))
+    }
 }
 
 /// Shortest password accepted.
@@ -219,6 +274,7 @@ impl User {
             created_at: now,
             created_by: created_by.to_string(),
             disabled_at: None,
+            email: None,
         };
         let event = NewEvent::new(
             &user.tenant_id,
@@ -303,6 +359,30 @@ impl User {
         )
     }
 
+    /// Sets or clears the mail address; the same address again emits
+    /// nothing.
+    pub fn set_email(
+        &mut self,
+        email: Option<String>,
+        by: &str,
+        now: DateTime<Utc>,
+    ) -> Option<NewEvent> {
+        if self.email == email {
+            return None;
+        }
+        self.email = email;
+        Some(NewEvent::new(
+            &self.tenant_id,
+            now,
+            &UserEmailSet {
+                username: &self.username,
+                tenant_id: &self.tenant_id,
+                has_email: self.email.is_some(),
+                by,
+            },
+        ))
+    }
+
     /// The scopes the user's roles stand for.
     pub fn scopes(&self) -> BTreeSet<Scope> {
         self.roles.iter().flat_map(|r| r.scopes()).collect()
@@ -333,6 +413,30 @@ pub fn parse_roles<S: AsRef<str>>(names: &[S]) -> Result<BTreeSet<Role>, FieldEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mail_addresses_are_checked_and_named() {
+        assert_eq!(
+            parse_email("email", " ana@site.example "),
+            Ok(Some("ana@site.example".into()))
+        );
+        assert_eq!(parse_email("email", ""), Ok(None));
+        for bad in [
+            "ana",
+            "@site",
+            "ana@",
+            "ana@@site",
+            "a na@site",
+            "ana@site.",
+            "Ana <ana@site>",
+            "a@b,c@d",
+        ] {
+            let e = parse_email("email", bad).unwrap_err();
+            assert_eq!(e.field, "email", "{bad}");
+            assert!(e.reason.contains("is not a mail address"), "{bad}");
+        }
+        assert!(parse_email("email", &format!("{}@site", "a".repeat(250))).is_err());
+    }
 
     fn acme() -> TenantId {
         TenantId::parse("acme").unwrap()

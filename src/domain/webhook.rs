@@ -385,15 +385,21 @@ impl Delivery {
         message_id: String,
         subject_tenant: TenantId,
         data: serde_json::Value,
+        text: Option<String>,
         now: DateTime<Utc>,
     ) -> Delivery {
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "type": event.as_str(),
             "timestamp": now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             "tenantId": subject_tenant.as_str(),
             "data": data,
-        })
-        .to_string();
+        });
+        // A ready chat message: posted as it is by chat systems' incoming
+        // webhooks, which read `text` and leave the rest.
+        if let Some(text) = text {
+            body["text"] = text.into();
+        }
+        let body = body.to_string();
         Delivery {
             message_id,
             endpoint_id: endpoint.endpoint_id,
@@ -531,6 +537,7 @@ mod tests {
             WebhookEvent::RunEnded.message_id("7"),
             e.tenant_id.clone(),
             serde_json::json!({}),
+            None,
             now,
         );
         assert!(d.due(now));

@@ -70,6 +70,10 @@ pub enum Table {
     WebhookDeliveries,
     /// The audit trail, by sequence (see `trail.rs`).
     Audit,
+    /// Mails about decisions, `<attempt>/<decision>/<user>` (see `notify`).
+    Mails,
+    /// Opened links to decisions, by link id, kept until they expire.
+    LinkUses,
 }
 
 impl Table {
@@ -104,6 +108,8 @@ impl Table {
         Table::WebhookEndpoints,
         Table::WebhookDeliveries,
         Table::Audit,
+        Table::Mails,
+        Table::LinkUses,
     ];
 
     /// The table of a name (as [`Table::name`] gives it).
@@ -146,6 +152,8 @@ impl Table {
             Table::WebhookEndpoints => "webhook_endpoints",
             Table::WebhookDeliveries => "webhook_deliveries",
             Table::Audit => "audit",
+            Table::Mails => "mails",
+            Table::LinkUses => "link_uses",
         }
     }
 

@@ -117,6 +117,8 @@ pub struct Webhooks {
     site: SiteRules,
     runtime: Arc<Runtime>,
     capacity: Arc<Capacity>,
+    /// Links to decisions, for the chat text of `decision.requested`.
+    links: Arc<crate::notify::Links>,
     /// The tries under way, per endpoint and tenant, and each endpoint's
     /// breaker.
     lanes: parking_lot::Mutex<Lanes>,
@@ -168,6 +170,7 @@ impl Webhooks {
         site: SiteRules,
         runtime: Arc<Runtime>,
         capacity: Arc<Capacity>,
+        links: Arc<crate::notify::Links>,
     ) -> Arc<Webhooks> {
         Arc::new(Webhooks {
             store,
@@ -176,6 +179,7 @@ impl Webhooks {
             site,
             runtime,
             capacity,
+            links,
             lanes: Default::default(),
             tried: Default::default(),
         })
@@ -470,16 +474,31 @@ impl Webhooks {
                 o.insert("sequence".into(), event.sequence.into());
                 o.insert("occurredAt".into(), event.occurred_at.to_rfc3339().into());
             }
+            // A decision's message carries a ready chat text with a link
+            // of its own per endpoint (a link opens once).
+            let decision = match kind {
+                WebhookEvent::DecisionRequested => {
+                    crate::notify::decision_of(&self.store, &event.tenant_id, &event.payload)?
+                }
+                _ => None,
+            };
             for e in endpoints
                 .iter()
                 .filter(|e| e.receives(kind, &event.tenant_id))
             {
+                let (mut data, mut text) = (data.clone(), None);
+                if let Some(d) = &decision {
+                    let link = self.links.url(d, None);
+                    text = Some(crate::domain::notify::chat(d, &link));
+                    data["link"] = link.into();
+                }
                 deliveries.push(Delivery::new(
                     e,
                     kind,
                     kind.message_id(&event.sequence.to_string()),
                     event.tenant_id.clone(),
-                    data.clone(),
+                    data,
+                    text,
                     now,
                 ));
             }
@@ -554,6 +573,7 @@ impl Webhooks {
                     for e in &expiring {
                         if left <= chrono::Duration::minutes(e.spec.decision_expiry_minutes.into())
                         {
+                            let link = self.links.url(&d, None);
                             deliveries.push(Delivery::new(
                                 e,
                                 WebhookEvent::DecisionExpiring,
@@ -569,7 +589,12 @@ impl Webhooks {
                                     "requestedAt": d.requested_at,
                                     "expiresAt": d.expires_at,
                                     "secondsLeft": left.num_seconds().max(0),
+                                    "link": link,
                                 }),
+                                Some(format!(
+                                    "Expires soon. {}",
+                                    crate::domain::notify::chat(&d, &link)
+                                )),
                                 now,
                             ));
                         }
@@ -598,6 +623,7 @@ impl Webhooks {
                                 "error": c.error,
                                 "startedAt": c.started_at,
                             }),
+                            None,
                             now,
                         ));
                     }
@@ -632,6 +658,7 @@ impl Webhooks {
                                 "limit": waiter.limit.as_ref().map(|l| l.label()),
                                 "reason": waiter.limit.as_ref().map(|l| l.to_string()),
                             }),
+                            None,
                             now,
                         ));
                     }

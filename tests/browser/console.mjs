@@ -2,14 +2,17 @@
 // attempt timeline that waits for an approval, approves it from the inbox in
 // a second tab and watches the first one resume live, tightens a quota,
 // submits a run and sees its lease wait with the quota named; then, with
-// JavaScript off, sorts, filters and reads a timeline. Saves a screenshot
-// of every step. Prints one JSON line; exits non-zero on failure.
+// JavaScript off, sorts, filters and reads a timeline; last, follows the
+// link a reviewer was mailed, signs in as that reviewer and lands on the
+// decision. Saves a screenshot of every step. Prints one JSON line; exits
+// non-zero on failure.
 //
 //   AGENTBAY_URL, AGENTBAY_USER, AGENTBAY_PASSWORD, SCREENSHOTS (directory),
-//   CHROMIUM (default /usr/bin/chromium)
+//   AGENTBAY_MAIL_USER and AGENTBAY_MAIL_LINK (a file where the link mailed
+//   to that user appears), CHROMIUM (default /usr/bin/chromium)
 
 import { chromium } from "playwright-core";
-import { mkdirSync, mkdtempSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { execFileSync } from "node:child_process";
@@ -310,6 +313,36 @@ try {
   expect(/approval/.test(await nojs.textContent("#waiting")), "the timeline without JavaScript says why it waits");
   await shot(nojs, "10-without-javascript");
   await plain.close();
+
+  // 7. A reviewer was mailed the approval the run of step 5 waits for:
+  // the link opens the sign-in first, then the decision, to be decided
+  // there (the link decides nothing by itself).
+  const linkFile = process.env.AGENTBAY_MAIL_LINK;
+  const mailDeadline = Date.now() + 30000;
+  while (!existsSync(linkFile) && Date.now() < mailDeadline) await new Promise((r) => setTimeout(r, 200));
+  expect(existsSync(linkFile), "no mail reached the reviewer");
+  const mailedLink = readFileSync(linkFile, "utf8").trim();
+  const mailed = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1280, height: 860 } });
+  const fromMail = await mailed.newPage();
+  watch(fromMail);
+  // The link names this host as the appliance sees itself; the test
+  // reaches it at its listening address.
+  await fromMail.goto(`${url}${mailedLink.slice(mailedLink.indexOf("/l/"))}`);
+  expect(fromMail.url().includes("/signin") && fromMail.url().includes("next=%2Fl%2F"),
+    `the link did not ask for a sign-in first: ${fromMail.url()}`);
+  await shot(fromMail, "11-mailed-link-signs-in");
+  await fromMail.fill("input[name=username]", process.env.AGENTBAY_MAIL_USER);
+  await fromMail.fill("input[name=password]", password);
+  await fromMail.click("button:has-text('Sign in')");
+  await fromMail.waitForSelector("#the-decision");
+  expect(/\/attempts\/[^/]+\/decisions\//.test(fromMail.url()), `not on the decision: ${fromMail.url()}`);
+  const mailedDecision = await fromMail.textContent("#the-decision");
+  expect(/page-oncall/.test(mailedDecision), `the decision's call is not shown: ${mailedDecision}`);
+  const mailedTo = await fromMail.textContent("#told");
+  expect(new RegExp(`${process.env.AGENTBAY_MAIL_USER} <`).test(mailedTo) && /sent/.test(mailedTo),
+    `the page does not say who was mailed: ${mailedTo}`);
+  await shot(fromMail, "12-decision-from-mail");
+  await mailed.close();
 
   expect(problems.length === 0, `browser problems: ${problems.join("; ")}`);
   console.log(JSON.stringify({ ok: true, steps }));

@@ -129,6 +129,8 @@ pub(crate) fn html_unescape(s: &str) -> String {
         .replace("&#39;", "'")
         .replace("&lt;", "<")
         .replace("&gt;", ">")
+        .replace("&#60;", "<")
+        .replace("&#62;", ">")
         .replace("&amp;", "&")
 }
 
@@ -1265,24 +1267,73 @@ async fn the_console_in_a_real_browser() {
             .and_then(|p| p.parent())
             .unwrap()
             .join("console.mjs");
-    let a = demo();
+    // The site's mail relay is a sink in the test; rosa, a Reviewer with
+    // an address, is mailed the approvals the script makes wait.
+    let (sink, port) = crate::notify::Sink::start().await;
+    let relay = format!("127.0.0.1:{port}");
+    let a = Appliance::start_with(
+        &[],
+        &[
+            ("AGENTBAY_DEMO__ENABLED", "true"),
+            ("AGENTBAY_NOTIFY__SMTP__RELAY", relay.as_str()),
+            ("AGENTBAY_NOTIFY__SMTP__SECURITY", "none"),
+        ],
+    );
     user(&a, "demo", "wendy", &["WorkspaceAdmin"]).await;
+    let token = a.admin_token().await;
+    a.rpc_json(&token)
+        .create_user(pb::CreateUserRequest {
+            tenant_id: "demo".into(),
+            username: "rosa".into(),
+            roles: vec!["Reviewer".into()],
+            password: PASSWORD.into(),
+            email: "rosa@site.test".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create rosa");
     demo_attempts(&a).await;
     agent_bug(&a).await;
     let screenshots =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/screenshots");
     let _ = std::fs::remove_dir_all(&screenshots);
+    // The newest link mailed to rosa, where the script reads it.
+    let link_file = a.root.join("mail-link.txt");
+    let mailman = {
+        let (sink, link_file) = (sink.clone(), link_file.clone());
+        tokio::spawn(async move {
+            let mut written = 0;
+            loop {
+                let mails: Vec<_> = sink
+                    .mails
+                    .lock()
+                    .iter()
+                    .filter(|m| m.to == ["rosa@site.test"])
+                    .cloned()
+                    .collect();
+                if mails.len() > written {
+                    written = mails.len();
+                    let link = mails.last().unwrap().link();
+                    std::fs::write(&link_file, link).unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
     let output = tokio::process::Command::new("node")
         .arg(&script)
         .env("AGENTBAY_URL", &a.url)
         .env("AGENTBAY_USER", "wendy")
         .env("AGENTBAY_PASSWORD", PASSWORD)
+        .env("AGENTBAY_MAIL_USER", "rosa")
+        .env("AGENTBAY_MAIL_LINK", &link_file)
         .env("SCREENSHOTS", &screenshots)
         .env("CHROMIUM", &chromium)
         .kill_on_drop(true)
         .output()
         .await
         .expect("node runs");
+    mailman.abort();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let result: Value = stdout
@@ -1305,7 +1356,7 @@ async fn the_console_in_a_real_browser() {
             file.display()
         );
     }
-    assert_eq!(result["steps"].as_array().unwrap().len(), 18, "{result}");
+    assert_eq!(result["steps"].as_array().unwrap().len(), 20, "{result}");
 }
 
 #[tokio::test]

@@ -22,6 +22,7 @@ mod durability;
 mod events;
 mod ha;
 mod http;
+mod notify;
 mod python;
 mod readme;
 mod releases;

@@ -15,23 +15,23 @@ use crate::common::Appliance;
 
 /// One request the receiver saw.
 #[derive(Clone, Debug)]
-struct Seen {
-    path: String,
+pub(crate) struct Seen {
+    pub path: String,
     id: String,
     timestamp: String,
     signature: String,
-    body: String,
+    pub body: String,
     answered: u16,
 }
 
 #[derive(Default)]
-struct Receiver {
-    seen: Mutex<Vec<Seen>>,
+pub(crate) struct Receiver {
+    pub seen: Mutex<Vec<Seen>>,
     /// Requests still to answer with 500.
     fail: Mutex<usize>,
 }
 
-async fn receiver() -> (Arc<Receiver>, String) {
+pub(crate) async fn receiver() -> (Arc<Receiver>, String) {
     let state = Arc::new(Receiver::default());
     let s = state.clone();
     let app = axum::Router::new().fallback(

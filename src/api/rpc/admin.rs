@@ -120,6 +120,7 @@ pub fn user_message(u: &User) -> pb::User {
         created_at: u.created_at.to_rfc3339(),
         created_by: u.created_by.clone(),
         disabled_at: u.disabled_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+        email: u.email.clone().unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -273,6 +274,7 @@ impl pb::Admin for AdminService {
                 display_name: request.display_name,
                 roles,
                 password: (!request.password.is_empty()).then_some(request.password),
+                email: request.email,
             },
             self.state.clock.now(),
         )
@@ -383,6 +385,30 @@ impl pb::Admin for AdminService {
         Response::ok(pb::ResetUserPasswordResponse {
             user: buffa::MessageField::some(user_message(&user)),
             generated_password: generated.unwrap_or_default(),
+            ..Default::default()
+        })
+    }
+
+    async fn set_user_email(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::SetUserEmailRequest>,
+    ) -> ServiceResult<pb::SetUserEmailResponse> {
+        let caller = principal(&ctx)?;
+        let tenant = TenantId::parse_field("tenantId", request.tenant_id).map_err(rpc)?;
+        let scope = caller.scope_for(&tenant).map_err(rpc)?;
+        let user = users::set_email(
+            &self.state.store,
+            &caller.actor(),
+            scope,
+            request.username,
+            request.email,
+            self.state.clock.now(),
+        )
+        .await
+        .map_err(rpc)?;
+        Response::ok(pb::SetUserEmailResponse {
+            user: buffa::MessageField::some(user_message(&user)),
             ..Default::default()
         })
     }

@@ -59,6 +59,7 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
             "agentbay.admin.v1.Admin/ResetUserPassword",
             Needs(Scope::Admin),
         ),
+        ("agentbay.admin.v1.Admin/SetUserEmail", Needs(Scope::Admin)),
         ("agentbay.admin.v1.Admin/Backup", Needs(Scope::Platform)),
         (
             "agentbay.admin.v1.Admin/WatchEvents",

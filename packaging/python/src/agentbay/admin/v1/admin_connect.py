@@ -44,6 +44,9 @@ class Admin(Protocol):
     async def reset_user_password(self, request: agentbay_dot_admin_dot_v1_dot_admin__pb2.ResetUserPasswordRequest, ctx: RequestContext) -> agentbay_dot_admin_dot_v1_dot_admin__pb2.ResetUserPasswordResponse:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
 
+    async def set_user_email(self, request: agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailRequest, ctx: RequestContext) -> agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
+
     def backup(self, request: agentbay_dot_admin_dot_v1_dot_admin__pb2.BackupRequest, ctx: RequestContext) -> AsyncIterator[agentbay_dot_admin_dot_v1_dot_admin__pb2.BackupChunk]:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
 
@@ -184,6 +187,16 @@ class AdminASGIApplication(ConnectASGIApplication[Admin]):
                         idempotency_level=IdempotencyLevel.UNKNOWN,
                     ),
                     function=svc.reset_user_password,
+                ),
+                "/agentbay.admin.v1.Admin/SetUserEmail": Endpoint.unary(
+                    method=MethodInfo(
+                        name="SetUserEmail",
+                        service_name="agentbay.admin.v1.Admin",
+                        input=agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailRequest,
+                        output=agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailResponse,
+                        idempotency_level=IdempotencyLevel.IDEMPOTENT,
+                    ),
+                    function=svc.set_user_email,
                 ),
                 "/agentbay.admin.v1.Admin/Backup": Endpoint.server_stream(
                     method=MethodInfo(
@@ -534,6 +547,26 @@ class AdminClient(ConnectClient):
             timeout_ms=timeout_ms,
         )
 
+    async def set_user_email(
+        self,
+        request: agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+    ) -> agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailResponse:
+        return await self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="SetUserEmail",
+                service_name="agentbay.admin.v1.Admin",
+                input=agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailRequest,
+                output=agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailResponse,
+                idempotency_level=IdempotencyLevel.IDEMPOTENT,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+
     def backup(
         self,
         request: agentbay_dot_admin_dot_v1_dot_admin__pb2.BackupRequest,
@@ -862,6 +895,8 @@ class AdminSync(Protocol):
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
     def reset_user_password(self, request: agentbay_dot_admin_dot_v1_dot_admin__pb2.ResetUserPasswordRequest, ctx: RequestContext) -> agentbay_dot_admin_dot_v1_dot_admin__pb2.ResetUserPasswordResponse:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
+    def set_user_email(self, request: agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailRequest, ctx: RequestContext) -> agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailResponse:
+        raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
     def backup(self, request: agentbay_dot_admin_dot_v1_dot_admin__pb2.BackupRequest, ctx: RequestContext) -> Iterator[agentbay_dot_admin_dot_v1_dot_admin__pb2.BackupChunk]:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
     def watch_events(self, request: agentbay_dot_admin_dot_v1_dot_admin__pb2.WatchEventsRequest, ctx: RequestContext) -> Iterator[agentbay_dot_admin_dot_v1_dot_admin__pb2.Event]:
@@ -987,6 +1022,16 @@ class AdminWSGIApplication(ConnectWSGIApplication):
                         idempotency_level=IdempotencyLevel.UNKNOWN,
                     ),
                     function=service.reset_user_password,
+                ),
+                "/agentbay.admin.v1.Admin/SetUserEmail": EndpointSync.unary(
+                    method=MethodInfo(
+                        name="SetUserEmail",
+                        service_name="agentbay.admin.v1.Admin",
+                        input=agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailRequest,
+                        output=agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailResponse,
+                        idempotency_level=IdempotencyLevel.IDEMPOTENT,
+                    ),
+                    function=service.set_user_email,
                 ),
                 "/agentbay.admin.v1.Admin/Backup": EndpointSync.server_stream(
                     method=MethodInfo(
@@ -1332,6 +1377,26 @@ class AdminClientSync(ConnectClientSync):
                 input=agentbay_dot_admin_dot_v1_dot_admin__pb2.ResetUserPasswordRequest,
                 output=agentbay_dot_admin_dot_v1_dot_admin__pb2.ResetUserPasswordResponse,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+
+    def set_user_email(
+        self,
+        request: agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+    ) -> agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailResponse:
+        return self.execute_unary(
+            request=request,
+            method=MethodInfo(
+                name="SetUserEmail",
+                service_name="agentbay.admin.v1.Admin",
+                input=agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailRequest,
+                output=agentbay_dot_admin_dot_v1_dot_admin__pb2.SetUserEmailResponse,
+                idempotency_level=IdempotencyLevel.IDEMPOTENT,
             ),
             headers=headers,
             timeout_ms=timeout_ms,

@@ -82,18 +82,20 @@ class Client(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., created_at: _Optional[str] = ..., revoked_at: _Optional[str] = ...) -> None: ...
 
 class CreateUserRequest(_message.Message):
-    __slots__ = ("tenant_id", "username", "display_name", "roles", "password")
+    __slots__ = ("tenant_id", "username", "display_name", "roles", "password", "email")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     USERNAME_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
     PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    EMAIL_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     username: str
     display_name: str
     roles: _containers.RepeatedScalarFieldContainer[str]
     password: str
-    def __init__(self, tenant_id: _Optional[str] = ..., username: _Optional[str] = ..., display_name: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., password: _Optional[str] = ...) -> None: ...
+    email: str
+    def __init__(self, tenant_id: _Optional[str] = ..., username: _Optional[str] = ..., display_name: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., password: _Optional[str] = ..., email: _Optional[str] = ...) -> None: ...
 
 class CreateUserResponse(_message.Message):
     __slots__ = ("user", "generated_password")
@@ -161,8 +163,24 @@ class ResetUserPasswordResponse(_message.Message):
     generated_password: str
     def __init__(self, user: _Optional[_Union[User, _Mapping]] = ..., generated_password: _Optional[str] = ...) -> None: ...
 
+class SetUserEmailRequest(_message.Message):
+    __slots__ = ("tenant_id", "username", "email")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    EMAIL_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    username: str
+    email: str
+    def __init__(self, tenant_id: _Optional[str] = ..., username: _Optional[str] = ..., email: _Optional[str] = ...) -> None: ...
+
+class SetUserEmailResponse(_message.Message):
+    __slots__ = ("user",)
+    USER_FIELD_NUMBER: _ClassVar[int]
+    user: User
+    def __init__(self, user: _Optional[_Union[User, _Mapping]] = ...) -> None: ...
+
 class User(_message.Message):
-    __slots__ = ("username", "tenant_id", "roles", "display_name", "created_at", "created_by", "disabled_at")
+    __slots__ = ("username", "tenant_id", "roles", "display_name", "created_at", "created_by", "disabled_at", "email")
     USERNAME_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +188,7 @@ class User(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     CREATED_BY_FIELD_NUMBER: _ClassVar[int]
     DISABLED_AT_FIELD_NUMBER: _ClassVar[int]
+    EMAIL_FIELD_NUMBER: _ClassVar[int]
     username: str
     tenant_id: str
     roles: _containers.RepeatedScalarFieldContainer[str]
@@ -177,7 +196,8 @@ class User(_message.Message):
     created_at: str
     created_by: str
     disabled_at: str
-    def __init__(self, username: _Optional[str] = ..., tenant_id: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., display_name: _Optional[str] = ..., created_at: _Optional[str] = ..., created_by: _Optional[str] = ..., disabled_at: _Optional[str] = ...) -> None: ...
+    email: str
+    def __init__(self, username: _Optional[str] = ..., tenant_id: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., display_name: _Optional[str] = ..., created_at: _Optional[str] = ..., created_by: _Optional[str] = ..., disabled_at: _Optional[str] = ..., email: _Optional[str] = ...) -> None: ...
 
 class BackupRequest(_message.Message):
     __slots__ = ()
