@@ -2165,6 +2165,63 @@ mod tests {
     }
 
     #[test]
+    fn mail_leaves_the_host_protected_and_its_settings_are_named() {
+        let load = |text: &str| {
+            let file = write(text);
+            Config::load(Some(file.path()), env(&[]), &CliOverrides::default())
+        };
+        // Off by default; a local relay may go without TLS.
+        assert_eq!(load("").unwrap().notify.smtp.relay(), None);
+        let local =
+            load("[notify.smtp]\nrelay = \"127.0.0.1:2525\"\nsecurity = \"none\"\n").unwrap();
+        assert_eq!(local.notify.smtp.relay(), Some(("127.0.0.1".into(), 2525)));
+        let starttls = load("[notify.smtp]\nrelay = \"mail.example\"\n").unwrap();
+        assert_eq!(
+            starttls.notify.smtp.relay(),
+            Some(("mail.example".into(), 587))
+        );
+        let cases = [
+            (
+                "[notify.smtp]\nrelay = \"mail.example:25\"\nsecurity = \"none\"\n",
+                "notify.smtp.security",
+                "in the clear",
+            ),
+            (
+                "[notify.smtp]\nrelay = \"mail.example\"\npassword = \"pw\"\n",
+                "notify.smtp.username",
+                "name the user",
+            ),
+            (
+                "[notify.smtp]\nrelay = \"mail.example\"\nfrom = \"not an address\"\n",
+                "notify.smtp.from",
+                "not a mail address",
+            ),
+            (
+                "[notify.smtp]\nrelay = \"mail.example:port\"\n",
+                "notify.smtp.relay",
+                "host:port",
+            ),
+            (
+                "[notify]\nconsole_url = \"http://bay.example\"\n",
+                "notify.console_url",
+                "https://",
+            ),
+            ("[notify]\nlink_hours = 0\n", "notify.link_hours", "1..=720"),
+        ];
+        for (text, key, why) in cases {
+            let err = load(text).unwrap_err();
+            assert_eq!(err.key, key, "{text}");
+            assert!(err.reason.contains(why), "{text}: {err}");
+        }
+        // The password is never shown.
+        let secret = load(
+            "[notify.smtp]\nrelay = \"mail.example\"\nusername = \"u\"\npassword = \"hunter22\"\n",
+        )
+        .unwrap();
+        assert!(!format!("{secret:?}").contains("hunter22"));
+    }
+
+    #[test]
     fn optional_paths_and_lists_come_from_the_environment() {
         let config = Config::load(
             None,

@@ -199,6 +199,11 @@ const AUDITED_TOPICS: &[(&str, &str, &[&str])] = &[
         "user.password",
         &["username"],
     ),
+    (
+        "agentbay.admin.v1.user-email-set",
+        "user.email",
+        &["username"],
+    ),
 ];
 
 /// The action an event stands for, with its target, when its topic is an

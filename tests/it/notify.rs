@@ -24,6 +24,8 @@ pub(crate) struct Received {
     pub to: Vec<String>,
     /// The message as sent (headers and encoded body).
     pub data: String,
+    /// Whether it came over TLS (after STARTTLS).
+    pub secure: bool,
 }
 
 impl Received {
@@ -83,17 +85,51 @@ impl Received {
 }
 
 /// A site's SMTP relay, in the test: it speaks SMTP on a port of this
-/// host, keeps what it takes, refuses recipients at `@bounce.test` for good
-/// (550) and answers the next `temporary` DATA with 451.
+/// host (with STARTTLS when it has a certificate), keeps what it takes,
+/// refuses recipients at `@bounce.test` for good (550) and answers the next
+/// `temporary` DATA with 451.
 #[derive(Default)]
 pub(crate) struct Sink {
     pub mails: Mutex<Vec<Received>>,
     pub temporary: Mutex<usize>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
+/// A conversation's stream: the connection, plain or after STARTTLS.
+trait Stream: tokio::io::AsyncBufRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<S: tokio::io::AsyncBufRead + tokio::io::AsyncWrite + Unpin + Send> Stream for S {}
+
 impl Sink {
+    /// A plain relay.
     pub(crate) async fn start() -> (Arc<Sink>, u16) {
-        let sink = Arc::new(Sink::default());
+        Sink::listen(Sink::default()).await
+    }
+
+    /// A relay that offers STARTTLS with a certificate for `localhost`;
+    /// returns it, its port and the PEM of the CA that signed it.
+    pub(crate) async fn start_tls() -> (Arc<Sink>, u16, String) {
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let der = rustls_pki_types::CertificateDer::from(ca.cert.der().to_vec());
+        let key =
+            rustls_pki_types::PrivateKeyDer::try_from(ca.signing_key.serialize_der()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![der], key)
+        .unwrap();
+        let sink = Sink {
+            tls: Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+            ..Default::default()
+        };
+        let (sink, port) = Sink::listen(sink).await;
+        (sink, port, ca.cert.pem())
+    }
+
+    async fn listen(sink: Sink) -> (Arc<Sink>, u16) {
+        let sink = Arc::new(sink);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let s = sink.clone();
@@ -104,26 +140,46 @@ impl Sink {
                 };
                 let s = s.clone();
                 tokio::spawn(async move {
-                    let _ = s.session(socket).await;
+                    let _ = s.serve(socket).await;
                 });
             }
         });
         (sink, port)
     }
 
-    async fn session(&self, socket: tokio::net::TcpStream) -> std::io::Result<()> {
-        let (read, mut write) = socket.into_split();
-        let mut lines = BufReader::new(read);
-        write.write_all(b"220 sink.test ESMTP\r\n").await?;
+    async fn serve(&self, socket: tokio::net::TcpStream) -> std::io::Result<()> {
+        let mut plain = BufReader::new(socket);
+        plain.write_all(b"220 sink.test ESMTP\r\n").await?;
+        if !self.session(&mut plain, false).await? {
+            return Ok(());
+        }
+        let Some(acceptor) = &self.tls else {
+            return Ok(());
+        };
+        let secured = acceptor.accept(plain.into_inner()).await?;
+        self.session(&mut BufReader::new(secured), true).await?;
+        Ok(())
+    }
+
+    /// One conversation; true when the client asked for STARTTLS.
+    async fn session(&self, s: &mut impl Stream, secure: bool) -> std::io::Result<bool> {
         let mut to = Vec::new();
         loop {
             let mut line = String::new();
-            if lines.read_line(&mut line).await? == 0 {
-                return Ok(());
+            if s.read_line(&mut line).await? == 0 {
+                return Ok(false);
             }
             let upper = line.to_ascii_uppercase();
             let answer: &[u8] = if upper.starts_with("EHLO") {
-                b"250-sink.test\r\n250 8BITMIME\r\n"
+                if self.tls.is_some() && !secure {
+                    b"250-sink.test\r\n250-8BITMIME\r\n250 STARTTLS\r\n"
+                } else {
+                    b"250-sink.test\r\n250 8BITMIME\r\n"
+                }
+            } else if upper.starts_with("STARTTLS") && self.tls.is_some() && !secure {
+                s.write_all(b"220 go ahead\r\n").await?;
+                s.flush().await?;
+                return Ok(true);
             } else if upper.starts_with("MAIL FROM") {
                 to.clear();
                 b"250 ok\r\n"
@@ -141,12 +197,13 @@ impl Sink {
                     b"250 ok\r\n"
                 }
             } else if upper.starts_with("DATA") {
-                write.write_all(b"354 go on\r\n").await?;
+                s.write_all(b"354 go on\r\n").await?;
+                s.flush().await?;
                 let mut data = String::new();
                 loop {
                     let mut l = String::new();
-                    if lines.read_line(&mut l).await? == 0 {
-                        return Ok(());
+                    if s.read_line(&mut l).await? == 0 {
+                        return Ok(false);
                     }
                     if l == ".\r\n" {
                         break;
@@ -165,16 +222,19 @@ impl Sink {
                     self.mails.lock().push(Received {
                         to: std::mem::take(&mut to),
                         data,
+                        secure,
                     });
                     b"250 queued\r\n"
                 }
             } else if upper.starts_with("QUIT") {
-                write.write_all(b"221 bye\r\n").await?;
-                return Ok(());
+                s.write_all(b"221 bye\r\n").await?;
+                s.flush().await?;
+                return Ok(false);
             } else {
                 b"250 ok\r\n"
             };
-            write.write_all(answer).await?;
+            s.write_all(answer).await?;
+            s.flush().await?;
         }
     }
 
@@ -499,4 +559,50 @@ async fn a_new_decision_is_mailed_to_who_may_answer_with_a_link_that_opens_once_
     // A link's text and token are never in the log.
     let token = &path["/l/".len()..];
     assert!(!a.log().contains(token), "the token is in the log");
+}
+
+#[tokio::test]
+async fn mail_leaves_the_host_over_starttls_checked_against_the_sites_ca() {
+    let (sink, port, ca) = Sink::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("mail-ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let relay = format!("localhost:{port}");
+    // Only the default security (STARTTLS, required) and the site's CA.
+    let a = Appliance::start_with(
+        &[],
+        &[
+            ("AGENTBAY_DEMO__ENABLED", "true"),
+            ("AGENTBAY_NOTIFY__SMTP__RELAY", relay.as_str()),
+            ("AGENTBAY_NOTIFY__SMTP__CA_FILE", ca_file.to_str().unwrap()),
+        ],
+    );
+    let admin = a.admin_token().await;
+    a.rpc_json(&admin)
+        .create_user(pb::CreateUserRequest {
+            tenant_id: "demo".into(),
+            username: "rev".into(),
+            roles: vec!["Reviewer".into()],
+            password: PASSWORD.into(),
+            email: "rev@site.test".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let submitted: Value = a
+        .http()
+        .post(format!("{}/agentbay.runs.v1.Runs/SubmitRun", a.url))
+        .bearer_auth(&admin)
+        .json(&json!({"tenantId": "demo", "projectId": "support", "releaseId": "triage-approval-1.0.0",
+                      "inputJson": "{\"customer\": \"initech\", \"text\": \"the pager is silent\"}"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run = submitted["run"]["runId"].as_str().unwrap().to_string();
+    let mails = sink.wait_for(&a, &run, 1).await;
+    assert!(mails[0].secure, "the mail came in the clear");
+    assert_eq!(mails[0].to, ["rev@site.test"]);
 }
