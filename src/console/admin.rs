@@ -706,7 +706,7 @@ pub async fn set_email(console: Console, raw: RawForm) -> Result<Response, PageE
             &console.principal().actor(),
             scope,
             fields.need("username")?,
-            fields.get("email").unwrap_or_default(),
+            fields.get("email").unwrap_or_default().trim(),
             console.state.clock.now(),
         )
         .await?;
@@ -736,7 +736,7 @@ pub async fn create_user(console: Console, raw: RawForm) -> Result<Response, Pag
                 display_name: fields.get("displayName").unwrap_or_default(),
                 roles,
                 password: fields.get("password"),
-                email: fields.get("email").unwrap_or_default(),
+                email: fields.get("email").unwrap_or_default().trim(),
             },
             console.state.clock.now(),
         )

@@ -324,7 +324,7 @@ pub async fn change_email(console: Console, raw: RawForm) -> Result<Response, Pa
         &console.principal().actor(),
         crate::domain::access::TenantScope::new(console.session.tenant.clone()),
         &console.session.username,
-        fields.get("email").unwrap_or_default(),
+        fields.get("email").unwrap_or_default().trim(),
         state.clock.now(),
     )
     .await

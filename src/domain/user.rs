@@ -127,34 +127,36 @@ impl EventPayload for UserEmailSet<'_> {
     const TOPIC: &'static str = "agentbay.admin.v1.user-email-set";
 }
 
-/// Longest mail address accepted (RFC 5321's path limit).
+/// Longest mail address accepted (RFC 5321's path limit): a local part of
+/// at most 64 characters, a domain of at most 189.
 pub const MAX_EMAIL_LEN: usize = 254;
 
-/// Checks a mail address: `local@domain`, at most 254 characters, no
-/// space or control character. Empty is no address.
+/// The published form of a mail address (the API's contract says the same
+/// pattern): `local@domain`, neither with a space, control character or
+/// `@ < > , ;`, the domain not starting or ending with a dot.
+pub const EMAIL_PATTERN: &str = "^[^\\s\\x00-\\x1f\\x7f-\\x9f@<>,;]{1,64}@[^\\s\\x00-\\x1f\\x7f-\\x9f@<>,;.]([^\\s\\x00-\\x1f\\x7f-\\x9f@<>,;]{0,187}[^\\s\\x00-\\x1f\\x7f-\\x9f@<>,;.])?$";
+
+/// Checks a mail address: exactly [`EMAIL_PATTERN`]. Empty is no address.
 pub fn parse_email(field: &str, text: &str) -> Result<Option<String>, FieldError> {
-    let text = text.trim();
     if text.is_empty() {
         return Ok(None);
     }
-    let shaped = text.len() <= MAX_EMAIL_LEN
-        && !text
-            .chars()
-            .any(|c| c.is_control() || c.is_whitespace() || matches!(c, '<' | '>' | ',' | ';'))
-        && text.split_once('@').is_some_and(|(local, domain)| {
-            !local.is_empty()
-                && !domain.is_empty()
-                && !domain.contains('@')
-                && !domain.starts_with('.')
-                && !domain.ends_with('.')
-        });
+    let fits = |part: &str, max: usize| {
+        (1..=max).contains(&part.chars().count())
+            && !part.chars().any(|c| {
+                c.is_control() || c.is_whitespace() || matches!(c, '@' | '<' | '>' | ',' | ';')
+            })
+    };
+    let shaped = text.split_once('@').is_some_and(|(local, domain)| {
+        fits(local, 64) && fits(domain, 189) && !domain.starts_with('.') && !domain.ends_with('.')
+    });
     if shaped {
         Ok(Some(text.to_string()))
     } else {
         Err(FieldError::new(
             field,
             format!(
-                "{text:?} is not a mail address (name@domain, at most {MAX_EMAIL_LEN} characters)"
+                "{text:?} is not a mail address (name@domain: at most 64 characters before the @, 189 after)"
             ),
         ))
     }
@@ -417,9 +419,14 @@ mod tests {
     #[test]
     fn mail_addresses_are_checked_and_named() {
         assert_eq!(
-            parse_email("email", " ana@site.example "),
+            parse_email("email", "ana@site.example"),
             Ok(Some("ana@site.example".into()))
         );
+        // The published pattern, as a JSON Schema validator reads it.
+        let schema = serde_json::json!({"type": "string", "pattern": EMAIL_PATTERN});
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let pattern = |text: &str| validator.is_valid(&serde_json::json!(text));
+        assert!(pattern("ana@site.example"));
         assert_eq!(parse_email("email", ""), Ok(None));
         for bad in [
             "ana",
@@ -430,12 +437,24 @@ mod tests {
             "ana@site.",
             "Ana <ana@site>",
             "a@b,c@d",
+            " ana@site",
+            "ana@.site",
         ] {
+            assert!(!pattern(bad), "{bad}");
             let e = parse_email("email", bad).unwrap_err();
             assert_eq!(e.field, "email", "{bad}");
             assert!(e.reason.contains("is not a mail address"), "{bad}");
         }
-        assert!(parse_email("email", &format!("{}@site", "a".repeat(250))).is_err());
+        for long in [
+            format!("{}@site", "a".repeat(65)),
+            format!("a@{}", "b".repeat(190)),
+        ] {
+            assert!(parse_email("email", &long).is_err());
+            assert!(!pattern(&long));
+        }
+        let longest = format!("{}@{}", "a".repeat(64), "b".repeat(189));
+        assert_eq!(longest.len(), MAX_EMAIL_LEN);
+        assert!(parse_email("email", &longest).is_ok() && pattern(&longest));
     }
 
     fn acme() -> TenantId {

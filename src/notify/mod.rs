@@ -57,6 +57,8 @@ const SENDS_PER_PASS: usize = 100;
 const RETRY_FIRST: Duration = Duration::from_secs(30);
 /// The longest wait between two tries.
 const RETRY_MAX: Duration = Duration::from_secs(3600);
+/// How often old mails and spent links are looked for.
+const PRUNE_EVERY: chrono::Duration = chrono::Duration::minutes(10);
 
 impl Record for Mail {
     const TABLE: Table = Table::Mails;
@@ -193,6 +195,8 @@ pub struct Notifier {
     clock: SharedClock,
     config: Live<NotifyConfig>,
     links: Arc<Links>,
+    /// When old mails and spent links were last looked for.
+    pruned_at: parking_lot::Mutex<Option<DateTime<Utc>>>,
 }
 
 impl Notifier {
@@ -208,6 +212,7 @@ impl Notifier {
             clock,
             config,
             links,
+            pruned_at: Default::default(),
         })
     }
 
@@ -458,6 +463,13 @@ impl Notifier {
     /// Removes mails finished more than `notify.keep_days` ago and the
     /// uses of links that have expired.
     async fn prune(&self, config: &NotifyConfig, now: DateTime<Utc>) -> anyhow::Result<usize> {
+        {
+            let mut last = self.pruned_at.lock();
+            if last.is_some_and(|t| now - t < PRUNE_EVERY) {
+                return Ok(0);
+            }
+            *last = Some(now);
+        }
         let cutoff = now - chrono::Duration::days(config.keep_days.into());
         let platform = PlatformScope::internal();
         let mut old: Vec<(TenantScope, String, bool)> = Vec::new();

@@ -459,6 +459,10 @@ fn rpc_table(v: &Victim) -> HashMap<&'static str, Option<Value>> {
                 json!({"tenantId": "demo", "username": "alice", "password": "correct horse battery staple"}),
             ),
         ),
+        (
+            "agentbay.admin.v1.Admin/SetUserEmail",
+            Some(json!({"tenantId": "demo", "username": "alice", "email": "alice@site.test"})),
+        ),
         ("agentbay.admin.v1.Admin/Backup", Some(json!({}))),
         ("agentbay.admin.v1.Admin/WatchEvents", None),
         ("agentbay.admin.v1.Admin/GetEventsHead", None),
@@ -1052,6 +1056,11 @@ async fn management_follows_the_callers_scopes_for_every_pair_of_roles() {
                     json!({"tenantId": "platform", "scopes": scopes}),
                 ),
                 ("ResetUserPassword", with_password),
+                ("SetUserEmail", {
+                    let mut with_email = user.clone();
+                    with_email["email"] = json!(format!("{name}@site.test"));
+                    with_email
+                }),
                 ("DisableUser", user.clone()),
                 ("EnableUser", user.clone()),
                 ("RevokeClient", json!({"clientId": client})),

@@ -273,6 +273,14 @@ fn describe(error: &jsonschema::ValidationError<'_>) -> (String, String) {
             return describe(first);
         }
     }
+    // A mail address is refused in the words of the rule that checks it.
+    if let ValidationErrorKind::Pattern { pattern } = error.kind()
+        && pattern == crate::domain::user::EMAIL_PATTERN
+        && let Some(text) = error.instance().as_str()
+        && let Err(e) = crate::domain::user::parse_email("", text)
+    {
+        return (error.instance_path().to_string(), e.reason);
+    }
     (error.instance_path().to_string(), error.to_string())
 }
 
