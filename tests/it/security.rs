@@ -1091,7 +1091,7 @@ async fn management_follows_the_callers_scopes_for_every_pair_of_roles() {
             }
         }
     }
-    assert_eq!(checked, 6 * 6 * 6);
+    assert_eq!(checked, 6 * 6 * 7);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 
     // Every such action is an event with its actor.
