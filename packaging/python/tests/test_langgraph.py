@@ -8,6 +8,8 @@ import json
 import re
 import signal
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import urllib.parse
 import urllib.request
 import ssl
@@ -178,3 +180,45 @@ def test_the_saver_s_async_forms_keep_and_read_the_graph(appliance, adapter_cred
     assert summary == "n=5 listed=7 newest_first=True", summary
     # Each put and each task's writes was a checkpoint of the attempt.
     assert the_attempt(operator, run_id).checkpoints >= 12
+
+
+def test_a_langgraph_tool_sends_the_attempt_s_fence_to_a_site_service(appliance, adapter_cred, operator):
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    class Service(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+            body = json.dumps({"customer": "acme", "open": 2, "latest": "checkout slow since 09:10"}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run_id = submit(operator, customer="acme", text="checkout is slow")
+        env = {**appliance.env(adapter_cred), "FENCE_URL": f"http://127.0.0.1:{server.server_port}"}
+        worker = spawn(TESTS / "workers" / "graph_fence.py", env)
+        try:
+            confirm(operator, run_id)
+            out, _ = worker.communicate(timeout=120)
+        finally:
+            worker.kill()
+    finally:
+        server.shutdown()
+    assert "VERIFIED -> Succeeded" in out, out
+    a = the_attempt(operator, run_id)
+    # The injected argument and current_fence() carry the same fence: the
+    # attempt's, its current token, the call's id.
+    assert [path for path, _ in seen] == ["/context", "/tickets"], seen
+    for _, headers in seen:
+        assert headers["agentbay-attempt-id"] == a.attempt_id, headers
+        assert headers["agentbay-fencing-token"] == str(a.fencing_token), headers
+        assert headers["agentbay-call-id"], headers
+    assert seen[0][1]["agentbay-call-id"] == seen[1][1]["agentbay-call-id"]

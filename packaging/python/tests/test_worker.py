@@ -47,6 +47,17 @@ def test_a_worker_drives_an_attempt_through_every_move_to_one_outcome(appliance,
     try:
         question = waiting(operator, run_id, "input")
         assert "support tier" in question.pending_decision.summary
+        # The schema travels apart from the question, as the builtin
+        # loop's: the inbox answers it with a form, and checks the answer.
+        assert json.loads(question.pending_decision.answer_schema_json)["required"] == ["tier"]
+        with pytest.raises(agentbay.errors.InvalidArgument):
+            operator.runtime.answer_decision(
+                runtime_pb2.AnswerDecisionRequest(
+                    attempt_id=question.attempt_id,
+                    decision_id=question.pending_decision_id,
+                    answer_json=json.dumps("about 40 users"),
+                )
+            )
         operator.runtime.answer_decision(
             runtime_pb2.AnswerDecisionRequest(
                 attempt_id=question.attempt_id,
@@ -68,6 +79,18 @@ def test_a_worker_drives_an_attempt_through_every_move_to_one_outcome(appliance,
     assert run_state(operator, run_id) == "Succeeded"
     (attempt,) = attempts(operator, run_id)
     assert attempt.tool_calls == 2 and attempt.state == "Succeeded"
+    # The worker says what it does, one line each.
+    a = attempt.attempt_id
+    for line in [
+        "worker for agent triage: claiming up to",
+        f"claimed attempt {a} of run {run_id}",
+        f"attempt {a} waits for decision",
+        "answered by",
+        f"attempt {a} resumes with the answer",
+        f"attempt {a} reported its output: VERIFIED -> Succeeded",
+        "worker for agent triage stops: 1 attempt reached an outcome here",
+    ]:
+        assert line in out, (line, out)
     output = json.loads(operator.runs.get_run(runs_pb2.GetRunRequest(run_id=run_id)).run.output_json)
     assert output == {"severity": "high", "summary": "2 open tickets, tier gold", "paged": True}
     topics = [e.topic for e in events(operator, attempt.attempt_id)]
@@ -153,6 +176,7 @@ def test_sigterm_stops_claiming_and_hands_the_attempt_back(appliance, adapter_cr
         worker.kill()
     assert worker.returncode == 0, out
     assert "handed back (stopping)" in out, out
+    assert "1 handed back, resumed by another worker from their last checkpoint" in out, out
     (attempt,) = attempts(operator, run_id)
     assert attempt.state == "Running"  # not ended: handed back
     ticks = attempt.checkpoints

@@ -520,11 +520,19 @@ impl pb::Adapter for AdapterService {
                 summary: request.summary.chars().take(300).collect(),
                 options,
                 recommendation,
-                answer_schema: None,
+                answer_schema: match request.answer_schema_json {
+                    "" => None,
+                    text => Some(serde_json::from_str(text).map_err(|e| {
+                        FieldError::new("answerSchemaJson", format!("is not JSON: {e}"))
+                    })?),
+                },
                 tool_call_id: None,
                 assignee: (!request.assignee.is_empty()).then(|| request.assignee.to_string()),
             };
-            ask.check()?;
+            ask.check().map_err(|e| match e.field.as_str() {
+                "answerSchema" => FieldError::new("answerSchemaJson", e.reason),
+                _ => e,
+            })?;
             Ok(ask)
         })()
         .map_err(rpc)?;

@@ -9,7 +9,12 @@
   with ``Command(resume=...)``, on whichever worker holds the attempt then.
 - :func:`agentbay_tools` wraps LangChain tools so that each call goes
   through BeginCall / CompleteCall with its side-effect class (tool
-  closure, policy, approvals, fencing).
+  closure, policy, approvals, fencing), and hands the call's fence to the
+  tool: as its ``fence`` argument when it declares one
+  (``fence: Annotated[Fence, InjectedToolArg]``, which the model never
+  sees), and always as :func:`current_fence` while it runs; a tool that
+  reaches a site service sends ``fence.headers()`` with its requests, so
+  the service can refuse a stale worker's late call.
 - :class:`ChatAgentbay` is a LangChain chat model whose calls go through
   the site's model routing (``Adapter/CallModel``), usage recorded.
 - :func:`run_graph` runs a graph as an agentbay agent: a :class:`~agentbay.
@@ -50,11 +55,12 @@ from langgraph.config import get_config
 from langgraph.types import Command
 
 from .client import Client
-from .worker import Context, Failed, Worker, record_scope
+from .worker import Context, Failed, Fence, Worker, record_scope
 
 log = logging.getLogger("agentbay.langgraph")
 
 _current: contextvars.ContextVar[Context | None] = contextvars.ContextVar("agentbay_context", default=None)
+_fence: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("agentbay_fence", default=None)
 
 
 def current_context() -> Context:
@@ -63,6 +69,17 @@ def current_context() -> Context:
     if ctx is None:
         raise RuntimeError("not inside an agentbay attempt: run the graph with agentbay.langgraph.run_graph")
     return ctx
+
+
+def current_fence() -> Fence:
+    """The fence of the tool call under way, inside a tool wrapped by
+    :func:`agentbay_tools`: send ``current_fence().headers()`` with each
+    request to a site service, which refuses a fencing token lower than one
+    it has seen for the attempt."""
+    fence = _fence.get()
+    if fence is None:
+        raise RuntimeError("no tool call under way: the tool is not one agentbay_tools wrapped")
+    return fence
 
 
 def _task_scope() -> str:
@@ -253,16 +270,22 @@ def agentbay_tools(tools: Sequence[BaseTool], side_effect_classes: Mapping[str, 
     classes = dict(side_effect_classes or {})
     wrapped: list[BaseTool] = []
     for tool in tools:
-        def run(_tool: BaseTool = tool, **kwargs: Any) -> Any:
+        # A `fence` the tool declares as injected (not in the schema the
+        # model sees) is given to it on each call.
+        takes_fence = "fence" in _fields(tool.get_input_schema()) and "fence" not in _fields(tool.tool_call_schema)
+
+        def invoke(args: dict[str, Any], fence: Fence, _tool: BaseTool = tool, _takes: bool = takes_fence) -> Any:
+            token = _fence.set(fence)
+            try:
+                return _tool.invoke({**args, "fence": fence} if _takes else args)
+            finally:
+                _fence.reset(token)
+
+        def run(_tool: BaseTool = tool, _invoke: Callable[..., Any] = invoke, **kwargs: Any) -> Any:
             ctx = current_context()
             scope = record_scope.set(_task_scope())
             try:
-                return ctx.call(
-                    _tool.name,
-                    kwargs,
-                    side_effect_class=classes.get(_tool.name),
-                    fn=lambda args, fence: _tool.invoke(args),
-                )
+                return ctx.call(_tool.name, kwargs, side_effect_class=classes.get(_tool.name), fn=_invoke)
             finally:
                 record_scope.reset(scope)
 
@@ -271,10 +294,18 @@ def agentbay_tools(tools: Sequence[BaseTool], side_effect_classes: Mapping[str, 
                 func=run,
                 name=tool.name,
                 description=tool.description,
-                args_schema=tool.args_schema,
+                args_schema=tool.tool_call_schema,
             )
         )
     return wrapped
+
+
+def _fields(schema: Any) -> set[str]:
+    """The argument names of a tool schema (a pydantic model or a JSON
+    Schema)."""
+    if isinstance(schema, Mapping):
+        return set((schema.get("properties") or {}).keys())
+    return set(getattr(schema, "model_fields", {}) or {})
 
 
 class ChatAgentbay(BaseChatModel):

@@ -435,7 +435,10 @@ class Context:
             responded=d.responded,
         )
 
-    def _ask(self, kind: str, question: Any, summary: str, options: list[str], recommendation: str, key: str | None) -> Answer:
+    def _ask(
+        self, kind: str, question: Any, summary: str, options: list[str], recommendation: str, key: str | None,
+        schema: Mapping[str, Any] | None = None,
+    ) -> Answer:
         rkey = self._occurrence(key or _key("ask", kind, question, summary, options))
         pending = self._records.get(rkey) or {}
         if "answer" in pending:
@@ -452,6 +455,7 @@ class Context:
             pb.RequestDecisionRequest(
                 **self._ids(), kind=kind, question_json=_doc(question), summary=summary,
                 options=options, recommendation=recommendation,
+                answer_schema_json=_doc(dict(schema)) if schema is not None else "",
             ),
         )
         self._records[rkey] = {"decisionId": r.decision_id}
@@ -463,7 +467,13 @@ class Context:
         """Asks a human for input matching the JSON `schema`. The attempt
         waits (the console's inbox shows the question); the worker is free
         meanwhile, and the answer resumes the handler, which gets it here."""
-        answer = self._ask("input", {"question": question or summary, "schema": dict(schema)}, summary, [], "", key)
+        # The question as text and the schema apart, as the builtin loop
+        # asks: the inbox shows the text and answers with the schema's form.
+        # (The record key keeps the shape earlier versions asked in, so an
+        # attempt resumed by this version finds its question.)
+        text = question or summary
+        key = key or _key("ask", "input", {"question": text, "schema": dict(schema)}, summary, [])
+        answer = self._ask("input", text, summary, [], "", key, schema=schema)
         if answer.status != "answered":
             raise errors.Refused("input", f"the question was {answer.status}: {answer.reason}")
         return answer.value
@@ -687,6 +697,8 @@ class Worker:
         self._lock = threading.Condition()
         #: Attempts that reached an outcome in this process.
         self.finished: list[tuple[str, str]] = []
+        #: Attempts handed back as the worker stopped.
+        self.handed_back = 0
 
     # -- control ---------------------------------------------------------
 
@@ -699,9 +711,15 @@ class Worker:
     def run(self, handler: Handler, *, max_attempts: int | None = None) -> None:
         """Runs until :meth:`stop` (or SIGTERM / SIGINT in the main
         thread), or until `max_attempts` attempts reached an outcome."""
+        _visible(log)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
+        log.info(
+            "worker for agent %s: claiming up to %d attempt%s at once from %s%s", self.agent, self.concurrency,
+            "" if self.concurrency == 1 else "s", self.client.url,
+            f", {max_attempts} in all" if max_attempts is not None else "",
+        )
         runners = [
             threading.Thread(target=self._runner, args=(handler, max_attempts), name=f"agentbay-runner-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -725,6 +743,13 @@ class Worker:
             deadline = time.monotonic() + self.stop_grace
             for t in runners:
                 t.join(max(0.0, deadline - time.monotonic()))
+            with self._lock:
+                ended, held = len(self.finished), self.handed_back + len(self._owned)
+            log.info(
+                "worker for agent %s stops: %d attempt%s reached an outcome here%s", self.agent, ended,
+                "" if ended == 1 else "s",
+                f"; {held} handed back, resumed by another worker from their last checkpoint" if held else "",
+            )
             if self._own_client and not any(t.is_alive() for t in runners):
                 self.client.close()
 
@@ -758,6 +783,10 @@ class Worker:
                 continue
             with self._lock:
                 self._owned.add(t.attempt_id)
+            log.info(
+                "claimed attempt %s of run %s (release %s)%s", t.attempt_id, t.run_id, t.release_id,
+                f", resuming from checkpoint {t.checkpoint_sequence}" if t.resumed else "",
+            )
             self._enqueue(_Job(t, _Hold(self.client, t.attempt_id, t.fencing_token, self._every(t))))
 
     def _every(self, t: pb.AttemptTicket) -> float:
@@ -809,6 +838,8 @@ class Worker:
             ctx = Context(self, t, hold, job.doc)
             self._drive(handler, ctx, job)
         except _Stopping:
+            with self._lock:
+                self.handed_back += 1
             log.info("attempt %s handed back (stopping)", t.attempt_id)
         except errors.Interrupted as e:
             log.info("attempt %s stopped: %s", t.attempt_id, e.reason)
@@ -848,6 +879,7 @@ class Worker:
                 # The worker is free while a human decides; the answer
                 # resumes the attempt here (or, if this process is gone by
                 # then, on another worker once the lease lapses).
+                log.info("attempt %s waits for decision %s; the worker is free meanwhile", ctx.attempt_id, s.decision_id)
                 hold.release()
                 job.doc = {"attempt": ctx.attempt_id, "state": ctx.state, "records": ctx._records}
                 threading.Thread(target=self._await, args=(job, s.decision_id), daemon=True).start()
@@ -906,7 +938,11 @@ class Worker:
         if r.verdict != pb.CORRECT:
             with self._lock:
                 self.finished.append((ctx.attempt_id, r.state))
-            log.info("attempt %s: %s -> %s", ctx.attempt_id, pb.Verdict.Name(r.verdict), r.state)
+            log.info(
+                "attempt %s reported %s: %s -> %s", ctx.attempt_id,
+                "its output" if succeeded else f"a failure ({failure_class}: {reason[:200]})",
+                pb.Verdict.Name(r.verdict), r.state,
+            )
         return r
 
     def _await(self, job: _Job, decision_id: str) -> None:
@@ -925,12 +961,31 @@ class Worker:
                 self._stopping.wait(2)
                 continue
             if d.status and d.status != "pending":
+                log.info(
+                    "attempt %s: decision %s %s%s", t.attempt_id, decision_id, d.status,
+                    f" by {d.answered_by}" if d.answered_by else "",
+                )
                 if d.attempt_state not in ("Running", "Claimed", "WaitingForDecision", "Paused", ""):
                     self._disown(t.attempt_id)
                     return  # the answer ended the attempt
                 hold = _Hold(self.client, t.attempt_id, job.hold.token, job.hold.every)
+                log.info("attempt %s resumes with the answer", t.attempt_id)
                 self._enqueue(_Job(t, hold, job.doc, fresh=False))
                 return
+
+
+def _visible(logger: logging.Logger) -> None:
+    """Makes the worker's lines visible when the program configured no
+    logging at all (Python shows only warnings then): one line each, on
+    stderr. A program that configures logging decides for itself."""
+    if logging.getLogger().handlers or logging.getLogger("agentbay").handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("agentbay")
+    root.addHandler(handler)
+    if root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
 
 
 def _parse_state(text: str) -> dict[str, Any]:

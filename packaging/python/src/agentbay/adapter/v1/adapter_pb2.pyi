@@ -340,7 +340,7 @@ class CheckpointResponse(_message.Message):
     def __init__(self, checkpoint_id: _Optional[str] = ..., sequence: _Optional[int] = ..., state: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
 
 class RequestDecisionRequest(_message.Message):
-    __slots__ = ("attempt_id", "fencing_token", "kind", "question_json", "summary", "options", "recommendation", "assignee")
+    __slots__ = ("attempt_id", "fencing_token", "kind", "question_json", "summary", "options", "recommendation", "assignee", "answer_schema_json")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -349,6 +349,7 @@ class RequestDecisionRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     RECOMMENDATION_FIELD_NUMBER: _ClassVar[int]
     ASSIGNEE_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     fencing_token: int
     kind: str
@@ -357,7 +358,8 @@ class RequestDecisionRequest(_message.Message):
     options: _containers.RepeatedScalarFieldContainer[str]
     recommendation: str
     assignee: str
-    def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., kind: _Optional[str] = ..., question_json: _Optional[str] = ..., summary: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ..., recommendation: _Optional[str] = ..., assignee: _Optional[str] = ...) -> None: ...
+    answer_schema_json: str
+    def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., kind: _Optional[str] = ..., question_json: _Optional[str] = ..., summary: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ..., recommendation: _Optional[str] = ..., assignee: _Optional[str] = ..., answer_schema_json: _Optional[str] = ...) -> None: ...
 
 class RequestDecisionResponse(_message.Message):
     __slots__ = ("decision_id", "expires_at")
