@@ -176,8 +176,13 @@ def test_the_saver_s_async_forms_keep_and_read_the_graph(appliance, adapter_cred
     run = run_of(operator, run_id)
     assert run.state == "Succeeded", out
     summary = json.loads(run.output_json)["summary"]
-    # 5 steps: the input's checkpoint and one per step, newest first.
-    assert summary == "n=5 listed=7 newest_first=True", summary
+    # 5 steps: the input's checkpoint and one per step, newest first; each
+    # checkpoint names its step, the node(s) that ran in it and the values
+    # (readable JSON, beside the serialized checkpoint).
+    assert summary == (
+        "n=5 listed=7 newest_first=True "
+        "story=-1:-:- 0:__start__:0 1:step:1 2:step:2 3:step:3 4:step:4 5:step:5"
+    ), summary
     # Each put and each task's writes was a checkpoint of the attempt.
     assert the_attempt(operator, run_id).checkpoints >= 12
 

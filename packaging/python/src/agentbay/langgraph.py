@@ -154,6 +154,16 @@ class AgentbaySaver(BaseCheckpointSaver[int]):
             pending_writes=[(w[0], w[1], _unpack(self.serde, w[2])) for w in writes],
         )
 
+    def story(self, checkpoint_ns: str = "") -> list[dict[str, Any]]:
+        """The graph's checkpoints this process has seen, oldest first, for
+        people: each one's step, the nodes that ran in it and the state's
+        values as JSON (also in every checkpoint the attempt keeps, under
+        ``langgraph``)."""
+        return [
+            {"step": e.get("step"), "nodes": e.get("nodes", []), "values": e.get("values")}
+            for e in self._history.get(checkpoint_ns, [])
+        ]
+
     def get_tuple(self, config: Any) -> CheckpointTuple | None:
         thread_id = config["configurable"]["thread_id"]
         ns = config["configurable"].get("checkpoint_ns", "")
@@ -196,6 +206,11 @@ class AgentbaySaver(BaseCheckpointSaver[int]):
     def put(self, config: Any, checkpoint: Checkpoint, metadata: CheckpointMetadata, new_versions: ChannelVersions) -> Any:
         thread_id = config["configurable"]["thread_id"]
         ns = config["configurable"].get("checkpoint_ns", "")
+        # The nodes that ran in the step this checkpoint ends: those whose
+        # seen channel versions moved since the previous checkpoint.
+        seen = _readable(checkpoint.get("versions_seen", {}))
+        seen = seen if isinstance(seen, dict) else {}
+        before = ((self._doc.get(ns) or {}).get("latest") or {}).get("seen") or {}
         entry = {
             "id": checkpoint["id"],
             "parent": config["configurable"].get("checkpoint_id"),
@@ -203,6 +218,8 @@ class AgentbaySaver(BaseCheckpointSaver[int]):
             "metadata": _pack(self.serde, get_checkpoint_metadata(config, metadata)),
             "values": _readable(checkpoint.get("channel_values", {})),
             "step": metadata.get("step"),
+            "nodes": sorted(n for n, v in seen.items() if n != "__input__" and v != before.get(n)),
+            "seen": seen,
             "writes": [],
         }
         with self.ctx._turn:  # put_writes may run on another thread

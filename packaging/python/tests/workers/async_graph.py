@@ -36,7 +36,8 @@ def handler(ctx):
         return latest.checkpoint["channel_values"]["n"], len(listed), listed[0].config == latest.config
 
     n, listed, newest_first = asyncio.run(main())
-    return {"severity": "low", "summary": f"n={n} listed={listed} newest_first={newest_first}", "paged": False}
+    story = " ".join(f"{e['step']}:{'+'.join(e['nodes']) or '-'}:{(e['values'] or {}).get('n', '-')}" for e in saver.story())
+    return {"severity": "low", "summary": f"n={n} listed={listed} newest_first={newest_first} story={story}", "paged": False}
 
 
 if __name__ == "__main__":
