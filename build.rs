@@ -127,7 +127,8 @@ fn leading_comments(
 /// - `at most N characters`: the text's longest;
 /// - `one of: a, b.`: the only values (of each item, for a list);
 /// - `a JSON document`: the text is JSON (`format: json`); `a JSON array`:
-///   JSON whose top level is an array;
+///   JSON whose top level is an array; `a JSON Schema`: JSON that is a
+///   JSON Schema (`format: json-schema`);
 /// - `(a UUID)`, `(a slug)`, `(a key)`, `(a day)` (`YYYY-MM-DD`): the
 ///   text's form;
 ///
@@ -141,6 +142,7 @@ fn leading_comments(
 /// - `Required when `other` is V.`: required only then (V: true, false or
 ///   a text); `At least N when `other` is V.`: a list that long then;
 ///   `True only when `other` is V.`: a bool that may be true only then;
+///   `Empty unless `other` is V.`: a text that may be given only then;
 /// - a message's comment `Needs one of: field_a, field_b.`: at least one
 ///   of them is given (not empty).
 fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
@@ -282,6 +284,12 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
         if !text {
             return value;
         }
+        if comment.contains("a JSON Schema") {
+            // A JSON document that a JSON Schema validator compiles.
+            value["format"] = json!("json-schema");
+            value["contentMediaType"] = json!("application/schema+json");
+            return empty_too(value);
+        }
         if comment.contains("a JSON array") {
             // JSON whose top level is an array.
             value["format"] = json!("json");
@@ -416,6 +424,15 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
                     },
                 }));
             }
+            if let Some((other, v)) = condition("Empty unless ") {
+                conditions.push(json!({
+                    "if": {
+                        "properties": {f.json_name(): {"type": "string", "minLength": 1}},
+                        "required": [f.json_name()],
+                    },
+                    "then": holds(&other, &v),
+                }));
+            }
             if let Some((other, v)) = condition("True only when ") {
                 conditions.push(json!({
                     "if": holds(f.json_name(), &json!(true)),
@@ -428,8 +445,9 @@ fn json_schemas(set: &prost_types::FileDescriptorSet) -> String {
                 f.r#type() != Type::String
                     || !f.name().ends_with("_json")
                     || comment.contains("a JSON document")
-                    || comment.contains("a JSON array"),
-                "{name}.{}: a `_json` text must say `a JSON document` or `a JSON array` in its comment",
+                    || comment.contains("a JSON array")
+                    || comment.contains("a JSON Schema"),
+                "{name}.{}: a `_json` text must say `a JSON document`, `a JSON array` or `a JSON Schema` in its comment",
                 f.name()
             );
             let value = if let Some(value) = maps.get(f.type_name()) {

@@ -857,6 +857,87 @@ struct TimelinePage {
     l: Layout,
     id: String,
     live: TimelineLive,
+    /// The agent's graph, when its adapter keeps one in its state (a
+    /// LangGraph graph run by the Python SDK).
+    graph: Option<GraphView>,
+}
+
+/// An agent's graph as its last checkpoint keeps it (`langgraph_graph`:
+/// `{nodes: [name], edges: [[from, to, conditional]]}`), with the nodes
+/// that ran in the last step lit.
+pub struct GraphView {
+    /// Each node.
+    nodes: Vec<GraphNode>,
+    /// The step of the last checkpoint.
+    step: Option<i64>,
+}
+
+/// A node of an agent's graph.
+pub struct GraphNode {
+    name: String,
+    /// Whether it ran in the last step.
+    ran: bool,
+    /// Where it goes, and whether on a condition.
+    to: Vec<(String, bool)>,
+}
+
+/// Nodes and edges a page shows at most.
+const GRAPH_NODES: usize = 200;
+const GRAPH_EDGES: usize = 500;
+
+impl GraphView {
+    /// The graph of an adapter state, if it keeps one.
+    fn of(state: &Value) -> Option<GraphView> {
+        // The Python SDK keeps the handler's state inside its envelope.
+        let state = state
+            .get("state")
+            .filter(|s| s.get("langgraph_graph").is_some())
+            .unwrap_or(state);
+        let g = state.get("langgraph_graph")?;
+        let name =
+            |v: &Value| -> Option<String> { v.as_str().map(|s| s.chars().take(100).collect()) };
+        // The root graph's latest checkpoint (namespace "").
+        let latest = state.pointer("/langgraph//latest");
+        let ran: Vec<String> = latest
+            .and_then(|l| l.get("nodes"))
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(name).collect())
+            .unwrap_or_default();
+        let edges: Vec<(String, String, bool)> = g
+            .get("edges")?
+            .as_array()?
+            .iter()
+            .take(GRAPH_EDGES)
+            .filter_map(|e| {
+                let e = e.as_array()?;
+                Some((
+                    name(e.first()?)?,
+                    name(e.get(1)?)?,
+                    e.get(2).and_then(Value::as_bool).unwrap_or(false),
+                ))
+            })
+            .collect();
+        let nodes = g
+            .get("nodes")?
+            .as_array()?
+            .iter()
+            .take(GRAPH_NODES)
+            .filter_map(name)
+            .map(|name| GraphNode {
+                to: edges
+                    .iter()
+                    .filter(|(from, ..)| *from == name)
+                    .map(|(_, to, conditional)| (to.clone(), *conditional))
+                    .collect(),
+                ran: ran.contains(&name),
+                name,
+            })
+            .collect();
+        Some(GraphView {
+            nodes,
+            step: latest.and_then(|l| l.get("step")).and_then(Value::as_i64),
+        })
+    }
 }
 
 /// A phase segment of the timeline's strip.
@@ -1158,10 +1239,20 @@ pub async fn timeline(
     console.require(Scope::RunsRead)?;
     let id = parse_uuid("attemptId", &attempt_id)?;
     let live = timeline_live(&console, id)?;
+    // The graph as the last checkpoint keeps it, read once per page.
+    let scope = console.scope()?;
+    let graph = console
+        .state
+        .runtime
+        .checkpoints(&scope, id)?
+        .last()
+        .and_then(|c| checkpoint_state(&console.state.runtime, &scope, c).ok())
+        .and_then(|state| GraphView::of(&state));
     render(&TimelinePage {
         l: console.layout(format!("Attempt {}", short(&attempt_id)), "/attempts"),
         id: id.to_string(),
         live,
+        graph,
     })
 }
 

@@ -27,6 +27,19 @@ _documents = st.recursive(
 
 schemathesis.openapi.format("json", _documents.map(json.dumps))
 
+# A text that is a JSON Schema: schemas a validator compiles, from the
+# trivial to a nested object with an enum.
+_schemas = st.sampled_from([
+    True,
+    {},
+    {"type": "string"},
+    {"type": "integer", "minimum": 0},
+    {"type": "object", "required": ["tier"], "properties": {"tier": {"type": "string"}}},
+    {"type": "object", "properties": {"choice": {"enum": ["a", "b"]}, "n": {"type": "number"}}},
+    {"type": "array", "items": {"type": "boolean"}},
+])
+schemathesis.openapi.format("json-schema", _schemas.map(json.dumps))
+
 
 # A release bundle is a .tar.gz; whatever was generated goes as gzip data,
 # so the import's checks (gzip, tar, manifest, signature) see it.

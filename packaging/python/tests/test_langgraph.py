@@ -61,13 +61,33 @@ def test_the_example_graph_runs_to_succeeded_through_an_approval(appliance, adap
     a = the_attempt(operator, run_id)
     assert (a.model_calls, a.tool_calls) == (2, 1)
 
+    # The attempt's page draws the graph from the compiled one: its nodes,
+    # where each goes (conditional edges marked), and what ran last.
+    opener, cookie = sign_in(appliance)
+    page = opener.open(urllib.request.Request(f"{appliance.url}/attempts/{a.attempt_id}",
+                                              headers={"Cookie": cookie})).read().decode()
+    graph = page.split('id="graph"', 1)[1].split("</section>", 1)[0]
+    for node in ("__start__", "plan", "tools", "review", "__end__"):
+        assert f"<code>{node}</code>" in graph, graph
+    rows = {
+        row.split("<td><code>", 1)[1].split("</code>", 1)[0]: row
+        for row in graph.split("<tr")[1:] if "<td><code>" in row
+    }
+    assert "<code>tools</code> <span class=\"muted\">(if)</span>" in rows["plan"], rows["plan"]
+    assert "<code>review</code>" in rows["plan"], rows["plan"]
+    assert "<code>plan</code>" in rows["tools"], rows["tools"]
+    # The graph ended with the reviewer's node.
+    assert rows["review"].startswith(' class="lit"'), rows
+    assert not rows["plan"].startswith(' class="lit"'), rows
+
 
 def sign_in(appliance) -> tuple[urllib.request.OpenerDirector, str]:
     """A reviewer's console session (a real sign-in over HTTPS)."""
     password = appliance.root / "operator.pw"
-    password.write_text("correct horse battery staple\n")
-    appliance.cli("user", "create", "--tenant", "demo", "--username", "olga", "--role", "Operator",
-                  "--password-file", str(password))
+    if not password.exists():  # once per appliance (the module's)
+        password.write_text("correct horse battery staple\n")
+        appliance.cli("user", "create", "--tenant", "demo", "--username", "olga", "--role", "Operator",
+                      "--password-file", str(password))
     tls = ssl.create_default_context(cafile=appliance.ca)
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):

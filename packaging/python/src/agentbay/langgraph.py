@@ -128,6 +128,9 @@ class AgentbaySaver(BaseCheckpointSaver[int]):
     def __init__(self, ctx: Context, *, serde: Any = None) -> None:
         super().__init__(serde=serde)
         self.ctx = ctx
+        #: The graph's nodes and edges (:func:`graph_shape`), kept with
+        #: every checkpoint for the console's attempt page.
+        self.graph: dict[str, Any] | None = None
         state = ctx.state if isinstance(ctx.state, dict) else {}
         self._doc: dict[str, Any] = dict(state.get("langgraph") or {})
         # checkpoint_ns -> [entries, oldest first] (this process's history)
@@ -137,7 +140,10 @@ class AgentbaySaver(BaseCheckpointSaver[int]):
 
     def _save(self) -> None:
         state = self.ctx.state if isinstance(self.ctx.state, dict) else {}
-        self.ctx.checkpoint({**state, "langgraph": self._doc}, phase="Checkpointing")
+        doc = {**state, "langgraph": self._doc}
+        if self.graph is not None:
+            doc["langgraph_graph"] = self.graph
+        self.ctx.checkpoint(doc, phase="Checkpointing")
 
     def _tuple(self, thread_id: str, ns: str, entry: dict[str, Any], writes: list[Any]) -> CheckpointTuple:
         config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": entry["id"]}}
@@ -416,6 +422,7 @@ def graph_handler(
             raise Failed("validation", f"the graph's output does not meet the release's contract: {ctx.feedback}")
         saver = AgentbaySaver(ctx)
         compiled = compile_with(saver)
+        saver.graph = graph_shape(compiled)
         config = {"configurable": {"thread_id": ctx.step_id}, "recursion_limit": 100}
         token = _current.set(ctx)
         try:
@@ -438,6 +445,20 @@ def graph_handler(
             _current.reset(token)
 
     return handle
+
+
+def graph_shape(compiled: Any, *, max_nodes: int = 200, max_edges: int = 500) -> dict[str, Any] | None:
+    """A compiled graph's nodes and edges as JSON (``{"nodes": [name],
+    "edges": [[from, to, conditional]]}``), bounded; None when the graph
+    does not say."""
+    try:
+        g = compiled.get_graph()
+    except Exception:  # a graph that cannot draw itself still runs
+        return None
+    return {
+        "nodes": [str(n) for n in list(g.nodes)[:max_nodes]],
+        "edges": [[str(e.source), str(e.target), bool(e.conditional)] for e in list(g.edges)[:max_edges]],
+    }
 
 
 def run_graph(
