@@ -6,7 +6,10 @@
 //! Objects are compared key by key, arrays index by index; a value whose
 //! type differs is one change. Paths are JSON Pointers (RFC 6901), so a
 //! change names exactly where it is; a path or value is kept only as far
-//! as it is shown ([`SHOWN`] characters, then `…`).
+//! as it is shown ([`SHOWN`] characters, then `…`). A long text that is
+//! base64 (an adapter's serialized data, such as a LangGraph checkpoint
+//! beside its readable values) is shown as what it is, not as its
+//! characters.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -102,6 +105,11 @@ fn push_token(path: &mut String, key: &str) {
 /// A value as JSON, at most [`SHOWN`] characters (then `…`): no more is
 /// ever written, whatever its size.
 fn shown(v: &Value) -> String {
+    if let Value::String(text) = v
+        && is_serialized(text)
+    {
+        return format!("(serialized data: {} base64 characters)", text.len());
+    }
     struct Upto(Vec<u8>);
     impl std::io::Write for Upto {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -121,6 +129,19 @@ fn shown(v: &Value) -> String {
     let mut w = Upto(Vec::new());
     let _ = serde_json::to_writer(&mut w, v);
     cut(&String::from_utf8_lossy(&w.0))
+}
+
+/// Base64 data rather than words: long, of the base64 alphabet only, with
+/// upper and lower case letters and digits.
+fn is_serialized(text: &str) -> bool {
+    const LONG: usize = 200;
+    text.len() >= LONG
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=' | b'-' | b'_'))
+        && text.bytes().any(|b| b.is_ascii_uppercase())
+        && text.bytes().any(|b| b.is_ascii_lowercase())
+        && text.bytes().any(|b| b.is_ascii_digit())
 }
 
 fn cut(text: &str) -> String {
@@ -234,6 +255,44 @@ mod tests {
 
     /// The review's shape: deep arrays whose every leaf changed. The
     /// listing stops at the budget and the rest is counted.
+    #[test]
+    fn serialized_data_is_named_not_printed() {
+        use base64::Engine;
+        let blob = |seed: u8| {
+            base64::engine::general_purpose::STANDARD.encode(
+                (0..300u16)
+                    .map(|i| (i as u8).wrapping_mul(seed))
+                    .collect::<Vec<u8>>(),
+            )
+        };
+        let before = json!({"latest": {"checkpoint": ["msgpack", blob(3)], "values": {"n": 1}}});
+        let after = json!({"latest": {"checkpoint": ["msgpack", blob(5)], "values": {"n": 2}}});
+        let d = diff(&before, &after, PAGE);
+        let packed = d
+            .changes
+            .iter()
+            .find(|c| c.path == "/latest/checkpoint/1")
+            .unwrap();
+        assert_eq!(
+            packed.after.as_deref(),
+            Some("(serialized data: 400 base64 characters)")
+        );
+        let values = d
+            .changes
+            .iter()
+            .find(|c| c.path == "/latest/values/n")
+            .unwrap();
+        assert_eq!(values.after.as_deref(), Some("2"));
+        // Words, hashes and short tokens are shown as they are.
+        for text in [
+            "sha256:".to_string() + &"ab12".repeat(16),
+            "word ".repeat(60),
+            "A1b2".repeat(10),
+        ] {
+            assert!(!is_serialized(&text), "{text}");
+        }
+    }
+
     #[test]
     fn a_hostile_diff_lists_its_budget_and_counts_the_rest() {
         fn deep(depth: usize, leaf: u64) -> Value {

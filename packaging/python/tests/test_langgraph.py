@@ -145,6 +145,14 @@ def test_a_graph_killed_between_two_nodes_resumes_on_another_worker(appliance, a
     assert sequences == list(range(1, a.checkpoints + 1)), (sequences, a.checkpoints)
     # The saver's checkpoints are the graph's super-steps: phase Checkpointing.
     assert table.count("<td>Checkpointing</td>") >= 6, table[:3000]
+    # Two checkpoints compared read as the graph: the nodes that ran and the
+    # values, the serialized checkpoint named, never printed as base64.
+    compared = opener.open(urllib.request.Request(
+        f"{appliance.url}/attempts/{a.attempt_id}/checkpoints?from=2&to={a.checkpoints}",
+        headers={"Cookie": cookie})).read().decode()
+    assert "/latest/nodes" in compared and "/latest/values/" in compared, compared[-4000:]
+    assert "(serialized data: " in compared, compared[-4000:]
+    assert re.search(r"[A-Za-z0-9+/=]{200,}", compared) is None, "base64 on the page"
 
     # Re-run from a checkpoint taken before the reviewer's question: the
     # graph resumes from there (the model answers the last turn again,
