@@ -1244,9 +1244,8 @@ pub async fn timeline(
     let graph = console
         .state
         .runtime
-        .checkpoints(&scope, id)?
-        .last()
-        .and_then(|c| checkpoint_state(&console.state.runtime, &scope, c).ok())
+        .last_checkpoint(&scope, &live.a)?
+        .and_then(|c| checkpoint_state(&console.state.runtime, &scope, &c).ok())
         .and_then(|state| GraphView::of(&state));
     render(&TimelinePage {
         l: console.layout(format!("Attempt {}", short(&attempt_id)), "/attempts"),

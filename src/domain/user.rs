@@ -189,6 +189,10 @@ pub fn parse_username(name: &str) -> Result<String, FieldError> {
     Ok(name.to_string())
 }
 
+/// The published form of a user name: exactly [`parse_username`]'s rule
+/// (the API's contract says the same pattern).
+pub const USERNAME_PATTERN: &str = "^[a-z0-9][a-z0-9._-]{2,63}$";
+
 /// The user name a person typed at sign-in, trimmed and lower-cased.
 pub fn sign_in_name(typed: &str) -> String {
     typed.trim().to_ascii_lowercase()
@@ -451,6 +455,17 @@ mod tests {
         ] {
             assert!(parse_email("email", &long).is_err());
             assert!(!pattern(&long));
+        }
+        let names = jsonschema::validator_for(
+            &serde_json::json!({"type": "string", "pattern": USERNAME_PATTERN}),
+        )
+        .unwrap();
+        for name in ["alice.b", "a-1", "Alice", "ab", "-ab", &"a".repeat(65)] {
+            assert_eq!(
+                names.is_valid(&serde_json::json!(name)),
+                parse_username(name).is_ok(),
+                "{name}"
+            );
         }
         let longest = format!("{}@{}", "a".repeat(64), "b".repeat(189));
         assert_eq!(longest.len(), MAX_EMAIL_LEN);

@@ -1111,6 +1111,22 @@ impl Runtime {
             .list_under(scope, &format!("{attempt_id}/"))?)
     }
 
+    /// The attempt's last checkpoint, read alone (its sequence is the
+    /// attempt's count of checkpoints).
+    pub fn last_checkpoint(
+        &self,
+        scope: &TenantScope,
+        a: &crate::domain::attempt::ExecutionAttempt,
+    ) -> Result<Option<Checkpoint>, RuntimeError> {
+        if a.usage.checkpoints == 0 {
+            return Ok(None);
+        }
+        Ok(self
+            .shared
+            .store
+            .get(scope, &Checkpoint::key(a.attempt_id, a.usage.checkpoints))?)
+    }
+
     /// Call records of an attempt, in order.
     pub fn calls(
         &self,

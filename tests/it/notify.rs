@@ -308,6 +308,27 @@ async fn sign_in_to(a: &Appliance, username: &str, next: &str) -> (String, Strin
     (cookie, to)
 }
 
+/// Submits a run of the demo's approval release (it waits for a
+/// Reviewer to approve paging on-call); returns its id.
+async fn submit_approval(a: &Appliance, token: &str) -> String {
+    let submitted: Value = a
+        .http()
+        .post(format!("{}/agentbay.runs.v1.Runs/SubmitRun", a.url))
+        .bearer_auth(token)
+        .json(&json!({"tenantId": "demo", "projectId": "support", "releaseId": "triage-approval-1.0.0",
+                      "inputJson": "{\"customer\": \"initech\", \"text\": \"the pager is silent\"}"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    submitted["run"]["runId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{submitted}"))
+        .to_string()
+}
+
 #[tokio::test]
 async fn a_new_decision_is_mailed_to_who_may_answer_with_a_link_that_opens_once_after_sign_in() {
     let (sink, port) = Sink::start().await;
@@ -385,22 +406,7 @@ async fn a_new_decision_is_mailed_to_who_may_answer_with_a_link_that_opens_once_
 
     // The relay refuses the first mail for now: it is tried again.
     *sink.temporary.lock() = 1;
-    let submitted: Value = a
-        .http()
-        .post(format!("{}/agentbay.runs.v1.Runs/SubmitRun", a.url))
-        .bearer_auth(&admin)
-        .json(&json!({"tenantId": "demo", "projectId": "support", "releaseId": "triage-approval-1.0.0",
-                      "inputJson": "{\"customer\": \"initech\", \"text\": \"the pager is silent\"}"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let run = submitted["run"]["runId"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{submitted}"))
-        .to_string();
+    let run = submit_approval(&a, &admin).await;
     // The first try met the 451; the clock moves past the backoff.
     for _ in 0..100 {
         a.run_worker("Notifier").await;
@@ -589,19 +595,7 @@ async fn mail_leaves_the_host_over_starttls_checked_against_the_sites_ca() {
         })
         .await
         .unwrap();
-    let submitted: Value = a
-        .http()
-        .post(format!("{}/agentbay.runs.v1.Runs/SubmitRun", a.url))
-        .bearer_auth(&admin)
-        .json(&json!({"tenantId": "demo", "projectId": "support", "releaseId": "triage-approval-1.0.0",
-                      "inputJson": "{\"customer\": \"initech\", \"text\": \"the pager is silent\"}"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let run = submitted["run"]["runId"].as_str().unwrap().to_string();
+    let run = submit_approval(&a, &admin).await;
     let mails = sink.wait_for(&a, &run, 1).await;
     assert!(mails[0].secure, "the mail came in the clear");
     assert_eq!(mails[0].to, ["rev@site.test"]);

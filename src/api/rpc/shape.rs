@@ -273,16 +273,37 @@ fn describe(error: &jsonschema::ValidationError<'_>) -> (String, String) {
             return describe(first);
         }
     }
-    // A mail address is refused in the words of the rule that checks it.
+    // A text the domain checks is refused in the words of its rule, not
+    // with the published pattern's regex.
     if let ValidationErrorKind::Pattern { pattern } = error.kind()
-        && pattern == crate::domain::user::EMAIL_PATTERN
         && let Some(text) = error.instance().as_str()
-        && let Err(e) = crate::domain::user::parse_email("", text)
+        && let Some(reason) = WORDED
+            .iter()
+            .find(|(p, _)| p == pattern)
+            .and_then(|(_, rule)| rule(text))
     {
-        return (error.instance_path().to_string(), e.reason);
+        return (error.instance_path().to_string(), reason);
     }
     (error.instance_path().to_string(), error.to_string())
 }
+
+/// A domain rule: why a text is refused, or None.
+type Rule = fn(&str) -> Option<String>;
+
+/// Published patterns and the domain rules they stand for: a refusal's
+/// reason is the rule's own.
+const WORDED: &[(&str, Rule)] = &[
+    (crate::domain::user::EMAIL_PATTERN, |text| {
+        crate::domain::user::parse_email("", text)
+            .err()
+            .map(|e| e.reason)
+    }),
+    (crate::domain::user::USERNAME_PATTERN, |text| {
+        crate::domain::user::parse_username(text)
+            .err()
+            .map(|e| e.reason)
+    }),
+];
 
 /// `/retention/payloadDays` -> `retention.payloadDays`; `/roles/0` ->
 /// `roles[0]`.
@@ -343,6 +364,22 @@ mod tests {
             json!({"state": "Sleeping"}),
         );
         assert_eq!(field, "state");
+    }
+
+    #[test]
+    fn a_text_the_domain_checks_is_refused_in_its_rules_words() {
+        let (field, reason) = refused(
+            "agentbay.admin.v1.SetUserEmailRequest",
+            json!({"tenantId": "demo", "username": "Alice", "email": "alice at site"}),
+        );
+        assert_eq!(field, "email");
+        assert!(reason.contains("is not a mail address"), "{reason}");
+        let (field, reason) = refused(
+            "agentbay.admin.v1.DisableUserRequest",
+            json!({"tenantId": "demo", "username": "Alice"}),
+        );
+        assert_eq!(field, "username");
+        assert!(reason.contains("is not a user name"), "{reason}");
     }
 
     #[test]
