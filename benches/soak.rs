@@ -121,6 +121,7 @@ async fn one_run(state: &AppState, scope: &TenantScope, project: &ProjectId, i: 
                     state: Some(serde_json::to_vec(&payload("state", i, 2)).unwrap()),
                     context_since: None,
                     in_process: false,
+                    approval_asked: false,
                 },
             )
             .await

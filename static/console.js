@@ -123,6 +123,44 @@ function restoreRefusedForm() {
   }
 }
 
+// A model turn as it is written: the text pieces of each call appended
+// to its own block, a superseded try's block removed (the call is tried
+// again as another), the stream resumed where it was after a reconnect
+// (EventSource sends the last id it had).
+function followText(panel) {
+  const turns = panel.querySelector(".turns");
+  const empty = panel.querySelector(".empty");
+  const source = new EventSource(panel.dataset.text);
+  const block = (call) => {
+    let pre = turns.querySelector(`pre[data-call="${CSS.escape(call)}"]`);
+    if (!pre) {
+      pre = document.createElement("pre");
+      pre.className = "turn";
+      pre.dataset.call = call;
+      turns.append(pre);
+    }
+    return pre;
+  };
+  source.addEventListener("text", (event) => {
+    const piece = JSON.parse(event.data);
+    const pre = block(piece.callId);
+    pre.textContent += piece.text;
+    pre.classList.add("writing");
+    if (empty) empty.hidden = true;
+  });
+  source.addEventListener("ended", (event) => {
+    const piece = JSON.parse(event.data);
+    const pre = turns.querySelector(`pre[data-call="${CSS.escape(piece.callId)}"]`);
+    if (pre) pre.classList.remove("writing");
+  });
+  source.addEventListener("superseded", (event) => {
+    const piece = JSON.parse(event.data);
+    const pre = turns.querySelector(`pre[data-call="${CSS.escape(piece.callId)}"]`);
+    if (pre) pre.remove();
+  });
+  source.addEventListener("end", () => source.close());
+}
+
 document.addEventListener("submit", keepOnSubmit, true);
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -150,6 +188,7 @@ document.addEventListener("DOMContentLoaded", () => {
     });
     source.addEventListener("end", () => source.close());
   }
+  for (const panel of document.querySelectorAll("[data-text]")) followText(panel);
   for (const select of document.querySelectorAll("select[data-autosubmit]")) {
     select.addEventListener("change", () => select.form.submit());
   }

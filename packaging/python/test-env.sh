@@ -15,7 +15,7 @@ rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q -c "$here/constraints.txt" \
   connect-python protobuf googleapis-common-protos pyqwest \
-  langgraph langgraph-checkpoint-sqlite pytest \
+  langgraph langgraph-checkpoint-sqlite openai-agents pydantic-ai-slim pytest \
   grpcio-tools protoc-gen-connect-python setuptools wheel
 cp "$here/constraints.txt" "$venv/.constraints"
 echo "python test environment: $venv ($("$venv/bin/python" --version))"

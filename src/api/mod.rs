@@ -120,6 +120,10 @@ pub fn router(state: AppState, pages: Router<AppState>) -> Router {
             get(runtime::watch_attempt),
         )
         .route(
+            "/runtime/attempts/{attempt_id}/text",
+            get(runtime::model_text),
+        )
+        .route(
             "/factory/webhooks",
             get(webhooks::list).post(webhooks::create),
         )

@@ -25,7 +25,7 @@ use super::{audit, capacity, events, export, health, oauth, releases, runtime, t
         capacity::list_leases, capacity::get_lease, capacity::my_queue, capacity::accounting, capacity::usage,
         tenants::list, tenants::get, tenants::put, tenants::put_project,
         releases::import, releases::list, releases::get, releases::deprecate, releases::revoke,
-        runtime::get_attempt, runtime::list_checkpoints, runtime::watch_attempt,
+        runtime::get_attempt, runtime::list_checkpoints, runtime::watch_attempt, runtime::model_text,
         export::export_run,
         runtime::get_call, runtime::get_artifact,
         webhooks::list, webhooks::create, webhooks::get, webhooks::put, webhooks::delete,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use chrono::{DateTime, Utc};
 use futures::Stream;
@@ -676,6 +677,82 @@ pub async fn list_checkpoints(
         checkpoint_format: attempt.checkpoint_format,
         checkpoints,
     }))
+}
+
+/// A piece of model text as a server-sent event: named by its kind
+/// (`text`, `superseded`, `ended`, `gap`), its id the offset a reader
+/// reconnects from (`Last-Event-ID`), its data the piece as JSON.
+pub(crate) fn text_event(piece: &crate::domain::text::TextPiece) -> Event {
+    use crate::domain::text::PieceKind;
+    let kind = match piece.kind {
+        PieceKind::Text { .. } => "text",
+        PieceKind::Superseded { .. } => "superseded",
+        PieceKind::Ended => "ended",
+        PieceKind::Gap { .. } => "gap",
+    };
+    let resume = match piece.kind {
+        PieceKind::Gap { up_to } => up_to,
+        _ => piece.end(),
+    };
+    Event::default()
+        .event(kind)
+        .id(resume.to_string())
+        .data(serde_json::to_string(piece).expect("pieces serialise"))
+}
+
+/// Where a reader of model text starts: `Last-Event-ID`, else `?from=`.
+pub(crate) fn text_from(headers: &HeaderMap, from: Option<&str>) -> Result<u64, ApiError> {
+    let given = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| ("Last-Event-ID", v))
+        .or(from.map(|v| ("from", v)));
+    match given {
+        None => Ok(0),
+        Some((field, v)) => v.trim().parse().map_err(|_| {
+            ApiError::invalid(field, format!("{v:?} is not a byte offset of the text"))
+        }),
+    }
+}
+
+/// The attempt's model text as it is written (SSE): from byte `from` of
+/// its text stream (or `Last-Event-ID`), pieces of each model call's
+/// answer coalesced about every 100 ms, a `superseded` marker when a call
+/// failed and is tried again (discard its text), `ended` when a call's
+/// answer is whole (it is then in the call's record). Ends once the
+/// attempt has ended.
+#[utoipa::path(get, path = "/runtime/attempts/{attemptId}/text", tag = "runtime",
+    params(("attemptId" = String, Path, description = "The attempt"),
+           ("from" = Option<u64>, Query, description = "Byte offset of the text stream to start at (past the end: the end)")),
+    responses((status = 200, description = "text/event-stream of model text: each event is named by its kind (text, superseded, ended, gap), its id the offset to resume from and its data a TextPiece (JSON)", content_type = "text/event-stream", body = super::events::ServerSentEvent)),
+    security(("bearer" = ["factory.runs.read"])))]
+pub async fn model_text(
+    State(state): State<AppState>,
+    auth: Authorized<need::RunsRead>,
+    Path(attempt_id): Path<String>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let pairs = query_pairs(raw.as_deref(), &["tenant", "from"])?;
+    let scope = match pairs.iter().find(|(k, _)| k == "tenant") {
+        Some((_, t)) => auth
+            .principal
+            .scope_for(&TenantId::parse_field("tenant", t)?)?,
+        None => auth.principal.tenant_scope(),
+    };
+    let from = text_from(
+        &headers,
+        pairs
+            .iter()
+            .find(|(k, _)| k == "from")
+            .map(|(_, v)| v.as_str()),
+    )?;
+    let id = parse_uuid("attemptId", &attempt_id)?;
+    let pieces = state
+        .runtime
+        .model_text(&scope, id, from, state.shutdown.clone())?;
+    let events = futures::StreamExt::map(pieces, |piece| Ok(text_event(&piece)));
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
 /// The attempt's state, phase and checkpoints as they happen (SSE, event

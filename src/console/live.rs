@@ -153,3 +153,43 @@ pub async fn timeline(
         }
     })))
 }
+
+/// `GET /attempts/{id}/text`: the attempt's model text as it is written,
+/// the API's events (`text`, `superseded`, `ended`, `gap`) from `?from=`
+/// or `Last-Event-ID`, while the session lasts.
+pub async fn model_text(
+    console: Console,
+    Path(attempt_id): Path<String>,
+    RawQuery(raw): RawQuery,
+    headers: axum::http::HeaderMap,
+) -> Result<Events, PageError> {
+    console.require(Scope::RunsRead)?;
+    let id = Uuid::parse_str(&attempt_id)
+        .map_err(|_| PageError::bad(format!("attemptId: {attempt_id:?} is not a UUID")))?;
+    let pairs = crate::api::capacity::query_pairs(raw.as_deref(), &["from"])
+        .map_err(|e| PageError::bad(e.detail.clone()))?;
+    let from = crate::api::runtime::text_from(&headers, pairs.first().map(|(_, v)| v.as_str()))
+        .map_err(|e| PageError::bad(e.detail.clone()))?;
+    let scope = console.scope()?;
+    let pieces =
+        console
+            .state
+            .runtime
+            .model_text(&scope, id, from, console.state.shutdown.clone())?;
+    Ok(sse(async_stream(move |tx| async move {
+        let mut pieces = std::pin::pin!(pieces);
+        while let Some(piece) = futures::StreamExt::next(&mut pieces).await {
+            if !console.signed_in()
+                || tx
+                    .send(crate::api::runtime::text_event(&piece))
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+        }
+        let _ = tx
+            .send(Event::default().event("end").data("terminal"))
+            .await;
+    })))
+}

@@ -62,6 +62,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/attempts", get(work::attempts))
         .route("/attempts/{attempt_id}", get(work::timeline))
         .route("/attempts/{attempt_id}/live", get(live::timeline))
+        .route("/attempts/{attempt_id}/text", get(live::model_text))
         .route("/attempts/{attempt_id}/checkpoints", get(work::checkpoints))
         .route("/attempts/{attempt_id}/rerun", post(work::rerun))
         .route("/attempts/{attempt_id}/interrupt", post(work::interrupt))

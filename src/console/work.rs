@@ -860,6 +860,10 @@ struct TimelinePage {
     /// The agent's graph, when its adapter keeps one in its state (a
     /// LangGraph graph run by the Python SDK).
     graph: Option<GraphView>,
+    /// The model text of each turn as the stream holds it now, and where
+    /// the stream ends (the page follows from there).
+    turns: Vec<(String, String)>,
+    text_end: u64,
 }
 
 /// An agent's graph as its last checkpoint keeps it (`langgraph_graph`:
@@ -1247,11 +1251,14 @@ pub async fn timeline(
         .last_checkpoint(&scope, &live.a)?
         .and_then(|c| checkpoint_state(&console.state.runtime, &scope, &c).ok())
         .and_then(|state| GraphView::of(&state));
+    let (turns, text_end) = console.state.runtime.text_so_far(&scope, id)?;
     render(&TimelinePage {
         l: console.layout(format!("Attempt {}", short(&attempt_id)), "/attempts"),
         id: id.to_string(),
         live,
         graph,
+        turns: turns.into_iter().map(|(c, t)| (c.to_string(), t)).collect(),
+        text_end,
     })
 }
 

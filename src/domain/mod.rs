@@ -28,6 +28,7 @@ pub mod rerun;
 pub mod retention;
 pub mod run;
 pub mod tenant;
+pub mod text;
 pub mod trust;
 pub mod usage;
 pub mod user;

@@ -161,6 +161,17 @@ pub enum PolicyRule {
     Deny,
 }
 
+impl PolicyRule {
+    /// The rule when the adapter asks approval of the call itself: an
+    /// allowed call waits for a reviewer; approval or denial stay.
+    pub fn with_approval_asked(self) -> Self {
+        match self {
+            PolicyRule::Allow => PolicyRule::RequireApproval,
+            stricter => stricter,
+        }
+    }
+}
+
 /// How a tool is reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -1362,5 +1373,13 @@ mod tests {
             p.rule("deploy", SideEffectClass::Read),
             PolicyRule::RequireApproval
         );
+        // An adapter asking approval makes an allowed call wait, and
+        // never loosens a denial.
+        let asked = |tool, class| p.rule(tool, class).with_approval_asked();
+        assert_eq!(
+            asked("search", SideEffectClass::Read),
+            PolicyRule::RequireApproval
+        );
+        assert_eq!(asked("mail", SideEffectClass::External), PolicyRule::Deny);
     }
 }

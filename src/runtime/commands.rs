@@ -44,6 +44,10 @@ pub struct BeginCall {
     /// answer): the start of a call without effect need not wait for the
     /// disk.
     pub in_process: bool,
+    /// The adapter asks a reviewer's approval of this tool call although
+    /// the policy may allow it (a framework's tool marked as needing
+    /// approval). It never loosens the policy: a denied call stays refused.
+    pub approval_asked: bool,
 }
 
 /// The answer to a BeginCall.

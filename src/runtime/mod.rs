@@ -23,6 +23,7 @@ pub mod reach;
 pub mod records;
 pub mod release;
 pub mod servers;
+pub mod text;
 pub mod workers;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -134,6 +135,8 @@ pub struct Shared {
     pub(crate) confiner: Arc<confine::Confiner>,
     /// The site's model servers as capacity: their limits and queues.
     pub(crate) servers: Arc<servers::ModelServers>,
+    /// The model text of attempts as it is written.
+    pub(crate) text: Arc<text::TextStreams>,
 }
 
 impl Shared {
@@ -221,6 +224,7 @@ impl Runtime {
         let shared = Arc::new(Shared {
             store: store.clone(),
             servers: Arc::new(model_servers),
+            text: Arc::default(),
             clock,
             config,
             capacity,

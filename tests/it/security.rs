@@ -593,6 +593,10 @@ fn rpc_table(v: &Victim) -> HashMap<&'static str, Option<Value>> {
             adapter(json!({"messagesJson": "[{\"role\":\"user\",\"content\":\"hi\"}]"})),
         ),
         (
+            "agentbay.adapter.v1.Adapter/StreamModel",
+            adapter(json!({"messagesJson": "[{\"role\":\"user\",\"content\":\"hi\"}]"})),
+        ),
+        (
             "agentbay.adapter.v1.Adapter/AwaitCall",
             adapter(json!({"callId": uuid})),
         ),

@@ -55,8 +55,9 @@ def free_port() -> int:
 class Appliance:
     """One appliance process on its own data directory and port."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
         self.root = root
+        self.extra_env = dict(env or {})
         self.data_dir = root / "data"
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
@@ -87,7 +88,7 @@ class Appliance:
             # tests move the clock 61 s past it); the reconciler, which
             # settles attempts nobody took over, waits for an hour of the
             # manual clock, so that no sum of moves makes it race them.
-            env={**appliance_env(), "AGENTBAY_RUNTIME__RECONCILE_INTERVAL_SECONDS": "3600"},
+            env={**appliance_env(), "AGENTBAY_RUNTIME__RECONCILE_INTERVAL_SECONDS": "3600", **self.extra_env},
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -191,3 +192,147 @@ def run_of(operator, run_id: str):
 
 def attempts(operator, run_id: str):
     return [a for s in run_of(operator, run_id).steps for a in s.attempts]
+
+
+class ModelSite:
+    """The site's services for a framework's agent: an OpenAI-compatible
+    chat-completions server (what the site maps the release's model
+    profile to) and a ticket service the agent's tool calls, each counting
+    what it was asked. The model answers from the conversation alone, so a
+    turn asked again gets the same answer: look up the customer's tickets,
+    hand off to the reporter when the agents offer it, then the verdict
+    (as the ``final_result`` tool when the agent asks for structured
+    output). A streamed answer comes in pieces of a few characters."""
+
+    VERDICT = {"severity": "low", "summary": "Slow checkout for acme; tickets looked up.", "paged": False}
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.turns: list[dict] = []
+        self.tool_calls: list[dict] = []
+        self.lock = threading.Lock()
+        self.highest_fence: dict[str, int] = {}
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if self.path.endswith("/chat/completions"):
+                    site.model(self, body)
+                elif self.path.startswith("/tickets"):
+                    site.tickets(self, body)
+                else:
+                    self.send_error(404)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def answer(self, body: dict) -> dict:
+        messages = body.get("messages") or []
+        offered = {t["function"]["name"] for t in body.get("tools") or []}
+        asked = [c["function"]["name"] for m in messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+        customer = "acme" if "acme" in json.dumps(messages) else "unknown"
+        if "lookup-ticket" in offered and "lookup-ticket" not in asked:
+            return {"tool_calls": [{"id": f"call_{len(asked) + 1}", "type": "function",
+                                    "function": {"name": "lookup-ticket", "arguments": json.dumps({"customer": customer})}}]}
+        handoff = next((n for n in offered if n.startswith("transfer_to_")), None)
+        if handoff and handoff not in asked:
+            return {"tool_calls": [{"id": f"call_{len(asked) + 1}", "type": "function",
+                                    "function": {"name": handoff, "arguments": "{}"}}]}
+        if "final_result" in offered:
+            return {"tool_calls": [{"id": f"call_{len(asked) + 1}", "type": "function",
+                                    "function": {"name": "final_result", "arguments": json.dumps(self.VERDICT)}}]}
+        return {"content": json.dumps(self.VERDICT)}
+
+    def model(self, request, body: dict) -> None:
+        message = {"role": "assistant", "content": None, **self.answer(body)}
+        with self.lock:
+            self.turns.append(body)
+        usage = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
+        if not body.get("stream"):
+            reply = json.dumps({"id": "x", "object": "chat.completion", "model": "site-model", "usage": usage,
+                                "choices": [{"index": 0, "finish_reason": "stop", "message": message}]}).encode()
+            request.send_response(200)
+            request.send_header("Content-Type", "application/json")
+            request.send_header("Content-Length", str(len(reply)))
+            request.end_headers()
+            request.wfile.write(reply)
+            return
+        request.send_response(200)
+        request.send_header("Content-Type", "text/event-stream")
+        request.end_headers()
+
+        def send(delta: dict, **more) -> None:
+            chunk = {"id": "x", "object": "chat.completion.chunk", "model": "site-model",
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": None}], **more}
+            request.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            request.wfile.flush()
+
+        text = message.get("content") or ""
+        for i in range(0, len(text), 4):
+            send({"content": text[i:i + 4]})
+            time.sleep(0.01)
+        for n, c in enumerate(message.get("tool_calls") or []):
+            send({"tool_calls": [{"index": n, **c}]})
+        send({}, usage=usage)
+        request.wfile.write(b"data: [DONE]\n\n")
+        request.wfile.flush()
+
+    def tickets(self, request, body: dict) -> None:
+        """The ticket service: refuses a fencing token lower than one it
+        has seen for the attempt, as a site service should."""
+        attempt = request.headers.get("Agentbay-Attempt-Id", "")
+        token = int(request.headers.get("Agentbay-Fencing-Token") or 0)
+        with self.lock:
+            stale = token < self.highest_fence.get(attempt, 0)
+            if not stale:
+                self.highest_fence[attempt] = token
+                self.tool_calls.append({"attempt": attempt, "token": token, "call": request.headers.get("Agentbay-Call-Id"), **body})
+        reply = json.dumps({"error": "stale fencing token"} if stale else {"open": 2, "customer": body.get("customer")}).encode()
+        request.send_response(409 if stale else 200)
+        request.send_header("Content-Type", "application/json")
+        request.send_header("Content-Length", str(len(reply)))
+        request.end_headers()
+        request.wfile.write(reply)
+
+    def completed_turns(self) -> int:
+        with self.lock:
+            return len(self.turns)
+
+    def map_profile(self, appliance, tenant: str = "demo", profile: str = "triage-scripted") -> None:
+        """Maps the release's model profile to this server, as a site does."""
+        from agentbay.admin.v1 import admin_pb2
+
+        with appliance.client(appliance.admin) as c:
+            c.admin.put_model_profile(admin_pb2.PutModelProfileRequest(
+                profile_id=profile, tenant_id=tenant, endpoint=f"{self.url}/v1", model="site-model",
+            ))
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_site():
+    site = ModelSite()
+    yield site
+    site.close()
+
+
+@pytest.fixture(scope="module")
+def site_appliance(tmp_path_factory, model_site):
+    """An appliance whose site allows the model server and the ticket
+    service (loopback, by their exact host:port), the release's model
+    profile mapped to that server."""
+    a = Appliance(tmp_path_factory.mktemp("site"),
+                  env={"AGENTBAY_RUNTIME__NETWORK_ALLOW": f"127.0.0.1:{model_site.port}"})
+    model_site.map_profile(a)
+    yield a
+    a.stop()

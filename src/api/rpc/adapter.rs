@@ -18,6 +18,7 @@ use crate::domain::ids::{optional_uuid, required_uuid};
 use crate::domain::release::canonical_json;
 use crate::proto::agentbay::adapter::v1 as pb;
 use crate::runtime::builtin::{ModelAsk, adapter_model_call};
+use crate::runtime::text::Written;
 use crate::runtime::{self, BeginOutcome, Outcome};
 
 /// The Adapter service.
@@ -66,6 +67,97 @@ fn document(field: &str, text: &str) -> Result<Option<Vec<u8>>, FieldError> {
         return Ok(None);
     }
     Ok(Some(canonical_json(&parse_json(field, text)?)))
+}
+
+impl AdapterService {
+    /// A model call's request, checked: the attempt (one the caller may
+    /// act on) first, then what the call carries.
+    fn model_ask(
+        &self,
+        ctx: &RequestContext,
+        request: &pb::CallModelRequestView<'_>,
+    ) -> Result<
+        (
+            crate::domain::access::TenantScope,
+            ExecutionAttempt,
+            ModelAsk,
+        ),
+        connectrpc::ConnectError,
+    > {
+        let caller = principal(ctx)?;
+        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
+        // The attempt first: what its model call may carry is checked for
+        // an attempt the caller may act on.
+        let scope = caller.tenant_scope();
+        let attempt = self.state.runtime.attempt(&scope, id).map_err(rpc)?;
+        let array = |field: &str, text: &str| -> Result<Vec<serde_json::Value>, FieldError> {
+            if text.is_empty() {
+                return Ok(Vec::new());
+            }
+            match parse_json(field, text)? {
+                serde_json::Value::Array(items) => Ok(items),
+                _ => Err(FieldError::new(field, "must be a JSON array")),
+            }
+        };
+        let ask = (|| -> Result<ModelAsk, FieldError> {
+            let messages = array("messagesJson", request.messages_json)?;
+            if messages.is_empty() {
+                return Err(FieldError::new(
+                    "messagesJson",
+                    "must hold at least one message",
+                ));
+            }
+            if let Some(i) = messages
+                .iter()
+                .position(|m| m.get("role").and_then(serde_json::Value::as_str).is_none())
+            {
+                return Err(FieldError::new(
+                    format!("messagesJson[{i}].role"),
+                    "every message needs a role (system, user, assistant or tool)",
+                ));
+            }
+            Ok(ModelAsk {
+                messages,
+                tools: array("toolsJson", request.tools_json)?,
+                context_tokens: (request.context_tokens > 0).then_some(request.context_tokens),
+                state: document("stateJson", request.state_json)?,
+            })
+        })()
+        .map_err(rpc)?;
+        Ok((scope, attempt, ask))
+    }
+}
+
+/// What CallModel answers for a model turn.
+fn model_response(turn: &crate::runtime::builtin::ModelTurn) -> pb::CallModelResponse {
+    let reply = turn.reply.as_ref();
+    let completed = turn.completed.as_ref();
+    let checkpoint = completed.and_then(|c| c.checkpoint.as_ref());
+    pb::CallModelResponse {
+        outcome: outcome(turn.begun.outcome).into(),
+        call_id: turn
+            .begun
+            .call_id
+            .map(|u| u.to_string())
+            .unwrap_or_default(),
+        reason: turn.begun.reason.clone().unwrap_or_default(),
+        content: reply.and_then(|r| r.content.clone()).unwrap_or_default(),
+        tool_calls_json: reply
+            .map(|r| serde_json::to_string(&r.tool_calls).expect("json"))
+            .unwrap_or_else(|| "[]".into()),
+        input_tokens: reply.map_or(0, |r| r.input_tokens),
+        output_tokens: reply.map_or(0, |r| r.output_tokens),
+        cached_tokens: reply.map_or(0, |r| r.cached_tokens),
+        model: reply.map(|r| r.model.clone()).unwrap_or_default(),
+        served_by: turn.served_by.clone(),
+        latency_ms: reply.map_or(0, |r| r.latency_ms),
+        checkpoint_id: checkpoint
+            .map(|c| c.checkpoint_id.to_string())
+            .unwrap_or_default(),
+        checkpoint_sequence: checkpoint.map_or(0, |c| c.sequence),
+        interrupt_requested: completed.is_some_and(|c| c.interrupt_requested),
+        ..Default::default()
+    }
 }
 
 fn outcome(o: BeginOutcome) -> pb::BeginOutcome {
@@ -233,6 +325,7 @@ impl pb::Adapter for AdapterService {
                 state: document("stateJson", request.state_json)?,
                 context_since: None,
                 in_process: false,
+                approval_asked: request.require_approval,
             })
         })()
         .map_err(rpc)?;
@@ -330,46 +423,7 @@ impl pb::Adapter for AdapterService {
         ctx: RequestContext,
         request: ServiceRequest<'_, pb::CallModelRequest>,
     ) -> ServiceResult<pb::CallModelResponse> {
-        let caller = principal(&ctx)?;
-        let id = required_uuid("attemptId", request.attempt_id).map_err(rpc)?;
-        // The attempt first: what its model call may carry is checked for
-        // an attempt the caller may act on.
-        let scope = caller.tenant_scope();
-        let attempt = self.state.runtime.attempt(&scope, id).map_err(rpc)?;
-        let array = |field: &str, text: &str| -> Result<Vec<serde_json::Value>, FieldError> {
-            if text.is_empty() {
-                return Ok(Vec::new());
-            }
-            match parse_json(field, text)? {
-                serde_json::Value::Array(items) => Ok(items),
-                _ => Err(FieldError::new(field, "must be a JSON array")),
-            }
-        };
-        let ask = (|| -> Result<ModelAsk, FieldError> {
-            let messages = array("messagesJson", request.messages_json)?;
-            if messages.is_empty() {
-                return Err(FieldError::new(
-                    "messagesJson",
-                    "must hold at least one message",
-                ));
-            }
-            if let Some(i) = messages
-                .iter()
-                .position(|m| m.get("role").and_then(serde_json::Value::as_str).is_none())
-            {
-                return Err(FieldError::new(
-                    format!("messagesJson[{i}].role"),
-                    "every message needs a role (system, user, assistant or tool)",
-                ));
-            }
-            Ok(ModelAsk {
-                messages,
-                tools: array("toolsJson", request.tools_json)?,
-                context_tokens: (request.context_tokens > 0).then_some(request.context_tokens),
-                state: document("stateJson", request.state_json)?,
-            })
-        })()
-        .map_err(rpc)?;
+        let (scope, attempt, ask) = self.model_ask(&ctx, &request)?;
         let turn = adapter_model_call(
             &self.state.runtime,
             &scope,
@@ -379,34 +433,38 @@ impl pb::Adapter for AdapterService {
         )
         .await
         .map_err(rpc)?;
-        let reply = turn.reply.as_ref();
-        let completed = turn.completed.as_ref();
-        let checkpoint = completed.and_then(|c| c.checkpoint.as_ref());
-        Response::ok(pb::CallModelResponse {
-            outcome: outcome(turn.begun.outcome).into(),
-            call_id: turn
-                .begun
-                .call_id
-                .map(|u| u.to_string())
-                .unwrap_or_default(),
-            reason: turn.begun.reason.clone().unwrap_or_default(),
-            content: reply.and_then(|r| r.content.clone()).unwrap_or_default(),
-            tool_calls_json: reply
-                .map(|r| serde_json::to_string(&r.tool_calls).expect("json"))
-                .unwrap_or_else(|| "[]".into()),
-            input_tokens: reply.map_or(0, |r| r.input_tokens),
-            output_tokens: reply.map_or(0, |r| r.output_tokens),
-            cached_tokens: reply.map_or(0, |r| r.cached_tokens),
-            model: reply.map(|r| r.model.clone()).unwrap_or_default(),
-            served_by: turn.served_by.clone(),
-            latency_ms: reply.map_or(0, |r| r.latency_ms),
-            checkpoint_id: checkpoint
-                .map(|c| c.checkpoint_id.to_string())
-                .unwrap_or_default(),
-            checkpoint_sequence: checkpoint.map_or(0, |c| c.sequence),
-            interrupt_requested: completed.is_some_and(|c| c.interrupt_requested),
-            ..Default::default()
-        })
+        Response::ok(model_response(&turn))
+    }
+
+    async fn stream_model(
+        &self,
+        ctx: RequestContext,
+        request: ServiceRequest<'_, pb::CallModelRequest>,
+    ) -> ServiceResult<connectrpc::ServiceStream<pb::StreamModelUpdate>> {
+        let (scope, attempt, ask) = self.model_ask(&ctx, &request)?;
+        let (runtime, token) = (self.state.runtime.clone(), request.fencing_token);
+        let tenant = scope.tenant().clone();
+        let attempt_id = attempt.attempt_id;
+        let call = async move {
+            adapter_model_call(&runtime, &scope, &attempt, token, ask)
+                .await
+                .map(|turn| model_response(&turn))
+        };
+        let updates = self.state.runtime.while_written(&tenant, attempt_id, call);
+        let updates = futures::StreamExt::map(updates, |written| match written {
+            Written::Text(piece) => Ok(pb::StreamModelUpdate {
+                text: Some(super::runtime::text_message(piece)).into(),
+                ..Default::default()
+            }),
+            Written::Done(Ok(reply)) => Ok(pb::StreamModelUpdate {
+                reply: Some(reply).into(),
+                ..Default::default()
+            }),
+            Written::Done(Err(e)) => Err(rpc(e)),
+        });
+        Ok(Response::new(
+            Box::pin(updates) as connectrpc::ServiceStream<pb::StreamModelUpdate>
+        ))
     }
 
     async fn await_call(

@@ -175,6 +175,10 @@ pub const METHOD_ACCESS: &[(&str, Access)] = {
             Needs(Scope::RunsExecute),
         ),
         (
+            "agentbay.adapter.v1.Adapter/StreamModel",
+            Needs(Scope::RunsExecute),
+        ),
+        (
             "agentbay.adapter.v1.Adapter/AwaitCall",
             Needs(Scope::RunsExecute),
         ),

@@ -24,6 +24,36 @@ impl RuntimeService {
     }
 }
 
+/// A piece of model text as the RPC sends it.
+pub(super) fn text_message(piece: crate::domain::text::TextPiece) -> pb::ModelText {
+    use crate::domain::text::PieceKind;
+    let mut m = pb::ModelText {
+        offset: piece.offset,
+        call_id: piece.call_id.to_string(),
+        ..Default::default()
+    };
+    match piece.kind {
+        PieceKind::Text { text } => {
+            m.kind = "text".into();
+            m.text = text;
+        }
+        PieceKind::Superseded {
+            discard_from,
+            reason,
+        } => {
+            m.kind = "superseded".into();
+            m.discard_from = discard_from;
+            m.reason = reason;
+        }
+        PieceKind::Ended => m.kind = "ended".into(),
+        PieceKind::Gap { up_to } => {
+            m.kind = "gap".into();
+            m.up_to = up_to;
+        }
+    }
+    m
+}
+
 fn update_message(
     runtime: &crate::runtime::Runtime,
     scope: &crate::domain::access::TenantScope,
@@ -148,6 +178,7 @@ impl pb::Runtime for RuntimeService {
             &*self.state.runtime.view(&scope, id).map_err(rpc)?,
         );
         let runtime = self.state.runtime.clone();
+        let text_scope = scope.clone();
         let updates = futures::StreamExt::map(events, move |event| {
             let mut update = match runtime.view(&scope, id) {
                 Ok(view) => update_message(&runtime, &scope, &view),
@@ -160,8 +191,31 @@ impl pb::Runtime for RuntimeService {
             Ok(update)
         });
         let stream = futures::StreamExt::chain(futures::stream::iter([Ok(now)]), updates);
+        if !request.model_text {
+            return Ok(Response::new(
+                Box::pin(stream) as ServiceStream<pb::AttemptUpdate>
+            ));
+        }
+        let text = self
+            .state
+            .runtime
+            .model_text(
+                &text_scope,
+                id,
+                request.text_offset,
+                self.state.shutdown.clone(),
+            )
+            .map_err(rpc)?;
+        let attempt_id = id.to_string();
+        let text = futures::StreamExt::map(text, move |piece| {
+            Ok(pb::AttemptUpdate {
+                attempt_id: attempt_id.clone(),
+                text: Some(text_message(piece)).into(),
+                ..Default::default()
+            })
+        });
         Ok(Response::new(
-            Box::pin(stream) as ServiceStream<pb::AttemptUpdate>
+            Box::pin(futures::stream::select(stream, text)) as ServiceStream<pb::AttemptUpdate>,
         ))
     }
 }

@@ -232,20 +232,21 @@ pub(crate) async fn probe_model_server(endpoints: &[String]) -> bool {
 }
 
 /// Sends one chat completion to `model`: a model endpoint the release
-/// names is reached only where the site allows it, at the addresses just
-/// checked; the site's own profiles are the site's.
+/// names is reached only where the site allows it (`reach`), at the
+/// addresses just checked; the site's own profiles (`reach` None) are the
+/// site's.
 async fn ask_model(
     model: &Model,
-    site_model: bool,
-    reach: &crate::domain::reach::SiteReach,
+    reach: Option<&crate::domain::reach::SiteReach>,
     messages: &[Value],
     tools: &[Value],
     turn: u32,
     fence: &CallFence,
+    sink: &crate::runtime::text::TextSink,
 ) -> Result<ModelReply, ModelError> {
     let pinned = match model {
         // A release names one endpoint.
-        Model::OpenAi { endpoints, .. } if !site_model => Some(
+        Model::OpenAi { endpoints, .. } if let Some(reach) = reach => Some(
             crate::runtime::reach::pinned_client(
                 reach,
                 "model endpoint",
@@ -258,14 +259,22 @@ async fn ask_model(
     };
     let answer = match &pinned {
         Some(Err(why)) => Err(ModelError::Fatal(why.clone())),
-        Some(Ok(client)) => model.complete(client, messages, tools, turn, fence).await,
+        Some(Ok(client)) => {
+            model
+                .complete(client, messages, tools, turn, fence, Some(sink))
+                .await
+        }
         None => {
             model
-                .complete(model_http(), messages, tools, turn, fence)
+                .complete(model_http(), messages, tools, turn, fence, Some(sink))
                 .await
         }
     };
-    if let (true, Model::OpenAi { endpoints, .. }) = (site_model, model) {
+    match &answer {
+        Ok(reply) => sink.answered(reply.content.as_deref()),
+        Err(e) => sink.failed(&e.to_string()),
+    }
+    if let (None, Model::OpenAi { endpoints, .. }) = (reach, model) {
         let outcome = match &answer {
             Ok(reply) if reply.route.is_some() => "moved",
             Ok(_) => "answered",
@@ -360,6 +369,7 @@ pub async fn adapter_model_call(
                 state: ask.state.clone(),
                 context_since: None,
                 in_process: false,
+                approval_asked: false,
             },
         )
         .await?;
@@ -393,14 +403,20 @@ pub async fn adapter_model_call(
         .site()
         .reach(scope.tenant().as_str());
     let model = site_model.as_ref().unwrap_or(&own);
+    let sink = crate::runtime::text::TextSink::new(
+        runtime.shared.text.clone(),
+        scope.tenant(),
+        attempt_id,
+        call_id,
+    );
     let answer = ask_model(
         model,
-        site_model.is_some(),
-        &reach,
+        site_model.is_none().then_some(&reach),
         &ask.messages,
         &ask.tools,
         turn,
         &fence,
+        &sink,
     )
     .await;
     let (ok, result, receipt, error) = match &answer {
@@ -668,6 +684,7 @@ impl<'a> Loop<'a> {
                     state: Some(state.bytes()),
                     context_since: Some(context_since),
                     in_process: true,
+                    approval_asked: false,
                 })
                 .await?;
             let call_id = begun
@@ -699,16 +716,22 @@ impl<'a> Loop<'a> {
                 phase = "Calling",
             );
             let started = Instant::now();
+            let sink = crate::runtime::text::TextSink::new(
+                self.runtime.shared.text.clone(),
+                self.scope.tenant(),
+                self.attempt_id,
+                call_id,
+            );
             // The span covers the model call itself, not just its setup.
             let answer = tracing::Instrument::instrument(
                 ask_model(
                     model,
-                    site_model.is_some(),
-                    &self.site(),
+                    site_model.is_none().then_some(&self.site()),
                     &ctx.messages,
                     &self.tools,
                     state.turns,
                     &self.fence(&begun, call_id),
+                    &sink,
                 ),
                 span.clone(),
             )
@@ -839,6 +862,7 @@ impl<'a> Loop<'a> {
                     state: Some(state.bytes()),
                     context_since: None,
                     in_process: true,
+                    approval_asked: false,
                 })
                 .await?;
             match begun.outcome {
@@ -1096,6 +1120,7 @@ impl<'a> Loop<'a> {
                 state: Some(state.bytes()),
                 context_since: None,
                 in_process: true,
+                approval_asked: false,
             })
             .await?;
         let observation = match (begun.outcome, begun.call_id) {

@@ -209,6 +209,7 @@ impl Model {
         tools: &[Value],
         turn: u32,
         fence: &CallFence,
+        sink: Option<&crate::runtime::text::TextSink>,
     ) -> Result<ModelReply, ModelError> {
         let started = Instant::now();
         match self {
@@ -294,6 +295,7 @@ impl Model {
                     idle: *idle,
                     site: *site,
                     fence,
+                    sink,
                 };
                 // A server that cannot serve now passes the call to the
                 // next; one that answered anything else is the answer.
@@ -354,6 +356,8 @@ struct Ask<'a> {
     idle: Duration,
     site: bool,
     fence: &'a CallFence,
+    /// Where the answer's text goes as it arrives.
+    sink: Option<&'a crate::runtime::text::TextSink>,
 }
 
 /// Why one server did not answer.
@@ -424,6 +428,7 @@ impl Ask<'_> {
             name,
             site: self.site,
             read: Vec::new(),
+            sink: self.sink,
         };
         if streamed && status.is_success() {
             return answer.streamed().await;
@@ -476,6 +481,7 @@ struct Answer<'a> {
     name: &'a str,
     site: bool,
     read: Vec<u8>,
+    sink: Option<&'a crate::runtime::text::TextSink>,
 }
 
 impl Answer<'_> {
@@ -529,7 +535,13 @@ impl Answer<'_> {
                     line.push(b);
                     continue;
                 }
-                if whole.line(&line).map_err(|e| self.broken(e))? {
+                let done = whole.line(&line).map_err(|e| self.broken(e))?;
+                if let Some(sink) = self.sink
+                    && !whole.fresh.is_empty()
+                {
+                    sink.push(&std::mem::take(&mut whole.fresh));
+                }
+                if done {
                     return Ok(whole.answer());
                 }
                 line.clear();
@@ -552,6 +564,8 @@ struct Streamed {
     chunks: usize,
     model: String,
     content: Option<String>,
+    /// Text that came since it was last taken.
+    fresh: String,
     tool_calls: Vec<Value>,
     usage: Option<Value>,
 }
@@ -591,6 +605,7 @@ impl Streamed {
         };
         if let Some(text) = delta.get("content").and_then(Value::as_str) {
             self.content.get_or_insert_default().push_str(text);
+            self.fresh.push_str(text);
         }
         for call in delta
             .get("tool_calls")

@@ -233,7 +233,10 @@ impl Grain {
                 {
                     return self.refuse(start, request, reason).await;
                 }
-                let rule = info.manifest.policy.rule(&call.target, class);
+                let mut rule = info.manifest.policy.rule(&call.target, class);
+                if call.approval_asked {
+                    rule = rule.with_approval_asked();
+                }
                 start.policy_rule = Some(rule);
                 match rule {
                     PolicyRule::Allow => {}

@@ -16,6 +16,8 @@ protobuf messages, and raise :mod:`agentbay.errors` exceptions.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Self
 
 import pyqwest
@@ -32,7 +34,35 @@ from .adapter.v1.adapter_connect import AdapterClient, AdapterClientSync
 from .admin.v1.admin_connect import AdminClient, AdminClientSync
 from .capacity.v1.capacity_connect import CapacityClient, CapacityClientSync
 from .runs.v1.runs_connect import RunsClient, RunsClientSync
+from .runtime.v1 import runtime_pb2
 from .runtime.v1.runtime_connect import RuntimeClient, RuntimeClientSync
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    """A piece of an attempt's model text as it is written: ``kind`` text
+    (``text`` at byte ``offset`` of the attempt's text stream), superseded
+    (model call ``call_id`` failed and is tried again: discard its text
+    from ``discard_from``), ended (the call's answer is whole) or gap (the
+    stream no longer holds the text up to ``up_to``: read the calls'
+    records). Reconnect from :attr:`end` of the last piece you have."""
+
+    offset: int
+    call_id: str
+    kind: str
+    text: str = ""
+    discard_from: int = 0
+    reason: str = ""
+    up_to: int = 0
+
+    @property
+    def end(self) -> int:
+        """Where the next piece begins."""
+        return self.up_to if self.kind == "gap" else self.offset + len(self.text.encode())
+
+    @classmethod
+    def of(cls, m: Any) -> TextPiece:
+        return cls(m.offset, m.call_id, m.kind, m.text, m.discard_from, m.reason, m.up_to)
 
 
 def _settings(
@@ -158,6 +188,22 @@ class Client(_Base):
         ("capacity", CapacityClientSync),
         ("admin", AdminClientSync),
     )
+
+    def follow(self, attempt_id: str, from_offset: int = 0, *, tenant_id: str = "",
+               timeout_ms: int = 3_600_000) -> Iterator[TextPiece]:
+        """The attempt's model text as it is written, from byte
+        `from_offset` of its text stream (``Runtime/WatchAttempt`` with
+        ``model_text``), until the attempt has ended: each model turn's
+        text in pieces (about every 100 ms), a ``superseded`` piece when a
+        turn's call failed and is tried again. A reader that lost its
+        connection follows again from the :attr:`TextPiece.end` of the last
+        piece it has. Needs ``factory.runs.read``."""
+        request = runtime_pb2.WatchAttemptRequest(
+            attempt_id=attempt_id, tenant_id=tenant_id, model_text=True, text_offset=from_offset,
+        )
+        for update in self.runtime.watch_attempt(request, timeout_ms=timeout_ms):
+            if update.HasField("text"):
+                yield TextPiece.of(update.text)
 
     def close(self) -> None:
         """Closes the connections (the services' and the token endpoint's)."""

@@ -55,32 +55,9 @@ from langgraph.config import get_config
 from langgraph.types import Command
 
 from .client import Client
-from .worker import Context, Failed, Fence, Worker, record_scope
+from .worker import Context, Failed, Fence, Worker, current_context, current_fence, record_scope
 
 log = logging.getLogger("agentbay.langgraph")
-
-_current: contextvars.ContextVar[Context | None] = contextvars.ContextVar("agentbay_context", default=None)
-_fence: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("agentbay_fence", default=None)
-
-
-def current_context() -> Context:
-    """The attempt the running graph belongs to (inside :func:`run_graph`)."""
-    ctx = _current.get()
-    if ctx is None:
-        raise RuntimeError("not inside an agentbay attempt: run the graph with agentbay.langgraph.run_graph")
-    return ctx
-
-
-def current_fence() -> Fence:
-    """The fence of the tool call under way, inside a tool wrapped by
-    :func:`agentbay_tools`: send ``current_fence().headers()`` with each
-    request to a site service, which refuses a fencing token lower than one
-    it has seen for the attempt."""
-    fence = _fence.get()
-    if fence is None:
-        raise RuntimeError("no tool call under way: the tool is not one agentbay_tools wrapped")
-    return fence
-
 
 def _task_scope() -> str:
     """The running task of the graph (its namespace holds its id): a task
@@ -298,11 +275,7 @@ def agentbay_tools(tools: Sequence[BaseTool], side_effect_classes: Mapping[str, 
         takes_fence = "fence" in _fields(tool.get_input_schema()) and "fence" not in _fields(tool.tool_call_schema)
 
         def invoke(args: dict[str, Any], fence: Fence, _tool: BaseTool = tool, _takes: bool = takes_fence) -> Any:
-            token = _fence.set(fence)
-            try:
-                return _tool.invoke({**args, "fence": fence} if _takes else args)
-            finally:
-                _fence.reset(token)
+            return _tool.invoke({**args, "fence": fence} if _takes else args)
 
         def run(_tool: BaseTool = tool, _invoke: Callable[..., Any] = invoke, **kwargs: Any) -> Any:
             ctx = current_context()
@@ -424,25 +397,21 @@ def graph_handler(
         compiled = compile_with(saver)
         saver.graph = graph_shape(compiled)
         config = {"configurable": {"thread_id": ctx.step_id}, "recursion_limit": 100}
-        token = _current.set(ctx)
-        try:
-            started = saver.get_tuple(config) is not None
-            first_input = input(ctx.input) if input else ctx.input
-            command: Any = None if started else first_input
-            while True:
-                # durability="sync": each checkpoint is durable before the
-                # next step starts, so a crash never loses a finished node.
-                result = contextvars.copy_context().run(compiled.invoke, command, config, durability="sync")
-                snapshot = compiled.get_state(config)
-                interrupts = [i for task in snapshot.tasks for i in task.interrupts]
-                if not interrupts:
-                    values = snapshot.values if isinstance(snapshot.values, dict) else result
-                    return output(values) if output else _readable(values)
-                # One question at a time: the answer resumes the graph.
-                first = interrupts[0]
-                command = Command(resume={first.id: _ask(ctx, first.value, first.id)})
-        finally:
-            _current.reset(token)
+        started = saver.get_tuple(config) is not None
+        first_input = input(ctx.input) if input else ctx.input
+        command: Any = None if started else first_input
+        while True:
+            # durability="sync": each checkpoint is durable before the
+            # next step starts, so a crash never loses a finished node.
+            result = contextvars.copy_context().run(compiled.invoke, command, config, durability="sync")
+            snapshot = compiled.get_state(config)
+            interrupts = [i for task in snapshot.tasks for i in task.interrupts]
+            if not interrupts:
+                values = snapshot.values if isinstance(snapshot.values, dict) else result
+                return output(values) if output else _readable(values)
+            # One question at a time: the answer resumes the graph.
+            first = interrupts[0]
+            command = Command(resume={first.id: _ask(ctx, first.value, first.id)})
 
     return handle
 

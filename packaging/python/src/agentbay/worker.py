@@ -176,6 +176,32 @@ class Answer:
 #: :mod:`agentbay.langgraph`).
 record_scope: contextvars.ContextVar[str] = contextvars.ContextVar("agentbay_record_scope", default="")
 
+_current: contextvars.ContextVar[Context | None] = contextvars.ContextVar("agentbay_context", default=None)
+_fence: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("agentbay_fence", default=None)
+
+
+def current_context() -> Context:
+    """The attempt whose handler is running (set by the :class:`Worker`
+    around each handler call): what a framework's model, tools and
+    questions (LangGraph, the OpenAI Agents SDK, Pydantic AI) move
+    through."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("not inside an agentbay attempt: run the agent from a Worker's handler")
+    return ctx
+
+
+def current_fence() -> Fence:
+    """The fence of the tool call under way, inside a tool that
+    :meth:`Context.call` runs (directly, or wrapped by a framework
+    integration): send ``current_fence().headers()`` with each request to a
+    site service, which refuses a fencing token lower than one it has seen
+    for the attempt."""
+    fence = _fence.get()
+    if fence is None:
+        raise RuntimeError("no tool call under way: the tool is not one agentbay runs")
+    return fence
+
 
 def _one_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
@@ -226,6 +252,76 @@ class _Hold:
 
     def release(self) -> None:
         self._done.set()
+
+
+#: What a :class:`TextStream` yields when the model server failed in the
+#: middle of the answer and the turn is asked again: discard the text of
+#: this turn so far.
+RESTART = object()
+
+
+class TextStream:
+    """A model turn's answer as the model writes it: iterate for its text
+    (``str`` pieces, and :data:`RESTART` when the server failed mid-answer
+    and the turn starts over), then read :attr:`reply` (the whole
+    :class:`ModelReply`, recorded like :meth:`Context.model`'s). The turn
+    runs on a thread of its own, holding the attempt's turn, so the pieces
+    may be read from any thread."""
+
+    _END = object()
+
+    def __init__(self, ctx: Context | None, key: str, request: Any) -> None:
+        self._pieces: queue.Queue[Any] = queue.Queue()
+        self._reply: ModelReply | None = None
+        self._error: BaseException | None = None
+        if ctx is None:
+            return
+        run = contextvars.copy_context()
+        threading.Thread(target=run.run, args=(self._drive, ctx, key, request), daemon=True).start()
+
+    @classmethod
+    def whole(cls, reply: ModelReply) -> TextStream:
+        """A turn already answered (from the records): its text at once."""
+        s = cls(None, "", None)
+        s._reply = reply
+        if reply.content:
+            s._pieces.put(reply.content)
+        s._pieces.put(cls._END)
+        return s
+
+    def _drive(self, ctx: Context, key: str, request: Any) -> None:
+        def on_text(piece: Any) -> None:
+            if piece.kind == "text":
+                self._pieces.put(piece.text)
+            elif piece.kind == "superseded":
+                self._pieces.put(RESTART)
+
+        try:
+            with ctx._turn:
+                self._reply = ctx._model_turn(key, request, on_text)
+        except BaseException as e:  # handed to the reader
+            self._error = e
+        self._pieces.put(self._END)
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> Any:
+        piece = self._pieces.get()
+        if piece is self._END:
+            self._pieces.put(self._END)  # later reads end too
+            if self._error is not None:
+                raise self._error
+            raise StopIteration
+        return piece
+
+    @property
+    def reply(self) -> ModelReply:
+        """The whole answer (reads the rest of the text first)."""
+        for _ in self:
+            pass
+        assert self._reply is not None
+        return self._reply
 
 
 class Context:
@@ -316,6 +412,7 @@ class Context:
         side_effect_class: str | None = None,
         fn: Callable[..., Any] | None = None,
         receipt: Mapping[str, Any] | None = None,
+        require_approval: bool = False,
     ) -> Any:
         """Calls a tool of the release through the appliance's gate:
         BeginCall (closure, input schema, policy; an approval when the
@@ -325,7 +422,9 @@ class Context:
         its side-effect class is shared-write or above (or not given): then
         its effect is unknown, the call stays open, and :class:`~agentbay.
         errors.Uncertain` is raised; the appliance settles the attempt
-        Uncertain and nothing tries the call again."""
+        Uncertain and nothing tries the call again. ``require_approval``
+        asks a reviewer to approve this call (with these arguments) even
+        when the release's policy allows it."""
         args = dict(args or {})
         impl = fn or self._worker.tools.get(tool)
         if impl is None:
@@ -334,13 +433,14 @@ class Context:
         done = self._records.get(key)
         if done is not None and "result" in done:
             return done["result"]
-        begun, args = self._begin("tool", tool, args, key)
+        begun, args = self._begin("tool", tool, args, key, require_approval=require_approval)
         if begun.outcome == pb.REPLAYED:
             result = json.loads(begun.result_json) if begun.result_json else None
             self._records[key] = {"result": result}
             return result
         fence = Fence(self.attempt_id, begun.fencing_token or self._hold.token, begun.call_id, begun.policy_decision_id)
         started = time.monotonic()
+        published = _fence.set(fence)
         try:
             result = impl(args, fence)
         except Exception as e:
@@ -359,6 +459,8 @@ class Context:
                 ),
             )
             raise
+        finally:
+            _fence.reset(published)
         self._records[key] = {"result": result}
         self._rpc(
             self._client.adapter.complete_call,
@@ -368,9 +470,12 @@ class Context:
                 state_json=self._document(self.state),
             ),
         )
+        log.debug("attempt %s: call %s of %s completed", self.attempt_id, begun.call_id, tool)
         return result
 
-    def _begin(self, kind: str, target: str, request: Any, key: str) -> tuple[pb.BeginCallResponse, Any]:
+    def _begin(
+        self, kind: str, target: str, request: Any, key: str, *, require_approval: bool = False,
+    ) -> tuple[pb.BeginCallResponse, Any]:
         """BeginCall; an approval the policy asks for suspends the attempt
         and, once decided, is used for exactly this call — with the
         arguments the reviewer approved, when they changed them. Returns
@@ -400,6 +505,7 @@ class Context:
                     pb.BeginCallRequest(
                         **self._ids(), kind=kind, target=target, request_json=_doc(request),
                         approval_id=approval_id, state_json=self._document(self.state),
+                        require_approval=require_approval,
                     ),
                 )
                 break
@@ -486,35 +592,64 @@ class Context:
         return self._ask("escalation", {"question": summary, "context": context}, summary,
                          list(options), recommendation, key)
 
-    @_one_at_a_time
     def model(
         self,
         messages: list[Mapping[str, Any]],
         tools: list[Mapping[str, Any]] | None = None,
         *,
         context_tokens: int = 0,
-    ) -> ModelReply:
+        stream: bool = False,
+    ) -> Any:
         """A chat completion through the site's routing (``Adapter/
         CallModel``): the appliance checks the limits, calls the model
         server the site maps the release's profile to, and records the
         usage. A model turn already completed (same conversation) is
-        answered from the checkpoint, never billed twice."""
-        key = self._occurrence(_key("model", messages, tools))
-        done = self._records.get(key)
-        if done is not None:
-            return ModelReply(**{**done, "tool_calls": tuple(ToolCall(**c) for c in done["tool_calls"]), "replayed": True})
+        answered from the checkpoint, never billed twice.
+
+        With ``stream=True`` it answers a :class:`TextStream` at once:
+        iterate it for the answer's text as the model writes it
+        (``Adapter/StreamModel``), then read its ``reply``."""
+        with self._turn:
+            key = self._occurrence(_key("model", messages, tools))
+            done = self._records.get(key)
+            if done is not None:
+                reply = ModelReply(**{**done, "tool_calls": tuple(ToolCall(**c) for c in done["tool_calls"]), "replayed": True})
+                return TextStream.whole(reply) if stream else reply
+            request = pb.CallModelRequest(
+                **self._ids(), messages_json=_doc(list(messages)),
+                tools_json=_doc(list(tools)) if tools else "", context_tokens=context_tokens,
+                state_json=self._document(self.state),
+            )
+            if not stream:
+                return self._model_turn(key, request, None)
+        return TextStream(self, key, request)
+
+    def _model_turn(self, key: str, request: pb.CallModelRequest,
+                    on_text: Callable[[Any], None] | None) -> ModelReply:
+        """One model turn (CallModel, or StreamModel handing each piece of
+        text to `on_text`), recorded and checkpointed."""
         tries = 0
         while True:
             tries += 1
             try:
-                r = self._rpc(
-                    self._client.adapter.call_model,
-                    pb.CallModelRequest(
-                        **self._ids(), messages_json=_doc(list(messages)),
-                        tools_json=_doc(list(tools)) if tools else "", context_tokens=context_tokens,
-                        state_json=self._document(self.state),
-                    ),
-                )
+                if on_text is None:
+                    r = self._rpc(self._client.adapter.call_model, request)
+                else:
+                    r = None
+                    try:
+                        for update in self._client.adapter.stream_model(request):
+                            if update.HasField("text"):
+                                on_text(update.text)
+                            elif update.HasField("reply"):
+                                r = update.reply
+                    except errors.Aborted as e:
+                        raise errors.Interrupted(e.message) from e
+                    if r is None:
+                        # The stream broke before the answer: whether the
+                        # turn was made (and billed) is not known here.
+                        lost = errors.Unavailable("unavailable", "the model stream ended without an answer")
+                        lost.local = True
+                        raise lost
                 break
             except errors.Unavailable as e:
                 # The appliance recorded the model server's failure: worth
@@ -874,7 +1009,7 @@ class Worker:
         hold = job.hold
         while True:
             try:
-                output = handler(ctx)
+                output = _as_current(ctx, handler)
             except _Suspended as s:
                 # The worker is free while a human decides; the answer
                 # resumes the attempt here (or, if this process is gone by
@@ -972,6 +1107,14 @@ class Worker:
                 log.info("attempt %s resumes with the answer", t.attempt_id)
                 self._enqueue(_Job(t, hold, job.doc, fresh=False))
                 return
+
+
+def _as_current(ctx: Context, handler: Handler) -> Any:
+    token = _current.set(ctx)
+    try:
+        return handler(ctx)
+    finally:
+        _current.reset(token)
 
 
 def _visible(logger: logging.Logger) -> None:

@@ -35,6 +35,9 @@ class Adapter(Protocol):
     async def call_model(self, request: agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest, ctx: RequestContext) -> agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelResponse:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
 
+    def stream_model(self, request: agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest, ctx: RequestContext) -> AsyncIterator[agentbay_dot_adapter_dot_v1_dot_adapter__pb2.StreamModelUpdate]:
+        raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
+
     async def await_call(self, request: agentbay_dot_adapter_dot_v1_dot_adapter__pb2.AwaitCallRequest, ctx: RequestContext) -> agentbay_dot_adapter_dot_v1_dot_adapter__pb2.AwaitCallResponse:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
 
@@ -115,6 +118,16 @@ class AdapterASGIApplication(ConnectASGIApplication[Adapter]):
                         idempotency_level=IdempotencyLevel.UNKNOWN,
                     ),
                     function=svc.call_model,
+                ),
+                "/agentbay.adapter.v1.Adapter/StreamModel": Endpoint.server_stream(
+                    method=MethodInfo(
+                        name="StreamModel",
+                        service_name="agentbay.adapter.v1.Adapter",
+                        input=agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest,
+                        output=agentbay_dot_adapter_dot_v1_dot_adapter__pb2.StreamModelUpdate,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                    ),
+                    function=svc.stream_model,
                 ),
                 "/agentbay.adapter.v1.Adapter/AwaitCall": Endpoint.unary(
                     method=MethodInfo(
@@ -299,6 +312,26 @@ class AdapterClient(ConnectClient):
             timeout_ms=timeout_ms,
         )
 
+    def stream_model(
+        self,
+        request: agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[agentbay_dot_adapter_dot_v1_dot_adapter__pb2.StreamModelUpdate]:
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="StreamModel",
+                service_name="agentbay.adapter.v1.Adapter",
+                input=agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest,
+                output=agentbay_dot_adapter_dot_v1_dot_adapter__pb2.StreamModelUpdate,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+
     async def await_call(
         self,
         request: agentbay_dot_adapter_dot_v1_dot_adapter__pb2.AwaitCallRequest,
@@ -413,6 +446,8 @@ class AdapterSync(Protocol):
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
     def call_model(self, request: agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest, ctx: RequestContext) -> agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelResponse:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
+    def stream_model(self, request: agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest, ctx: RequestContext) -> Iterator[agentbay_dot_adapter_dot_v1_dot_adapter__pb2.StreamModelUpdate]:
+        raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
     def await_call(self, request: agentbay_dot_adapter_dot_v1_dot_adapter__pb2.AwaitCallRequest, ctx: RequestContext) -> agentbay_dot_adapter_dot_v1_dot_adapter__pb2.AwaitCallResponse:
         raise ConnectError(Code.UNIMPLEMENTED, "Not implemented")
     def checkpoint(self, request: agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CheckpointRequest, ctx: RequestContext) -> agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CheckpointResponse:
@@ -488,6 +523,16 @@ class AdapterWSGIApplication(ConnectWSGIApplication):
                         idempotency_level=IdempotencyLevel.UNKNOWN,
                     ),
                     function=service.call_model,
+                ),
+                "/agentbay.adapter.v1.Adapter/StreamModel": EndpointSync.server_stream(
+                    method=MethodInfo(
+                        name="StreamModel",
+                        service_name="agentbay.adapter.v1.Adapter",
+                        input=agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest,
+                        output=agentbay_dot_adapter_dot_v1_dot_adapter__pb2.StreamModelUpdate,
+                        idempotency_level=IdempotencyLevel.UNKNOWN,
+                    ),
+                    function=service.stream_model,
                 ),
                 "/agentbay.adapter.v1.Adapter/AwaitCall": EndpointSync.unary(
                     method=MethodInfo(
@@ -666,6 +711,26 @@ class AdapterClientSync(ConnectClientSync):
                 service_name="agentbay.adapter.v1.Adapter",
                 input=agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest,
                 output=agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelResponse,
+                idempotency_level=IdempotencyLevel.UNKNOWN,
+            ),
+            headers=headers,
+            timeout_ms=timeout_ms,
+        )
+
+    def stream_model(
+        self,
+        request: agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest,
+        *,
+        headers: Headers | Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+    ) -> Iterator[agentbay_dot_adapter_dot_v1_dot_adapter__pb2.StreamModelUpdate]:
+        return self.execute_server_stream(
+            request=request,
+            method=MethodInfo(
+                name="StreamModel",
+                service_name="agentbay.adapter.v1.Adapter",
+                input=agentbay_dot_adapter_dot_v1_dot_adapter__pb2.CallModelRequest,
+                output=agentbay_dot_adapter_dot_v1_dot_adapter__pb2.StreamModelUpdate,
                 idempotency_level=IdempotencyLevel.UNKNOWN,
             ),
             headers=headers,

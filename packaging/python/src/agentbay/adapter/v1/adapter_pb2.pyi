@@ -1,3 +1,4 @@
+from agentbay.runtime.v1 import runtime_pb2 as _runtime_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -148,7 +149,7 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ...) -> None: ...
 
 class BeginCallRequest(_message.Message):
-    __slots__ = ("attempt_id", "fencing_token", "kind", "target", "request_json", "context_tokens", "approval_id", "state_json")
+    __slots__ = ("attempt_id", "fencing_token", "kind", "target", "request_json", "context_tokens", "approval_id", "state_json", "require_approval")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +158,7 @@ class BeginCallRequest(_message.Message):
     CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     fencing_token: int
     kind: str
@@ -165,7 +167,8 @@ class BeginCallRequest(_message.Message):
     context_tokens: int
     approval_id: str
     state_json: str
-    def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., kind: _Optional[str] = ..., target: _Optional[str] = ..., request_json: _Optional[str] = ..., context_tokens: _Optional[int] = ..., approval_id: _Optional[str] = ..., state_json: _Optional[str] = ...) -> None: ...
+    require_approval: bool
+    def __init__(self, attempt_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., kind: _Optional[str] = ..., target: _Optional[str] = ..., request_json: _Optional[str] = ..., context_tokens: _Optional[int] = ..., approval_id: _Optional[str] = ..., state_json: _Optional[str] = ..., require_approval: _Optional[bool] = ...) -> None: ...
 
 class BeginCallResponse(_message.Message):
     __slots__ = ("outcome", "call_id", "policy_decision_id", "fencing_token", "reason", "decision_id", "approval_id", "checkpoint_id", "child_run_id", "request_hash", "replayed_from_call_id", "result_json")
@@ -292,6 +295,14 @@ class CallModelResponse(_message.Message):
     interrupt_requested: bool
     cached_tokens: int
     def __init__(self, outcome: _Optional[_Union[BeginOutcome, str]] = ..., call_id: _Optional[str] = ..., reason: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls_json: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., model: _Optional[str] = ..., served_by: _Optional[str] = ..., latency_ms: _Optional[int] = ..., checkpoint_id: _Optional[str] = ..., checkpoint_sequence: _Optional[int] = ..., interrupt_requested: _Optional[bool] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
+class StreamModelUpdate(_message.Message):
+    __slots__ = ("text", "reply")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    text: _runtime_pb2.ModelText
+    reply: CallModelResponse
+    def __init__(self, text: _Optional[_Union[_runtime_pb2.ModelText, _Mapping]] = ..., reply: _Optional[_Union[CallModelResponse, _Mapping]] = ...) -> None: ...
 
 class AwaitCallRequest(_message.Message):
     __slots__ = ("attempt_id", "fencing_token", "call_id", "wait_seconds")

@@ -47,17 +47,39 @@ class AnswerDecisionResponse(_message.Message):
     def __init__(self, state: _Optional[str] = ...) -> None: ...
 
 class WatchAttemptRequest(_message.Message):
-    __slots__ = ("attempt_id", "after_sequence", "tenant_id")
+    __slots__ = ("attempt_id", "after_sequence", "tenant_id", "model_text", "text_offset")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_TEXT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     after_sequence: int
     tenant_id: str
-    def __init__(self, attempt_id: _Optional[str] = ..., after_sequence: _Optional[int] = ..., tenant_id: _Optional[str] = ...) -> None: ...
+    model_text: bool
+    text_offset: int
+    def __init__(self, attempt_id: _Optional[str] = ..., after_sequence: _Optional[int] = ..., tenant_id: _Optional[str] = ..., model_text: _Optional[bool] = ..., text_offset: _Optional[int] = ...) -> None: ...
+
+class ModelText(_message.Message):
+    __slots__ = ("offset", "call_id", "kind", "text", "discard_from", "reason", "up_to")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DISCARD_FROM_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    UP_TO_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    call_id: str
+    kind: str
+    text: str
+    discard_from: int
+    reason: str
+    up_to: int
+    def __init__(self, offset: _Optional[int] = ..., call_id: _Optional[str] = ..., kind: _Optional[str] = ..., text: _Optional[str] = ..., discard_from: _Optional[int] = ..., reason: _Optional[str] = ..., up_to: _Optional[int] = ...) -> None: ...
 
 class AttemptUpdate(_message.Message):
-    __slots__ = ("attempt_id", "state", "phase", "checkpoints", "last_checkpoint_id", "waiting_reason", "interrupt_requested", "interrupt_reason", "fencing_token", "outcome_hash", "version", "pending_decision", "sequence", "topic", "occurred_at", "event_json")
+    __slots__ = ("attempt_id", "state", "phase", "checkpoints", "last_checkpoint_id", "waiting_reason", "interrupt_requested", "interrupt_reason", "fencing_token", "outcome_hash", "version", "pending_decision", "sequence", "topic", "occurred_at", "event_json", "text")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +96,7 @@ class AttemptUpdate(_message.Message):
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
     EVENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     state: str
     phase: str
@@ -90,4 +113,5 @@ class AttemptUpdate(_message.Message):
     topic: str
     occurred_at: str
     event_json: str
-    def __init__(self, attempt_id: _Optional[str] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., checkpoints: _Optional[int] = ..., last_checkpoint_id: _Optional[str] = ..., waiting_reason: _Optional[str] = ..., interrupt_requested: _Optional[bool] = ..., interrupt_reason: _Optional[str] = ..., fencing_token: _Optional[int] = ..., outcome_hash: _Optional[str] = ..., version: _Optional[int] = ..., pending_decision: _Optional[_Union[_runs_pb2.PendingDecision, _Mapping]] = ..., sequence: _Optional[int] = ..., topic: _Optional[str] = ..., occurred_at: _Optional[str] = ..., event_json: _Optional[str] = ...) -> None: ...
+    text: ModelText
+    def __init__(self, attempt_id: _Optional[str] = ..., state: _Optional[str] = ..., phase: _Optional[str] = ..., checkpoints: _Optional[int] = ..., last_checkpoint_id: _Optional[str] = ..., waiting_reason: _Optional[str] = ..., interrupt_requested: _Optional[bool] = ..., interrupt_reason: _Optional[str] = ..., fencing_token: _Optional[int] = ..., outcome_hash: _Optional[str] = ..., version: _Optional[int] = ..., pending_decision: _Optional[_Union[_runs_pb2.PendingDecision, _Mapping]] = ..., sequence: _Optional[int] = ..., topic: _Optional[str] = ..., occurred_at: _Optional[str] = ..., event_json: _Optional[str] = ..., text: _Optional[_Union[ModelText, _Mapping]] = ...) -> None: ...
