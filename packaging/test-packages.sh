@@ -44,6 +44,11 @@ ls /usr/share/agentbay/python/agentbay-*.whl >/dev/null || fail "no SDK wheel in
 python3 -m venv "$TMP/sdk"
 PIP_CONFIG_FILE=/dev/null "$TMP/sdk/bin/pip" install -q --no-index \
     --find-links /usr/share/agentbay/python agentbay || fail "the SDK does not install offline"
+PIP_CONFIG_FILE=/dev/null "$TMP/sdk/bin/pip" install -q --no-index \
+    --find-links /usr/share/agentbay/python 'agentbay[langgraph,openai-agents,pydantic-ai]' ||
+    fail "the SDK's framework extras do not install offline"
+"$TMP/sdk/bin/python" -c 'import agentbay.langgraph, agentbay.openai_agents, agentbay.pydantic_ai' ||
+    fail "the SDK's framework integrations do not import"
 
 echo "--- the examples are installed where README says, whole"
 for f in $(cd packaging/examples && find . -type f | sed 's#^\./##'); do

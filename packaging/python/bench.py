@@ -7,10 +7,16 @@
    next starts), alternating rounds;
 2. the SDK's per-call overhead against a raw HTTP client (http.client with
    keep-alive, Connect JSON) on the same RPCs: Runs/GetRun (a read) and
-   Adapter/Checkpoint (a durable write), alternating rounds (goal: <= 10 %).
+   Adapter/Checkpoint (a durable write), alternating rounds (goal: <= 10 %);
+3. the per-step overhead of each framework integration (the OpenAI Agents
+   SDK, Pydantic AI) against the same agent on the bare framework: one
+   model server and ticket service (tests/conftest.py's ModelSite) for
+   both; on agentbay every model turn goes through CallModel and every
+   tool call through the gate, each durable; alternating rounds.
 
     target/python-test/bin/python packaging/python/bench.py
     AGENTBAY_BIN=target/release/agentbay BENCH_ROUNDS=5 BENCH_CALLS=2000 BENCH_STEPS=300 ...
+    BENCH_PARTS=frameworks BENCH_RUNS=10 ...   # the frameworks' rows alone
 
 It starts its own appliance (AGENTBAY_BIN, default the release build) on a
 temporary data directory.
@@ -35,7 +41,7 @@ sys.path.insert(0, str(HERE / "tests"))
 sys.path.insert(0, str(HERE / "src"))
 os.environ.setdefault("AGENTBAY_BIN", str(HERE.parents[1] / "target" / "release" / "agentbay"))
 
-from conftest import Appliance, submit  # noqa: E402
+from conftest import Appliance, ModelSite, submit  # noqa: E402
 from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 
@@ -45,6 +51,8 @@ from agentbay.langgraph import AgentbaySaver  # noqa: E402
 from agentbay.runs.v1 import runs_pb2  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+#: Runs of each agent a framework round makes.
+RUNS = int(os.environ.get("BENCH_RUNS", "10"))
 CALLS = int(os.environ.get("BENCH_CALLS", "1000"))
 STEPS = int(os.environ.get("BENCH_STEPS", "200"))
 
@@ -184,7 +192,124 @@ def overhead_rounds(appliance: Appliance, cred: Any, operator: Any, reader: Any)
     return rows
 
 
+def lookup(site: ModelSite) -> Any:
+    """The agents' tool: the ticket service, with the call's fence when
+    agentbay runs it."""
+    import urllib.request
+
+    from agentbay import current_fence
+
+    def lookup_ticket(customer: str) -> str:
+        """Recent tickets of a customer."""
+        try:
+            fence = current_fence().headers()
+        except RuntimeError:
+            fence = {}
+        request = urllib.request.Request(f"{site.url}/tickets", data=json.dumps({"customer": customer}).encode(),
+                                         headers={"Content-Type": "application/json", **fence})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.read().decode()
+
+    return lookup_ticket
+
+
+def framework_agents(site: ModelSite) -> dict[str, tuple[Any, Any, int]]:
+    """Each framework's agent: (run it bare, run it in an attempt, steps
+    a run makes: model turns and tool calls)."""
+    from agents import Agent, RunConfig, Runner, function_tool
+    from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent as PAgent
+    from pydantic_ai import Tool
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from agentbay import openai_agents
+    from agentbay.pydantic_ai import AgentbayAgent
+
+    prompt = '{"customer": "acme", "text": "checkout is slow"}'
+    tool = function_tool(lookup(site), name_override="lookup-ticket")
+    reporter = Agent(name="reporter", instructions="Write the verdict.")
+    triage = Agent(name="triage", instructions="Look up the tickets, then hand off.", tools=[tool], handoffs=[reporter])
+    bare_model = OpenAIChatCompletionsModel(model="site-model", openai_client=AsyncOpenAI(base_url=f"{site.url}/v1", api_key="x"))
+
+    def oa_bare() -> Any:
+        return Runner.run_sync(triage, prompt, run_config=RunConfig(model=bare_model, tracing_disabled=True))
+
+    def oa_durable(ctx: Context) -> Any:
+        return openai_agents.run(triage, prompt, ctx=ctx, side_effect_classes={"lookup-ticket": "read"})
+
+    agent = PAgent(instructions="Look up the tickets, then write the verdict.",
+                   tools=[Tool(lookup(site), name="lookup-ticket")])
+    provider_model = OpenAIChatModel("site-model", provider=OpenAIProvider(base_url=f"{site.url}/v1", api_key="x"))
+    durable = AgentbayAgent(agent, side_effect_classes={"lookup-ticket": "read"})
+
+    def pa_bare() -> Any:
+        return agent.run_sync(prompt, model=provider_model)
+
+    def pa_durable(ctx: Context) -> Any:
+        return durable.run_sync(prompt)
+
+    return {
+        # 3 model turns (the handoff's among them) and a tool call.
+        "OpenAI Agents SDK": (oa_bare, oa_durable, 4),
+        # 2 model turns and a tool call.
+        "Pydantic AI": (pa_bare, pa_durable, 3),
+    }
+
+
+def framework_rounds(tmp: Path) -> None:
+    site = ModelSite()
+    # The server answers at once, streamed or not: only the agents differ.
+    site.pause = 0
+    appliance = Appliance(Path(tmp) / "frameworks", env={"AGENTBAY_RUNTIME__NETWORK_ALLOW": f"127.0.0.1:{site.port}"})
+    try:
+        site.map_profile(appliance)
+        cred = appliance.client_credential("demo", "factory.runs.execute")
+        op = appliance.client(appliance.client_credential("demo", "factory.runs.read", "factory.runs.write"))
+        for name, (bare, durable, steps) in framework_agents(site).items():
+            def bare_round() -> float:
+                start = time.perf_counter()
+                for _ in range(RUNS):
+                    bare()
+                return (time.perf_counter() - start) / RUNS
+
+            def durable_round() -> float:
+                took = []
+                for _ in range(RUNS):
+                    took.append(with_attempt(appliance, cred, op, lambda ctx: _timed(durable, ctx)))
+                return sum(took) / RUNS
+
+            bare(), with_attempt(appliance, cred, op, lambda ctx: durable(ctx))  # warm-up
+            rows = []
+            for r in range(ROUNDS):
+                if r % 2 == 0:
+                    ours, theirs = durable_round(), bare_round()
+                else:
+                    theirs, ours = bare_round(), durable_round()
+                rows.append((ours, theirs))
+            ours_m = statistics.median(o for o, _ in rows)
+            theirs_m = statistics.median(t for _, t in rows)
+            print(f"{name}: a run of {steps} steps takes {ours_m * 1e3:,.1f} ms on agentbay, {theirs_m * 1e3:,.1f} ms bare: "
+                  f"{(ours_m - theirs_m) / steps * 1e3:+,.2f} ms per step (each durable) [rounds: "
+                  + ", ".join(f"{o * 1e3:,.1f}/{t * 1e3:,.1f}" for o, t in rows) + "]", flush=True)
+    finally:
+        appliance.stop()
+        site.close()
+
+
+def _timed(run: Any, ctx: Context) -> float:
+    """How long `run(ctx)` took, from inside the attempt."""
+    start = time.perf_counter()
+    run(ctx)
+    return time.perf_counter() - start
+
+
 def main() -> None:
+    if os.environ.get("BENCH_PARTS") == "frameworks":
+        with tempfile.TemporaryDirectory() as tmp:
+            framework_rounds(Path(tmp))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         appliance = Appliance(Path(tmp) / "appliance")
         try:
@@ -217,6 +342,7 @@ def main() -> None:
                       f"(goal <= 10 %) [rounds: " + ", ".join(f"{s:,.0f}/{r:,.0f}" for s, r in pairs) + "]")
         finally:
             appliance.stop()
+        framework_rounds(Path(tmp))
 
 
 if __name__ == "__main__":

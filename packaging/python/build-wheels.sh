@@ -6,7 +6,8 @@
 #
 # The dependencies are binary wheels for CPython 3.11 and later on the
 # target (pyqwest and protobuf ship abi3 wheels: one serves every CPython
-# from 3.11 on), at the versions of constraints.txt. Needs the package
+# from 3.11 on), at the versions of constraints.txt; the extras' for
+# CPython 3.11 to 3.14. Needs the package
 # index once, where the packages are built; never where they are installed.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -29,8 +30,17 @@ rm -f "$out"/agentbay-*.whl
 "$venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$out" "$here"
 # The SDK's own dependencies, exactly as pinned, for the target.
 deps=$(sed -n '/^dependencies = \[/,/^\]/p' "$here/pyproject.toml" | grep -o '"[^"]*"' | tr -d '"')
+# The extras' (LangGraph, the OpenAI Agents SDK, Pydantic AI), as pinned:
+# `pip install --no-index --find-links DIR 'agentbay[openai-agents]'`.
+extras=$(sed -n '/^\[project.optional-dependencies\]/,/^\[/p' "$here/pyproject.toml" | grep -o '"[^"]*"' | tr -d '"')
 platform_args=()
 for p in "${platforms[@]}"; do platform_args+=(--platform "$p"); done
 "$venv/bin/pip" download -q -d "$out" -c "$here/constraints.txt" \
   --only-binary=:all: --python-version 3.11 --implementation cp "${platform_args[@]}" $deps
+# Some of the extras' dependencies are built for one CPython each (not
+# abi3): the wheels of every CPython the packages support.
+for version in 3.11 3.12 3.13 3.14; do
+  "$venv/bin/pip" download -q -d "$out" -c "$here/constraints.txt" \
+    --only-binary=:all: --python-version "$version" --implementation cp "${platform_args[@]}" $extras
+done
 ls "$out"

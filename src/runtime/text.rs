@@ -3,8 +3,9 @@
 //! attempt's stream at most every [`COALESCE`] (not a record per token);
 //! readers (WatchAttempt, the SSE route, the console) follow the stream
 //! from an offset. The streams live in memory, each a bounded tail:
-//! [`PER_ATTEMPT`] bytes an attempt, [`PER_TENANT`] a tenant and
-//! [`TOTAL`] in all, the least recently written attempts given up first
+//! [`PER_ATTEMPT`] bytes an attempt, [`PER_TENANT`] bytes and
+//! [`STREAMS_PER_TENANT`] streams a tenant, [`TOTAL`] bytes and
+//! [`STREAMS`] streams in all, the least recently written attempts given up first
 //! (within the tenant whose volume is over its share, so that one
 //! tenant's volume never evicts another's).
 
@@ -30,6 +31,10 @@ pub const PER_ATTEMPT: usize = 256 * 1024;
 pub const PER_TENANT: usize = 16 * 1024 * 1024;
 /// The most text all streams hold together.
 pub const TOTAL: usize = 64 * 1024 * 1024;
+/// The most attempts' streams one tenant has.
+pub const STREAMS_PER_TENANT: usize = 1024;
+/// The most attempts' streams there are.
+pub const STREAMS: usize = 4096;
 
 /// One attempt's stream.
 struct AttemptText {
@@ -56,7 +61,7 @@ impl AttemptText {
             bytes: 0,
             end: 0,
             touched: Instant::now(),
-            live: broadcast::channel(256).0,
+            live: broadcast::channel(64).0,
         }
     }
 }
@@ -70,24 +75,74 @@ pub struct TextStreams {
     streams: Mutex<Streams>,
 }
 
+/// Text bytes and streams held (by one tenant, or in all).
+#[derive(Default, Clone, Copy)]
+struct Share {
+    bytes: usize,
+    streams: usize,
+}
+
 #[derive(Default)]
 struct Streams {
     by_attempt: HashMap<Uuid, AttemptText>,
-    by_tenant: HashMap<TenantId, usize>,
-    total: usize,
+    by_tenant: HashMap<TenantId, Share>,
+    total: Share,
 }
 
 impl Streams {
+    /// `attempt`'s stream, made (within the budgets) if it has none.
+    fn stream(&mut self, tenant: &TenantId, attempt: Uuid) -> &mut AttemptText {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.by_attempt.entry(attempt) {
+            e.insert(AttemptText::new(tenant));
+            self.by_tenant.entry(tenant.clone()).or_default().streams += 1;
+            self.total.streams += 1;
+            self.fit(tenant, attempt);
+        }
+        self.by_attempt.get_mut(&attempt).expect("just made")
+    }
+
+    /// Counts `added` bytes in and `freed` out of `tenant`'s share.
+    fn tally(&mut self, tenant: &TenantId, added: usize, freed: usize) {
+        let share = self.by_tenant.entry(tenant.clone()).or_default();
+        share.bytes = share.bytes + added - freed;
+        self.total.bytes = self.total.bytes + added - freed;
+    }
+
     /// Gives up `attempt`'s stream.
     fn drop_stream(&mut self, attempt: Uuid) {
         if let Some(s) = self.by_attempt.remove(&attempt) {
-            self.total -= s.bytes;
-            if let Some(t) = self.by_tenant.get_mut(&s.tenant) {
-                *t -= s.bytes;
-                if *t == 0 {
+            self.total.bytes -= s.bytes;
+            self.total.streams -= 1;
+            if let Some(share) = self.by_tenant.get_mut(&s.tenant) {
+                share.bytes -= s.bytes;
+                share.streams -= 1;
+                if share.streams == 0 {
                     self.by_tenant.remove(&s.tenant);
                 }
             }
+        }
+    }
+
+    /// Gives up the least recently written streams until `tenant`'s share
+    /// (its own first) and the total are within their budgets; never
+    /// `keep`'s.
+    fn fit(&mut self, tenant: &TenantId, keep: Uuid) {
+        let over = |s: &Share, bytes: usize, streams: usize| s.bytes > bytes || s.streams > streams;
+        while self
+            .by_tenant
+            .get(tenant)
+            .is_some_and(|s| over(s, PER_TENANT, STREAMS_PER_TENANT))
+        {
+            let Some(old) = self.oldest(Some(tenant), keep) else {
+                break;
+            };
+            self.drop_stream(old);
+        }
+        while over(&self.total, TOTAL, STREAMS) {
+            let Some(old) = self.oldest(None, keep) else {
+                break;
+            };
+            self.drop_stream(old);
         }
     }
 
@@ -106,10 +161,7 @@ impl TextStreams {
     /// Puts a piece at the end of `attempt`'s stream; answers it.
     fn put(&self, tenant: &TenantId, attempt: Uuid, call_id: Uuid, kind: PieceKind) -> TextPiece {
         let mut all = self.streams.lock();
-        let s = all
-            .by_attempt
-            .entry(attempt)
-            .or_insert_with(|| AttemptText::new(tenant));
+        let s = all.stream(tenant, attempt);
         let piece = TextPiece {
             offset: s.end,
             call_id,
@@ -130,25 +182,8 @@ impl TextStreams {
             s.bytes -= first.len() as usize;
             freed += first.len() as usize;
         }
-        let net = added - freed.min(added);
-        let back = freed.saturating_sub(added);
-        all.total = all.total + net - back;
-        let t = all.by_tenant.entry(tenant.clone()).or_default();
-        *t = *t + net - back;
-        // Over a share: the tenant's own oldest streams go first, then
-        // (over the total) anyone's oldest.
-        while all.by_tenant.get(tenant).copied().unwrap_or(0) > PER_TENANT {
-            let Some(old) = all.oldest(Some(tenant), attempt) else {
-                break;
-            };
-            all.drop_stream(old);
-        }
-        while all.total > TOTAL {
-            let Some(old) = all.oldest(None, attempt) else {
-                break;
-            };
-            all.drop_stream(old);
-        }
+        all.tally(tenant, added, freed);
+        all.fit(tenant, attempt);
         piece
     }
 
@@ -186,10 +221,7 @@ impl TextStreams {
     /// (the stream made if it has none yet).
     fn follow_end(&self, tenant: &TenantId, attempt: Uuid) -> (u64, Live) {
         let mut all = self.streams.lock();
-        let s = all
-            .by_attempt
-            .entry(attempt)
-            .or_insert_with(|| AttemptText::new(tenant));
+        let s = all.stream(tenant, attempt);
         (s.end, s.live.subscribe())
     }
 
@@ -316,10 +348,10 @@ impl Runtime {
         self.attempt(scope, attempt_id)?;
         let (pieces, _) = self.shared.text.read(attempt_id, 0);
         let pieces: Vec<TextPiece> = pieces.into_iter().map(|(_, p)| p).collect();
-        Ok((
-            crate::domain::text::assemble(&pieces),
-            self.shared.text.end(attempt_id),
-        ))
+        let mut turns = crate::domain::text::assemble(&pieces);
+        // A turn that only asked for tools wrote no text.
+        turns.retain(|(_, text)| !text.is_empty());
+        Ok((turns, self.shared.text.end(attempt_id)))
     }
 
     /// The attempt's model text from byte `from` on (past the end: from
@@ -460,5 +492,67 @@ impl Runtime {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(name: &str) -> TenantId {
+        TenantId::parse(name).unwrap()
+    }
+
+    fn text(t: &str) -> PieceKind {
+        PieceKind::Text { text: t.into() }
+    }
+
+    #[test]
+    fn a_stream_keeps_its_tail_and_tells_a_reader_what_it_gave_up() {
+        let streams = TextStreams::default();
+        let (acme, attempt, call) = (tenant("acme"), Uuid::from_u128(1), Uuid::from_u128(2));
+        let chunk = "x".repeat(64 * 1024);
+        for _ in 0..5 {
+            streams.put(&acme, attempt, call, text(&chunk));
+        }
+        assert_eq!(streams.end(attempt), 5 * 64 * 1024);
+        let (pieces, _) = streams.read(attempt, 0);
+        assert_eq!(
+            pieces[0].1.kind,
+            PieceKind::Gap { up_to: 64 * 1024 },
+            "the first 64 KiB were given up"
+        );
+        let held: usize = pieces.iter().map(|(_, p)| p.len() as usize).sum();
+        assert_eq!(held, PER_ATTEMPT);
+        // From the middle of a piece: the rest of it.
+        let (pieces, _) = streams.read(attempt, 5 * 64 * 1024 - 10);
+        assert_eq!(pieces.len(), 1);
+        assert_eq!(pieces[0].1.offset, 5 * 64 * 1024 - 10);
+        assert_eq!(pieces[0].1.len(), 10);
+    }
+
+    #[test]
+    fn one_tenant_s_volume_gives_up_its_own_streams_not_another_s() {
+        let streams = TextStreams::default();
+        let (acme, initech) = (tenant("acme"), tenant("initech"));
+        let theirs = Uuid::from_u128(7);
+        streams.put(&initech, theirs, theirs, text("initech's turn"));
+        for n in 0..(STREAMS_PER_TENANT as u128 + 50) {
+            let a = Uuid::from_u128(1_000 + n);
+            streams.put(&acme, a, a, text("acme's turn"));
+        }
+        let all = streams.streams.lock();
+        assert_eq!(all.by_tenant[&acme].streams, STREAMS_PER_TENANT);
+        assert!(
+            all.by_attempt.contains_key(&theirs),
+            "initech's stream stays"
+        );
+        // The newest of acme's stay, the oldest went.
+        assert!(
+            all.by_attempt
+                .contains_key(&Uuid::from_u128(1_000 + STREAMS_PER_TENANT as u128 + 49))
+        );
+        assert!(!all.by_attempt.contains_key(&Uuid::from_u128(1_000)));
+        assert_eq!(all.total.streams, STREAMS_PER_TENANT + 1);
     }
 }

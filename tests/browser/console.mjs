@@ -108,6 +108,9 @@ try {
   expect(/approval/.test(why), `the timeline does not say it waits for an approval: ${why}`);
   expect((await page.textContent("#attempt-state")).trim() === "WaitingForDecision", "state badge");
   await shot(page, "03-timeline-waiting");
+  // The model's turns so far, served with the page; the next is written live.
+  const turnsServed = await page.locator("#model-text pre.turn").count();
+  expect(turnsServed >= 1, `the page shows the model's text so far: ${turnsServed} turns`);
 
   // 3. Approve in a second tab; the first tab's timeline resumes live.
   const inbox = await context.newPage();
@@ -153,6 +156,12 @@ try {
   const updated = await page.getAttribute("#live", "data-updated");
   expect(updated, "the timeline was updated over server-sent events, not reloaded");
   await shot(page, "05-timeline-resumed-live");
+  // The turn after the approval came over the text stream as it was written.
+  await page.waitForFunction(
+    (n) => document.querySelectorAll("#model-text pre.turn").length > n, turnsServed, { timeout: 15000 });
+  const lastTurn = await page.locator("#model-text pre.turn").last();
+  expect((await lastTurn.textContent()).length > 0, "the live turn has its text");
+  expect(!(await lastTurn.getAttribute("class")).includes("writing"), "the live turn ended");
   // What happened: the first call's conversation, readable.
   await page.click("#calls tr.call-content summary >> nth=0");
   await page.waitForSelector("#calls details[open] ol.conversation li.msg.system");

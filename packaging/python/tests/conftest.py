@@ -9,9 +9,13 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,6 +178,29 @@ def wait_for(what: str, check, timeout: float = 60.0, every: float = 0.1):
         time.sleep(every)
 
 
+def sign_in(appliance) -> tuple[urllib.request.OpenerDirector, str]:
+    """A reviewer's console session (a real sign-in over HTTPS)."""
+    password = appliance.root / "operator.pw"
+    if not password.exists():  # once per appliance (the module's)
+        password.write_text("correct horse battery staple\n")
+        appliance.cli("user", "create", "--tenant", "demo", "--username", "olga", "--role", "Operator",
+                      "--password-file", str(password))
+    tls = ssl.create_default_context(cafile=appliance.ca)
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *a, **k):
+            return None
+
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls), NoRedirect)
+    body = urllib.parse.urlencode({"username": "olga", "password": "correct horse battery staple", "next": "/"}).encode()
+    try:
+        opener.open(urllib.request.Request(f"{appliance.url}/signin", data=body))
+    except urllib.error.HTTPError as e:
+        assert e.code == 303, e.read()
+        cookie = e.headers["Set-Cookie"].split(";")[0]
+    return opener, cookie
+
+
 def submit(operator, **ticket) -> str:
     """A run of the triage-external example release on `ticket`."""
     from agentbay.runs.v1 import runs_pb2
@@ -205,6 +232,9 @@ class ModelSite:
     output). A streamed answer comes in pieces of a few characters."""
 
     VERDICT = {"severity": "low", "summary": "Slow checkout for acme; tickets looked up.", "paged": False}
+    #: What the model writes when asked for a story (a long answer, streamed
+    #: in pieces of 4 characters).
+    STORY = " ".join(f"Once upon a time the checkout of customer {n} was slow, and it was fixed." for n in range(8))
 
     def __init__(self) -> None:
         import threading
@@ -214,6 +244,12 @@ class ModelSite:
         self.tool_calls: list[dict] = []
         self.lock = threading.Lock()
         self.highest_fence: dict[str, int] = {}
+        #: Chunks the next streamed answer breaks off after (an error
+        #: event in the middle of the answer), when set.
+        self.break_after: int | None = None
+        #: The pause between two pieces of a streamed answer (a model
+        #: writing), seconds.
+        self.pause = 0.005
         site = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -239,6 +275,8 @@ class ModelSite:
         offered = {t["function"]["name"] for t in body.get("tools") or []}
         asked = [c["function"]["name"] for m in messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
         customer = "acme" if "acme" in json.dumps(messages) else "unknown"
+        if "story" in str((messages[-1] if messages else {}).get("content")):
+            return {"content": self.STORY}
         if "lookup-ticket" in offered and "lookup-ticket" not in asked:
             return {"tool_calls": [{"id": f"call_{len(asked) + 1}", "type": "function",
                                     "function": {"name": "lookup-ticket", "arguments": json.dumps({"customer": customer})}}]}
@@ -276,9 +314,15 @@ class ModelSite:
             request.wfile.flush()
 
         text = message.get("content") or ""
-        for i in range(0, len(text), 4):
+        with self.lock:
+            breaks, self.break_after = self.break_after, None
+        for n, i in enumerate(range(0, len(text), 4)):
+            if breaks is not None and n == breaks:
+                request.wfile.write(b'data: {"error": {"message": "the server restarted"}}\n\n')
+                request.wfile.flush()
+                return
             send({"content": text[i:i + 4]})
-            time.sleep(0.01)
+            time.sleep(self.pause)
         for n, c in enumerate(message.get("tool_calls") or []):
             send({"tool_calls": [{"index": n, **c}]})
         send({}, usage=usage)

@@ -62,6 +62,20 @@ def test_the_wheel_installs_offline_into_a_fresh_environment_and_calls_the_appli
     assert got["file"].startswith(str(venv)), got
     assert (Path(got["file"]).parent / "py.typed").exists()
 
+    # The frameworks' extras install from the same wheels, offline too.
+    extras = subprocess.run(
+        [str(py), "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
+         "agentbay[langgraph,openai-agents,pydantic-ai]"],
+        capture_output=True, text=True, env={**clean, "PIP_CONFIG_FILE": os.devnull},
+    )
+    assert extras.returncode == 0, extras.stdout + extras.stderr
+    r = subprocess.run(
+        [str(py), "-c", "import agentbay.langgraph, agentbay.openai_agents, agentbay.pydantic_ai, agents, pydantic_ai;"
+                        "print(agents.__version__ if hasattr(agents, '__version__') else 'agents')"],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+
 
 def test_the_ca_is_pinned_by_its_file_or_the_printed_fingerprint(appliance, adapter_cred):
     by_fingerprint = Client(appliance.url, fingerprint=appliance.fingerprint,

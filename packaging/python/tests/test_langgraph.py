@@ -15,7 +15,7 @@ import urllib.request
 import ssl
 
 import pytest
-from conftest import EXAMPLES, TESTS, attempts, run_of, spawn, submit, wait_for
+from conftest import EXAMPLES, TESTS, attempts, run_of, sign_in, spawn, submit, wait_for
 
 from agentbay.runs.v1 import runs_pb2
 from agentbay.runtime.v1 import runtime_pb2
@@ -79,29 +79,6 @@ def test_the_example_graph_runs_to_succeeded_through_an_approval(appliance, adap
     # The graph ended with the reviewer's node.
     assert rows["review"].startswith(' class="lit"'), rows
     assert not rows["plan"].startswith(' class="lit"'), rows
-
-
-def sign_in(appliance) -> tuple[urllib.request.OpenerDirector, str]:
-    """A reviewer's console session (a real sign-in over HTTPS)."""
-    password = appliance.root / "operator.pw"
-    if not password.exists():  # once per appliance (the module's)
-        password.write_text("correct horse battery staple\n")
-        appliance.cli("user", "create", "--tenant", "demo", "--username", "olga", "--role", "Operator",
-                      "--password-file", str(password))
-    tls = ssl.create_default_context(cafile=appliance.ca)
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *a, **k):
-            return None
-
-    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=tls), NoRedirect)
-    body = urllib.parse.urlencode({"username": "olga", "password": "correct horse battery staple", "next": "/"}).encode()
-    try:
-        opener.open(urllib.request.Request(f"{appliance.url}/signin", data=body))
-    except urllib.error.HTTPError as e:
-        assert e.code == 303, e.read()
-        cookie = e.headers["Set-Cookie"].split(";")[0]
-    return opener, cookie
 
 
 def test_a_graph_killed_between_two_nodes_resumes_on_another_worker(appliance, adapter_cred, operator):

@@ -56,7 +56,8 @@ from agents.models.fake_id import FAKE_RESPONSES_ID
 from agents.models.interface import Model, ModelTracing
 from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageFunctionToolCall
 from openai.types.chat.chat_completion_message_function_tool_call import Function
-from openai.types.responses import Response, ResponseCompletedEvent, ResponseTextDeltaEvent
+from openai.types.responses import Response, ResponseCompletedEvent, ResponseTextDeltaEvent, ResponseUsage
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
 from ._frameworks import as_output, gated_call, run_to_end
 from .worker import Context, Failed, current_context
@@ -143,8 +144,13 @@ class AgentbayModel(Model):
         response = Response(
             id=FAKE_RESPONSES_ID, created_at=0, model="agentbay", object="response", output=answered.output,
             tool_choice="auto", tools=[], parallel_tool_calls=False,
+            usage=ResponseUsage(
+                input_tokens=answered.usage.input_tokens, output_tokens=answered.usage.output_tokens,
+                total_tokens=answered.usage.total_tokens,
+                input_tokens_details=InputTokensDetails(cached_tokens=0),
+                output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+            ),
         )
-        response.usage = None
         yield ResponseCompletedEvent(response=response, type="response.completed", sequence_number=n)
 
 
@@ -259,18 +265,34 @@ class _Recorder(RunHooks[Any]):
 
 def run(agent: Agent[Any], input: Any, *, ctx: Context | None = None,
         side_effect_classes: Mapping[str, str] | None = None, max_turns: int = 10,
-        run_config: RunConfig | None = None, context: Any = None, hooks: RunHooks[Any] | None = None) -> Any:
+        run_config: RunConfig | None = None, context: Any = None, hooks: RunHooks[Any] | None = None,
+        on_text: Callable[[str], None] | None = None) -> Any:
     """Runs `agent` on `input` (a string, or the SDK's input items) inside
     the attempt: the model provider is the attempt's, its tools gated, its
     handoffs recorded (`hooks`, the caller's run hooks, are called too).
-    Answers the SDK's run result."""
+    With `on_text` the run is streamed (``Runner.run_streamed``) and each
+    piece of the model's text is handed to it as it is written. Answers
+    the SDK's run result."""
     ctx = ctx or current_context()
     config = run_config or RunConfig()
     config = dataclasses.replace(config, model_provider=AgentbayModelProvider(ctx), tracing_disabled=True)
     wrapped = durable(agent, side_effect_classes)
     prompt = input if isinstance(input, (str, list)) else json.dumps(input)
-    return run_to_end(Runner.run(wrapped, prompt, context=context, max_turns=max_turns,
-                                 run_config=config, hooks=_Recorder(ctx, hooks)))
+    recorder = _Recorder(ctx, hooks)
+    if on_text is None:
+        return run_to_end(Runner.run(wrapped, prompt, context=context, max_turns=max_turns,
+                                     run_config=config, hooks=recorder))
+
+    async def streamed() -> Any:
+        result = Runner.run_streamed(wrapped, prompt, context=context, max_turns=max_turns,
+                                     run_config=config, hooks=recorder)
+        async for event in result.stream_events():
+            data = getattr(event, "data", None)
+            if event.type == "raw_response_event" and isinstance(data, ResponseTextDeltaEvent):
+                on_text(data.delta)
+        return result
+
+    return run_to_end(streamed())
 
 
 def handler(
