@@ -362,6 +362,15 @@ fn rest_table(v: &Victim) -> HashMap<&'static str, RestCase> {
             ),
         ),
         (
+            "GET /runtime/attempts/{attemptId}/text",
+            case(
+                S(Scope::RunsRead),
+                &format!("/runtime/attempts/{}/text", v.attempt),
+                None,
+                Some(format!("/runtime/attempts/{}/text", v.attempt)),
+            ),
+        ),
+        (
             "GET /runtime/releases",
             case(
                 S(Scope::AssetsRead),

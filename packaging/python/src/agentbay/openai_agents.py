@@ -60,7 +60,7 @@ from openai.types.responses import Response, ResponseCompletedEvent, ResponseTex
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
 from ._frameworks import as_output, gated_call, run_to_end
-from .worker import Context, Failed, current_context
+from .worker import RESTART, Context, Failed, current_context
 
 log = logging.getLogger("agentbay.openai_agents")
 
@@ -88,7 +88,10 @@ class AgentbayModel(Model):
         else:
             stream = ctx.model(messages, definitions or None, stream=True)
             for piece in stream:
-                on_text(piece)
+                # Text handed on cannot be taken back: a try started over
+                # goes on after what was shown (the reply is the answer).
+                if piece is not RESTART:
+                    on_text(piece)
             reply = stream.reply
         message = ChatCompletionMessage(
             role="assistant",
@@ -147,7 +150,7 @@ class AgentbayModel(Model):
             usage=ResponseUsage(
                 input_tokens=answered.usage.input_tokens, output_tokens=answered.usage.output_tokens,
                 total_tokens=answered.usage.total_tokens,
-                input_tokens_details=InputTokensDetails(cached_tokens=0),
+                input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
                 output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
             ),
         )

@@ -58,7 +58,7 @@ from pydantic_ai.toolsets import WrapperToolset
 from pydantic_ai.usage import RequestUsage
 
 from ._frameworks import as_output, gated_call, run_to_end
-from .worker import Context, Failed, current_context
+from .worker import RESTART, Context, Failed, current_context
 
 #: A tool's ModelRetry, recorded as the call's result.
 _RETRY = "agentbay.modelRetry"
@@ -136,7 +136,10 @@ class AgentbayModel(FunctionModel):
 
         stream = await asyncio.to_thread(self._reply, messages, info, True)
         while (piece := await asyncio.to_thread(next, stream, None)) is not None:
-            yield piece
+            # Text handed on cannot be taken back: a try started over goes
+            # on after what was shown (the reply is the answer).
+            if piece is not RESTART:
+                yield piece
         calls = {
             n: DeltaToolCall(name=c.tool, json_args=json.dumps(c.arguments), tool_call_id=c.id)
             for n, c in enumerate(stream.reply.tool_calls)
