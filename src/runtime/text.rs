@@ -188,12 +188,12 @@ impl TextStreams {
     }
 
     /// What `attempt`'s stream holds from `from` on, each with its number
-    /// (a gap, numbered 0, first when it no longer holds `from`), and its
-    /// live pieces after those.
-    fn read(&self, attempt: Uuid, from: u64) -> (Vec<(u64, TextPiece)>, Option<Live>) {
+    /// (a gap, numbered 0, first when it no longer holds `from`), its live
+    /// pieces after those, and the number of its last piece.
+    fn read(&self, attempt: Uuid, from: u64) -> (Vec<(u64, TextPiece)>, Option<Live>, u64) {
         let all = self.streams.lock();
         let Some(s) = all.by_attempt.get(&attempt) else {
-            return (Vec::new(), None);
+            return (Vec::new(), None, 0);
         };
         let from = from.min(s.end);
         let mut out = Vec::new();
@@ -214,7 +214,7 @@ impl TextStreams {
                 .iter()
                 .filter_map(|(n, p)| Some((*n, p.from(from)?))),
         );
-        (out, Some(s.live.subscribe()))
+        (out, Some(s.live.subscribe()), s.count)
     }
 
     /// Where `attempt`'s stream ends now, and its pieces from then on
@@ -346,7 +346,7 @@ impl Runtime {
         attempt_id: Uuid,
     ) -> Result<(Vec<(Uuid, String)>, u64), RuntimeError> {
         self.attempt(scope, attempt_id)?;
-        let (pieces, _) = self.shared.text.read(attempt_id, 0);
+        let (pieces, _, _) = self.shared.text.read(attempt_id, 0);
         let pieces: Vec<TextPiece> = pieces.into_iter().map(|(_, p)| p).collect();
         let mut turns = crate::domain::text::assemble(&pieces);
         // A turn that only asked for tools wrote no text.
@@ -380,7 +380,7 @@ impl Runtime {
                     && runtime
                         .attempt(&scope, attempt_id)
                         .is_ok_and(|a| a.state.is_terminal());
-                let (backlog, live) = streams.read(attempt_id, next);
+                let (backlog, live, count) = streams.read(attempt_id, next);
                 for (n, piece) in backlog {
                     if n != 0 && n <= last {
                         continue;
@@ -394,16 +394,17 @@ impl Runtime {
                         return;
                     }
                 }
+                // Every piece up to the stream's last then is delivered or
+                // lies before the reader's offset.
+                last = last.max(count);
                 if ended {
                     return;
                 }
-                let Some(mut live) = live else {
-                    // No text yet: look again shortly.
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
-                        _ = shutdown.changed() => return,
-                        _ = yield_.closed() => return,
-                    }
+                // No text yet: the stream is made, so that its first
+                // piece wakes this reader (it is read below, by number).
+                let mut live = match live {
+                    Some(live) => live,
+                    None => streams.follow_end(scope.tenant(), attempt_id).1,
                 };
                 loop {
                     let received = tokio::select! {
@@ -413,7 +414,11 @@ impl Runtime {
                         _ = yield_.closed() => return,
                     };
                     match received {
-                        Ok((n, piece)) if n > last => {
+                        // A piece after one this reader has not got (put
+                        // between its read and its subscription): read the
+                        // stream again, in order.
+                        Ok((n, _)) if n > last + 1 => break,
+                        Ok((n, piece)) if n == last + 1 => {
                             last = n;
                             next = next.max(piece.end());
                             if yield_.send(piece).await.is_err() {
@@ -516,7 +521,7 @@ mod tests {
             streams.put(&acme, attempt, call, text(&chunk));
         }
         assert_eq!(streams.end(attempt), 5 * 64 * 1024);
-        let (pieces, _) = streams.read(attempt, 0);
+        let (pieces, _, _) = streams.read(attempt, 0);
         assert_eq!(
             pieces[0].1.kind,
             PieceKind::Gap { up_to: 64 * 1024 },
@@ -525,7 +530,7 @@ mod tests {
         let held: usize = pieces.iter().map(|(_, p)| p.len() as usize).sum();
         assert_eq!(held, PER_ATTEMPT);
         // From the middle of a piece: the rest of it.
-        let (pieces, _) = streams.read(attempt, 5 * 64 * 1024 - 10);
+        let (pieces, _, _) = streams.read(attempt, 5 * 64 * 1024 - 10);
         assert_eq!(pieces.len(), 1);
         assert_eq!(pieces[0].1.offset, 5 * 64 * 1024 - 10);
         assert_eq!(pieces[0].1.len(), 10);
