@@ -426,8 +426,15 @@ impl Runtime {
                             }
                         }
                         Ok(_) => {}
-                        // Fell behind, or the stream was given up: read it again.
-                        Err(_) => break,
+                        // Fell behind: read it again.
+                        Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        // The stream was given up (over a budget): a new
+                        // one starts at offset 0 and piece 1; follow it
+                        // from there (its pieces name their calls).
+                        Err(broadcast::error::RecvError::Closed) => {
+                            (next, last) = (0, 0);
+                            break;
+                        }
                     }
                 }
             }
