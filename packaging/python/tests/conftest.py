@@ -165,6 +165,19 @@ def spawn(script: Path | str, env: dict[str, str], *args: str) -> subprocess.Pop
     )
 
 
+def kill_at(proc: subprocess.Popen[str], marker: str = "KILL-POINT") -> None:
+    """Kills a worker with SIGKILL once it prints `marker` (it stops dead
+    there, at the point the test chose)."""
+    try:
+        for line in proc.stdout:
+            if line.startswith(marker):
+                break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+
+
 def wait_for(what: str, check, timeout: float = 60.0, every: float = 0.1):
     """Polls `check` until it answers something true (a condition of the
     appliance seen from outside, not a duration)."""

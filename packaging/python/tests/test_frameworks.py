@@ -8,10 +8,9 @@ made twice (counted at the model server and the service)."""
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
-from conftest import TESTS, attempts, run_of, sign_in, spawn, submit, wait_for
+from conftest import TESTS, attempts, kill_at, run_of, sign_in, spawn, submit, wait_for
 
 from agentbay.runs.v1 import runs_pb2
 
@@ -47,6 +46,19 @@ def finished(operator, run_id: str, worker, site, turns_before: int) -> None:
     return a, out
 
 
+@pytest.fixture(scope="module")
+def site_env(site_appliance, model_site) -> dict[str, str]:
+    """A worker's environment: an adapter credential and the ticket service."""
+    cred = site_appliance.client_credential("demo", "factory.runs.execute")
+    return {**site_appliance.env(cred), "TICKETS_URL": model_site.url}
+
+
+@pytest.fixture(scope="module")
+def site_operator(site_appliance):
+    """A reviewer's credential: reads, submits and decides."""
+    return site_appliance.client_credential("demo", "factory.runs.read", "factory.runs.write", "factory.runs.decide")
+
+
 FRAMEWORKS = [
     pytest.param("openai_agent.py", 3, id="openai-agents"),
     pytest.param("pydantic_agent.py", 2, id="pydantic-ai"),
@@ -55,13 +67,10 @@ FRAMEWORKS = [
 
 @pytest.mark.parametrize("script,turns", FRAMEWORKS)
 def test_an_agent_runs_through_a_tool_an_approval_and_model_turns_to_one_outcome(
-    site_appliance, model_site, script, turns
+    site_appliance, site_env, site_operator, model_site, script, turns
 ):
     pytest.importorskip("agents" if script.startswith("openai") else "pydantic_ai")
-    appliance = site_appliance
-    cred = appliance.client_credential("demo", "factory.runs.execute")
-    operator_cred = appliance.client_credential("demo", "factory.runs.read", "factory.runs.write", "factory.runs.decide")
-    env = {**appliance.env(cred), "TICKETS_URL": model_site.url}
+    appliance, env, operator_cred = site_appliance, site_env, site_operator
     with appliance.client(operator_cred) as operator:
         run_id = submit(operator, customer="acme", text="checkout is slow")
         turns_before, tools_before = model_site.completed_turns(), len(model_site.tool_calls)
@@ -108,26 +117,18 @@ def last_state(appliance, client, attempt_id: str) -> dict:
 
 @pytest.mark.parametrize("script,turns", FRAMEWORKS)
 def test_an_agent_killed_between_two_steps_resumes_on_another_worker_repeating_nothing(
-    site_appliance, model_site, script, turns
+    site_appliance, site_env, site_operator, model_site, script, turns
 ):
     pytest.importorskip("agents" if script.startswith("openai") else "pydantic_ai")
-    appliance = site_appliance
-    cred = appliance.client_credential("demo", "factory.runs.execute")
-    operator_cred = appliance.client_credential("demo", "factory.runs.read", "factory.runs.write", "factory.runs.decide")
-    env = {**appliance.env(cred), "TICKETS_URL": model_site.url}
+    appliance, env, operator_cred = site_appliance, site_env, site_operator
     with appliance.client(operator_cred) as operator:
         run_id = submit(operator, customer="acme", text="checkout is slow")
         turns_before, tools_before = model_site.completed_turns(), len(model_site.tool_calls)
         first = spawn(TESTS / "workers" / script, {**env, "KILL_AFTER_TOOL": "1"})
         try:
             approve(operator, run_id, "lookup-ticket", {"customer": "acme"}, first)
-            for line in first.stdout:
-                if line.startswith("KILL-POINT"):
-                    break
-            first.send_signal(signal.SIGKILL)
-            first.wait(timeout=30)
         finally:
-            first.kill()
+            kill_at(first)
         (a,) = attempts(operator, run_id)
         assert (a.model_calls, a.tool_calls) == (1, 1), a
 

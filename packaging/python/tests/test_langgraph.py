@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,7 +14,7 @@ import urllib.request
 import ssl
 
 import pytest
-from conftest import EXAMPLES, TESTS, attempts, run_of, sign_in, spawn, submit, wait_for
+from conftest import EXAMPLES, TESTS, attempts, kill_at, run_of, sign_in, spawn, submit, wait_for
 
 from agentbay.runs.v1 import runs_pb2
 from agentbay.runtime.v1 import runtime_pb2
@@ -86,15 +85,7 @@ def test_a_graph_killed_between_two_nodes_resumes_on_another_worker(appliance, a
     env = appliance.env(adapter_cred)
     # The first worker is killed with SIGKILL right after the tool node's
     # checkpoint: between the tool call and the second model turn.
-    first = spawn(TESTS / "workers" / "graph_kill.py", env)
-    try:
-        for line in first.stdout:
-            if line.startswith("KILL-POINT"):
-                break
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
-    finally:
-        first.kill()
+    kill_at(spawn(TESTS / "workers" / "graph_kill.py", env))
     a = the_attempt(operator, run_id)
     assert (a.model_calls, a.tool_calls) == (1, 1), a
     checkpoints_before = a.checkpoints

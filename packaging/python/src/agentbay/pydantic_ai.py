@@ -34,6 +34,7 @@ records, none made (or billed) twice.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -132,8 +133,6 @@ class AgentbayModel(FunctionModel):
 
     async def _stream(self, messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[Any]:
         """The request's text as it is written, then its tool calls."""
-        import asyncio
-
         stream = await asyncio.to_thread(self._reply, messages, info, True)
         while (piece := await asyncio.to_thread(next, stream, None)) is not None:
             # Text handed on cannot be taken back: a try started over goes
