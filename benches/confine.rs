@@ -11,6 +11,11 @@
 //! (250 ms idle before each round, in which the spawner makes tool
 //! processes ahead).
 //!
+//! `AGENTBAY_BENCH_WINDOWS` (any value) prints on standard error each
+//! burst's window (`unconfined|confined START END`, CLOCK_MONOTONIC ns),
+//! to count only the bursts' samples of a `perf record -k
+//! CLOCK_MONOTONIC -a` profile.
+//!
 //! `AGENTBAY_BENCH_RLIMIT` (any value) measures the weaker mechanism
 //! instead of a cgroup, `AGENTBAY_BENCH_EGRESS` tools with internet egress
 //! (no network namespace): what each layer costs.
@@ -173,6 +178,7 @@ async fn at_once(
     let mut confined = Vec::new();
     for _ in 0..rounds {
         tokio::time::sleep(rest).await;
+        let window = monotonic_ns();
         let starts: Vec<_> = (0..concurrent)
             .map(|_| {
                 let workdir = workdir.to_path_buf();
@@ -182,7 +188,11 @@ async fn at_once(
         for s in starts {
             plain.push(s.await.unwrap());
         }
+        if std::env::var_os("AGENTBAY_BENCH_WINDOWS").is_some() {
+            eprintln!("unconfined {window} {}", monotonic_ns());
+        }
         tokio::time::sleep(rest).await;
+        let window = monotonic_ns();
         let starts: Vec<_> = (0..concurrent)
             .map(|_| {
                 let (workdir, confiner, config) =
@@ -199,6 +209,9 @@ async fn at_once(
             confined.push(took);
             removals.push(removal);
         }
+        if std::env::var_os("AGENTBAY_BENCH_WINDOWS").is_some() {
+            eprintln!("confined {window} {}", monotonic_ns());
+        }
         if !rest.is_zero() {
             for r in removals {
                 r.await.unwrap();
@@ -206,6 +219,19 @@ async fn at_once(
         }
     }
     (plain, confined)
+}
+
+/// CLOCK_MONOTONIC, ns: what `perf record -k CLOCK_MONOTONIC` stamps its
+/// samples with, so that `AGENTBAY_BENCH_WINDOWS` can print each confined
+/// burst's window for a profile of the bursts alone.
+fn monotonic_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: one timespec, live for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }
 
 /// The difference of two rows' p50 and p99.

@@ -1459,3 +1459,84 @@ async fn a_postgres_store_over_a_socket_is_refused_while_tools_share_the_uid() {
         "{stderr}"
     );
 }
+
+/// A tool started by a process made ahead is the second process of its
+/// PID namespace, the first one staying after it: when the tool ends,
+/// what it left running in its namespace has ended before the tool's end
+/// is told, its exit status is the tool's own, and nothing of the
+/// namespace runs on but that first process, alone in the tool's group.
+#[tokio::test]
+async fn what_a_tool_leaves_running_has_ended_when_its_end_is_told() {
+    use agentbay::domain::amount::Amount;
+    use agentbay::runtime::confine::{Confiner, Request};
+    if !running_as_root() {
+        return;
+    }
+    agentbay::runtime::confine::spawner::set_program(std::path::Path::new(env!(
+        "CARGO_BIN_EXE_agentbay"
+    )));
+    let dir = tempfile::tempdir().unwrap();
+    let confiner = Confiner::detect(dir.path().join("work"), vec![dir.path().join("data")]);
+    let config = agentbay::config::RuntimeConfig::default();
+    if confiner.host(&config).processes != "a PID namespace and /proc of its own for every tool" {
+        return;
+    }
+    let workdir = confiner.workdir("leaves", &config).unwrap();
+    let start = |argv: Vec<String>| {
+        let (confiner, config, workdir) = (&confiner, &config, &workdir);
+        async move {
+            let request = Request {
+                argv: &argv,
+                cpu: Amount::units(1),
+                memory_gb: Amount::units(1),
+                egress: false,
+                workdir,
+                endpoints: &[],
+                read_paths: &[],
+            };
+            confiner.start(&request, config).await.unwrap()
+        }
+    };
+    // The first start sets what the spawner makes ahead; after a quiet
+    // moment the next is started by a process made ahead.
+    let (tool, _cage) = start(vec!["/bin/true".into()]).await;
+    assert!(tool.wait().await.unwrap().success());
+    let mut started = None;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let (tool, cage) = start(vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "sleep 300 & sleep 300 & exit 3".into(),
+        ])
+        .await;
+        if tool.first {
+            started = Some((tool, cage));
+            break;
+        }
+        tool.wait().await.unwrap();
+    }
+    let (tool, cage) = started.expect("a tool started by a process made ahead");
+    let first = tool.pid;
+    let namespace = std::fs::read_link(format!("/proc/{first}/ns/pid")).unwrap();
+    let status = tool.wait().await.unwrap();
+    assert_eq!(status.code(), Some(3), "{status:?}");
+    let in_namespace: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/ns/pid")).is_ok_and(|ns| ns == namespace)
+                && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+        })
+        .collect();
+    assert_eq!(
+        in_namespace,
+        vec![first],
+        "left running in the tool's namespace"
+    );
+    drop(cage);
+    confiner.remove_workdir("leaves");
+    confiner.end_all();
+}

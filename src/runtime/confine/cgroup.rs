@@ -433,32 +433,40 @@ impl Group {
     }
 
     /// Kills what is left of the group's processes now, and removes its
-    /// directories apart, on a thread of idle priority once no tool has
+    /// directories apart after calling `before` on it (`ended`: the first
+    /// process of the tool's PID namespace said its tool ended; it ended
+    /// the rest of the namespace and is alone in the group, holding
+    /// nothing of the tool's, and goes with the group), on a thread of idle priority once no tool has
     /// started for a moment: removing an ended tool's group (on cgroup v1
     /// a fraction of a millisecond of the kernel's work in each
     /// hierarchy) does not compete with starting the next tools. While
     /// [`REMOVING`] groups wait, the caller removes its own.
-    pub fn remove_later(self) {
-        let left = self
-            .dirs
-            .first()
-            .and_then(|(_, d)| read(d, "cgroup.procs"))
-            .is_some_and(|procs| !procs.trim().is_empty());
+    pub fn remove_later(self, ended: bool, before: Option<fn(&Group)>) {
+        let left = !ended
+            && self
+                .dirs
+                .first()
+                .and_then(|(_, d)| read(d, "cgroup.procs"))
+                .is_some_and(|procs| !procs.trim().is_empty());
         if left {
             self.kill();
         }
-        static REMOVER: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Group>>> =
+        type Removal = (Group, Option<fn(&Group)>);
+        static REMOVER: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Removal>>> =
             std::sync::OnceLock::new();
         let remover = REMOVER.get_or_init(|| {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Group>(REMOVING);
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Removal>(REMOVING);
             std::thread::Builder::new()
                 .name("cgroup-remover".into())
                 .spawn(move || {
                     // Only when a CPU would otherwise idle (a full queue
                     // falls back to removing in place).
                     let _ = super::sys::idle_priority();
-                    for group in rx {
+                    for (group, before) in rx {
                         quiet();
+                        if let Some(before) = before {
+                            before(&group);
+                        }
                         group.remove();
                     }
                 })
@@ -466,13 +474,19 @@ impl Group {
                 .map(|_| tx)
         });
         let Some(remover) = remover else {
+            if let Some(before) = before {
+                before(&self);
+            }
             return self.remove();
         };
         if let Err(
-            std::sync::mpsc::TrySendError::Full(group)
-            | std::sync::mpsc::TrySendError::Disconnected(group),
-        ) = remover.try_send(self)
+            std::sync::mpsc::TrySendError::Full((group, before))
+            | std::sync::mpsc::TrySendError::Disconnected((group, before)),
+        ) = remover.try_send((self, before))
         {
+            if let Some(before) = before {
+                before(&group);
+            }
             group.remove();
         }
     }

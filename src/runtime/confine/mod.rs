@@ -197,6 +197,10 @@ pub struct Cage {
     group: Option<Group>,
     report: Mutex<Confinement>,
     pgid: AtomicI32,
+    /// Set once the tool ended, when `pgid` is the first process of the
+    /// tool's PID namespace, which stays after the tool until its group
+    /// is removed.
+    first: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// What the child needs until it has started: the Landlock ruleset and
     /// its working directory (to make it its own).
     held: Mutex<Vec<OwnedFd>>,
@@ -792,6 +796,7 @@ impl Confiner {
             .collect();
         let mut tool = spawner.spawn(&order, &fds).await?;
         let mut cage = cage;
+        cage.first = tool.first.then(|| tool.over.clone());
         if let Some(group) = tool.group.take() {
             cage.report.get_mut().group = Some(group.path().display().to_string());
             cage.group = Some(group);
@@ -1078,6 +1083,7 @@ impl Confiner {
                 group: None,
                 report: Mutex::new(report),
                 pgid: AtomicI32::new(0),
+                first: None,
                 held: Mutex::new(held),
                 forwards: Mutex::new(Vec::new()),
                 listeners: Mutex::new(listeners),
@@ -1567,20 +1573,35 @@ impl Cage {
     }
 }
 
+/// Counts a kill of the group's that nobody said (for its memory or its
+/// processes).
+fn count_kill(group: &Group) {
+    let used = group.used();
+    let reason = if used.oom_kills > 0 {
+        "oom"
+    } else if used.pids_refused > 0 {
+        "pids"
+    } else {
+        return;
+    };
+    metrics::counter!(crate::telemetry::names::TOOL_KILLS, "reason" => reason).increment(1);
+}
+
 impl Drop for Cage {
     fn drop(&mut self) {
         for f in self.forwards.lock().drain(..) {
             f.abort();
         }
-        let report = self.report();
-        if let Some(reason) = &report.killed_by
-            && self.report.lock().killed_by.is_none()
-        {
-            metrics::counter!(crate::telemetry::names::TOOL_KILLS, "reason" => reason.clone())
-                .increment(1);
-        }
+        let ended = self
+            .first
+            .as_ref()
+            .is_some_and(|over| over.load(Ordering::Acquire));
+        let unsaid = self.report.lock().killed_by.is_none();
         match self.group.take() {
-            Some(g) => g.remove_later(),
+            // Whether the group killed the tree for its memory or its
+            // processes, when nobody said why, is read and counted before
+            // the group goes, apart: not while other tools start.
+            Some(g) => g.remove_later(ended, unsaid.then_some(count_kill as fn(&Group))),
             None => sys::kill_group(self.pgid.load(Ordering::Relaxed)),
         }
     }

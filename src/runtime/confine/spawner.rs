@@ -90,12 +90,15 @@ struct Setup {
 enum Reply {
     /// The spawner is ready for orders.
     Ready,
-    /// An order's child was forked: its pid, and the name of the group
-    /// the spawner made for it.
+    /// An order's child was forked: its pid, the name of the group the
+    /// spawner made for it, and whether that process is the first of the
+    /// tool's PID namespace, which starts the tool and stays after it
+    /// (holding nothing of it) until the group is removed.
     Started {
         id: u64,
         pid: i32,
         group: Option<String>,
+        first: bool,
     },
     /// An order could not be forked: the error number.
     Refused { id: u64, errno: i32 },
@@ -123,18 +126,21 @@ struct Link {
 
 type Status = i32;
 
-/// Where an order's pid and group go, or the error number that refused
-/// it.
-type Pid = oneshot::Sender<Result<(i32, Option<String>), i32>>;
+/// Where an order's pid, group and whether it is the first process of
+/// the tool's namespace go, or the error number that refused it.
+type Pid = oneshot::Sender<Result<(i32, Option<String>, bool), i32>>;
 
 #[derive(Default)]
 struct Waiting {
     /// Orders sent and not yet answered: where the pid goes, and where the
     /// end goes once there is a pid.
-    starts: HashMap<u64, (Pid, oneshot::Sender<Status>)>,
+    starts: HashMap<u64, (Pid, Ended)>,
     /// Processes started and not yet ended.
-    ends: HashMap<i32, oneshot::Sender<Status>>,
+    ends: HashMap<i32, Ended>,
 }
+
+/// Where a tool's end goes, and the flag it sets first.
+type Ended = (oneshot::Sender<Status>, Arc<AtomicBool>);
 
 /// A started tool process: its pid (the leader of its process group), its
 /// standard input and output, and how it ends.
@@ -143,6 +149,12 @@ pub struct Tool {
     pub pid: u32,
     /// The group the spawner made for it, if its steps have one.
     pub group: Option<Group>,
+    /// Whether `pid` is the first process of the tool's PID namespace,
+    /// which started the tool and stays after it, alone in the group,
+    /// until the group is removed.
+    pub first: bool,
+    /// Set once the spawner said the tool ended.
+    pub over: Arc<AtomicBool>,
     /// Its standard input.
     pub stdin: tokio::net::unix::pipe::Sender,
     /// Its standard output.
@@ -218,12 +230,15 @@ impl Spawner {
         let link = self.link()?;
         let (started_tx, started) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
+        let over = Arc::new(AtomicBool::new(false));
         {
             let mut waiting = link.waiting.lock();
             if !link.alive.load(Ordering::Acquire) {
                 return Err("the tool spawner ended".into());
             }
-            waiting.starts.insert(id, (started_tx, ended_tx));
+            waiting
+                .starts
+                .insert(id, (started_tx, (ended_tx, over.clone())));
         }
         if let Err(e) = sys::send_message(link.socket.as_raw_fd(), &message, &all) {
             link.waiting.lock().starts.remove(&id);
@@ -232,7 +247,7 @@ impl Spawner {
         // The spawner has its own copies now; the tool's ends close here
         // so that its output ends when it does.
         drop((stdin_r, stdout_w, errors_w));
-        let (pid, group) = match started.await {
+        let (pid, group, first) = match started.await {
             Ok(Ok(started)) => started,
             Ok(Err(errno)) => return Err(io::Error::from_raw_os_error(errno).to_string()),
             Err(_) => return Err("the tool spawner ended".into()),
@@ -269,6 +284,8 @@ impl Spawner {
         Ok(Tool {
             pid: unclaimed.claim() as u32,
             group,
+            first,
+            over,
             stdin,
             stdout,
             ended,
@@ -379,10 +396,15 @@ impl Link {
             }
             let mut waiting = self.waiting.lock();
             match rmp_serde::from_slice::<Reply>(&buf[..n]) {
-                Ok(Reply::Started { id, pid, group }) => {
+                Ok(Reply::Started {
+                    id,
+                    pid,
+                    group,
+                    first,
+                }) => {
                     if let Some((started, ended)) = waiting.starts.remove(&id) {
                         waiting.ends.insert(pid, ended);
-                        if started.send(Ok((pid, group))).is_err() {
+                        if started.send(Ok((pid, group, first))).is_err() {
                             // Nobody waits for it any more (the call that
                             // started it was dropped): it must not run.
                             sys::kill(pid);
@@ -395,7 +417,8 @@ impl Link {
                     }
                 }
                 Ok(Reply::Ended { pid, status }) => {
-                    if let Some(ended) = waiting.ends.remove(&pid) {
+                    if let Some((ended, over)) = waiting.ends.remove(&pid) {
+                        over.store(true, Ordering::Release);
                         let _ = ended.send(status);
                     }
                 }
@@ -460,6 +483,9 @@ pub fn serve() -> std::process::ExitCode {
         networks: Pool::start(),
         blanks: Blanks::default(),
         started: HashMap::new(),
+        firsts: Vec::new(),
+        reported: std::collections::HashSet::new(),
+        lingering: Vec::new(),
         groups: 0,
         trees: sys::can_copy_trees(),
     };
@@ -490,6 +516,16 @@ struct Serving {
     /// exits, while other tools start. With each, its group (removed with
     /// it if the spawner ends first).
     started: HashMap<i32, (Vec<OwnedFd>, Option<sys::Cgroup>)>,
+    /// The sockets of processes made ahead that were handed an order:
+    /// one that is the first of its tool's PID namespace says there how
+    /// its tool ended ([`first_of_namespace`]).
+    firsts: Vec<(i32, OwnedFd)>,
+    /// Those whose tool's end the appliance was told already.
+    reported: std::collections::HashSet<i32>,
+    /// The sockets of first processes whose tool ended: closed at a quiet
+    /// moment, when each ends (what the kernel undoes of it then is not
+    /// done while other tools start).
+    lingering: Vec<OwnedFd>,
     /// Groups named so far.
     groups: u64,
     /// Whether it can copy trees of its mount namespace: a tool then
@@ -547,9 +583,20 @@ impl Received {
     /// them, not only those a process made ahead left) and execs, or
     /// writes why not on the errors pipe and exits.
     fn become_tool(&self, ahead: bool) -> ! {
+        let argv = pointers(&self.order.argv);
+        let env = pointers(&self.order.env);
+        self.exec_as_tool(ahead, &argv, &env)
+    }
+
+    /// [`Received::become_tool`] with the order's arguments and
+    /// environment as the pointers exec takes.
+    fn exec_as_tool(
+        &self,
+        ahead: bool,
+        argv: &[*const libc::c_char],
+        env: &[*const libc::c_char],
+    ) -> ! {
         let order = &self.order;
-        let argv = pointers(&order.argv);
-        let env = pointers(&order.env);
         let [stdin, stdout, errors] = &self.io;
         let prepared = sys::fresh_process(stdin.as_raw_fd(), stdout.as_raw_fd())
             .and_then(|()| {
@@ -563,7 +610,7 @@ impl Received {
             .and_then(|()| order.steps.apply_rest());
         let error = match prepared {
             Err(e) => e,
-            Ok(()) => sys::exec(&order.program, &argv, &env),
+            Ok(()) => sys::exec(&order.program, argv, env),
         };
         sys::exit_with(errors.as_raw_fd(), error)
     }
@@ -575,7 +622,11 @@ impl Serving {
     fn run(&mut self, children: &OwnedFd, buf: &mut [u8]) -> std::process::ExitCode {
         loop {
             self.networks.ask();
-            let wait = self.blanks.wait();
+            let wait = match (self.blanks.wait(), self.lingering.is_empty()) {
+                (wait, true) => wait,
+                (-1, false) => QUIET.as_millis() as libc::c_int,
+                (wait, false) => wait.min(QUIET.as_millis() as libc::c_int),
+            };
             let mut polls = vec![
                 pollfd(SOCKET),
                 pollfd(children.as_raw_fd()),
@@ -587,6 +638,8 @@ impl Serving {
                     .iter()
                     .map(|b| pollfd(b.socket.as_raw_fd())),
             );
+            let firsts = 3 + self.blanks.making.len();
+            polls.extend(self.firsts.iter().map(|(_, s)| pollfd(s.as_raw_fd())));
             // SAFETY: pollfds live for the call (a negative descriptor is
             // skipped).
             let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, wait) };
@@ -597,14 +650,24 @@ impl Serving {
                 return std::process::ExitCode::FAILURE;
             }
             if n == 0 {
+                if self.blanks.quiet() {
+                    self.lingering.clear();
+                }
                 self.make_blank();
                 continue;
             }
             if polls[2].revents != 0 {
                 self.networks.receive();
             }
+            // Tools that ended, said by the first process of their
+            // namespace.
+            for (i, p) in polls[firsts..].iter().enumerate().rev() {
+                if p.revents != 0 && self.heard_first(i).is_err() {
+                    return std::process::ExitCode::SUCCESS;
+                }
+            }
             // Blanks that said they are ready (or ended: reaped below).
-            for (i, p) in polls[3..].iter().enumerate().rev() {
+            for (i, p) in polls[3..firsts].iter().enumerate().rev() {
                 if p.revents != 0 {
                     self.blanks.hear(i);
                 }
@@ -687,12 +750,15 @@ impl Serving {
             let group = blank.steps.cgroup.as_ref().and_then(sys::Cgroup::name);
             return match handed {
                 Ok(()) => {
+                    let first = blank.steps.namespaces.as_ref().is_some_and(|n| n.pid);
                     self.started
                         .insert(blank.pid, (blank.held, blank.steps.cgroup));
+                    self.firsts.push((blank.pid, blank.socket));
                     Reply::Started {
                         id,
                         pid: blank.pid,
                         group,
+                        first,
                     }
                 }
                 Err(e) => {
@@ -731,7 +797,12 @@ impl Serving {
                 let group = steps.cgroup.as_ref().and_then(sys::Cgroup::name);
                 self.started
                     .insert(pid, (network.into_iter().collect(), steps.cgroup.clone()));
-                Reply::Started { id, pid, group }
+                Reply::Started {
+                    id,
+                    pid,
+                    group,
+                    first: false,
+                }
             }
         }
     }
@@ -833,7 +904,32 @@ impl Serving {
         if let Some((held, _)) = self.started.remove(&pid) {
             self.networks.let_go(held);
         }
+        self.firsts.retain(|(p, _)| *p != pid);
+        if self.reported.remove(&pid) {
+            return Ok(());
+        }
         send(SOCKET, &Reply::Ended { pid, status })
+    }
+
+    /// What the `i`th process of [`Serving::firsts`] said: how its tool
+    /// ended, which goes to the appliance now (the process stays until a
+    /// quiet moment); or nothing, when it execs its tool itself or ends
+    /// (its end is reaped).
+    fn heard_first(&mut self, i: usize) -> io::Result<()> {
+        let (pid, socket) = self.firsts.swap_remove(i);
+        let mut word = [0u8; 4];
+        match sys::receive_message(socket.as_raw_fd(), &mut word, 0) {
+            Ok((4, _)) => {
+                self.reported.insert(pid);
+                self.lingering.push(socket);
+                // Past the most it keeps, the oldest goes now.
+                let over = self.lingering.len().saturating_sub(CLOSING);
+                self.lingering.drain(..over);
+                let status = i32::from_le_bytes(word);
+                send(SOCKET, &Reply::Ended { pid, status })
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -915,6 +1011,11 @@ impl Blanks {
             .as_millis()
             .try_into()
             .unwrap_or(0)
+    }
+
+    /// Whether no order has come for [`QUIET`].
+    fn quiet(&self) -> bool {
+        self.last_order.is_none_or(|t| t.elapsed() >= QUIET)
     }
 
     /// A ready process made for steps like `steps`, if there is one.
@@ -1039,8 +1140,38 @@ fn blank(socket: OwnedFd, steps: &Steps) -> ! {
         _ => sys::exit(0),
     };
     let Ok(received) = received else { sys::exit(1) };
+    if std::process::id() == 1 {
+        first_of_namespace(socket, received)
+    }
     sys::close(socket);
     received.become_tool(false)
+}
+
+/// The first process of the tool's PID namespace starts the tool as its
+/// child, which shares its memory until it execs: the exec undoes none
+/// of this process's copy of the spawner, in the burst of starts it is
+/// part of. When the tool ends, the rest of the namespace is ended, the
+/// spawner is told how the tool ended on `socket`, and this process,
+/// alone in the tool's group and holding nothing of the tool's, waits
+/// for the spawner to let it go at a quiet moment (or for its group to
+/// be removed then): what the kernel undoes of it is undone then.
+fn first_of_namespace(socket: RawFd, received: Received) -> ! {
+    let argv = pointers(&received.order.argv);
+    let env = pointers(&received.order.env);
+    let errors = received.io[2].as_raw_fd();
+    let tool = match sys::vfork(|| received.exec_as_tool(false, &argv, &env)) {
+        Ok(pid) => pid,
+        Err(e) => sys::exit_with(errors, e),
+    };
+    // Its ends of the tool's pipes and descriptors close now, so that
+    // the tool's output and the appliance's wait for its exec end with
+    // the tool's.
+    drop((argv, env, received));
+    let status = sys::outlive(tool);
+    if sys::send_message(socket, &status.to_le_bytes(), &[]).is_ok() {
+        let _ = sys::next_message_size(socket);
+    }
+    sys::exit(0)
 }
 
 /// How many network namespaces the spawner keeps made ahead: a burst of
@@ -1148,9 +1279,10 @@ impl Pool {
 }
 
 /// How many descriptors of ended tools the maker holds for a quiet
-/// moment (a burst of [`BLANKS`] tools' network and mount namespaces);
-/// past that it closes the oldest at once, so that what a stream of
-/// tools leaves (their `/tmp` among it) is not held long.
+/// moment (a burst of [`BLANKS`] tools' network and mount namespaces),
+/// and how many first processes of ended tools the spawner keeps waiting
+/// for one; past that the oldest are let go at once, so that what a
+/// stream of tools leaves (their `/tmp` among it) is not held long.
 const CLOSING: usize = 2 * BLANKS;
 
 /// The maker: for each byte asked, a child cloned into a new network

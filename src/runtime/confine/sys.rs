@@ -1623,6 +1623,76 @@ pub fn exit(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// Starts `child` in a process that shares this one's memory until it
+/// execs or exits, as `vfork` does, on a stack of its own: its pid, once
+/// it has. Its exec undoes nothing of this process's memory, which it
+/// never copied. `child` runs as a forked child does (see the module's
+/// note) and must exec or exit.
+pub fn vfork<F: FnOnce()>(child: F) -> io::Result<i32> {
+    extern "C" fn run<F: FnOnce()>(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the parent's `Option<F>`, live while the parent
+        // is suspended; the child takes it once.
+        if let Some(child) = unsafe { &mut *arg.cast::<Option<F>>() }.take() {
+            child();
+        }
+        exit(127)
+    }
+    /// The child's stack: enough for the steps, which allocate nothing.
+    const STACK: usize = 256 * 1024;
+    let mut stack: Vec<u8> = Vec::with_capacity(STACK);
+    let top = (stack.as_mut_ptr() as usize + STACK) & !15;
+    let mut child = Some(child);
+    // SAFETY: CLONE_VFORK suspends this process until the child execs or
+    // exits, so the child's use of this memory (the stack above and
+    // `child`) ends before clone returns here.
+    let pid = unsafe {
+        libc::clone(
+            run::<F>,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut child as *mut Option<F>).cast(),
+        )
+    };
+    drop(stack);
+    match pid {
+        -1 => Err(io::Error::last_os_error()),
+        pid => Ok(pid),
+    }
+}
+
+/// In the first process of a PID namespace: waits for its child `tool`
+/// to end, reaping what else ends meanwhile (the namespace's orphans are
+/// its children, so once the tool has ended every process left descends
+/// from one of them), then ends every other process of the namespace, if
+/// any is left, and reaps them: the tool's wait status once none is left.
+pub fn outlive(tool: i32) -> i32 {
+    let mut ended = None;
+    let mut killed = false;
+    loop {
+        // Once the tool has ended, a child still running is ended with the
+        // rest of the namespace.
+        let flags = if ended.is_some() && !killed {
+            libc::WNOHANG
+        } else {
+            0
+        };
+        let mut status = 0;
+        // SAFETY: waits for any child; status is a local.
+        let pid = unsafe { libc::waitpid(-1, &mut status, flags) };
+        if pid == tool {
+            ended = Some(status);
+        } else if pid == 0 {
+            // SAFETY: in the first process of a PID namespace, -1 is
+            // every other process of that namespace, and nothing else.
+            unsafe { libc::kill(-1, libc::SIGKILL) };
+            killed = true;
+        } else if pid < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            // No child is left.
+            return ended.unwrap_or(libc::SIGKILL);
+        }
+    }
+}
+
 /// Reads what is pending on a signal descriptor.
 pub fn drain(fd: RawFd) {
     let mut info = [0u8; 128 * 8];
