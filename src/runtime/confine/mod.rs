@@ -1602,6 +1602,9 @@ impl Drop for Cage {
             // processes, when nobody said why, is read and counted before
             // the group goes, apart: not while other tools start.
             Some(g) => g.remove_later(ended, unsaid.then_some(count_kill as fn(&Group))),
+            // Only the first process of its namespace is left, which the
+            // spawner lets go at a quiet moment.
+            None if ended => {}
             None => sys::kill_group(self.pgid.load(Ordering::Relaxed)),
         }
     }

@@ -904,7 +904,11 @@ impl Serving {
         if let Some((held, _)) = self.started.remove(&pid) {
             self.networks.let_go(held);
         }
-        self.firsts.retain(|(p, _)| *p != pid);
+        // What it said before it ended, if it had not been read (its
+        // socket holds the word, or its end: the read does not wait).
+        if let Some(i) = self.firsts.iter().position(|(p, _)| *p == pid) {
+            self.heard_first(i)?;
+        }
         if self.reported.remove(&pid) {
             return Ok(());
         }
