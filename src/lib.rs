@@ -21,7 +21,15 @@
 //!                tenant-first keys, versioned aggregates, group commit, outbox, backup
 //! auth/          client credentials, console users and sessions, bearer tokens, principals
 //! runs/          run control: submit, status, cancel, approvals, settlement, outcomes
-//! runtime/       the AttemptGrain per live attempt, adapter operations, claim queue, workers
+//! runtime/       the AttemptGrain per live attempt, adapter operations, claim queue, workers;
+//!                `runtime::confine`, the tool spawner and the world each tool process lives
+//!                in; `runtime::servers`, the model servers' limits and queues
+//! capacity/      the ExecutionCapacityService: a PoolGrain per pool, the quota book, leases,
+//!                placement, autoscaling, what the host backs
+//! releases/      loading agent releases: bundles, signature and hash checks, trusted keys,
+//!                the release cache warmer
+//! webhooks/      signed messages to the site's endpoints from a durable outbox
+//! notify/        mail to the people who may answer a decision, with signed single-use links
 //! api/           REST routes, Connect RPC services, SSE events, errors, OpenAPI, the
 //!                `AppState` handlers reach and the scope extractors
 //! console/       server-rendered pages (askama): a `Console` extractor (session, CSRF,
