@@ -433,14 +433,14 @@ impl Group {
     }
 
     /// Kills what is left of the group's processes now, and removes its
-    /// directories apart after calling `before` on it (`ended`: the first
-    /// process of the tool's PID namespace said its tool ended; it ended
-    /// the rest of the namespace and is alone in the group, holding
-    /// nothing of the tool's, and goes with the group), on a thread of idle priority once no tool has
-    /// started for a moment: removing an ended tool's group (on cgroup v1
-    /// a fraction of a millisecond of the kernel's work in each
-    /// hierarchy) does not compete with starting the next tools. While
-    /// [`REMOVING`] groups wait, the caller removes its own.
+    /// directories apart, after calling `before` on it, on a thread of
+    /// idle priority once no tool has started for a moment: removing an
+    /// ended tool's group (on cgroup v1 a fraction of a millisecond of the
+    /// kernel's work in each hierarchy) does not compete with starting the
+    /// next tools. While [`REMOVING`] groups wait, the caller removes its
+    /// own. `ended`: the first process of the tool's PID namespace said its
+    /// tool ended; it ended the rest of the namespace and is alone in the
+    /// group, holding nothing of the tool's, and goes with the group.
     pub fn remove_later(self, ended: bool, before: Option<fn(&Group)>) {
         let left = !ended
             && self
@@ -464,31 +464,30 @@ impl Group {
                     let _ = super::sys::idle_priority();
                     for (group, before) in rx {
                         quiet();
-                        if let Some(before) = before {
-                            before(&group);
-                        }
-                        group.remove();
+                        group.remove_after(before);
                     }
                 })
                 .ok()
                 .map(|_| tx)
         });
         let Some(remover) = remover else {
-            if let Some(before) = before {
-                before(&self);
-            }
-            return self.remove();
+            return self.remove_after(before);
         };
         if let Err(
             std::sync::mpsc::TrySendError::Full((group, before))
             | std::sync::mpsc::TrySendError::Disconnected((group, before)),
         ) = remover.try_send((self, before))
         {
-            if let Some(before) = before {
-                before(&group);
-            }
-            group.remove();
+            group.remove_after(before);
         }
+    }
+
+    /// Calls `before` on the group, then removes it.
+    fn remove_after(&self, before: Option<fn(&Group)>) {
+        if let Some(before) = before {
+            before(self);
+        }
+        self.remove();
     }
 
     /// Kills what is left and removes the group's directories.
